@@ -1,0 +1,31 @@
+package gateway
+
+import "time"
+
+// Clock is the time source of everything that decides leases and timers.
+// Production code uses SystemClock; tests use clocktest.Clock and advance
+// it by hand, so no lease test sleeps.
+type Clock interface {
+	Now() time.Time
+	// NewTimer returns a timer that fires once d has passed on this clock.
+	NewTimer(d time.Duration) Timer
+}
+
+// Timer is the part of *time.Timer that Clock users need.
+type Timer interface {
+	C() <-chan time.Time
+	// Stop prevents the timer from firing; it reports whether it did.
+	Stop() bool
+}
+
+// SystemClock is the real clock.
+type SystemClock struct{}
+
+func (SystemClock) Now() time.Time { return time.Now() }
+
+func (SystemClock) NewTimer(d time.Duration) Timer { return sysTimer{time.NewTimer(d)} }
+
+type sysTimer struct{ t *time.Timer }
+
+func (s sysTimer) C() <-chan time.Time { return s.t.C }
+func (s sysTimer) Stop() bool          { return s.t.Stop() }

@@ -1,0 +1,180 @@
+package gateway
+
+import (
+	"fmt"
+	"time"
+)
+
+// Kind is the kind of a piece of evidence.
+type Kind uint8
+
+const (
+	// Connect opens a session (or renews it if it is already live).
+	Connect Kind = iota + 1
+	// Renew is fresh evidence for a session; it creates the session if the
+	// store does not hold it live.
+	Renew
+	// Leave is a clean goodbye: it ends that one session.
+	Leave
+)
+
+func (k Kind) String() string {
+	switch k {
+	case Connect:
+		return "connect"
+	case Renew:
+		return "renew"
+	case Leave:
+		return "leave"
+	}
+	return fmt.Sprintf("kind(%d)", uint8(k))
+}
+
+// Evidence is what a protocol front end hands the gateway: something the
+// device did at ObservedAt (the gateway's monotonic clock).
+type Evidence struct {
+	Device     DeviceID
+	Session    SessionID
+	Kind       Kind
+	ObservedAt time.Time
+	// Protocol names the front end ("coap", "mqtt", an adapter name); it is
+	// used for metrics only.
+	Protocol string
+}
+
+// State is a device's presence state.
+type State string
+
+const (
+	Online  State = "online"
+	Suspect State = "suspect"
+	Offline State = "offline"
+)
+
+// DeriveState returns the presence state at now for a device whose
+// central deadline is deadline (zero when it has no live session):
+// offline once the deadline has passed, suspect when no evidence newer
+// than suspectAfter is known (the last evidence is deadline − lease),
+// online otherwise.
+func DeriveState(now, deadline time.Time, lease, suspectAfter time.Duration) State {
+	if deadline.IsZero() || !deadline.After(now) {
+		return Offline
+	}
+	if now.Sub(deadline.Add(-lease)) >= suspectAfter {
+		return Suspect
+	}
+	return Online
+}
+
+// Reason says why an event was written.
+type Reason string
+
+const (
+	ReasonConnect Reason = "connect"
+	ReasonRenew   Reason = "renew"
+	ReasonLeave   Reason = "leave"
+	ReasonExpired Reason = "expired"
+	ReasonReplay  Reason = "replay"
+)
+
+// Event is one presence transition as written to a shard's event log
+// (DESIGN §3). The events of a device alternate online/offline starting
+// with online, Ver +1 each; (Device, Ver) is the consumer's idempotency key.
+type Event struct {
+	// ID is the position in the shard's log ("<ms>-<seq>", as a Redis
+	// stream ID); Events(after=ID) resumes after it.
+	ID      string
+	Shard   int
+	Device  DeviceID
+	State   State // Online or Offline
+	Ver     uint64
+	At      time.Time // store clock, millisecond precision
+	Reason  Reason
+	Gateway string
+	Session SessionID
+	// Deadline is the lease end that ran out; set for ReasonExpired only.
+	Deadline time.Time
+}
+
+// Write is one session write of a batch. Age is now − observed_at on the
+// sending gateway's monotonic clock, computed just before the batch is
+// sent; the store turns it into a deadline with its own clock
+// (deadline = store_now − Age + Batch.Lease), so skew between gateway and
+// store never moves a deadline.
+type Write struct {
+	Device  DeviceID
+	Session SessionID
+	Kind    Kind
+	Age     time.Duration
+}
+
+// Batch is the unit of Store.Apply: writes for devices of one shard, from
+// one gateway process.
+type Batch struct {
+	Gateway string
+	Epoch   uint64
+	Lease   time.Duration
+	// Replay marks writes replayed from the outbox: an online event they
+	// cause carries ReasonReplay.
+	Replay bool
+	Writes []Write
+}
+
+// ApplyResult reports what a batch changed.
+type ApplyResult struct {
+	// Events are the transitions the batch wrote, in log order.
+	Events []Event
+}
+
+// ReapResult reports one bounded reap call on one shard.
+type ReapResult struct {
+	// Offline are the offline events written (reason expired), one per
+	// device whose last live session had run out; each device's entry was
+	// removed in the same atomic step.
+	Offline []Event
+	// Trimmed counts devices that had expired sessions dropped but kept a
+	// live one (their deadline moved forward, no event).
+	Trimmed int
+	// More is true when due entries remain (the call hit its limit).
+	More bool
+	// Next is the earliest deadline still in the shard (zero if empty).
+	Next time.Time
+}
+
+// SessionInfo is one live session of a device as the store holds it.
+type SessionInfo struct {
+	ID       SessionID
+	Deadline time.Time
+	Gateway  string
+	Epoch    uint64
+}
+
+// DeviceInfo is the store's view of one device.
+type DeviceInfo struct {
+	Device DeviceID
+	// State is Online or Offline (Suspect is derived by the caller with
+	// DeriveState, which needs the lease and suspect_after).
+	State    State
+	Deadline time.Time // zero when offline
+	Sessions []SessionInfo
+	Ver      uint64
+	Since    time.Time // when the current state began (store clock)
+	Gateway  string    // last writer
+	Session  SessionID // last session written
+}
+
+// ListQuery selects devices for Store.List.
+type ListQuery struct {
+	// State filters by Online or Offline; empty means both.
+	State State
+	// Cursor is "" to start, else the Next of the previous page.
+	Cursor string
+	// Limit bounds the page (the store may return fewer; ≤ 0 means 100).
+	Limit int
+}
+
+// ListPage is one page of Store.List; Next is "" after the last page.
+type ListPage struct {
+	Devices []DeviceInfo
+	Next    string
+}

@@ -1,0 +1,81 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// Errors of the Store contract. Implementations wrap them ("op: %w") so
+// that errors.Is works.
+var (
+	// ErrNotFound: the device has never been seen by the store.
+	ErrNotFound = errors.New("not found")
+	// ErrFenced: the batch's epoch is older than the newest epoch the
+	// store has seen for that gateway; nothing of it was applied.
+	ErrFenced = errors.New("fenced: stale gateway epoch")
+	// ErrShardMismatch: the store was laid out with another shard count
+	// or schema (P:meta); the process must not start.
+	ErrShardMismatch = errors.New("shard count or schema mismatch")
+	// ErrBadShard: a shard index outside [0, Shards()).
+	ErrBadShard = errors.New("shard out of range")
+	// ErrWrongShard: a write's device does not hash to the batch's shard.
+	ErrWrongShard = errors.New("device not in shard")
+	// ErrUnavailable: the store could not be reached; the caller may retry
+	// (the uplink moves the batch to its outbox). Any error that is not
+	// one of the others above should be treated the same way.
+	ErrUnavailable = errors.New("store unavailable")
+)
+
+// Store is the central presence store: the Redis store and the embedded
+// bbolt store implement it with the same semantics, checked by
+// uplink/storetest.
+//
+// Semantics of Apply, per write, in order, atomically for the whole batch:
+//
+//   - The batch is refused whole (ErrFenced) if Epoch is older than the
+//     newest epoch seen for Gateway; otherwise that epoch is recorded.
+//   - First the device's sessions whose deadline is ≤ now are dropped. If
+//     that leaves none and the device was online, an offline event is
+//     written (reason expired, Deadline = the old device deadline, At = now),
+//     exactly as the runner would have.
+//   - Connect and Renew compute d = now − Age + Lease. If d ≤ now the
+//     evidence has lapsed and is ignored (never resurrected). Otherwise the
+//     session's deadline becomes max(old, d), created if absent; if it is
+//     the device's first live session an online event is written (reason
+//     connect, renew, or replay when Batch.Replay).
+//   - Leave removes the session unless the session holds newer evidence
+//     (its deadline > now − Age + Lease); if it was the last live session an
+//     offline event (reason leave) is written and the device's entry leaves
+//     the deadline index.
+//   - The device's deadline is the max over its live sessions.
+//
+// So replaying a batch is harmless: a duplicate connect or renew extends
+// nothing, a duplicate leave finds no session. A device's record (state,
+// ver, since) outlives its sessions so that Ver keeps counting.
+type Store interface {
+	// Shards is the shard count the store was opened with.
+	Shards() int
+	// Apply applies a batch whose devices all hash to shard.
+	Apply(ctx context.Context, shard int, b Batch) (ApplyResult, error)
+	// Reap handles at most limit due entries (deadline ≤ now) of shard:
+	// drops their expired sessions and, for a device left with none,
+	// writes its offline event and removes its entry in one atomic step.
+	Reap(ctx context.Context, shard int, limit int) (ReapResult, error)
+	// Device reads one device; ErrNotFound if the store never saw it.
+	Device(ctx context.Context, id DeviceID) (DeviceInfo, error)
+	// List pages through devices, filtered by state.
+	List(ctx context.Context, q ListQuery) (ListPage, error)
+	// Events reads up to limit events of shard after position after
+	// ("" or "0" for the start of the log).
+	Events(ctx context.Context, shard int, after string, limit int) ([]Event, error)
+	// AcquireShard takes or extends the runner lease of shard for owner;
+	// it reports false when another owner holds an unexpired lease.
+	AcquireShard(ctx context.Context, shard int, owner string, ttl time.Duration) (bool, error)
+	// ReleaseShard gives up owner's lease of shard (no-op if not held).
+	ReleaseShard(ctx context.Context, shard int, owner string) error
+	// Now is the store's clock.
+	Now(ctx context.Context) (time.Time, error)
+	// Close releases the store's resources.
+	Close() error
+}
