@@ -25,6 +25,9 @@ var (
 	// (the uplink moves the batch to its outbox). Any error that is not
 	// one of the others above should be treated the same way.
 	ErrUnavailable = errors.New("store unavailable")
+	// ErrOverloaded: the gateway refuses evidence to protect itself (a
+	// session cap or a full uplink queue); front ends answer "try later".
+	ErrOverloaded = errors.New("overloaded")
 )
 
 // Store is the central presence store: the Redis store and the embedded
