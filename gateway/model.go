@@ -83,17 +83,17 @@ const (
 type Event struct {
 	// ID is the position in the shard's log ("<ms>-<seq>", as a Redis
 	// stream ID); Events(after=ID) resumes after it.
-	ID      string
-	Shard   int
-	Device  DeviceID
-	State   State // Online or Offline
-	Ver     uint64
-	At      time.Time // store clock, millisecond precision
-	Reason  Reason
-	Gateway string
-	Session SessionID
+	ID      string    `json:"id"`
+	Shard   int       `json:"shard"`
+	Device  DeviceID  `json:"device"`
+	State   State     `json:"state"` // Online or Offline
+	Ver     uint64    `json:"ver"`
+	At      time.Time `json:"at"` // store clock, millisecond precision
+	Reason  Reason    `json:"reason"`
+	Gateway string    `json:"gw"`
+	Session SessionID `json:"session"`
 	// Deadline is the lease end that ran out; set for ReasonExpired only.
-	Deadline time.Time
+	Deadline time.Time `json:"deadline,omitzero"`
 }
 
 // Write is one session write of a batch. Age is now − observed_at on the
@@ -143,24 +143,24 @@ type ReapResult struct {
 
 // SessionInfo is one live session of a device as the store holds it.
 type SessionInfo struct {
-	ID       SessionID
-	Deadline time.Time
-	Gateway  string
-	Epoch    uint64
+	ID       SessionID `json:"id"`
+	Deadline time.Time `json:"deadline"`
+	Gateway  string    `json:"gw"`
+	Epoch    uint64    `json:"epoch"`
 }
 
 // DeviceInfo is the store's view of one device.
 type DeviceInfo struct {
-	Device DeviceID
+	Device DeviceID `json:"device"`
 	// State is Online or Offline (Suspect is derived by the caller with
 	// DeriveState, which needs the lease and suspect_after).
-	State    State
-	Deadline time.Time // zero when offline
-	Sessions []SessionInfo
-	Ver      uint64
-	Since    time.Time // when the current state began (store clock)
-	Gateway  string    // last writer
-	Session  SessionID // last session written
+	State    State         `json:"store_state"`
+	Deadline time.Time     `json:"deadline,omitzero"` // zero when offline
+	Sessions []SessionInfo `json:"sessions"`
+	Ver      uint64        `json:"ver"`
+	Since    time.Time     `json:"since"`   // when the current state began (store clock)
+	Gateway  string        `json:"gw"`      // last writer
+	Session  SessionID     `json:"session"` // last session written
 }
 
 // ListQuery selects devices for Store.List.
