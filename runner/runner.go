@@ -1,0 +1,329 @@
+// Package runner is the expiry runner (DESIGN §2 point 5): it holds
+// per-shard lock leases in the store, asks the store for due entries in
+// bounded batches, and reports the offline events the store wrote.
+//
+// Correctness does not rest on the runner: Store.Reap removes an entry
+// only in the same atomic step that appends its offline event, so a runner
+// killed between any two calls loses nothing (the entry is still there for
+// the next runner), and two runners reaping one shard at once (a lease
+// that ran out under a slow runner) each reap different entries. The
+// leases only keep runners from doing the same work twice.
+package runner
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"log/slog"
+	"os"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/fleetgate/fleetgate/gateway"
+)
+
+// Defaults of Options.
+const (
+	DefaultInterval = time.Second
+	DefaultBatch    = 500
+	// minLockTTL is the shortest default lease (DefaultLockTTL).
+	minLockTTL = 5 * time.Second
+)
+
+// reapsPerCycle bounds the Reap calls on one shard in one cycle, so that
+// a shard with a large backlog cannot starve the others: the cycle moves
+// on and the next one starts at once.
+const reapsPerCycle = 4
+
+// minSleep is the shortest sleep between cycles when nothing is due: the
+// stores keep deadlines in milliseconds.
+const minSleep = time.Millisecond
+
+// releaseTimeout bounds releasing the leases when Run ends.
+const releaseTimeout = 2 * time.Second
+
+// Options configures a Runner.
+type Options struct {
+	// Owner names this runner in the shard leases; it must be unique per
+	// runner process, e.g. "<gateway-id>/<epoch>". Default
+	// "<hostname>/<pid>".
+	Owner string
+	// Interval is the longest sleep between cycles (runner.interval).
+	Interval time.Duration
+	// Batch is the limit of one Reap call (runner.batch).
+	Batch int
+	// LockTTL is the shard lease; it is renewed every LockTTL/3.
+	// Default max(5*Interval, 5s).
+	LockTTL time.Duration
+	// Clock times sleeps and leases; default gateway.SystemClock{}.
+	Clock gateway.Clock
+	// Logger defaults to discarding.
+	Logger *slog.Logger
+	// Registerer receives the runner's metrics; nil registers none.
+	Registerer prometheus.Registerer
+	// OnEvent, if set, is called with every offline event reaped, from
+	// Run's goroutine.
+	OnEvent func(gateway.Event)
+}
+
+// Runner reaps expired entries of the shards it holds a lease on. Create
+// it with New and run it with Run.
+type Runner struct {
+	store   gateway.Store
+	o       Options
+	log     *slog.Logger
+	m       *metrics
+	leases  *leases
+	running atomic.Bool
+
+	mu     sync.Mutex
+	status Status
+}
+
+// Status is a snapshot of a runner for /v1/status.
+type Status struct {
+	Owner string `json:"owner"`
+	// Shards are the shards this runner holds a lease on, ascending.
+	Shards     []int  `json:"shards"`
+	Cycles     uint64 `json:"cycles"`
+	Reaped     uint64 `json:"reaped"`
+	Trimmed    uint64 `json:"trimmed"`
+	ReapCalls  uint64 `json:"reap_calls"`
+	ReapErrors uint64 `json:"reap_errors"`
+	// LastLag is at − deadline of the last offline event reaped.
+	LastLag time.Duration `json:"last_lag_ns"`
+	// LastEvent is the store time of the last offline event reaped.
+	LastEvent time.Time `json:"last_event,omitzero"`
+}
+
+// New returns a runner over s; Options left zero take their defaults.
+func New(s gateway.Store, o Options) *Runner {
+	if o.Owner == "" {
+		host, _ := os.Hostname()
+		o.Owner = fmt.Sprintf("%s/%d", host, os.Getpid())
+	}
+	if o.Interval <= 0 {
+		o.Interval = DefaultInterval
+	}
+	if o.Batch <= 0 {
+		o.Batch = DefaultBatch
+	}
+	if o.LockTTL <= 0 {
+		o.LockTTL = max(5*o.Interval, minLockTTL)
+	}
+	if o.Clock == nil {
+		o.Clock = gateway.SystemClock{}
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	return &Runner{
+		store:  s,
+		o:      o,
+		log:    o.Logger.With("runner", o.Owner),
+		m:      newMetrics(o.Registerer),
+		leases: newLeases(s.Shards(), o.Owner, o.LockTTL/3),
+		status: Status{Owner: o.Owner, Shards: []int{}},
+	}
+}
+
+// Run reaps until ctx is done, then releases the leases it holds and
+// returns nil. A store error is logged and the call retried in a later
+// cycle. Run must not be called again while it runs.
+func (r *Runner) Run(ctx context.Context) error {
+	if !r.running.CompareAndSwap(false, true) {
+		return errors.New("runner: run: already running")
+	}
+	defer r.running.Store(false)
+	defer r.releaseAll(ctx)
+	r.log.Info("runner started", "interval", r.o.Interval, "batch", r.o.Batch, "lock_ttl", r.o.LockTTL, "shards", r.store.Shards())
+	for {
+		wait := r.cycle(ctx)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if wait <= 0 {
+			continue
+		}
+		t := r.o.Clock.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil
+		case <-t.C():
+		}
+	}
+}
+
+// Status returns a snapshot of the runner's counters and leases.
+func (r *Runner) Status() Status {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	s := r.status
+	s.Shards = slices.Clone(s.Shards)
+	return s
+}
+
+// cycle renews the leases when due, reaps every held shard and returns
+// how long to sleep: 0 when a shard still has due entries, else until the
+// earliest deadline left, the next lease renewal or Interval, whichever
+// comes first.
+func (r *Runner) cycle(ctx context.Context) time.Duration {
+	if r.leases.roundDue(r.o.Clock.Now()) {
+		r.leaseRound(ctx)
+	}
+	for _, shard := range r.leases.expire(r.o.Clock.Now()) {
+		r.log.Warn("runner: shard lease ran out before it could be renewed", "shard", shard)
+	}
+	held := r.leases.held()
+	r.m.shardsOwned.Set(float64(len(held)))
+	var next time.Time
+	more := false
+	for _, shard := range held {
+		if ctx.Err() != nil {
+			return 0
+		}
+		res, ok := r.reapShard(ctx, shard)
+		if !ok {
+			continue
+		}
+		more = more || res.More
+		if !res.Next.IsZero() && (next.IsZero() || res.Next.Before(next)) {
+			next = res.Next
+		}
+	}
+	r.mu.Lock()
+	r.status.Cycles++
+	r.status.Shards = held
+	r.mu.Unlock()
+	if more {
+		return 0
+	}
+	wait := min(r.o.Interval, r.leases.untilRound(r.o.Clock.Now()))
+	if !next.IsZero() {
+		now, err := r.store.Now(ctx)
+		if err != nil {
+			r.log.Warn("runner: store clock", "err", err)
+		} else {
+			wait = min(wait, next.Sub(now))
+		}
+	}
+	return max(wait, minSleep)
+}
+
+// reapShard calls Reap on shard while it reports more due entries, at
+// most reapsPerCycle times; it returns the last result, and false if a
+// call failed.
+func (r *Runner) reapShard(ctx context.Context, shard int) (gateway.ReapResult, bool) {
+	var res gateway.ReapResult
+	for range reapsPerCycle {
+		start := time.Now()
+		var err error
+		res, err = r.store.Reap(ctx, shard, r.o.Batch)
+		r.m.reapDuration.Observe(time.Since(start).Seconds())
+		r.m.reapCalls.Inc()
+		if err != nil {
+			r.m.reapErrors.Inc()
+			r.mu.Lock()
+			r.status.ReapCalls++
+			r.status.ReapErrors++
+			r.mu.Unlock()
+			if ctx.Err() == nil {
+				r.log.Warn("runner: reap failed", "shard", shard, "err", err)
+			}
+			return gateway.ReapResult{}, false
+		}
+		r.record(shard, res)
+		if !res.More {
+			break
+		}
+	}
+	return res, true
+}
+
+// record counts one successful Reap call and hands its events on.
+func (r *Runner) record(shard int, res gateway.ReapResult) {
+	r.m.reaped.Add(float64(len(res.Offline)))
+	r.m.trimmed.Add(float64(res.Trimmed))
+	for _, ev := range res.Offline {
+		r.m.lag.Observe(ev.At.Sub(ev.Deadline).Seconds())
+		r.log.Debug("device offline", "device", ev.Device, "shard", shard, "ver", ev.Ver, "lag", ev.At.Sub(ev.Deadline))
+		if r.o.OnEvent != nil {
+			r.o.OnEvent(ev)
+		}
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.status.ReapCalls++
+	r.status.Reaped += uint64(len(res.Offline))
+	r.status.Trimmed += uint64(res.Trimmed)
+	if n := len(res.Offline); n > 0 {
+		last := res.Offline[n-1]
+		r.status.LastLag = last.At.Sub(last.Deadline)
+		r.status.LastEvent = last.At
+	}
+}
+
+// leaseRound extends the leases held and asks for free shards as the
+// round allows (see leases).
+func (r *Runner) leaseRound(ctx context.Context) {
+	p := r.leases.begin(r.o.Clock.Now())
+	for _, shard := range r.leases.order {
+		held := r.leases.holds(shard)
+		if !held && !p.mayTake(r.leases.count()) {
+			continue
+		}
+		start := r.o.Clock.Now()
+		ok, err := r.store.AcquireShard(ctx, shard, r.o.Owner, r.o.LockTTL)
+		switch {
+		case err != nil:
+			if ctx.Err() == nil {
+				r.log.Warn("runner: acquire shard", "shard", shard, "err", err)
+			}
+		case ok:
+			if !held {
+				r.log.Info("runner: shard acquired", "shard", shard)
+			}
+			r.leases.hold(shard, start.Add(r.o.LockTTL))
+		default:
+			if held {
+				r.log.Warn("runner: shard lease lost to another runner", "shard", shard)
+				r.leases.drop(shard)
+			}
+			p.refused++
+		}
+	}
+	r.leases.end(p)
+}
+
+// releaseAll gives up every lease held, so that another runner can take
+// the shards at once instead of after LockTTL.
+func (r *Runner) releaseAll(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+	defer cancel()
+	r.leases.expire(r.o.Clock.Now())
+	for _, shard := range r.leases.held() {
+		if err := r.store.ReleaseShard(ctx, shard, r.o.Owner); err != nil {
+			r.log.Warn("runner: release shard", "shard", shard, "err", err)
+		}
+		r.leases.drop(shard)
+	}
+	r.m.shardsOwned.Set(0)
+	r.mu.Lock()
+	r.status.Shards = []int{}
+	r.mu.Unlock()
+	r.log.Info("runner stopped")
+}
+
+// rotation is where owner starts its walk over the shards: runners
+// starting together contend for different shards first.
+func rotation(owner string, shards int) int {
+	h := fnv.New32a()
+	h.Write([]byte(owner))
+	return int(h.Sum32() % uint32(shards))
+}
