@@ -1,0 +1,412 @@
+package embedded
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/fleetgate/fleetgate/gateway"
+)
+
+// On-disk format (schema 1). All integers named "u64" are 8-byte
+// big-endian; "uv" is an unsigned varint (encoding/binary); "str" is a uv
+// length followed by that many bytes. Times are milliseconds since the
+// Unix epoch on the store clock.
+//
+// Top-level buckets, all prefixed "store." so that they share the
+// gateway's bbolt file with its epoch and outbox:
+//
+//	store.meta           "shards" → u64, "schema" → u64
+//	store.epochs         gateway ID → u64 newest epoch seen (fencing)
+//	store.shard.<n>      one per shard n, holding the keys and nested
+//	                     buckets below
+//
+// In store.shard.<n>:
+//
+//	"tail"  u64 ms, u64 seq of the last event ID; u64 events in the log
+//	"lock"  u64 lease expiry ms, then the owner's bytes (runner lock)
+//	dev/    device ID → device record
+//	exp/    u64 deadline ms ‖ device ID → empty (deadline index: a cursor
+//	        walk from the first key finds the due entries in order)
+//	ev/     u64 ms ‖ u64 seq → event (the event ID is "<ms>-<seq>")
+//
+// Device record:
+//
+//	byte format (1), byte state (0 offline, 1 online), uv ver, uv since,
+//	str last gateway, str last session, uv session count, then per
+//	session: str session ID, uv deadline, str gateway, uv epoch
+//
+// The device's deadline is the max over its sessions; it is in exp/ iff
+// it has a session, and it has a session iff it is online.
+//
+// Event:
+//
+//	byte format (1), str device, byte state, uv ver, uv at,
+//	byte reason (1 connect, 2 renew, 3 leave, 4 expired, 5 replay),
+//	str gateway, str session, uv deadline (0 unless reason expired)
+const (
+	schema       = 1
+	recordFormat = 1
+	eventFormat  = 1
+)
+
+var (
+	bucketMeta   = []byte("store.meta")
+	bucketEpochs = []byte("store.epochs")
+	bucketDev    = []byte("dev")
+	bucketExp    = []byte("exp")
+	bucketEv     = []byte("ev")
+	keyShards    = []byte("shards")
+	keySchema    = []byte("schema")
+	keyTail      = []byte("tail")
+	keyLock      = []byte("lock")
+)
+
+func shardBucket(n int) []byte { return fmt.Appendf(nil, "store.shard.%d", n) }
+
+// errCorrupt marks a record that does not decode; it is wrapped with the
+// key that held it.
+var errCorrupt = errors.New("corrupt record")
+
+// session is one live session as a device record holds it.
+type session struct {
+	id       gateway.SessionID
+	deadline int64
+	gw       string
+	epoch    uint64
+}
+
+// record is a device record: it outlives the device's sessions so that
+// ver keeps counting.
+type record struct {
+	online   bool
+	ver      uint64
+	since    int64
+	gw       string
+	session  gateway.SessionID
+	sessions []session
+}
+
+// deadline is the max over the live sessions, 0 when there are none.
+func (r *record) deadline() int64 {
+	var d int64
+	for _, s := range r.sessions {
+		d = max(d, s.deadline)
+	}
+	return d
+}
+
+func (r *record) find(id gateway.SessionID) int {
+	for i, s := range r.sessions {
+		if s.id == id {
+			return i
+		}
+	}
+	return -1
+}
+
+func appendStr(b []byte, s string) []byte {
+	b = binary.AppendUvarint(b, uint64(len(s)))
+	return append(b, s...)
+}
+
+func appendBool(b []byte, v bool) []byte {
+	if v {
+		return append(b, 1)
+	}
+	return append(b, 0)
+}
+
+func encodeRecord(r *record) []byte {
+	b := make([]byte, 0, 32+len(r.gw)+len(r.session)+len(r.sessions)*48)
+	b = append(b, recordFormat)
+	b = appendBool(b, r.online)
+	b = binary.AppendUvarint(b, r.ver)
+	b = binary.AppendUvarint(b, uint64(r.since))
+	b = appendStr(b, r.gw)
+	b = appendStr(b, string(r.session))
+	b = binary.AppendUvarint(b, uint64(len(r.sessions)))
+	for _, s := range r.sessions {
+		b = appendStr(b, string(s.id))
+		b = binary.AppendUvarint(b, uint64(s.deadline))
+		b = appendStr(b, s.gw)
+		b = binary.AppendUvarint(b, s.epoch)
+	}
+	return b
+}
+
+// decoder reads the fields of one value; the first error sticks.
+type decoder struct {
+	b   []byte
+	err error
+}
+
+func (d *decoder) fail() {
+	if d.err == nil {
+		d.err = errCorrupt
+	}
+	d.b = nil
+}
+
+func (d *decoder) byte() byte {
+	if len(d.b) < 1 {
+		d.fail()
+		return 0
+	}
+	c := d.b[0]
+	d.b = d.b[1:]
+	return c
+}
+
+func (d *decoder) bool() bool {
+	switch d.byte() {
+	case 0:
+		return false
+	case 1:
+		return true
+	}
+	d.fail()
+	return false
+}
+
+func (d *decoder) uvarint() uint64 {
+	v, n := binary.Uvarint(d.b)
+	if n <= 0 {
+		d.fail()
+		return 0
+	}
+	d.b = d.b[n:]
+	return v
+}
+
+func (d *decoder) int() int64 {
+	v := d.uvarint()
+	if v > 1<<62 {
+		d.fail()
+		return 0
+	}
+	return int64(v)
+}
+
+func (d *decoder) str() string {
+	n := d.uvarint()
+	if n > uint64(len(d.b)) {
+		d.fail()
+		return ""
+	}
+	s := string(d.b[:n])
+	d.b = d.b[n:]
+	return s
+}
+
+func (d *decoder) done() error {
+	if d.err == nil && len(d.b) != 0 {
+		d.err = errCorrupt
+	}
+	return d.err
+}
+
+func decodeRecord(b []byte) (record, error) {
+	d := decoder{b: b}
+	if d.byte() != recordFormat {
+		d.fail()
+	}
+	r := record{
+		online:  d.bool(),
+		ver:     d.uvarint(),
+		since:   d.int(),
+		gw:      d.str(),
+		session: gateway.SessionID(d.str()),
+	}
+	n := d.uvarint()
+	if n > uint64(len(d.b)) {
+		d.fail()
+		n = 0
+	}
+	if n > 0 {
+		r.sessions = make([]session, 0, n)
+	}
+	for range n {
+		r.sessions = append(r.sessions, session{
+			id:       gateway.SessionID(d.str()),
+			deadline: d.int(),
+			gw:       d.str(),
+			epoch:    d.uvarint(),
+		})
+	}
+	return r, d.done()
+}
+
+var reasons = [...]gateway.Reason{
+	1: gateway.ReasonConnect,
+	2: gateway.ReasonRenew,
+	3: gateway.ReasonLeave,
+	4: gateway.ReasonExpired,
+	5: gateway.ReasonReplay,
+}
+
+func reasonCode(r gateway.Reason) byte {
+	for i, x := range reasons {
+		if i > 0 && x == r {
+			return byte(i)
+		}
+	}
+	panic(fmt.Sprintf("embedded: unknown reason %q", r))
+}
+
+// encodeEvent encodes e but its ID and Shard, which are where it is
+// stored.
+func encodeEvent(e *gateway.Event) []byte {
+	b := make([]byte, 0, 24+len(e.Device)+len(e.Gateway)+len(e.Session))
+	b = append(b, eventFormat)
+	b = appendStr(b, string(e.Device))
+	b = appendBool(b, e.State == gateway.Online)
+	b = binary.AppendUvarint(b, e.Ver)
+	b = binary.AppendUvarint(b, uint64(e.At.UnixMilli()))
+	b = append(b, reasonCode(e.Reason))
+	b = appendStr(b, e.Gateway)
+	b = appendStr(b, string(e.Session))
+	var dl int64
+	if !e.Deadline.IsZero() {
+		dl = e.Deadline.UnixMilli()
+	}
+	return binary.AppendUvarint(b, uint64(dl))
+}
+
+func decodeEvent(shard int, key, b []byte) (gateway.Event, error) {
+	id, ok := parseEventKey(key)
+	if !ok {
+		return gateway.Event{}, errCorrupt
+	}
+	d := decoder{b: b}
+	if d.byte() != eventFormat {
+		d.fail()
+	}
+	e := gateway.Event{ID: id.String(), Shard: shard, Device: gateway.DeviceID(d.str())}
+	e.State = gateway.Offline
+	if d.bool() {
+		e.State = gateway.Online
+	}
+	e.Ver = d.uvarint()
+	e.At = msTime(d.int())
+	if c := d.byte(); c > 0 && int(c) < len(reasons) {
+		e.Reason = reasons[c]
+	} else {
+		d.fail()
+	}
+	e.Gateway = d.str()
+	e.Session = gateway.SessionID(d.str())
+	if dl := d.int(); dl != 0 {
+		e.Deadline = msTime(dl)
+	}
+	return e, d.done()
+}
+
+// eventID is a position in a shard's event log, ordered as (ms, seq).
+type eventID struct{ ms, seq uint64 }
+
+func (id eventID) String() string { return fmt.Sprintf("%d-%d", id.ms, id.seq) }
+
+func (id eventID) key() []byte {
+	k := make([]byte, 16)
+	binary.BigEndian.PutUint64(k, id.ms)
+	binary.BigEndian.PutUint64(k[8:], id.seq)
+	return k
+}
+
+// parseEventID parses "<ms>-<seq>" or "<ms>" (seq 0).
+func parseEventID(s string) (eventID, error) {
+	ms, seq, hasSeq := strings.Cut(s, "-")
+	var id eventID
+	var err error
+	if id.ms, err = strconv.ParseUint(ms, 10, 64); err != nil {
+		return eventID{}, fmt.Errorf("event id %q: %w", s, err)
+	}
+	if hasSeq {
+		if id.seq, err = strconv.ParseUint(seq, 10, 64); err != nil {
+			return eventID{}, fmt.Errorf("event id %q: %w", s, err)
+		}
+	}
+	return id, nil
+}
+
+func parseEventKey(k []byte) (eventID, bool) {
+	if len(k) != 16 {
+		return eventID{}, false
+	}
+	return eventID{binary.BigEndian.Uint64(k), binary.BigEndian.Uint64(k[8:])}, true
+}
+
+// next is the ID of an event appended at nowMs after id: the clock's ms
+// when it has moved past id, else id's ms with the next seq, so IDs
+// strictly increase even when the clock stalls or goes backwards.
+func (id eventID) next(nowMs int64) eventID {
+	if nowMs > 0 && uint64(nowMs) > id.ms {
+		return eventID{ms: uint64(nowMs)}
+	}
+	if id.seq == ^uint64(0) {
+		return eventID{ms: id.ms + 1}
+	}
+	return eventID{ms: id.ms, seq: id.seq + 1}
+}
+
+// tail is the shard's "tail" value: the last event ID and the log length.
+type tail struct {
+	last  eventID
+	count uint64
+}
+
+func decodeTail(b []byte) (tail, error) {
+	if b == nil {
+		return tail{}, nil
+	}
+	if len(b) != 24 {
+		return tail{}, errCorrupt
+	}
+	return tail{
+		last:  eventID{binary.BigEndian.Uint64(b), binary.BigEndian.Uint64(b[8:])},
+		count: binary.BigEndian.Uint64(b[16:]),
+	}, nil
+}
+
+func (t tail) encode() []byte {
+	b := make([]byte, 24)
+	binary.BigEndian.PutUint64(b, t.last.ms)
+	binary.BigEndian.PutUint64(b[8:], t.last.seq)
+	binary.BigEndian.PutUint64(b[16:], t.count)
+	return b
+}
+
+// expKey is the deadline index key of device d due at ms.
+func expKey(ms int64, d gateway.DeviceID) []byte {
+	k := make([]byte, 8, 8+len(d))
+	binary.BigEndian.PutUint64(k, uint64(ms))
+	return append(k, d...)
+}
+
+func parseExpKey(k []byte) (int64, gateway.DeviceID, bool) {
+	if len(k) <= 8 {
+		return 0, "", false
+	}
+	return int64(binary.BigEndian.Uint64(k)), gateway.DeviceID(k[8:]), true
+}
+
+func u64(v uint64) []byte { return binary.BigEndian.AppendUint64(nil, v) }
+
+func decodeU64(b []byte) (uint64, error) {
+	if len(b) != 8 {
+		return 0, errCorrupt
+	}
+	return binary.BigEndian.Uint64(b), nil
+}
+
+// msTime is the time of ms; 0 is the zero time.
+func msTime(ms int64) time.Time {
+	if ms == 0 {
+		return time.Time{}
+	}
+	return time.UnixMilli(ms)
+}

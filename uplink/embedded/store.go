@@ -1,0 +1,319 @@
+// Package embedded implements gateway.Store in the gateway's own bbolt
+// file (store.backend: embedded): the model of the Redis store (DESIGN §3)
+// with the same semantics, one bolt transaction per call. The on-disk
+// format is documented in codec.go.
+package embedded
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/fleetgate/fleetgate/gateway"
+)
+
+// Options configures Open.
+type Options struct {
+	// Shards is the shard count (≥ 1); it is recorded in the file and
+	// must match on every later Open.
+	Shards int
+	// EventsMaxLen caps each shard's event log; the oldest events are
+	// trimmed. Default 1_000_000/Shards.
+	EventsMaxLen int64
+	// Now is the store clock (default time.Now); it is read with
+	// millisecond precision.
+	Now func() time.Time
+	// Logger defaults to discarding.
+	Logger *slog.Logger
+}
+
+// Store is the embedded presence store. It is safe for concurrent use;
+// bbolt serialises its writes.
+type Store struct {
+	db     *bolt.DB
+	shards int
+	maxLen uint64
+	now    func() time.Time
+	log    *slog.Logger
+	closed atomic.Bool
+}
+
+var _ gateway.Store = (*Store)(nil)
+
+// errClosed is returned by every call after Close.
+var errClosed = fmt.Errorf("embedded store closed: %w", gateway.ErrUnavailable)
+
+// defaultLimit is the page size of List and Events when the caller
+// gives none.
+const defaultLimit = 100
+
+// Open uses its own top-level buckets (all named with prefix "store.") in
+// db, which the gateway also uses for its epoch and outbox; it does not
+// own db (Close does not close it). It records shards and schema in a meta
+// bucket and refuses a mismatch with a wrapped gateway.ErrShardMismatch.
+func Open(db *bolt.DB, o Options) (*Store, error) {
+	if o.Shards < 1 || o.Shards > 1<<16 {
+		return nil, fmt.Errorf("embedded: open: shards %d not in 1..65536", o.Shards)
+	}
+	if o.EventsMaxLen <= 0 {
+		o.EventsMaxLen = max(1, 1_000_000/int64(o.Shards))
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	s := &Store{db: db, shards: o.Shards, maxLen: uint64(o.EventsMaxLen), now: o.Now, log: o.Logger}
+	err := db.Update(func(tx *bolt.Tx) error {
+		meta, err := tx.CreateBucketIfNotExists(bucketMeta)
+		if err != nil {
+			return err
+		}
+		if err := checkMeta(meta, uint64(o.Shards)); err != nil {
+			return err
+		}
+		if _, err := tx.CreateBucketIfNotExists(bucketEpochs); err != nil {
+			return err
+		}
+		for n := range o.Shards {
+			b, err := tx.CreateBucketIfNotExists(shardBucket(n))
+			if err != nil {
+				return err
+			}
+			for _, name := range [][]byte{bucketDev, bucketExp, bucketEv} {
+				if _, err := b.CreateBucketIfNotExists(name); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("embedded: open: %w", err)
+	}
+	s.log.Info("embedded store opened", "path", db.Path(), "shards", o.Shards, "events_max_len", o.EventsMaxLen)
+	return s, nil
+}
+
+// checkMeta records shards and schema in a new file and compares them in
+// an existing one.
+func checkMeta(meta *bolt.Bucket, shards uint64) error {
+	have := meta.Get(keyShards)
+	if have == nil {
+		if err := meta.Put(keyShards, u64(shards)); err != nil {
+			return err
+		}
+		return meta.Put(keySchema, u64(schema))
+	}
+	n, err := decodeU64(have)
+	if err != nil {
+		return fmt.Errorf("meta shards: %w", err)
+	}
+	v, err := decodeU64(meta.Get(keySchema))
+	if err != nil {
+		return fmt.Errorf("meta schema: %w", err)
+	}
+	if n != shards || v != schema {
+		return fmt.Errorf("file has %d shards, schema %d; want %d shards, schema %d: %w",
+			n, v, shards, schema, gateway.ErrShardMismatch)
+	}
+	return nil
+}
+
+// Shards is the shard count the store was opened with.
+func (s *Store) Shards() int { return s.shards }
+
+// Now is the store clock at millisecond precision.
+func (s *Store) Now(ctx context.Context) (time.Time, error) {
+	if err := s.ready(ctx); err != nil {
+		return time.Time{}, fmt.Errorf("embedded: now: %w", err)
+	}
+	return time.UnixMilli(s.nowMs()), nil
+}
+
+func (s *Store) nowMs() int64 { return s.now().UnixMilli() }
+
+// Close makes every later call fail; the bbolt file stays open (the
+// gateway owns it).
+func (s *Store) Close() error {
+	s.closed.Store(true)
+	return nil
+}
+
+func (s *Store) ready(ctx context.Context) error {
+	if s.closed.Load() {
+		return errClosed
+	}
+	return ctx.Err()
+}
+
+func (s *Store) checkShard(ctx context.Context, shard int) error {
+	if err := s.ready(ctx); err != nil {
+		return err
+	}
+	if shard < 0 || shard >= s.shards {
+		return fmt.Errorf("shard %d of %d: %w", shard, s.shards, gateway.ErrBadShard)
+	}
+	return nil
+}
+
+// shard is the bucket of one shard in a transaction.
+type shard struct {
+	n    int
+	root *bolt.Bucket
+	dev  *bolt.Bucket
+	exp  *bolt.Bucket
+	ev   *bolt.Bucket
+}
+
+func openShard(tx *bolt.Tx, n int) (shard, error) {
+	root := tx.Bucket(shardBucket(n))
+	if root == nil {
+		return shard{}, fmt.Errorf("shard %d: bucket missing", n)
+	}
+	sh := shard{n: n, root: root, dev: root.Bucket(bucketDev), exp: root.Bucket(bucketExp), ev: root.Bucket(bucketEv)}
+	if sh.dev == nil || sh.exp == nil || sh.ev == nil {
+		return shard{}, fmt.Errorf("shard %d: nested bucket missing", n)
+	}
+	return sh, nil
+}
+
+func (sh shard) record(d gateway.DeviceID) (record, bool, error) {
+	v := sh.dev.Get([]byte(d))
+	if v == nil {
+		return record{}, false, nil
+	}
+	r, err := decodeRecord(v)
+	if err != nil {
+		return record{}, false, fmt.Errorf("device %s: %w", d, err)
+	}
+	return r, true, nil
+}
+
+// Device reads one device; gateway.ErrNotFound if the store never saw it.
+func (s *Store) Device(ctx context.Context, id gateway.DeviceID) (gateway.DeviceInfo, error) {
+	const op = "embedded: device"
+	if err := s.ready(ctx); err != nil {
+		return gateway.DeviceInfo{}, fmt.Errorf("%s: %w", op, err)
+	}
+	var info gateway.DeviceInfo
+	err := s.db.View(func(tx *bolt.Tx) error {
+		sh, err := openShard(tx, gateway.ShardOf(id, s.shards))
+		if err != nil {
+			return err
+		}
+		r, ok, err := sh.record(id)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			return fmt.Errorf("device %s: %w", id, gateway.ErrNotFound)
+		}
+		info = deviceInfo(id, &r)
+		return nil
+	})
+	if err != nil {
+		return gateway.DeviceInfo{}, fmt.Errorf("%s: %w", op, err)
+	}
+	return info, nil
+}
+
+func deviceInfo(id gateway.DeviceID, r *record) gateway.DeviceInfo {
+	info := gateway.DeviceInfo{
+		Device:   id,
+		State:    gateway.Offline,
+		Deadline: msTime(r.deadline()),
+		Ver:      r.ver,
+		Since:    msTime(r.since),
+		Gateway:  r.gw,
+		Session:  r.session,
+	}
+	if r.online {
+		info.State = gateway.Online
+	}
+	for _, x := range r.sessions {
+		info.Sessions = append(info.Sessions, gateway.SessionInfo{
+			ID: x.id, Deadline: msTime(x.deadline), Gateway: x.gw, Epoch: x.epoch,
+		})
+	}
+	return info
+}
+
+// List pages through devices in (shard, device ID) order, filtered by
+// state. The cursor is "<shard>/<device ID>", the next record to read.
+// One call reads a bounded number of records, so a page with a selective
+// filter may hold fewer devices than the limit while Next is not yet "".
+func (s *Store) List(ctx context.Context, q gateway.ListQuery) (gateway.ListPage, error) {
+	const op = "embedded: list"
+	if err := s.ready(ctx); err != nil {
+		return gateway.ListPage{}, fmt.Errorf("%s: %w", op, err)
+	}
+	switch q.State {
+	case "", gateway.Online, gateway.Offline:
+	default:
+		return gateway.ListPage{}, fmt.Errorf("%s: state filter %q: want online, offline or none", op, q.State)
+	}
+	limit := q.Limit
+	if limit <= 0 {
+		limit = defaultLimit
+	}
+	startShard, from, err := parseListCursor(q.Cursor, s.shards)
+	if err != nil {
+		return gateway.ListPage{}, fmt.Errorf("%s: %w", op, err)
+	}
+	budget := 16*limit + 1024
+	var page gateway.ListPage
+	err = s.db.View(func(tx *bolt.Tx) error {
+		for n := startShard; n < s.shards; n++ {
+			sh, err := openShard(tx, n)
+			if err != nil {
+				return err
+			}
+			c := sh.dev.Cursor()
+			k, v := c.First()
+			if n == startShard && from != nil {
+				k, v = c.Seek(from)
+			}
+			for ; k != nil; k, v = c.Next() {
+				if len(page.Devices) == limit || budget == 0 {
+					page.Next = strconv.Itoa(n) + "/" + string(k)
+					return nil
+				}
+				budget--
+				r, err := decodeRecord(v)
+				if err != nil {
+					return fmt.Errorf("device %s: %w", k, err)
+				}
+				if q.State == "" || (q.State == gateway.Online) == r.online {
+					page.Devices = append(page.Devices, deviceInfo(gateway.DeviceID(k), &r))
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return gateway.ListPage{}, fmt.Errorf("%s: %w", op, err)
+	}
+	return page, nil
+}
+
+// parseListCursor returns the shard and device ID at which a List
+// resumes.
+func parseListCursor(c string, shards int) (int, []byte, error) {
+	if c == "" {
+		return 0, nil, nil
+	}
+	ns, key, ok := strings.Cut(c, "/")
+	n, err := strconv.Atoi(ns)
+	if !ok || err != nil || n < 0 || n >= shards || key == "" {
+		return 0, nil, fmt.Errorf("bad cursor %q", c)
+	}
+	return n, []byte(key), nil
+}
