@@ -1,0 +1,289 @@
+// Package configs holds fleetgate's configuration: the types that mirror
+// the YAML of DESIGN §4, their defaults, the strict loader, environment
+// overrides and validation. The shipped files live next to it:
+// fleetgate.yaml (every key with its production default and a comment)
+// and dev.yaml (the loopback set-up that `make run` uses).
+//
+// A configuration is built in three layers: Default(), then the file,
+// then FLEETGATE_<SECTION>_<KEY> variables. Decoding is strict: an
+// unknown or repeated key, a value of the wrong type or a duration without
+// a unit is an error that names the file, line and column. Validate then
+// checks the values together (the flap rule among them).
+package configs
+
+import (
+	"fmt"
+	"os"
+	"slices"
+	"strconv"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/fleetgate/fleetgate/gateway"
+)
+
+// Store backends accepted by store.backend.
+const (
+	BackendEmbedded = "embedded"
+	BackendRedis    = "redis"
+)
+
+// DefaultPath is where the CLI looks for the configuration without -c.
+const DefaultPath = "/etc/fleetgate/fleetgate.yaml"
+
+// Config is the whole configuration. Its YAML form is DESIGN §4 plus
+// presence.max_sessions, runner.lock_ttl and log.
+type Config struct {
+	Gateway  GatewayConfig  `yaml:"gateway"`
+	Presence PresenceConfig `yaml:"presence"`
+	Store    StoreConfig    `yaml:"store"`
+	Uplink   UplinkConfig   `yaml:"uplink"`
+	Runner   RunnerConfig   `yaml:"runner"`
+	Events   EventsConfig   `yaml:"events"`
+	Listen   ListenConfig   `yaml:"listen"`
+	Auth     AuthConfig     `yaml:"auth"`
+	Plugins  PluginsConfig  `yaml:"plugins"`
+	Log      LogConfig      `yaml:"log"`
+}
+
+// GatewayConfig names this gateway and where it keeps its state.
+type GatewayConfig struct {
+	// ID names the gateway in session IDs and store records. Empty in a
+	// file or the environment means the host name, sanitised to the
+	// device-ID alphabet (see HostID).
+	ID string `yaml:"id"`
+	// StateDir holds the bbolt file (epoch, outbox, embedded store).
+	StateDir string `yaml:"state_dir"`
+}
+
+// PresenceConfig holds the lease model of DESIGN §1 and §2.
+type PresenceConfig struct {
+	Lease             Duration `yaml:"lease"`
+	HeartbeatInterval Duration `yaml:"heartbeat_interval"`
+	RenewEvery        Duration `yaml:"renew_every"`
+	SuspectAfter      Duration `yaml:"suspect_after"`
+	Shards            int      `yaml:"shards"`
+	// MaxSessions caps the gateway's session table: new sessions beyond it
+	// are refused.
+	MaxSessions int `yaml:"max_sessions"`
+}
+
+// StoreConfig selects the central presence store.
+type StoreConfig struct {
+	Backend string      `yaml:"backend"`
+	Redis   RedisConfig `yaml:"redis"`
+}
+
+// RedisConfig is used when Backend is BackendRedis. One address means a
+// standalone server, several a Redis Cluster.
+type RedisConfig struct {
+	Addrs     []string `yaml:"addrs"`
+	Username  string   `yaml:"username"`
+	Password  string   `yaml:"password"`
+	TLS       bool     `yaml:"tls"`
+	KeyPrefix string   `yaml:"key_prefix"`
+}
+
+// UplinkConfig tunes the batcher and the bbolt outbox.
+type UplinkConfig struct {
+	FlushInterval     Duration `yaml:"flush_interval"`
+	MaxBatch          int      `yaml:"max_batch"`
+	OutboxMaxSessions int      `yaml:"outbox_max_sessions"`
+}
+
+// RunnerConfig tunes the expiry runner.
+type RunnerConfig struct {
+	Enabled  bool     `yaml:"enabled"`
+	Interval Duration `yaml:"interval"`
+	Batch    int      `yaml:"batch"`
+	// LockTTL is the lifetime of a shard's runner lock: how long another
+	// runner waits before taking over a shard whose runner died.
+	LockTTL Duration `yaml:"lock_ttl"`
+}
+
+// EventsConfig caps the per-shard event streams.
+type EventsConfig struct {
+	MaxLen int `yaml:"max_len"`
+}
+
+// ListenConfig holds the listen addresses; an empty address disables that
+// listener.
+type ListenConfig struct {
+	CoAP  CoAPListen  `yaml:"coap"`
+	MQTT  MQTTListen  `yaml:"mqtt"`
+	Admin AdminListen `yaml:"admin"`
+}
+
+// CoAPListen holds the CoAP UDP and DTLS addresses.
+type CoAPListen struct {
+	UDP  string `yaml:"udp"`
+	DTLS string `yaml:"dtls"`
+}
+
+// MQTTListen holds the MQTT TCP and TLS addresses.
+type MQTTListen struct {
+	TCP string `yaml:"tcp"`
+	TLS string `yaml:"tls"`
+}
+
+// AdminListen holds the admin HTTP address.
+type AdminListen struct {
+	HTTP string `yaml:"http"`
+}
+
+// AuthConfig says which devices may connect.
+type AuthConfig struct {
+	DevicesFile    string `yaml:"devices_file"`
+	AllowAnonymous bool   `yaml:"allow_anonymous"`
+}
+
+// PluginsConfig lists the adapter plugins to start.
+type PluginsConfig struct {
+	Dir string `yaml:"dir"`
+	// Adapters are executable names in Dir, or absolute paths.
+	Adapters []string `yaml:"adapters"`
+}
+
+// LogConfig selects the log level (debug, info, warn, error) and format
+// (text, json).
+type LogConfig struct {
+	Level  string `yaml:"level"`
+	Format string `yaml:"format"`
+}
+
+// Default returns every default of DESIGN §4. gateway.id is HostID().
+func Default() Config {
+	return Config{
+		Gateway: GatewayConfig{ID: HostID(), StateDir: "/var/lib/fleetgate"},
+		Presence: PresenceConfig{
+			Lease:             Duration(90 * time.Second),
+			HeartbeatInterval: Duration(30 * time.Second),
+			RenewEvery:        Duration(20 * time.Second),
+			SuspectAfter:      Duration(45 * time.Second),
+			Shards:            16,
+			MaxSessions:       1_000_000,
+		},
+		Store: StoreConfig{
+			Backend: BackendEmbedded,
+			Redis:   RedisConfig{Addrs: []string{"127.0.0.1:6379"}, KeyPrefix: "fleetgate"},
+		},
+		Uplink: UplinkConfig{FlushInterval: Duration(time.Second), MaxBatch: 1000, OutboxMaxSessions: 1_000_000},
+		Runner: RunnerConfig{Enabled: true, Interval: Duration(time.Second), Batch: 500, LockTTL: Duration(5 * time.Second)},
+		Events: EventsConfig{MaxLen: 1_000_000},
+		Listen: ListenConfig{
+			CoAP:  CoAPListen{UDP: ":5683"},
+			MQTT:  MQTTListen{TCP: ":1883"},
+			Admin: AdminListen{HTTP: "127.0.0.1:9180"},
+		},
+		Plugins: PluginsConfig{Dir: "/usr/lib/fleetgate/plugins", Adapters: []string{}},
+		Log:     LogConfig{Level: "info", Format: "text"},
+	}
+}
+
+// HostID is the default gateway ID: the host name with every byte outside
+// [A-Za-z0-9._:-] replaced by '-', cut to gateway.MaxDeviceIDLen bytes, or
+// "fleetgate" when the host name is unknown.
+func HostID() string {
+	h, err := os.Hostname()
+	if err != nil {
+		h = ""
+	}
+	return sanitizeID(h)
+}
+
+func sanitizeID(s string) string {
+	b := []byte(s)
+	if len(b) > gateway.MaxDeviceIDLen {
+		b = b[:gateway.MaxDeviceIDLen]
+	}
+	for i, c := range b {
+		if _, err := gateway.ParseDeviceID(string(c)); err != nil {
+			b[i] = '-'
+		}
+	}
+	if len(b) == 0 {
+		return "fleetgate"
+	}
+	return string(b)
+}
+
+// Redacted returns a copy of c with every secret (store.redis.password)
+// replaced by "<redacted>" when it is set, for printing.
+func (c Config) Redacted() Config {
+	c.Store.Redis.Addrs = slices.Clone(c.Store.Redis.Addrs)
+	c.Plugins.Adapters = slices.Clone(c.Plugins.Adapters)
+	if c.Store.Redis.Password != "" {
+		c.Store.Redis.Password = "<redacted>"
+	}
+	return c
+}
+
+// YAML renders c in the file's format; Parse reads it back to c. Redact
+// first when the output is shown to anyone.
+func (c Config) YAML() ([]byte, error) {
+	out, err := yaml.Marshal(c)
+	if err != nil {
+		return nil, fmt.Errorf("config: render yaml: %w", err)
+	}
+	return out, nil
+}
+
+// Duration is a time.Duration written as a Go duration string ("90s",
+// "1m30s", "500ms"). A bare number is refused: its unit would be a guess.
+type Duration time.Duration
+
+// Std returns d as a time.Duration.
+func (d Duration) Std() time.Duration { return time.Duration(d) }
+
+// String formats d readably: whole hours as "2h", whole minutes or
+// seconds under an hour as "15m" or "90s", anything else as time.Duration
+// does ("1.5s", "250ms", "1h30m0s").
+func (d Duration) String() string {
+	td := time.Duration(d)
+	switch {
+	case td == 0:
+		return "0s"
+	case td%time.Hour == 0:
+		return strconv.FormatInt(int64(td/time.Hour), 10) + "h"
+	case td%time.Second != 0, td >= time.Hour, td <= -time.Hour:
+		return td.String()
+	case td%time.Minute == 0:
+		return strconv.FormatInt(int64(td/time.Minute), 10) + "m"
+	default:
+		return strconv.FormatInt(int64(td/time.Second), 10) + "s"
+	}
+}
+
+// MarshalText writes d as String does.
+func (d Duration) MarshalText() ([]byte, error) { return []byte(d.String()), nil }
+
+// UnmarshalText parses a Go duration string and refuses a bare number.
+func (d *Duration) UnmarshalText(b []byte) error {
+	v, err := parseDuration(string(b))
+	if err != nil {
+		return err
+	}
+	*d = v
+	return nil
+}
+
+// UnmarshalYAML parses a scalar Go duration string and refuses a bare
+// number or a non-scalar.
+func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
+	if n.Kind != yaml.ScalarNode || n.ShortTag() == "!!null" {
+		return fmt.Errorf("want a duration such as \"90s\", got %s", describe(n))
+	}
+	return d.UnmarshalText([]byte(n.Value))
+}
+
+func parseDuration(s string) (Duration, error) {
+	if _, err := strconv.ParseFloat(s, 64); err == nil {
+		return 0, fmt.Errorf("duration %s has no unit (write \"%ss\" for seconds)", s, s)
+	}
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return 0, fmt.Errorf("invalid duration %q (want a number with a unit: ns, us, ms, s, m or h, as in \"90s\")", s)
+	}
+	return Duration(v), nil
+}

@@ -1,0 +1,275 @@
+package configs
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/fleetgate/fleetgate/gateway"
+)
+
+// Limits checked by Validate.
+const (
+	MaxShards        = 16384 // Redis Cluster hash slots: more shards cannot spread further
+	MaxRunnerBatch   = 10000
+	MinEventsMaxLen  = 1000
+	MinHeartbeat     = time.Second         // CoAP Max-Age and MQTT keep-alive count seconds
+	MaxHeartbeat     = 65535 * time.Second // MQTT keep-alive is 16 bits of seconds
+	heartbeatsInside = 2                   // a lease must survive one lost heartbeat
+)
+
+// problems collects validation errors, each prefixed by its key.
+type problems []error
+
+func (p *problems) add(key, format string, args ...any) {
+	*p = append(*p, fmt.Errorf("%s: %s", key, fmt.Sprintf(format, args...)))
+}
+
+func (p *problems) positive(key string, d Duration) bool {
+	if d <= 0 {
+		p.add(key, "must be > 0, got %s", d)
+		return false
+	}
+	return true
+}
+
+func (p *problems) atLeast(key string, v, low int) {
+	if v < low {
+		p.add(key, "must be >= %d, got %d", low, v)
+	}
+}
+
+// Validate checks every value and the rules between them, and returns all
+// problems joined, one per line, each starting with the key it is about.
+func (c Config) Validate() error {
+	var p problems
+	if err := gateway.ValidGatewayID(c.Gateway.ID); err != nil {
+		p.add("gateway.id", "%q: %v", c.Gateway.ID, err)
+	}
+	if c.Gateway.StateDir == "" {
+		p.add("gateway.state_dir", "must be set")
+	}
+	c.validatePresence(&p)
+	c.validateStore(&p)
+	p.positive("uplink.flush_interval", c.Uplink.FlushInterval)
+	p.atLeast("uplink.max_batch", c.Uplink.MaxBatch, 1)
+	p.atLeast("uplink.outbox_max_sessions", c.Uplink.OutboxMaxSessions, 1)
+	p.positive("runner.interval", c.Runner.Interval)
+	if c.Runner.Batch < 1 || c.Runner.Batch > MaxRunnerBatch {
+		p.add("runner.batch", "must be between 1 and %d, got %d", MaxRunnerBatch, c.Runner.Batch)
+	}
+	p.positive("runner.lock_ttl", c.Runner.LockTTL)
+	p.atLeast("events.max_len", c.Events.MaxLen, MinEventsMaxLen)
+	c.validateListen(&p)
+	c.validatePlugins(&p)
+	if !oneOf(c.Log.Level, "debug", "info", "warn", "error") {
+		p.add("log.level", "must be debug, info, warn or error, got %q", c.Log.Level)
+	}
+	if !oneOf(c.Log.Format, "text", "json") {
+		p.add("log.format", "must be text or json, got %q", c.Log.Format)
+	}
+	return errors.Join(p...)
+}
+
+func (c Config) validatePresence(p *problems) {
+	pr := c.Presence
+	lease := p.positive("presence.lease", pr.Lease)
+	hb := p.positive("presence.heartbeat_interval", pr.HeartbeatInterval)
+	renew := p.positive("presence.renew_every", pr.RenewEvery)
+	suspect := p.positive("presence.suspect_after", pr.SuspectAfter)
+	if pr.Shards < 1 || pr.Shards > MaxShards {
+		p.add("presence.shards", "must be between 1 and %d, got %d", MaxShards, pr.Shards)
+	}
+	p.atLeast("presence.max_sessions", pr.MaxSessions, 1)
+	if hb && (pr.HeartbeatInterval.Std() < MinHeartbeat || pr.HeartbeatInterval.Std() > MaxHeartbeat) {
+		p.add("presence.heartbeat_interval", "must be between %s and %s (devices are told it in whole seconds), got %s",
+			Duration(MinHeartbeat), Duration(MaxHeartbeat), pr.HeartbeatInterval)
+		hb = false
+	}
+	if lease && renew && pr.RenewEvery >= pr.Lease {
+		p.add("presence.renew_every", "%s must be less than presence.lease (%s)", pr.RenewEvery, pr.Lease)
+	}
+	if lease && suspect && pr.SuspectAfter >= pr.Lease {
+		p.add("presence.suspect_after", "%s must be less than presence.lease (%s)", pr.SuspectAfter, pr.Lease)
+	}
+	if hb && suspect && pr.SuspectAfter <= pr.HeartbeatInterval {
+		p.add("presence.suspect_after", "%s must be more than presence.heartbeat_interval (%s), or every device turns suspect between two heartbeats",
+			pr.SuspectAfter, pr.HeartbeatInterval)
+	}
+	if lease && hb && renew && c.Uplink.FlushInterval > 0 {
+		if m := c.Bounds().HeartbeatMargin; m < 0 {
+			need := heartbeatsInside*pr.HeartbeatInterval + pr.RenewEvery + c.Uplink.FlushInterval
+			p.add("presence.lease", "lease %s - renew_every %s - uplink.flush_interval %s = %s is less than %d x heartbeat_interval %s = %s, so one late heartbeat would flap a device offline (raise lease to at least %s or lower heartbeat_interval)",
+				pr.Lease, pr.RenewEvery, c.Uplink.FlushInterval, pr.Lease-pr.RenewEvery-c.Uplink.FlushInterval,
+				heartbeatsInside, pr.HeartbeatInterval, heartbeatsInside*pr.HeartbeatInterval, need)
+		}
+	}
+}
+
+func (c Config) validateStore(p *problems) {
+	r := c.Store.Redis
+	switch c.Store.Backend {
+	case BackendEmbedded:
+	case BackendRedis:
+		if len(r.Addrs) == 0 {
+			p.add("store.redis.addrs", "must list at least one host:port when store.backend is redis")
+		}
+	default:
+		p.add("store.backend", "must be %s or %s, got %q", BackendEmbedded, BackendRedis, c.Store.Backend)
+	}
+	for i, a := range r.Addrs {
+		if err := checkAddr(a); err != nil {
+			p.add(fmt.Sprintf("store.redis.addrs[%d]", i), "%v", err)
+		}
+	}
+	if r.KeyPrefix == "" || strings.ContainsAny(r.KeyPrefix, "{} \t\r\n") {
+		p.add("store.redis.key_prefix", "must be set and hold no braces or white space, got %q", r.KeyPrefix)
+	}
+}
+
+// listener is one listen address with the transport it binds.
+type listener struct {
+	key, addr, transport string
+}
+
+func (c Config) validateListen(p *problems) {
+	ls := []listener{
+		{"listen.coap.udp", c.Listen.CoAP.UDP, "udp"},
+		{"listen.coap.dtls", c.Listen.CoAP.DTLS, "udp"},
+		{"listen.mqtt.tcp", c.Listen.MQTT.TCP, "tcp"},
+		{"listen.mqtt.tls", c.Listen.MQTT.TLS, "tcp"},
+		{"listen.admin.http", c.Listen.Admin.HTTP, "tcp"},
+	}
+	for i, l := range ls {
+		if l.addr == "" {
+			continue
+		}
+		if err := checkAddr(l.addr); err != nil {
+			p.add(l.key, "%v (or empty to disable)", err)
+			continue
+		}
+		for _, prev := range ls[:i] {
+			if prev.addr != "" && prev.transport == l.transport && checkAddr(prev.addr) == nil && overlap(prev.addr, l.addr) {
+				p.add(l.key, "%q and %s (%q) bind the same %s port", l.addr, prev.key, prev.addr, l.transport)
+			}
+		}
+	}
+}
+
+// checkAddr accepts host:port with a numeric port; the host may be empty.
+func checkAddr(a string) error {
+	_, port, err := net.SplitHostPort(a)
+	if err != nil {
+		var ae *net.AddrError
+		if errors.As(err, &ae) {
+			return fmt.Errorf("%q is not host:port: %s", a, ae.Err)
+		}
+		return fmt.Errorf("%q is not host:port", a)
+	}
+	if _, err := strconv.ParseUint(port, 10, 16); err != nil {
+		return fmt.Errorf("%q: port %q is not a number in 0..65535", a, port)
+	}
+	return nil
+}
+
+// overlap reports whether two valid addresses would bind the same port:
+// the same non-zero port on the same host, or on a wildcard host.
+func overlap(a, b string) bool {
+	ha, pa, _ := net.SplitHostPort(a)
+	hb, pb, _ := net.SplitHostPort(b)
+	if pa != pb || pa == "0" {
+		return false
+	}
+	return ha == hb || wildcard(ha) || wildcard(hb)
+}
+
+func wildcard(host string) bool {
+	return host == "" || host == "0.0.0.0" || host == "::"
+}
+
+func (c Config) validatePlugins(p *problems) {
+	if len(c.Plugins.Adapters) > 0 && c.Plugins.Dir == "" {
+		p.add("plugins.dir", "must be set when plugins.adapters lists adapters")
+	}
+	seen := make(map[string]bool, len(c.Plugins.Adapters))
+	for i, a := range c.Plugins.Adapters {
+		key := fmt.Sprintf("plugins.adapters[%d]", i)
+		switch {
+		case strings.TrimSpace(a) == "":
+			p.add(key, "must name an adapter")
+		case seen[a]:
+			p.add(key, "%q is listed twice", a)
+		}
+		seen[a] = true
+	}
+}
+
+func oneOf(s string, allowed ...string) bool {
+	for _, a := range allowed {
+		if s == a {
+			return true
+		}
+	}
+	return false
+}
+
+// Bounds are the presence timings that follow from a configuration,
+// measured from a device's last evidence. uplink.flush_interval is not
+// part of the detection bounds: writes carry the evidence's age, so a
+// late flush does not move a deadline.
+type Bounds struct {
+	// Suspect: a device turns suspect after presence.suspect_after
+	// without evidence.
+	Suspect Duration `json:"suspect" yaml:"suspect"`
+	// EarliestOffline is lease − renew_every: the throttle may have kept
+	// the last renewal from the store, so the central deadline can be this
+	// close to the last evidence.
+	EarliestOffline Duration `json:"earliest_offline" yaml:"earliest_offline"`
+	// WorstCaseDetection is lease + runner.interval: the deadline of the
+	// last evidence plus the runner's longest sleep. Reaping a backlog
+	// larger than runner.batch adds its processing time.
+	WorstCaseDetection Duration `json:"worst_case_detection" yaml:"worst_case_detection"`
+	// WorstCaseDetectionFailover adds runner.lock_ttl: the wait before
+	// another runner takes over a shard whose runner died holding it.
+	WorstCaseDetectionFailover Duration `json:"worst_case_detection_failover" yaml:"worst_case_detection_failover"`
+	// HeartbeatMargin is lease − renew_every − flush_interval −
+	// 2 × heartbeat_interval: the slack left after one lost heartbeat.
+	// Validate refuses a negative margin (the flap rule).
+	HeartbeatMargin Duration `json:"heartbeat_margin" yaml:"heartbeat_margin"`
+}
+
+// Bounds derives the presence timings of c.
+func (c Config) Bounds() Bounds {
+	pr := c.Presence
+	return Bounds{
+		Suspect:                    pr.SuspectAfter,
+		EarliestOffline:            pr.Lease - pr.RenewEvery,
+		WorstCaseDetection:         pr.Lease + c.Runner.Interval,
+		WorstCaseDetectionFailover: pr.Lease + c.Runner.Interval + c.Runner.LockTTL,
+		HeartbeatMargin:            pr.Lease - pr.RenewEvery - c.Uplink.FlushInterval - heartbeatsInside*pr.HeartbeatInterval,
+	}
+}
+
+// String lays the bounds out one per line with what each one means, for
+// check-config.
+func (b Bounds) String() string {
+	rows := []struct {
+		name string
+		d    Duration
+		why  string
+	}{
+		{"suspect after", b.Suspect, "presence.suspect_after without evidence"},
+		{"earliest offline", b.EarliestOffline, "lease - renew_every after the last evidence"},
+		{"worst-case detection", b.WorstCaseDetection, "lease + runner.interval after the last evidence, plus backlog processing"},
+		{"  after runner failover", b.WorstCaseDetectionFailover, "+ runner.lock_ttl when a runner dies holding a shard"},
+		{"heartbeat margin", b.HeartbeatMargin, "lease - renew_every - uplink.flush_interval - 2 x heartbeat_interval"},
+	}
+	var sb strings.Builder
+	for _, r := range rows {
+		fmt.Fprintf(&sb, "%-24s %-8s %s\n", r.name, r.d, r.why)
+	}
+	return sb.String()
+}
