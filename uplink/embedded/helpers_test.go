@@ -216,8 +216,19 @@ func checkShard(sh shard, completeLog bool) error {
 	if err != nil {
 		return err
 	}
-	if n := sh.exp.Stats().KeyN; n != indexed {
-		return fmt.Errorf("%d index entries for %d devices with sessions", n, indexed)
+	err = sh.exp.ForEach(func(k, _ []byte) error {
+		ms, d, ok := parseExpKey(k)
+		if r, found := records[d]; !ok || !found || r.deadline() != ms {
+			return fmt.Errorf("index entry %x matches no record", k)
+		}
+		indexed--
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	if indexed != 0 {
+		return fmt.Errorf("%d devices with sessions lack an index entry", indexed)
 	}
 	t, err := decodeTail(sh.root.Get(keyTail))
 	if err != nil {
