@@ -1,0 +1,114 @@
+package configs_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/fleetgate/fleetgate/configs"
+)
+
+func sec(n int) configs.Duration { return configs.Duration(time.Duration(n) * time.Second) }
+
+func TestValidate(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		change func(*configs.Config)
+		want   string // "" for valid
+	}{
+		{"defaults", func(*configs.Config) {}, ""},
+		{"flap rule at its edge is fine", func(c *configs.Config) {
+			c.Presence.Lease = sec(81) // 81 - 20 - 1 = 60 = 2 × 30
+		}, ""},
+		{"flap rule one second short", func(c *configs.Config) { c.Presence.Lease = sec(80) },
+			"presence.lease: lease 80s - renew_every 20s - uplink.flush_interval 1s = 59s is less than 2 x heartbeat_interval 30s = 1m, so one late heartbeat would flap a device offline (raise lease to at least 81s or lower heartbeat_interval)"},
+		{"flap rule counts the flush interval", func(c *configs.Config) { c.Uplink.FlushInterval = sec(11) },
+			"presence.lease: lease 90s - renew_every 20s - uplink.flush_interval 11s = 59s is less than 2 x heartbeat_interval 30s = 1m, so one late heartbeat would flap a device offline (raise lease to at least 91s or lower heartbeat_interval)"},
+		{"shards negative", func(c *configs.Config) { c.Presence.Shards = -1 },
+			"presence.shards: must be between 1 and 16384, got -1"},
+		{"shards too many", func(c *configs.Config) { c.Presence.Shards = 16385 },
+			"presence.shards: must be between 1 and 16384, got 16385"},
+		{"shards max", func(c *configs.Config) { c.Presence.Shards = 16384 }, ""},
+		{"redis with addrs", func(c *configs.Config) {
+			c.Store.Backend = configs.BackendRedis
+			c.Store.Redis.Addrs = []string{"10.0.0.1:6379", "redis-2.example:6380", "[::1]:6379"}
+		}, ""},
+		{"redis addr without port", func(c *configs.Config) { c.Store.Redis.Addrs = []string{"10.0.0.1"} },
+			`store.redis.addrs[0]: "10.0.0.1" is not host:port: missing port in address`},
+		{"redis addr port out of range", func(c *configs.Config) { c.Store.Redis.Addrs = []string{"a:1", "a:70000"} },
+			`store.redis.addrs[1]: "a:70000": port "70000" is not a number in 0..65535`},
+		{"embedded ignores missing addrs", func(c *configs.Config) { c.Store.Redis.Addrs = nil }, ""},
+		{"key prefix empty", func(c *configs.Config) { c.Store.Redis.KeyPrefix = "" },
+			`store.redis.key_prefix: must be set and hold no braces or white space, got ""`},
+		{"suspect_after equal to lease", func(c *configs.Config) { c.Presence.SuspectAfter = sec(90) },
+			"presence.suspect_after: 90s must be less than presence.lease (90s)"},
+		{"suspect_after equal to heartbeat", func(c *configs.Config) { c.Presence.SuspectAfter = sec(30) },
+			"presence.suspect_after: 30s must be more than presence.heartbeat_interval (30s), or every device turns suspect between two heartbeats"},
+		{"heartbeat too long", func(c *configs.Config) {
+			c.Presence.HeartbeatInterval = sec(65536)
+			c.Presence.Lease = sec(200000)
+			c.Presence.SuspectAfter = sec(100000)
+		}, "presence.heartbeat_interval: must be between 1s and 18h12m15s (devices are told it in whole seconds), got 18h12m16s"},
+		{"runner batch bounds", func(c *configs.Config) { c.Runner.Batch = 0 },
+			"runner.batch: must be between 1 and 10000, got 0"},
+		{"runner batch max", func(c *configs.Config) { c.Runner.Batch = 10000 }, ""},
+		{"events max_len minimum", func(c *configs.Config) { c.Events.MaxLen = 1000 }, ""},
+		{"listeners disabled", func(c *configs.Config) { c.Listen = configs.ListenConfig{} }, ""},
+		{"port 0 twice is fine", func(c *configs.Config) {
+			c.Listen.MQTT = configs.MQTTListen{TCP: "127.0.0.1:0", TLS: "127.0.0.1:0"}
+		}, ""},
+		{"same port different hosts", func(c *configs.Config) {
+			c.Listen.MQTT = configs.MQTTListen{TCP: "127.0.0.1:1883", TLS: "127.0.0.2:1883"}
+		}, ""},
+		{"same port udp and tcp", func(c *configs.Config) { c.Listen.CoAP.UDP = ":1883" }, ""},
+		{"admin on the mqtt port", func(c *configs.Config) { c.Listen.Admin.HTTP = "127.0.0.1:1883" },
+			`listen.admin.http: "127.0.0.1:1883" and listen.mqtt.tcp (":1883") bind the same tcp port`},
+		{"dtls on the udp port", func(c *configs.Config) { c.Listen.CoAP.DTLS = "[::]:5683" },
+			`listen.coap.dtls: "[::]:5683" and listen.coap.udp (":5683") bind the same udp port`},
+		{"gateway id empty", func(c *configs.Config) { c.Gateway.ID = "" },
+			`gateway.id: "": gateway id: invalid device id: empty`},
+		{"several problems, all reported", func(c *configs.Config) {
+			c.Presence.Shards = 0
+			c.Store.Backend = "Redis"
+			c.Events.MaxLen = 0
+		}, "presence.shards: must be between 1 and 16384, got 0\n" +
+			`store.backend: must be embedded or redis, got "Redis"` + "\n" +
+			"events.max_len: must be >= 1000, got 0"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := configs.Default()
+			tc.change(&c)
+			err := c.Validate()
+			switch {
+			case tc.want == "" && err != nil:
+				t.Fatalf("unexpected error:\n%v", err)
+			case tc.want != "" && err == nil:
+				t.Fatalf("no error, want:\n%s", tc.want)
+			case tc.want != "" && err.Error() != tc.want:
+				t.Fatalf("error:\n%v\nwant:\n%s", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestBounds(t *testing.T) {
+	b := configs.Default().Bounds()
+	want := configs.Bounds{
+		Suspect:                    sec(45),
+		EarliestOffline:            sec(70),
+		WorstCaseDetection:         sec(91),
+		WorstCaseDetectionFailover: sec(96),
+		HeartbeatMargin:            sec(9),
+	}
+	if b != want {
+		t.Fatalf("bounds %+v, want %+v", b, want)
+	}
+	const text = "" +
+		"suspect after            45s      presence.suspect_after without evidence\n" +
+		"earliest offline         70s      lease - renew_every after the last evidence\n" +
+		"worst-case detection     91s      lease + runner.interval after the last evidence, plus backlog processing\n" +
+		"  after runner failover  96s      + runner.lock_ttl when a runner dies holding a shard\n" +
+		"heartbeat margin         9s       lease - renew_every - uplink.flush_interval - 2 x heartbeat_interval\n"
+	if got := b.String(); got != text {
+		t.Fatalf("String():\n%s\nwant:\n%s", got, text)
+	}
+}
