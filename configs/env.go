@@ -112,3 +112,14 @@ func setString(v reflect.Value, s string) error {
 	}
 	return nil
 }
+
+// Keys lists the path of every configuration key ("store.redis.addrs"), in
+// the order of the file.
+func Keys() []string {
+	ls := leaves()
+	out := make([]string, len(ls))
+	for i, l := range ls {
+		out[i] = l.path
+	}
+	return out
+}
