@@ -1,0 +1,50 @@
+-- Reap at most limit due entries of one shard, atomically (Store.Reap).
+-- KEYS: exp, dev, events, epochs (record.lua).
+-- ARGV: limit, now ms or "", events maxlen.
+-- Returns {trimmed, more (1|0), next deadline or -1, orphans, events...};
+-- orphans counts due entries without an online record (removed, no event).
+local limit, now, maxlen = tonumber(ARGV[1]), clock(ARGV[2]), ARGV[3]
+
+local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'WITHSCORES', 'LIMIT', 0, limit)
+local devs = {}
+for i = 1, #due, 2 do devs[#devs + 1] = due[i] end
+local packed = {}
+if #devs > 0 then packed = mcall('HMGET', KEYS[2], devs) end
+
+local trimmed, orphans = 0, 0
+local hset, zadd, zrem, events = {}, {}, {}, {}
+for k, dev in ipairs(devs) do
+  local old = tonumber(due[2 * k])
+  local r = packed[k] and decode(packed[k], old)
+  if not r or not r.on then
+    orphans = orphans + 1
+    zrem[#zrem + 1] = dev
+  else
+    dropexpired(r, now)
+    local dl = maxdl(r)
+    if dl then
+      trimmed = trimmed + 1
+      zadd[#zadd + 1] = dl
+      zadd[#zadd + 1] = dev
+    else
+      r.on, r.ver, r.since = false, r.ver + 1, now
+      events[#events + 1] = emit(maxlen, dev, 'offline', r.ver, now, 'expired', gwname(r.lastgw), r.lastsid, old)
+      zrem[#zrem + 1] = dev
+    end
+    hset[#hset + 1] = dev
+    hset[#hset + 1] = encode(r)
+  end
+end
+if #hset > 0 then mcall('HSET', KEYS[2], hset) end
+if #zadd > 0 then mcall('ZADD', KEYS[1], zadd) end
+if #zrem > 0 then mcall('ZREM', KEYS[1], zrem) end
+
+local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+local more, nextdl = 0, -1
+if #first > 0 then
+  nextdl = tonumber(first[2])
+  if nextdl <= now then more = 1 end
+end
+local out = {trimmed, more, nextdl, orphans}
+for _, e in ipairs(events) do out[#out + 1] = e end
+return out

@@ -1,0 +1,215 @@
+-- fleetgate Redis store, schema 1: the packed device record and helpers
+-- shared by every script (the Go side prepends this file to each script).
+--
+-- Keys of a shard s (all in the hash slot of {P:s}):
+--   KEYS[1] {P:s}:exp     ZSET   device -> device deadline (ms, store clock)
+--   KEYS[2] {P:s}:dev     HASH   device -> packed record (below)
+--   KEYS[3] {P:s}:events  STREAM presence events
+--   KEYS[4] {P:s}:epochs  HASH   gw -> newest epoch; "@"..gw -> gateway ref n;
+--                                "#"..n -> gw; "#" -> last ref handed out
+--
+-- Packed record (integers: uvarint = unsigned LEB128; t48 = 6 bytes
+-- big-endian unsigned):
+--   flags   1 byte: bit 0 online, bit 1 "last session is a live session",
+--           bits 2..7 session count, 63 meaning uvarint (count - 63) follows
+--   ver     uvarint
+--   since   t48 ms
+--   last    bit 1 set: uvarint index into the sessions below;
+--           else uvarint gateway ref, then a literal sid
+--   sessions, each:
+--           uvarint gateway ref, uvarint epoch,
+--           uvarint (device deadline - session deadline) in ms, sid
+--   sid     uvarint t: t odd is the connection form "<gw>/<epoch>/<(t-1)/2>"
+--           of the session's own gateway and epoch; t even: t/2 bytes follow
+-- The device deadline is the device's score in {P:s}:exp, so a single-session
+-- device stores offset 0 and a renewal that changes nothing else leaves the
+-- record untouched.
+
+local byte, char, sub, find = string.byte, string.char, string.sub, string.find
+
+local function uvarint(n)
+  if n < 128 then return char(n) end
+  local t = {}
+  while n >= 128 do
+    local b = n % 128
+    t[#t + 1] = b + 128
+    n = (n - b) / 128
+  end
+  t[#t + 1] = n
+  return char(unpack(t))
+end
+
+local function ruvarint(s, i)
+  local n, mul = 0, 1
+  while true do
+    local b = byte(s, i)
+    i = i + 1
+    if b < 128 then return n + b * mul, i end
+    n = n + (b - 128) * mul
+    mul = mul * 128
+  end
+end
+
+local function clock(arg)
+  if arg ~= '' then return tonumber(arg) end
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- Gateway names by ref, cached for the call.
+local gwnames = {}
+local function gwname(ref)
+  local n = gwnames[ref]
+  if n == nil then
+    n = redis.call('HGET', KEYS[4], '#' .. ref)
+    if not n then n = '?' .. ref end
+    gwnames[ref] = n
+  end
+  return n
+end
+
+-- connprefix is "<gw>/<epoch>/" for a gateway ref and epoch.
+local function connprefix(ref, ep)
+  return gwname(ref) .. '/' .. string.format('%d', ep) .. '/'
+end
+
+local function rsid(s, i, ref, ep)
+  local t
+  t, i = ruvarint(s, i)
+  if t % 2 == 1 then
+    return connprefix(ref, ep) .. string.format('%d', (t - 1) / 2), i
+  end
+  local j = i + t / 2
+  return sub(s, i, j - 1), j
+end
+
+local function wsid(sid, ref, ep)
+  if ref then
+    local p = connprefix(ref, ep)
+    if sub(sid, 1, #p) == p then
+      local rest = sub(sid, #p + 1)
+      if #rest <= 15 and (rest == '0' or find(rest, '^[1-9]%d*$')) then
+        return uvarint(tonumber(rest) * 2 + 1)
+      end
+    end
+  end
+  return uvarint(#sid * 2) .. sid
+end
+
+-- decode turns a packed record into a table; deadline is the device's
+-- score in {P:s}:exp (false when absent).
+--   {on, ver, since, lastgw, lastsid, sess = {{gw, ep, dl, sid}...}}
+local function decode(s, deadline)
+  local flags = byte(s, 1)
+  local r = {on = flags % 2 == 1, sess = {}}
+  local isref = math.floor(flags / 2) % 2 == 1
+  local count = math.floor(flags / 4)
+  local i = 2
+  r.ver, i = ruvarint(s, i)
+  r.since = struct.unpack('>I6', s, i)
+  i = i + 6
+  local lastidx
+  if isref then
+    lastidx, i = ruvarint(s, i)
+  else
+    r.lastgw, i = ruvarint(s, i)
+    r.lastsid, i = rsid(s, i)
+  end
+  if count == 63 then
+    local more
+    more, i = ruvarint(s, i)
+    count = count + more
+  end
+  local dd = tonumber(deadline) or 0
+  for k = 1, count do
+    local ss = {}
+    ss.gw, i = ruvarint(s, i)
+    ss.ep, i = ruvarint(s, i)
+    local off
+    off, i = ruvarint(s, i)
+    ss.dl = dd - off
+    ss.sid, i = rsid(s, i, ss.gw, ss.ep)
+    r.sess[k] = ss
+  end
+  if isref then
+    local ls = r.sess[lastidx + 1]
+    r.lastgw, r.lastsid = ls.gw, ls.sid
+  end
+  return r
+end
+
+-- maxdl is the device deadline: the latest session deadline, or false.
+local function maxdl(r)
+  local m = false
+  for _, ss in ipairs(r.sess) do
+    if not m or ss.dl > m then m = ss.dl end
+  end
+  return m
+end
+
+local function encode(r)
+  local dd = maxdl(r) or 0
+  local count = #r.sess
+  local flags = (r.on and 1 or 0) + 4 * math.min(count, 63)
+  local lastidx
+  for k, ss in ipairs(r.sess) do
+    if ss.sid == r.lastsid and ss.gw == r.lastgw then
+      lastidx = k - 1
+      break
+    end
+  end
+  local out = {}
+  if lastidx then
+    flags = flags + 2
+    out[1] = uvarint(r.ver) .. struct.pack('>I6', r.since) .. uvarint(lastidx)
+  else
+    out[1] = uvarint(r.ver) .. struct.pack('>I6', r.since) .. uvarint(r.lastgw) .. wsid(r.lastsid)
+  end
+  if count >= 63 then out[#out + 1] = uvarint(count - 63) end
+  for _, ss in ipairs(r.sess) do
+    out[#out + 1] = uvarint(ss.gw) .. uvarint(ss.ep) .. uvarint(dd - ss.dl) .. wsid(ss.sid, ss.gw, ss.ep)
+  end
+  return char(flags) .. table.concat(out)
+end
+
+-- dropexpired removes the sessions whose deadline is <= now and reports
+-- whether any was removed.
+local function dropexpired(r, now)
+  local kept, dropped = {}, false
+  for _, ss in ipairs(r.sess) do
+    if ss.dl > now then kept[#kept + 1] = ss else dropped = true end
+  end
+  r.sess = kept
+  return dropped
+end
+
+-- emit appends an event to the shard's stream and returns it as the
+-- scripts report it: {id, device, state, ver, at, reason, gw, session, deadline}.
+local function emit(maxlen, dev, state, ver, at, reason, gw, sid, deadline)
+  local id
+  if deadline then
+    id = redis.call('XADD', KEYS[3], 'MAXLEN', '~', maxlen, '*',
+      'device', dev, 'state', state, 'ver', ver, 'at', at, 'reason', reason,
+      'gw', gw, 'session', sid, 'deadline', deadline)
+  else
+    id = redis.call('XADD', KEYS[3], 'MAXLEN', '~', maxlen, '*',
+      'device', dev, 'state', state, 'ver', ver, 'at', at, 'reason', reason,
+      'gw', gw, 'session', sid)
+  end
+  return {id, dev, state, ver, at, reason, gw, sid, deadline or 0}
+end
+
+-- mcall runs a variadic command over list in chunks that stay below
+-- Lua's unpack limit; it returns the concatenated replies (for reads).
+local function mcall(cmd, key, list)
+  local res = {}
+  local step = 1000
+  for i = 1, #list, step do
+    local j = math.min(i + step - 1, #list)
+    local r = redis.call(cmd, key, unpack(list, i, j))
+    if type(r) == 'table' then
+      for k = 1, #r do res[#res + 1] = r[k] end
+    end
+  end
+  return res
+end

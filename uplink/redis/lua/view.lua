@@ -1,0 +1,59 @@
+-- Read devices of one shard for Store.Device and Store.List.
+-- KEYS: exp, dev, events, epochs (record.lua).
+-- ARGV: "get", device
+--    or "scan", HSCAN cursor, items of that cursor's step already returned,
+--       limit, state filter ("online", "offline" or "").
+-- A device view is {device, online (1|0), ver, since, last gw, last session,
+-- deadline or -1, {session, deadline, gw, epoch, ...}}.
+-- "get" returns {view} or {}; "scan" returns {cursor, skip, views...}: the
+-- HSCAN cursor to resume at and how many items of its step to pass over;
+-- cursor "0" with skip 0 means the shard is done.
+
+local function view(dev, packed)
+  local dl = false
+  if byte(packed, 1) % 2 == 1 then
+    dl = tonumber(redis.call('ZSCORE', KEYS[1], dev))
+  end
+  local r = decode(packed, dl)
+  local sess = {}
+  for _, ss in ipairs(r.sess) do
+    sess[#sess + 1] = ss.sid
+    sess[#sess + 1] = ss.dl
+    sess[#sess + 1] = gwname(ss.gw)
+    sess[#sess + 1] = ss.ep
+  end
+  return {dev, r.on and 1 or 0, r.ver, r.since, gwname(r.lastgw), r.lastsid, dl or -1, sess}
+end
+
+if ARGV[1] == 'get' then
+  local packed = redis.call('HGET', KEYS[2], ARGV[2])
+  if not packed then return {} end
+  return {view(ARGV[2], packed)}
+end
+
+local cursor, skip, limit, filter = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5]
+local out = {'0', 0}
+for _ = 1, 16 do
+  local res = redis.call('HSCAN', KEYS[2], cursor, 'COUNT', limit)
+  local items = res[2]
+  local n = #items / 2
+  for j = skip + 1, n do
+    local packed = items[2 * j]
+    local on = byte(packed, 1) % 2 == 1
+    if filter == '' or (filter == 'online') == on then
+      out[#out + 1] = view(items[2 * j - 1], packed)
+      if #out - 2 == limit then
+        if j < n then
+          out[1], out[2] = cursor, j
+        else
+          out[1] = res[1]
+        end
+        return out
+      end
+    end
+  end
+  cursor, skip = res[1], 0
+  if cursor == '0' then return out end
+end
+out[1] = cursor
+return out

@@ -1,0 +1,516 @@
+// Package redisstore is the Redis implementation of gateway.Store
+// (DESIGN §3). Each shard s keeps its keys under the hash tag {P:s}, so one
+// Lua script call touches one Redis Cluster slot; the store works unchanged
+// against a single Redis and a Redis Cluster through redis.UniversalClient.
+//
+// Every Apply is one script call per shard and batch, every Reap one script
+// call; the scripts read the store clock (Redis TIME), check the gateway
+// epoch, keep the packed device records and the deadline index, and append
+// the events in the same atomic step (lua/record.lua documents the layout).
+package redisstore
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/fleetgate/fleetgate/gateway"
+)
+
+// Schema is the version of the key layout and packed record, stored in
+// P:meta next to the shard count.
+const Schema = "1"
+
+var (
+	//go:embed lua/record.lua
+	recordLua string
+	//go:embed lua/apply.lua
+	applyLua string
+	//go:embed lua/reap.lua
+	reapLua string
+	//go:embed lua/view.lua
+	viewLua string
+	//go:embed lua/lease.lua
+	leaseLua string
+)
+
+// Options configures Open.
+type Options struct {
+	// Prefix is the key prefix P; default "fleetgate".
+	Prefix string
+	// Shards is the shard count (≥ 1); it must match P:meta if present.
+	Shards int
+	// EventsMaxLen caps each shard's event stream (XADD MAXLEN ~);
+	// default 1,000,000 / Shards.
+	EventsMaxLen int64
+	// Now is a test clock: when non-nil its millisecond value is passed to
+	// the scripts instead of Redis TIME. Production leaves it nil.
+	Now func() time.Time
+	// Logger receives warnings; default slog.Default().
+	Logger *slog.Logger
+}
+
+// Store is a gateway.Store over Redis. It does not own the client: Close
+// leaves it open for the caller to close.
+type Store struct {
+	c      redis.UniversalClient
+	prefix string
+	shards int
+	maxLen string
+	now    func() time.Time
+	log    *slog.Logger
+	keys   []shardKeys
+
+	apply, reap, view, lease *redis.Script
+}
+
+// shardKeys are the keys of one shard, in the order the scripts expect.
+type shardKeys struct {
+	data   []string // exp, dev, events, epochs
+	runner []string
+}
+
+var _ gateway.Store = (*Store)(nil)
+
+// Open checks P:meta against o.Shards and Schema, creating it on first
+// use, and loads the scripts. A mismatch wraps gateway.ErrShardMismatch.
+func Open(ctx context.Context, c redis.UniversalClient, o Options) (*Store, error) {
+	if o.Shards < 1 {
+		return nil, fmt.Errorf("redisstore: open: shards %d < 1", o.Shards)
+	}
+	if o.Prefix == "" {
+		o.Prefix = "fleetgate"
+	}
+	if o.EventsMaxLen <= 0 {
+		o.EventsMaxLen = max(1, 1_000_000/int64(o.Shards))
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	s := &Store{
+		c:      c,
+		prefix: o.Prefix,
+		shards: o.Shards,
+		maxLen: strconv.FormatInt(o.EventsMaxLen, 10),
+		now:    o.Now,
+		log:    o.Logger.With("store", "redis", "prefix", o.Prefix),
+		apply:  redis.NewScript(recordLua + applyLua),
+		reap:   redis.NewScript(recordLua + reapLua),
+		view:   redis.NewScript(recordLua + viewLua),
+		lease:  redis.NewScript(leaseLua),
+	}
+	for i := 0; i < o.Shards; i++ {
+		tag := fmt.Sprintf("{%s:%d}", o.Prefix, i)
+		s.keys = append(s.keys, shardKeys{
+			data:   []string{tag + ":exp", tag + ":dev", tag + ":events", tag + ":epochs"},
+			runner: []string{tag + ":runner"},
+		})
+	}
+	if err := s.checkMeta(ctx); err != nil {
+		return nil, err
+	}
+	// Loading is an optimisation: Run falls back to EVAL on NOSCRIPT
+	// (a restarted server, a flushed cache, a node that took over a slot).
+	for _, sc := range []*redis.Script{s.apply, s.reap, s.view, s.lease} {
+		if err := sc.Load(ctx, c).Err(); err != nil {
+			return nil, fmt.Errorf("redisstore: open: load scripts: %w: %w", gateway.ErrUnavailable, err)
+		}
+	}
+	return s, nil
+}
+
+func (s *Store) checkMeta(ctx context.Context) error {
+	key := s.prefix + ":meta"
+	want := strconv.Itoa(s.shards)
+	pipe := s.c.TxPipeline()
+	pipe.HSetNX(ctx, key, "shards", want)
+	pipe.HSetNX(ctx, key, "schema", Schema)
+	got := pipe.HMGet(ctx, key, "shards", "schema")
+	if _, err := pipe.Exec(ctx); err != nil {
+		return fmt.Errorf("redisstore: open: %s: %w: %w", key, gateway.ErrUnavailable, err)
+	}
+	v := got.Val()
+	if v[0] != want || v[1] != Schema {
+		return fmt.Errorf("redisstore: open: %s holds shards=%v schema=%v, want shards=%s schema=%s: %w",
+			key, v[0], v[1], want, Schema, gateway.ErrShardMismatch)
+	}
+	return nil
+}
+
+// Shards is the shard count the store was opened with.
+func (s *Store) Shards() int { return s.shards }
+
+// Close releases nothing: the client belongs to the caller.
+func (s *Store) Close() error { return nil }
+
+// Now is the store clock: Redis TIME, or Options.Now in tests.
+func (s *Store) Now(ctx context.Context) (time.Time, error) {
+	if s.now != nil {
+		return s.now().Truncate(time.Millisecond), nil
+	}
+	t, err := s.c.Time(ctx).Result()
+	if err != nil {
+		return time.Time{}, unavailable("now", err)
+	}
+	return t.Truncate(time.Millisecond), nil
+}
+
+// nowArg is the scripts' clock argument: "" for Redis TIME.
+func (s *Store) nowArg() string {
+	if s.now == nil {
+		return ""
+	}
+	return strconv.FormatInt(s.now().UnixMilli(), 10)
+}
+
+func (s *Store) checkShard(op string, shard int) error {
+	if shard < 0 || shard >= s.shards {
+		return fmt.Errorf("redisstore: %s: shard %d of %d: %w", op, shard, s.shards, gateway.ErrBadShard)
+	}
+	return nil
+}
+
+func unavailable(op string, err error) error {
+	return fmt.Errorf("redisstore: %s: %w: %w", op, gateway.ErrUnavailable, err)
+}
+
+// Apply applies a batch of writes of one shard in one script call.
+func (s *Store) Apply(ctx context.Context, shard int, b gateway.Batch) (gateway.ApplyResult, error) {
+	if err := s.checkShard("apply", shard); err != nil {
+		return gateway.ApplyResult{}, err
+	}
+	args := make([]any, 0, 6+4*len(b.Writes))
+	replay := "0"
+	if b.Replay {
+		replay = "1"
+	}
+	args = append(args, b.Gateway, strconv.FormatUint(b.Epoch, 10), b.Lease.Milliseconds(), replay, s.nowArg(), s.maxLen)
+	for _, w := range b.Writes {
+		if got := gateway.ShardOf(w.Device, s.shards); got != shard {
+			return gateway.ApplyResult{}, fmt.Errorf("redisstore: apply: device %s hashes to shard %d, not %d: %w",
+				w.Device, got, shard, gateway.ErrWrongShard)
+		}
+		if w.Kind < gateway.Connect || w.Kind > gateway.Leave {
+			return gateway.ApplyResult{}, fmt.Errorf("redisstore: apply: device %s session %s: unknown %v", w.Device, w.Session, w.Kind)
+		}
+		args = append(args, string(w.Device), string(w.Session), int(w.Kind), max(0, w.Age.Milliseconds()))
+	}
+	res, err := s.apply.Run(ctx, s.c, s.keys[shard].data, args...).Slice()
+	if err != nil {
+		return gateway.ApplyResult{}, unavailable("apply", err)
+	}
+	if len(res) == 0 {
+		return gateway.ApplyResult{}, fmt.Errorf("redisstore: apply: empty reply")
+	}
+	if ok, _ := res[0].(int64); ok == 0 {
+		newest := ""
+		if len(res) > 1 {
+			newest, _ = res[1].(string)
+		}
+		return gateway.ApplyResult{}, fmt.Errorf("redisstore: apply: gateway %s epoch %d, newest seen on shard %d is %s: %w",
+			b.Gateway, b.Epoch, shard, newest, gateway.ErrFenced)
+	}
+	evs, err := parseEvents(shard, res[1:])
+	if err != nil {
+		return gateway.ApplyResult{}, fmt.Errorf("redisstore: apply: %w", err)
+	}
+	return gateway.ApplyResult{Events: evs}, nil
+}
+
+// Reap handles at most limit due entries of shard in one script call.
+func (s *Store) Reap(ctx context.Context, shard int, limit int) (gateway.ReapResult, error) {
+	if err := s.checkShard("reap", shard); err != nil {
+		return gateway.ReapResult{}, err
+	}
+	if limit < 1 {
+		limit = 1
+	}
+	res, err := s.reap.Run(ctx, s.c, s.keys[shard].data, limit, s.nowArg(), s.maxLen).Slice()
+	if err != nil {
+		return gateway.ReapResult{}, unavailable("reap", err)
+	}
+	if len(res) < 4 {
+		return gateway.ReapResult{}, fmt.Errorf("redisstore: reap: short reply of %d items", len(res))
+	}
+	trimmed, _ := res[0].(int64)
+	more, _ := res[1].(int64)
+	next, _ := res[2].(int64)
+	orphans, _ := res[3].(int64)
+	if orphans > 0 {
+		s.log.Warn("reap removed due entries without an online record", "shard", shard, "count", orphans)
+	}
+	evs, err := parseEvents(shard, res[4:])
+	if err != nil {
+		return gateway.ReapResult{}, fmt.Errorf("redisstore: reap: %w", err)
+	}
+	r := gateway.ReapResult{Offline: evs, Trimmed: int(trimmed), More: more == 1}
+	if next >= 0 {
+		r.Next = time.UnixMilli(next)
+	}
+	return r, nil
+}
+
+// parseEvents reads the scripts' event tuples
+// {id, device, state, ver, at, reason, gw, session, deadline}.
+func parseEvents(shard int, items []any) ([]gateway.Event, error) {
+	evs := make([]gateway.Event, 0, len(items))
+	for _, it := range items {
+		f, ok := it.([]any)
+		if !ok || len(f) != 9 {
+			return nil, fmt.Errorf("malformed event %v", it)
+		}
+		e := gateway.Event{
+			ID:      str(f[0]),
+			Shard:   shard,
+			Device:  gateway.DeviceID(str(f[1])),
+			State:   gateway.State(str(f[2])),
+			Ver:     uint64(num(f[3])),
+			At:      time.UnixMilli(num(f[4])),
+			Reason:  gateway.Reason(str(f[5])),
+			Gateway: str(f[6]),
+			Session: gateway.SessionID(str(f[7])),
+		}
+		if e.Reason == gateway.ReasonExpired {
+			e.Deadline = time.UnixMilli(num(f[8]))
+		}
+		evs = append(evs, e)
+	}
+	return evs, nil
+}
+
+func str(v any) string {
+	s, _ := v.(string)
+	return s
+}
+
+func num(v any) int64 {
+	switch n := v.(type) {
+	case int64:
+		return n
+	case string:
+		i, _ := strconv.ParseInt(n, 10, 64)
+		return i
+	}
+	return 0
+}
+
+// Device reads one device; gateway.ErrNotFound if the store never saw it.
+func (s *Store) Device(ctx context.Context, id gateway.DeviceID) (gateway.DeviceInfo, error) {
+	shard := gateway.ShardOf(id, s.shards)
+	res, err := s.view.Run(ctx, s.c, s.keys[shard].data, "get", string(id)).Slice()
+	if err != nil {
+		return gateway.DeviceInfo{}, unavailable("device", err)
+	}
+	if len(res) == 0 {
+		return gateway.DeviceInfo{}, fmt.Errorf("redisstore: device %s: %w", id, gateway.ErrNotFound)
+	}
+	d, err := parseView(res[0])
+	if err != nil {
+		return gateway.DeviceInfo{}, fmt.Errorf("redisstore: device %s: %w", id, err)
+	}
+	return d, nil
+}
+
+// parseView reads a device view of view.lua.
+func parseView(v any) (gateway.DeviceInfo, error) {
+	f, ok := v.([]any)
+	if !ok || len(f) != 8 {
+		return gateway.DeviceInfo{}, fmt.Errorf("malformed device view %v", v)
+	}
+	d := gateway.DeviceInfo{
+		Device:  gateway.DeviceID(str(f[0])),
+		State:   gateway.Offline,
+		Ver:     uint64(num(f[2])),
+		Since:   time.UnixMilli(num(f[3])),
+		Gateway: str(f[4]),
+		Session: gateway.SessionID(str(f[5])),
+	}
+	if num(f[1]) == 1 {
+		d.State = gateway.Online
+	}
+	if dl := num(f[6]); dl >= 0 {
+		d.Deadline = time.UnixMilli(dl)
+	}
+	sess, _ := f[7].([]any)
+	for i := 0; i+3 < len(sess); i += 4 {
+		d.Sessions = append(d.Sessions, gateway.SessionInfo{
+			ID:       gateway.SessionID(str(sess[i])),
+			Deadline: time.UnixMilli(num(sess[i+1])),
+			Gateway:  str(sess[i+2]),
+			Epoch:    uint64(num(sess[i+3])),
+		})
+	}
+	return d, nil
+}
+
+// listCursor is the position of List: a shard, an HSCAN cursor of that
+// shard's {P:s}:dev, and how many items of that cursor's step were already
+// returned. Encoded "<shard>.<cursor>.<skip>".
+type listCursor struct {
+	shard  int
+	cursor string
+	skip   int
+}
+
+func (c listCursor) String() string { return fmt.Sprintf("%d.%s.%d", c.shard, c.cursor, c.skip) }
+
+func parseListCursor(s string, shards int) (listCursor, error) {
+	if s == "" {
+		return listCursor{cursor: "0"}, nil
+	}
+	p := strings.Split(s, ".")
+	if len(p) == 3 {
+		shard, err1 := strconv.Atoi(p[0])
+		_, err2 := strconv.ParseUint(p[1], 10, 64)
+		skip, err3 := strconv.Atoi(p[2])
+		if err1 == nil && err2 == nil && err3 == nil && shard >= 0 && shard < shards && skip >= 0 {
+			return listCursor{shard: shard, cursor: p[1], skip: skip}, nil
+		}
+	}
+	return listCursor{}, fmt.Errorf("bad cursor %q", s)
+}
+
+// maxListCalls bounds the script calls of one List page.
+const maxListCalls = 64
+
+// List pages through the devices of every shard in shard order (HSCAN of
+// {P:s}:dev), filtered by state. As with SCAN, a device present for the
+// whole iteration is returned at least once, except that one changing
+// between two pages whose boundary falls inside one HSCAN step may be
+// skipped or repeated.
+func (s *Store) List(ctx context.Context, q gateway.ListQuery) (gateway.ListPage, error) {
+	filter := ""
+	switch q.State {
+	case "":
+	case gateway.Online, gateway.Offline:
+		filter = string(q.State)
+	default:
+		return gateway.ListPage{}, fmt.Errorf("redisstore: list: state filter %q: the store knows online and offline only", q.State)
+	}
+	limit := q.Limit
+	if limit <= 0 {
+		limit = 100
+	}
+	cur, err := parseListCursor(q.Cursor, s.shards)
+	if err != nil {
+		return gateway.ListPage{}, fmt.Errorf("redisstore: list: %w", err)
+	}
+	var page gateway.ListPage
+	for calls := 0; calls < maxListCalls && len(page.Devices) < limit; calls++ {
+		res, err := s.view.Run(ctx, s.c, s.keys[cur.shard].data,
+			"scan", cur.cursor, cur.skip, limit-len(page.Devices), filter).Slice()
+		if err != nil {
+			return gateway.ListPage{}, unavailable("list", err)
+		}
+		if len(res) < 2 {
+			return gateway.ListPage{}, fmt.Errorf("redisstore: list: short reply")
+		}
+		for _, v := range res[2:] {
+			d, err := parseView(v)
+			if err != nil {
+				return gateway.ListPage{}, fmt.Errorf("redisstore: list: %w", err)
+			}
+			page.Devices = append(page.Devices, d)
+		}
+		cur.cursor, cur.skip = str(res[0]), int(num(res[1]))
+		if cur.cursor == "0" && cur.skip == 0 {
+			if cur.shard+1 == s.shards {
+				return page, nil
+			}
+			cur = listCursor{shard: cur.shard + 1, cursor: "0"}
+		}
+	}
+	page.Next = cur.String()
+	return page, nil
+}
+
+// Events reads up to limit events of shard after position after (XRANGE,
+// exclusive); "" or "0" reads from the start. limit ≤ 0 means 100.
+func (s *Store) Events(ctx context.Context, shard int, after string, limit int) ([]gateway.Event, error) {
+	if err := s.checkShard("events", shard); err != nil {
+		return nil, err
+	}
+	if limit <= 0 {
+		limit = 100
+	}
+	start := "-"
+	if after != "" && after != "0" {
+		start = "(" + after
+	}
+	msgs, err := s.c.XRangeN(ctx, s.keys[shard].data[2], start, "+", int64(limit)).Result()
+	if err != nil {
+		return nil, unavailable("events", err)
+	}
+	evs := make([]gateway.Event, 0, len(msgs))
+	for _, m := range msgs {
+		e, err := streamEvent(shard, m)
+		if err != nil {
+			return nil, fmt.Errorf("redisstore: events: %w", err)
+		}
+		evs = append(evs, e)
+	}
+	return evs, nil
+}
+
+func streamEvent(shard int, m redis.XMessage) (gateway.Event, error) {
+	field := func(k string) string {
+		v, _ := m.Values[k].(string)
+		return v
+	}
+	ver, err1 := strconv.ParseUint(field("ver"), 10, 64)
+	at, err2 := strconv.ParseInt(field("at"), 10, 64)
+	if err := errors.Join(err1, err2); err != nil {
+		return gateway.Event{}, fmt.Errorf("event %s: %w", m.ID, err)
+	}
+	e := gateway.Event{
+		ID:      m.ID,
+		Shard:   shard,
+		Device:  gateway.DeviceID(field("device")),
+		State:   gateway.State(field("state")),
+		Ver:     ver,
+		At:      time.UnixMilli(at),
+		Reason:  gateway.Reason(field("reason")),
+		Gateway: field("gw"),
+		Session: gateway.SessionID(field("session")),
+	}
+	if dl := field("deadline"); dl != "" {
+		ms, err := strconv.ParseInt(dl, 10, 64)
+		if err != nil {
+			return gateway.Event{}, fmt.Errorf("event %s: deadline: %w", m.ID, err)
+		}
+		e.Deadline = time.UnixMilli(ms)
+	}
+	return e, nil
+}
+
+// AcquireShard takes or extends the runner lease of shard for owner
+// ({P:s}:runner, PX ttl); false when another owner holds it.
+func (s *Store) AcquireShard(ctx context.Context, shard int, owner string, ttl time.Duration) (bool, error) {
+	if err := s.checkShard("acquire shard", shard); err != nil {
+		return false, err
+	}
+	ms := max(1, ttl.Milliseconds())
+	n, err := s.lease.Run(ctx, s.c, s.keys[shard].runner, "acquire", owner, ms).Int()
+	if err != nil {
+		return false, unavailable("acquire shard", err)
+	}
+	return n == 1, nil
+}
+
+// ReleaseShard gives up owner's lease of shard; a no-op if not held.
+func (s *Store) ReleaseShard(ctx context.Context, shard int, owner string) error {
+	if err := s.checkShard("release shard", shard); err != nil {
+		return err
+	}
+	if err := s.lease.Run(ctx, s.c, s.keys[shard].runner, "release", owner, 0).Err(); err != nil {
+		return unavailable("release shard", err)
+	}
+	return nil
+}

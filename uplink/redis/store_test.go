@@ -1,0 +1,484 @@
+package redisstore
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/fleetgate/fleetgate/gateway"
+)
+
+func ms(d time.Duration) time.Time { return time.UnixMilli(startMs).Add(d) }
+
+func TestLifecycle(t *testing.T) {
+	forBackends(t, func(t *testing.T, c redis.UniversalClient) {
+		e := newEnv(t, c, 4)
+		dev := devicesIn(t, 4, 2, 1, "life")[0]
+		evs := e.apply(2, batch("gw-a", 1, write(dev, "gw-a/1/7", gateway.Connect, 2*time.Second)))
+		if len(evs) != 1 || evs[0].State != gateway.Online || evs[0].Ver != 1 || evs[0].Reason != gateway.ReasonConnect ||
+			evs[0].Gateway != "gw-a" || evs[0].Session != "gw-a/1/7" || !evs[0].At.Equal(ms(0)) || evs[0].Shard != 2 {
+			t.Fatalf("connect events: %s", describe(evs))
+		}
+		d := e.device(dev)
+		if d.State != gateway.Online || d.Ver != 1 || !d.Deadline.Equal(ms(88*time.Second)) || !d.Since.Equal(ms(0)) ||
+			len(d.Sessions) != 1 || d.Sessions[0].ID != "gw-a/1/7" || d.Sessions[0].Gateway != "gw-a" || d.Sessions[0].Epoch != 1 {
+			t.Fatalf("after connect: %+v", d)
+		}
+
+		// A second session from another gateway; a renewal of the first.
+		e.clock.Advance(10 * time.Second)
+		evs = e.apply(2, batch("gw-b", 4,
+			write(dev, "coap/default", gateway.Renew, 0),
+			write(dev, "coap/default", gateway.Renew, 0)))
+		if len(evs) != 0 {
+			t.Fatalf("second session wrote events: %s", describe(evs))
+		}
+		e.clock.Advance(5 * time.Second)
+		e.apply(2, batch("gw-a", 1, write(dev, "gw-a/1/7", gateway.Renew, time.Second)))
+		d = e.device(dev)
+		slices.SortFunc(d.Sessions, func(a, b gateway.SessionInfo) int { return strings.Compare(string(a.ID), string(b.ID)) })
+		want := []gateway.SessionInfo{
+			{ID: "coap/default", Deadline: ms(100 * time.Second), Gateway: "gw-b", Epoch: 4},
+			{ID: "gw-a/1/7", Deadline: ms(104 * time.Second), Gateway: "gw-a", Epoch: 1},
+		}
+		if !slices.EqualFunc(d.Sessions, want, sameSession) || !d.Deadline.Equal(ms(104*time.Second)) ||
+			d.Gateway != "gw-a" || d.Session != "gw-a/1/7" {
+			t.Fatalf("two sessions: %+v", d)
+		}
+
+		// Leaving one session keeps the device online; the deadline drops
+		// to the other session's.
+		if evs := e.apply(2, batch("gw-a", 1, write(dev, "gw-a/1/7", gateway.Leave, 0))); len(evs) != 0 {
+			t.Fatalf("leave of one of two sessions: %s", describe(evs))
+		}
+		d = e.device(dev)
+		if d.State != gateway.Online || !d.Deadline.Equal(ms(100*time.Second)) || len(d.Sessions) != 1 {
+			t.Fatalf("after first leave: %+v", d)
+		}
+		e.clock.Advance(time.Second)
+		evs = e.apply(2, batch("gw-b", 4, write(dev, "coap/default", gateway.Leave, 0)))
+		if len(evs) != 1 || evs[0].State != gateway.Offline || evs[0].Reason != gateway.ReasonLeave || evs[0].Ver != 2 ||
+			!evs[0].At.Equal(ms(16*time.Second)) || evs[0].Session != "coap/default" || evs[0].Gateway != "gw-b" {
+			t.Fatalf("last leave: %s", describe(evs))
+		}
+		d = e.device(dev)
+		if d.State != gateway.Offline || d.Ver != 2 || !d.Since.Equal(ms(16*time.Second)) || !d.Deadline.IsZero() ||
+			len(d.Sessions) != 0 || d.Session != "coap/default" || d.Gateway != "gw-b" {
+			t.Fatalf("offline: %+v", d)
+		}
+		if n, err := c.ZCard(e.ctx, e.store.keys[2].data[0]).Result(); err != nil || n != 0 {
+			t.Fatalf("deadline index after leave: %d entries, %v", n, err)
+		}
+		// The record outlives the sessions: the next connect is ver 3.
+		evs = e.apply(2, batch("gw-a", 1, write(dev, "gw-a/1/8", gateway.Connect, 0)))
+		if len(evs) != 1 || evs[0].Ver != 3 || evs[0].State != gateway.Online {
+			t.Fatalf("reconnect: %s", describe(evs))
+		}
+		if got := e.events(2); len(got) != 3 {
+			t.Fatalf("log: %s", describe(got))
+		} else {
+			checkAlternation(t, got)
+		}
+	})
+}
+
+func sameSession(a, b gateway.SessionInfo) bool {
+	return a.ID == b.ID && a.Deadline.Equal(b.Deadline) && a.Gateway == b.Gateway && a.Epoch == b.Epoch
+}
+
+// A renewal after the deadline but before the runner reaped the device
+// writes offline (expired, at the old deadline) and then online.
+func TestExpiredThenRenewed(t *testing.T) {
+	forBackends(t, func(t *testing.T, c redis.UniversalClient) {
+		e := newEnv(t, c, 2)
+		dev := devicesIn(t, 2, 1, 1, "exp")[0]
+		b := gateway.Batch{Gateway: "gw", Epoch: 1, Lease: 10 * time.Second,
+			Writes: []gateway.Write{write(dev, "coap/x", gateway.Connect, 0)}}
+		e.apply(1, b)
+		e.clock.Advance(15 * time.Second)
+		b.Writes[0].Kind = gateway.Renew
+		evs := e.apply(1, b)
+		if len(evs) != 2 ||
+			evs[0].State != gateway.Offline || evs[0].Reason != gateway.ReasonExpired || evs[0].Ver != 2 ||
+			!evs[0].Deadline.Equal(ms(10*time.Second)) || !evs[0].At.Equal(ms(15*time.Second)) ||
+			evs[1].State != gateway.Online || evs[1].Reason != gateway.ReasonRenew || evs[1].Ver != 3 {
+			t.Fatalf("events: %s", describe(evs))
+		}
+		d := e.device(dev)
+		if d.State != gateway.Online || d.Ver != 3 || !d.Deadline.Equal(ms(25*time.Second)) || !d.Since.Equal(ms(15*time.Second)) {
+			t.Fatalf("device: %+v", d)
+		}
+		if r := e.reap(1, 10); len(r.Offline) != 0 || r.More || !r.Next.Equal(ms(25*time.Second)) {
+			t.Fatalf("reap found %+v", r)
+		}
+		checkAlternation(t, e.events(1))
+	})
+}
+
+func TestLapsedAndStaleEvidence(t *testing.T) {
+	forBackends(t, func(t *testing.T, c redis.UniversalClient) {
+		e := newEnv(t, c, 1)
+		// Evidence older than the lease is never written.
+		if evs := e.apply(0, batch("gw", 1, write("lapsed", "s", gateway.Connect, 90*time.Second))); len(evs) != 0 {
+			t.Fatalf("lapsed connect: %s", describe(evs))
+		}
+		if _, err := e.store.Device(e.ctx, "lapsed"); !errors.Is(err, gateway.ErrNotFound) {
+			t.Fatalf("lapsed device: %v, want ErrNotFound", err)
+		}
+		// A leave older than the session's newest evidence is ignored; a
+		// renewal older than the deadline extends nothing.
+		e.apply(0, batch("gw", 1, write("d", "s", gateway.Renew, 0)))
+		e.clock.Advance(time.Second)
+		e.apply(0, batch("gw", 1, write("d", "s", gateway.Renew, 30*time.Second)))
+		if evs := e.apply(0, batch("gw", 1, write("d", "s", gateway.Leave, 2*time.Second))); len(evs) != 0 {
+			t.Fatalf("stale leave: %s", describe(evs))
+		}
+		d := e.device("d")
+		if d.State != gateway.Online || !d.Deadline.Equal(ms(90*time.Second)) {
+			t.Fatalf("after stale writes: %+v", d)
+		}
+		// Replaying a batch twice writes nothing new.
+		b := batch("gw", 1, write("d", "s", gateway.Leave, 0), write("d", "s", gateway.Connect, 0))
+		b.Replay = true
+		first := e.apply(0, b)
+		if len(first) != 2 || first[1].Reason != gateway.ReasonReplay {
+			t.Fatalf("replay: %s", describe(first))
+		}
+		b.Writes = b.Writes[1:]
+		if again := e.apply(0, b); len(again) != 0 {
+			t.Fatalf("replayed twice: %s", describe(again))
+		}
+	})
+}
+
+func TestFencing(t *testing.T) {
+	forBackends(t, func(t *testing.T, c redis.UniversalClient) {
+		e := newEnv(t, c, 1)
+		e.apply(0, batch("gw", 5, write("d", "gw/5/1", gateway.Connect, 0)))
+		before := e.device("d")
+		e.clock.Advance(time.Second)
+		_, err := e.store.Apply(e.ctx, 0, batch("gw", 4,
+			write("d", "gw/5/1", gateway.Leave, 0),
+			write("e", "gw/4/1", gateway.Connect, 0)))
+		if !errors.Is(err, gateway.ErrFenced) {
+			t.Fatalf("stale epoch: %v, want ErrFenced", err)
+		}
+		if after := e.device("d"); after.State != before.State || !after.Deadline.Equal(before.Deadline) || after.Ver != before.Ver {
+			t.Fatalf("fenced batch changed the device: %+v -> %+v", before, after)
+		}
+		if _, err := e.store.Device(e.ctx, "e"); !errors.Is(err, gateway.ErrNotFound) {
+			t.Fatalf("fenced connect created a device: %v", err)
+		}
+		if got := e.events(0); len(got) != 1 {
+			t.Fatalf("log after fenced batch: %s", describe(got))
+		}
+		// A newer epoch is accepted and then fences the older one; another
+		// gateway is not affected.
+		e.apply(0, batch("gw", 6, write("d", "gw/6/1", gateway.Connect, 0)))
+		if _, err := e.store.Apply(e.ctx, 0, batch("gw", 5)); !errors.Is(err, gateway.ErrFenced) {
+			t.Fatalf("epoch 5 after 6: %v", err)
+		}
+		e.apply(0, batch("other", 1, write("d", "x", gateway.Renew, 0)))
+	})
+}
+
+func TestInputErrors(t *testing.T) {
+	e := newEnv(t, sharedServer().Client(t), 4)
+	dev := devicesIn(t, 4, 1, 1, "in")[0]
+	if _, err := e.store.Apply(e.ctx, 2, batch("gw", 1, write(dev, "s", gateway.Renew, 0))); !errors.Is(err, gateway.ErrWrongShard) {
+		t.Fatalf("wrong shard: %v", err)
+	}
+	for _, shard := range []int{-1, 4} {
+		if _, err := e.store.Apply(e.ctx, shard, batch("gw", 1)); !errors.Is(err, gateway.ErrBadShard) {
+			t.Fatalf("apply shard %d: %v", shard, err)
+		}
+		if _, err := e.store.Reap(e.ctx, shard, 1); !errors.Is(err, gateway.ErrBadShard) {
+			t.Fatalf("reap shard %d: %v", shard, err)
+		}
+		if _, err := e.store.Events(e.ctx, shard, "", 1); !errors.Is(err, gateway.ErrBadShard) {
+			t.Fatalf("events shard %d: %v", shard, err)
+		}
+		if _, err := e.store.AcquireShard(e.ctx, shard, "o", time.Second); !errors.Is(err, gateway.ErrBadShard) {
+			t.Fatalf("acquire shard %d: %v", shard, err)
+		}
+	}
+	if _, err := e.store.List(e.ctx, gateway.ListQuery{Cursor: "9.0.0"}); err == nil {
+		t.Fatal("list accepted a cursor of shard 9 of 4")
+	}
+	if _, err := e.store.List(e.ctx, gateway.ListQuery{State: gateway.Suspect}); err == nil {
+		t.Fatal("list accepted a suspect filter")
+	}
+}
+
+func TestReap(t *testing.T) {
+	forBackends(t, func(t *testing.T, c redis.UniversalClient) {
+		e := newEnv(t, c, 3)
+		devs := devicesIn(t, 3, 0, 5, "reap")
+		b := gateway.Batch{Gateway: "gw", Epoch: 1, Lease: 10 * time.Second}
+		for i, d := range devs {
+			b.Writes = append(b.Writes, write(d, "s", gateway.Connect, time.Duration(i)*time.Second))
+		}
+		e.apply(0, b)
+		if r := e.reap(0, 10); len(r.Offline) != 0 || r.More || !r.Next.Equal(ms(6*time.Second)) {
+			t.Fatalf("nothing due: %+v", r)
+		}
+		// devs[0] gets a second, longer session: its deadline is 15s.
+		e.clock.Set(ms(5 * time.Second))
+		e.apply(0, gateway.Batch{Gateway: "gw", Epoch: 1, Lease: 10 * time.Second,
+			Writes: []gateway.Write{write(devs[0], "t", gateway.Renew, 0)}})
+		e.clock.Set(ms(10 * time.Second))
+		// Due: devs[4] (6s) devs[3] (7s) devs[2] (8s) devs[1] (9s).
+		r := e.reap(0, 3)
+		if len(r.Offline) != 3 || !r.More || r.Trimmed != 0 || !r.Next.Equal(ms(9*time.Second)) {
+			t.Fatalf("first reap: %+v %s", r, describe(r.Offline))
+		}
+		for i, ev := range r.Offline {
+			d := devs[4-i]
+			if ev.Device != d || ev.State != gateway.Offline || ev.Reason != gateway.ReasonExpired || ev.Ver != 2 ||
+				!ev.Deadline.Equal(ms(time.Duration(6+i)*time.Second)) || !ev.At.Equal(ms(10*time.Second)) ||
+				ev.Gateway != "gw" || ev.Session != "s" {
+				t.Fatalf("offline %d: %s", i, describe(r.Offline))
+			}
+		}
+		r = e.reap(0, 3)
+		if len(r.Offline) != 1 || r.Offline[0].Device != devs[1] || r.Trimmed != 0 || r.More || !r.Next.Equal(ms(15*time.Second)) {
+			t.Fatalf("second reap: %+v %s", r, describe(r.Offline))
+		}
+		d := e.device(devs[0])
+		if d.State != gateway.Online || len(d.Sessions) != 2 || !d.Deadline.Equal(ms(15*time.Second)) {
+			t.Fatalf("device with a live session: %+v", d)
+		}
+		e.clock.Set(ms(15 * time.Second))
+		r = e.reap(0, 3)
+		if len(r.Offline) != 1 || r.Offline[0].Session != "t" || r.More || !r.Next.IsZero() {
+			t.Fatalf("last reap: %+v %s", r, describe(r.Offline))
+		}
+		checkAlternation(t, e.events(0))
+		if r := e.reap(1, 3); len(r.Offline) != 0 || r.More || !r.Next.IsZero() {
+			t.Fatalf("empty shard: %+v", r)
+		}
+	})
+}
+
+func TestManySessions(t *testing.T) {
+	forBackends(t, func(t *testing.T, c redis.UniversalClient) {
+		e := newEnv(t, c, 1)
+		b := batch("gw", 300)
+		for i := 0; i < 70; i++ {
+			b.Writes = append(b.Writes, write("many", gateway.SessionID(fmt.Sprintf("gw/300/%d", 1000+i)), gateway.Connect,
+				time.Duration(i)*time.Millisecond))
+		}
+		if evs := e.apply(0, b); len(evs) != 1 {
+			t.Fatalf("events: %s", describe(evs))
+		}
+		d := e.device("many")
+		if len(d.Sessions) != 70 || !d.Deadline.Equal(ms(90*time.Second)) || d.Session != "gw/300/1069" {
+			t.Fatalf("device: %d sessions, deadline %v, last %s", len(d.Sessions), d.Deadline, d.Session)
+		}
+		for i, s := range d.Sessions {
+			if s.ID != gateway.SessionID(fmt.Sprintf("gw/300/%d", 1000+i)) || !s.Deadline.Equal(ms(90*time.Second-time.Duration(i)*time.Millisecond)) ||
+				s.Epoch != 300 || s.Gateway != "gw" {
+				t.Fatalf("session %d: %+v", i, s)
+			}
+		}
+	})
+}
+
+// The packed record of a single-session device stays within one 32-byte
+// allocation (record.lua documents the format).
+func TestRecordSize(t *testing.T) {
+	e := newEnv(t, sharedServer().Client(t), 1)
+	e.apply(0, batch("site-a-1", 3,
+		write("conn", "site-a-1/3/123456", gateway.Connect, 0),
+		write("coap", "coap/default", gateway.Renew, 0)))
+	for dev, want := range map[string]int{"conn": 15, "coap": 25} {
+		rec, err := e.c.HGet(e.ctx, e.store.keys[0].data[1], dev).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(rec) != want {
+			t.Errorf("record of %s: %d bytes %x, want %d", dev, len(rec), rec, want)
+		}
+	}
+	for _, dev := range []gateway.DeviceID{"conn", "coap"} {
+		if d := e.device(dev); len(d.Sessions) != 1 || d.Sessions[0].Gateway != "site-a-1" || d.Sessions[0].Epoch != 3 {
+			t.Errorf("%s: %+v", dev, d)
+		}
+	}
+}
+
+func TestList(t *testing.T) {
+	forBackends(t, func(t *testing.T, c redis.UniversalClient) {
+		e := newEnv(t, c, 3)
+		want := map[gateway.DeviceID]gateway.State{}
+		for shard := 0; shard < 3; shard++ {
+			b := batch("gw", 1)
+			for i, d := range devicesIn(t, 3, shard, 7+shard, "list") {
+				b.Writes = append(b.Writes, write(d, "s", gateway.Connect, 0))
+				want[d] = gateway.Online
+				if i%3 == 0 {
+					b.Writes = append(b.Writes, write(d, "s", gateway.Leave, 0))
+					want[d] = gateway.Offline
+				}
+			}
+			e.apply(shard, b)
+		}
+		for _, filter := range []gateway.State{"", gateway.Online, gateway.Offline} {
+			got := map[gateway.DeviceID]gateway.State{}
+			q := gateway.ListQuery{State: filter, Limit: 4}
+			for page := 0; ; page++ {
+				if page > 20 {
+					t.Fatalf("filter %q: more than 20 pages", filter)
+				}
+				p, err := e.store.List(e.ctx, q)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if len(p.Devices) > 4 {
+					t.Fatalf("page of %d devices, limit 4", len(p.Devices))
+				}
+				for _, d := range p.Devices {
+					if _, dup := got[d.Device]; dup {
+						t.Fatalf("filter %q: %s listed twice", filter, d.Device)
+					}
+					got[d.Device] = d.State
+				}
+				if p.Next == "" {
+					break
+				}
+				q.Cursor = p.Next
+			}
+			n := 0
+			for d, st := range want {
+				if filter != "" && st != filter {
+					continue
+				}
+				n++
+				if got[d] != st {
+					t.Errorf("filter %q: %s is %q, want %s", filter, d, got[d], st)
+				}
+			}
+			if len(got) != n {
+				t.Errorf("filter %q: listed %d devices, want %d", filter, len(got), n)
+			}
+		}
+	})
+}
+
+func TestEventsPaging(t *testing.T) {
+	e := newEnv(t, sharedServer().Client(t), 1)
+	for i := 0; i < 5; i++ {
+		e.apply(0, batch("gw", 1, write("d", "s", gateway.Connect, 0), write("d", "s", gateway.Leave, 0)))
+	}
+	all, err := e.store.Events(e.ctx, 0, "", 100)
+	if err != nil || len(all) != 10 {
+		t.Fatalf("all: %d %v", len(all), err)
+	}
+	page, err := e.store.Events(e.ctx, 0, all[3].ID, 4)
+	if err != nil || len(page) != 4 || page[0].ID != all[4].ID || page[3].ID != all[7].ID {
+		t.Fatalf("page after %s: %s %v", all[3].ID, describe(page), err)
+	}
+	if zero, err := e.store.Events(e.ctx, 0, "0", 2); err != nil || len(zero) != 2 || zero[0].ID != all[0].ID {
+		t.Fatalf("after 0: %s %v", describe(zero), err)
+	}
+	checkAlternation(t, all)
+	for i, ev := range all {
+		if ev.Ver != uint64(i+1) || ev.Gateway != "gw" || ev.Session != "s" || !ev.At.Equal(ms(0)) {
+			t.Fatalf("event %d: %s", i, describe(all[i:i+1]))
+		}
+	}
+}
+
+func TestRunnerLease(t *testing.T) {
+	forBackends(t, func(t *testing.T, c redis.UniversalClient) {
+		e := newEnv(t, c, 2)
+		ok, err := e.store.AcquireShard(e.ctx, 1, "a", time.Minute)
+		if err != nil || !ok {
+			t.Fatalf("a acquires: %v %v", ok, err)
+		}
+		if ok, err := e.store.AcquireShard(e.ctx, 1, "b", time.Minute); err != nil || ok {
+			t.Fatalf("b acquires a held lease: %v %v", ok, err)
+		}
+		if ok, err := e.store.AcquireShard(e.ctx, 1, "a", time.Minute); err != nil || !ok {
+			t.Fatalf("a extends: %v %v", ok, err)
+		}
+		if err := e.store.ReleaseShard(e.ctx, 1, "b"); err != nil {
+			t.Fatal(err)
+		}
+		if ok, _ := e.store.AcquireShard(e.ctx, 1, "b", time.Minute); ok {
+			t.Fatal("b's release freed a's lease")
+		}
+		if err := e.store.ReleaseShard(e.ctx, 1, "a"); err != nil {
+			t.Fatal(err)
+		}
+		if ok, err := e.store.AcquireShard(e.ctx, 1, "b", 50*time.Millisecond); err != nil || !ok {
+			t.Fatalf("b after release: %v %v", ok, err)
+		}
+		// The lease runs out on the Redis clock.
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			ok, err := e.store.AcquireShard(e.ctx, 1, "a", time.Minute)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ok {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("b's 50ms lease still held after 5s")
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	})
+}
+
+func TestMetaMismatch(t *testing.T) {
+	forBackends(t, func(t *testing.T, c redis.UniversalClient) {
+		prefix := uniquePrefix()
+		if _, err := Open(t.Context(), c, Options{Prefix: prefix, Shards: 4}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := Open(t.Context(), c, Options{Prefix: prefix, Shards: 4}); err != nil {
+			t.Fatalf("reopen: %v", err)
+		}
+		if _, err := Open(t.Context(), c, Options{Prefix: prefix, Shards: 8}); !errors.Is(err, gateway.ErrShardMismatch) {
+			t.Fatalf("8 shards over 4: %v", err)
+		}
+		if err := c.HSet(t.Context(), prefix+":meta", "schema", "0").Err(); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := Open(t.Context(), c, Options{Prefix: prefix, Shards: 4}); !errors.Is(err, gateway.ErrShardMismatch) {
+			t.Fatalf("schema 0: %v", err)
+		}
+		if _, err := Open(t.Context(), c, Options{Prefix: prefix, Shards: 0}); err == nil {
+			t.Fatal("opened with 0 shards")
+		}
+	})
+}
+
+func TestNow(t *testing.T) {
+	s, err := Open(t.Context(), sharedServer().Client(t), Options{Prefix: uniquePrefix(), Shards: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	now, err := s.Now(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Since(now); d < -time.Second || d > time.Second {
+		t.Fatalf("Redis TIME %v is %v off the local clock", now, d)
+	}
+	// Without a test clock the scripts use Redis TIME too.
+	evs, err := s.Apply(t.Context(), 0, batch("gw", 1, write("d", "s", gateway.Connect, 0)))
+	if err != nil || len(evs.Events) != 1 {
+		t.Fatalf("apply: %v %v", evs, err)
+	}
+	if d := evs.Events[0].At.Sub(now); d < 0 || d > 5*time.Second {
+		t.Fatalf("event at %v, store clock read %v before", evs.Events[0].At, now)
+	}
+}
