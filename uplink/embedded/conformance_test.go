@@ -1,0 +1,47 @@
+package embedded_test
+
+import (
+	"log/slog"
+	"path/filepath"
+	"testing"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/fleetgate/fleetgate/gateway"
+	"github.com/fleetgate/fleetgate/uplink/embedded"
+	"github.com/fleetgate/fleetgate/uplink/storetest"
+)
+
+// open gives every call its own bbolt file in the test's directory.
+func open(t *testing.T, shards int, now func() time.Time) gateway.Store {
+	t.Helper()
+	db, err := bolt.Open(filepath.Join(t.TempDir(), "fleetgate.db"), 0o600, &bolt.Options{Timeout: time.Second})
+	if err != nil {
+		t.Fatalf("open bbolt: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := db.Close(); err != nil {
+			t.Errorf("close bbolt: %v", err)
+		}
+	})
+	s, err := embedded.Open(db, embedded.Options{
+		Shards:       shards,
+		EventsMaxLen: 100_000,
+		Now:          now,
+		Logger:       slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn})),
+	})
+	if err != nil {
+		t.Fatalf("embedded.Open: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := s.Close(); err != nil {
+			t.Errorf("close store: %v", err)
+		}
+	})
+	return s
+}
+
+func TestConformance(t *testing.T) { storetest.Run(t, open) }
+
+func TestProperties(t *testing.T) { storetest.RunProperties(t, open) }
