@@ -1,0 +1,249 @@
+// Package admin is the gateway's admin HTTP API (DESIGN §4): /healthz,
+// /readyz, /metrics, /v1/status, /v1/devices, /v1/devices/{id},
+// /v1/sessions and /v1/events, plus the client the query commands
+// (fleetgate status, devices, events) use. It listens on loopback by
+// default and never opens the gateway's bbolt file itself.
+package admin
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/fleetgate/fleetgate/gateway"
+)
+
+// Sessions is the part of the session table the API reads.
+type Sessions interface {
+	Sessions(device gateway.DeviceID) []gateway.SessionView
+	Range(fn func(gateway.SessionView) bool)
+	Len() int
+}
+
+// Status is the body of /v1/status. The parts owned by other packages
+// (uplink, runner, adapters) are their own status values, marshalled as
+// they are.
+type Status struct {
+	Gateway   string    `json:"gateway"`
+	Epoch     uint64    `json:"epoch"`
+	Version   string    `json:"version"`
+	StartedAt time.Time `json:"started_at"`
+	Store     string    `json:"store"`
+	Shards    int       `json:"shards"`
+	Sessions  int       `json:"sessions"`
+	Uplink    any       `json:"uplink"`
+	Runner    any       `json:"runner,omitempty"`
+	Adapters  []any     `json:"adapters"`
+	Bounds    any       `json:"bounds"`
+}
+
+// Timing is what deriving suspect needs; a func so a config reload shows.
+type Timing func() (lease, suspectAfter time.Duration)
+
+// Options configures the server.
+type Options struct {
+	Addr     string // "127.0.0.1:9180"; ":0" ports are fine in tests
+	Store    gateway.Store
+	Sessions Sessions
+	Status   func() Status
+	Timing   Timing
+	Gatherer prometheus.Gatherer
+	Logger   *slog.Logger
+}
+
+// Server serves the admin API.
+type Server struct {
+	o     Options
+	ln    net.Listener
+	srv   *http.Server
+	ready atomic.Bool
+}
+
+// Listen binds the admin address; Serve then serves on it.
+func Listen(o Options) (*Server, error) {
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	ln, err := net.Listen("tcp", o.Addr)
+	if err != nil {
+		return nil, fmt.Errorf("admin: listen %s: %w", o.Addr, err)
+	}
+	s := &Server{o: o, ln: ln}
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+	mux.HandleFunc("GET /readyz", s.readyz)
+	mux.Handle("GET /metrics", promhttp.HandlerFor(o.Gatherer, promhttp.HandlerOpts{}))
+	mux.HandleFunc("GET /v1/status", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, http.StatusOK, o.Status()) })
+	mux.HandleFunc("GET /v1/devices/{id}", s.device)
+	mux.HandleFunc("GET /v1/devices", s.devices)
+	mux.HandleFunc("GET /v1/sessions", s.sessions)
+	mux.HandleFunc("GET /v1/events", s.events)
+	s.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, ErrorLog: slog.NewLogLogger(o.Logger.Handler(), slog.LevelWarn)}
+	return s, nil
+}
+
+// Addr is the bound address.
+func (s *Server) Addr() net.Addr { return s.ln.Addr() }
+
+// SetReady flips /readyz. The gateway is ready once its listeners are up;
+// an unreachable central store does not make it unready (it keeps serving
+// devices into the outbox).
+func (s *Server) SetReady(v bool) { s.ready.Store(v) }
+
+// Serve serves until Shutdown.
+func (s *Server) Serve() error {
+	if err := s.srv.Serve(s.ln); !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("admin: serve: %w", err)
+	}
+	return nil
+}
+
+// Shutdown stops the server, waiting for requests in flight until ctx ends.
+func (s *Server) Shutdown(ctx context.Context) error { return s.srv.Shutdown(ctx) }
+
+func (s *Server) readyz(w http.ResponseWriter, _ *http.Request) {
+	if !s.ready.Load() {
+		http.Error(w, "not ready", http.StatusServiceUnavailable)
+		return
+	}
+	fmt.Fprintln(w, "ready")
+}
+
+func (s *Server) device(w http.ResponseWriter, r *http.Request) {
+	id, err := gateway.ParseDeviceID(r.PathValue("id"))
+	if err != nil {
+		writeError(w, http.StatusBadRequest, err)
+		return
+	}
+	info, err := s.o.Store.Device(r.Context(), id)
+	switch {
+	case errors.Is(err, gateway.ErrNotFound):
+		writeError(w, http.StatusNotFound, fmt.Errorf("device %s: %w", id, err))
+		return
+	case err != nil:
+		writeError(w, http.StatusBadGateway, err)
+		return
+	}
+	now, err := s.o.Store.Now(r.Context())
+	if err != nil {
+		writeError(w, http.StatusBadGateway, err)
+		return
+	}
+	d := s.view(now, info)
+	d.Local = s.o.Sessions.Sessions(id)
+	writeJSON(w, http.StatusOK, d)
+}
+
+// Device is the API's view of one device: the store's record, the state
+// derived at the store's now (online, suspect or offline), and the
+// sessions this gateway holds for it.
+type Device struct {
+	gateway.DeviceInfo
+	State gateway.State         `json:"state"`
+	Local []gateway.SessionView `json:"local_sessions,omitempty"`
+}
+
+func (s *Server) view(now time.Time, info gateway.DeviceInfo) Device {
+	lease, suspect := s.o.Timing()
+	return Device{DeviceInfo: info, State: gateway.DeriveState(now, info.Deadline, lease, suspect)}
+}
+
+// DevicePage is the body of GET /v1/devices.
+type DevicePage struct {
+	Devices []Device `json:"devices"`
+	Next    string   `json:"next"`
+}
+
+func (s *Server) devices(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	want := gateway.State(q.Get("state"))
+	storeState := want
+	switch want {
+	case "", gateway.Online, gateway.Offline:
+	case gateway.Suspect:
+		storeState = gateway.Online
+	default:
+		writeError(w, http.StatusBadRequest, fmt.Errorf("state %q: want online, suspect or offline", want))
+		return
+	}
+	limit, err := intParam(q.Get("limit"), 100, 1, 1000)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, err)
+		return
+	}
+	page, err := s.o.Store.List(r.Context(), gateway.ListQuery{State: storeState, Cursor: q.Get("cursor"), Limit: limit})
+	if err != nil {
+		writeError(w, http.StatusBadGateway, err)
+		return
+	}
+	now, err := s.o.Store.Now(r.Context())
+	if err != nil {
+		writeError(w, http.StatusBadGateway, err)
+		return
+	}
+	out := DevicePage{Devices: []Device{}, Next: page.Next}
+	for _, info := range page.Devices {
+		d := s.view(now, info)
+		if want == "" || d.State == want || (want == gateway.Online && d.State == gateway.Suspect) {
+			out.Devices = append(out.Devices, d)
+		}
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// SessionPage is the body of GET /v1/sessions.
+type SessionPage struct {
+	Total    int                   `json:"total"`
+	Sessions []gateway.SessionView `json:"sessions"`
+}
+
+func (s *Server) sessions(w http.ResponseWriter, r *http.Request) {
+	limit, err := intParam(r.URL.Query().Get("limit"), 1000, 1, 100000)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, err)
+		return
+	}
+	out := SessionPage{Total: s.o.Sessions.Len(), Sessions: make([]gateway.SessionView, 0, min(limit, 1024))}
+	s.o.Sessions.Range(func(v gateway.SessionView) bool {
+		out.Sessions = append(out.Sessions, v)
+		return len(out.Sessions) < limit
+	})
+	writeJSON(w, http.StatusOK, out)
+}
+
+func intParam(s string, def, lo, hi int) (int, error) {
+	if s == "" {
+		return def, nil
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n < lo || n > hi {
+		return 0, fmt.Errorf("limit %q: want a whole number from %d to %d", s, lo, hi)
+	}
+	return n, nil
+}
+
+type apiError struct {
+	Error string `json:"error"`
+}
+
+func writeError(w http.ResponseWriter, code int, err error) {
+	writeJSON(w, code, apiError{Error: err.Error()})
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(v)
+}

@@ -1,0 +1,112 @@
+package admin
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"strconv"
+	"time"
+)
+
+// Client asks a running gateway's admin API; the query commands use it.
+type Client struct {
+	// Base is "http://127.0.0.1:9180".
+	Base string
+	HTTP *http.Client
+}
+
+// NewClient returns a client for the admin listener address addr
+// ("127.0.0.1:9180"; an empty or unspecified host means loopback).
+func NewClient(addr string) *Client {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil || host == "" || host == "0.0.0.0" || host == "::" {
+		host = "127.0.0.1"
+	}
+	return &Client{Base: "http://" + net.JoinHostPort(host, port), HTTP: &http.Client{Timeout: 10 * time.Second}}
+}
+
+// Status reads /v1/status into v (a map or a Status with raw parts).
+func (c *Client) Status(ctx context.Context, v any) error {
+	return c.get(ctx, "/v1/status", nil, v)
+}
+
+// Device reads /v1/devices/{id}.
+func (c *Client) Device(ctx context.Context, id string) (json.RawMessage, error) {
+	var raw json.RawMessage
+	err := c.get(ctx, "/v1/devices/"+url.PathEscape(id), nil, &raw)
+	return raw, err
+}
+
+// Devices reads one page of /v1/devices.
+func (c *Client) Devices(ctx context.Context, state, cursor string, limit int) (DevicePage, error) {
+	var p DevicePage
+	q := url.Values{}
+	if state != "" {
+		q.Set("state", state)
+	}
+	if cursor != "" {
+		q.Set("cursor", cursor)
+	}
+	if limit > 0 {
+		q.Set("limit", strconv.Itoa(limit))
+	}
+	err := c.get(ctx, "/v1/devices", q, &p)
+	return p, err
+}
+
+// Events reads one page of /v1/events: after cursor, or (cursor "")
+// starting since ago.
+func (c *Client) Events(ctx context.Context, cursor string, since time.Duration, limit int) (EventPage, error) {
+	var p EventPage
+	q := url.Values{"limit": {strconv.Itoa(limit)}}
+	if cursor != "" {
+		q.Set("cursor", cursor)
+	} else if since > 0 {
+		q.Set("since", since.String())
+	}
+	err := c.get(ctx, "/v1/events", q, &p)
+	return p, err
+}
+
+// Error is a non-2xx answer of the API.
+type Error struct {
+	Code    int
+	Message string
+}
+
+func (e *Error) Error() string { return fmt.Sprintf("admin api: %d: %s", e.Code, e.Message) }
+
+func (c *Client) get(ctx context.Context, path string, q url.Values, v any) error {
+	u := c.Base + path
+	if len(q) > 0 {
+		u += "?" + q.Encode()
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := c.HTTP.Do(req)
+	if err != nil {
+		return fmt.Errorf("admin api %s: %w (is the gateway running?)", c.Base, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
+	if err != nil {
+		return fmt.Errorf("admin api %s: %w", u, err)
+	}
+	if resp.StatusCode/100 != 2 {
+		var ae apiError
+		if json.Unmarshal(body, &ae) != nil || ae.Error == "" {
+			ae.Error = string(body)
+		}
+		return &Error{Code: resp.StatusCode, Message: ae.Error}
+	}
+	if err := json.Unmarshal(body, v); err != nil {
+		return fmt.Errorf("admin api %s: decode: %w", u, err)
+	}
+	return nil
+}

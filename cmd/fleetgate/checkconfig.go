@@ -1,0 +1,32 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+
+	"github.com/fleetgate/fleetgate/configs"
+)
+
+func cmdCheckConfig(_ context.Context, args []string, stdout, stderr io.Writer) error {
+	fs, path := newFlags("check-config", "check-config [-c FILE]", stderr)
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if err := noArgs(fs); err != nil {
+		return err
+	}
+	cfg, err := configs.Load(*path, os.Environ())
+	if err != nil {
+		return err
+	}
+	out, err := cfg.Redacted().YAML()
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "# effective configuration of %s (defaults, file, FLEETGATE_ environment)\n", *path)
+	stdout.Write(out)
+	fmt.Fprintf(stdout, "\n# derived bounds\n%s", cfg.Bounds())
+	return nil
+}

@@ -1,0 +1,133 @@
+// Command fleetgate is the fleetgate edge gateway: one binary with the
+// subcommands of DESIGN §4. main only parses the command line and wires
+// the packages together; the work is done in them.
+//
+// Exit codes: 0 success; 1 failure (invalid configuration, a part that
+// could not start or failed while running, an API error); 2 usage error.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+)
+
+// version is set by the linker (-X main.version=...).
+var version = "dev"
+
+// errUsage marks a command-line mistake (exit 2); its message is printed
+// with the command's usage.
+var errUsage = errors.New("usage")
+
+type command struct {
+	name    string
+	summary string
+	run     func(ctx context.Context, args []string, stdout, stderr io.Writer) error
+}
+
+func commands() []command {
+	return []command{
+		{"run", "run the gateway (front ends, uplink, runner, admin API)", cmdRun},
+		{"check-config", "validate a configuration and print it with the derived bounds", cmdCheckConfig},
+		{"runner", "run only the expiry runner against the Redis store", cmdRunner},
+		{"status", "show the running gateway's status", cmdStatus},
+		{"devices", "devices get ID | devices list [--state S]: read devices", cmdDevices},
+		{"events", "events tail [--since D] [--follow]: read presence events", cmdEvents},
+		{"simulate", "play a fleet of CoAP devices against a gateway", cmdSimulate},
+		{"version", "print the version", cmdVersion},
+	}
+}
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := dispatch(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		usage(stderr)
+		if len(args) == 0 {
+			return 2
+		}
+		return 0
+	}
+	for _, c := range commands() {
+		if c.name != args[0] {
+			continue
+		}
+		err := c.run(ctx, args[1:], stdout, stderr)
+		switch {
+		case err == nil, errors.Is(err, flag.ErrHelp):
+			return 0
+		case errors.Is(err, errUsage):
+			fmt.Fprintf(stderr, "fleetgate %s: %v\n", c.name, err)
+			return 2
+		default:
+			fmt.Fprintf(stderr, "fleetgate %s: %v\n", c.name, err)
+			return 1
+		}
+	}
+	fmt.Fprintf(stderr, "fleetgate: unknown command %q\n\n", args[0])
+	usage(stderr)
+	return 2
+}
+
+func usage(w io.Writer) {
+	fmt.Fprintln(w, "usage: fleetgate <command> [flags]\n\ncommands:")
+	for _, c := range commands() {
+		fmt.Fprintf(w, "  %-13s %s\n", c.name, c.summary)
+	}
+	fmt.Fprintln(w, "\nRun 'fleetgate <command> --help' for a command's flags.")
+	fmt.Fprintln(w, "Exit codes: 0 success, 1 failure, 2 usage error.")
+}
+
+// newFlags returns a flag set that reports errors instead of exiting and
+// has the -c/--config flag every command shares.
+func newFlags(name, synopsis string, stderr io.Writer) (*flag.FlagSet, *string) {
+	fs := flag.NewFlagSet("fleetgate "+name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	cfg := new(string)
+	fs.StringVar(cfg, "c", defaultConfigPath, "configuration file")
+	fs.StringVar(cfg, "config", defaultConfigPath, "configuration file")
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "usage: fleetgate %s\n\nflags:\n", synopsis)
+		fs.PrintDefaults()
+	}
+	return fs, cfg
+}
+
+// parse parses args, turning flag errors into usage errors.
+func parse(fs *flag.FlagSet, args []string) error {
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return fmt.Errorf("%w: %v", errUsage, err)
+	}
+	return nil
+}
+
+func cmdVersion(_ context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("fleetgate version", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "fleetgate %s\n", version)
+	return nil
+}
+
+func noArgs(fs *flag.FlagSet) error {
+	if fs.NArg() > 0 {
+		return fmt.Errorf("%w: unexpected arguments: %s", errUsage, strings.Join(fs.Args(), " "))
+	}
+	return nil
+}

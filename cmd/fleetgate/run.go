@@ -1,0 +1,293 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/coreos/go-systemd/v22/daemon"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/fleetgate/fleetgate/admin"
+	"github.com/fleetgate/fleetgate/configs"
+	"github.com/fleetgate/fleetgate/gateway"
+	"github.com/fleetgate/fleetgate/internal/identity"
+	"github.com/fleetgate/fleetgate/protocols/coap"
+	"github.com/fleetgate/fleetgate/runner"
+	"github.com/fleetgate/fleetgate/uplink"
+)
+
+// stateFile is the gateway's bbolt file in gateway.state_dir: epoch,
+// outbox and (with store.backend: embedded) the presence store.
+const stateFile = "fleetgate.db"
+
+// shutdownGrace bounds the final flush at SIGTERM.
+const shutdownGrace = 10 * time.Second
+
+func cmdRun(ctx context.Context, args []string, _, stderr io.Writer) error {
+	fs, path := newFlags("run", "run [-c FILE]", stderr)
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if err := noArgs(fs); err != nil {
+		return err
+	}
+	cfg, err := configs.Load(*path, os.Environ())
+	if err != nil {
+		return err
+	}
+	log, level := newLogger(cfg.Log, stderr)
+	g := &gatewayProcess{path: *path, cfg: cfg, log: log, level: level}
+	return g.run(ctx)
+}
+
+// gatewayProcess is one `fleetgate run`: its parts, and the order in which
+// they start and stop.
+type gatewayProcess struct {
+	path  string
+	log   *slog.Logger
+	level *slog.LevelVar
+
+	mu  sync.Mutex
+	cfg configs.Config
+
+	epoch   uint64
+	started time.Time
+	store   openedStore
+	up      *uplink.Uplink
+	table   *gateway.Table
+	runner  *runner.Runner
+	coap    *coap.Server
+	admin   *admin.Server
+}
+
+func (g *gatewayProcess) config() configs.Config {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.cfg
+}
+
+func (g *gatewayProcess) run(ctx context.Context) (err error) {
+	cfg := g.cfg
+	g.started = time.Now()
+	if err := os.MkdirAll(cfg.Gateway.StateDir, 0o750); err != nil {
+		return fmt.Errorf("state dir: %w", err)
+	}
+	db, err := uplink.OpenDB(filepath.Join(cfg.Gateway.StateDir, stateFile), g.log)
+	if err != nil {
+		return err
+	}
+	defer func() { err = errors.Join(err, db.Close()) }()
+	if g.epoch, err = identity.NextEpoch(db); err != nil {
+		return err
+	}
+	log := g.log.With("gateway", cfg.Gateway.ID)
+	log.Info("starting", "version", version, "epoch", g.epoch, "store", cfg.Store.Backend, "shards", cfg.Presence.Shards)
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+
+	if g.store, err = openStore(ctx, cfg, db, log); err != nil {
+		return err
+	}
+	defer func() { err = errors.Join(err, g.store.Close()) }()
+
+	outbox, err := uplink.OpenOutbox(db, uplink.OutboxOptions{MaxSessions: cfg.Uplink.OutboxMaxSessions, Logger: log})
+	if err != nil {
+		return err
+	}
+	g.up = uplink.New(g.store, outbox, uplink.Options{
+		Gateway: cfg.Gateway.ID, Epoch: g.epoch,
+		Lease: cfg.Presence.Lease.Std(), FlushInterval: cfg.Uplink.FlushInterval.Std(), MaxBatch: cfg.Uplink.MaxBatch,
+		Clock: gateway.SystemClock{}, Logger: log, Registerer: reg,
+	})
+	g.table = gateway.NewTable(g.up, gateway.TableOptions{
+		Lease: cfg.Presence.Lease.Std(), RenewEvery: cfg.Presence.RenewEvery.Std(),
+		MaxSessions: cfg.Presence.MaxSessions, Clock: gateway.SystemClock{},
+	})
+	if cfg.Runner.Enabled {
+		g.runner = runner.New(g.store, runner.Options{
+			Owner: fmt.Sprintf("%s/%d", cfg.Gateway.ID, g.epoch), Interval: cfg.Runner.Interval.Std(),
+			Batch: cfg.Runner.Batch, LockTTL: cfg.Runner.LockTTL.Std(),
+			Clock: gateway.SystemClock{}, Logger: log, Registerer: reg,
+		})
+	}
+	if cfg.Listen.CoAP.UDP != "" {
+		g.coap, err = coap.New(g.table, coap.Options{
+			Addr: cfg.Listen.CoAP.UDP, AllowAnonymous: cfg.Auth.AllowAnonymous,
+			HeartbeatInterval: cfg.Presence.HeartbeatInterval.Std(),
+			Clock: gateway.SystemClock{}, Logger: log, Registerer: reg,
+		})
+		if err != nil {
+			return err
+		}
+		log.Info("coap listening", "addr", g.coap.Addr().String(), "anonymous", cfg.Auth.AllowAnonymous)
+	}
+	if cfg.Listen.Admin.HTTP != "" {
+		g.admin, err = admin.Listen(admin.Options{
+			Addr: cfg.Listen.Admin.HTTP, Store: g.store, Sessions: g.table,
+			Status: g.status, Timing: g.timing, Gatherer: reg, Logger: log,
+		})
+		if err != nil {
+			if g.coap != nil {
+				g.coap.Close()
+			}
+			return err
+		}
+		log.Info("admin api listening", "addr", g.admin.Addr().String())
+	}
+	return g.serve(ctx, log)
+}
+
+// serve runs the parts until ctx ends, then stops them in order: front
+// ends first (no new evidence), then the uplink's final flush (to the
+// store or the outbox, bounded by shutdownGrace), then the runner and the
+// admin API. Live sessions get no leave: a deploy must not flap devices.
+func (g *gatewayProcess) serve(ctx context.Context, log *slog.Logger) error {
+	front, stopFront := context.WithCancel(context.WithoutCancel(ctx))
+	back, stopBack := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopFront()
+	defer stopBack()
+
+	var fronts, backs errgroup.Group
+	backs.Go(func() error { return g.up.Run(back) })
+	if g.runner != nil {
+		backs.Go(func() error { return g.runner.Run(back) })
+	}
+	backs.Go(func() error { return g.sweep(back) })
+	if g.admin != nil {
+		backs.Go(g.admin.Serve)
+	}
+	if g.coap != nil {
+		fronts.Go(func() error { return g.coap.Serve(front) })
+	}
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+
+	if g.admin != nil {
+		g.admin.SetReady(true)
+	}
+	if ok, err := daemon.SdNotify(false, daemon.SdNotifyReady); ok || err != nil {
+		log.Debug("sd_notify ready", "sent", ok, "err", err)
+	}
+	log.Info("ready")
+
+	failed := make(chan error, 1)
+	go func() { failed <- fronts.Wait() }()
+	var runErr error
+loop:
+	for {
+		select {
+		case <-ctx.Done():
+			log.Info("stopping", "cause", context.Cause(ctx))
+			break loop
+		case err := <-failed:
+			runErr = fmt.Errorf("front end stopped: %w", err)
+			failed <- nil
+			break loop
+		case <-hup:
+			g.reload(log)
+		}
+	}
+	_, _ = daemon.SdNotify(false, daemon.SdNotifyStopping)
+	if g.admin != nil {
+		g.admin.SetReady(false)
+	}
+	stopFront()
+	if g.coap != nil {
+		g.coap.Close()
+	}
+	runErr = errors.Join(runErr, <-failed)
+
+	flushCtx, cancel := context.WithTimeout(context.Background(), shutdownGrace)
+	defer cancel()
+	if err := g.up.Flush(flushCtx); err != nil {
+		log.Warn("final flush incomplete; pending writes are in the outbox", "err", err)
+	}
+	stopBack()
+	if g.admin != nil {
+		_ = g.admin.Shutdown(flushCtx)
+	}
+	runErr = errors.Join(runErr, backs.Wait())
+	log.Info("stopped", "sessions", g.table.Len())
+	return runErr
+}
+
+// sweep drops sessions whose local lease ran out, so the table holds only
+// live sessions (bounded memory); it sends nothing.
+func (g *gatewayProcess) sweep(ctx context.Context) error {
+	t := time.NewTicker(5 * time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case now := <-t.C:
+			g.table.Sweep(now)
+		}
+	}
+}
+
+// reload re-reads the configuration on SIGHUP. An invalid file keeps the
+// old configuration; timings and the log level apply at once, anything
+// else (listeners, store, shards, identity) needs a restart and says so.
+func (g *gatewayProcess) reload(log *slog.Logger) {
+	next, err := configs.Load(g.path, os.Environ())
+	if err != nil {
+		log.Error("reload refused; keeping the running configuration", "err", err)
+		return
+	}
+	g.mu.Lock()
+	old := g.cfg
+	g.cfg = next
+	g.mu.Unlock()
+	setLevel(g.level, next.Log.Level)
+	p := next.Presence
+	g.table.SetTiming(p.Lease.Std(), p.RenewEvery.Std())
+	g.up.SetTiming(p.Lease.Std(), next.Uplink.FlushInterval.Std(), next.Uplink.MaxBatch)
+	if g.coap != nil {
+		g.coap.SetHeartbeatInterval(p.HeartbeatInterval.Std())
+	}
+	if restartOnly(old) != restartOnly(next) {
+		log.Warn("reloaded; changes to listeners, store, shards, gateway, runner or auth take effect at the next restart")
+	}
+	log.Info("configuration reloaded", "lease", p.Lease, "renew_every", p.RenewEvery, "heartbeat_interval", p.HeartbeatInterval)
+}
+
+// restartOnly is the part of the configuration a reload cannot apply.
+func restartOnly(c configs.Config) string {
+	c.Presence.Lease, c.Presence.RenewEvery, c.Presence.HeartbeatInterval, c.Presence.SuspectAfter = 0, 0, 0, 0
+	c.Uplink.FlushInterval, c.Uplink.MaxBatch = 0, 0
+	c.Log.Level = ""
+	out, _ := c.YAML()
+	return string(out)
+}
+
+func (g *gatewayProcess) timing() (time.Duration, time.Duration) {
+	p := g.config().Presence
+	return p.Lease.Std(), p.SuspectAfter.Std()
+}
+
+func (g *gatewayProcess) status() admin.Status {
+	cfg := g.config()
+	st := admin.Status{
+		Gateway: cfg.Gateway.ID, Epoch: g.epoch, Version: version, StartedAt: g.started,
+		Store: cfg.Store.Backend, Shards: cfg.Presence.Shards, Sessions: g.table.Len(),
+		Uplink: g.up.Status(), Adapters: []any{}, Bounds: cfg.Bounds(),
+	}
+	if g.runner != nil {
+		st.Runner = g.runner.Status()
+	}
+	return st
+}
