@@ -126,7 +126,7 @@ func (g *gatewayProcess) run(ctx context.Context) (err error) {
 		g.coap, err = coap.New(g.table, coap.Options{
 			Addr: cfg.Listen.CoAP.UDP, AllowAnonymous: cfg.Auth.AllowAnonymous,
 			HeartbeatInterval: cfg.Presence.HeartbeatInterval.Std(),
-			Clock: gateway.SystemClock{}, Logger: log, Registerer: reg,
+			Clock:             gateway.SystemClock{}, Logger: log, Registerer: reg,
 		})
 		if err != nil {
 			return err
