@@ -1,0 +1,385 @@
+package gateway
+
+import (
+	"context"
+	"fmt"
+	"hash/maphash"
+	"math"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Defaults of TableOptions (DESIGN §4 for the presence timings).
+const (
+	defaultTableShards = 64
+	defaultLease       = 90 * time.Second
+	defaultRenewEvery  = 20 * time.Second
+	defaultMaxSessions = 1_000_000
+)
+
+// maxKeyLen is the longest session key: device, a zero byte, session.
+const maxKeyLen = MaxDeviceIDLen + 1 + MaxSessionIDLen
+
+// TableOptions configures a Table. Zero values take the defaults noted.
+type TableOptions struct {
+	// Shards is the number of in-memory shards (lock striping); it is
+	// independent of the store's shards. Default 64.
+	Shards int
+	// Lease is presence.lease: a session not seen for that long is
+	// dropped locally (Sweep). Default 90s.
+	Lease time.Duration
+	// RenewEvery is presence.renew_every: a renewal is sent centrally only
+	// when it moves the session's deadline forward by at least this much.
+	// Default 20s. It must be below Lease; the config loader checks that.
+	RenewEvery time.Duration
+	// MaxSessions is presence.max_sessions: beyond it a new session is
+	// refused with ErrOverloaded (known sessions still renew). Default
+	// 1,000,000.
+	MaxSessions int
+	// Clock is the table's time source. Default SystemClock.
+	Clock Clock
+}
+
+// SessionView is a copy of one session of the table, for the admin API.
+type SessionView struct {
+	Device    DeviceID
+	Session   SessionID
+	Protocol  string
+	FirstSeen time.Time
+	LastSeen  time.Time
+	// LastSent is the ObservedAt of the newest write handed to the uplink;
+	// zero if none was accepted yet.
+	LastSent time.Time
+}
+
+// Table is the gateway's session table: every session seen on this
+// gateway, with when it was first and last seen and when its newest
+// central write was observed. It implements Observer and applies the
+// throttle of DESIGN §2 to decide what goes to the Uplink:
+//
+//   - The first evidence of a session is sent as Connect, whatever its
+//     kind, and so is any Connect. A session whose local lease ran out
+//     (not seen for Lease) is new again.
+//   - A Renew is sent only when it moves the central deadline forward by
+//     at least RenewEvery (ObservedAt − LastSent ≥ RenewEvery); otherwise
+//     it only refreshes LastSeen.
+//   - A Leave removes the session and is always sent, even for a session
+//     the table does not hold: the store decides.
+//
+// A write the Uplink refuses is not counted as sent, so the session's next
+// evidence retries it. A session that sends evidence every
+// heartbeat_interval is thus written at most once per RenewEvery and at
+// least once per RenewEvery + heartbeat_interval.
+//
+// Each session costs one map entry keyed by device, a zero byte and
+// session, pointing at a 32-byte record of three times and a protocol
+// index (docs/bench-table.md has the figures); MaxSessions bounds the
+// total. Times are kept as offsets from the table's creation on its clock,
+// so they follow the monotonic clock when the evidence carries it.
+type Table struct {
+	up     Uplink
+	clock  Clock
+	base   time.Time
+	seed   maphash.Seed
+	shards []tableShard
+	max    int64
+	n      atomic.Int64
+	timing atomic.Pointer[timing]
+	protos protocols
+}
+
+var _ Observer = (*Table)(nil)
+
+type tableShard struct {
+	mu sync.Mutex
+	m  map[string]*entry
+}
+
+// entry is one session. Times are nanoseconds since Table.base.
+type entry struct {
+	first, seen int64
+	// sent is the time of the newest write handed to the uplink, valid
+	// when sentOK.
+	sent   int64
+	seq    uint32 // counts sends, so that a failed one undoes only itself
+	proto  uint8
+	sentOK bool
+}
+
+type timing struct {
+	lease, renewEvery time.Duration
+}
+
+func newTiming(lease, renewEvery time.Duration) *timing {
+	if lease <= 0 {
+		lease = defaultLease
+	}
+	if renewEvery <= 0 {
+		renewEvery = defaultRenewEvery
+	}
+	return &timing{lease: lease, renewEvery: renewEvery}
+}
+
+// NewTable returns an empty table that sends its writes to up.
+func NewTable(up Uplink, o TableOptions) *Table {
+	if o.Shards <= 0 {
+		o.Shards = defaultTableShards
+	}
+	if o.MaxSessions <= 0 {
+		o.MaxSessions = defaultMaxSessions
+	}
+	if o.Clock == nil {
+		o.Clock = SystemClock{}
+	}
+	t := &Table{
+		up:     up,
+		clock:  o.Clock,
+		base:   o.Clock.Now(),
+		seed:   maphash.MakeSeed(),
+		shards: make([]tableShard, o.Shards),
+		max:    int64(o.MaxSessions),
+	}
+	for i := range t.shards {
+		t.shards[i].m = make(map[string]*entry)
+	}
+	t.timing.Store(newTiming(o.Lease, o.RenewEvery))
+	t.protos.names.Store(&[]string{""})
+	return t
+}
+
+// SetTiming replaces the lease and renew_every (config reload); values
+// ≤ 0 take the defaults. It applies from the next Observe or Sweep.
+func (t *Table) SetTiming(lease, renewEvery time.Duration) {
+	t.timing.Store(newTiming(lease, renewEvery))
+}
+
+// Observe records ev and hands the Uplink what the throttle lets through.
+// It refuses an invalid device or session ID (ErrInvalidDeviceID,
+// ErrInvalidSessionID) and a new session beyond MaxSessions
+// (ErrOverloaded); it returns the Uplink's error, wrapped, when a write
+// could not be enqueued. A zero ObservedAt means now on the table's clock.
+// No lock is held while the Uplink is called.
+func (t *Table) Observe(ctx context.Context, ev Evidence) error {
+	if err := checkEvidence(ev); err != nil {
+		return fmt.Errorf("observe: %w", err)
+	}
+	if ev.ObservedAt.IsZero() {
+		ev.ObservedAt = t.clock.Now()
+	}
+	var buf [maxKeyLen]byte
+	key := append(append(append(buf[:0], ev.Device...), 0), ev.Session...)
+	sh := t.shard(ev.Device)
+
+	if ev.Kind == Leave {
+		sh.mu.Lock()
+		if _, ok := sh.m[string(key)]; ok {
+			delete(sh.m, string(key))
+			t.n.Add(-1)
+		}
+		sh.mu.Unlock()
+		return t.send(ctx, ev)
+	}
+
+	tm := t.timing.Load()
+	at := t.offset(ev.ObservedAt)
+	sh.mu.Lock()
+	e, ok := sh.m[string(key)]
+	switch {
+	case !ok:
+		if t.n.Add(1) > t.max {
+			t.n.Add(-1)
+			sh.mu.Unlock()
+			return fmt.Errorf("observe: device %s session %s: max_sessions %d reached: %w", ev.Device, ev.Session, t.max, ErrOverloaded)
+		}
+		e = &entry{first: at, seen: at, proto: t.protos.index(ev.Protocol)}
+		sh.m[string(key)] = e
+	case at-e.seen >= int64(tm.lease):
+		// The local lease ran out before Sweep came by: a new session,
+		// as if it had been swept.
+		e = &entry{first: at, seen: at, proto: e.proto}
+		sh.m[string(key)] = e
+	default:
+		e.seen = max(e.seen, at)
+	}
+	kind, send := decide(e, ev.Kind, at, tm.renewEvery)
+	prevSent, prevOK := e.sent, e.sentOK
+	if send {
+		if e.sentOK {
+			e.sent = max(e.sent, at)
+		} else {
+			e.sent = at
+		}
+		e.sentOK = true
+		e.seq++
+	}
+	seq := e.seq
+	sh.mu.Unlock()
+	if !send {
+		return nil
+	}
+
+	ev.Kind = kind
+	if err := t.send(ctx, ev); err != nil {
+		sh.mu.Lock()
+		if e.seq == seq {
+			e.sent, e.sentOK = prevSent, prevOK
+		}
+		sh.mu.Unlock()
+		return err
+	}
+	return nil
+}
+
+// decide applies the throttle to evidence of kind k (Connect or Renew)
+// observed at offset at for e, and says what to send, if anything.
+func decide(e *entry, k Kind, at int64, renewEvery time.Duration) (Kind, bool) {
+	switch {
+	case !e.sentOK || k == Connect:
+		return Connect, true
+	case at-e.sent >= int64(renewEvery):
+		return Renew, true
+	}
+	return 0, false
+}
+
+func (t *Table) send(ctx context.Context, ev Evidence) error {
+	if err := t.up.Enqueue(ctx, ev); err != nil {
+		return fmt.Errorf("observe: enqueue %s of device %s session %s: %w", ev.Kind, ev.Device, ev.Session, err)
+	}
+	return nil
+}
+
+// checkEvidence re-validates the IDs (a DeviceID converted from an
+// unchecked string would corrupt the session key and the store's records;
+// the check is a pass over at most 330 bytes) and the kind.
+func checkEvidence(ev Evidence) error {
+	if _, err := ParseDeviceID(string(ev.Device)); err != nil {
+		return err
+	}
+	if _, err := ParseSessionID(string(ev.Session)); err != nil {
+		return err
+	}
+	switch ev.Kind {
+	case Connect, Renew, Leave:
+		return nil
+	}
+	return fmt.Errorf("evidence kind %v is not connect, renew or leave", ev.Kind)
+}
+
+// Sweep drops the sessions whose local lease ran out at now (now −
+// LastSeen ≥ Lease) and returns how many. It sends nothing: the central
+// lease of each session ends on its own.
+func (t *Table) Sweep(now time.Time) int {
+	cutoff := t.offset(now) - int64(t.timing.Load().lease)
+	dropped := 0
+	for i := range t.shards {
+		sh := &t.shards[i]
+		sh.mu.Lock()
+		for k, e := range sh.m {
+			if e.seen <= cutoff {
+				delete(sh.m, k)
+				dropped++
+			}
+		}
+		sh.mu.Unlock()
+	}
+	t.n.Add(-int64(dropped))
+	return dropped
+}
+
+// Len is the number of sessions in the table.
+func (t *Table) Len() int { return int(t.n.Load()) }
+
+// Sessions returns the sessions of device, ordered by session ID. It scans
+// the device's shard (Len/Shards sessions) under its lock.
+func (t *Table) Sessions(device DeviceID) []SessionView {
+	prefix := string(device) + "\x00"
+	sh := t.shard(device)
+	var out []SessionView
+	sh.mu.Lock()
+	for k, e := range sh.m {
+		if strings.HasPrefix(k, prefix) {
+			out = append(out, t.view(k, e))
+		}
+	}
+	sh.mu.Unlock()
+	slices.SortFunc(out, func(a, b SessionView) int { return strings.Compare(string(a.Session), string(b.Session)) })
+	return out
+}
+
+// Range calls fn for each session, in no particular order, until fn
+// returns false. It copies one shard at a time and calls fn with no lock
+// held, so fn may use the table; a session added or removed meanwhile may
+// or may not be seen.
+func (t *Table) Range(fn func(SessionView) bool) {
+	var views []SessionView
+	for i := range t.shards {
+		sh := &t.shards[i]
+		views = views[:0]
+		sh.mu.Lock()
+		for k, e := range sh.m {
+			views = append(views, t.view(k, e))
+		}
+		sh.mu.Unlock()
+		for _, v := range views {
+			if !fn(v) {
+				return
+			}
+		}
+	}
+}
+
+func (t *Table) shard(d DeviceID) *tableShard {
+	return &t.shards[maphash.String(t.seed, string(d))%uint64(len(t.shards))]
+}
+
+func (t *Table) offset(x time.Time) int64 { return int64(x.Sub(t.base)) }
+
+func (t *Table) at(off int64) time.Time { return t.base.Add(time.Duration(off)) }
+
+// view copies e, whose key is k; the caller holds the shard's lock.
+func (t *Table) view(k string, e *entry) SessionView {
+	i := strings.IndexByte(k, 0)
+	v := SessionView{
+		Device:    DeviceID(k[:i]),
+		Session:   SessionID(k[i+1:]),
+		Protocol:  t.protos.name(e.proto),
+		FirstSeen: t.at(e.first),
+		LastSeen:  t.at(e.seen),
+	}
+	if e.sentOK {
+		v.LastSent = t.at(e.sent)
+	}
+	return v
+}
+
+// protocols interns protocol names so that an entry holds a one-byte
+// index. Index 0 is "": an unnamed protocol, and any name beyond the 255
+// a table keeps (protocols name front ends and adapters, a handful).
+type protocols struct {
+	mu    sync.Mutex // serializes additions
+	names atomic.Pointer[[]string]
+}
+
+func (p *protocols) index(name string) uint8 {
+	if i := slices.Index(*p.names.Load(), name); i >= 0 {
+		return uint8(i)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	names := *p.names.Load()
+	if i := slices.Index(names, name); i >= 0 {
+		return uint8(i)
+	}
+	if len(names) > math.MaxUint8 {
+		return 0
+	}
+	grown := append(slices.Clip(names), name)
+	p.names.Store(&grown)
+	return uint8(len(grown) - 1)
+}
+
+func (p *protocols) name(i uint8) string { return (*p.names.Load())[i] }
