@@ -1,0 +1,217 @@
+package uplink
+
+import (
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/fleetgate/fleetgate/gateway"
+)
+
+// slot is the coalesced pending evidence of one session: at most one
+// leave and, observed at or after it, the newest connect or renew. The
+// same rule serves the in-memory queue and the outbox:
+//
+//   - newer evidence replaces older evidence of the session;
+//   - a leave is never swallowed by a later connect or renew: the slot then
+//     holds both, and they are sent leave first (the store ends the session,
+//     writing its offline event if it was the last one, and the later
+//     evidence opens it again), so the store sees what really happened;
+//   - a pending connect stays a connect when a newer renew replaces its
+//     time, so the online event it may cause keeps reason connect.
+type slot struct {
+	leave time.Time    // zero: no leave pending
+	kind  gateway.Kind // Connect or Renew; 0: none pending
+	at    time.Time    // when kind was observed; never before leave
+}
+
+// add folds one piece of evidence into the slot.
+func (s *slot) add(k gateway.Kind, at time.Time) {
+	switch {
+	case k == gateway.Leave:
+		if s.leave.IsZero() || at.After(s.leave) {
+			s.leave = at
+		}
+		if s.kind != 0 && !s.at.After(at) {
+			s.kind, s.at = 0, time.Time{}
+		}
+	case !s.leave.IsZero() && at.Before(s.leave):
+		// Older than the pending leave, which supersedes it.
+	case s.kind == 0 || !at.Before(s.at):
+		if s.kind != gateway.Connect {
+			s.kind = k
+		}
+		s.at = at
+	case k == gateway.Connect:
+		s.kind = gateway.Connect
+	}
+}
+
+// merge folds every write of o into s.
+func (s *slot) merge(o slot) {
+	if !o.leave.IsZero() {
+		s.add(gateway.Leave, o.leave)
+	}
+	if o.kind != 0 {
+		s.add(o.kind, o.at)
+	}
+}
+
+// n is the number of writes the slot turns into (0, 1 or 2).
+func (s *slot) n() int {
+	n := 0
+	if !s.leave.IsZero() {
+		n++
+	}
+	if s.kind != 0 {
+		n++
+	}
+	return n
+}
+
+// first is the observation time of the slot's oldest write.
+func (s *slot) first() time.Time {
+	if !s.leave.IsZero() {
+		return s.leave
+	}
+	return s.at
+}
+
+// key names a session of a device.
+type key struct {
+	device  gateway.DeviceID
+	session gateway.SessionID
+}
+
+// item is a session with its coalesced evidence.
+type item struct {
+	key
+	slot
+}
+
+// timedWrite is a write with the time its evidence was observed, from
+// which its age is computed just before it is sent.
+type timedWrite struct {
+	at time.Time
+	w  gateway.Write
+}
+
+// appendWrites appends the writes of items, ordered by observation time
+// (a device's sessions then reach the store in the order they happened).
+func appendWrites(dst []timedWrite, items []item) []timedWrite {
+	start := len(dst)
+	for _, it := range items {
+		if !it.leave.IsZero() {
+			dst = append(dst, timedWrite{it.leave, gateway.Write{Device: it.device, Session: it.session, Kind: gateway.Leave}})
+		}
+		if it.kind != 0 {
+			dst = append(dst, timedWrite{it.at, gateway.Write{Device: it.device, Session: it.session, Kind: it.kind}})
+		}
+	}
+	slices.SortStableFunc(dst[start:], func(a, b timedWrite) int { return a.at.Compare(b.at) })
+	return dst
+}
+
+// withAges fills in each write's age at now (never negative) and returns
+// the writes.
+func withAges(tws []timedWrite, now time.Time) []gateway.Write {
+	ws := make([]gateway.Write, len(tws))
+	for i, tw := range tws {
+		ws[i] = tw.w
+		ws[i].Age = max(now.Sub(tw.at), 0)
+	}
+	return ws
+}
+
+// queue holds the pending writes of one shard, coalesced per session, in
+// the order their sessions first appeared.
+type queue struct {
+	mu    sync.Mutex
+	slots map[key]*slot
+	order []key
+	n     int           // pending writes
+	space chan struct{} // closed (and replaced) when writes leave the queue
+}
+
+func newQueue() *queue {
+	return &queue{slots: make(map[key]*slot), space: make(chan struct{})}
+}
+
+// tryAdd folds ev into the queue unless that would take the pending
+// writes above limit. It returns the growth in writes (0 or 1) and
+// whether ev was taken; when it was not, space is the channel to wait on.
+func (q *queue) tryAdd(ev gateway.Evidence, limit int) (grew int, ok bool, space <-chan struct{}) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	k := key{ev.Device, ev.Session}
+	s, found := q.slots[k]
+	if !found {
+		if q.n+1 > limit {
+			return 0, false, q.space
+		}
+		s = &slot{}
+		q.slots[k] = s
+		q.order = append(q.order, k)
+	}
+	next := *s
+	next.add(ev.Kind, ev.ObservedAt)
+	grew = next.n() - s.n()
+	if found && grew > 0 && q.n+grew > limit {
+		return 0, false, q.space
+	}
+	*s = next
+	q.n += grew
+	return grew, true, nil
+}
+
+// take removes sessions in arrival order until the next one would take
+// the writes above limit (limit ≥ 2, so at least one session is taken if
+// any is pending), and wakes writers waiting for space.
+func (q *queue) take(limit int) (items []item, writes int) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	i := 0
+	for ; i < len(q.order); i++ {
+		k := q.order[i]
+		s := q.slots[k]
+		if writes+s.n() > limit {
+			break
+		}
+		writes += s.n()
+		items = append(items, item{k, *s})
+		delete(q.slots, k)
+	}
+	if i == 0 {
+		return nil, 0
+	}
+	q.order = q.order[i:]
+	q.n -= writes
+	close(q.space)
+	q.space = make(chan struct{})
+	return items, writes
+}
+
+// restore puts items taken by take back (when they could be neither sent
+// nor buffered), merging them with whatever arrived meanwhile.
+func (q *queue) restore(items []item) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	for _, it := range items {
+		s, found := q.slots[it.key]
+		if !found {
+			s = &slot{}
+			q.slots[it.key] = s
+			q.order = append(q.order, it.key)
+		}
+		before := s.n()
+		s.merge(it.slot)
+		q.n += s.n() - before
+	}
+}
+
+// pending is the number of writes waiting.
+func (q *queue) pending() int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.n
+}

@@ -1,0 +1,161 @@
+package uplink
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/fleetgate/fleetgate/gateway"
+)
+
+var t0 = time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
+
+func at(sec int) time.Time { return t0.Add(time.Duration(sec) * time.Second) }
+
+type ev struct {
+	k   gateway.Kind
+	sec int
+}
+
+type wr struct {
+	k   gateway.Kind
+	sec int
+}
+
+func slotWrites(s slot) []wr {
+	var out []wr
+	for _, tw := range appendWrites(nil, []item{{key{"d", "s"}, s}}) {
+		out = append(out, wr{tw.w.Kind, int(tw.at.Sub(t0) / time.Second)})
+	}
+	return out
+}
+
+func TestSlotCoalescing(t *testing.T) {
+	C, R, L := gateway.Connect, gateway.Renew, gateway.Leave
+	cases := []struct {
+		name string
+		in   []ev
+		want []wr
+	}{
+		{"newest renew wins", []ev{{R, 1}, {R, 2}, {R, 3}}, []wr{{R, 3}}},
+		{"connect stays connect", []ev{{C, 1}, {R, 5}}, []wr{{C, 5}}},
+		{"late connect upgrades", []ev{{R, 5}, {C, 1}}, []wr{{C, 5}}},
+		{"leave supersedes older", []ev{{C, 1}, {R, 2}, {L, 3}}, []wr{{L, 3}}},
+		{"leave kept before later connect", []ev{{R, 1}, {L, 2}, {C, 3}, {R, 4}}, []wr{{L, 2}, {C, 4}}},
+		{"renew after leave", []ev{{L, 2}, {R, 3}}, []wr{{L, 2}, {R, 3}}},
+		{"evidence older than leave ignored", []ev{{L, 5}, {R, 3}}, []wr{{L, 5}}},
+		{"second leave wins", []ev{{L, 2}, {C, 3}, {L, 4}}, []wr{{L, 4}}},
+		{"old leave after newer connect", []ev{{C, 5}, {L, 3}}, []wr{{L, 3}, {C, 5}}},
+		{"tie: arrival order decides", []ev{{C, 3}, {L, 3}}, []wr{{L, 3}}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			var s slot
+			for _, e := range c.in {
+				s.add(e.k, at(e.sec))
+			}
+			got := slotWrites(s)
+			if len(got) != len(c.want) || s.n() != len(c.want) {
+				t.Fatalf("writes %v (n=%d), want %v", got, s.n(), c.want)
+			}
+			for i := range got {
+				if got[i] != c.want[i] {
+					t.Fatalf("writes %v, want %v", got, c.want)
+				}
+			}
+			// Merging the slot into an empty one, or splitting the input
+			// in two slots and merging them, gives the same writes.
+			var m slot
+			m.merge(s)
+			if g := slotWrites(m); len(g) != len(got) || (len(g) > 0 && g[len(g)-1] != got[len(got)-1]) {
+				t.Fatalf("merged %v, want %v", g, got)
+			}
+			var a, b slot
+			for i, e := range c.in {
+				if i < len(c.in)/2 {
+					a.add(e.k, at(e.sec))
+				} else {
+					b.add(e.k, at(e.sec))
+				}
+			}
+			a.merge(b)
+			if g := slotWrites(a); len(g) != len(got) || g[len(g)-1] != got[len(got)-1] {
+				t.Fatalf("split and merged %v, want %v", g, got)
+			}
+		})
+	}
+}
+
+func TestWritesOrderedByObservation(t *testing.T) {
+	items := []item{
+		{key{"d", "a"}, slot{kind: gateway.Renew, at: at(5)}},
+		{key{"d", "b"}, slot{leave: at(1), kind: gateway.Connect, at: at(7)}},
+		{key{"e", "c"}, slot{leave: at(3)}},
+	}
+	tws := appendWrites(nil, items)
+	ws := withAges(tws, at(10))
+	want := []struct {
+		s   gateway.SessionID
+		k   gateway.Kind
+		age time.Duration
+	}{{"b", gateway.Leave, 9 * time.Second}, {"c", gateway.Leave, 7 * time.Second}, {"a", gateway.Renew, 5 * time.Second}, {"b", gateway.Connect, 3 * time.Second}}
+	if len(ws) != len(want) {
+		t.Fatalf("got %d writes, want %d", len(ws), len(want))
+	}
+	for i, w := range want {
+		if ws[i].Session != w.s || ws[i].Kind != w.k || ws[i].Age != w.age {
+			t.Fatalf("write %d = %+v, want %+v", i, ws[i], w)
+		}
+	}
+	if got := withAges(tws, at(0)); got[0].Age != 0 {
+		t.Fatalf("age of future evidence %v, want 0", got[0].Age)
+	}
+}
+
+func TestQueueBoundAndTake(t *testing.T) {
+	q := newQueue()
+	add := func(d gateway.DeviceID, k gateway.Kind, sec int) bool {
+		_, ok, _ := q.tryAdd(gateway.Evidence{Device: d, Session: "s", Kind: k, ObservedAt: at(sec)}, 3)
+		return ok
+	}
+	for i, d := range []gateway.DeviceID{"a", "b", "c"} {
+		if !add(d, gateway.Renew, i) {
+			t.Fatalf("add %s refused below the limit", d)
+		}
+	}
+	if add("d", gateway.Renew, 4) {
+		t.Fatal("new session accepted over the limit")
+	}
+	if !add("a", gateway.Renew, 5) {
+		t.Fatal("coalescing into a pending session refused at the limit")
+	}
+	if add("a", gateway.Leave, 6) && q.pending() > 3 {
+		t.Fatal("pending grew over the limit")
+	}
+	_, _, space := q.tryAdd(gateway.Evidence{Device: "d", Session: "s", Kind: gateway.Renew, ObservedAt: at(7)}, 3)
+	items, n := q.take(2)
+	if n != 2 || len(items) != 2 || items[0].device != "a" || items[1].device != "b" {
+		t.Fatalf("take(2) = %v (%d writes), want a, b", items, n)
+	}
+	select {
+	case <-space:
+	default:
+		t.Fatal("take did not signal space")
+	}
+	if q.pending() != 1 {
+		t.Fatalf("pending %d after take, want 1", q.pending())
+	}
+	q.restore(items)
+	if q.pending() != 3 {
+		t.Fatalf("pending %d after restore, want 3", q.pending())
+	}
+}
+
+func TestEnqueueRefusesUnknownKind(t *testing.T) {
+	u, _ := newEmbeddedUplink(t, Options{})
+	err := u.Enqueue(context.Background(), gateway.Evidence{Device: "d", Session: "s", Kind: 9, ObservedAt: t0})
+	if err == nil || errors.Is(err, gateway.ErrOverloaded) {
+		t.Fatalf("Enqueue(kind 9) = %v, want a plain error", err)
+	}
+}

@@ -1,0 +1,137 @@
+package uplink
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+	berrors "go.etcd.io/bbolt/errors"
+)
+
+// LockTimeout is how long OpenDB waits for the state file's lock, held
+// by another running gateway with the same state_dir.
+const LockTimeout = 2 * time.Second
+
+// The state bucket holds the clean-close marker: "open" from OpenDB until
+// CloseDB, so the next OpenDB knows whether the last stop was clean.
+var (
+	bucketState = []byte("uplink.state")
+	keyOpen     = []byte("open")
+)
+
+// errCorrupt marks a state file that failed its consistency check.
+var errCorrupt = errors.New("state file corrupt")
+
+// OpenDB opens (or creates) the gateway's bbolt state file at path. It
+// waits at most LockTimeout for the file lock. After an unclean stop (the
+// file was not closed with CloseDB) it checks the whole file; a file that
+// cannot be opened as a bbolt database or fails the check is renamed to
+// path+".corrupt-<unix seconds>", logged at ERROR, and replaced by a fresh
+// empty file, so that a damaged file costs its contents but never a crash
+// loop.
+func OpenDB(path string, logger *slog.Logger) (*bolt.DB, error) {
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	db, err := openChecked(path, logger)
+	if !errors.Is(err, errCorrupt) {
+		return db, err
+	}
+	aside := fmt.Sprintf("%s.corrupt-%d", path, time.Now().Unix())
+	if rerr := os.Rename(path, aside); rerr != nil {
+		return nil, fmt.Errorf("uplink: move corrupt state file aside: %w (after: %w)", rerr, err)
+	}
+	logger.Error("STATE FILE CORRUPT: moved it aside and starting with an empty one; its outbox and gateway epoch are lost",
+		"path", path, "moved_to", aside, "err", err)
+	return openChecked(path, logger)
+}
+
+// CloseDB marks the state file cleanly closed and closes it, so that the
+// next OpenDB skips the full check.
+func CloseDB(db *bolt.DB) error {
+	err := db.Update(func(tx *bolt.Tx) error {
+		b, err := tx.CreateBucketIfNotExists(bucketState)
+		if err != nil {
+			return err
+		}
+		return b.Put(keyOpen, []byte{0})
+	})
+	if cerr := db.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("uplink: close state file: %w", err)
+	}
+	return nil
+}
+
+// openChecked opens path, checks it unless it was closed cleanly, and
+// marks it open. Failures that mean the file's content is damaged wrap
+// errCorrupt; others (permissions, the lock held elsewhere) do not.
+func openChecked(path string, logger *slog.Logger) (db *bolt.DB, err error) {
+	defer func() {
+		// bbolt panics on some damaged pages while loading the file. The
+		// half-open handle is left alone (closing it could wait forever on
+		// the panicked transaction); the file is renamed and reopened anew.
+		if r := recover(); r != nil {
+			db, err = nil, fmt.Errorf("%w: open %s: panic: %v", errCorrupt, path, r)
+		}
+	}()
+	fi, statErr := os.Stat(path)
+	fresh := statErr != nil || fi.Size() == 0
+	db, err = bolt.Open(path, 0o600, &bolt.Options{Timeout: LockTimeout})
+	switch {
+	case errors.Is(err, berrors.ErrInvalid), errors.Is(err, berrors.ErrChecksum), errors.Is(err, berrors.ErrVersionMismatch):
+		return nil, fmt.Errorf("%w: open %s: %w", errCorrupt, path, err)
+	case err != nil:
+		return nil, fmt.Errorf("uplink: open state file %s: %w", path, err)
+	}
+	clean := fresh
+	if err := db.View(func(tx *bolt.Tx) error {
+		if b := tx.Bucket(bucketState); b != nil {
+			v := b.Get(keyOpen)
+			clean = len(v) == 1 && v[0] == 0
+		}
+		return nil
+	}); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("%w: read %s: %w", errCorrupt, path, err)
+	}
+	if !clean {
+		start := time.Now()
+		if err := check(db); err != nil {
+			db.Close()
+			return nil, fmt.Errorf("%w: check %s: %w", errCorrupt, path, err)
+		}
+		logger.Info("state file checked after an unclean stop", "path", path, "took", time.Since(start))
+	}
+	if err := db.Update(func(tx *bolt.Tx) error {
+		b, err := tx.CreateBucketIfNotExists(bucketState)
+		if err != nil {
+			return err
+		}
+		return b.Put(keyOpen, []byte{1})
+	}); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("uplink: mark state file open: %w", err)
+	}
+	return db, nil
+}
+
+// check runs bbolt's consistency check over the whole file and returns
+// the first few problems it found.
+func check(db *bolt.DB) error {
+	var errs []error
+	err := db.View(func(tx *bolt.Tx) error {
+		for err := range tx.Check() {
+			if len(errs) < 5 {
+				errs = append(errs, err)
+			}
+		}
+		return nil
+	})
+	return errors.Join(append(errs, err)...)
+}

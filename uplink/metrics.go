@@ -1,0 +1,89 @@
+package uplink
+
+import (
+	"github.com/fleetgate/fleetgate/gateway"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics are the uplink's Prometheus series (no device labels).
+type metrics struct {
+	written      *prometheus.CounterVec // by kind
+	flushes      prometheus.Counter
+	flushErrors  prometheus.Counter
+	flushSeconds prometheus.Histogram
+	dropped      *prometheus.CounterVec // outbox drops by reason
+	refused      *prometheus.CounterVec // writes the store refused, by reason
+}
+
+func newMetrics(u *Uplink, reg prometheus.Registerer) *metrics {
+	m := &metrics{
+		written: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "fleetgate_renewals_written_total",
+			Help: "Session writes the central store acknowledged (flushed or replayed), by kind.",
+		}, []string{"kind"}),
+		flushes: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "fleetgate_flushes_total",
+			Help: "Batches sent to the central store (one store call per shard and batch, flushes and outbox replay).",
+		}),
+		flushErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "fleetgate_flush_errors_total",
+			Help: "Batches the central store did not acknowledge.",
+		}),
+		flushSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "fleetgate_flush_duration_seconds",
+			Help:    "Duration of one batch call to the central store.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
+		}),
+		dropped: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "fleetgate_outbox_dropped_total",
+			Help: "Writes dropped from the outbox: overflow (oldest entries over outbox_max_sessions) or lapsed (lease ran out before replay).",
+		}, []string{"reason"}),
+		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "fleetgate_uplink_refused_total",
+			Help: "Writes the central store refused and that were dropped: fenced (a newer process of this gateway exists) or rejected (a bug: bad or wrong shard).",
+		}, []string{"reason"}),
+	}
+	for _, k := range []gateway.Kind{gateway.Connect, gateway.Renew, gateway.Leave} {
+		m.written.WithLabelValues(k.String())
+	}
+	for _, r := range []string{reasonOverflow, reasonLapsed} {
+		m.dropped.WithLabelValues(r)
+	}
+	for _, r := range []string{reasonFenced, reasonRejected} {
+		m.refused.WithLabelValues(r)
+	}
+	if reg == nil {
+		return m
+	}
+	reg.MustRegister(m.written, m.flushes, m.flushErrors, m.flushSeconds, m.dropped, m.refused,
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "fleetgate_outbox_sessions",
+			Help: "Sessions buffered in the outbox.",
+		}, func() float64 { return float64(u.ob.Len()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "fleetgate_outbox_oldest_age_seconds",
+			Help: "Age of the oldest evidence buffered in the outbox (0 when empty).",
+		}, func() float64 { return u.outboxOldest().Seconds() }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "fleetgate_uplink_up",
+			Help: "1 while the central store answers, 0 while the uplink is down.",
+		}, func() float64 {
+			if u.isUp() {
+				return 1
+			}
+			return 0
+		}),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "fleetgate_uplink_pending",
+			Help: "Writes waiting in the batcher's queues.",
+		}, func() float64 { return float64(u.pending()) }),
+	)
+	return m
+}
+
+const (
+	reasonOverflow = "overflow"
+	reasonLapsed   = "lapsed"
+	reasonFenced   = "fenced"
+	reasonRejected = "rejected"
+)

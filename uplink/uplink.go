@@ -1,0 +1,481 @@
+// Package uplink carries the gateway's session writes to the central
+// store (DESIGN §2 points 3–4): a batcher that coalesces pending writes
+// per session and flushes them per shard every flush interval or at
+// max_batch, with a bounded queue that pushes back on the session table;
+// a bbolt outbox that buffers what the store could not take, coalesced
+// per session and bounded, and replays it once the store answers; and the
+// uplink's health (up/down, probed with jittered backoff).
+//
+// Order per session is kept across an outage: while the outbox holds
+// anything, new writes go through it too, so an older buffered write never
+// overtakes a newer one.
+package uplink
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/fleetgate/fleetgate/gateway"
+	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sync/errgroup"
+)
+
+// Defaults for Options fields left zero.
+const (
+	DefaultLease         = 90 * time.Second
+	DefaultFlushInterval = time.Second
+	DefaultMaxBatch      = 1000
+	DefaultTimeout       = 3 * time.Second
+	DefaultProbeMin      = 100 * time.Millisecond
+	DefaultProbeMax      = 10 * time.Second
+)
+
+// Options configure an Uplink.
+type Options struct {
+	// Gateway and Epoch identify this process in every batch (fencing).
+	Gateway string
+	Epoch   uint64
+
+	Lease         time.Duration
+	FlushInterval time.Duration
+	// MaxBatch bounds the writes of one store call; a shard holding that
+	// many pending writes is flushed at once. Values below 2 are raised
+	// to 2 (a session's leave and its later connect travel together).
+	MaxBatch int
+	// QueueLimit is the pending writes per shard at which Enqueue blocks
+	// (backpressure); default 4*MaxBatch, never below MaxBatch.
+	QueueLimit int
+	// Timeout bounds one store call (Apply, or Now when probing) and the
+	// final flush of Run.
+	Timeout time.Duration
+	// ProbeMin and ProbeMax bound the jittered exponential backoff between
+	// probes of a down store.
+	ProbeMin, ProbeMax time.Duration
+
+	Clock      gateway.Clock
+	Logger     *slog.Logger
+	Registerer prometheus.Registerer
+}
+
+// Uplink batches writes to the store and buffers them in the outbox while
+// the store is down. Its goroutines run inside Run.
+type Uplink struct {
+	store  gateway.Store
+	ob     *Outbox
+	shards int
+	gw     string
+	epoch  uint64
+	clock  gateway.Clock
+	log    *slog.Logger
+	m      *metrics
+
+	timeout            time.Duration
+	probeMin, probeMax time.Duration
+	queueLimitOpt      int
+
+	tmu sync.Mutex
+	tm  timing
+
+	queues []*queue
+	kick   chan struct{} // a shard reached MaxBatch, or the timing changed
+	wake   chan struct{} // the health loop has work: down, or outbox filled
+
+	// sendMu serializes flushes and replay rounds, so that the choice
+	// between store and outbox and the order per session hold.
+	sendMu sync.Mutex
+
+	hmu      sync.Mutex
+	up       bool
+	since    time.Time
+	lastErr  error
+	lapsed   atomic.Uint64
+	overflow atomic.Uint64
+	fenced   atomic.Uint64
+	rejected atomic.Uint64
+}
+
+type timing struct {
+	lease      time.Duration
+	interval   time.Duration
+	maxBatch   int
+	queueLimit int
+}
+
+var _ gateway.Uplink = (*Uplink)(nil)
+
+// New returns an uplink to store that buffers in ob. Call Run to start
+// its flush and health loops.
+func New(store gateway.Store, ob *Outbox, o Options) *Uplink {
+	if o.Clock == nil {
+		o.Clock = gateway.SystemClock{}
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	if o.Timeout <= 0 {
+		o.Timeout = DefaultTimeout
+	}
+	if o.ProbeMin <= 0 {
+		o.ProbeMin = DefaultProbeMin
+	}
+	if o.ProbeMax < o.ProbeMin {
+		o.ProbeMax = max(DefaultProbeMax, o.ProbeMin)
+	}
+	u := &Uplink{
+		store:         store,
+		ob:            ob,
+		shards:        store.Shards(),
+		gw:            o.Gateway,
+		epoch:         o.Epoch,
+		clock:         o.Clock,
+		log:           o.Logger.With("gateway", o.Gateway),
+		timeout:       o.Timeout,
+		probeMin:      o.ProbeMin,
+		probeMax:      o.ProbeMax,
+		queueLimitOpt: o.QueueLimit,
+		kick:          make(chan struct{}, 1),
+		wake:          make(chan struct{}, 1),
+		up:            true,
+		since:         o.Clock.Now(),
+	}
+	u.tm = u.makeTiming(o.Lease, o.FlushInterval, o.MaxBatch)
+	u.queues = make([]*queue, u.shards)
+	for i := range u.queues {
+		u.queues[i] = newQueue()
+	}
+	u.m = newMetrics(u, o.Registerer)
+	return u
+}
+
+func (u *Uplink) makeTiming(lease, interval time.Duration, maxBatch int) timing {
+	if lease <= 0 {
+		lease = DefaultLease
+	}
+	if interval <= 0 {
+		interval = DefaultFlushInterval
+	}
+	if maxBatch <= 0 {
+		maxBatch = DefaultMaxBatch
+	}
+	maxBatch = max(maxBatch, 2)
+	limit := u.queueLimitOpt
+	if limit <= 0 {
+		limit = 4 * maxBatch
+	}
+	return timing{lease: lease, interval: interval, maxBatch: maxBatch, queueLimit: max(limit, maxBatch)}
+}
+
+// SetTiming changes the lease, flush interval and batch size (SIGHUP
+// reload); zero values take the defaults. It applies from the next flush.
+func (u *Uplink) SetTiming(lease, flush time.Duration, maxBatch int) {
+	t := u.makeTiming(lease, flush, maxBatch)
+	u.tmu.Lock()
+	u.tm = t
+	u.tmu.Unlock()
+	u.signal(u.kick)
+}
+
+func (u *Uplink) timing() timing {
+	u.tmu.Lock()
+	defer u.tmu.Unlock()
+	return u.tm
+}
+
+func (u *Uplink) signal(ch chan struct{}) {
+	select {
+	case ch <- struct{}{}:
+	default:
+	}
+}
+
+// Enqueue queues ev for the next flush of its shard, coalesced with what
+// its session already has pending. It blocks while the shard's queue is
+// at QueueLimit, until a flush makes room or ctx is done (then the error
+// wraps both gateway.ErrOverloaded and ctx.Err()).
+func (u *Uplink) Enqueue(ctx context.Context, ev gateway.Evidence) error {
+	if ev.Kind < gateway.Connect || ev.Kind > gateway.Leave {
+		return fmt.Errorf("uplink: enqueue %s/%s: unknown evidence %v", ev.Device, ev.Session, ev.Kind)
+	}
+	q := u.queues[gateway.ShardOf(ev.Device, u.shards)]
+	for {
+		t := u.timing()
+		_, ok, space := q.tryAdd(ev, t.queueLimit)
+		if ok {
+			if q.pending() >= t.maxBatch {
+				u.signal(u.kick)
+			}
+			return nil
+		}
+		u.signal(u.kick)
+		select {
+		case <-space:
+		case <-ctx.Done():
+			return fmt.Errorf("uplink: enqueue: %w: %w", gateway.ErrOverloaded, ctx.Err())
+		}
+	}
+}
+
+// Run flushes every flush interval (or when a shard reaches MaxBatch),
+// watches the store's health and replays the outbox, until ctx is done;
+// then it does a final flush, to the store or the outbox, bounded by
+// Options.Timeout. It returns only the final flush's error.
+func (u *Uplink) Run(ctx context.Context) error {
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error { u.flushLoop(gctx); return nil })
+	g.Go(func() error { u.healthLoop(gctx); return nil })
+	_ = g.Wait()
+	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), u.timeout)
+	defer cancel()
+	return u.Flush(fctx)
+}
+
+func (u *Uplink) flushLoop(ctx context.Context) {
+	for {
+		t := u.clock.NewTimer(u.timing().interval)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C():
+		case <-u.kick:
+			t.Stop()
+		}
+		if err := u.flushOnce(ctx); err != nil && ctx.Err() == nil {
+			u.log.Error("uplink flush failed; writes stay queued", "err", err)
+		}
+	}
+}
+
+// Flush sends everything pending now: to the store, or to the outbox
+// while the store is down or the outbox is not yet replayed. An error
+// means writes could be neither sent nor buffered; they stay queued.
+func (u *Uplink) Flush(ctx context.Context) error {
+	t := u.timing()
+	rounds := t.queueLimit/t.maxBatch + 2
+	for range rounds {
+		if err := u.flushOnce(ctx); err != nil {
+			return err
+		}
+		if u.pending() == 0 {
+			return nil
+		}
+	}
+	return nil
+}
+
+// flushOnce takes up to MaxBatch writes per shard and makes one store
+// call per shard, concurrently; what fails goes to the outbox in one
+// transaction. While the uplink is down or the outbox holds entries it
+// moves everything pending to the outbox instead.
+func (u *Uplink) flushOnce(ctx context.Context) error {
+	u.sendMu.Lock()
+	defer u.sendMu.Unlock()
+	t := u.timing()
+	toOutbox := !u.isUp() || u.ob.Len() > 0
+	limit := t.maxBatch
+	if toOutbox {
+		limit = math.MaxInt
+	}
+	taken := make([][]item, u.shards)
+	total := 0
+	for i, q := range u.queues {
+		var n int
+		taken[i], n = q.take(limit)
+		total += n
+	}
+	if total == 0 {
+		return nil
+	}
+	var failed []item
+	if toOutbox {
+		for _, items := range taken {
+			failed = append(failed, items...)
+		}
+	} else {
+		failed = u.send(ctx, t, taken)
+	}
+	if len(failed) > 0 {
+		if err := u.buffer(failed); err != nil {
+			u.restore(failed)
+			return err
+		}
+	}
+	for _, q := range u.queues {
+		if q.pending() >= t.maxBatch {
+			u.signal(u.kick)
+			break
+		}
+	}
+	return nil
+}
+
+// send makes one store call per shard with items, concurrently, and
+// returns the items of the calls that failed for want of the store.
+func (u *Uplink) send(ctx context.Context, t timing, taken [][]item) (failed []item) {
+	var (
+		mu    sync.Mutex
+		wg    sync.WaitGroup
+		first error
+	)
+	for shard, items := range taken {
+		if len(items) == 0 {
+			continue
+		}
+		wg.Go(func() {
+			tws := appendWrites(nil, items)
+			err := u.apply(ctx, t, shard, false, tws)
+			if err == nil || u.refused(err, shard, len(tws)) {
+				return
+			}
+			mu.Lock()
+			failed = append(failed, items...)
+			if first == nil {
+				first = err
+			}
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	if first != nil {
+		u.markDown(first)
+	}
+	return failed
+}
+
+// apply sends one batch, ages computed now, and accounts for it.
+func (u *Uplink) apply(ctx context.Context, t timing, shard int, replay bool, tws []timedWrite) error {
+	ctx, cancel := context.WithTimeout(ctx, u.timeout)
+	defer cancel()
+	start := time.Now()
+	b := gateway.Batch{Gateway: u.gw, Epoch: u.epoch, Lease: t.lease, Replay: replay, Writes: withAges(tws, u.clock.Now())}
+	_, err := u.store.Apply(ctx, shard, b)
+	u.m.flushes.Inc()
+	u.m.flushSeconds.Observe(time.Since(start).Seconds())
+	if err != nil {
+		u.m.flushErrors.Inc()
+		return fmt.Errorf("uplink: apply shard %d: %w", shard, err)
+	}
+	for _, w := range b.Writes {
+		u.m.written.WithLabelValues(w.Kind.String()).Inc()
+	}
+	return nil
+}
+
+// refused reports whether err means the store refused the batch for good,
+// which is then dropped (logged and counted) rather than buffered: a
+// fenced epoch (this process is stale) or a shard bug.
+func (u *Uplink) refused(err error, shard, writes int) bool {
+	switch {
+	case errors.Is(err, gateway.ErrFenced):
+		u.fenced.Add(uint64(writes))
+		u.m.refused.WithLabelValues(reasonFenced).Add(float64(writes))
+		u.log.Error("STORE FENCED THIS GATEWAY EPOCH: a newer process of this gateway is writing; dropping batch",
+			"epoch", u.epoch, "shard", shard, "writes", writes, "err", err)
+		return true
+	case errors.Is(err, gateway.ErrWrongShard), errors.Is(err, gateway.ErrBadShard):
+		u.rejected.Add(uint64(writes))
+		u.m.refused.WithLabelValues(reasonRejected).Add(float64(writes))
+		u.log.Error("store rejected batch as misrouted (a bug); dropping it", "shard", shard, "writes", writes, "err", err)
+		return true
+	}
+	return false
+}
+
+// buffer puts items into the outbox and wakes the health loop.
+func (u *Uplink) buffer(items []item) error {
+	evicted, err := u.ob.put(items)
+	if err != nil {
+		return err
+	}
+	if evicted > 0 {
+		u.overflow.Add(uint64(evicted))
+		u.m.dropped.WithLabelValues(reasonOverflow).Add(float64(evicted))
+		u.log.Warn("outbox full: dropped the oldest entries", "writes", evicted, "max_sessions", u.ob.max)
+	}
+	u.signal(u.wake)
+	return nil
+}
+
+// restore puts items that could be neither sent nor buffered back into
+// their queues.
+func (u *Uplink) restore(items []item) {
+	perShard := make(map[int][]item)
+	for _, it := range items {
+		sh := gateway.ShardOf(it.device, u.shards)
+		perShard[sh] = append(perShard[sh], it)
+	}
+	for sh, its := range perShard {
+		u.queues[sh].restore(its)
+	}
+}
+
+func (u *Uplink) pending() int {
+	n := 0
+	for _, q := range u.queues {
+		n += q.pending()
+	}
+	return n
+}
+
+// Status is the uplink's state for /v1/status.
+type Status struct {
+	// Up is false while the store does not answer; Since is when Up last
+	// changed, LastError why it went down.
+	Up        bool
+	Since     time.Time
+	LastError string
+	// OutboxSessions is the outbox's entries; OutboxOldest the age of the
+	// oldest evidence in it (0 when empty).
+	OutboxSessions int
+	OutboxOldest   time.Duration
+	// Pending is the writes waiting in the batcher.
+	Pending int
+	Dropped Dropped
+}
+
+// Dropped counts writes given up, by reason.
+type Dropped struct {
+	// Overflow: oldest outbox entries dropped over outbox_max_sessions.
+	Overflow uint64
+	// Lapsed: outbox evidence whose lease ran out before it was replayed.
+	Lapsed uint64
+	// Fenced: refused by the store because a newer epoch of this gateway
+	// exists.
+	Fenced uint64
+	// Rejected: refused by the store as misrouted (a bug).
+	Rejected uint64
+}
+
+// Status reports the uplink's state.
+func (u *Uplink) Status() Status {
+	u.hmu.Lock()
+	s := Status{Up: u.up, Since: u.since}
+	if u.lastErr != nil {
+		s.LastError = u.lastErr.Error()
+	}
+	u.hmu.Unlock()
+	s.OutboxSessions = u.ob.Len()
+	s.OutboxOldest = u.outboxOldest()
+	s.Pending = u.pending()
+	s.Dropped = Dropped{
+		Overflow: u.overflow.Load(),
+		Lapsed:   u.lapsed.Load(),
+		Fenced:   u.fenced.Load(),
+		Rejected: u.rejected.Load(),
+	}
+	return s
+}
+
+func (u *Uplink) outboxOldest() time.Duration {
+	o := u.ob.Oldest()
+	if o.IsZero() {
+		return 0
+	}
+	return max(u.clock.Now().Sub(o), 0)
+}
