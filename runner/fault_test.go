@@ -1,0 +1,214 @@
+package runner
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"os/signal"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/fleetgate/fleetgate/gateway"
+	"github.com/fleetgate/fleetgate/internal/redistest"
+	redisstore "github.com/fleetgate/fleetgate/uplink/redis"
+)
+
+// The fault test re-executes this test binary as a runner process; these
+// environment variables make TestMain run the child instead of the tests.
+const (
+	envChildAddr  = "FLEETGATE_RUNNER_CHILD_ADDR"
+	envChildOwner = "FLEETGATE_RUNNER_CHILD_OWNER"
+)
+
+// The fault test's runner settings, shared by the children and the final
+// runner: short leases so that a killed runner's shards come free fast,
+// and a small batch so that reaping takes many calls to be killed between.
+const (
+	faultPrefix   = "fg-fault"
+	faultShards   = 16
+	faultLockTTL  = 300 * time.Millisecond
+	faultInterval = 100 * time.Millisecond
+	faultBatch    = 10
+	faultDevices  = 2000
+	faultKills    = 10
+)
+
+func TestMain(m *testing.M) {
+	if addr := os.Getenv(envChildAddr); addr != "" {
+		os.Exit(runChild(addr, os.Getenv(envChildOwner)))
+	}
+	os.Exit(m.Run())
+}
+
+// runChild runs a runner on the Redis store at addr with the system
+// clock until it is killed (or interrupted).
+func runChild(addr, owner string) int {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	c := redis.NewClient(&redis.Options{Addr: addr})
+	defer c.Close()
+	s, err := redisstore.Open(ctx, c, redisstore.Options{Prefix: faultPrefix, Shards: faultShards, Logger: log})
+	if err != nil {
+		log.Error("child: open store", "err", err)
+		return 1
+	}
+	defer s.Close()
+	r := New(s, Options{Owner: owner, Interval: faultInterval, Batch: faultBatch, LockTTL: faultLockTTL, Logger: log})
+	if err := r.Run(ctx); err != nil {
+		log.Error("child: run", "err", err)
+		return 1
+	}
+	return 0
+}
+
+// startChild starts a runner process owned by owner; its stderr goes to
+// stderr.
+func startChild(t *testing.T, addr, owner string, stderr *bytes.Buffer) *exec.Cmd {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), envChildAddr+"="+addr, envChildOwner+"="+owner)
+	cmd.Stderr = stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start runner child: %v", err)
+	}
+	return cmd
+}
+
+// A runner killed (SIGKILL) between any two steps loses no offline event:
+// the entry it was about to reap is still in the deadline index, and the
+// next runner reaps it (DESIGN §5 invariant 7).
+func TestKilledRunnerLosesNoOfflineEvent(t *testing.T) {
+	srv := redistest.Start(t)
+	client := srv.Client(t)
+	ctx := t.Context()
+	s, err := redisstore.Open(ctx, client, redisstore.Options{Prefix: faultPrefix, Shards: faultShards, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatalf("open redis store: %v", err)
+	}
+
+	// Leases from 300ms to 3.2s, so that entries fall due all through
+	// the kills.
+	ids := deviceIDs("dev", faultDevices)
+	const classes = 30
+	for c := range classes {
+		var group []gateway.DeviceID
+		for i := c; i < len(ids); i += classes {
+			group = append(group, ids[i])
+		}
+		connect(t, s, group, 300*time.Millisecond+time.Duration(c)*100*time.Millisecond)
+	}
+
+	seed := uint64(time.Now().UnixNano())
+	t.Logf("seed %d", seed)
+	rng := rand.New(rand.NewPCG(seed, seed))
+	logs := make([]*bytes.Buffer, faultKills)
+	t.Cleanup(func() {
+		if t.Failed() {
+			for i, b := range logs {
+				if b != nil && b.Len() > 0 {
+					t.Logf("child %d stderr:\n%s", i, b)
+				}
+			}
+		}
+	})
+	for i := range faultKills {
+		logs[i] = &bytes.Buffer{}
+		cmd := startChild(t, srv.Addr, fmt.Sprintf("child-%d", i), logs[i])
+		wait := 30*time.Millisecond + time.Duration(rng.Int64N(int64(600*time.Millisecond)))
+		<-time.After(wait)
+		if err := cmd.Process.Kill(); err != nil {
+			t.Fatalf("kill child %d: %v", i, err)
+		}
+		if err := cmd.Wait(); err == nil {
+			t.Fatalf("child %d exited cleanly before its kill after %v", i, wait)
+		}
+	}
+	byChildren := countOffline(t, s)
+
+	// A last runner finishes the work the killed ones left.
+	var final events
+	r := New(s, Options{Owner: "final", Interval: faultInterval, Batch: faultBatch, LockTTL: faultLockTTL, OnEvent: final.add})
+	stop := start(t, r)
+	waitFor(t, "an empty deadline index", func() bool { return indexSize(t, client) == 0 })
+	stop()
+	t.Logf("offline events: %d by %d killed runners, %d by the final one", byChildren, faultKills, final.len())
+	if byChildren == 0 {
+		t.Errorf("the killed runners reaped nothing: the kills did not hit a working runner")
+	}
+
+	// Every device: online ver 1, then exactly one offline ver 2.
+	got := make(map[gateway.DeviceID][]gateway.Event)
+	for shard := range faultShards {
+		for _, ev := range readLog(t, s, shard) {
+			got[ev.Device] = append(got[ev.Device], ev)
+		}
+	}
+	for _, id := range ids {
+		evs := got[id]
+		if len(evs) != 2 || evs[0].State != gateway.Online || evs[0].Ver != 1 ||
+			evs[1].State != gateway.Offline || evs[1].Ver != 2 || evs[1].Reason != gateway.ReasonExpired {
+			t.Fatalf("device %s: events %+v, want online ver 1 then one offline ver 2 (expired)", id, evs)
+		}
+	}
+	if len(got) != len(ids) {
+		t.Fatalf("events for %d devices, want %d", len(got), len(ids))
+	}
+}
+
+// indexSize is the number of entries left in every shard's deadline index.
+func indexSize(t *testing.T, c *redis.Client) int64 {
+	t.Helper()
+	var n int64
+	for shard := range faultShards {
+		k, err := c.ZCard(t.Context(), fmt.Sprintf("{%s:%d}:exp", faultPrefix, shard)).Result()
+		if err != nil {
+			t.Fatalf("zcard shard %d: %v", shard, err)
+		}
+		n += k
+	}
+	return n
+}
+
+// countOffline counts the offline events in every shard's log.
+func countOffline(t *testing.T, s gateway.Store) int {
+	t.Helper()
+	n := 0
+	for shard := range s.Shards() {
+		for _, ev := range readLog(t, s, shard) {
+			if ev.State == gateway.Offline {
+				n++
+			}
+		}
+	}
+	return n
+}
+
+// readLog reads a shard's whole event log.
+func readLog(t *testing.T, s gateway.Store, shard int) []gateway.Event {
+	t.Helper()
+	const page, maxPages = 500, 1000
+	var all []gateway.Event
+	after := "0"
+	for range maxPages {
+		evs, err := s.Events(t.Context(), shard, after, page)
+		if err != nil {
+			t.Fatalf("events of shard %d after %s: %v", shard, after, err)
+		}
+		if len(evs) == 0 {
+			return all
+		}
+		all = append(all, evs...)
+		after = evs[len(evs)-1].ID
+	}
+	t.Fatalf("shard %d: more than %d pages of events", shard, maxPages)
+	return nil
+}
