@@ -111,8 +111,8 @@ func TestParseAliases(t *testing.T) {
 
 func TestParseGatewayIDDefaultsToHost(t *testing.T) {
 	for _, tc := range []struct {
-		yml string
-		env []string
+		yml  string
+		env  []string
 		want string
 	}{
 		{"gateway:\n  id: site-b-2\n", nil, "site-b-2"},
