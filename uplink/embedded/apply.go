@@ -67,7 +67,7 @@ func (s *Store) checkBatch(shard int, b *gateway.Batch) error {
 		switch w.Kind {
 		case gateway.Connect, gateway.Renew, gateway.Leave:
 		default:
-			return fmt.Errorf("write %d: device %s: %v", i, w.Device, w.Kind)
+			return fmt.Errorf("write %d: device %s: unknown %v", i, w.Device, w.Kind)
 		}
 		if w.Session == "" {
 			return fmt.Errorf("write %d: device %s: empty session", i, w.Device)
