@@ -1,0 +1,242 @@
+package coap
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/plgd-dev/go-coap/v3/message"
+	"github.com/plgd-dev/go-coap/v3/message/codes"
+	"github.com/plgd-dev/go-coap/v3/message/pool"
+	"github.com/plgd-dev/go-coap/v3/options"
+	"github.com/plgd-dev/go-coap/v3/pkg/runner/periodic"
+	"github.com/plgd-dev/go-coap/v3/udp"
+	udpClient "github.com/plgd-dev/go-coap/v3/udp/client"
+	"github.com/plgd-dev/go-coap/v3/udp/coder"
+
+	"github.com/fleetgate/fleetgate/gateway"
+)
+
+// recorder is the test's observation point: it records the evidence the
+// front end hands over and answers with err.
+type recorder struct {
+	mu  sync.Mutex
+	evs []gateway.Evidence
+	err error
+}
+
+var _ gateway.Observer = (*recorder)(nil)
+
+func (r *recorder) Observe(_ context.Context, ev gateway.Evidence) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.err != nil {
+		return r.err
+	}
+	r.evs = append(r.evs, ev)
+	return nil
+}
+
+func (r *recorder) setErr(err error) {
+	r.mu.Lock()
+	r.err = err
+	r.mu.Unlock()
+}
+
+func (r *recorder) evidence() []gateway.Evidence {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]gateway.Evidence(nil), r.evs...)
+}
+
+// testLogger writes debug logs to stderr when COAP_TEST_LOG is set.
+func testLogger() *slog.Logger {
+	if os.Getenv("COAP_TEST_LOG") == "" {
+		return nil
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+}
+
+// startServer runs a server on a free loopback port until the test ends,
+// and checks that Serve then returned nil.
+func startServer(t testing.TB, obs gateway.Observer, o Options) *Server {
+	t.Helper()
+	if o.Addr == "" {
+		o.Addr = "127.0.0.1:0"
+	}
+	if o.HeartbeatInterval == 0 {
+		o.HeartbeatInterval = 30 * time.Second
+	}
+	if o.Logger == nil {
+		o.Logger = testLogger()
+	}
+	s, err := New(obs, o)
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	served := make(chan error, 1)
+	go func() { served <- s.Serve(context.Background()) }()
+	t.Cleanup(func() {
+		if err := s.Close(); err != nil {
+			t.Errorf("Close: %v", err)
+		}
+		select {
+		case err := <-served:
+			if err != nil {
+				t.Errorf("Serve: %v", err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Errorf("Serve did not return after Close")
+		}
+	})
+	return s
+}
+
+// dial opens a go-coap UDP client to s whose background goroutines end
+// with the test.
+func dial(t testing.TB, s *Server) *udpClient.Conn {
+	t.Helper()
+	stop := make(chan struct{})
+	cc, err := udp.Dial(s.Addr().String(),
+		options.WithPeriodicRunner(periodic.New(stop, time.Second)),
+		options.WithErrors(func(error) {}))
+	if err != nil {
+		t.Fatalf("dial: %v", err)
+	}
+	t.Cleanup(func() {
+		_ = cc.Close()
+		close(stop)
+	})
+	return cc
+}
+
+// request sends one request and returns the response code, Max-Age
+// (-1 when absent), type and payload.
+type reply struct {
+	code    codes.Code
+	maxAge  int64
+	typ     message.Type
+	payload string
+}
+
+func request(t testing.TB, cc *udpClient.Conn, typ message.Type, code codes.Code, path string, queries ...string) reply {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	req := cc.AcquireMessage(ctx)
+	defer cc.ReleaseMessage(req)
+	token, err := cc.GetToken()
+	if err != nil {
+		t.Fatalf("token: %v", err)
+	}
+	req.SetCode(code)
+	req.SetToken(token)
+	req.SetType(typ)
+	if err := req.SetPath(path); err != nil {
+		t.Fatalf("path: %v", err)
+	}
+	for _, q := range queries {
+		req.AddQuery(q)
+	}
+	resp, err := cc.Do(req)
+	if err != nil {
+		t.Fatalf("%v %s %v: %v", code, path, queries, err)
+	}
+	defer cc.ReleaseMessage(resp)
+	r := reply{code: resp.Code(), maxAge: -1, typ: resp.Type()}
+	if v, err := resp.GetOptionUint32(message.MaxAge); err == nil {
+		r.maxAge = int64(v)
+	}
+	if body, err := resp.ReadBody(); err == nil {
+		r.payload = string(body)
+	}
+	return r
+}
+
+// datagram encodes a request the way a device would put it on the wire.
+func datagram(t testing.TB, typ message.Type, code codes.Code, mid uint16, path string, queries ...string) []byte {
+	t.Helper()
+	m := pool.NewMessage(context.Background())
+	m.SetType(typ)
+	m.SetCode(code)
+	m.SetMessageID(int32(mid))
+	m.SetToken(message.Token{0xf1, 0xee, byte(mid >> 8), byte(mid)})
+	if path != "" {
+		if err := m.SetPath(path); err != nil {
+			t.Fatalf("path: %v", err)
+		}
+	}
+	for _, q := range queries {
+		m.AddQuery(q)
+	}
+	b, err := m.MarshalWithEncoder(coder.DefaultCoder)
+	if err != nil {
+		t.Fatalf("marshal: %v", err)
+	}
+	return b
+}
+
+// decode parses a datagram the server sent.
+func decode(t testing.TB, b []byte) *pool.Message {
+	t.Helper()
+	m := pool.NewMessage(context.Background())
+	if _, err := m.UnmarshalWithDecoder(coder.DefaultCoder, b); err != nil {
+		t.Fatalf("decode %x: %v", b, err)
+	}
+	return m
+}
+
+// rawConn is a plain UDP socket towards s, for hand-made datagrams.
+func rawConn(t testing.TB, s *Server) *net.UDPConn {
+	t.Helper()
+	c, err := net.DialUDP("udp", nil, s.Addr().(*net.UDPAddr))
+	if err != nil {
+		t.Fatalf("dial raw: %v", err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// exchange sends b and reads one answer within timeout; ok is false when
+// none came.
+func exchange(t testing.TB, c *net.UDPConn, b []byte, timeout time.Duration) ([]byte, bool) {
+	t.Helper()
+	if _, err := c.Write(b); err != nil {
+		t.Fatalf("write: %v", err)
+	}
+	return readDatagram(t, c, timeout)
+}
+
+func readDatagram(t testing.TB, c *net.UDPConn, timeout time.Duration) ([]byte, bool) {
+	t.Helper()
+	buf := make([]byte, 2048)
+	if err := c.SetReadDeadline(time.Now().Add(timeout)); err != nil {
+		t.Fatalf("deadline: %v", err)
+	}
+	n, err := c.Read(buf)
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		return nil, false
+	}
+	if err != nil {
+		t.Fatalf("read: %v", err)
+	}
+	return buf[:n], true
+}
+
+// eventually polls cond every 10 ms until it holds or d has passed.
+func eventually(t testing.TB, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", d, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
