@@ -47,6 +47,8 @@ func Run(t *testing.T, open Opener) {
 		{"EventsPaging", testEventsPaging},
 		{"ListPaging", testListPaging},
 		{"ShardLock", testShardLock},
+		{"ConcurrentApply", testConcurrentApply},
+		{"ConcurrentReapAndRenew", testConcurrentReapAndRenew},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(t, open) })

@@ -44,8 +44,9 @@ var (
 // and writes from fenced epochs, each run on a fresh store. After every
 // step it compares the store with a reference model: every device's
 // state, deadline, ver and live sessions, and the events the step wrote,
-// as returned and as found in the log. Each run ends by letting every
-// lease run out and reaping, which must leave every device offline.
+// as returned and as found in the log. Each run ends by listing the
+// devices, letting every lease run out and reaping, which must leave every
+// device offline, and listing them by state.
 //
 // The number of runs is rapid's (-rapid.checks, default 100); a run has
 // at most maxSteps steps.
@@ -129,7 +130,10 @@ func (m *machine) run() {
 	for range steps {
 		byName[rapid.SampledFrom(names).Draw(m.t, "action")]()
 	}
+	m.checkList("")
 	m.drain()
+	m.checkList(gateway.Online)
+	m.checkList(gateway.Offline)
 }
 
 func (m *machine) ctx() context.Context { return m.t.Context() }
@@ -256,6 +260,46 @@ func (m *machine) drain() {
 			if md := m.model.devs[d]; md != nil && md.state != gateway.Offline {
 				m.t.Fatalf("model: %s still online after the drain", d)
 			}
+		}
+	}
+}
+
+// checkList pages through List(filter) with a small limit and compares
+// the devices with the model.
+func (m *machine) checkList(filter gateway.State) {
+	limit := rapid.IntRange(1, maxReapLimit).Draw(m.t, "list limit")
+	now := m.clock.Now()
+	seen := map[gateway.DeviceID]bool{}
+	cursor := ""
+	for page := 0; ; page++ {
+		if page == maxPages {
+			m.t.Fatalf("List(%q) did not end after %d pages", filter, maxPages)
+		}
+		p, err := m.store.List(m.ctx(), gateway.ListQuery{State: filter, Cursor: cursor, Limit: limit})
+		if err != nil {
+			m.t.Fatalf("List(%q, cursor %q): %v", filter, cursor, err)
+		}
+		if len(p.Devices) > limit {
+			m.t.Fatalf("List(%q, limit %d) returned %d devices", filter, limit, len(p.Devices))
+		}
+		for _, info := range p.Devices {
+			md := m.model.devs[info.Device]
+			if md == nil || md.ver == 0 || seen[info.Device] || (filter != "" && md.state != filter) {
+				m.t.Fatalf("List(%q) returned %s (%s v%d) unexpectedly (or twice)", filter, info.Device, info.State, info.Ver)
+			}
+			seen[info.Device] = true
+			if diff := diffDevice(info, md.info(info.Device), now); diff != "" {
+				m.t.Fatalf("List(%q) %s: %s", filter, info.Device, diff)
+			}
+		}
+		if p.Next == "" {
+			break
+		}
+		cursor = p.Next
+	}
+	for d, md := range m.model.devs {
+		if md.ver > 0 && (filter == "" || md.state == filter) && !seen[d] {
+			m.t.Fatalf("List(%q) missed %s (%s v%d)", filter, d, md.state, md.ver)
 		}
 	}
 }
