@@ -102,8 +102,10 @@ type RunnerConfig struct {
 	LockTTL Duration `yaml:"lock_ttl"`
 }
 
-// EventsConfig caps the per-shard event streams.
+// EventsConfig caps the event streams.
 type EventsConfig struct {
+	// MaxLen is the approximate number of events kept over all shards;
+	// each shard's stream is capped at MaxLen / presence.shards.
 	MaxLen int `yaml:"max_len"`
 }
 

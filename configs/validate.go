@@ -63,6 +63,10 @@ func (c Config) Validate() error {
 	}
 	p.positive("runner.lock_ttl", c.Runner.LockTTL)
 	p.atLeast("events.max_len", c.Events.MaxLen, MinEventsMaxLen)
+	if c.Events.MaxLen >= MinEventsMaxLen && c.Presence.Shards >= 1 && c.Events.MaxLen < c.Presence.Shards {
+		p.add("events.max_len", "%d is shared by presence.shards %d streams and leaves them no room; raise it to at least %d",
+			c.Events.MaxLen, c.Presence.Shards, c.Presence.Shards)
+	}
 	c.validateListen(&p)
 	c.validatePlugins(&p)
 	if !oneOf(c.Log.Level, "debug", "info", "warn", "error") {

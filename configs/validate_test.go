@@ -52,6 +52,10 @@ func TestValidate(t *testing.T) {
 			"runner.batch: must be between 1 and 10000, got 0"},
 		{"runner batch max", func(c *configs.Config) { c.Runner.Batch = 10000 }, ""},
 		{"events max_len minimum", func(c *configs.Config) { c.Events.MaxLen = 1000 }, ""},
+		{"events max_len below the shard count", func(c *configs.Config) {
+			c.Presence.Shards = 2000
+			c.Events.MaxLen = 1999
+		}, "events.max_len: 1999 is shared by presence.shards 2000 streams and leaves them no room; raise it to at least 2000"},
 		{"listeners disabled", func(c *configs.Config) { c.Listen = configs.ListenConfig{} }, ""},
 		{"port 0 twice is fine", func(c *configs.Config) {
 			c.Listen.MQTT = configs.MQTTListen{TCP: "127.0.0.1:0", TLS: "127.0.0.1:0"}
