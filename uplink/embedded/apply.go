@@ -103,6 +103,7 @@ func fence(tx *bolt.Tx, gw string, epoch uint64) error {
 // bolt transaction: it drops their expired sessions and, for a device
 // left with none, writes its offline event and removes its entry. Next is
 // the earliest deadline left in the shard; More says whether it is due.
+// A limit ≤ 0 handles nothing but still reports More and Next.
 func (s *Store) Reap(ctx context.Context, shard int, limit int) (gateway.ReapResult, error) {
 	const op = "embedded: reap"
 	if err := s.checkShard(ctx, shard); err != nil {
@@ -110,7 +111,6 @@ func (s *Store) Reap(ctx context.Context, shard int, limit int) (gateway.ReapRes
 	}
 	var res gateway.ReapResult
 	err := s.db.Update(func(tx *bolt.Tx) error {
-		res = gateway.ReapResult{}
 		w, err := s.begin(tx, shard)
 		if err != nil {
 			return err

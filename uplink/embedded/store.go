@@ -50,8 +50,11 @@ var _ gateway.Store = (*Store)(nil)
 var errClosed = fmt.Errorf("embedded store closed: %w", gateway.ErrUnavailable)
 
 // defaultLimit is the page size of List and Events when the caller
-// gives none.
-const defaultLimit = 100
+// gives none; maxListLimit bounds a List page.
+const (
+	defaultLimit = 100
+	maxListLimit = 10_000
+)
 
 // Open uses its own top-level buckets (all named with prefix "store.") in
 // db, which the gateway also uses for its epoch and outbox; it does not
@@ -248,8 +251,9 @@ func deviceInfo(id gateway.DeviceID, r *record) gateway.DeviceInfo {
 
 // List pages through devices in (shard, device ID) order, filtered by
 // state. The cursor is "<shard>/<device ID>", the next record to read.
-// One call reads a bounded number of records, so a page with a selective
-// filter may hold fewer devices than the limit while Next is not yet "".
+// One call reads a bounded number of records (and returns at most
+// 10 000), so a page with a selective filter may hold fewer devices than
+// the limit while Next is not yet "".
 func (s *Store) List(ctx context.Context, q gateway.ListQuery) (gateway.ListPage, error) {
 	const op = "embedded: list"
 	if err := s.ready(ctx); err != nil {
@@ -264,6 +268,7 @@ func (s *Store) List(ctx context.Context, q gateway.ListQuery) (gateway.ListPage
 	if limit <= 0 {
 		limit = defaultLimit
 	}
+	limit = min(limit, maxListLimit)
 	startShard, from, err := parseListCursor(q.Cursor, s.shards)
 	if err != nil {
 		return gateway.ListPage{}, fmt.Errorf("%s: %w", op, err)

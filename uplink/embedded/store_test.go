@@ -635,3 +635,38 @@ func TestCorruptRecords(t *testing.T) {
 		}
 	}
 }
+
+// TestListBoundedScan: a selective filter over many records returns
+// short pages with a cursor rather than scanning the whole file at once.
+func TestListBoundedScan(t *testing.T) {
+	f := newFixture(t, Options{Shards: 1})
+	ctx := context.Background()
+	b := batch("gw", 1)
+	for i := range 1200 {
+		d := gateway.DeviceID(fmt.Sprintf("b-%04d", i))
+		b.Writes = append(b.Writes, connect(d, "a", 0))
+		if i != 1100 {
+			b.Writes = append(b.Writes, leave(d, "a", 0))
+		}
+	}
+	f.apply(0, b)
+	q := gateway.ListQuery{State: gateway.Online, Limit: 1}
+	var found []gateway.DeviceID
+	pages := 0
+	for ; pages < 10; pages++ {
+		page, err := f.s.List(ctx, q)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, info := range page.Devices {
+			found = append(found, info.Device)
+		}
+		if page.Next == "" {
+			break
+		}
+		q.Cursor = page.Next
+	}
+	if pages < 1 || len(found) != 1 || found[0] != "b-1100" {
+		t.Fatalf("%d pages found %v, want b-1100 over more than one page", pages+1, found)
+	}
+}
