@@ -104,7 +104,7 @@ func Open(ctx context.Context, c redis.UniversalClient, o Options) (*Store, erro
 		apply:  redis.NewScript(recordLua + applyLua),
 		reap:   redis.NewScript(recordLua + reapLua),
 		view:   redis.NewScript(recordLua + viewLua),
-		lease:  redis.NewScript(leaseLua),
+		lease:  redis.NewScript(recordLua + leaseLua),
 	}
 	for i := 0; i < o.Shards; i++ {
 		tag := fmt.Sprintf("{%s:%d}", o.Prefix, i)
@@ -491,13 +491,14 @@ func streamEvent(shard int, m redis.XMessage) (gateway.Event, error) {
 }
 
 // AcquireShard takes or extends the runner lease of shard for owner
-// ({P:s}:runner, PX ttl); false when another owner holds it.
+// ({P:s}:runner, expiring after ttl on the store clock); false when
+// another owner holds an unexpired lease.
 func (s *Store) AcquireShard(ctx context.Context, shard int, owner string, ttl time.Duration) (bool, error) {
 	if err := s.checkShard("acquire shard", shard); err != nil {
 		return false, err
 	}
 	ms := max(1, ttl.Milliseconds())
-	n, err := s.lease.Run(ctx, s.c, s.keys[shard].runner, "acquire", owner, ms).Int()
+	n, err := s.lease.Run(ctx, s.c, s.keys[shard].runner, "acquire", owner, ms, s.nowArg()).Int()
 	if err != nil {
 		return false, unavailable("acquire shard", err)
 	}
@@ -509,7 +510,7 @@ func (s *Store) ReleaseShard(ctx context.Context, shard int, owner string) error
 	if err := s.checkShard("release shard", shard); err != nil {
 		return err
 	}
-	if err := s.lease.Run(ctx, s.c, s.keys[shard].runner, "release", owner, 0).Err(); err != nil {
+	if err := s.lease.Run(ctx, s.c, s.keys[shard].runner, "release", owner, 0, s.nowArg()).Err(); err != nil {
 		return unavailable("release shard", err)
 	}
 	return nil

@@ -1,18 +1,20 @@
 -- Runner lease of one shard (Store.AcquireShard / ReleaseShard).
--- KEYS[1] {P:s}:runner. ARGV: op ("acquire"|"release"), owner, ttl ms.
--- acquire returns 1 when owner now holds the lease, 0 when another does;
--- release deletes the lease only if owner holds it.
+-- KEYS[1] {P:s}:runner = "<expiry ms> <owner>", judged on the store clock
+-- (record.lua's clock) and also set to expire with PX after the ttl.
+-- ARGV: op ("acquire"|"release"), owner, ttl ms, now ms or "".
+-- acquire returns 1 when owner now holds the lease, 0 when another owner
+-- holds an unexpired one; release deletes the lease only if owner holds it.
 local cur = redis.call('GET', KEYS[1])
+local holder, expiry = nil, 0
+if cur then
+  local sp = string.find(cur, ' ', 1, true)
+  expiry, holder = tonumber(string.sub(cur, 1, sp - 1)), string.sub(cur, sp + 1)
+end
 if ARGV[1] == 'release' then
-  if cur == ARGV[2] then redis.call('DEL', KEYS[1]) end
+  if holder == ARGV[2] then redis.call('DEL', KEYS[1]) end
   return 0
 end
-if not cur then
-  redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
-  return 1
-end
-if cur == ARGV[2] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[3])
-  return 1
-end
-return 0
+local now = clock(ARGV[4])
+if holder and holder ~= ARGV[2] and expiry > now then return 0 end
+redis.call('SET', KEYS[1], string.format('%d', now + tonumber(ARGV[3])) .. ' ' .. ARGV[2], 'PX', ARGV[3])
+return 1
