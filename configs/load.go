@@ -281,8 +281,10 @@ func describe(n *yaml.Node) string {
 			return "no value"
 		}
 		return fmt.Sprintf("%q", n.Value)
+	case yaml.AliasNode:
+		return "an alias"
 	}
-	return "an alias"
+	return "a document"
 }
 
 // suggest returns ` (did you mean "x"?)` for the candidate within edit
