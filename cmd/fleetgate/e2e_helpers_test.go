@@ -1,0 +1,446 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/plgd-dev/go-coap/v3/message"
+	"github.com/plgd-dev/go-coap/v3/message/codes"
+	"github.com/plgd-dev/go-coap/v3/udp"
+	udpClient "github.com/plgd-dev/go-coap/v3/udp/client"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/fleetgate/fleetgate/internal/redistest"
+)
+
+// binary is the fleetgate binary built once by TestMain.
+var binary string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "fleetgate-e2e-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	binary = filepath.Join(dir, "fleetgate")
+	build := exec.Command("go", "build", "-o", binary, ".")
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "build fleetgate:", err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// e2eTiming is short enough for tests and passes the flap rule:
+// lease − renew_every − flush_interval ≥ 2 × heartbeat_interval. The
+// test devices send every heartbeat/2, more often than they are told.
+type e2eTiming struct {
+	lease, heartbeat, renewEvery, flush, runnerInterval time.Duration
+}
+
+var fastTiming = e2eTiming{lease: 4 * time.Second, heartbeat: time.Second, renewEvery: time.Second, flush: 100 * time.Millisecond, runnerInterval: 100 * time.Millisecond}
+
+func freeUDPPort(t *testing.T) int {
+	t.Helper()
+	c, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	return c.LocalAddr().(*net.UDPAddr).Port
+}
+
+// gatewayProc is one `fleetgate run` child process.
+type gatewayProc struct {
+	t        *testing.T
+	id       string
+	config   string
+	coapAddr string
+	admin    string
+	cmd      *exec.Cmd
+	log      *syncBuffer
+	done     chan error
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// newGateway writes a configuration for a gateway called id with its own
+// state directory and loopback ports; redisAddr "" means the embedded store.
+func newGateway(t *testing.T, id, redisAddr string, tm e2eTiming) *gatewayProc {
+	t.Helper()
+	dir := t.TempDir()
+	g := &gatewayProc{
+		t: t, id: id,
+		config:   filepath.Join(dir, "fleetgate.yaml"),
+		coapAddr: fmt.Sprintf("127.0.0.1:%d", freeUDPPort(t)),
+		admin:    fmt.Sprintf("127.0.0.1:%d", redistest.FreePort(t)),
+	}
+	store := "backend: embedded"
+	if redisAddr != "" {
+		store = fmt.Sprintf("backend: redis\n  redis: { addrs: [%q] }", redisAddr)
+	}
+	cfg := fmt.Sprintf(`gateway: { id: %s, state_dir: %q }
+presence: { lease: %s, heartbeat_interval: %s, renew_every: %s, suspect_after: %s, shards: 4 }
+store:
+  %s
+uplink: { flush_interval: %s, max_batch: 1000 }
+runner: { enabled: true, interval: %s, batch: 500, lock_ttl: 1s }
+listen:
+  coap: { udp: %q }
+  mqtt: { tcp: "" }
+  admin: { http: %q }
+auth: { allow_anonymous: true }
+log: { level: debug }
+`, id, filepath.Join(dir, "state"), tm.lease, tm.heartbeat, tm.renewEvery, tm.lease/2, store, tm.flush, tm.runnerInterval, g.coapAddr, g.admin)
+	if err := os.WriteFile(g.config, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		g.kill()
+		if t.Failed() {
+			t.Logf("gateway %s log:\n%s", id, g.logs())
+		}
+	})
+	return g
+}
+
+func (g *gatewayProc) logs() string {
+	if g.log == nil {
+		return ""
+	}
+	return g.log.String()
+}
+
+// start runs the gateway and waits (bounded) until /readyz answers.
+func (g *gatewayProc) start() {
+	g.t.Helper()
+	if g.log == nil {
+		g.log = &syncBuffer{}
+	}
+	g.cmd = exec.Command(binary, "run", "-c", g.config)
+	g.cmd.Env = append(os.Environ(), "FLEETGATE_LOG_FORMAT=text")
+	g.cmd.Stdout, g.cmd.Stderr = g.log, g.log
+	g.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := g.cmd.Start(); err != nil {
+		g.t.Fatalf("start gateway %s: %v", g.id, err)
+	}
+	g.done = make(chan error, 1)
+	go func(c *exec.Cmd, done chan error) { done <- c.Wait() }(g.cmd, g.done)
+	waitFor(g.t, 30*time.Second, "gateway "+g.id+" ready", func() bool {
+		select {
+		case err := <-g.done:
+			g.t.Fatalf("gateway %s exited before it was ready: %v", g.id, err)
+		default:
+		}
+		resp, err := http.Get("http://" + g.admin + "/readyz")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	})
+}
+
+// kill stops the gateway with SIGKILL (no flush, no goodbye).
+func (g *gatewayProc) kill() {
+	if g.cmd == nil || g.cmd.Process == nil {
+		return
+	}
+	_ = g.cmd.Process.Kill()
+	<-g.done
+	g.cmd = nil
+}
+
+// stop sends SIGTERM and expects a clean exit within 20 s.
+func (g *gatewayProc) stop() {
+	g.t.Helper()
+	if err := g.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		g.t.Fatal(err)
+	}
+	select {
+	case err := <-g.done:
+		if err != nil {
+			g.t.Fatalf("gateway %s exited with %v after SIGTERM", g.id, err)
+		}
+	case <-time.After(20 * time.Second):
+		g.t.Fatalf("gateway %s did not stop within 20s of SIGTERM", g.id)
+	}
+	g.cmd = nil
+}
+
+// waitFor polls cond every 20 ms until it holds or limit passes.
+func waitFor(t *testing.T, limit time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(limit)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", limit, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// device is a CoAP device using go-coap's UDP client.
+type device struct {
+	t  *testing.T
+	id string
+}
+
+// heartbeat sends POST /hb?d=<id> to addr and expects 2.04.
+func (d device) heartbeat(addr string) {
+	d.t.Helper()
+	d.do(addr, codes.POST)
+}
+
+// leave sends DELETE /hb?d=<id>.
+func (d device) leave(addr string) { d.do(addr, codes.DELETE) }
+
+func (d device) do(addr string, code codes.Code) {
+	d.t.Helper()
+	cc := dialCoAP(d.t, addr)
+	defer cc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	q := message.Option{ID: message.URIQuery, Value: []byte("d=" + d.id)}
+	var resp interface{ Code() codes.Code }
+	var err error
+	if code == codes.POST {
+		resp, err = cc.Post(ctx, "/hb", message.TextPlain, nil, q)
+	} else {
+		resp, err = cc.Delete(ctx, "/hb", q)
+	}
+	if err != nil {
+		d.t.Fatalf("device %s %v /hb at %s: %v", d.id, code, addr, err)
+	}
+	want := codes.Changed
+	if code == codes.DELETE {
+		want = codes.Deleted
+	}
+	if resp.Code() != want && resp.Code() != codes.Changed {
+		d.t.Fatalf("device %s %v /hb: %v, want %v", d.id, code, resp.Code(), want)
+	}
+}
+
+func dialCoAP(t *testing.T, addr string) *udpClient.Conn {
+	t.Helper()
+	cc, err := udp.Dial(addr)
+	if err != nil {
+		t.Fatalf("coap dial %s: %v", addr, err)
+	}
+	return cc
+}
+
+// keepSending sends a heartbeat every interval from a goroutine until the
+// returned stop is called (bounded by limit); it returns the time of the
+// last heartbeat sent.
+func (d device) keepSending(addr func() string, interval, limit time.Duration) (stop func() time.Time) {
+	quit := make(chan struct{})
+	last := make(chan time.Time, 1)
+	go func() {
+		var at time.Time
+		end := time.Now().Add(limit)
+		for time.Now().Before(end) {
+			if err := sendOnce(addr(), d.id); err == nil {
+				at = time.Now()
+			}
+			select {
+			case <-quit:
+				last <- at
+				return
+			case <-time.After(interval):
+			}
+		}
+		<-quit
+		last <- at
+	}()
+	return func() time.Time { close(quit); return <-last }
+}
+
+// sendOnce is heartbeat without t (for goroutines); errors are returned.
+func sendOnce(addr, id string) error {
+	cc, err := udp.Dial(addr)
+	if err != nil {
+		return err
+	}
+	defer cc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	resp, err := cc.Post(ctx, "/hb", message.TextPlain, nil, message.Option{ID: message.URIQuery, Value: []byte("d=" + id)})
+	if err != nil {
+		return err
+	}
+	if resp.Code() != codes.Changed {
+		return fmt.Errorf("answer %v", resp.Code())
+	}
+	return nil
+}
+
+// event is one entry of a shard's Redis event stream, read directly.
+type event struct {
+	id       string
+	device   string
+	state    string
+	ver      int
+	at       time.Time
+	reason   string
+	gw       string
+	deadline time.Time
+}
+
+// events reads every shard's event stream from Redis, ordered by time.
+func events(t *testing.T, c *redis.Client, shards int) []event {
+	t.Helper()
+	var all []event
+	for s := 0; s < shards; s++ {
+		msgs, err := c.XRange(context.Background(), fmt.Sprintf("{fleetgate:%d}:events", s), "-", "+").Result()
+		if err != nil {
+			t.Fatalf("xrange shard %d: %v", s, err)
+		}
+		for _, m := range msgs {
+			e := event{id: m.ID, device: str(m.Values["device"]), state: str(m.Values["state"]), reason: str(m.Values["reason"]), gw: str(m.Values["gw"])}
+			e.ver, _ = strconv.Atoi(str(m.Values["ver"]))
+			e.at = msTime(str(m.Values["at"]))
+			e.deadline = msTime(str(m.Values["deadline"]))
+			all = append(all, e)
+		}
+	}
+	sort.SliceStable(all, func(i, j int) bool { return all[i].at.Before(all[j].at) })
+	return all
+}
+
+func eventsOf(all []event, dev string) []event {
+	var out []event
+	for _, e := range all {
+		if e.device == dev {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+func str(v any) string {
+	s, _ := v.(string)
+	return s
+}
+
+func msTime(s string) time.Time {
+	ms, err := strconv.ParseInt(s, 10, 64)
+	if err != nil {
+		return time.Time{}
+	}
+	return time.UnixMilli(ms)
+}
+
+// checkAlternates fails unless evs alternate online/offline from online
+// with ver 1, 2, 3, ...
+func checkAlternates(t *testing.T, dev string, evs []event) {
+	t.Helper()
+	for i, e := range evs {
+		want := "online"
+		if i%2 == 1 {
+			want = "offline"
+		}
+		if e.state != want || e.ver != i+1 {
+			t.Fatalf("device %s event %d: %s ver %d, want %s ver %d (all: %+v)", dev, i, e.state, e.ver, want, i+1, evs)
+		}
+	}
+}
+
+// proxy is a TCP proxy between the gateway and Redis that a test can cut
+// (every connection closed, new ones refused) and restore.
+type proxy struct {
+	ln     net.Listener
+	target string
+	mu     sync.Mutex
+	cut    bool
+	conns  map[net.Conn]struct{}
+}
+
+func newProxy(t *testing.T, target string) *proxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &proxy{ln: ln, target: target, conns: map[net.Conn]struct{}{}}
+	go p.accept()
+	t.Cleanup(func() { ln.Close(); p.setCut(true) })
+	return p
+}
+
+func (p *proxy) addr() string { return p.ln.Addr().String() }
+
+func (p *proxy) accept() {
+	for {
+		c, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		p.mu.Lock()
+		if p.cut {
+			p.mu.Unlock()
+			c.Close()
+			continue
+		}
+		up, err := net.Dial("tcp", p.target)
+		if err != nil {
+			p.mu.Unlock()
+			c.Close()
+			continue
+		}
+		p.conns[c], p.conns[up] = struct{}{}, struct{}{}
+		p.mu.Unlock()
+		go pipe(c, up)
+		go pipe(up, c)
+	}
+}
+
+func pipe(dst, src net.Conn) {
+	_, _ = io.Copy(dst, src)
+	dst.Close()
+	src.Close()
+}
+
+// setCut cuts (true) or restores (false) the link.
+func (p *proxy) setCut(v bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.cut = v
+	if v {
+		for c := range p.conns {
+			c.Close()
+		}
+		p.conns = map[net.Conn]struct{}{}
+	}
+}
