@@ -1,0 +1,161 @@
+package gateway_test
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/fleetgate/fleetgate/gateway"
+	"github.com/fleetgate/fleetgate/gateway/clocktest"
+)
+
+// sink is the benchmarks' Uplink: it counts what it is given.
+type sink struct{ n atomic.Int64 }
+
+func (s *sink) Enqueue(context.Context, gateway.Evidence) error {
+	s.n.Add(1)
+	return nil
+}
+
+// fleet returns evidence for n sessions of n devices: half are CoAP
+// ("coap/default"), half MQTT connections ("site-a-1/7/<n>").
+func fleet(n int) []gateway.Evidence {
+	evs := make([]gateway.Evidence, n)
+	for i := range evs {
+		ev := gateway.Evidence{Device: gateway.DeviceID(fmt.Sprintf("dev-%07d", i)), Kind: gateway.Renew, ObservedAt: t0, Protocol: "coap"}
+		ev.Session = "coap/default"
+		if i%2 == 1 {
+			ev.Session, ev.Protocol = gateway.SessionID(fmt.Sprintf("site-a-1/7/%d", i)), "mqtt"
+		}
+		evs[i] = ev
+	}
+	return evs
+}
+
+// plainEntry is the ceiling's value: two times, nothing else.
+type plainEntry struct{ a, b int64 }
+
+// liveHeap is the heap in use after a full collection.
+func liveHeap() int64 {
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return int64(m.HeapAlloc)
+}
+
+// BenchmarkTableMemory fills a table with 1,000,000 sessions and reports
+// its heap per session (HeapAlloc delta / sessions) next to the ceiling
+// measured in the same run: a plain map[string]struct{a, b int64} of the
+// same keys (device "\x00" session). ratio = table / ceiling.
+func BenchmarkTableMemory(b *testing.B) {
+	const n = 1_000_000
+	evs := fleet(n)
+	ctx := context.Background()
+	var table, ceiling float64
+	for range b.N {
+		h0 := liveHeap()
+		tbl := gateway.NewTable(&sink{}, gateway.TableOptions{MaxSessions: n, Clock: clocktest.New(t0)})
+		for _, ev := range evs {
+			if err := tbl.Observe(ctx, ev); err != nil {
+				b.Fatal(err)
+			}
+		}
+		table = float64(liveHeap()-h0) / n
+		if tbl.Len() != n {
+			b.Fatalf("Len = %d", tbl.Len())
+		}
+		runtime.KeepAlive(tbl)
+
+		h0 = liveHeap()
+		m := make(map[string]plainEntry)
+		for i, ev := range evs {
+			m[string(ev.Device)+"\x00"+string(ev.Session)] = plainEntry{int64(i), int64(i)}
+		}
+		ceiling = float64(liveHeap()-h0) / n
+		runtime.KeepAlive(m)
+		runtime.KeepAlive(evs) // live through both measurements
+	}
+	b.ReportMetric(table, "B/session")
+	b.ReportMetric(ceiling, "ceiling-B/session")
+	b.ReportMetric(table/ceiling, "ratio")
+}
+
+// TestTableMemoryBudget keeps the table within the goal of 200 B
+// per session (the benchmark above gives the figure at 1,000,000).
+func TestTableMemoryBudget(t *testing.T) {
+	const n = 100_000
+	evs := fleet(n)
+	h0 := liveHeap()
+	tbl := gateway.NewTable(&sink{}, gateway.TableOptions{Clock: clocktest.New(t0)})
+	for _, ev := range evs {
+		if err := tbl.Observe(context.Background(), ev); err != nil {
+			t.Fatal(err)
+		}
+	}
+	perSession := float64(liveHeap()-h0) / n
+	runtime.KeepAlive(tbl)
+	runtime.KeepAlive(evs)
+	if perSession > 200 {
+		t.Fatalf("%.1f B per session at %d sessions, goal ≤ 200", perSession, n)
+	}
+	t.Logf("%.1f B per session at %d sessions", perSession, n)
+}
+
+// BenchmarkTableObserve measures Observe of renewals on 100,000 known
+// sessions, each renewed once a second with renew_every 20s, so that one
+// in twenty passes the throttle. The ceiling, timed in the same run, makes
+// the same decision on a plain map[string]struct{a, b int64} with prebuilt
+// keys, no validation and no locks. ratio = table / ceiling.
+func BenchmarkTableObserve(b *testing.B) {
+	const n = 100_000
+	evs := fleet(n)
+	ctx := context.Background()
+	up := &sink{}
+	tbl := gateway.NewTable(up, gateway.TableOptions{Lease: 90 * time.Second, RenewEvery: 20 * time.Second, Clock: clocktest.New(t0)})
+	keys := make([]string, n)
+	m := make(map[string]plainEntry, n)
+	for i, ev := range evs {
+		if err := tbl.Observe(ctx, ev); err != nil {
+			b.Fatal(err)
+		}
+		keys[i] = string(ev.Device) + "\x00" + string(ev.Session)
+		m[keys[i]] = plainEntry{t0.UnixNano(), t0.UnixNano()}
+	}
+	renew := (20 * time.Second).Nanoseconds()
+
+	start := time.Now()
+	sent := 0
+	for i := range b.N {
+		at := t0.Add(time.Duration(i/n+1) * time.Second).UnixNano()
+		k := keys[i%n]
+		v := m[k]
+		v.b = at
+		if at-v.a >= renew {
+			v.a = at
+			sent++
+		}
+		m[k] = v
+	}
+	ceiling := float64(time.Since(start).Nanoseconds()) / float64(b.N)
+
+	up.n.Store(0)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := range b.N {
+		ev := evs[i%n]
+		ev.ObservedAt = t0.Add(time.Duration(i/n+1) * time.Second)
+		if err := tbl.Observe(ctx, ev); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.StopTimer()
+	if got := int(up.n.Load()); got != sent {
+		b.Fatalf("table sent %d renewals, the ceiling %d", got, sent)
+	}
+	perOp := float64(b.Elapsed().Nanoseconds()) / float64(b.N)
+	b.ReportMetric(ceiling, "ceiling-ns/op")
+	b.ReportMetric(perOp/ceiling, "ratio")
+}
