@@ -124,19 +124,19 @@ func (u *Uplink) replayOnce(ctx context.Context) error {
 		return err
 	}
 	now := u.clock.Now()
+	type job struct {
+		shard  int
+		tws    []timedWrite
+		recs   []record
+		lapsed int // lapsed writes of recs, dropped with them
+	}
 	var (
-		mu     sync.Mutex
-		wg     sync.WaitGroup
-		gone   []record
-		lapsed int
-		first  error
+		jobs   []job
+		gone   []record // entries to delete
+		lapsed int      // lapsed writes of gone
 	)
 	for shard, recs := range perShard {
-		var (
-			tws       []timedWrite
-			sent      []record
-			sentLapse int
-		)
+		j := job{shard: shard}
 		for _, r := range recs {
 			live := r.item
 			if !live.leave.IsZero() && now.Sub(live.leave) >= t.lease {
@@ -150,24 +150,31 @@ func (u *Uplink) replayOnce(ctx context.Context) error {
 				lapsed += r.n()
 				continue
 			}
-			sent = append(sent, r)
-			sentLapse += r.n() - live.n()
-			tws = appendWrites(tws, []item{live})
+			j.recs = append(j.recs, r)
+			j.lapsed += r.n() - live.n()
+			j.tws = appendWrites(j.tws, []item{live})
 		}
-		if len(tws) == 0 {
-			continue
+		if len(j.tws) > 0 {
+			jobs = append(jobs, j)
 		}
+	}
+	var (
+		mu    sync.Mutex
+		wg    sync.WaitGroup
+		first error
+	)
+	for _, j := range jobs {
 		wg.Go(func() {
-			err := u.apply(ctx, t, shard, true, tws)
-			ok := err == nil || u.refused(err, shard, len(tws))
+			err := u.apply(ctx, t, j.shard, true, j.tws)
+			ok := err == nil || u.refused(err, j.shard, len(j.tws))
 			mu.Lock()
 			defer mu.Unlock()
 			if !ok {
 				first = cmp.Or(first, err)
 				return
 			}
-			gone = append(gone, sent...)
-			lapsed += sentLapse
+			gone = append(gone, j.recs...)
+			lapsed += j.lapsed
 		})
 	}
 	wg.Wait()
