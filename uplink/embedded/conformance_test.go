@@ -13,10 +13,12 @@ import (
 	"github.com/fleetgate/fleetgate/uplink/storetest"
 )
 
-// open gives every call its own bbolt file in the test's directory.
+// open gives every call its own bbolt file in the test's directory. The
+// suite checks semantics, not durability (crash_test.go does), so the
+// file skips fsync: the property runs open hundreds of stores.
 func open(t *testing.T, shards int, now func() time.Time) gateway.Store {
 	t.Helper()
-	db, err := bolt.Open(filepath.Join(t.TempDir(), "fleetgate.db"), 0o600, &bolt.Options{Timeout: time.Second})
+	db, err := bolt.Open(filepath.Join(t.TempDir(), "fleetgate.db"), 0o600, &bolt.Options{Timeout: time.Second, NoSync: true})
 	if err != nil {
 		t.Fatalf("open bbolt: %v", err)
 	}

@@ -22,7 +22,8 @@ import (
 const (
 	propShards      = 2
 	devicesPerShard = 2
-	maxSteps        = 24
+	minSteps        = 8
+	maxSteps        = 40
 	maxWrites       = 4
 	maxReapLimit    = 3
 )
@@ -126,7 +127,7 @@ func (m *machine) run() {
 		}
 	}
 	m.check(nil)
-	steps := rapid.IntRange(1, maxSteps).Draw(m.t, "steps")
+	steps := rapid.IntRange(minSteps, maxSteps).Draw(m.t, "steps")
 	for range steps {
 		byName[rapid.SampledFrom(names).Draw(m.t, "action")]()
 	}
