@@ -199,7 +199,7 @@ func (t *Table) Observe(ctx context.Context, ev Evidence) error {
 	case at-e.seen >= int64(tm.lease):
 		// The local lease ran out before Sweep came by: a new session,
 		// as if it had been swept.
-		e = &entry{first: at, seen: at, proto: e.proto}
+		e = &entry{first: at, seen: at, proto: t.protos.index(ev.Protocol)}
 		sh.m[string(key)] = e
 	default:
 		e.seen = max(e.seen, at)
@@ -208,7 +208,7 @@ func (t *Table) Observe(ctx context.Context, ev Evidence) error {
 	prevSent, prevOK := e.sent, e.sentOK
 	if send {
 		if e.sentOK {
-			e.sent = max(e.sent, at)
+			e.sent = max(e.sent, at) // a reordered, older connect does not move it back
 		} else {
 			e.sent = at
 		}
@@ -364,6 +364,8 @@ type protocols struct {
 	names atomic.Pointer[[]string]
 }
 
+// index returns name's index, adding it if there is room. Observe calls
+// it with a shard lock held; it takes only p.mu.
 func (p *protocols) index(name string) uint8 {
 	if i := slices.Index(*p.names.Load(), name); i >= 0 {
 		return uint8(i)

@@ -220,6 +220,32 @@ func TestTableSessionsOfOneDevice(t *testing.T) {
 	}
 }
 
+func TestTableProtocolNames(t *testing.T) {
+	f := newFixture(t, gateway.TableOptions{}, 512)
+	// A table keeps 255 protocol names; later ones show as "".
+	for i := range 300 {
+		ev := gateway.Evidence{Device: mustDevice(t, fmt.Sprintf("dev-%d", i)), Session: "s", Kind: gateway.Renew, Protocol: fmt.Sprintf("proto-%d", i)}
+		if err := f.tbl.Observe(context.Background(), ev); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := f.tbl.Observe(context.Background(), gateway.Evidence{Device: "dev-0", Session: "t", Kind: gateway.Renew, Protocol: "proto-0"}); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 300 {
+		want := fmt.Sprintf("proto-%d", i)
+		if i >= 255 {
+			want = ""
+		}
+		if got := f.tbl.Sessions(mustDevice(t, fmt.Sprintf("dev-%d", i))); got[0].Protocol != want {
+			t.Fatalf("dev-%d: Protocol = %q, want %q", i, got[0].Protocol, want)
+		}
+	}
+	if got := f.tbl.Sessions("dev-0"); len(got) != 2 || got[1].Protocol != "proto-0" {
+		t.Fatalf("dev-0: %+v", got)
+	}
+}
+
 func TestTableMaxSessions(t *testing.T) {
 	f := newFixture(t, gateway.TableOptions{MaxSessions: 2}, 16)
 	const s = time.Second
@@ -597,160 +623,198 @@ func sortedByTime(evs []gateway.Evidence) []gateway.Evidence {
 // (last write + lease, lease > renew_every + heartbeat_interval) never
 // lapses.
 func TestTableThrottleProperty(t *testing.T) {
-	type step struct {
-		at   time.Duration
-		sess int // −1: Sweep
-		kind gateway.Kind
-	}
-	ms := func(n int64) time.Duration { return time.Duration(n) * time.Millisecond }
-
 	rapid.Check(t, func(rt *rapid.T) {
-		run := rapid.Int64Range(1_000, 1_200_000).Draw(rt, "run_ms")
-		hb := rapid.Int64Range(max(100, run/300), 30_000).Draw(rt, "heartbeat_ms")
-		renew := rapid.Int64Range(1_000, 30_000).Draw(rt, "renew_every_ms")
-		lease := renew + hb + rapid.Int64Range(1, 60_000).Draw(rt, "lease_slack_ms")
-		sweepEvery := max(1_000, run/100) + rapid.Int64Range(0, lease).Draw(rt, "sweep_every_extra_ms")
-		steady := rapid.IntRange(1, 3).Draw(rt, "steady")
-		erratic := rapid.IntRange(0, 3).Draw(rt, "erratic")
-		outages := rapid.Bool().Draw(rt, "outages")
-		capacity, flushEvery := 4, 1
-		if outages {
-			capacity = rapid.IntRange(1, 3).Draw(rt, "queue")
-			flushEvery = rapid.IntRange(1, 5).Draw(rt, "flush_every")
-		}
-
-		var steps []step
-		heartbeats := make([][]time.Duration, steady)
-		for s := range steady {
-			for at := rapid.Int64Range(0, min(hb, run)).Draw(rt, "start_ms"); at <= run; at += hb - rapid.Int64Range(0, hb/2).Draw(rt, "jitter_ms") {
-				steps = append(steps, step{ms(at), s, gateway.Renew})
-				heartbeats[s] = append(heartbeats[s], ms(at))
-			}
-		}
-		kinds := []gateway.Kind{gateway.Renew, gateway.Renew, gateway.Renew, gateway.Renew, gateway.Renew, gateway.Renew, gateway.Connect, gateway.Leave}
-		for s := steady; s < steady+erratic; s++ {
-			at := rapid.Int64Range(0, lease).Draw(rt, "start_ms")
-			for n := 0; at <= run && n < 300; n++ {
-				steps = append(steps, step{ms(at), s, rapid.SampledFrom(kinds).Draw(rt, "kind")})
-				if rapid.Bool().Draw(rt, "long_gap") {
-					at += rapid.Int64Range(hb, 2*lease).Draw(rt, "gap_ms")
-				} else {
-					at += rapid.Int64Range(1, hb).Draw(rt, "gap_ms")
-				}
-			}
-		}
-		for at := sweepEvery; at <= run; at += sweepEvery {
-			steps = append(steps, step{ms(at), -1, 0})
-		}
-		slices.SortStableFunc(steps, func(a, b step) int { return int(a.at - b.at) })
-
-		clock := clocktest.New(t0)
-		up := newRecorder(capacity)
-		tbl := gateway.NewTable(up, gateway.TableOptions{Shards: 2, Lease: ms(lease), RenewEvery: ms(renew), Clock: clock})
-		done, cancel := context.WithCancel(context.Background())
-		cancel()
-		name := func(s int) (gateway.DeviceID, gateway.SessionID) {
-			return gateway.DeviceID(fmt.Sprintf("dev-%d", s/2)), gateway.SessionID(fmt.Sprintf("coap/%d", s))
-		}
-		index := map[string]int{}
-		for s := range steady + erratic {
-			d, id := name(s)
-			index[string(d)+" "+string(id)] = s
-		}
-		writes := make([][]gateway.Evidence, steady+erratic)
-		flush := func() {
-			for _, ev := range up.take() {
-				s := index[string(ev.Device)+" "+string(ev.Session)]
-				writes[s] = append(writes[s], ev)
-			}
-		}
-		owed := make([]bool, steady+erratic)
-		for i, st := range steps {
-			clock.Set(t0.Add(st.at))
-			if st.sess < 0 {
-				tbl.Sweep(clock.Now())
-			} else {
-				d, id := name(st.sess)
-				before := len(up.ch)
-				err := tbl.Observe(done, gateway.Evidence{Device: d, Session: id, Kind: st.kind, ObservedAt: clock.Now()})
-				added := len(up.ch) - before
-				switch {
-				case err != nil && !outages:
-					rt.Fatalf("%s %s at %v: %v with a queue that is never full", d, id, st.at, err)
-				case err != nil:
-					owed[st.sess] = st.kind == gateway.Renew
-				case added > 1:
-					rt.Fatalf("%s %s at %v: one evidence made %d writes", d, id, st.at, added)
-				case st.kind == gateway.Leave && added != 1:
-					rt.Fatalf("%s %s at %v: accepted leave was not written", d, id, st.at)
-				case owed[st.sess] && added != 1:
-					rt.Fatalf("%s %s at %v: the write that failed before is not retried", d, id, st.at)
-				default:
-					owed[st.sess] = false
-				}
-			}
-			if (i+1)%flushEvery == 0 {
-				flush()
-			}
-		}
-		flush()
-
-		R, end := ms(renew), ms(run)
-		for s, ws := range writes {
-			at := func(j int) time.Duration { return ws[j].ObservedAt.Sub(t0) }
-			for j, ev := range ws {
-				if ev.Kind != gateway.Renew {
-					continue
-				}
-				if j == 0 || ws[j-1].Kind == gateway.Leave {
-					rt.Fatalf("session %d: renew write at %v does not follow a connect or renew", s, at(j))
-				}
-				if gap := at(j) - at(j-1); gap < R {
-					rt.Fatalf("session %d: renew write %v after the previous write, renew_every %v", s, gap, R)
-				}
-			}
-			for j, ev := range ws {
-				if ev.Kind != gateway.Connect {
-					continue
-				}
-				n, stop := 1, end
-				for k := j + 1; k < len(ws) && ws[k].Kind != gateway.Connect; k++ {
-					n++
-					if ws[k].Kind == gateway.Leave {
-						stop = at(k)
-						break
-					}
-				}
-				if k := j + n; n == 1 || ws[k-1].Kind != gateway.Leave {
-					if k < len(ws) {
-						stop = at(k)
-					}
-				}
-				if time.Duration(n-2)*R > stop-at(j) {
-					rt.Fatalf("session %d: %d writes in the lifetime %v..%v, renew_every %v", s, n, at(j), stop, R)
-				}
-			}
-			if s >= steady {
-				continue
-			}
-			if time.Duration(len(ws)-2)*R > end {
-				rt.Fatalf("steady session %d: %d writes in %v, renew_every %v", s, len(ws), end, R)
-			}
-			if outages {
-				continue
-			}
-			hbs, H := heartbeats[s], ms(hb)
-			if len(ws) == 0 || ws[0].Kind != gateway.Connect || at(0) != hbs[0] {
-				rt.Fatalf("steady session %d: first write %v, first heartbeat at %v", s, ws, hbs[0])
-			}
-			for j := 1; j < len(ws); j++ {
-				if ws[j].Kind != gateway.Renew || at(j)-at(j-1) > R+H {
-					rt.Fatalf("steady session %d: write %v at %v, %v after the previous one (renew_every %v, heartbeat %v)", s, ws[j].Kind, at(j), at(j)-at(j-1), R, H)
-				}
-			}
-			if last := hbs[len(hbs)-1]; last-at(len(ws)-1) >= R {
-				rt.Fatalf("steady session %d: last heartbeat %v, last write %v", s, last, at(len(ws)-1))
-			}
+		sc := drawSchedule(rt)
+		for s, ws := range simulate(rt, sc) {
+			checkWrites(rt, sc, s, ws)
 		}
 	})
+}
+
+// schedule is one generated run of the throttle property.
+type schedule struct {
+	run, heartbeat, renewEvery, lease time.Duration
+	steady, erratic                   int // sessions [0, steady) are steady
+	outages                           bool
+	queue, flushEvery                 int // uplink queue size; drained every flushEvery steps
+	steps                             []simStep
+	heartbeats                        [][]time.Duration // of each steady session
+}
+
+type simStep struct {
+	at   time.Duration
+	sess int // −1: Sweep
+	kind gateway.Kind
+}
+
+// simSession names session s; two sessions share each device.
+func simSession(s int) (gateway.DeviceID, gateway.SessionID) {
+	return gateway.DeviceID(fmt.Sprintf("dev-%d", s/2)), gateway.SessionID(fmt.Sprintf("coap/%d", s))
+}
+
+func drawSchedule(rt *rapid.T) schedule {
+	ms := func(n int64) time.Duration { return time.Duration(n) * time.Millisecond }
+	run := rapid.Int64Range(1_000, 1_200_000).Draw(rt, "run_ms")
+	hb := rapid.Int64Range(max(100, run/300), 30_000).Draw(rt, "heartbeat_ms")
+	renew := rapid.Int64Range(1_000, 30_000).Draw(rt, "renew_every_ms")
+	lease := renew + hb + rapid.Int64Range(1, 60_000).Draw(rt, "lease_slack_ms")
+	sweepEvery := max(1_000, run/100) + rapid.Int64Range(0, lease).Draw(rt, "sweep_every_extra_ms")
+	sc := schedule{
+		run: ms(run), heartbeat: ms(hb), renewEvery: ms(renew), lease: ms(lease),
+		steady:  rapid.IntRange(1, 3).Draw(rt, "steady"),
+		erratic: rapid.IntRange(0, 3).Draw(rt, "erratic"),
+		outages: rapid.Bool().Draw(rt, "outages"),
+		queue:   4, flushEvery: 1,
+	}
+	if sc.outages {
+		sc.queue = rapid.IntRange(1, 3).Draw(rt, "queue")
+		sc.flushEvery = rapid.IntRange(1, 5).Draw(rt, "flush_every")
+	}
+
+	sc.heartbeats = make([][]time.Duration, sc.steady)
+	for s := range sc.steady {
+		for at := rapid.Int64Range(0, min(hb, run)).Draw(rt, "start_ms"); at <= run; at += hb - rapid.Int64Range(0, hb/2).Draw(rt, "jitter_ms") {
+			sc.steps = append(sc.steps, simStep{ms(at), s, gateway.Renew})
+			sc.heartbeats[s] = append(sc.heartbeats[s], ms(at))
+		}
+	}
+	kinds := []gateway.Kind{gateway.Renew, gateway.Renew, gateway.Renew, gateway.Renew, gateway.Renew, gateway.Renew, gateway.Connect, gateway.Leave}
+	for s := sc.steady; s < sc.steady+sc.erratic; s++ {
+		at := rapid.Int64Range(0, lease).Draw(rt, "start_ms")
+		for n := 0; at <= run && n < 300; n++ {
+			sc.steps = append(sc.steps, simStep{ms(at), s, rapid.SampledFrom(kinds).Draw(rt, "kind")})
+			if rapid.Bool().Draw(rt, "long_gap") {
+				at += rapid.Int64Range(hb, 2*lease).Draw(rt, "gap_ms")
+			} else {
+				at += rapid.Int64Range(1, hb).Draw(rt, "gap_ms")
+			}
+		}
+	}
+	for at := sweepEvery; at <= run; at += sweepEvery {
+		sc.steps = append(sc.steps, simStep{ms(at), -1, 0})
+	}
+	slices.SortStableFunc(sc.steps, func(a, b simStep) int { return int(a.at - b.at) })
+	return sc
+}
+
+// simulate runs sc on a table and returns each session's writes, in the
+// order they were enqueued. It checks each Observe on the way: at most one
+// write per evidence, every accepted leave written, failures only when the
+// queue can be full, and a renewal whose write failed retried by the
+// session's next accepted evidence.
+func simulate(rt *rapid.T, sc schedule) [][]gateway.Evidence {
+	clock := clocktest.New(t0)
+	up := newRecorder(sc.queue)
+	tbl := gateway.NewTable(up, gateway.TableOptions{Shards: 2, Lease: sc.lease, RenewEvery: sc.renewEvery, Clock: clock})
+	done, cancel := context.WithCancel(context.Background())
+	cancel()
+
+	n := sc.steady + sc.erratic
+	index := map[string]int{}
+	for s := range n {
+		d, id := simSession(s)
+		index[string(d)+" "+string(id)] = s
+	}
+	writes := make([][]gateway.Evidence, n)
+	flush := func() {
+		for _, ev := range up.take() {
+			s := index[string(ev.Device)+" "+string(ev.Session)]
+			writes[s] = append(writes[s], ev)
+		}
+	}
+	owed := make([]bool, n)
+	for i, st := range sc.steps {
+		clock.Set(t0.Add(st.at))
+		if st.sess < 0 {
+			tbl.Sweep(clock.Now())
+		} else {
+			d, id := simSession(st.sess)
+			before := len(up.ch)
+			err := tbl.Observe(done, gateway.Evidence{Device: d, Session: id, Kind: st.kind, ObservedAt: clock.Now()})
+			added := len(up.ch) - before
+			switch {
+			case err != nil && !sc.outages:
+				rt.Fatalf("%s %s at %v: %v with a queue that is never full", d, id, st.at, err)
+			case err != nil:
+				owed[st.sess] = st.kind == gateway.Renew
+			case added > 1:
+				rt.Fatalf("%s %s at %v: one evidence made %d writes", d, id, st.at, added)
+			case st.kind == gateway.Leave && added != 1:
+				rt.Fatalf("%s %s at %v: accepted leave was not written", d, id, st.at)
+			case owed[st.sess] && added != 1:
+				rt.Fatalf("%s %s at %v: the renewal that failed before is not retried", d, id, st.at)
+			default:
+				owed[st.sess] = false
+			}
+		}
+		if (i+1)%sc.flushEvery == 0 {
+			flush()
+		}
+	}
+	flush()
+	return writes
+}
+
+// checkWrites checks the writes ws of session s against the throttle.
+func checkWrites(rt *rapid.T, sc schedule, s int, ws []gateway.Evidence) {
+	R := sc.renewEvery
+	at := func(j int) time.Duration { return ws[j].ObservedAt.Sub(t0) }
+	for j, ev := range ws {
+		if ev.Kind != gateway.Renew {
+			continue
+		}
+		if j == 0 || ws[j-1].Kind == gateway.Leave {
+			rt.Fatalf("session %d: renew write at %v follows no connect or renew", s, at(j))
+		}
+		if gap := at(j) - at(j-1); gap < R {
+			rt.Fatalf("session %d: renew write %v after the previous write, renew_every %v", s, gap, R)
+		}
+	}
+
+	// Lifetimes: the writes ws[j:k] from a connect up to the next connect,
+	// or through the first leave.
+	for j, ev := range ws {
+		if ev.Kind != gateway.Connect {
+			continue
+		}
+		k := j + 1
+		for k < len(ws) && ws[k].Kind != gateway.Connect {
+			k++
+			if ws[k-1].Kind == gateway.Leave {
+				break
+			}
+		}
+		end := sc.run
+		switch {
+		case ws[k-1].Kind == gateway.Leave:
+			end = at(k - 1)
+		case k < len(ws):
+			end = at(k)
+		}
+		if n := k - j; time.Duration(n-2)*R > end-at(j) {
+			rt.Fatalf("session %d: %d writes in the lifetime %v..%v, renew_every %v", s, n, at(j), end, R)
+		}
+	}
+
+	if s >= sc.steady {
+		return
+	}
+	if time.Duration(len(ws)-2)*R > sc.run {
+		rt.Fatalf("steady session %d: %d writes in %v, renew_every %v", s, len(ws), sc.run, R)
+	}
+	if sc.outages {
+		return
+	}
+	hbs, H := sc.heartbeats[s], sc.heartbeat
+	if len(ws) == 0 || ws[0].Kind != gateway.Connect || at(0) != hbs[0] {
+		rt.Fatalf("steady session %d: first write %v, first heartbeat at %v", s, ws, hbs[0])
+	}
+	for j := 1; j < len(ws); j++ {
+		if ws[j].Kind != gateway.Renew || at(j)-at(j-1) > R+H {
+			rt.Fatalf("steady session %d: %v write at %v, %v after the previous one (renew_every %v, heartbeat %v)", s, ws[j].Kind, at(j), at(j)-at(j-1), R, H)
+		}
+	}
+	if last := hbs[len(hbs)-1]; last-at(len(ws)-1) >= R {
+		rt.Fatalf("steady session %d: last heartbeat %v, last write %v", s, last, at(len(ws)-1))
+	}
 }
