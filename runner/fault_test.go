@@ -1,7 +1,7 @@
 package runner
 
 import (
-	"bytes"
+	"bufio"
 	"context"
 	"fmt"
 	"log/slog"
@@ -9,6 +9,8 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"path/filepath"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -36,7 +38,7 @@ const (
 	faultLockTTL  = 300 * time.Millisecond
 	faultInterval = 100 * time.Millisecond
 	faultBatch    = 10
-	faultDevices  = 2000
+	faultDevices  = 2000 // in faultKills waves
 	faultKills    = 10
 )
 
@@ -48,7 +50,8 @@ func TestMain(m *testing.M) {
 }
 
 // runChild runs a runner on the Redis store at addr with the system
-// clock until it is killed (or interrupted).
+// clock until it is killed (or interrupted). It writes "ready" to stdout
+// once the store is open, then one line per offline event it reaps.
 func runChild(addr, owner string) int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -61,7 +64,11 @@ func runChild(addr, owner string) int {
 		return 1
 	}
 	defer s.Close()
-	r := New(s, Options{Owner: owner, Interval: faultInterval, Batch: faultBatch, LockTTL: faultLockTTL, Logger: log})
+	fmt.Println("ready")
+	r := New(s, Options{
+		Owner: owner, Interval: faultInterval, Batch: faultBatch, LockTTL: faultLockTTL, Logger: log,
+		OnEvent: func(ev gateway.Event) { fmt.Println("offline", ev.Device) },
+	})
 	if err := r.Run(ctx); err != nil {
 		log.Error("child: run", "err", err)
 		return 1
@@ -69,18 +76,76 @@ func runChild(addr, owner string) int {
 	return 0
 }
 
-// startChild starts a runner process owned by owner; its stderr goes to
-// stderr.
-func startChild(t *testing.T, addr, owner string, stderr *bytes.Buffer) *exec.Cmd {
+// child is a runner process.
+type child struct {
+	cmd    *exec.Cmd
+	ready  chan struct{} // closed when the child has opened the store
+	events atomic.Int64  // offline events it reported
+	done   chan struct{} // closed when its stdout is closed
+	log    string        // file of its stderr
+}
+
+// startChild starts a runner process owned by owner.
+func startChild(t *testing.T, addr, owner string) *child {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), envChildAddr+"="+addr, envChildOwner+"="+owner)
-	cmd.Stderr = stderr
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
+	c := &child{ready: make(chan struct{}), done: make(chan struct{}), log: filepath.Join(t.TempDir(), "stderr")}
+	stderr, err := os.Create(c.log)
+	if err != nil {
+		t.Fatalf("runner child stderr: %v", err)
+	}
+	defer stderr.Close()
+	c.cmd = exec.Command(os.Args[0], "-test.run=^$")
+	c.cmd.Env = append(os.Environ(), envChildAddr+"="+addr, envChildOwner+"="+owner)
+	c.cmd.Stderr = stderr
+	c.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	out, err := c.cmd.StdoutPipe()
+	if err != nil {
+		t.Fatalf("runner child stdout: %v", err)
+	}
+	if err := c.cmd.Start(); err != nil {
 		t.Fatalf("start runner child: %v", err)
 	}
-	return cmd
+	go func() {
+		defer close(c.done)
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			if sc.Text() == "ready" {
+				close(c.ready)
+				continue
+			}
+			c.events.Add(1)
+		}
+	}()
+	return c
+}
+
+// killAt waits until the child is ready, then until the moment chosen by
+// rng: a random time, or (every other kill) right after a random number
+// of reaped events (at most 3s), so that kills fall between the reap
+// calls of a busy runner too. It kills the child with SIGKILL.
+func (c *child) killAt(t *testing.T, i int, rng *rand.Rand) {
+	t.Helper()
+	select {
+	case <-c.ready:
+	case <-time.After(waitLimit):
+		t.Fatalf("child %d not ready after %v", i, waitLimit)
+	}
+	if i%2 == 0 {
+		<-time.After(time.Duration(rng.Int64N(int64(700 * time.Millisecond))))
+	} else {
+		k := 1 + rng.Int64N(40)
+		limit := time.Now().Add(3 * time.Second)
+		for c.events.Load() < k && time.Now().Before(limit) {
+			time.Sleep(time.Millisecond)
+		}
+	}
+	if err := c.cmd.Process.Kill(); err != nil {
+		t.Fatalf("kill child %d: %v", i, err)
+	}
+	<-c.done
+	if err := c.cmd.Wait(); err == nil {
+		t.Fatalf("child %d exited cleanly before its kill", i)
+	}
 }
 
 // A runner killed (SIGKILL) between any two steps loses no offline event:
@@ -95,42 +160,38 @@ func TestKilledRunnerLosesNoOfflineEvent(t *testing.T) {
 		t.Fatalf("open redis store: %v", err)
 	}
 
-	// Leases from 300ms to 3.2s, so that entries fall due all through
-	// the kills.
-	ids := deviceIDs("dev", faultDevices)
-	const classes = 30
-	for c := range classes {
-		var group []gateway.DeviceID
-		for i := c; i < len(ids); i += classes {
-			group = append(group, ids[i])
-		}
-		connect(t, s, group, 300*time.Millisecond+time.Duration(c)*100*time.Millisecond)
-	}
-
 	seed := uint64(time.Now().UnixNano())
 	t.Logf("seed %d", seed)
 	rng := rand.New(rand.NewPCG(seed, seed))
-	logs := make([]*bytes.Buffer, faultKills)
+	children := make([]*child, faultKills)
 	t.Cleanup(func() {
 		if t.Failed() {
-			for i, b := range logs {
-				if b != nil && b.Len() > 0 {
+			for i, c := range children {
+				if c == nil {
+					continue
+				}
+				if b, _ := os.ReadFile(c.log); len(b) > 0 {
 					t.Logf("child %d stderr:\n%s", i, b)
 				}
 			}
 		}
 	})
-	for i := range faultKills {
-		logs[i] = &bytes.Buffer{}
-		cmd := startChild(t, srv.Addr, fmt.Sprintf("child-%d", i), logs[i])
-		wait := 30*time.Millisecond + time.Duration(rng.Int64N(int64(600*time.Millisecond)))
-		<-time.After(wait)
-		if err := cmd.Process.Kill(); err != nil {
-			t.Fatalf("kill child %d: %v", i, err)
+	// Before each child, a wave of devices with leases from 300ms to
+	// 750ms, so that entries fall due while every child runs.
+	var ids []gateway.DeviceID
+	for i := range children {
+		wave := deviceIDs(fmt.Sprintf("w%d", i), faultDevices/faultKills)
+		const classes = 10
+		for c := range classes {
+			var group []gateway.DeviceID
+			for j := c; j < len(wave); j += classes {
+				group = append(group, wave[j])
+			}
+			connect(t, s, group, 300*time.Millisecond+time.Duration(c)*50*time.Millisecond)
 		}
-		if err := cmd.Wait(); err == nil {
-			t.Fatalf("child %d exited cleanly before its kill after %v", i, wait)
-		}
+		ids = append(ids, wave...)
+		children[i] = startChild(t, srv.Addr, fmt.Sprintf("child-%d", i))
+		children[i].killAt(t, i, rng)
 	}
 	byChildren := countOffline(t, s)
 
