@@ -52,27 +52,31 @@ var (
 // The number of runs is rapid's (-rapid.checks, default 100); a run has
 // at most maxSteps steps.
 func RunProperties(t *testing.T, open Opener) {
+	t.Run("Invariants", func(t *testing.T) { checkProperties(t, t, open) })
+}
+
+// checkProperties runs the property check, reporting to tb; the stores
+// are opened on t.
+func checkProperties(tb rapid.TB, t *testing.T, open Opener) {
 	var devices [propShards][]gateway.DeviceID
 	for s := range propShards {
 		devices[s] = devicesIn(t, propShards, s, devicesPerShard, "prop")
 	}
-	t.Run("Invariants", func(t *testing.T) {
-		rapid.Check(t, func(rt *rapid.T) {
-			clock := clocktest.New(time.UnixMilli(startMs).UTC())
-			m := &machine{
-				t:       rt,
-				clock:   clock,
-				store:   open(t, propShards, clock.Now),
-				devices: devices,
-				model:   newModel(),
-				epochs:  map[string]uint64{},
-				logged:  map[gateway.DeviceID]loggedState{},
-			}
-			for _, g := range propGateways {
-				m.epochs[g] = 1
-			}
-			m.run()
-		})
+	rapid.Check(tb, func(rt *rapid.T) {
+		clock := clocktest.New(time.UnixMilli(startMs).UTC())
+		m := &machine{
+			t:       rt,
+			clock:   clock,
+			store:   open(t, propShards, clock.Now),
+			devices: devices,
+			model:   newModel(),
+			epochs:  map[string]uint64{},
+			logged:  map[gateway.DeviceID]loggedState{},
+		}
+		for _, g := range propGateways {
+			m.epochs[g] = 1
+		}
+		m.run()
 	})
 }
 
