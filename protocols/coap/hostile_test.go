@@ -1,0 +1,184 @@
+package coap
+
+import (
+	"context"
+	"math/rand/v2"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/plgd-dev/go-coap/v3/message"
+	"github.com/plgd-dev/go-coap/v3/message/codes"
+	"github.com/plgd-dev/go-coap/v3/udp/coder"
+	"go.uber.org/goleak"
+
+	"github.com/fleetgate/fleetgate/gateway"
+)
+
+// hostileDatagrams returns random bytes, every truncation of valid CON
+// and NON requests, and valid requests with random bytes flipped.
+func hostileDatagrams(t testing.TB, seed uint64) [][]byte {
+	t.Helper()
+	rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
+	var out [][]byte
+	for range 1500 {
+		b := make([]byte, rng.IntN(300))
+		for i := range b {
+			b[i] = byte(rng.Uint32())
+		}
+		if len(b) > 0 && rng.IntN(2) == 0 {
+			b[0] = b[0]&0x3f | 0x40 // CoAP version 1, so it gets past the first check
+		}
+		out = append(out, b)
+	}
+	valid := [][]byte{
+		datagram(t, message.Confirmable, codes.POST, 7, "/hb", "d=dev-1", "s=radio2"),
+		datagram(t, message.NonConfirmable, codes.DELETE, 8, "/hb", "d=dev-1"),
+	}
+	for _, v := range valid {
+		for n := range len(v) {
+			out = append(out, v[:n])
+		}
+		for range 300 {
+			b := append([]byte(nil), v...)
+			for range 1 + rng.IntN(3) {
+				b[rng.IntN(len(b))] = byte(rng.Uint32())
+			}
+			out = append(out, b)
+		}
+	}
+	// Oversized and empty datagrams.
+	out = append(out, make([]byte, 8000), nil)
+	return out
+}
+
+func TestHostileDatagrams(t *testing.T) {
+	rec := &recorder{}
+	s := startServer(t, rec, Options{AllowAnonymous: true})
+	const seed = 20261129
+	t.Logf("seed %d", seed)
+
+	// Several hostile peers, so that both new and existing peer state
+	// see the garbage.
+	peers := make([]*net.UDPConn, 4)
+	for i := range peers {
+		peers[i] = rawConn(t, s)
+	}
+	for i, b := range hostileDatagrams(t, seed) {
+		if _, err := peers[i%len(peers)].Write(b); err != nil {
+			t.Fatalf("write: %v", err)
+		}
+	}
+
+	// The server still answers, on a fresh peer and on a hostile one.
+	cc := dial(t, s)
+	if r := request(t, cc, message.Confirmable, codes.POST, "/hb", "d=after-storm"); r.code != codes.Changed {
+		t.Fatalf("after hostile input: %v %q", r.code, r.payload)
+	}
+	c := peers[0]
+	want := datagram(t, message.Confirmable, codes.POST, 0x7777, "/hb", "d=after-storm")
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		// Skip answers still queued for the garbage that happened to be valid.
+		b, ok := exchange(t, c, want, 500*time.Millisecond)
+		for ok && decode(t, b).MessageID() != 0x7777 {
+			b, ok = readDatagram(t, c, 500*time.Millisecond)
+		}
+		if ok {
+			if m := decode(t, b); m.Code() != codes.Changed {
+				t.Fatalf("hostile peer's valid request: %v", m)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("hostile peer never answered again")
+		}
+	}
+	// Garbage that happened to decode into a request was checked like
+	// any other: whatever reached the Observer is well-formed.
+	for _, ev := range rec.evidence() {
+		_, errD := gateway.ParseDeviceID(string(ev.Device))
+		_, errS := gateway.ParseSessionID(string(ev.Session))
+		if errD != nil || errS != nil || ev.Protocol != "coap" {
+			t.Fatalf("malformed evidence from garbage: %+v", ev)
+		}
+	}
+}
+
+func TestMalformedConfirmableIsReset(t *testing.T) {
+	s := startServer(t, &recorder{}, Options{AllowAnonymous: true})
+	c := rawConn(t, s)
+	// Version 1, CON, token length 8 but no token: the header parses, the
+	// message does not. RFC 7252 §4.2: reject it with a Reset.
+	b, ok := exchange(t, c, []byte{0x48, byte(codes.POST), 0x12, 0x34}, 5*time.Second)
+	if !ok {
+		t.Fatal("malformed CON silently dropped")
+	}
+	if m := decode(t, b); m.Type() != message.Reset || m.MessageID() != 0x1234 {
+		t.Fatalf("answer %v, want RST 0x1234", m)
+	}
+	// An unknown critical option (here 9) in a CON request: 4.02 Bad Option.
+	req := datagram(t, message.Confirmable, codes.POST, 0x1235, "/hb", "d=dev-1")
+	m := decode(t, req)
+	m.SetOptionBytes(9, []byte{1})
+	req, err := m.MarshalWithEncoder(coder.DefaultCoder)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b, ok = exchange(t, c, req, 5*time.Second); !ok {
+		t.Fatal("CON with unknown critical option silently dropped")
+	}
+	if m := decode(t, b); m.Code() != codes.BadOption || m.MessageID() != 0x1235 {
+		t.Fatalf("answer %v, want 4.02", m)
+	}
+}
+
+func TestNoGoroutineLeak(t *testing.T) {
+	ignore := goleak.IgnoreCurrent()
+	s, err := New(&recorder{}, Options{Addr: "127.0.0.1:0", AllowAnonymous: true, HeartbeatInterval: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan error, 1)
+	go func() { served <- s.Serve(context.Background()) }()
+
+	c, err := net.DialUDP("udp", nil, s.Addr().(*net.UDPAddr))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, b := range hostileDatagrams(t, 7)[:200] {
+		if _, err := c.Write(b); err != nil {
+			t.Fatal(err)
+		}
+		if i%10 == 0 {
+			if _, ok := exchange(t, c, datagram(t, message.NonConfirmable, codes.POST, uint16(i), "/hb", "d=dev-1"), 5*time.Second); !ok {
+				t.Fatal("no answer")
+			}
+		}
+	}
+	// More peers, each with its own server-side state.
+	for i := range 20 {
+		p, err := net.DialUDP("udp", nil, s.Addr().(*net.UDPAddr))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, ok := exchange(t, p, datagram(t, message.Confirmable, codes.POST, uint16(i), "/hb", "d=dev-2"), 5*time.Second); !ok {
+			t.Fatal("no answer")
+		}
+		_ = p.Close()
+	}
+	_ = c.Close()
+
+	if err := s.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	select {
+	case err := <-served:
+		if err != nil {
+			t.Fatalf("Serve: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Serve did not return after Close")
+	}
+	goleak.VerifyNone(t, ignore)
+}
