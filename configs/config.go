@@ -12,6 +12,7 @@
 package configs
 
 import (
+	"bytes"
 	"fmt"
 	"os"
 	"slices"
@@ -221,14 +222,19 @@ func (c Config) Redacted() Config {
 	return c
 }
 
-// YAML renders c in the file's format; Parse reads it back to c. Redact
-// first when the output is shown to anyone.
+// YAML renders c in the file's layout (two-space indent); Parse reads it
+// back to c. Redact first when the output is shown to anyone.
 func (c Config) YAML() ([]byte, error) {
-	out, err := yaml.Marshal(c)
-	if err != nil {
+	var buf bytes.Buffer
+	enc := yaml.NewEncoder(&buf)
+	enc.SetIndent(2)
+	if err := enc.Encode(c); err != nil {
 		return nil, fmt.Errorf("config: render yaml: %w", err)
 	}
-	return out, nil
+	if err := enc.Close(); err != nil {
+		return nil, fmt.Errorf("config: render yaml: %w", err)
+	}
+	return buf.Bytes(), nil
 }
 
 // Duration is a time.Duration written as a Go duration string ("90s",

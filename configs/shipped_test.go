@@ -111,12 +111,12 @@ func TestYAMLOfDefaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, line := range []string{
-		"    id: site-a-1\n",
-		"    lease: 90s\n",
-		"    suspect_after: 45s\n",
-		"        addrs:\n            - 127.0.0.1:6379\n",
-		"    lock_ttl: 5s\n",
-		"    adapters: []\n",
+		"gateway:\n  id: site-a-1\n",
+		"  lease: 90s\n",
+		"  suspect_after: 45s\n",
+		"    addrs:\n      - 127.0.0.1:6379\n",
+		"  lock_ttl: 5s\n",
+		"  adapters: []\n",
 	} {
 		if !strings.Contains(string(out), line) {
 			t.Errorf("YAML() lacks %q:\n%s", line, out)
