@@ -68,9 +68,20 @@ local function gwname(ref)
   return n
 end
 
--- connprefix is "<gw>/<epoch>/" for a gateway ref and epoch.
+-- connprefix is "<gw>/<epoch>/" for a gateway ref and epoch, cached.
+local prefixes = {}
 local function connprefix(ref, ep)
-  return gwname(ref) .. '/' .. string.format('%d', ep) .. '/'
+  local byref = prefixes[ref]
+  if not byref then
+    byref = {}
+    prefixes[ref] = byref
+  end
+  local p = byref[ep]
+  if not p then
+    p = gwname(ref) .. '/' .. string.format('%d', ep) .. '/'
+    byref[ep] = p
+  end
+  return p
 end
 
 local function rsid(s, i, ref, ep)
