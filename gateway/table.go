@@ -50,8 +50,8 @@ type SessionView struct {
 	Protocol  string
 	FirstSeen time.Time
 	LastSeen  time.Time
-	// LastSent is the ObservedAt of the newest write handed to the uplink;
-	// zero if none was accepted yet.
+	// LastSent is the ObservedAt of the newest write the uplink accepted
+	// (or is being handed); zero when there is none the table is sure of.
 	LastSent time.Time
 }
 
@@ -69,10 +69,14 @@ type SessionView struct {
 //   - A Leave removes the session and is always sent, even for a session
 //     the table does not hold: the store decides.
 //
-// A write the Uplink refuses is not counted as sent, so the session's next
-// evidence retries it. A session that sends evidence every
-// heartbeat_interval is thus written at most once per RenewEvery and at
-// least once per RenewEvery + heartbeat_interval.
+// A write the Uplink refuses is not counted as sent: the session's next
+// evidence goes through the throttle against the last write that was
+// accepted, so a refused renewal, or the refused connect of a new session,
+// is sent again by the next heartbeat. (When the refused send overlapped
+// another send of the same session, the table cannot know which was
+// accepted, and the next evidence is sent as a Connect.) A session that sends evidence every heartbeat_interval is
+// thus written at most once per RenewEvery and, while the Uplink accepts,
+// at least once per RenewEvery + heartbeat_interval.
 //
 // Each session costs one map entry keyed by device, a zero byte and
 // session, pointing at a 32-byte record of three times and a protocol
@@ -103,10 +107,14 @@ type entry struct {
 	first, seen int64
 	// sent is the time of the newest write handed to the uplink, valid
 	// when sentOK.
-	sent   int64
-	seq    uint32 // counts sends, so that a failed one undoes only itself
-	proto  uint8
-	sentOK bool
+	sent int64
+	// seq counts sends and inflight those not finished, so that a refused
+	// send undoes only itself and never restores the time of another
+	// send that may be refused too.
+	seq      uint32
+	inflight uint16
+	proto    uint8
+	sentOK   bool
 }
 
 type timing struct {
@@ -205,32 +213,41 @@ func (t *Table) Observe(ctx context.Context, ev Evidence) error {
 		e.seen = max(e.seen, at)
 	}
 	kind, send := decide(e, ev.Kind, at, tm.renewEvery)
-	prevSent, prevOK := e.sent, e.sentOK
-	if send {
-		if e.sentOK {
-			e.sent = max(e.sent, at) // a reordered, older connect does not move it back
-		} else {
-			e.sent = at
-		}
-		e.sentOK = true
-		e.seq++
-	}
-	seq := e.seq
-	sh.mu.Unlock()
 	if !send {
+		sh.mu.Unlock()
 		return nil
 	}
+	// Reserve the send, so that concurrent evidence is throttled against
+	// it, and remember what to restore if the Uplink refuses it: the
+	// previous state is known to be accepted only if no other send was
+	// in flight.
+	prevSent, prevOK, prevSure := e.sent, e.sentOK, e.inflight == 0
+	if e.sentOK {
+		e.sent = max(e.sent, at) // a reordered, older connect does not move it back
+	} else {
+		e.sent = at
+	}
+	e.sentOK = true
+	e.seq++
+	e.inflight++
+	seq := e.seq
+	sh.mu.Unlock()
 
 	ev.Kind = kind
-	if err := t.send(ctx, ev); err != nil {
-		sh.mu.Lock()
-		if e.seq == seq {
+	err := t.send(ctx, ev)
+	sh.mu.Lock()
+	e.inflight--
+	if err != nil && e.seq == seq {
+		if prevSure {
 			e.sent, e.sentOK = prevSent, prevOK
+		} else {
+			// The previous state came from a send that may be refused
+			// too: send a connect next time.
+			e.sentOK = false
 		}
-		sh.mu.Unlock()
-		return err
 	}
-	return nil
+	sh.mu.Unlock()
+	return err
 }
 
 // decide applies the throttle to evidence of kind k (Connect or Renew)

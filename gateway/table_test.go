@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -587,6 +588,97 @@ func TestTableConcurrent(t *testing.T) {
 	}
 	if n := len(byKey["shared coap/default"]); n < 2 {
 		t.Fatalf("shared session written %d times over %v", n, time.Duration(workers*rounds)*step)
+	}
+}
+
+// TestTableConcurrentRefusals has workers renew one shared session and
+// their own through a queue of two that one worker empties every tenth
+// round, with contexts that are done, so that many writes are refused
+// while others are in flight. Accepted renewals must still be renew_every
+// apart, and no refused write may count as sent.
+func TestTableConcurrentRefusals(t *testing.T) {
+	const (
+		workers = 4
+		rounds  = 300
+		renew   = 5 * time.Millisecond
+	)
+	clock := clocktest.New(t0)
+	up := newRecorder(2)
+	tbl := gateway.NewTable(up, gateway.TableOptions{Lease: time.Hour, RenewEvery: renew, Clock: clock})
+	done, cancel := context.WithCancel(context.Background())
+	cancel()
+
+	var (
+		mu       sync.Mutex
+		accepted []gateway.Evidence
+		refused  atomic.Int64
+		wg       sync.WaitGroup
+	)
+	errs := make(chan error, workers)
+	for wk := range workers {
+		wg.Go(func() {
+			own := gateway.DeviceID(fmt.Sprintf("dev-%d", wk))
+			for r := range rounds {
+				clock.Advance(time.Millisecond)
+				for _, d := range []gateway.DeviceID{own, "shared"} {
+					err := tbl.Observe(done, gateway.Evidence{Device: d, Session: "coap/default", Kind: gateway.Renew})
+					switch {
+					case errors.Is(err, context.Canceled):
+						refused.Add(1)
+					case err != nil:
+						errs <- err
+						return
+					}
+				}
+				if wk == 0 && r%10 == 0 {
+					mu.Lock()
+					accepted = append(accepted, up.take()...)
+					mu.Unlock()
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	accepted = append(accepted, up.take()...)
+	if refused.Load() == 0 {
+		t.Fatal("no write was refused")
+	}
+	if len(accepted) == 0 {
+		t.Fatal("no write was accepted")
+	}
+	byDevice := map[gateway.DeviceID][]gateway.Evidence{}
+	for _, ev := range accepted {
+		byDevice[ev.Device] = append(byDevice[ev.Device], ev)
+	}
+	for d, evs := range byDevice {
+		evs = sortedByTime(evs)
+		for i := 1; i < len(evs); i++ {
+			if evs[i].Kind == gateway.Renew && evs[i].ObservedAt.Sub(evs[i-1].ObservedAt) < renew {
+				t.Errorf("%s: accepted renewals %v apart, renew_every %v", d, evs[i].ObservedAt.Sub(evs[i-1].ObservedAt), renew)
+			}
+		}
+	}
+	// The table never takes a refused write for sent: LastSent is zero
+	// or the time of an accepted write.
+	for wk := range workers + 1 {
+		d := gateway.DeviceID(fmt.Sprintf("dev-%d", wk))
+		if wk == workers {
+			d = "shared"
+		}
+		v := tbl.Sessions(d)
+		if len(v) != 1 {
+			t.Fatalf("%s: %d sessions", d, len(v))
+		}
+		if v[0].LastSent.IsZero() {
+			continue
+		}
+		if !slices.ContainsFunc(byDevice[d], func(ev gateway.Evidence) bool { return ev.ObservedAt.Equal(v[0].LastSent) }) {
+			t.Errorf("%s: LastSent %v is no accepted write's time", d, v[0].LastSent)
+		}
 	}
 }
 
