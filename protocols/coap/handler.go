@@ -59,6 +59,12 @@ func (s *Server) processor(identity identityFunc) config.ProcessReceivedMessageF
 	}
 }
 
+// ignore is go-coap's handler for what processor passes on: messages
+// that are not requests (a stray response, an ACK with a request code).
+// Leaving the answer unset makes go-coap send nothing, or an empty ACK
+// for a CON, instead of its default 4.04 as a retransmitted CON.
+func ignore(*responsewriter.ResponseWriter[*udpClient.Conn], *pool.Message) {}
+
 func isRequest(m *pool.Message) bool {
 	t := m.Type()
 	return (t == message.Confirmable || t == message.NonConfirmable) &&

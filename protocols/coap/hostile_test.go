@@ -133,6 +133,33 @@ func TestMalformedConfirmableIsReset(t *testing.T) {
 	}
 }
 
+func TestNonRequestsGetNoAnswer(t *testing.T) {
+	rec := &recorder{}
+	s := startServer(t, rec, Options{AllowAnonymous: true})
+	c := rawConn(t, s)
+	// Nothing to answer: an ACK carrying a request code, stray responses.
+	for i, typ := range []message.Type{message.Acknowledgement, message.Reset, message.NonConfirmable} {
+		code := codes.Content
+		if typ != message.NonConfirmable {
+			code = codes.POST
+		}
+		if b, ok := exchange(t, c, datagram(t, typ, code, uint16(0x300+i), "/hb", "d=dev-1"), 300*time.Millisecond); ok {
+			t.Fatalf("%v %v answered: %v", typ, code, decode(t, b))
+		}
+	}
+	// A stray CON response is acknowledged, with an empty ACK.
+	b, ok := exchange(t, c, datagram(t, message.Confirmable, codes.Content, 0x310, ""), 5*time.Second)
+	if !ok {
+		t.Fatal("stray CON response not acknowledged")
+	}
+	if m := decode(t, b); m.Type() != message.Acknowledgement || m.Code() != codes.Empty || m.MessageID() != 0x310 {
+		t.Fatalf("answer %v, want an empty ACK", m)
+	}
+	if evs := rec.evidence(); len(evs) != 0 {
+		t.Fatalf("non-requests made evidence: %+v", evs)
+	}
+}
+
 func TestNoGoroutineLeak(t *testing.T) {
 	ignore := goleak.IgnoreCurrent()
 	s, err := New(&recorder{}, Options{Addr: "127.0.0.1:0", AllowAnonymous: true, HeartbeatInterval: time.Second})

@@ -125,6 +125,7 @@ func New(obs gateway.Observer, o Options) (*Server, error) {
 	s.udp = udp.NewServer(
 		options.WithContext(ctx),
 		options.WithProcessReceivedMessageFunc(s.processor(anonymous)),
+		options.WithHandlerFunc(ignore),
 		options.WithInactivityMonitor(peerIdleTimeout, func(cc *udpClient.Conn) { _ = cc.Close() }),
 		options.WithPeriodicRunner(s.sweep),
 		// Heartbeats fit one datagram; no peer gets block-wise state.
