@@ -50,7 +50,7 @@ var (
 // device offline, and listing them by state.
 //
 // The number of runs is rapid's (-rapid.checks, default 100); a run has
-// at most maxSteps steps.
+// minSteps to maxSteps steps.
 func RunProperties(t *testing.T, open Opener) {
 	t.Run("Invariants", func(t *testing.T) { checkProperties(t, t, open) })
 }
