@@ -168,8 +168,9 @@ func (t *Table) SetTiming(lease, renewEvery time.Duration) {
 // It refuses an invalid device or session ID (ErrInvalidDeviceID,
 // ErrInvalidSessionID) and a new session beyond MaxSessions
 // (ErrOverloaded); it returns the Uplink's error, wrapped, when a write
-// could not be enqueued. A zero ObservedAt means now on the table's clock.
-// No lock is held while the Uplink is called.
+// could not be enqueued (a Leave removes the session all the same; the
+// central lease then ends it). A zero ObservedAt means now on the table's
+// clock. No lock is held while the Uplink is called.
 func (t *Table) Observe(ctx context.Context, ev Evidence) error {
 	if err := checkEvidence(ev); err != nil {
 		return fmt.Errorf("observe: %w", err)
