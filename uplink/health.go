@@ -1,10 +1,8 @@
 package uplink
 
 import (
-	"cmp"
 	"context"
 	"math/rand/v2"
-	"sync"
 	"time"
 )
 
@@ -59,6 +57,8 @@ func (u *Uplink) backoff(n int) time.Duration {
 // healthLoop probes a down store with backoff, and replays the outbox
 // round by round while the store is up, until ctx is done.
 func (u *Uplink) healthLoop(ctx context.Context) {
+	rp := &replayer{u: u}
+	defer rp.wait()
 	attempt := 0
 	for ctx.Err() == nil {
 		if !u.isUp() {
@@ -76,7 +76,7 @@ func (u *Uplink) healthLoop(ctx context.Context) {
 			u.markUp()
 		}
 		if u.ob.Len() > 0 {
-			err := u.replayOnce(ctx)
+			err := rp.round(ctx)
 			switch {
 			case ctx.Err() != nil:
 				return
@@ -106,84 +106,4 @@ func (u *Uplink) sleep(ctx context.Context, d time.Duration) bool {
 	case <-t.C():
 		return true
 	}
-}
-
-// replayOnce sends one round of the outbox, oldest entries first: per
-// shard at most MaxBatch writes in one store call (Batch.Replay), the
-// shards concurrently, ages recomputed now. Evidence whose lease has run
-// out is dropped, never sent. An entry is deleted only after the store
-// acknowledged its batch (a crash in between replays it again, which the
-// store tolerates), or when all of it lapsed or the store refused it for
-// good. It returns the first error of a store that did not answer.
-func (u *Uplink) replayOnce(ctx context.Context) error {
-	u.sendMu.Lock()
-	defer u.sendMu.Unlock()
-	t := u.timing()
-	perShard, bad, err := u.ob.oldestRecords(u.shards, t.maxBatch, t.maxBatch*u.shards)
-	if err != nil {
-		return err
-	}
-	now := u.clock.Now()
-	type job struct {
-		shard  int
-		tws    []timedWrite
-		recs   []record
-		lapsed int // lapsed writes of recs, dropped with them
-	}
-	var (
-		jobs   []job
-		gone   []record // entries to delete
-		lapsed int      // lapsed writes of gone
-	)
-	for shard, recs := range perShard {
-		j := job{shard: shard}
-		for _, r := range recs {
-			live := r.item
-			if !live.leave.IsZero() && now.Sub(live.leave) >= t.lease {
-				live.leave = time.Time{}
-			}
-			if live.kind != 0 && now.Sub(live.at) >= t.lease {
-				live.kind, live.at = 0, time.Time{}
-			}
-			if live.n() == 0 {
-				gone = append(gone, r)
-				lapsed += r.n()
-				continue
-			}
-			j.recs = append(j.recs, r)
-			j.lapsed += r.n() - live.n()
-			j.tws = appendWrites(j.tws, []item{live})
-		}
-		if len(j.tws) > 0 {
-			jobs = append(jobs, j)
-		}
-	}
-	var (
-		mu    sync.Mutex
-		wg    sync.WaitGroup
-		first error
-	)
-	for _, j := range jobs {
-		wg.Go(func() {
-			err := u.apply(ctx, t, j.shard, true, j.tws)
-			ok := err == nil || u.refused(err, j.shard, len(j.tws))
-			mu.Lock()
-			defer mu.Unlock()
-			if !ok {
-				first = cmp.Or(first, err)
-				return
-			}
-			gone = append(gone, j.recs...)
-			lapsed += j.lapsed
-		})
-	}
-	wg.Wait()
-	if err := u.ob.remove(gone, bad); err != nil {
-		return err
-	}
-	if lapsed > 0 {
-		u.lapsed.Add(uint64(lapsed))
-		u.m.dropped.WithLabelValues(reasonLapsed).Add(float64(lapsed))
-	}
-	return first
 }

@@ -84,7 +84,10 @@ func OpenOutbox(db *bolt.DB, o OutboxOptions) (*Outbox, error) {
 		}
 		ob.n = sb.Stats().KeyN
 		if m := tb.Stats().KeyN; m != ob.n {
-			return fmt.Errorf("%d session entries but %d time index entries", ob.n, m)
+			ob.log.Error("outbox index inconsistent, rebuilding it", "sessions", ob.n, "index", m)
+			if tb, err = ob.rebuildIndex(tx); err != nil {
+				return err
+			}
 		}
 		ob.oldest = oldestIn(tb)
 		return nil
@@ -93,6 +96,46 @@ func OpenOutbox(db *bolt.DB, o OutboxOptions) (*Outbox, error) {
 		return nil, fmt.Errorf("uplink: open outbox: %w", err)
 	}
 	return ob, nil
+}
+
+// rebuildIndex recreates the time index from the session entries,
+// dropping entries that cannot be decoded, so that a damaged outbox costs
+// entries rather than the gateway's start.
+func (o *Outbox) rebuildIndex(tx *bolt.Tx) (*bolt.Bucket, error) {
+	if err := tx.DeleteBucket(bucketByTime); err != nil {
+		return nil, err
+	}
+	tb, err := tx.CreateBucket(bucketByTime)
+	if err != nil {
+		return nil, err
+	}
+	sb := tx.Bucket(bucketSessions)
+	var (
+		bad [][]byte
+		seq uint64
+	)
+	o.n = 0
+	err = sb.ForEach(func(sk, v []byte) error {
+		r, err := decodeRecord(sk, v)
+		if err != nil {
+			o.log.Error("outbox entry unreadable, removing it", "key", fmt.Sprintf("%q", sk), "err", err)
+			bad = append(bad, bytes.Clone(sk))
+			return nil
+		}
+		o.n++
+		seq = max(seq, r.seq)
+		return tb.Put(timeKey(r.first(), r.seq), bytes.Clone(sk))
+	})
+	if err != nil {
+		return nil, err
+	}
+	for _, sk := range bad {
+		if err := sb.Delete(sk); err != nil {
+			return nil, err
+		}
+	}
+	// New entries must not reuse a sequence number of a kept one.
+	return tb, tb.SetSequence(seq)
 }
 
 // Len is the number of entries (sessions) in the outbox.
@@ -153,9 +196,10 @@ func (o *Outbox) put(items []item) (evicted int, err error) {
 		for n := o.Len() + added; n > o.max; n-- {
 			c := tb.Cursor()
 			_, sk := c.First()
-			r, err := decodeRecord(sk, sb.Get(sk))
-			if err != nil {
-				return err
+			sk = bytes.Clone(sk)
+			writes := 1
+			if r, err := decodeRecord(sk, sb.Get(sk)); err == nil {
+				writes = r.n()
 			}
 			if err := c.Delete(); err != nil {
 				return err
@@ -163,7 +207,7 @@ func (o *Outbox) put(items []item) (evicted int, err error) {
 			if err := sb.Delete(sk); err != nil {
 				return err
 			}
-			evicted += r.n()
+			evicted += writes
 			added--
 		}
 		oldest = oldestIn(tb)
@@ -177,9 +221,10 @@ func (o *Outbox) put(items []item) (evicted int, err error) {
 }
 
 // oldestRecords reads entries oldest first for one replay round: per
-// shard at most maxWrites writes, scanning at most scan entries. Entries
-// that cannot be decoded are returned as bad, to be removed.
-func (o *Outbox) oldestRecords(shards, maxWrites, scan int) (perShard [][]record, bad [][]byte, err error) {
+// shard at most maxWrites writes, scanning at most scan entries besides
+// those whose sequence number is in skip (being deleted). Entries that
+// cannot be decoded are returned as bad, to be removed.
+func (o *Outbox) oldestRecords(shards, maxWrites, scan int, skip map[uint64]bool) (perShard [][]record, bad [][]byte, err error) {
 	perShard = make([][]record, shards)
 	writes := make([]int, shards)
 	full := 0
@@ -187,6 +232,9 @@ func (o *Outbox) oldestRecords(shards, maxWrites, scan int) (perShard [][]record
 		sb, tb := tx.Bucket(bucketSessions), tx.Bucket(bucketByTime)
 		c := tb.Cursor()
 		for tk, sk := c.First(); tk != nil && scan > 0 && full < shards; tk, sk = c.Next() {
+			if skip[seqOf(tk)] {
+				continue
+			}
 			scan--
 			r, err := decodeRecord(sk, sb.Get(sk))
 			if err != nil {
@@ -302,6 +350,8 @@ func timeKey(t time.Time, seq uint64) []byte {
 	binary.BigEndian.PutUint64(b[8:], seq)
 	return b
 }
+
+func seqOf(tk []byte) uint64 { return binary.BigEndian.Uint64(tk[8:]) }
 
 func timeOf(tk []byte) time.Time {
 	return time.UnixMilli(int64(binary.BigEndian.Uint64(tk[:8])))

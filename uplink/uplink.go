@@ -246,7 +246,9 @@ func (u *Uplink) flushLoop(ctx context.Context) {
 		case <-u.kick:
 			t.Stop()
 		}
-		if err := u.flushOnce(ctx); err != nil && ctx.Err() == nil {
+		// A flush under way finishes (bounded by Options.Timeout) even if
+		// ctx ends meanwhile, so that shutdown does not look like an outage.
+		if err := u.flushOnce(context.WithoutCancel(ctx)); err != nil {
 			u.log.Error("uplink flush failed; writes stay queued", "err", err)
 		}
 	}

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	bolt "go.etcd.io/bbolt"
+
 	"github.com/fleetgate/fleetgate/gateway"
 )
 
@@ -219,7 +221,7 @@ func TestOutboxCoalescesAndEvictsOldest(t *testing.T) {
 	if n := put("d5", gateway.Connect, 11); n != 1 {
 		t.Fatalf("evicted %d writes, want 1", n)
 	}
-	perShard, bad, err := ob.oldestRecords(1, 100, 100)
+	perShard, bad, err := ob.oldestRecords(1, 100, 100, nil)
 	if err != nil || len(bad) != 0 {
 		t.Fatal(err, bad)
 	}
@@ -244,7 +246,7 @@ func TestReplayRemovesOnlyUnchangedEntries(t *testing.T) {
 	if _, err := e.ob.put([]item{{k, slot{kind: gateway.Renew, at: at(1)}}}); err != nil {
 		t.Fatal(err)
 	}
-	perShard, _, err := e.ob.oldestRecords(1, 10, 10)
+	perShard, _, err := e.ob.oldestRecords(1, 10, 10, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -256,5 +258,50 @@ func TestReplayRemovesOnlyUnchangedEntries(t *testing.T) {
 	}
 	if e.ob.Len() != 1 || !e.ob.Oldest().Equal(at(2)) {
 		t.Fatalf("newer entry removed with the replayed one: len %d oldest %v", e.ob.Len(), e.ob.Oldest())
+	}
+}
+
+func TestOpenOutboxRebuildsDamagedIndex(t *testing.T) {
+	_, e := newEmbeddedUplink(t, Options{})
+	var items []item
+	for i, d := range []gateway.DeviceID{"a", "b", "c"} {
+		items = append(items, item{key{d, "s"}, slot{kind: gateway.Renew, at: at(i)}})
+	}
+	if _, err := e.ob.put(items); err != nil {
+		t.Fatal(err)
+	}
+	err := e.db.Update(func(tx *bolt.Tx) error {
+		tb := tx.Bucket(bucketByTime)
+		k, _ := tb.Cursor().First() // a's index entry
+		if err := tb.Delete(k); err != nil {
+			return err
+		}
+		return tx.Bucket(bucketSessions).Put(sessionKey(key{"c", "s"}), []byte("garbage"))
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ob, err := OpenOutbox(e.db, OutboxOptions{Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ob.Len() != 2 || !ob.Oldest().Equal(at(0)) {
+		t.Fatalf("rebuilt outbox: len %d oldest %v, want 2 and %v", ob.Len(), ob.Oldest(), at(0))
+	}
+	if _, err := ob.put([]item{{key{"d", "s"}, slot{kind: gateway.Renew, at: at(0)}}}); err != nil {
+		t.Fatal(err)
+	}
+	perShard, bad, err := ob.oldestRecords(1, 10, 10, nil)
+	if err != nil || len(bad) != 0 {
+		t.Fatal(err, bad)
+	}
+	var got []string
+	seqs := map[uint64]bool{}
+	for _, r := range perShard[0] {
+		got = append(got, string(r.device))
+		seqs[r.seq] = true
+	}
+	if fmt.Sprint(got) != "[a d b]" || len(seqs) != 3 {
+		t.Fatalf("entries %v with %d distinct sequence numbers, want [a d b] and 3", got, len(seqs))
 	}
 }

@@ -1,0 +1,257 @@
+package uplink
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/fleetgate/fleetgate/gateway"
+	"github.com/fleetgate/fleetgate/internal/redistest"
+	redisstore "github.com/fleetgate/fleetgate/uplink/redis"
+)
+
+const benchShards = 16
+
+// benchClient is a client for a loaded machine: 16 batches of 1000
+// writes queue behind each other in the single-threaded server.
+func benchClient(b *testing.B, addr string) *redis.Client {
+	c := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true, ReadTimeout: 30 * time.Second})
+	b.Cleanup(func() { c.Close() })
+	return c
+}
+
+func benchStore(b *testing.B, c redis.UniversalClient, prefix string) *redisstore.Store {
+	b.Helper()
+	s, err := redisstore.Open(context.Background(), c, redisstore.Options{Prefix: prefix, Shards: benchShards})
+	if err != nil {
+		b.Fatal(err)
+	}
+	return s
+}
+
+// BenchmarkOutboxReplay100k replays an outbox of 100,000 sessions into a
+// real Redis store and, as its ceiling in the same run, applies the same
+// writes directly (same batches of MaxBatch per shard, shards
+// concurrently). Reported: both rates, replay/direct time, and the CPU
+// time per session of this process and of redis-server in each phase
+// (on a loaded machine the wall-clock rates mostly measure waiting for a
+// core; the CPU figures do not).
+func BenchmarkOutboxReplay100k(b *testing.B) {
+	const sessions, maxBatch = 100_000, 1000
+	srv := redistest.Start(b)
+	c := benchClient(b, srv.Addr)
+	ctx := context.Background()
+	for i := range b.N {
+		b.StopTimer()
+		db, err := OpenDB(filepath.Join(b.TempDir(), "state.db"), nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		ob, err := OpenOutbox(db, OutboxOptions{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		now := time.Now()
+		items := make([]item, sessions)
+		for j := range items {
+			items[j] = item{key{gateway.DeviceID(fmt.Sprintf("bench-%d", j)), "coap/default"}, slot{kind: gateway.Connect, at: now.Add(-time.Duration(sessions-j) * time.Microsecond)}}
+		}
+		putStart := time.Now()
+		for j := 0; j < sessions; j += 10_000 {
+			if _, err := ob.put(items[j : j+10_000]); err != nil {
+				b.Fatal(err)
+			}
+		}
+		putTook := time.Since(putStart)
+
+		u := New(benchStore(b, c, fmt.Sprintf("replay%d", i)), ob, Options{Gateway: "gw-bench", Epoch: 1, MaxBatch: maxBatch, Timeout: 30 * time.Second})
+		b.StartTimer()
+		cpu := startCPU(b, srv.Pid())
+		start := time.Now()
+		rp := &replayer{u: u}
+		for round := 0; ob.Len() > 0; round++ {
+			if round > sessions {
+				b.Fatal("replay made no progress")
+			}
+			if err := rp.round(ctx); err != nil {
+				b.Fatal(err)
+			}
+		}
+		replayTook := time.Since(start)
+		replayGw, replayRedis := cpu()
+		b.StopTimer()
+
+		direct := benchStore(b, c, fmt.Sprintf("direct%d", i))
+		perShard := make([][]item, benchShards)
+		for _, it := range items {
+			sh := gateway.ShardOf(it.device, benchShards)
+			perShard[sh] = append(perShard[sh], it)
+		}
+		cpu = startCPU(b, srv.Pid())
+		start = time.Now()
+		var wg sync.WaitGroup
+		for sh, its := range perShard {
+			wg.Go(func() {
+				for k := 0; k < len(its); k += maxBatch {
+					ws := withAges(appendWrites(nil, its[k:min(k+maxBatch, len(its))]), time.Now())
+					if _, err := direct.Apply(ctx, sh, gateway.Batch{Gateway: "gw-bench", Epoch: 1, Lease: DefaultLease, Writes: ws}); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			})
+		}
+		wg.Wait()
+		directTook := time.Since(start)
+		directGw, directRedis := cpu()
+		if err := db.Close(); err != nil {
+			b.Fatal(err)
+		}
+		b.ReportMetric(sessions/replayTook.Seconds(), "replay-sessions/s")
+		b.ReportMetric(sessions/directTook.Seconds(), "direct-sessions/s")
+		b.ReportMetric(replayTook.Seconds()/directTook.Seconds(), "replay/direct")
+		b.ReportMetric(sessions/putTook.Seconds(), "outbox-put-sessions/s")
+		b.ReportMetric(replayGw.Seconds()*1e6/sessions, "replay-gw-cpu-µs/session")
+		b.ReportMetric(replayRedis.Seconds()*1e6/sessions, "replay-redis-cpu-µs/session")
+		b.ReportMetric(directGw.Seconds()*1e6/sessions, "direct-gw-cpu-µs/session")
+		b.ReportMetric(directRedis.Seconds()*1e6/sessions, "direct-redis-cpu-µs/session")
+	}
+}
+
+// BenchmarkFlushRoundTrips flushes one write into each of 16 shards of a
+// real Redis store, 20 times per op after a warm-up, and checks that a
+// flush is one store call (one script command) per shard, sent
+// concurrently: its time is compared with one single-write Apply (one
+// round trip) and with the same 16 calls made one after the other.
+func BenchmarkFlushRoundTrips(b *testing.B) {
+	const flushes = 20
+	srv := redistest.Start(b)
+	c := benchClient(b, srv.Addr)
+	ctx := context.Background()
+	db, err := OpenDB(filepath.Join(b.TempDir(), "state.db"), nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer db.Close()
+	ob, err := OpenOutbox(db, OutboxOptions{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	store := &countingStore{Store: benchStore(b, c, "flush")}
+	u := New(store, ob, Options{Gateway: "gw-bench", Epoch: 1, Timeout: 30 * time.Second})
+	devs := make([]gateway.DeviceID, benchShards)
+	for i := 0; i < 100_000; i++ {
+		d := gateway.DeviceID("rt-" + strconv.Itoa(i))
+		if sh := gateway.ShardOf(d, benchShards); devs[sh] == "" {
+			devs[sh] = d
+		}
+	}
+	flush := func() {
+		for _, d := range devs {
+			mustEnqueue(b, u, evidence(d, gateway.Renew, time.Now()))
+		}
+		if err := u.flushOnce(ctx); err != nil {
+			b.Fatal(err)
+		}
+	}
+	apply := func(sh int) {
+		w := []gateway.Write{{Device: devs[sh], Session: "coap/default", Kind: gateway.Renew}}
+		if _, err := store.Store.Apply(ctx, sh, gateway.Batch{Gateway: "gw-bench", Epoch: 1, Lease: DefaultLease, Writes: w}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	flush() // warm-up: dial the pool's connections
+	var flushTook, oneTook, seqTook time.Duration
+	var calls, cmds int
+	b.ResetTimer()
+	for range b.N {
+		for range flushes {
+			before, evalBefore := len(store.Calls()), evalshaCalls(b, c)
+			start := time.Now()
+			flush()
+			flushTook += time.Since(start)
+			calls += len(store.Calls()) - before
+			cmds += evalshaCalls(b, c) - evalBefore
+
+			start = time.Now()
+			apply(0)
+			oneTook += time.Since(start)
+			start = time.Now()
+			for sh := range devs {
+				apply(sh)
+			}
+			seqTook += time.Since(start)
+		}
+	}
+	n := b.N * flushes
+	if calls != n*benchShards || cmds != n*benchShards {
+		b.Fatalf("%d flushes made %d store calls and %d script commands, want %d each", n, calls, cmds, n*benchShards)
+	}
+	b.ReportMetric(float64(calls)/float64(n*benchShards), "calls/shard/flush")
+	b.ReportMetric(float64(cmds)/float64(n), "redis-cmds/flush")
+	b.ReportMetric(flushTook.Seconds()/oneTook.Seconds(), "flush/one-call")
+	b.ReportMetric(flushTook.Seconds()/seqTook.Seconds(), "flush/sequential")
+}
+
+// evalshaCalls reads how many EVALSHA commands the server has run.
+func evalshaCalls(b *testing.B, c *redis.Client) int {
+	b.Helper()
+	info, err := c.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	for line := range strings.SplitSeq(info, "\n") {
+		if rest, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_evalsha:calls="); ok {
+			n, err := strconv.Atoi(rest[:strings.IndexByte(rest, ',')])
+			if err != nil {
+				b.Fatal(err)
+			}
+			return n
+		}
+	}
+	return 0
+}
+
+// startCPU starts measuring the CPU time of this process and of the
+// process pid; the returned function reads both since the start.
+func startCPU(b *testing.B, pid int) func() (self, other time.Duration) {
+	self0, other0 := selfCPU(b), procCPU(b, pid)
+	return func() (time.Duration, time.Duration) {
+		return selfCPU(b) - self0, procCPU(b, pid) - other0
+	}
+}
+
+func selfCPU(b *testing.B) time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		b.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// procCPU reads utime+stime of pid from /proc (clock ticks of 10 ms, the
+// Linux USER_HZ).
+func procCPU(b *testing.B, pid int) time.Duration {
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		b.Fatal(err)
+	}
+	// Fields after the command name, which is in parentheses.
+	f := strings.Fields(string(raw[bytes.LastIndexByte(raw, ')')+1:]))
+	utime, err1 := strconv.Atoi(f[11])
+	stime, err2 := strconv.Atoi(f[12])
+	if err1 != nil || err2 != nil {
+		b.Fatalf("parse /proc/%d/stat: %v %v", pid, err1, err2)
+	}
+	return time.Duration(utime+stime) * 10 * time.Millisecond
+}

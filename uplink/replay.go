@@ -1,0 +1,152 @@
+package uplink
+
+import (
+	"cmp"
+	"context"
+	"sync"
+	"time"
+)
+
+// replayer replays the outbox round by round. The deletion of a round's
+// acknowledged entries runs in the background while the next round is
+// read and sent (the entries being deleted are skipped meanwhile), so the
+// outbox's local write overlaps the store's work. At most one deletion is
+// in flight.
+type replayer struct {
+	u    *Uplink
+	prev *removal
+}
+
+// replayChunks is how many batches of MaxBatch writes a replay round
+// sends per shard (one after the other), so that rounds are few.
+const replayChunks = 4
+
+// chunk is one replay batch: the writes of records of one shard.
+type chunk struct {
+	shard  int
+	tws    []timedWrite
+	recs   []record
+	lapsed int // lapsed writes of recs, dropped with them
+}
+
+// removal is a background deletion of outbox entries.
+type removal struct {
+	skip map[uint64]bool // sequence numbers of the entries being deleted
+	done chan struct{}
+}
+
+// wait returns when no deletion is in flight.
+func (r *replayer) wait() {
+	if r.prev != nil {
+		<-r.prev.done
+		r.prev = nil
+	}
+}
+
+// round sends one round of the outbox, oldest entries first: per shard
+// up to replayChunks store calls of at most MaxBatch writes each
+// (Batch.Replay), one after the other, the shards concurrently, ages
+// recomputed just before each call. Evidence whose lease has run out is
+// dropped, never sent. An entry is deleted only after the store
+// acknowledged its batch (a crash in between replays it again, which the
+// store tolerates), or when all of it lapsed or the store refused it for
+// good. It returns the first error of a store that did not answer.
+func (r *replayer) round(ctx context.Context) error {
+	u := r.u
+	u.sendMu.Lock()
+	defer u.sendMu.Unlock()
+	t := u.timing()
+	var skip map[uint64]bool
+	if r.prev != nil {
+		skip = r.prev.skip
+	}
+	perShard, bad, err := u.ob.oldestRecords(u.shards, replayChunks*t.maxBatch, replayChunks*t.maxBatch*u.shards, skip)
+	if err != nil {
+		return err
+	}
+	now := u.clock.Now()
+	var (
+		perJob [][]chunk
+		gone   []record // entries to delete
+		lapsed int      // lapsed writes of gone
+	)
+	for shard, recs := range perShard {
+		var chunks []chunk
+		c := chunk{shard: shard}
+		for _, rec := range recs {
+			live := rec.item
+			if !live.leave.IsZero() && now.Sub(live.leave) >= t.lease {
+				live.leave = time.Time{}
+			}
+			if live.kind != 0 && now.Sub(live.at) >= t.lease {
+				live.kind, live.at = 0, time.Time{}
+			}
+			if live.n() == 0 {
+				gone = append(gone, rec)
+				lapsed += rec.n()
+				continue
+			}
+			if len(c.tws)+live.n() > t.maxBatch {
+				chunks = append(chunks, c)
+				c = chunk{shard: shard}
+			}
+			c.recs = append(c.recs, rec)
+			c.lapsed += rec.n() - live.n()
+			c.tws = appendWrites(c.tws, []item{live})
+		}
+		if len(c.tws) > 0 {
+			chunks = append(chunks, c)
+		}
+		if len(chunks) > 0 {
+			perJob = append(perJob, chunks)
+		}
+	}
+	var (
+		mu    sync.Mutex
+		wg    sync.WaitGroup
+		first error
+	)
+	for _, chunks := range perJob {
+		wg.Go(func() {
+			for _, c := range chunks {
+				err := u.apply(ctx, t, c.shard, true, c.tws)
+				ok := err == nil || u.refused(err, c.shard, len(c.tws))
+				mu.Lock()
+				if ok {
+					gone = append(gone, c.recs...)
+					lapsed += c.lapsed
+				} else {
+					first = cmp.Or(first, err)
+				}
+				mu.Unlock()
+				if !ok {
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	r.wait()
+	if lapsed > 0 {
+		u.lapsed.Add(uint64(lapsed))
+		u.m.dropped.WithLabelValues(reasonLapsed).Add(float64(lapsed))
+	}
+	if len(gone) == 0 && len(bad) == 0 {
+		return first
+	}
+	rm := &removal{skip: make(map[uint64]bool, len(gone)+len(bad)), done: make(chan struct{})}
+	for _, rec := range gone {
+		rm.skip[rec.seq] = true
+	}
+	for _, tk := range bad {
+		rm.skip[seqOf(tk)] = true
+	}
+	go func() {
+		defer close(rm.done)
+		if err := u.ob.remove(gone, bad); err != nil {
+			u.log.Error("outbox: deleting replayed entries failed; they will be replayed again", "err", err)
+		}
+	}()
+	r.prev = rm
+	return first
+}
