@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"strings"
+	"time"
 
 	"github.com/plgd-dev/go-coap/v3/message"
 	"github.com/plgd-dev/go-coap/v3/message/codes"
@@ -20,6 +21,13 @@ import (
 // retryAfterSeconds is the Max-Age of a 5.03 answer: when an overloaded
 // gateway wants the device to try again.
 const retryAfterSeconds = 5
+
+// observeTimeout bounds how long a request waits for the Observer, which
+// may block for backpressure (a full uplink queue) and then refuses with
+// gateway.ErrOverloaded: the device gets 5.03 before its first CoAP
+// retransmission (ACK_TIMEOUT is 2 s), and a peer's handler goroutine is
+// never held for long.
+const observeTimeout = time.Second
 
 // identityFunc names the device a transport authenticated on a peer
 // connection, "" when the transport does not authenticate (plain UDP).
@@ -65,6 +73,8 @@ func (s *Server) processor(identity identityFunc) config.ProcessReceivedMessageF
 // for a CON, instead of its default 4.04 as a retransmitted CON.
 func ignore(*responsewriter.ResponseWriter[*udpClient.Conn], *pool.Message) {}
 
+// isRequest reports a CON or NON message with a method code (class 0,
+// 0.01 to 0.31).
 func isRequest(m *pool.Message) bool {
 	t := m.Type()
 	return (t == message.Confirmable || t == message.NonConfirmable) &&
@@ -126,7 +136,10 @@ func (s *Server) answer(ctx context.Context, r *pool.Message, cc *udpClient.Conn
 			ObservedAt: s.clock.Now(),
 			Protocol:   "coap",
 		}
-		if err = s.obs.Observe(ctx, ev); err == nil {
+		octx, cancel := context.WithTimeout(ctx, observeTimeout)
+		err = s.obs.Observe(octx, ev)
+		cancel()
+		if err == nil {
 			s.metrics.accepted(hb.kind)
 			return codes.Changed, ""
 		}

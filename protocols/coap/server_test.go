@@ -153,6 +153,28 @@ func TestObserverErrors(t *testing.T) {
 	}
 }
 
+// backpressureObserver blocks like an uplink with a full queue: until
+// its context is done, then refuses with ErrOverloaded.
+type backpressureObserver struct{}
+
+func (backpressureObserver) Observe(ctx context.Context, _ gateway.Evidence) error {
+	<-ctx.Done()
+	return fmt.Errorf("uplink: enqueue: %w: %w", gateway.ErrOverloaded, ctx.Err())
+}
+
+func TestObserverBackpressureBounded(t *testing.T) {
+	s := startServer(t, backpressureObserver{}, Options{AllowAnonymous: true})
+	cc := dial(t, s)
+	begin := time.Now()
+	r := request(t, cc, message.Confirmable, codes.POST, "/hb", "d=dev-1")
+	if r.code != codes.ServiceUnavailable || r.maxAge != retryAfterSeconds {
+		t.Fatalf("reply %v Max-Age %d, want 5.03 Max-Age %d", r.code, r.maxAge, retryAfterSeconds)
+	}
+	if took := time.Since(begin); took < observeTimeout || took > observeTimeout+3*time.Second {
+		t.Fatalf("answered after %v, want about %v", took, observeTimeout)
+	}
+}
+
 func TestNonConfirmable(t *testing.T) {
 	rec := &recorder{}
 	s := startServer(t, rec, Options{AllowAnonymous: true, HeartbeatInterval: 1500 * time.Millisecond})
