@@ -138,16 +138,15 @@ func newQueue() *queue {
 }
 
 // tryAdd folds ev into the queue unless that would take the pending
-// writes above limit. It returns the growth in writes (0 or 1) and
-// whether ev was taken; when it was not, space is the channel to wait on.
-func (q *queue) tryAdd(ev gateway.Evidence, limit int) (grew int, ok bool, space <-chan struct{}) {
+// writes above limit; when it does not, space is the channel to wait on.
+func (q *queue) tryAdd(ev gateway.Evidence, limit int) (ok bool, space <-chan struct{}) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	k := key{ev.Device, ev.Session}
 	s, found := q.slots[k]
 	if !found {
 		if q.n+1 > limit {
-			return 0, false, q.space
+			return false, q.space
 		}
 		s = &slot{}
 		q.slots[k] = s
@@ -155,13 +154,13 @@ func (q *queue) tryAdd(ev gateway.Evidence, limit int) (grew int, ok bool, space
 	}
 	next := *s
 	next.add(ev.Kind, ev.ObservedAt)
-	grew = next.n() - s.n()
+	grew := next.n() - s.n()
 	if found && grew > 0 && q.n+grew > limit {
-		return 0, false, q.space
+		return false, q.space
 	}
 	*s = next
 	q.n += grew
-	return grew, true, nil
+	return true, nil
 }
 
 // take removes sessions in arrival order until the next one would take

@@ -116,7 +116,7 @@ func TestWritesOrderedByObservation(t *testing.T) {
 func TestQueueBoundAndTake(t *testing.T) {
 	q := newQueue()
 	add := func(d gateway.DeviceID, k gateway.Kind, sec int) bool {
-		_, ok, _ := q.tryAdd(gateway.Evidence{Device: d, Session: "s", Kind: k, ObservedAt: at(sec)}, 3)
+		ok, _ := q.tryAdd(gateway.Evidence{Device: d, Session: "s", Kind: k, ObservedAt: at(sec)}, 3)
 		return ok
 	}
 	for i, d := range []gateway.DeviceID{"a", "b", "c"} {
@@ -133,7 +133,7 @@ func TestQueueBoundAndTake(t *testing.T) {
 	if add("a", gateway.Leave, 6) && q.pending() > 3 {
 		t.Fatal("pending grew over the limit")
 	}
-	_, _, space := q.tryAdd(gateway.Evidence{Device: "d", Session: "s", Kind: gateway.Renew, ObservedAt: at(7)}, 3)
+	_, space := q.tryAdd(gateway.Evidence{Device: "d", Session: "s", Kind: gateway.Renew, ObservedAt: at(7)}, 3)
 	items, n := q.take(2)
 	if n != 2 || len(items) != 2 || items[0].device != "a" || items[1].device != "b" {
 		t.Fatalf("take(2) = %v (%d writes), want a, b", items, n)

@@ -205,7 +205,7 @@ func (u *Uplink) Enqueue(ctx context.Context, ev gateway.Evidence) error {
 	q := u.queues[gateway.ShardOf(ev.Device, u.shards)]
 	for {
 		t := u.timing()
-		_, ok, space := q.tryAdd(ev, t.queueLimit)
+		ok, space := q.tryAdd(ev, t.queueLimit)
 		if ok {
 			if q.pending() >= t.maxBatch {
 				u.signal(u.kick)
