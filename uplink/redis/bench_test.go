@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -121,6 +122,7 @@ func BenchmarkRenewals(b *testing.B) {
 	b.ReportMetric(zaddCPU, "redis-cpu-us/zadd-member")
 	b.ReportMetric(storeCPU/zaddCPU, "cpu-ratio")
 	b.ReportMetric(float64(calls)/float64(applies), "script-calls/batch")
+	b.ReportMetric(float64(calls)/n, "redis-calls/renewal")
 }
 
 // ceilingReapLua is the least an atomic reap can do: pick 500 due
@@ -153,7 +155,7 @@ func BenchmarkReap(b *testing.B) {
 	ids := deviceIDs(devices, "dev")
 	var store, floor cost
 	var reaped, floorReaped int
-	var storeMax, floorMax time.Duration
+	var storeCalls, floorCalls []time.Duration
 	b.ResetTimer()
 	for range b.N {
 		b.StopTimer()
@@ -189,7 +191,7 @@ func BenchmarkReap(b *testing.B) {
 			}
 			b.Fatal("reap did not drain the shard")
 		})
-		storeMax = max(storeMax, longestScript(b, ctx, c))
+		storeCalls = append(storeCalls, scriptDurations(b, ctx, c)...)
 		c.SlowLogReset(ctx)
 		measure(b, srv, &floor, func() {
 			for i := 0; i <= devices/limit+1; i++ {
@@ -204,7 +206,7 @@ func BenchmarkReap(b *testing.B) {
 			}
 			b.Fatal("ceiling reap did not drain")
 		})
-		floorMax = max(floorMax, longestScript(b, ctx, c))
+		floorCalls = append(floorCalls, scriptDurations(b, ctx, c)...)
 	}
 	b.StopTimer()
 	if reaped != b.N*devices || floorReaped != b.N*devices {
@@ -214,24 +216,38 @@ func BenchmarkReap(b *testing.B) {
 	b.ReportMetric(storeRate, "reaps/s")
 	b.ReportMetric(floorRate, "ceiling-reaps/s")
 	b.ReportMetric(storeRate/floorRate, "throughput-ratio")
-	b.ReportMetric(float64(storeMax.Microseconds())/1000, "max-script-ms")
-	b.ReportMetric(float64(floorMax.Microseconds())/1000, "ceiling-max-script-ms")
+	storeCPU := float64(store.ticks) * float64(clockTick.Microseconds()) / float64(reaped)
+	floorCPU := float64(floor.ticks) * float64(clockTick.Microseconds()) / float64(floorReaped)
+	b.ReportMetric(storeCPU, "redis-cpu-us/reap")
+	b.ReportMetric(floorCPU, "ceiling-redis-cpu-us/reap")
+	b.ReportMetric(storeCPU/floorCPU, "cpu-ratio")
+	slices.Sort(storeCalls)
+	slices.Sort(floorCalls)
+	msOf := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+	b.ReportMetric(msOf(storeCalls[len(storeCalls)-1]), "max-script-ms")
+	b.ReportMetric(msOf(storeCalls[len(storeCalls)/2]), "p50-script-ms")
+	b.ReportMetric(msOf(floorCalls[len(floorCalls)-1]), "ceiling-max-script-ms")
+	b.ReportMetric(msOf(floorCalls[len(floorCalls)/2]), "ceiling-p50-script-ms")
 }
 
-// longestScript is the longest EVAL/EVALSHA in the server's slow log.
-func longestScript(b *testing.B, ctx context.Context, c *redis.Client) time.Duration {
+// scriptDurations lists the EVAL/EVALSHA durations in the server's slow
+// log (the server logs every command).
+func scriptDurations(b *testing.B, ctx context.Context, c *redis.Client) []time.Duration {
 	b.Helper()
 	logs, err := c.SlowLogGet(ctx, -1).Result()
 	if err != nil {
 		b.Fatal(err)
 	}
-	var longest time.Duration
+	var ds []time.Duration
 	for _, l := range logs {
 		if len(l.Args) > 0 && strings.HasPrefix(strings.ToLower(l.Args[0]), "eval") {
-			longest = max(longest, l.Duration)
+			ds = append(ds, l.Duration)
 		}
 	}
-	return longest
+	if len(ds) == 0 {
+		b.Fatal("no script calls in the slow log")
+	}
+	return ds
 }
 
 func usedMemory(b *testing.B, ctx context.Context, c *redis.Client) int64 {

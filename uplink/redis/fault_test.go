@@ -137,6 +137,10 @@ func TestRedisRestart(t *testing.T) {
 	if len(evs) != 1 || evs[0].State != gateway.Online || evs[0].Ver != 1 {
 		t.Fatalf("after restart (data lost): %s", describe(evs))
 	}
+	// The restarted server had no scripts: EVALSHA failed and EVAL ran.
+	if n := commandCalls(t, e.ctx, []string{srv.Addr}, "eval"); n != 1 {
+		t.Fatalf("EVAL ran %d times after the restart, want 1", n)
+	}
 	e.clock.Advance(time.Hour)
 	if r := e.reap(0, 10); len(r.Offline) != 1 || r.Offline[0].Ver != 2 {
 		t.Fatalf("reap after restart: %s", describe(r.Offline))

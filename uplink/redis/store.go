@@ -88,6 +88,9 @@ func Open(ctx context.Context, c redis.UniversalClient, o Options) (*Store, erro
 	if o.Prefix == "" {
 		o.Prefix = "fleetgate"
 	}
+	if strings.ContainsAny(o.Prefix, "{}") {
+		return nil, fmt.Errorf("redisstore: open: prefix %q: braces would break the {P:s} hash tags", o.Prefix)
+	}
 	if o.EventsMaxLen <= 0 {
 		o.EventsMaxLen = max(1, 1_000_000/int64(o.Shards))
 	}
@@ -224,14 +227,13 @@ func (s *Store) Apply(ctx context.Context, shard int, b gateway.Batch) (gateway.
 	return gateway.ApplyResult{Events: evs}, nil
 }
 
-// Reap handles at most limit due entries of shard in one script call.
+// Reap handles at most limit due entries of shard in one script call;
+// limit ≤ 0 handles none and only reports More and Next.
 func (s *Store) Reap(ctx context.Context, shard int, limit int) (gateway.ReapResult, error) {
 	if err := s.checkShard("reap", shard); err != nil {
 		return gateway.ReapResult{}, err
 	}
-	if limit < 1 {
-		limit = 1
-	}
+	limit = max(limit, 0)
 	res, err := s.reap.Run(ctx, s.c, s.keys[shard].data, limit, s.nowArg(), s.maxLen).Slice()
 	if err != nil {
 		return gateway.ReapResult{}, unavailable("reap", err)
@@ -377,14 +379,20 @@ func parseListCursor(s string, shards int) (listCursor, error) {
 	return listCursor{}, fmt.Errorf("bad cursor %q", s)
 }
 
-// maxListCalls bounds the script calls of one List page.
-const maxListCalls = 64
+const (
+	// maxListCalls bounds the script calls of one List page.
+	maxListCalls = 64
+	// defaultLimit is the page size of List and Events for a limit ≤ 0.
+	defaultLimit = 100
+	// maxListLimit caps a List page.
+	maxListLimit = 1000
+)
 
 // List pages through the devices of every shard in shard order (HSCAN of
-// {P:s}:dev), filtered by state. As with SCAN, a device present for the
-// whole iteration is returned at least once, except that one changing
-// between two pages whose boundary falls inside one HSCAN step may be
-// skipped or repeated.
+// {P:s}:dev), filtered by state, at most 1000 a page. As with SCAN, a
+// device present for the whole iteration is returned at least once,
+// except that one changing between two pages whose boundary falls inside
+// one HSCAN step may be skipped or repeated.
 func (s *Store) List(ctx context.Context, q gateway.ListQuery) (gateway.ListPage, error) {
 	filter := ""
 	switch q.State {
@@ -396,8 +404,9 @@ func (s *Store) List(ctx context.Context, q gateway.ListQuery) (gateway.ListPage
 	}
 	limit := q.Limit
 	if limit <= 0 {
-		limit = 100
+		limit = defaultLimit
 	}
+	limit = min(limit, maxListLimit)
 	cur, err := parseListCursor(q.Cursor, s.shards)
 	if err != nil {
 		return gateway.ListPage{}, fmt.Errorf("redisstore: list: %w", err)
@@ -438,10 +447,13 @@ func (s *Store) Events(ctx context.Context, shard int, after string, limit int) 
 		return nil, err
 	}
 	if limit <= 0 {
-		limit = 100
+		limit = defaultLimit
 	}
 	start := "-"
 	if after != "" && after != "0" {
+		if !validStreamID(after) {
+			return nil, fmt.Errorf("redisstore: events: position %q is not <ms>-<seq>", after)
+		}
 		start = "(" + after
 	}
 	msgs, err := s.c.XRangeN(ctx, s.keys[shard].data[2], start, "+", int64(limit)).Result()
@@ -457,6 +469,14 @@ func (s *Store) Events(ctx context.Context, shard int, after string, limit int) 
 		evs = append(evs, e)
 	}
 	return evs, nil
+}
+
+// validStreamID reports whether id is a stream ID "<ms>-<seq>".
+func validStreamID(id string) bool {
+	ms, seq, ok := strings.Cut(id, "-")
+	_, err1 := strconv.ParseUint(ms, 10, 64)
+	_, err2 := strconv.ParseUint(seq, 10, 64)
+	return ok && err1 == nil && err2 == nil
 }
 
 func streamEvent(shard int, m redis.XMessage) (gateway.Event, error) {

@@ -213,6 +213,12 @@ func TestInputErrors(t *testing.T) {
 	if _, err := e.store.List(e.ctx, gateway.ListQuery{State: gateway.Suspect}); err == nil {
 		t.Fatal("list accepted a suspect filter")
 	}
+	if _, err := e.store.Events(e.ctx, 0, "12-x", 1); err == nil || errors.Is(err, gateway.ErrUnavailable) {
+		t.Fatalf("events after a malformed position: %v", err)
+	}
+	if _, err := Open(e.ctx, e.c, Options{Prefix: "a{b}", Shards: 1}); err == nil {
+		t.Fatal("opened with braces in the prefix")
+	}
 }
 
 func TestReap(t *testing.T) {
@@ -232,6 +238,10 @@ func TestReap(t *testing.T) {
 		e.apply(0, gateway.Batch{Gateway: "gw", Epoch: 1, Lease: 10 * time.Second,
 			Writes: []gateway.Write{write(devs[0], "t", gateway.Renew, 0)}})
 		e.clock.Set(ms(10 * time.Second))
+		// Limit 0 handles nothing and reports what is due.
+		if r := e.reap(0, 0); len(r.Offline) != 0 || !r.More || !r.Next.Equal(ms(6*time.Second)) {
+			t.Fatalf("limit 0: %+v", r)
+		}
 		// Due: devs[4] (6s) devs[3] (7s) devs[2] (8s) devs[1] (9s).
 		r := e.reap(0, 3)
 		if len(r.Offline) != 3 || !r.More || r.Trimmed != 0 || !r.Next.Equal(ms(9*time.Second)) {

@@ -5,7 +5,10 @@
 -- orphans counts due entries without an online record (removed, no event).
 local limit, now, maxlen = tonumber(ARGV[1]), clock(ARGV[2]), ARGV[3]
 
-local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'WITHSCORES', 'LIMIT', 0, limit)
+local due = {}
+if limit > 0 then
+  due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'WITHSCORES', 'LIMIT', 0, limit)
+end
 local devs = {}
 for i = 1, #due, 2 do devs[#devs + 1] = due[i] end
 local packed = {}
