@@ -273,3 +273,35 @@ func readLog(t *testing.T, s gateway.Store, shard int) []gateway.Event {
 	t.Fatalf("shard %d: more than %d pages of events", shard, maxPages)
 	return nil
 }
+
+// A store outage is logged and retried every cycle: once Redis answers
+// again, the same runner reaps what falls due, without a restart.
+func TestRetriesThroughAStoreOutage(t *testing.T) {
+	srv := redistest.Start(t)
+	// No client retries: each call fails at once while Redis is down
+	// (by default a call retries and redials for about 0.5s).
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr, MaxRetries: -1, DialerRetries: 1})
+	t.Cleanup(func() { client.Close() })
+	s, err := redisstore.Open(t.Context(), client, redisstore.Options{Prefix: "fg-outage", Shards: faultShards, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatalf("open redis store: %v", err)
+	}
+	var got events
+	r := New(s, Options{Owner: "runner", Interval: faultInterval, Batch: faultBatch, LockTTL: faultLockTTL, OnEvent: got.add})
+	start(t, r)
+
+	before := deviceIDs("before", 50)
+	connect(t, s, before, 200*time.Millisecond)
+	waitFor(t, "devices reaped before the outage", func() bool { return got.len() == len(before) })
+	srv.Kill()
+	// Renewals fail, so the runner's leases run out: it holds nothing.
+	waitFor(t, "the runner's leases to run out", func() bool { return len(r.Status().Shards) == 0 })
+	srv.Restart() // an empty server: persistence is off
+	// go-redis keeps answering with the last dial error until its pool
+	// has dialled again.
+	waitFor(t, "the client to reconnect", func() bool { return client.Ping(t.Context()).Err() == nil })
+	after := deviceIDs("after", 50)
+	connect(t, s, after, 200*time.Millisecond)
+	waitFor(t, "devices reaped after the outage", func() bool { return got.len() == len(before)+len(after) })
+	checkOnce(t, append(before, after...), &got)
+}

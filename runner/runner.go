@@ -80,6 +80,10 @@ type Runner struct {
 	m       *metrics
 	leases  *leases
 	running atomic.Bool
+	// outage is set from a failed store call until the next that works,
+	// so that an outage logs one warning, not one per call (Run's
+	// goroutine only).
+	outage bool
 
 	mu     sync.Mutex
 	status Status
@@ -233,11 +237,10 @@ func (r *Runner) reapShard(ctx context.Context, shard int) (gateway.ReapResult, 
 			r.status.ReapCalls++
 			r.status.ReapErrors++
 			r.mu.Unlock()
-			if ctx.Err() == nil {
-				r.log.Warn("runner: reap failed", "shard", shard, "err", err)
-			}
+			r.storeFailed(ctx, "reap", shard, err)
 			return gateway.ReapResult{}, false
 		}
+		r.storeAnswered()
 		r.record(shard, res)
 		if !res.More {
 			break
@@ -280,11 +283,12 @@ func (r *Runner) leaseRound(ctx context.Context) {
 		}
 		start := r.o.Clock.Now()
 		ok, err := r.store.AcquireShard(ctx, shard, r.o.Owner, r.o.LockTTL)
+		if err == nil {
+			r.storeAnswered()
+		}
 		switch {
 		case err != nil:
-			if ctx.Err() == nil {
-				r.log.Warn("runner: acquire shard", "shard", shard, "err", err)
-			}
+			r.storeFailed(ctx, "acquire shard", shard, err)
 		case ok:
 			if !held {
 				r.log.Info("runner: shard acquired", "shard", shard)
@@ -299,6 +303,30 @@ func (r *Runner) leaseRound(ctx context.Context) {
 		}
 	}
 	r.leases.end(p)
+}
+
+// storeFailed logs a failed store call: a warning for the first failure
+// after a success, then debug records until the store answers again.
+// Nothing is lost meanwhile: due entries stay in the store until a reap
+// succeeds.
+func (r *Runner) storeFailed(ctx context.Context, op string, shard int, err error) {
+	if ctx.Err() != nil {
+		return
+	}
+	if r.outage {
+		r.log.Debug("runner: store call failed", "op", op, "shard", shard, "err", err)
+		return
+	}
+	r.outage = true
+	r.log.Warn("runner: store call failed; retrying every cycle", "op", op, "shard", shard, "err", err)
+}
+
+// storeAnswered ends an outage begun by storeFailed.
+func (r *Runner) storeAnswered() {
+	if r.outage {
+		r.outage = false
+		r.log.Info("runner: store answers again")
+	}
 }
 
 // releaseAll gives up every lease held, so that another runner can take
