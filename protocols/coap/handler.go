@@ -42,8 +42,8 @@ func anonymous(*udpClient.Conn) string { return "" }
 //
 // Requests are answered here directly rather than through go-coap's
 // default path, for two reasons: go-coap answers a NON request with a CON
-// response (which it then retransmits until the device acknowledges),
-// where RFC 7252 §5.2.3 prefers NON; and it caches every response per
+// response, which the device then has to acknowledge, where RFC 7252
+// §5.2.3 prefers NON; and it caches every response per
 // peer for EXCHANGE_LIFETIME (247 s) and scans that cache on each
 // datagram. Both heartbeat operations are idempotent, so a duplicate is
 // processed again instead (RFC 7252 §4.5 allows this relaxation) and the
@@ -70,7 +70,7 @@ func (s *Server) processor(identity identityFunc) config.ProcessReceivedMessageF
 // ignore is go-coap's handler for what processor passes on: messages
 // that are not requests (a stray response, an ACK with a request code).
 // Leaving the answer unset makes go-coap send nothing, or an empty ACK
-// for a CON, instead of its default 4.04 as a retransmitted CON.
+// for a CON, instead of its default handler's 4.04 sent as a CON.
 func ignore(*responsewriter.ResponseWriter[*udpClient.Conn], *pool.Message) {}
 
 // isRequest reports a CON or NON message with a method code (class 0,
