@@ -43,9 +43,8 @@ func anonymous(*udpClient.Conn) string { return "" }
 // Requests are answered here directly rather than through go-coap's
 // default path, for two reasons: go-coap answers a NON request with a CON
 // response, which the device then has to acknowledge, where RFC 7252
-// §5.2.3 prefers NON; and it caches every response per
-// peer for EXCHANGE_LIFETIME (247 s) and scans that cache on each
-// datagram. Both heartbeat operations are idempotent, so a duplicate is
+// §5.2.3 prefers NON; and it caches every response per peer for
+// EXCHANGE_LIFETIME (247 s) and scans that cache on each datagram. Both heartbeat operations are idempotent, so a duplicate is
 // processed again instead (RFC 7252 §4.5 allows this relaxation) and the
 // only per-peer state left is the connection the inactivity sweep evicts.
 // Everything that is not a CON or NON request (responses, stray ACKs)
