@@ -159,3 +159,19 @@ func TestEnqueueRefusesUnknownKind(t *testing.T) {
 		t.Fatalf("Enqueue(kind 9) = %v, want a plain error", err)
 	}
 }
+
+func TestBackoffBounds(t *testing.T) {
+	u, _ := newEmbeddedUplink(t, Options{ProbeMin: 100 * time.Millisecond, ProbeMax: 10 * time.Second})
+	for n, want := range []time.Duration{100 * time.Millisecond, 200 * time.Millisecond, 400 * time.Millisecond} {
+		for range 20 {
+			if d := u.backoff(n); d < want/2 || d > want {
+				t.Fatalf("backoff(%d) = %v, want in [%v, %v]", n, d, want/2, want)
+			}
+		}
+	}
+	for _, n := range []int{7, 8, 64, 1 << 20} {
+		if d := u.backoff(n); d < 5*time.Second || d > 10*time.Second {
+			t.Fatalf("backoff(%d) = %v, want in [5s, 10s]", n, d)
+		}
+	}
+}

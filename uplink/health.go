@@ -47,10 +47,11 @@ func (u *Uplink) markUp() {
 // probeMin to probeMax, jittered over its upper half so that gateways
 // that lost the store together do not probe in step.
 func (u *Uplink) backoff(n int) time.Duration {
-	d := u.probeMax
-	if n < 32 {
-		d = min(u.probeMin<<n, u.probeMax)
+	d := u.probeMin
+	for i := 0; i < n && d < u.probeMax; i++ {
+		d *= 2
 	}
+	d = min(d, u.probeMax)
 	return d/2 + rand.N(d/2+1)
 }
 

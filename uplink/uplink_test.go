@@ -305,3 +305,24 @@ func TestOpenOutboxRebuildsDamagedIndex(t *testing.T) {
 		t.Fatalf("entries %v with %d distinct sequence numbers, want [a d b] and 3", got, len(seqs))
 	}
 }
+
+func TestSetTimingAppliesToNextFlush(t *testing.T) {
+	u, e := newEmbeddedUplink(t, Options{MaxBatch: 10})
+	u.SetTiming(30*time.Second, 2*time.Second, 4)
+	if tm := u.timing(); tm.lease != 30*time.Second || tm.interval != 2*time.Second || tm.maxBatch != 4 || tm.queueLimit != 16 {
+		t.Fatalf("timing %+v after SetTiming(30s, 2s, 4)", tm)
+	}
+	for _, d := range devicesIn(0, 10, "st") {
+		mustEnqueue(t, u, evidence(d, gateway.Renew, t0))
+	}
+	if err := u.flushOnce(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if calls := e.store.Calls(); len(calls) != 1 || calls[0].writes != 4 {
+		t.Fatalf("calls %+v, want one batch of 4", calls)
+	}
+	info, err := e.store.Device(context.Background(), devicesIn(0, 1, "st")[0])
+	if err != nil || !info.Deadline.Equal(t0.Add(30*time.Second)) {
+		t.Fatalf("device %+v, %v: want deadline now + the new lease", info, err)
+	}
+}
