@@ -320,6 +320,19 @@ func TestRecordSize(t *testing.T) {
 			t.Errorf("%s: %+v", dev, d)
 		}
 	}
+	// Reaping rewrites both records as offline ones naming the session.
+	e.clock.Advance(time.Hour)
+	r := e.reap(0, 10)
+	if len(r.Offline) != 2 {
+		t.Fatalf("reap: %s", describe(r.Offline))
+	}
+	for dev, sess := range map[gateway.DeviceID]gateway.SessionID{"conn": "site-a-1/3/123456", "coap": "coap/default"} {
+		d := e.device(dev)
+		if d.State != gateway.Offline || d.Ver != 2 || d.Session != sess || d.Gateway != "site-a-1" ||
+			!d.Since.Equal(ms(time.Hour)) || len(d.Sessions) != 0 {
+			t.Errorf("%s after reap: %+v", dev, d)
+		}
+	}
 }
 
 func TestList(t *testing.T) {

@@ -5,6 +5,7 @@
 -- Returns {0, newest epoch} when fenced (nothing applied), else {1, events...}.
 local gw, epoch, lease = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local replay, now, maxlen = ARGV[4] == '1', clock(ARGV[5]), ARGV[6]
+local nowstr = string.format('%d', now)
 
 local seen = redis.call('HMGET', KEYS[4], gw, '@' .. gw)
 if seen[1] and tonumber(seen[1]) > epoch then return {0, seen[1]} end
@@ -70,7 +71,7 @@ for i = 7, #ARGV, 4 do
       s.z = maxdl(r)
       if not s.z then
         r.on, r.ver, r.since = false, r.ver + 1, now
-        event(dev, 'offline', r.ver, now, 'expired', gwname(r.lastgw), r.lastsid, s.z0)
+        event(dev, 'offline', r.ver, nowstr, 'expired', gwname(r.lastgw), r.lastsid, s.z0)
       end
     end
     local ss, idx
@@ -106,7 +107,7 @@ for i = 7, #ARGV, 4 do
           r.on, r.ver, r.since, s.dirty = true, r.ver + 1, now, true
           local reason = 'renew'
           if replay then reason = 'replay' elseif kind == '1' then reason = 'connect' end
-          event(dev, 'online', r.ver, now, reason, gw, sid)
+          event(dev, 'online', r.ver, nowstr, reason, gw, sid)
         end
       end
     elseif ss and ss.dl <= d then
@@ -115,7 +116,7 @@ for i = 7, #ARGV, 4 do
       s.z = maxdl(r)
       if not s.z then
         r.on, r.ver, r.since = false, r.ver + 1, now
-        event(dev, 'offline', r.ver, now, 'leave', gw, sid)
+        event(dev, 'offline', r.ver, nowstr, 'leave', gw, sid)
       end
     end
   end

@@ -4,6 +4,24 @@
 -- Returns {trimmed, more (1|0), next deadline or -1, orphans, events...};
 -- orphans counts due entries without an online record (removed, no event).
 local limit, now, maxlen = tonumber(ARGV[1]), clock(ARGV[2]), ARGV[3]
+local nowstr, nowpacked = string.format('%d', now), struct.pack('>I6', now)
+
+-- offline turns the record of a device whose only session ran out (the
+-- common due entry) into its offline record straight from the packed
+-- bytes; it returns nil for other records, which take the general path.
+local function offline(p)
+  if byte(p, 1) ~= 7 then return nil end
+  local ver, i = ruvarint(p, 2)
+  i = i + 6
+  if byte(p, i) ~= 0 then return nil end
+  local gw, ep, sid
+  gw, i = ruvarint(p, i + 1)
+  ep, i = ruvarint(p, i)
+  -- the only session's offset from the device deadline is 0: one byte
+  sid = rsid(p, i + 1, gw, ep)
+  ver = ver + 1
+  return char(0) .. uvarint(ver) .. nowpacked .. uvarint(gw) .. uvarint(#sid * 2) .. sid, ver, gw, sid
+end
 
 local due = {}
 if limit > 0 then
@@ -17,25 +35,34 @@ if #devs > 0 then packed = mcall('HMGET', KEYS[2], devs) end
 local trimmed, orphans = 0, 0
 local hset, zadd, zrem, events = {}, {}, {}, {}
 for k, dev in ipairs(devs) do
-  local old = tonumber(due[2 * k])
-  local r = packed[k] and decode(packed[k], old)
-  if not r or not r.on then
-    orphans = orphans + 1
+  local p, old = packed[k], due[2 * k]
+  local rec, ver, gw, sid
+  if p then rec, ver, gw, sid = offline(p) end
+  if rec then
+    events[#events + 1] = emit(maxlen, dev, 'offline', ver, nowstr, 'expired', gwname(gw), sid, old)
     zrem[#zrem + 1] = dev
-  else
-    dropexpired(r, now)
-    local dl = maxdl(r)
-    if dl then
-      trimmed = trimmed + 1
-      zadd[#zadd + 1] = dl
-      zadd[#zadd + 1] = dev
-    else
-      r.on, r.ver, r.since = false, r.ver + 1, now
-      events[#events + 1] = emit(maxlen, dev, 'offline', r.ver, now, 'expired', gwname(r.lastgw), r.lastsid, old)
-      zrem[#zrem + 1] = dev
-    end
     hset[#hset + 1] = dev
-    hset[#hset + 1] = encode(r)
+    hset[#hset + 1] = rec
+  else
+    local r = p and decode(p, tonumber(old))
+    if not r or not r.on then
+      orphans = orphans + 1
+      zrem[#zrem + 1] = dev
+    else
+      dropexpired(r, now)
+      local dl = maxdl(r)
+      if dl then
+        trimmed = trimmed + 1
+        zadd[#zadd + 1] = dl
+        zadd[#zadd + 1] = dev
+      else
+        r.on, r.ver, r.since = false, r.ver + 1, now
+        events[#events + 1] = emit(maxlen, dev, 'offline', r.ver, nowstr, 'expired', gwname(r.lastgw), r.lastsid, old)
+        zrem[#zrem + 1] = dev
+      end
+      hset[#hset + 1] = dev
+      hset[#hset + 1] = encode(r)
+    end
   end
 end
 if #hset > 0 then mcall('HSET', KEYS[2], hset) end
