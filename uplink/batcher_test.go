@@ -3,8 +3,11 @@ package uplink
 import (
 	"context"
 	"errors"
+	"slices"
 	"testing"
 	"time"
+
+	"pgregory.net/rapid"
 
 	"github.com/fleetgate/fleetgate/gateway"
 )
@@ -174,4 +177,58 @@ func TestBackoffBounds(t *testing.T) {
 			t.Fatalf("backoff(%d) = %v, want in [5s, 10s]", n, d)
 		}
 	}
+}
+
+// TestCoalescingKeepsStoreOutcome checks, against a model of the store's
+// per-session semantics (gateway/store.go), that sending a session's
+// coalesced writes leaves the session exactly as sending every piece of
+// its evidence one by one would, whatever the session held before.
+func TestCoalescingKeepsStoreOutcome(t *testing.T) {
+	const lease = 10
+	// apply is the store's rule for one write at time now; d is the
+	// session's deadline, 0 when it holds none.
+	apply := func(d, now int, k gateway.Kind, observed int) int {
+		if d <= now {
+			d = 0
+		}
+		switch k {
+		case gateway.Leave:
+			if d != 0 && d <= observed+lease {
+				d = 0
+			}
+		default:
+			if nd := observed + lease; nd > now {
+				d = max(d, nd)
+			}
+		}
+		return d
+	}
+	rapid.Check(t, func(rt *rapid.T) {
+		now := rapid.IntRange(0, 40).Draw(rt, "now")
+		initial := 0
+		if rapid.Bool().Draw(rt, "live before") {
+			initial = rapid.IntRange(now+1, now+2*lease).Draw(rt, "initial deadline")
+		}
+		n := rapid.IntRange(1, 8).Draw(rt, "evidence")
+		kinds := rapid.SliceOfN(rapid.SampledFrom([]gateway.Kind{gateway.Connect, gateway.Renew, gateway.Leave}), n, n).Draw(rt, "kinds")
+		times := rapid.SliceOfN(rapid.IntRange(0, 40), n, n).Draw(rt, "times")
+		slices.Sort(times) // one gateway observes a session's evidence in order
+
+		full, coalesced := initial, initial
+		var s slot
+		for i, k := range kinds {
+			full = apply(full, now, k, times[i])
+			s.add(k, at(times[i]))
+		}
+		writes := slotWrites(s)
+		if len(writes) > 2 {
+			rt.Fatalf("%d coalesced writes", len(writes))
+		}
+		for _, w := range writes {
+			coalesced = apply(coalesced, now, w.k, w.sec)
+		}
+		if full != coalesced {
+			rt.Fatalf("deadline %d after every write, %d after the coalesced writes %v", full, coalesced, writes)
+		}
+	})
 }
