@@ -57,7 +57,7 @@ type e2eTiming struct {
 
 var fastTiming = e2eTiming{lease: 4 * time.Second, heartbeat: time.Second, renewEvery: time.Second, flush: 100 * time.Millisecond, runnerInterval: 100 * time.Millisecond}
 
-func freeUDPPort(t *testing.T) int {
+func freeUDPPort(t testing.TB) int {
 	t.Helper()
 	c, err := net.ListenPacket("udp", "127.0.0.1:0")
 	if err != nil {
@@ -69,7 +69,7 @@ func freeUDPPort(t *testing.T) int {
 
 // gatewayProc is one `fleetgate run` child process.
 type gatewayProc struct {
-	t        *testing.T
+	t        testing.TB
 	id       string
 	config   string
 	coapAddr string
@@ -98,7 +98,7 @@ func (s *syncBuffer) String() string {
 
 // newGateway writes a configuration for a gateway called id with its own
 // state directory and loopback ports; redisAddr "" means the embedded store.
-func newGateway(t *testing.T, id, redisAddr string, tm e2eTiming) *gatewayProc {
+func newGateway(t testing.TB, id, redisAddr string, tm e2eTiming) *gatewayProc {
 	t.Helper()
 	dir := t.TempDir()
 	g := &gatewayProc{
@@ -201,7 +201,7 @@ func (g *gatewayProc) stop() {
 }
 
 // waitFor polls cond every 20 ms until it holds or limit passes.
-func waitFor(t *testing.T, limit time.Duration, what string, cond func() bool) {
+func waitFor(t testing.TB, limit time.Duration, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(limit)
 	for !cond() {

@@ -45,8 +45,5 @@ func cmdRunner(ctx context.Context, args []string, _, stderr io.Writer) (err err
 		Owner: *owner, Interval: cfg.Runner.Interval.Std(), Batch: cfg.Runner.Batch,
 		LockTTL: cfg.Runner.LockTTL.Std(), Clock: gateway.SystemClock{}, Logger: log,
 	})
-	log.Info("runner started", "shards", cfg.Presence.Shards)
-	err = r.Run(ctx)
-	log.Info("runner stopped", "status", r.Status())
-	return err
+	return r.Run(ctx)
 }

@@ -74,7 +74,13 @@ func openStore(ctx context.Context, cfg configs.Config, db *bolt.DB, log *slog.L
 // addresses or the single one is a cluster node (INFO cluster says
 // cluster_enabled:1), else a standalone client.
 func newRedisClient(ctx context.Context, rc configs.RedisConfig) (redis.UniversalClient, error) {
-	opts := &redis.UniversalOptions{Addrs: rc.Addrs, Username: rc.Username, Password: rc.Password}
+	// Short timeouts and one retry: a flush that cannot reach Redis should
+	// fail within a couple of seconds and go to the outbox, and a hung
+	// Cluster node should not hold the runner's other shards for long.
+	opts := &redis.UniversalOptions{
+		Addrs: rc.Addrs, Username: rc.Username, Password: rc.Password,
+		DialTimeout: 2 * time.Second, ReadTimeout: 2 * time.Second, WriteTimeout: 2 * time.Second, MaxRetries: 1,
+	}
 	if rc.TLS {
 		opts.TLSConfig = &tls.Config{MinVersion: tls.VersionTLS12}
 	}
