@@ -61,6 +61,10 @@ type Outbox struct {
 type record struct {
 	item
 	seq uint64
+	// tk is the time index key the entry was found under; it differs from
+	// the entry's own key only when the index held a dangling key (after
+	// an unreadable entry was overwritten).
+	tk []byte
 }
 
 // OpenOutbox creates the outbox's buckets in db if needed and reads its
@@ -169,18 +173,22 @@ func (o *Outbox) put(items []item) (evicted int, err error) {
 		for _, it := range items {
 			sk := sessionKey(it.key)
 			s := it.slot
-			if v := sb.Get(sk); v != nil {
+			switch v := sb.Get(sk); {
+			case v == nil:
+				added++
+			default:
 				old, err := decodeRecord(sk, v)
 				if err != nil {
-					return err
+					// Overwritten; its index entry, if any, is found
+					// dangling and removed by a later replay round.
+					o.log.Error("outbox entry unreadable, replacing it", "device", it.device, "session", it.session, "err", err)
+					break
 				}
 				if err := tb.Delete(timeKey(old.slot.first(), old.seq)); err != nil {
 					return err
 				}
 				old.merge(s)
 				s = old.slot
-			} else {
-				added++
 			}
 			seq, err := tb.NextSequence()
 			if err != nil {
@@ -242,6 +250,7 @@ func (o *Outbox) oldestRecords(shards, maxWrites, scan int, skip map[uint64]bool
 				bad = append(bad, bytes.Clone(tk))
 				continue
 			}
+			r.tk = bytes.Clone(tk)
 			sh := gateway.ShardOf(r.device, shards)
 			if writes[sh] == maxWrites {
 				continue
@@ -290,8 +299,14 @@ func (o *Outbox) remove(recs []record, bad [][]byte) error {
 			if err := sb.Delete(sk); err != nil {
 				return err
 			}
-			if err := tb.Delete(timeKey(r.first(), r.seq)); err != nil {
+			own := timeKey(r.first(), r.seq)
+			if err := tb.Delete(own); err != nil {
 				return err
+			}
+			if r.tk != nil && !bytes.Equal(r.tk, own) {
+				if err := tb.Delete(r.tk); err != nil {
+					return err
+				}
 			}
 			removed++
 		}
@@ -300,13 +315,17 @@ func (o *Outbox) remove(recs []record, bad [][]byte) error {
 			if sk == nil {
 				continue
 			}
-			if err := sb.Delete(sk); err != nil {
-				return err
+			if v := sb.Get(sk); v != nil {
+				if _, err := decodeRecord(sk, v); err != nil {
+					if err := sb.Delete(sk); err != nil {
+						return err
+					}
+					removed++
+				}
 			}
 			if err := tb.Delete(tk); err != nil {
 				return err
 			}
-			removed++
 		}
 		oldest = oldestIn(tb)
 		return nil

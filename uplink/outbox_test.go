@@ -1,6 +1,7 @@
 package uplink
 
 import (
+	"context"
 	"fmt"
 	"path/filepath"
 	"testing"
@@ -78,6 +79,12 @@ func TestOutboxMatchesModel(t *testing.T) {
 	})
 }
 
+// fataler is what checkOutbox needs of *testing.T and *rapid.T.
+type fataler interface {
+	Fatal(args ...any)
+	Fatalf(format string, args ...any)
+}
+
 // modelEntry is a session's entry in the model of the outbox.
 type modelEntry struct {
 	slot
@@ -86,7 +93,7 @@ type modelEntry struct {
 
 // checkOutbox compares the outbox's buckets and cached size and oldest
 // time with want.
-func checkOutbox(rt *rapid.T, db *bolt.DB, ob *Outbox, want map[key]modelEntry) {
+func checkOutbox(rt fataler, db *bolt.DB, ob *Outbox, want map[key]modelEntry) {
 	var oldest time.Time
 	err := db.View(func(tx *bolt.Tx) error {
 		sb, tb := tx.Bucket(bucketSessions), tx.Bucket(bucketByTime)
@@ -116,5 +123,56 @@ func checkOutbox(rt *rapid.T, db *bolt.DB, ob *Outbox, want map[key]modelEntry) 
 	}
 	if ob.Len() != len(want) || !ob.Oldest().Equal(oldest) {
 		rt.Fatalf("cached len %d oldest %v, model %d %v", ob.Len(), ob.Oldest(), len(want), oldest)
+	}
+}
+
+// TestOutboxHealsUnreadableEntries damages two entries' values in place:
+// one is then overwritten by new evidence, the other is only found by a
+// replay round. Both end up removed or replayed, the dangling index entry
+// is cleaned up, and the size stays right.
+func TestOutboxHealsUnreadableEntries(t *testing.T) {
+	u, e := newEmbeddedUplink(t, Options{})
+	items := []item{
+		{key{"dev-a", "s"}, slot{kind: gateway.Renew, at: t0.Add(-3 * time.Second)}},
+		{key{"dev-b", "s"}, slot{kind: gateway.Renew, at: t0.Add(-2 * time.Second)}},
+		{key{"dev-c", "s"}, slot{kind: gateway.Renew, at: t0.Add(-time.Second)}},
+	}
+	if _, err := e.ob.put(items); err != nil {
+		t.Fatal(err)
+	}
+	err := e.db.Update(func(tx *bolt.Tx) error {
+		sb := tx.Bucket(bucketSessions)
+		for _, d := range []gateway.DeviceID{"dev-a", "dev-b"} {
+			if err := sb.Put(sessionKey(key{d, "s"}), []byte("garbage")); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.ob.put([]item{{key{"dev-a", "s"}, slot{kind: gateway.Connect, at: t0}}}); err != nil {
+		t.Fatal(err)
+	}
+	if e.ob.Len() != 3 {
+		t.Fatalf("len %d after overwriting an unreadable entry, want 3", e.ob.Len())
+	}
+	rp := &replayer{u: u}
+	for round := 0; e.ob.Len() > 0; round++ {
+		if round > 10 {
+			t.Fatalf("outbox not empty after %d rounds: %d", round, e.ob.Len())
+		}
+		if err := rp.round(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rp.wait()
+	checkOutbox(t, e.db, e.ob, nil)
+	for d, want := range map[gateway.DeviceID]bool{"dev-a": true, "dev-b": false, "dev-c": true} {
+		_, err := e.store.Device(context.Background(), d)
+		if got := err == nil; got != want {
+			t.Fatalf("%s in the store: %v, want %v", d, err, want)
+		}
 	}
 }
