@@ -2,8 +2,10 @@ package uplink
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -64,6 +66,15 @@ func TestOutageBuffersAndReplays(t *testing.T) {
 	st := u.Status()
 	if st.Up || st.OutboxSessions != 3 || st.OutboxOldest != 80*time.Second || st.Pending != 0 {
 		t.Fatalf("during the outage: %+v; want down, 3 sessions, oldest 80s, nothing pending", st)
+	}
+	body, err := json.Marshal(st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{`"up":false`, `"outbox_sessions":3`, `"outbox_oldest_age_ns":80000000000`} {
+		if !strings.Contains(string(body), want) {
+			t.Fatalf("status JSON %s lacks %s", body, want)
+		}
 	}
 	if got := metricValue(t, e.reg, "fleetgate_uplink_up", "", ""); got != 0 {
 		t.Fatalf("fleetgate_uplink_up = %v during the outage", got)

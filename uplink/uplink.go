@@ -425,33 +425,33 @@ func (u *Uplink) pending() int {
 	return n
 }
 
-// Status is the uplink's state for /v1/status.
+// Status is the uplink's state for /v1/status (marshalled as it is).
 type Status struct {
 	// Up is false while the store does not answer; Since is when Up last
 	// changed, LastError why it went down.
-	Up        bool
-	Since     time.Time
-	LastError string
+	Up        bool      `json:"up"`
+	Since     time.Time `json:"since"`
+	LastError string    `json:"last_error,omitempty"`
 	// OutboxSessions is the outbox's entries; OutboxOldest the age of the
 	// oldest evidence in it (0 when empty).
-	OutboxSessions int
-	OutboxOldest   time.Duration
+	OutboxSessions int           `json:"outbox_sessions"`
+	OutboxOldest   time.Duration `json:"outbox_oldest_age_ns"`
 	// Pending is the writes waiting in the batcher.
-	Pending int
-	Dropped Dropped
+	Pending int     `json:"pending"`
+	Dropped Dropped `json:"dropped"`
 }
 
 // Dropped counts writes given up, by reason.
 type Dropped struct {
 	// Overflow: oldest outbox entries dropped over outbox_max_sessions.
-	Overflow uint64
+	Overflow uint64 `json:"overflow"`
 	// Lapsed: outbox evidence whose lease ran out before it was replayed.
-	Lapsed uint64
+	Lapsed uint64 `json:"lapsed"`
 	// Fenced: refused by the store because a newer epoch of this gateway
 	// exists.
-	Fenced uint64
+	Fenced uint64 `json:"fenced"`
 	// Rejected: refused by the store as misrouted (a bug).
-	Rejected uint64
+	Rejected uint64 `json:"rejected"`
 }
 
 // Status reports the uplink's state.
