@@ -202,3 +202,44 @@ func TestOutboxOverflowWhileRedisDown(t *testing.T) {
 		}
 	}
 }
+
+// TestRunFinalFlush stops Run with writes pending: they reach the store,
+// or, with the store hung, the outbox within the timeout.
+func TestRunFinalFlush(t *testing.T) {
+	runUntilCancel := func(t *testing.T, e *env) time.Duration {
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- e.u.Run(ctx) }()
+		mustEnqueue(t, e.u, evidence("last", gateway.Connect, e.clock.Now()))
+		start := time.Now()
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatalf("Run: %v", err)
+			}
+		case <-time.After(20 * time.Second):
+			t.Fatal("Run did not return")
+		}
+		return time.Since(start)
+	}
+	t.Run("to the store", func(t *testing.T) {
+		_, e := newEmbeddedUplink(t, Options{})
+		runUntilCancel(t, e)
+		if info, err := e.store.Device(context.Background(), "last"); err != nil || info.State != gateway.Online {
+			t.Fatalf("after the final flush: %+v, %v", info, err)
+		}
+	})
+	t.Run("to the outbox when the store hangs", func(t *testing.T) {
+		srv := redistest.Start(t)
+		e := newEnv(t, Options{Timeout: 300 * time.Millisecond}, OutboxOptions{}, redisStore(t, srv))
+		srv.Signal(syscall.SIGSTOP)
+		defer srv.Signal(syscall.SIGCONT)
+		if took := runUntilCancel(t, e); took > 5*time.Second {
+			t.Fatalf("final flush took %v with a 300ms timeout", took)
+		}
+		if st := e.u.Status(); st.OutboxSessions != 1 || st.Pending != 0 {
+			t.Fatalf("after the final flush: %+v; want the write in the outbox", st)
+		}
+	})
+}
