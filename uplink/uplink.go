@@ -6,9 +6,17 @@
 // per session and bounded, and replays it once the store answers; and the
 // uplink's health (up/down, probed with jittered backoff).
 //
+// Pending writes coalesce per session, in the queue and in the outbox
+// alike: the newest evidence wins, except that a leave is kept ahead of a
+// later connect or renew of the same session (both are sent, leave first,
+// so the store writes the offline and online events that happened).
 // Order per session is kept across an outage: while the outbox holds
 // anything, new writes go through it too, so an older buffered write never
 // overtakes a newer one.
+//
+// The state file helpers OpenDB and CloseDB belong here because the
+// outbox's durability rests on them: a file is checked after an unclean
+// stop and moved aside, loudly, when it is damaged.
 package uplink
 
 import (
