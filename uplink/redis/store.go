@@ -386,6 +386,10 @@ const (
 	defaultLimit = 100
 	// maxListLimit caps a List page.
 	maxListLimit = 1000
+	// scanCount is the HSCAN COUNT of List. It never changes between
+	// pages: a cursor's skip counts items of the step HSCAN returns at
+	// that cursor with this COUNT.
+	scanCount = 100
 )
 
 // List pages through the devices of every shard in shard order (HSCAN of
@@ -414,7 +418,7 @@ func (s *Store) List(ctx context.Context, q gateway.ListQuery) (gateway.ListPage
 	var page gateway.ListPage
 	for calls := 0; calls < maxListCalls && len(page.Devices) < limit; calls++ {
 		res, err := s.view.Run(ctx, s.c, s.keys[cur.shard].data,
-			"scan", cur.cursor, cur.skip, limit-len(page.Devices), filter).Slice()
+			"scan", cur.cursor, cur.skip, limit-len(page.Devices), filter, scanCount).Slice()
 		if err != nil {
 			return gateway.ListPage{}, unavailable("list", err)
 		}

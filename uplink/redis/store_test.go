@@ -393,6 +393,49 @@ func TestList(t *testing.T) {
 	})
 }
 
+// A shard hash beyond 128 fields is a hash table, where HSCAN steps hold
+// some buckets each; pages of any size still list every device once.
+func TestListLargeShard(t *testing.T) {
+	e := newEnv(t, sharedServer().Client(t), 2)
+	want := map[gateway.DeviceID]bool{}
+	for shard := 0; shard < 2; shard++ {
+		b := batch("gw", 1)
+		for _, d := range devicesIn(t, 2, shard, 300, "large") {
+			b.Writes = append(b.Writes, write(d, "s", gateway.Connect, 0))
+			want[d] = true
+		}
+		e.apply(shard, b)
+	}
+	got := map[gateway.DeviceID]bool{}
+	q := gateway.ListQuery{}
+	for page := 0; ; page++ {
+		if page > 200 {
+			t.Fatal("more than 200 pages")
+		}
+		q.Limit = 1 + page%13
+		p, err := e.store.List(e.ctx, q)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(p.Devices) > q.Limit {
+			t.Fatalf("page of %d devices, limit %d", len(p.Devices), q.Limit)
+		}
+		for _, d := range p.Devices {
+			if got[d.Device] {
+				t.Fatalf("%s listed twice", d.Device)
+			}
+			got[d.Device] = true
+		}
+		if p.Next == "" {
+			break
+		}
+		q.Cursor = p.Next
+	}
+	if len(got) != len(want) {
+		t.Fatalf("listed %d devices, want %d", len(got), len(want))
+	}
+}
+
 func TestEventsPaging(t *testing.T) {
 	e := newEnv(t, sharedServer().Client(t), 1)
 	for i := 0; i < 5; i++ {

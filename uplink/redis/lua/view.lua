@@ -2,7 +2,8 @@
 -- KEYS: exp, dev, events, epochs (record.lua).
 -- ARGV: "get", device
 --    or "scan", HSCAN cursor, items of that cursor's step already returned,
---       limit, state filter ("online", "offline" or "").
+--       limit, state filter ("online", "offline" or ""), HSCAN COUNT (the
+--       same on every call, so that a step at a cursor holds the same items).
 -- A device view is {device, online (1|0), ver, since, last gw, last session,
 -- deadline or -1, {session, deadline, gw, epoch, ...}}.
 -- "get" returns {view} or {}; "scan" returns {cursor, skip, views...}: the
@@ -31,10 +32,10 @@ if ARGV[1] == 'get' then
   return {view(ARGV[2], packed)}
 end
 
-local cursor, skip, limit, filter = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5]
+local cursor, skip, limit, filter, count = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5], ARGV[6]
 local out = {'0', 0}
 for _ = 1, 16 do
-  local res = redis.call('HSCAN', KEYS[2], cursor, 'COUNT', limit)
+  local res = redis.call('HSCAN', KEYS[2], cursor, 'COUNT', count)
   local items = res[2]
   local n = #items / 2
   for j = skip + 1, n do
