@@ -87,8 +87,8 @@ func (g *gatewayProcess) run(ctx context.Context) (err error) {
 	if err != nil {
 		return err
 	}
-	defer func() { err = errors.Join(err, db.Close()) }()
-	if g.epoch, err = identity.NextEpoch(db); err != nil {
+	defer func() { err = errors.Join(err, uplink.CloseDB(db)) }()
+	if g.epoch, err = identity.NextEpoch(db, time.Now()); err != nil {
 		return err
 	}
 	log := g.log.With("gateway", cfg.Gateway.ID)

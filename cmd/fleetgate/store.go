@@ -80,6 +80,7 @@ func newRedisClient(ctx context.Context, rc configs.RedisConfig) (redis.Universa
 	opts := &redis.UniversalOptions{
 		Addrs: rc.Addrs, Username: rc.Username, Password: rc.Password,
 		DialTimeout: 2 * time.Second, ReadTimeout: 2 * time.Second, WriteTimeout: 2 * time.Second, MaxRetries: 1,
+		ContextTimeoutEnabled: true,
 	}
 	if rc.TLS {
 		opts.TLSConfig = &tls.Config{MinVersion: tls.VersionTLS12}

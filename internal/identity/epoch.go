@@ -7,6 +7,7 @@ package identity
 import (
 	"encoding/binary"
 	"fmt"
+	"time"
 
 	bolt "go.etcd.io/bbolt"
 )
@@ -16,10 +17,12 @@ var (
 	key    = []byte("epoch")
 )
 
-// NextEpoch increments the persisted epoch and returns the new value (1 on
-// a fresh file). The increment is committed (fsynced) before it returns,
-// so two starts never share an epoch.
-func NextEpoch(db *bolt.DB) (uint64, error) {
+// NextEpoch returns max(stored epoch + 1, now in Unix seconds) and
+// persists it; the write is committed (fsynced) before it returns, so two
+// starts never share an epoch. Seeding from the wall clock keeps epochs
+// rising when the state file is lost or moved aside as corrupt: a restart
+// at epoch 1 would be fenced by the store for ever.
+func NextEpoch(db *bolt.DB, now time.Time) (uint64, error) {
 	var epoch uint64
 	err := db.Update(func(tx *bolt.Tx) error {
 		b, err := tx.CreateBucketIfNotExists(bucket)
@@ -32,7 +35,7 @@ func NextEpoch(db *bolt.DB) (uint64, error) {
 			}
 			epoch = binary.BigEndian.Uint64(v)
 		}
-		epoch++
+		epoch = max(epoch+1, uint64(max(now.Unix(), 0)))
 		var buf [8]byte
 		binary.BigEndian.PutUint64(buf[:], epoch)
 		return b.Put(key, buf[:])
