@@ -44,6 +44,7 @@ type Config struct {
 	Events   EventsConfig   `yaml:"events"`
 	Listen   ListenConfig   `yaml:"listen"`
 	Auth     AuthConfig     `yaml:"auth"`
+	Limits   LimitsConfig   `yaml:"limits"`
 	Plugins  PluginsConfig  `yaml:"plugins"`
 	Log      LogConfig      `yaml:"log"`
 }
@@ -124,10 +125,13 @@ type CoAPListen struct {
 	DTLS string `yaml:"dtls"`
 }
 
-// MQTTListen holds the MQTT TCP and TLS addresses.
+// MQTTListen holds the MQTT TCP and TLS addresses, and the certificate
+// and key (PEM files) the TLS listener presents.
 type MQTTListen struct {
-	TCP string `yaml:"tcp"`
-	TLS string `yaml:"tls"`
+	TCP      string `yaml:"tcp"`
+	TLS      string `yaml:"tls"`
+	CertFile string `yaml:"cert_file"`
+	KeyFile  string `yaml:"key_file"`
 }
 
 // AdminListen holds the admin HTTP address.
@@ -139,6 +143,21 @@ type AdminListen struct {
 type AuthConfig struct {
 	DevicesFile    string `yaml:"devices_file"`
 	AllowAnonymous bool   `yaml:"allow_anonymous"`
+	// TopicPrefix: an MQTT device may publish and subscribe only under
+	// <topic_prefix>/<device>/#.
+	TopicPrefix string `yaml:"topic_prefix"`
+}
+
+// LimitsConfig bounds what devices can make the gateway spend. Rates are
+// per source address and second.
+type LimitsConfig struct {
+	MQTTMaxPacketSize     int      `yaml:"mqtt_max_packet_size"`
+	MQTTMaxClients        int      `yaml:"mqtt_max_clients"`
+	MQTTConnectsPerSecond int      `yaml:"mqtt_connects_per_second"`
+	MQTTMaxPendingWrites  int      `yaml:"mqtt_max_pending_writes"`
+	CoAPMaxMessageSize    int      `yaml:"coap_max_message_size"`
+	CoAPRequestsPerSecond int      `yaml:"coap_requests_per_second"`
+	DTLSHandshakeTimeout  Duration `yaml:"dtls_handshake_timeout"`
 }
 
 // PluginsConfig lists the adapter plugins to start.
@@ -178,6 +197,16 @@ func Default() Config {
 			CoAP:  CoAPListen{UDP: ":5683"},
 			MQTT:  MQTTListen{TCP: ":1883"},
 			Admin: AdminListen{HTTP: "127.0.0.1:9180"},
+		},
+		Auth: AuthConfig{TopicPrefix: "devices"},
+		Limits: LimitsConfig{
+			MQTTMaxPacketSize:     65536,
+			MQTTMaxClients:        100000,
+			MQTTConnectsPerSecond: 20,
+			MQTTMaxPendingWrites:  64,
+			CoAPMaxMessageSize:    1152,
+			CoAPRequestsPerSecond: 20,
+			DTLSHandshakeTimeout:  Duration(10 * time.Second),
 		},
 		Plugins: PluginsConfig{Dir: "/usr/lib/fleetgate/plugins", Adapters: []string{}},
 		Log:     LogConfig{Level: "info", Format: "text"},

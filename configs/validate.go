@@ -68,6 +68,8 @@ func (c Config) Validate() error {
 			c.Events.MaxLen, c.Presence.Shards, c.Presence.Shards)
 	}
 	c.validateListen(&p)
+	c.validateAuth(&p)
+	c.validateLimits(&p)
 	c.validatePlugins(&p)
 	if !oneOf(c.Log.Level, "debug", "info", "warn", "error") {
 		p.add("log.level", "must be debug, info, warn or error, got %q", c.Log.Level)
@@ -132,6 +134,35 @@ func (c Config) validateStore(p *problems) {
 	if r.KeyPrefix == "" || strings.ContainsAny(r.KeyPrefix, "{} \t\r\n") {
 		p.add("store.redis.key_prefix", "must be set and hold no braces or white space, got %q", r.KeyPrefix)
 	}
+}
+
+func (c Config) validateAuth(p *problems) {
+	m := c.Listen.MQTT
+	if m.TLS != "" && (m.CertFile == "" || m.KeyFile == "") {
+		p.add("listen.mqtt.tls", "needs listen.mqtt.cert_file and listen.mqtt.key_file")
+	}
+	tp := c.Auth.TopicPrefix
+	if tp == "" || strings.ContainsAny(tp, "+#\x00") || strings.HasPrefix(tp, "/") || strings.HasSuffix(tp, "/") {
+		p.add("auth.topic_prefix", "must be a topic without wildcards or a leading or trailing '/', got %q", tp)
+	}
+}
+
+// MQTT's largest packet (remaining length 268,435,455 plus the fixed header).
+const maxMQTTPacket = 268435460
+
+func (c Config) validateLimits(p *problems) {
+	l := c.Limits
+	if l.MQTTMaxPacketSize < 128 || l.MQTTMaxPacketSize > maxMQTTPacket {
+		p.add("limits.mqtt_max_packet_size", "must be between 128 and %d bytes, got %d", maxMQTTPacket, l.MQTTMaxPacketSize)
+	}
+	p.atLeast("limits.mqtt_max_clients", l.MQTTMaxClients, 1)
+	p.atLeast("limits.mqtt_connects_per_second", l.MQTTConnectsPerSecond, 1)
+	p.atLeast("limits.mqtt_max_pending_writes", l.MQTTMaxPendingWrites, 1)
+	if l.CoAPMaxMessageSize < 64 || l.CoAPMaxMessageSize > 65507 {
+		p.add("limits.coap_max_message_size", "must be between 64 and 65507 bytes (one UDP datagram), got %d", l.CoAPMaxMessageSize)
+	}
+	p.atLeast("limits.coap_requests_per_second", l.CoAPRequestsPerSecond, 1)
+	p.positive("limits.dtls_handshake_timeout", l.DTLSHandshakeTimeout)
 }
 
 // listener is one listen address with the transport it binds.

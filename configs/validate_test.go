@@ -58,11 +58,20 @@ func TestValidate(t *testing.T) {
 		}, "events.max_len: 1999 is shared by presence.shards 2000 streams and leaves them no room; raise it to at least 2000"},
 		{"listeners disabled", func(c *configs.Config) { c.Listen = configs.ListenConfig{} }, ""},
 		{"port 0 twice is fine", func(c *configs.Config) {
-			c.Listen.MQTT = configs.MQTTListen{TCP: "127.0.0.1:0", TLS: "127.0.0.1:0"}
+			c.Listen.MQTT = configs.MQTTListen{TCP: "127.0.0.1:0", TLS: "127.0.0.1:0", CertFile: "c.pem", KeyFile: "k.pem"}
 		}, ""},
 		{"same port different hosts", func(c *configs.Config) {
-			c.Listen.MQTT = configs.MQTTListen{TCP: "127.0.0.1:1883", TLS: "127.0.0.2:1883"}
+			c.Listen.MQTT = configs.MQTTListen{TCP: "127.0.0.1:1883", TLS: "127.0.0.2:1883", CertFile: "c.pem", KeyFile: "k.pem"}
 		}, ""},
+		{"tls without certificate", func(c *configs.Config) { c.Listen.MQTT.TLS = ":8883" },
+			"listen.mqtt.tls: needs listen.mqtt.cert_file and listen.mqtt.key_file"},
+		{"topic prefix with wildcard", func(c *configs.Config) { c.Auth.TopicPrefix = "dev/+" },
+			`auth.topic_prefix: must be a topic without wildcards or a leading or trailing '/', got "dev/+"`},
+		{"limits out of range", func(c *configs.Config) {
+			c.Limits.MQTTMaxPacketSize, c.Limits.CoAPMaxMessageSize, c.Limits.CoAPRequestsPerSecond = 10, 70000, 0
+		}, "limits.mqtt_max_packet_size: must be between 128 and 268435460 bytes, got 10\n" +
+			"limits.coap_max_message_size: must be between 64 and 65507 bytes (one UDP datagram), got 70000\n" +
+			"limits.coap_requests_per_second: must be >= 1, got 0"},
 		{"same port udp and tcp", func(c *configs.Config) { c.Listen.CoAP.UDP = ":1883" }, ""},
 		{"admin on the mqtt port", func(c *configs.Config) { c.Listen.Admin.HTTP = "127.0.0.1:1883" },
 			`listen.admin.http: "127.0.0.1:1883" and listen.mqtt.tcp (":1883") bind the same tcp port`},
