@@ -17,3 +17,15 @@ type Observer interface {
 type Uplink interface {
 	Enqueue(ctx context.Context, ev Evidence) error
 }
+
+// Credentials checks device secrets (the devices file). Front ends ask it
+// before any evidence exists: a device that fails it never becomes
+// evidence. Both methods answer ErrUnauthorized for an unknown device and
+// for a wrong secret alike, so that an error never tells which part was
+// wrong; the implementation can be swapped at runtime (SIGHUP reload).
+type Credentials interface {
+	// CheckPassword verifies an MQTT password of device.
+	CheckPassword(device DeviceID, password []byte) error
+	// PSK returns the device named by a DTLS PSK identity and its key.
+	PSK(identity []byte) (DeviceID, []byte, error)
+}

@@ -28,6 +28,9 @@ var (
 	// ErrOverloaded: the gateway refuses evidence to protect itself (a
 	// session cap or a full uplink queue); front ends answer "try later".
 	ErrOverloaded = errors.New("overloaded")
+	// ErrUnauthorized: a device's credentials were refused (unknown device
+	// or wrong secret; deliberately not saying which).
+	ErrUnauthorized = errors.New("not authorized")
 )
 
 // Store is the central presence store: the Redis store and the embedded
