@@ -275,6 +275,34 @@ func TestReap(t *testing.T) {
 	})
 }
 
+// Batches beyond the scripts' 1000-argument chunks.
+func TestLargeBatch(t *testing.T) {
+	e := newEnv(t, sharedServer().Client(t), 1)
+	devs := devicesIn(t, 1, 0, 1200, "large")
+	b := batch("gw", 1)
+	for _, d := range devs {
+		b.Writes = append(b.Writes, write(d, "s", gateway.Connect, 0))
+	}
+	if evs := e.apply(0, b); len(evs) != len(devs) {
+		t.Fatalf("connect: %d events", len(evs))
+	}
+	if n, err := e.c.ZCard(e.ctx, e.store.keys[0].data[0]).Result(); err != nil || n != int64(len(devs)) {
+		t.Fatalf("deadline index: %d, %v", n, err)
+	}
+	for i := range b.Writes {
+		b.Writes[i].Kind = gateway.Leave
+	}
+	if evs := e.apply(0, b); len(evs) != len(devs) {
+		t.Fatalf("leave: %d events", len(evs))
+	}
+	if d := e.device(devs[len(devs)-1]); d.State != gateway.Offline || d.Ver != 2 {
+		t.Fatalf("last device: %+v", d)
+	}
+	if n, err := e.c.ZCard(e.ctx, e.store.keys[0].data[0]).Result(); err != nil || n != 0 {
+		t.Fatalf("deadline index after leaving: %d, %v", n, err)
+	}
+}
+
 func TestManySessions(t *testing.T) {
 	forBackends(t, func(t *testing.T, c redis.UniversalClient) {
 		e := newEnv(t, c, 1)

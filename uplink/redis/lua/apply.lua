@@ -17,20 +17,24 @@ if not gwref then
 end
 gwnames[gwref] = gw
 
--- Load every device of the batch once; records are decoded on demand.
-local devs, st = {}, {}
+-- Load every device of the batch once. Device k (idx[dev] = k) has its
+-- packed record packed[k], its deadline z[k] (false when it has none) and,
+-- once decoded, its record rec[k]; dirty[k] and moved[k] say that the
+-- record and the deadline must be written back.
+local idx, devs = {}, {}
 for i = 7, #ARGV, 4 do
   local d = ARGV[i]
-  if not st[d] then
-    st[d] = true
+  if not idx[d] then
     devs[#devs + 1] = d
+    idx[d] = #devs
   end
 end
 local packed = mcall('HMGET', KEYS[2], devs)
 local scores = mcall('ZMSCORE', KEYS[1], devs)
-for k, d in ipairs(devs) do
-  local z = tonumber(scores[k]) or false
-  st[d] = {p = packed[k], z0 = z, z = z}
+local z, rec, dirty, moved = {}, {}, {}, {}
+for k = 1, #devs do z[k] = tonumber(scores[k]) or false end
+local function setz(k, v)
+  if z[k] ~= v then z[k], moved[k] = v, true end
 end
 
 -- The steady state is a renewal of a device's only session by the gateway
@@ -59,62 +63,66 @@ local function event(...) events[#events + 1] = emit(maxlen, ...) end
 for i = 7, #ARGV, 4 do
   local dev, sid, kind = ARGV[i], ARGV[i + 1], ARGV[i + 2]
   local d = now - tonumber(ARGV[i + 3]) + lease
-  local s = st[dev]
-  if kind ~= '3' and d > now and s.p and not s.r and s.z and s.z > now and renewsonly(s.p, sid) then
-    if d > s.z then s.z = d end
+  local k = idx[dev]
+  local zk = z[k]
+  if kind ~= '3' and d > now and zk and zk > now and not rec[k] and packed[k] and renewsonly(packed[k], sid) then
+    if d > zk then z[k], moved[k] = d, true end
   else
-    -- s.z is the deadline of the record as loaded or as renewed above.
-    if s.p and not s.r then s.r = decode(s.p, s.z) end
-    local r = s.r
+    -- zk is the deadline of the record as loaded or as renewed above.
+    local r = rec[k]
+    if not r and packed[k] then
+      r = decode(packed[k], zk)
+      rec[k] = r
+    end
     if r and r.on and dropexpired(r, now) then
-      s.dirty = true
-      s.z = maxdl(r)
-      if not s.z then
+      dirty[k] = true
+      setz(k, maxdl(r))
+      if not z[k] then
         r.on, r.ver, r.since = false, r.ver + 1, now
-        event(dev, 'offline', r.ver, nowstr, 'expired', gwname(r.lastgw), r.lastsid, s.z0)
+        event(dev, 'offline', r.ver, nowstr, 'expired', gwname(r.lastgw), r.lastsid, zk)
       end
     end
-    local ss, idx
+    local ss, at
     if r then
-      for k, x in ipairs(r.sess) do
-        if x.sid == sid then ss, idx = x, k break end
+      for j, x in ipairs(r.sess) do
+        if x.sid == sid then ss, at = x, j break end
       end
     end
     if kind ~= '3' then
       if d > now then
         if not r then
           r = {on = false, ver = 0, since = now, sess = {}}
-          s.r = r
+          rec[k] = r
         end
         if not ss then
           r.sess[#r.sess + 1] = {gw = gwref, ep = epoch, dl = d, sid = sid}
-          s.dirty = true
+          dirty[k] = true
         else
           if d > ss.dl then
             ss.dl = d
             -- other sessions store offsets from the device deadline
-            if #r.sess > 1 then s.dirty = true end
+            if #r.sess > 1 then dirty[k] = true end
           end
           if ss.gw ~= gwref or ss.ep ~= epoch then
-            ss.gw, ss.ep, s.dirty = gwref, epoch, true
+            ss.gw, ss.ep, dirty[k] = gwref, epoch, true
           end
         end
         if r.lastgw ~= gwref or r.lastsid ~= sid then
-          r.lastgw, r.lastsid, s.dirty = gwref, sid, true
+          r.lastgw, r.lastsid, dirty[k] = gwref, sid, true
         end
-        s.z = maxdl(r)
+        setz(k, maxdl(r))
         if not r.on then
-          r.on, r.ver, r.since, s.dirty = true, r.ver + 1, now, true
+          r.on, r.ver, r.since, dirty[k] = true, r.ver + 1, now, true
           local reason = 'renew'
           if replay then reason = 'replay' elseif kind == '1' then reason = 'connect' end
           event(dev, 'online', r.ver, nowstr, reason, gw, sid)
         end
       end
     elseif ss and ss.dl <= d then
-      table.remove(r.sess, idx)
-      r.lastgw, r.lastsid, s.dirty = gwref, sid, true
-      s.z = maxdl(r)
-      if not s.z then
+      table.remove(r.sess, at)
+      r.lastgw, r.lastsid, dirty[k] = gwref, sid, true
+      setz(k, maxdl(r))
+      if not z[k] then
         r.on, r.ver, r.since = false, r.ver + 1, now
         event(dev, 'offline', r.ver, nowstr, 'leave', gw, sid)
       end
@@ -123,15 +131,14 @@ for i = 7, #ARGV, 4 do
 end
 
 local hset, zadd, zrem = {}, {}, {}
-for _, dev in ipairs(devs) do
-  local s = st[dev]
-  if s.dirty then
+for k, dev in ipairs(devs) do
+  if dirty[k] then
     hset[#hset + 1] = dev
-    hset[#hset + 1] = encode(s.r)
+    hset[#hset + 1] = encode(rec[k])
   end
-  if s.z ~= s.z0 then
-    if s.z then
-      zadd[#zadd + 1] = s.z
+  if moved[k] then
+    if z[k] then
+      zadd[#zadd + 1] = z[k]
       zadd[#zadd + 1] = dev
     else
       zrem[#zrem + 1] = dev

@@ -213,13 +213,13 @@ end
 -- mcall runs a variadic command over list in chunks that stay below
 -- Lua's unpack limit; it returns the concatenated replies (for reads).
 local function mcall(cmd, key, list)
-  local res = {}
   local step = 1000
+  if #list <= step then return redis.call(cmd, key, unpack(list)) end
+  local res = {}
   for i = 1, #list, step do
-    local j = math.min(i + step - 1, #list)
-    local r = redis.call(cmd, key, unpack(list, i, j))
+    local r = redis.call(cmd, key, unpack(list, i, math.min(i + step - 1, #list)))
     if type(r) == 'table' then
-      for k = 1, #r do res[#res + 1] = r[k] end
+      for j = 1, #r do res[#res + 1] = r[j] end
     end
   end
   return res
