@@ -107,7 +107,7 @@ func Open(ctx context.Context, c redis.UniversalClient, o Options) (*Store, erro
 		apply:  redis.NewScript(recordLua + applyLua),
 		reap:   redis.NewScript(recordLua + reapLua),
 		view:   redis.NewScript(recordLua + viewLua),
-		lease:  redis.NewScript(recordLua + leaseLua),
+		lease:  redis.NewScript(leaseLua),
 	}
 	for i := 0; i < o.Shards; i++ {
 		tag := fmt.Sprintf("{%s:%d}", o.Prefix, i)

@@ -1,5 +1,6 @@
 -- fleetgate Redis store, schema 1: the packed device record and helpers
--- shared by every script (the Go side prepends this file to each script).
+-- shared by the apply, reap and view scripts (the Go side prepends this
+-- file to each of them).
 --
 -- Keys of a shard s (all in the hash slot of {P:s}):
 --   KEYS[1] {P:s}:exp     ZSET   device -> device deadline (ms, store clock)
