@@ -570,3 +570,77 @@ func TestNow(t *testing.T) {
 		t.Fatalf("event at %v, store clock read %v before", evs.Events[0].At, now)
 	}
 }
+
+// The steady-state renewal leaves the packed record as it is and moves the
+// deadline only; any other change (another gateway or epoch, another last
+// session, a ver of several bytes) still rewrites what it must.
+func TestRenewalFastPath(t *testing.T) {
+	e := newEnv(t, sharedServer().Client(t), 1)
+	rec := func() string {
+		t.Helper()
+		r, err := e.c.HGet(e.ctx, e.store.keys[0].data[1], "fast").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	renew := func(gw string, epoch uint64, sess gateway.SessionID) {
+		t.Helper()
+		e.clock.Advance(time.Second)
+		if evs := e.apply(0, batch(gw, epoch, write("fast", sess, gateway.Renew, 0))); len(evs) != 0 {
+			t.Fatalf("renewal by %s@%d wrote %s", gw, epoch, describe(evs))
+		}
+		d := e.device("fast")
+		if !d.Deadline.Equal(e.clock.Now().Add(90*time.Second)) || len(d.Sessions) != 1 ||
+			d.Sessions[0].Gateway != gw || d.Sessions[0].Epoch != epoch || d.Gateway != gw || d.Session != sess {
+			t.Fatalf("after renewal by %s@%d of %s: %+v", gw, epoch, sess, d)
+		}
+	}
+	// Push ver past one varint byte first.
+	for i := 0; i < 70; i++ {
+		e.apply(0, batch("gw-a", 1, write("fast", "coap/x", gateway.Connect, 0), write("fast", "coap/x", gateway.Leave, 0)))
+	}
+	e.apply(0, batch("gw-a", 1, write("fast", "coap/x", gateway.Connect, 0)))
+	if d := e.device("fast"); d.Ver != 141 {
+		t.Fatalf("ver %d, want 141", d.Ver)
+	}
+	steps := []struct {
+		gw      string
+		epoch   uint64
+		sess    gateway.SessionID
+		rewrite bool
+	}{
+		{"gw-a", 1, "coap/x", false},
+		{"gw-b", 1, "coap/x", true}, // the session moved to another gateway
+		{"gw-b", 1, "coap/x", false},
+		{"gw-b", 2, "coap/x", true}, // that gateway restarted
+		{"gw-b", 2, "coap/x", false},
+		{"gw-b", 2, "gw-b/2/77", true}, // a second session, written last
+		{"gw-b", 2, "gw-b/2/77", true}, // two sessions: offsets move
+	}
+	for i, st := range steps {
+		before := rec()
+		if i < 5 {
+			renew(st.gw, st.epoch, st.sess)
+		} else {
+			e.clock.Advance(time.Second)
+			e.apply(0, batch(st.gw, st.epoch, write("fast", st.sess, gateway.Renew, 0)))
+		}
+		if rewritten := rec() != before; rewritten != st.rewrite {
+			t.Fatalf("step %d (%s@%d %s): record rewritten %v, want %v", i, st.gw, st.epoch, st.sess, rewritten, st.rewrite)
+		}
+	}
+	d := e.device("fast")
+	if len(d.Sessions) != 2 || !d.Deadline.Equal(e.clock.Now().Add(90*time.Second)) || d.Ver != 141 {
+		t.Fatalf("two sessions: %+v", d)
+	}
+	for _, s := range d.Sessions {
+		want := e.clock.Now().Add(90 * time.Second)
+		if s.ID == "coap/x" {
+			want = want.Add(-2 * time.Second)
+		}
+		if !s.Deadline.Equal(want) || s.Gateway != "gw-b" || s.Epoch != 2 {
+			t.Fatalf("session %+v, want deadline %v", s, want)
+		}
+	}
+}
