@@ -1,0 +1,293 @@
+package auth
+
+import (
+	"bytes"
+	"encoding/base64"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"regexp"
+	"strconv"
+	"strings"
+
+	"github.com/fleetgate/fleetgate/gateway"
+	"go.yaml.in/yaml/v3"
+)
+
+// maxErrors bounds how many problems one file reports.
+const maxErrors = 20
+
+// entry is one device of the file, validated.
+type entry struct {
+	id   gateway.DeviceID
+	psk  []byte
+	hash []byte
+	cost int
+}
+
+// decodeFile decodes the devices file, reporting every problem it finds
+// (up to maxErrors) with its position.
+func decodeFile(name string, data []byte) ([]entry, error) {
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	var doc yaml.Node
+	if err := dec.Decode(&doc); err != nil {
+		if errors.Is(err, io.EOF) {
+			return nil, fmt.Errorf("%s: the file is empty; want a devices list (write \"devices: []\" for none)", name)
+		}
+		return nil, syntaxError(name, err)
+	}
+	var extra yaml.Node
+	switch err := dec.Decode(&extra); {
+	case err == nil:
+		return nil, fmt.Errorf("%s:%d:%d: a second YAML document; the devices file is one document", name, extra.Line, extra.Column)
+	case !errors.Is(err, io.EOF):
+		return nil, syntaxError(name, err)
+	}
+	root := &doc
+	if root.Kind == yaml.DocumentNode && len(root.Content) == 1 {
+		root = root.Content[0]
+	}
+	d := &decoder{name: name, seen: make(map[gateway.DeviceID]int)}
+	entries := d.top(root)
+	if len(d.errs) > 0 {
+		return nil, errors.Join(d.errs...)
+	}
+	return entries, nil
+}
+
+var yamlLineRE = regexp.MustCompile(`^yaml: line (\d+): (.*)$`)
+
+// syntaxError positions a YAML syntax error. The parser reports a line but
+// no column, so these errors read "name:line: problem".
+func syntaxError(name string, err error) error {
+	msg := err.Error()
+	if m := yamlLineRE.FindStringSubmatch(msg); m != nil {
+		return fmt.Errorf("%s:%s: invalid YAML: %s", name, m[1], m[2])
+	}
+	return fmt.Errorf("%s: invalid YAML: %s", name, strings.TrimPrefix(msg, "yaml: "))
+}
+
+// decoder walks the yaml.Node tree so that every error carries the
+// node's position and the key's path.
+type decoder struct {
+	name string
+	errs []error
+	seen map[gateway.DeviceID]int // device → line of its id
+}
+
+func (d *decoder) errorf(n *yaml.Node, format string, args ...any) {
+	if len(d.errs) == maxErrors {
+		d.errs = append(d.errs, fmt.Errorf("%s: too many errors", d.name))
+	}
+	if len(d.errs) > maxErrors {
+		return
+	}
+	d.errs = append(d.errs, fmt.Errorf("%s:%d:%d: %s", d.name, n.Line, n.Column, fmt.Sprintf(format, args...)))
+}
+
+// top decodes the top-level mapping, which holds only the devices list.
+func (d *decoder) top(n *yaml.Node) []entry {
+	if n.Kind != yaml.MappingNode {
+		d.errorf(n, "top level: want a mapping with a devices list, got %s", describe(n))
+		return nil
+	}
+	var entries []entry
+	found := false
+	d.fields(n, "at the top level", []string{"devices"}, func(_ string, v *yaml.Node) {
+		found = true
+		entries = d.list(v)
+	})
+	if !found && len(d.errs) == 0 {
+		d.errorf(n, "top level: no devices list (write \"devices: []\" for none)")
+	}
+	return entries
+}
+
+// list decodes the devices list.
+func (d *decoder) list(n *yaml.Node) []entry {
+	if n.Kind == yaml.AliasNode {
+		n = n.Alias
+	}
+	if isNull(n) {
+		return nil // every entry commented out: no devices
+	}
+	if n.Kind != yaml.SequenceNode {
+		d.errorf(n, "devices: want a list of devices, got %s", describe(n))
+		return nil
+	}
+	entries := make([]entry, 0, len(n.Content))
+	for i, item := range n.Content {
+		if e, ok := d.device(item, fmt.Sprintf("devices[%d]", i)); ok {
+			entries = append(entries, e)
+		}
+	}
+	return entries
+}
+
+// fields calls set for each key of mapping n that is one of known,
+// reporting other keys, duplicate keys and merge keys. where places the
+// mapping in messages ("in devices[3]").
+func (d *decoder) fields(n *yaml.Node, where string, known []string, set func(key string, v *yaml.Node)) {
+	seen := make(map[string]int, len(n.Content)/2)
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k, v := n.Content[i], n.Content[i+1]
+		switch {
+		case k.Kind != yaml.ScalarNode:
+			d.errorf(k, "keys %s must be plain names, got %s", where, describe(k))
+		case k.ShortTag() == "!!merge":
+			d.errorf(k, "merge keys (<<) are not supported %s", where)
+		case seen[k.Value] != 0:
+			d.errorf(k, "key %q %s is already set at line %d", k.Value, where, seen[k.Value])
+		default:
+			seen[k.Value] = k.Line
+			if !contains(known, k.Value) {
+				d.errorf(k, "unknown key %q %s (want %s)", k.Value, where, strings.Join(known, ", "))
+				continue
+			}
+			set(k.Value, v)
+		}
+	}
+}
+
+func contains(list []string, s string) bool {
+	for _, e := range list {
+		if e == s {
+			return true
+		}
+	}
+	return false
+}
+
+// device decodes and validates one list item at path ("devices[3]").
+func (d *decoder) device(n *yaml.Node, path string) (entry, bool) {
+	if n.Kind == yaml.AliasNode {
+		n = n.Alias
+	}
+	if n.Kind != yaml.MappingNode {
+		d.errorf(n, "%s: want a mapping with id, psk and password_bcrypt, got %s", path, describe(n))
+		return entry{}, false
+	}
+	before := len(d.errs)
+	var e entry
+	var idNode *yaml.Node
+	d.fields(n, "in "+path, []string{"id", "psk", "password_bcrypt"}, func(key string, v *yaml.Node) {
+		if v.Kind == yaml.AliasNode {
+			v = v.Alias
+		}
+		at := path + "." + key
+		if v.Kind != yaml.ScalarNode || isNull(v) {
+			d.errorf(v, "%s: want a string, got %s", at, describe(v))
+			return
+		}
+		switch key {
+		case "id":
+			idNode = v
+			id, err := gateway.ParseDeviceID(v.Value)
+			if err != nil {
+				d.errorf(v, "%s: %v", at, err)
+				return
+			}
+			if line, dup := d.seen[id]; dup {
+				d.errorf(v, "%s: device %q is already listed at line %d", at, id, line)
+				return
+			}
+			d.seen[id] = v.Line
+			e.id = id
+		case "psk":
+			psk, err := parsePSK(v.Value)
+			if err != nil {
+				d.errorf(v, "%s: %v", at, err)
+				return
+			}
+			e.psk = psk
+		case "password_bcrypt":
+			cost, err := parseHash(v.Value)
+			if err != nil {
+				d.errorf(v, "%s: %v", at, err)
+				return
+			}
+			e.hash, e.cost = []byte(v.Value), cost
+		}
+	})
+	if len(d.errs) > before {
+		return entry{}, false
+	}
+	switch {
+	case idNode == nil:
+		d.errorf(n, "%s: no id", path)
+		return entry{}, false
+	case e.psk == nil && e.hash == nil:
+		d.errorf(n, "%s: device %q has neither psk nor password_bcrypt", path, e.id)
+		return entry{}, false
+	}
+	return e, true
+}
+
+// parsePSK decodes "hex:..." or "base64:..." (standard alphabet, padded).
+// Its errors never quote the key.
+func parsePSK(s string) ([]byte, error) {
+	var key []byte
+	var err error
+	switch enc, text, _ := strings.Cut(s, ":"); enc {
+	case "hex":
+		if key, err = hex.DecodeString(text); err != nil {
+			return nil, errors.New("the key after \"hex:\" is not valid hexadecimal")
+		}
+	case "base64":
+		if key, err = base64.StdEncoding.Strict().DecodeString(text); err != nil {
+			return nil, errors.New("the key after \"base64:\" is not valid padded standard base64")
+		}
+	default:
+		return nil, errors.New("want \"hex:\" or \"base64:\" followed by the key")
+	}
+	if len(key) < MinPSKLen || len(key) > MaxPSKLen {
+		return nil, fmt.Errorf("the key is %d bytes, want %d to %d", len(key), MinPSKLen, MaxPSKLen)
+	}
+	return key, nil
+}
+
+// bcryptRE is the modular crypt format of bcrypt: version, two-digit
+// cost, then 22 characters of salt and 31 of hash in bcrypt's base64.
+var bcryptRE = regexp.MustCompile(`^\$2[aby]\$([0-9]{2})\$[./A-Za-z0-9]{53}$`)
+
+// parseHash checks that s is a bcrypt hash and returns its cost.
+func parseHash(s string) (int, error) {
+	m := bcryptRE.FindStringSubmatch(s)
+	if m == nil {
+		return 0, errors.New("not a bcrypt hash (\"$2a$\", \"$2b$\" or \"$2y$\", a two-digit cost, \"$\" and 53 characters of ./A-Za-z0-9); make one with \"fleetgate hash-password\"")
+	}
+	cost, _ := strconv.Atoi(m[1])
+	if cost < MinCost || cost > MaxCost {
+		return 0, fmt.Errorf("bcrypt cost %d is not in %d..%d", cost, MinCost, MaxCost)
+	}
+	return cost, nil
+}
+
+func isNull(n *yaml.Node) bool {
+	return n.Kind == yaml.ScalarNode && n.ShortTag() == "!!null"
+}
+
+// describe names what a node holds for "want X, got Y" messages, without
+// its value (which may be a secret).
+func describe(n *yaml.Node) string {
+	switch n.Kind {
+	case yaml.MappingNode:
+		return "a mapping"
+	case yaml.SequenceNode:
+		return "a list"
+	case yaml.AliasNode:
+		return "an alias"
+	case yaml.ScalarNode:
+		switch n.ShortTag() {
+		case "!!null":
+			return "no value"
+		case "!!int", "!!float":
+			return "a number"
+		case "!!bool":
+			return "true or false"
+		}
+		return "a string"
+	}
+	return "a document"
+}

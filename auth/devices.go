@@ -1,0 +1,175 @@
+// Package auth holds device credentials: the devices file, which gives each
+// device a pre-shared key for CoAP over DTLS and a bcrypt password hash for
+// MQTT. Devices implements gateway.Credentials for one parsed file;
+// Reloadable swaps the file's contents at runtime (SIGHUP).
+//
+// Secrets never appear in errors: a refused device gets gateway
+// ErrUnauthorized whichever part was wrong, and a bad file names the line
+// and column of a bad key or hash, never its value.
+package auth
+
+import (
+	"fmt"
+	"os"
+	"slices"
+
+	"github.com/fleetgate/fleetgate/gateway"
+	"golang.org/x/crypto/bcrypt"
+)
+
+// Bounds of the bcrypt cost accepted by HashPassword and in the devices
+// file, and the cost fleetgate hash-password uses by default.
+const (
+	MinCost     = bcrypt.MinCost
+	MaxCost     = bcrypt.MaxCost
+	DefaultCost = bcrypt.DefaultCost
+)
+
+// Lengths of a pre-shared key, in bytes (after hex or base64 decoding).
+const (
+	MinPSKLen = 16
+	MaxPSKLen = 64
+)
+
+// MaxPasswordLen is the longest password bcrypt can hash: it ignores
+// every byte after the 72nd, so a longer password is refused instead.
+const MaxPasswordLen = 72
+
+var _ gateway.Credentials = (*Devices)(nil)
+
+// Devices is one parsed devices file. It is immutable and safe for
+// concurrent use.
+type Devices struct {
+	byID map[string]device
+	// dummy is a well-formed bcrypt hash, at the cost most devices use, that
+	// CheckPassword compares against when the device is unknown or has no
+	// password, so that a refusal takes the same work either way.
+	dummy []byte
+	// compare is bcrypt.CompareHashAndPassword; tests wrap it to see that
+	// every path does the bcrypt work.
+	compare func(hash, password []byte) error
+}
+
+type device struct {
+	psk  []byte // nil: no CoAP DTLS
+	hash []byte // nil: no MQTT password
+}
+
+// Load reads and parses the devices file at path.
+func Load(path string) (*Devices, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("devices file: %w", err)
+	}
+	return Parse(path, data)
+}
+
+// Parse parses a devices file's contents; name prefixes every error line,
+// which reads "name:line:column: key: problem".
+func Parse(name string, data []byte) (*Devices, error) {
+	entries, err := decodeFile(name, data)
+	if err != nil {
+		return nil, err
+	}
+	d := &Devices{
+		byID:    make(map[string]device, len(entries)),
+		compare: bcrypt.CompareHashAndPassword,
+	}
+	costs := make(map[int]int)
+	for _, e := range entries {
+		d.byID[string(e.id)] = device{psk: e.psk, hash: e.hash}
+		if e.hash != nil {
+			costs[e.cost]++
+		}
+	}
+	d.dummy = dummyHash(usualCost(costs))
+	return d, nil
+}
+
+// usualCost is the most frequent of costs (cost → count), the higher one
+// on a tie, or DefaultCost when there is none.
+func usualCost(costs map[int]int) int {
+	best, n := DefaultCost, 0
+	for c, k := range costs {
+		if k > n || (k == n && c > best) {
+			best, n = c, k
+		}
+	}
+	return best
+}
+
+// dummyHash returns a well-formed bcrypt hash of the given cost. Comparing
+// a password with it costs the full bcrypt work and never succeeds (that
+// would take a 184-bit hash collision).
+func dummyHash(cost int) []byte {
+	return fmt.Appendf(nil, "$2a$%02d$%s", cost, "fleetgate.dummy.salt.and.hash.no.password.matches.any")
+}
+
+// Len is the number of devices in the set.
+func (d *Devices) Len() int { return len(d.byID) }
+
+// IDs returns the set's device IDs, sorted.
+func (d *Devices) IDs() []gateway.DeviceID {
+	ids := make([]gateway.DeviceID, 0, len(d.byID))
+	for id := range d.byID {
+		ids = append(ids, gateway.DeviceID(id))
+	}
+	slices.Sort(ids)
+	return ids
+}
+
+// CheckPassword verifies device's MQTT password against its bcrypt hash.
+// An unknown device, a device without a password and a wrong password
+// all return the same wrapped gateway.ErrUnauthorized after the same
+// bcrypt work, so that neither the answer nor its timing tells whether the
+// device exists. A password longer than MaxPasswordLen is refused at once
+// (that depends on the password only, not on the device).
+func (d *Devices) CheckPassword(id gateway.DeviceID, password []byte) error {
+	if len(password) > MaxPasswordLen {
+		return errUnauthorized
+	}
+	dev := d.byID[string(id)] // the zero device when unknown
+	hash := dev.hash
+	if hash == nil {
+		hash = d.dummy
+	}
+	if err := d.compare(hash, password); err != nil || dev.hash == nil {
+		return errUnauthorized
+	}
+	return nil
+}
+
+// PSK returns the device named by a DTLS PSK identity (the device ID's
+// bytes) and a copy of its key. An unknown identity, an identity that is
+// not a device ID and a device without a key all return the same wrapped
+// gateway.ErrUnauthorized.
+func (d *Devices) PSK(identity []byte) (gateway.DeviceID, []byte, error) {
+	dev, ok := d.byID[string(identity)]
+	if !ok || dev.psk == nil {
+		return "", nil, errUnauthorized
+	}
+	return gateway.DeviceID(identity), slices.Clone(dev.psk), nil
+}
+
+// errUnauthorized is the one refusal of this package: its text is the same
+// whatever was wrong.
+var errUnauthorized = fmt.Errorf("device credentials: %w", gateway.ErrUnauthorized)
+
+// HashPassword returns the bcrypt hash of password at cost, in the form
+// the devices file's password_bcrypt takes. The error never contains the
+// password.
+func HashPassword(password []byte, cost int) (string, error) {
+	switch {
+	case len(password) == 0:
+		return "", fmt.Errorf("hash password: the password is empty")
+	case len(password) > MaxPasswordLen:
+		return "", fmt.Errorf("hash password: the password is %d bytes, bcrypt takes at most %d", len(password), MaxPasswordLen)
+	case cost < MinCost || cost > MaxCost:
+		return "", fmt.Errorf("hash password: cost %d is not in %d..%d", cost, MinCost, MaxCost)
+	}
+	h, err := bcrypt.GenerateFromPassword(password, cost)
+	if err != nil {
+		return "", fmt.Errorf("hash password: %w", err)
+	}
+	return string(h), nil
+}

@@ -1,0 +1,53 @@
+package auth
+
+import (
+	"fmt"
+	"sync/atomic"
+
+	"github.com/fleetgate/fleetgate/gateway"
+)
+
+var _ gateway.Credentials = (*Reloadable)(nil)
+
+// Reloadable holds the current devices set for front ends that keep
+// running while the devices file changes: they keep the *Reloadable, and
+// Reload (on SIGHUP) swaps the set atomically. A check in flight finishes
+// with the set it started with. It is safe for concurrent use.
+type Reloadable struct {
+	cur atomic.Pointer[Devices]
+}
+
+// NewReloadable returns a Reloadable holding d, which must not be nil.
+func NewReloadable(d *Devices) *Reloadable {
+	if d == nil {
+		panic("auth: NewReloadable with a nil *Devices")
+	}
+	r := new(Reloadable)
+	r.cur.Store(d)
+	return r
+}
+
+// Current returns the set in use.
+func (r *Reloadable) Current() *Devices { return r.cur.Load() }
+
+// Reload loads the devices file at path and makes it the current set. If
+// the file cannot be read or is invalid, the current set stays in use and
+// the error says so.
+func (r *Reloadable) Reload(path string) error {
+	d, err := Load(path)
+	if err != nil {
+		return fmt.Errorf("devices file not reloaded, keeping the %d devices in use:\n%w", r.Current().Len(), err)
+	}
+	r.cur.Store(d)
+	return nil
+}
+
+// CheckPassword is Devices.CheckPassword on the current set.
+func (r *Reloadable) CheckPassword(id gateway.DeviceID, password []byte) error {
+	return r.Current().CheckPassword(id, password)
+}
+
+// PSK is Devices.PSK on the current set.
+func (r *Reloadable) PSK(identity []byte) (gateway.DeviceID, []byte, error) {
+	return r.Current().PSK(identity)
+}
