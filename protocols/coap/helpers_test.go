@@ -75,6 +75,10 @@ func startServer(t testing.TB, obs gateway.Observer, o Options) *Server {
 	if o.Logger == nil {
 		o.Logger = testLogger()
 	}
+	if o.RequestsPerSecond == 0 {
+		// Every test client is 127.0.0.1: one source for the rate limit.
+		o.RequestsPerSecond = 1_000_000
+	}
 	s, err := New(obs, o)
 	if err != nil {
 		t.Fatalf("New: %v", err)

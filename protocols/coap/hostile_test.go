@@ -162,7 +162,7 @@ func TestNonRequestsGetNoAnswer(t *testing.T) {
 
 func TestNoGoroutineLeak(t *testing.T) {
 	ignore := goleak.IgnoreCurrent()
-	s, err := New(&recorder{}, Options{Addr: "127.0.0.1:0", AllowAnonymous: true, HeartbeatInterval: time.Second})
+	s, err := New(&recorder{}, Options{Addr: "127.0.0.1:0", AllowAnonymous: true, HeartbeatInterval: time.Second, RequestsPerSecond: 1_000_000})
 	if err != nil {
 		t.Fatal(err)
 	}

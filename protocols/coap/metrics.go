@@ -16,18 +16,39 @@ type metrics struct {
 	requests *prometheus.CounterVec
 	// byCode holds the request counter of each code in answeredCodes,
 	// so that the hot path does no label hashing.
-	byCode map[codes.Code]prometheus.Counter
+	byCode  map[codes.Code]prometheus.Counter
+	dropped map[dropReason]prometheus.Counter
+	rcvbuf  prometheus.Gauge
+}
+
+// dropReason says why a datagram got no answer.
+type dropReason string
+
+// The reasons a datagram is dropped without an answer; each is counted.
+const (
+	dropMalformed   dropReason = "malformed"    // not CoAP, or a NON that does not decode
+	dropOversized   dropReason = "oversized"    // beyond the size limit, and no request to answer 4.13
+	dropRateLimited dropReason = "rate_limited" // beyond the source's rate, and no request to answer 4.29
+	dropBadOption   dropReason = "bad_option"   // a NON request with an unknown critical option
+	dropUnexpected  dropReason = "unexpected"   // an ACK, RST or NON response: the server sends no CON
+	dropWriteError  dropReason = "write_error"  // the answer could not be sent
+	dropHandshake   dropReason = "handshake"    // a DTLS handshake failed or timed out
+)
+
+var dropReasons = []dropReason{
+	dropMalformed, dropOversized, dropRateLimited, dropBadOption,
+	dropUnexpected, dropWriteError, dropHandshake,
 }
 
 // answeredCodes are the codes the handler answers with.
 var answeredCodes = []codes.Code{
 	codes.Changed, codes.BadRequest, codes.Unauthorized, codes.Forbidden,
-	codes.NotFound, codes.MethodNotAllowed, codes.InternalServerError, codes.ServiceUnavailable,
+	codes.BadOption, codes.NotFound, codes.MethodNotAllowed, codes.RequestEntityTooLarge,
+	codes.TooManyRequests, codes.InternalServerError, codes.ServiceUnavailable,
 }
 
 // newMetrics builds the counters and registers them with reg (nil: not
-// registered). A collector already registered with the same description,
-// as by a second CoAP server (DTLS) on the same registry, is shared.
+// registered).
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	evidence := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name:        "fleetgate_evidence_total",
@@ -38,6 +59,14 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		Name: "fleetgate_coap_requests_total",
 		Help: "CoAP requests answered by the front end, by response code.",
 	}, []string{"code"})
+	dropped := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "fleetgate_coap_dropped_total",
+		Help: "CoAP datagrams and DTLS peers dropped without an answer, by reason.",
+	}, []string{"reason"})
+	rcvbuf := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "fleetgate_coap_receive_buffer_bytes",
+		Help: "Receive buffer the kernel granted the CoAP UDP socket.",
+	})
 	var err error
 	if evidence, err = register(reg, evidence); err != nil {
 		return nil, err
@@ -45,10 +74,21 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	if requests, err = register(reg, requests); err != nil {
 		return nil, err
 	}
+	if dropped, err = register(reg, dropped); err != nil {
+		return nil, err
+	}
+	if rcvbuf, err = register(reg, rcvbuf); err != nil {
+		return nil, err
+	}
 	m := &metrics{
 		evidence: make(map[gateway.Kind]prometheus.Counter),
 		requests: requests,
 		byCode:   make(map[codes.Code]prometheus.Counter, len(answeredCodes)),
+		dropped:  make(map[dropReason]prometheus.Counter, len(dropReasons)),
+		rcvbuf:   rcvbuf,
+	}
+	for _, r := range dropReasons {
+		m.dropped[r] = dropped.WithLabelValues(string(r))
 	}
 	for _, k := range []gateway.Kind{gateway.Renew, gateway.Leave} {
 		m.evidence[k] = evidence.WithLabelValues(k.String())
@@ -59,7 +99,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	return m, nil
 }
 
-func register(reg prometheus.Registerer, c *prometheus.CounterVec) (*prometheus.CounterVec, error) {
+// register registers c with reg (nil: not registered). A collector
+// already registered with the same description, as by a second server on
+// the same registry, is shared.
+func register[C prometheus.Collector](reg prometheus.Registerer, c C) (C, error) {
 	if reg == nil {
 		return c, nil
 	}
@@ -69,11 +112,11 @@ func register(reg prometheus.Registerer, c *prometheus.CounterVec) (*prometheus.
 	}
 	var are prometheus.AlreadyRegisteredError
 	if errors.As(err, &are) {
-		if existing, ok := are.ExistingCollector.(*prometheus.CounterVec); ok {
+		if existing, ok := are.ExistingCollector.(C); ok {
 			return existing, nil
 		}
 	}
-	return nil, fmt.Errorf("register metrics: %w", err)
+	return c, fmt.Errorf("register metrics: %w", err)
 }
 
 func (m *metrics) answered(c codes.Code) {
@@ -83,6 +126,8 @@ func (m *metrics) answered(c codes.Code) {
 	}
 	m.requests.WithLabelValues(codeLabel(c)).Inc()
 }
+
+func (m *metrics) drop(r dropReason) { m.dropped[r].Inc() }
 
 func (m *metrics) accepted(k gateway.Kind) {
 	if ctr, ok := m.evidence[k]; ok {

@@ -4,10 +4,18 @@
 // answers 2.04 Changed with Max-Age = the heartbeat interval the gateway
 // wants, or a 4.xx/5.xx code with a short diagnostic payload.
 //
-// Plain UDP is served with anonymous devices named by the query
-// d=<device> (auth.allow_anonymous). The request handling is shared by
-// every go-coap datagram transport through Server.processor, so that DTLS
-// with PSK identities slots in as a second transport.
+// Plain UDP serves anonymous devices named by the query d=<device>
+// (auth.allow_anonymous). It is a loop of the front end's own over one
+// socket that decodes and encodes with go-coap's message codec and keeps
+// no state per peer: both heartbeat operations are idempotent, so a
+// retransmitted CON is answered again instead of from a response cache
+// (RFC 7252 §4.5), and the only table is the bounded one of the
+// per-source rate limit.
+//
+// DTLS with PSK (optional) is served by go-coap's DTLS server with
+// pion/dtls: the PSK identity names the device through
+// gateway.Credentials, and a handshake with an unknown identity or a
+// wrong key fails, so it never becomes evidence.
 package coap
 
 import (
@@ -17,43 +25,63 @@ import (
 	"log/slog"
 	"math"
 	"net"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	coapNet "github.com/plgd-dev/go-coap/v3/net"
-	"github.com/plgd-dev/go-coap/v3/net/blockwise"
-	"github.com/plgd-dev/go-coap/v3/options"
-	"github.com/plgd-dev/go-coap/v3/udp"
-	udpClient "github.com/plgd-dev/go-coap/v3/udp/client"
-	udpServer "github.com/plgd-dev/go-coap/v3/udp/server"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/fleetgate/fleetgate/gateway"
 )
 
-// Per-peer state. go-coap keeps a connection (about 14 KB and a goroutine)
-// for every remote address it hears from. The front end needs none of it
-// once a request is answered (see processor), so a peer's connection is
-// closed after peerIdleTimeout without datagrams and released by the
-// sweep that runs every sweepInterval: a peer's state lives at most
-// peerIdleTimeout + 2×sweepInterval after its last datagram.
+// Defaults of the limits (the configs package has the same).
 const (
-	peerIdleTimeout = 2 * time.Second
-	sweepInterval   = time.Second
+	DefaultMaxMessageSize    = 1152
+	DefaultRequestsPerSecond = 20
+	DefaultHandshakeTimeout  = 10 * time.Second
+	DefaultMaxDTLSPeers      = 4096
 )
+
+// receiveBuffer is the SO_RCVBUF the UDP socket asks for: about 4 MiB
+// holds some 5,000 queued heartbeats (the kernel counts about 768 bytes
+// of overhead per small datagram), a second's worth at full load.
+const receiveBuffer = 4 << 20
 
 // Options configure a Server.
 type Options struct {
-	// Addr is the UDP listen address, e.g. ":5683" or "127.0.0.1:0".
+	// Addr is the UDP listen address, e.g. ":5683" or "127.0.0.1:0"
+	// (listen.coap.udp); "" serves no plain UDP.
 	Addr string
+	// DTLS is the DTLS listen address, e.g. ":5684" (listen.coap.dtls);
+	// "" serves no DTLS. DTLS needs Credentials.
+	DTLS string
+	// Credentials name the device of a DTLS PSK identity and give its
+	// key; SetCredentials replaces them (reload).
+	Credentials gateway.Credentials
 	// AllowAnonymous accepts devices named by the query d=<device>
-	// without credentials (auth.allow_anonymous).
+	// without credentials over plain UDP (auth.allow_anonymous).
 	AllowAnonymous bool
 	// HeartbeatInterval is the Max-Age of a 2.04 answer, in whole
 	// seconds rounded up; it must be positive.
 	HeartbeatInterval time.Duration
-	// Clock stamps evidence (ObservedAt); nil means gateway.SystemClock.
+	// MaxMessageSize bounds a CoAP message in bytes
+	// (limits.coap_max_message_size); a request beyond it gets 4.13,
+	// anything else beyond it is dropped. 0 means DefaultMaxMessageSize.
+	MaxMessageSize int
+	// RequestsPerSecond bounds the datagrams of one source IP, with a
+	// burst of as many (limits.coap_requests_per_second); a request beyond
+	// it gets 4.29 with Max-Age = the seconds to wait. 0 means
+	// DefaultRequestsPerSecond.
+	RequestsPerSecond int
+	// HandshakeTimeout bounds a DTLS handshake
+	// (limits.dtls_handshake_timeout). 0 means DefaultHandshakeTimeout.
+	HandshakeTimeout time.Duration
+	// MaxDTLSPeers bounds the DTLS peers being served or in a handshake at
+	// once; more wait in pion's accept backlog. 0 means DefaultMaxDTLSPeers.
+	MaxDTLSPeers int
+	// Clock stamps evidence (ObservedAt) and drives the rate limit; nil
+	// means gateway.SystemClock.
 	Clock gateway.Clock
 	// Logger receives refusals (debug) and internal errors; nil discards.
 	Logger *slog.Logger
@@ -61,32 +89,42 @@ type Options struct {
 	Registerer prometheus.Registerer
 }
 
-// Server is the CoAP over UDP front end. Create it with New, run it with
-// Serve, and end it with Close.
+// Server is the CoAP front end over UDP and DTLS. Create it with New, run
+// it with Serve, and end it with Close.
 type Server struct {
 	obs       gateway.Observer
 	clock     gateway.Clock
 	log       *slog.Logger
 	metrics   *metrics
 	allowAnon bool
+	maxSize   int
+	limit     *limiter
 	maxAge    atomic.Uint32 // seconds
+	creds     atomic.Pointer[credentials]
+	mid       atomic.Uint32 // Message IDs of NON answers
 
-	conn *coapNet.UDPConn
-	udp  *udpServer.Server
+	udp  *net.UDPConn // nil without plain UDP
+	dtls *dtlsFront   // nil without DTLS
 
-	// mu guards closed; work counts request handlers and the sweep
-	// goroutine, serving counts running Serve calls. Neither is added to
-	// once closed is set, so Close can wait for both.
+	// ctx is cancelled by stop; the Observer's contexts derive from it.
+	ctx    context.Context
+	cancel context.CancelFunc
+
+	// mu guards closed and serving; work counts DTLS request handlers and
+	// the DTLS sweep, and is not added to once closed is set.
 	mu       sync.Mutex
 	closed   bool
+	serving  bool
 	work     sync.WaitGroup
-	serving  sync.WaitGroup
-	done     chan struct{}
+	served   sync.WaitGroup
 	stopOnce sync.Once
-	cancel   context.CancelFunc
 }
 
-// New binds the UDP socket at o.Addr and prepares the server; requests
+// credentials holds a gateway.Credentials so that it can be swapped
+// atomically (an interface value cannot).
+type credentials struct{ gateway.Credentials }
+
+// New binds the UDP and DTLS sockets and prepares the server; requests
 // are answered once Serve runs.
 func New(obs gateway.Observer, o Options) (*Server, error) {
 	if obs == nil {
@@ -94,6 +132,15 @@ func New(obs gateway.Observer, o Options) (*Server, error) {
 	}
 	if o.HeartbeatInterval <= 0 {
 		return nil, fmt.Errorf("coap: heartbeat interval %v must be positive", o.HeartbeatInterval)
+	}
+	if o.Addr == "" && o.DTLS == "" {
+		return nil, errors.New("coap: no UDP or DTLS address")
+	}
+	if o.DTLS != "" && o.Credentials == nil {
+		return nil, errors.New("coap: DTLS needs credentials")
+	}
+	if o.MaxMessageSize < 0 || o.RequestsPerSecond < 0 || o.HandshakeTimeout < 0 || o.MaxDTLSPeers < 0 {
+		return nil, errors.New("coap: negative limit")
 	}
 	m, err := newMetrics(o.Registerer)
 	if err != nil {
@@ -105,7 +152,8 @@ func New(obs gateway.Observer, o Options) (*Server, error) {
 		log:       o.Logger,
 		metrics:   m,
 		allowAnon: o.AllowAnonymous,
-		done:      make(chan struct{}),
+		maxSize:   orDefault(o.MaxMessageSize, DefaultMaxMessageSize),
+		limit:     newLimiter(orDefault(o.RequestsPerSecond, DefaultRequestsPerSecond)),
 	}
 	if s.clock == nil {
 		s.clock = gateway.SystemClock{}
@@ -115,63 +163,146 @@ func New(obs gateway.Observer, o Options) (*Server, error) {
 	}
 	s.log = s.log.With("component", "coap")
 	s.maxAge.Store(maxAgeSeconds(o.HeartbeatInterval))
-
-	s.conn, err = coapNet.NewListenUDP("udp", o.Addr)
-	if err != nil {
-		return nil, fmt.Errorf("coap: listen %s: %w", o.Addr, err)
+	if o.Credentials != nil {
+		s.creds.Store(&credentials{o.Credentials})
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	s.cancel = cancel
-	s.udp = udp.NewServer(
-		options.WithContext(ctx),
-		options.WithProcessReceivedMessageFunc(s.processor(anonymous)),
-		options.WithHandlerFunc(ignore),
-		options.WithInactivityMonitor(peerIdleTimeout, func(cc *udpClient.Conn) { _ = cc.Close() }),
-		options.WithPeriodicRunner(s.sweep),
-		// Heartbeats fit one datagram; no peer gets block-wise state.
-		options.WithBlockwise(false, blockwise.SZX1024, 0),
-		options.WithErrors(func(err error) { s.log.Debug("coap transport", "err", err) }),
-	)
+	s.ctx, s.cancel = context.WithCancel(context.Background())
+
+	if o.Addr != "" {
+		if s.udp, err = listenUDP(o.Addr); err != nil {
+			s.cancel()
+			return nil, fmt.Errorf("coap: %w", err)
+		}
+		granted, err := receiveBufferSize(s.udp)
+		if err != nil {
+			s.log.Warn("cannot read the UDP receive buffer size", "err", err)
+		}
+		m.rcvbuf.Set(float64(granted))
+	}
+	if o.DTLS != "" {
+		s.dtls, err = s.newDTLS(o.DTLS, orDefault(o.HandshakeTimeout, DefaultHandshakeTimeout), orDefault(o.MaxDTLSPeers, DefaultMaxDTLSPeers))
+		if err != nil {
+			if s.udp != nil {
+				_ = s.udp.Close()
+			}
+			s.cancel()
+			return nil, fmt.Errorf("coap: %w", err)
+		}
+	}
 	return s, nil
+}
+
+func orDefault[T int | time.Duration](v, def T) T {
+	if v == 0 {
+		return def
+	}
+	return v
+}
+
+// listenUDP binds addr with a receive buffer of receiveBuffer bytes, or
+// what the kernel grants (net.core.rmem_max).
+func listenUDP(addr string) (*net.UDPConn, error) {
+	ua, err := net.ResolveUDPAddr("udp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("listen %s: %w", addr, err)
+	}
+	c, err := net.ListenUDP("udp", ua)
+	if err != nil {
+		return nil, fmt.Errorf("listen %s: %w", addr, err)
+	}
+	if err := c.SetReadBuffer(receiveBuffer); err != nil {
+		_ = c.Close()
+		return nil, fmt.Errorf("listen %s: receive buffer: %w", addr, err)
+	}
+	return c, nil
 }
 
 // Serve answers requests until ctx is done or Close is called, and
 // returns once every request handler has returned. It returns nil after
-// such a shutdown.
+// such a shutdown. A Server is served once.
 func (s *Server) Serve(ctx context.Context) error {
 	s.mu.Lock()
-	if s.closed {
+	switch {
+	case s.closed:
 		s.mu.Unlock()
 		return nil
+	case s.serving:
+		s.mu.Unlock()
+		return errors.New("coap: already serving")
 	}
-	s.serving.Add(1)
+	s.serving = true
+	s.served.Add(1)
 	s.mu.Unlock()
-	defer s.serving.Done()
+	defer s.served.Done()
 
 	stop := context.AfterFunc(ctx, s.stop)
 	defer stop()
-	err := s.udp.Serve(s.conn)
+
+	var wg sync.WaitGroup
+	errs := make(chan error, 1)
+	if s.udp != nil {
+		for range udpReaders() {
+			wg.Go(func() {
+				if err := s.readLoop(); err != nil {
+					select {
+					case errs <- err:
+					default:
+					}
+					s.stop()
+				}
+			})
+		}
+	}
+	if s.dtls != nil {
+		wg.Go(func() {
+			if err := s.dtls.server.Serve(s.dtls.listener); err != nil {
+				select {
+				case errs <- fmt.Errorf("serve dtls %s: %w", s.DTLSAddr(), err):
+				default:
+				}
+				s.stop()
+			}
+		})
+	}
+	wg.Wait()
 	s.stop()
 	s.work.Wait()
-	if err != nil {
-		return fmt.Errorf("coap: serve %s: %w", s.Addr(), err)
+	select {
+	case err := <-errs:
+		return fmt.Errorf("coap: %w", err)
+	default:
+		return nil
 	}
-	return nil
 }
 
-// Addr is the bound UDP address.
-func (s *Server) Addr() net.Addr { return s.conn.LocalAddr() }
+// udpReaders is the number of goroutines reading the UDP socket: one per
+// CPU handles the load, and a few more keep answering while some wait
+// for an Observer that applies backpressure (observeTimeout).
+func udpReaders() int { return 4 * runtime.GOMAXPROCS(0) }
+
+// Addr is the bound UDP address, nil without plain UDP.
+func (s *Server) Addr() net.Addr {
+	if s.udp == nil {
+		return nil
+	}
+	return s.udp.LocalAddr()
+}
+
+// DTLSAddr is the bound DTLS address, nil without DTLS.
+func (s *Server) DTLSAddr() net.Addr {
+	if s.dtls == nil {
+		return nil
+	}
+	return s.dtls.listener.Addr()
+}
 
 // Close stops the server, waits for Serve and the request handlers to
 // return (so the Observer is not called after Close), and closes the
-// socket.
+// sockets.
 func (s *Server) Close() error {
 	s.stop()
-	s.serving.Wait()
+	s.served.Wait()
 	s.work.Wait()
-	if err := s.conn.Close(); err != nil && !errors.Is(err, net.ErrClosed) {
-		return fmt.Errorf("coap: close: %w", err)
-	}
 	return nil
 }
 
@@ -185,15 +316,37 @@ func (s *Server) SetHeartbeatInterval(d time.Duration) {
 	s.maxAge.Store(maxAgeSeconds(d))
 }
 
-// stop refuses new work and tells go-coap to stop; it does not wait.
+// SetCredentials replaces the credentials (devices file reload): later
+// DTLS handshakes and requests on existing DTLS sessions use c, so a
+// device removed from the file gets 4.01 on its next request. A nil c is
+// refused with a warning.
+func (s *Server) SetCredentials(c gateway.Credentials) {
+	if c == nil {
+		s.log.Warn("nil credentials; keeping the old ones")
+		return
+	}
+	s.creds.Store(&credentials{c})
+}
+
+// stop refuses new work, cancels the Observer's contexts and closes the
+// sockets so that the loops end; it does not wait.
 func (s *Server) stop() {
 	s.stopOnce.Do(func() {
 		s.mu.Lock()
 		s.closed = true
 		s.mu.Unlock()
-		close(s.done)
 		s.cancel()
-		s.udp.Stop()
+		if s.udp != nil {
+			if err := s.udp.Close(); err != nil && !errors.Is(err, net.ErrClosed) {
+				s.log.Warn("close udp socket", "err", err)
+			}
+		}
+		if s.dtls != nil {
+			s.dtls.server.Stop()
+			if err := s.dtls.listener.Close(); err != nil {
+				s.log.Warn("close dtls listener", "err", err)
+			}
+		}
 	})
 }
 
@@ -206,30 +359,6 @@ func (s *Server) enter() bool {
 	}
 	s.work.Add(1)
 	return true
-}
-
-// sweep is go-coap's periodic runner: every sweepInterval it calls f,
-// which closes idle peer connections and releases closed ones, until f
-// reports the server stopped or Close is called.
-func (s *Server) sweep(f func(now time.Time) bool) {
-	if !s.enter() {
-		return
-	}
-	go func() {
-		defer s.work.Done()
-		t := time.NewTicker(sweepInterval)
-		defer t.Stop()
-		for {
-			select {
-			case <-s.done:
-				return
-			case now := <-t.C:
-				if !f(now) {
-					return
-				}
-			}
-		}
-	}()
 }
 
 // maxAgeSeconds is d in whole seconds, rounded up, as a Max-Age value.

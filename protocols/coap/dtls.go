@@ -1,0 +1,293 @@
+package coap
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"strings"
+	"sync"
+	"time"
+
+	piondtls "github.com/pion/dtls/v3"
+	"github.com/plgd-dev/go-coap/v3/dtls"
+	dtlsServer "github.com/plgd-dev/go-coap/v3/dtls/server"
+	"github.com/plgd-dev/go-coap/v3/message"
+	"github.com/plgd-dev/go-coap/v3/message/codes"
+	"github.com/plgd-dev/go-coap/v3/message/pool"
+	coapNet "github.com/plgd-dev/go-coap/v3/net"
+	"github.com/plgd-dev/go-coap/v3/net/blockwise"
+	"github.com/plgd-dev/go-coap/v3/net/responsewriter"
+	"github.com/plgd-dev/go-coap/v3/options"
+	"github.com/plgd-dev/go-coap/v3/options/config"
+	udpClient "github.com/plgd-dev/go-coap/v3/udp/client"
+
+	"github.com/fleetgate/fleetgate/gateway"
+)
+
+// A DTLS session costs a handshake (two round trips and the PSK key
+// schedule) and tens of kilobytes while it lives, so it is kept only
+// briefly: a session without datagrams for dtlsIdleTimeout is closed by
+// the sweep that runs every sweepInterval. A device that heartbeats less
+// often shakes hands again.
+const (
+	dtlsIdleTimeout = 5 * time.Second
+	sweepInterval   = time.Second
+)
+
+// dtlsFront is the DTLS transport: go-coap's DTLS server on a listener
+// that bounds the peers.
+type dtlsFront struct {
+	server   *dtlsServer.Server
+	listener *peerListener
+}
+
+// newDTLS binds the DTLS listener at addr, with PSK cipher suites only and
+// the identity checked by the credentials during the handshake.
+func (s *Server) newDTLS(addr string, handshakeTimeout time.Duration, maxPeers int) (*dtlsFront, error) {
+	ln, err := coapNet.NewDTLSListener("udp", addr, coapNet.NewDTLSServerOptions(
+		piondtls.WithPSK(s.psk),
+		piondtls.WithCipherSuites(piondtls.TLS_PSK_WITH_AES_128_CCM_8, piondtls.TLS_PSK_WITH_AES_128_GCM_SHA256),
+	))
+	if err != nil {
+		return nil, fmt.Errorf("listen dtls %s: %w", addr, err)
+	}
+	pl := &peerListener{DTLSListener: ln, slots: make(chan struct{}, maxPeers), metrics: s.metrics}
+	srv := dtls.NewServer(
+		options.WithContext(s.ctx),
+		options.WithProcessReceivedMessageFunc(s.dtlsProcessor()),
+		options.WithHandlerFunc(ignore),
+		options.WithDTLSHandshakeTimeout(handshakeTimeout),
+		options.WithMaxMessageSize(uint32(s.maxSize)),
+		options.WithInactivityMonitor(dtlsIdleTimeout, func(cc *udpClient.Conn) { _ = cc.Close() }),
+		options.WithPeriodicRunner(s.sweep),
+		// Heartbeats fit one datagram; no peer gets block-wise state.
+		options.WithBlockwise(false, blockwise.SZX1024, 0),
+		options.WithErrors(func(err error) { s.log.Debug("coap dtls transport", "err", err) }),
+	)
+	return &dtlsFront{server: srv, listener: pl}, nil
+}
+
+// psk is pion's PSK callback: the key of the device named by the client's
+// PSK identity. An unknown identity fails the handshake here, a wrong key
+// when the Finished messages do not verify; either way no request is
+// ever read, so it never becomes evidence.
+func (s *Server) psk(identity []byte) ([]byte, error) {
+	c := s.creds.Load()
+	if c == nil {
+		return nil, fmt.Errorf("psk: %w", gateway.ErrUnauthorized)
+	}
+	_, key, err := c.PSK(identity)
+	if err != nil {
+		return nil, fmt.Errorf("psk: %w", err)
+	}
+	return key, nil
+}
+
+// peerListener holds one of its slots for each accepted DTLS peer, from
+// the handshake until the peer's connection is closed; when all are taken
+// it stops accepting, and new peers wait in pion's bounded backlog.
+type peerListener struct {
+	*coapNet.DTLSListener
+	slots   chan struct{}
+	metrics *metrics
+}
+
+// AcceptWithContext waits for a free slot, then for a peer.
+func (l *peerListener) AcceptWithContext(ctx context.Context) (net.Conn, error) {
+	select {
+	case l.slots <- struct{}{}:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	c, err := l.DTLSListener.AcceptWithContext(ctx)
+	if err != nil {
+		<-l.slots
+		return nil, err
+	}
+	dc, ok := c.(*piondtls.Conn)
+	if !ok {
+		<-l.slots
+		_ = c.Close()
+		return nil, fmt.Errorf("dtls accept: unexpected connection type %T", c)
+	}
+	return &peerConn{Conn: dc, release: sync.OnceFunc(func() { <-l.slots }), metrics: l.metrics}, nil
+}
+
+// peerConn is a DTLS peer holding a slot of its listener until closed.
+type peerConn struct {
+	*piondtls.Conn
+	release func()
+	metrics *metrics
+}
+
+// HandshakeContext runs the handshake (go-coap bounds ctx with the
+// handshake timeout) and counts a failure.
+func (c *peerConn) HandshakeContext(ctx context.Context) error {
+	if err := c.Conn.HandshakeContext(ctx); err != nil {
+		c.metrics.drop(dropHandshake)
+		return fmt.Errorf("dtls handshake: %w", err)
+	}
+	return nil
+}
+
+// Close closes the connection and frees its slot.
+func (c *peerConn) Close() error {
+	defer c.release()
+	return c.Conn.Close()
+}
+
+// sweep is go-coap's periodic runner for the DTLS server: every
+// sweepInterval it calls f, which closes idle peer connections and
+// releases closed ones, until f reports the server stopped or Close is
+// called.
+func (s *Server) sweep(f func(now time.Time) bool) {
+	if !s.enter() {
+		return
+	}
+	go func() {
+		defer s.work.Done()
+		t := time.NewTicker(sweepInterval)
+		defer t.Stop()
+		for {
+			select {
+			case <-s.ctx.Done():
+				return
+			case now := <-t.C:
+				if !f(now) {
+					return
+				}
+			}
+		}
+	}()
+}
+
+// dtlsProcessor returns the go-coap hook through which the DTLS transport
+// hands received messages to the front end. Requests are answered here
+// directly rather than through go-coap's default path, which answers a
+// NON request with a CON and caches every response per peer for
+// EXCHANGE_LIFETIME (247 s); as over UDP, a duplicate of an idempotent
+// heartbeat is processed again. Everything that is not a request (stray
+// responses, ACKs) takes go-coap's path to ignore.
+func (s *Server) dtlsProcessor() config.ProcessReceivedMessageFunc[*udpClient.Conn] {
+	return func(req *pool.Message, cc *udpClient.Conn, next config.HandlerFunc[*udpClient.Conn]) {
+		h := header{typ: req.Type(), code: req.Code()}
+		if !h.isRequest() {
+			cc.ProcessReceivedMessageWithHandler(req, next)
+			return
+		}
+		if !s.enter() {
+			cc.ReleaseMessage(req)
+			return
+		}
+		defer s.work.Done()
+		cc.ProcessReceivedMessageWithHandler(req, func(w *responsewriter.ResponseWriter[*udpClient.Conn], r *pool.Message) {
+			s.respondDTLS(w, r, cc)
+		})
+	}
+}
+
+// ignore is go-coap's handler for what dtlsProcessor passes on: messages
+// that are not requests. Leaving the answer unset makes go-coap send
+// nothing, or an empty ACK for a CON, instead of its default handler's
+// 4.04 sent as a CON.
+func ignore(*responsewriter.ResponseWriter[*udpClient.Conn], *pool.Message) {}
+
+// respondDTLS fills in the answer to request r of DTLS peer cc:
+// piggybacked on the ACK of a CON request, a NON for a NON request.
+func (s *Server) respondDTLS(w *responsewriter.ResponseWriter[*udpClient.Conn], r *pool.Message, cc *udpClient.Conn) {
+	now := s.clock.Now()
+	code, diag, maxAge := s.answerDTLS(r, cc, now)
+	s.metrics.answered(code)
+	var body io.ReadSeeker
+	if diag != "" {
+		body = strings.NewReader(diag)
+	}
+	resp := w.Message()
+	// SetResponse refuses codes the request's No-Response option (RFC
+	// 7967) suppresses; a CON request then still gets an empty ACK.
+	suppressed := w.SetResponse(code, message.TextPlain, body) != nil
+	switch {
+	case suppressed && r.Type() == message.NonConfirmable:
+		return
+	case suppressed:
+		resp.SetCode(codes.Empty)
+		resp.SetToken(nil)
+	case maxAge > 0:
+		resp.SetOptionUint32(message.MaxAge, maxAge)
+	}
+	if r.Type() == message.Confirmable {
+		resp.SetType(message.Acknowledgement)
+		resp.SetMessageID(r.MessageID())
+		return
+	}
+	resp.SetType(message.NonConfirmable)
+	resp.SetMessageID(cc.GetMessageID())
+}
+
+// answerDTLS decides the answer to request r of DTLS peer cc: the rate
+// limit, then the device of the session's PSK identity (asked again, so
+// that a device removed by a reload is refused at once), then the
+// heartbeat. maxAge is 0 for none.
+func (s *Server) answerDTLS(r *pool.Message, cc *udpClient.Conn, now time.Time) (codes.Code, string, uint32) {
+	peer := cc.RemoteAddr()
+	if ok, wait := s.limit.allow(addrOf(peer), now); !ok {
+		return codes.TooManyRequests, "too many requests, retry after Max-Age", uint32((wait + time.Second - 1) / time.Second)
+	}
+	device, err := s.identity(cc)
+	if err != nil {
+		s.logRefusal(codes.Unauthorized, heartbeat{}, peer.String(), err)
+		return codes.Unauthorized, "unauthorized", 0
+	}
+	path, err := r.Path()
+	if err != nil {
+		path = "" // no Uri-Path, or one that cannot name /hb
+	}
+	queries, err := r.Queries()
+	if err != nil {
+		return codes.BadRequest, "malformed Uri-Query", 0
+	}
+	code, diag, hb, err := s.decide(r.Code(), path, queries, device, now)
+	if err != nil {
+		s.logRefusal(code, hb, peer.String(), err)
+	}
+	switch code {
+	case codes.Changed:
+		return code, diag, s.maxAge.Load()
+	case codes.ServiceUnavailable:
+		return code, diag, retryAfterSeconds
+	}
+	return code, diag, 0
+}
+
+// identity is the device of the PSK identity DTLS peer cc shook hands
+// with, according to the current credentials.
+func (s *Server) identity(cc *udpClient.Conn) (string, error) {
+	pc, ok := cc.NetConn().(*peerConn)
+	if !ok {
+		return "", errors.New("identity: not a DTLS peer")
+	}
+	st, ok := pc.ConnectionState()
+	if !ok {
+		return "", errors.New("identity: handshake not done")
+	}
+	c := s.creds.Load()
+	if c == nil {
+		return "", fmt.Errorf("identity: %w", gateway.ErrUnauthorized)
+	}
+	dev, _, err := c.PSK(st.IdentityHint)
+	if err != nil {
+		return "", fmt.Errorf("identity: %w", err)
+	}
+	return string(dev), nil
+}
+
+// addrOf is the IP of a UDP peer address, the zero Addr for another kind.
+func addrOf(a net.Addr) netip.Addr {
+	if ua, ok := a.(*net.UDPAddr); ok {
+		return ua.AddrPort().Addr().Unmap()
+	}
+	return netip.Addr{}
+}

@@ -1,0 +1,85 @@
+package coap
+
+import (
+	"math"
+	"net/netip"
+	"sync"
+	"time"
+)
+
+// maxRateSources bounds the rate limiter's table. A source whose bucket
+// is full again (it sent nothing for a second) is evicted, since a full
+// bucket is what a new source gets; only sources that sent within the
+// last second are kept, about 80 bytes each.
+const maxRateSources = 1 << 16
+
+// sweepEvery spaces the evictions a full table triggers, so that a flood
+// of new sources costs one table scan per sweepEvery, not one per datagram.
+const sweepEvery = 100 * time.Millisecond
+
+// limiter is the per-source rate limit: a token bucket per source IP
+// holding at most rate tokens (a burst of one second's worth), refilled
+// at rate tokens a second. Each datagram takes a token.
+type limiter struct {
+	rate float64
+
+	mu      sync.Mutex
+	buckets map[netip.Addr]bucket
+	swept   time.Time
+}
+
+type bucket struct {
+	tokens float64
+	at     time.Time // when tokens was last computed
+}
+
+func newLimiter(rate int) *limiter {
+	return &limiter{rate: float64(rate), buckets: make(map[netip.Addr]bucket)}
+}
+
+// allow takes a token of src at now. When there is none it returns false
+// and how long until there is one. When the table is full of sources
+// that sent within the last second, a new source is refused for a second:
+// state never piles up, whatever the number of (spoofed) sources.
+func (l *limiter) allow(src netip.Addr, now time.Time) (bool, time.Duration) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	b, ok := l.buckets[src]
+	switch {
+	case ok:
+		b.tokens = min(l.rate, b.tokens+l.rate*now.Sub(b.at).Seconds())
+	case len(l.buckets) >= maxRateSources && !l.sweep(now):
+		return false, time.Second
+	default:
+		b.tokens = l.rate
+	}
+	b.at = now
+	if b.tokens < 1 {
+		l.buckets[src] = b
+		return false, time.Duration(math.Ceil((1 - b.tokens) / l.rate * float64(time.Second)))
+	}
+	b.tokens--
+	l.buckets[src] = b
+	return true, 0
+}
+
+// sweep evicts the sources whose buckets are full again, at most once per
+// sweepEvery, and reports whether there is room for a new source.
+func (l *limiter) sweep(now time.Time) bool {
+	if now.Sub(l.swept) >= sweepEvery || now.Before(l.swept) {
+		l.swept = now
+		for src, b := range l.buckets {
+			if b.tokens+l.rate*now.Sub(b.at).Seconds() >= l.rate {
+				delete(l.buckets, src)
+			}
+		}
+	}
+	return len(l.buckets) < maxRateSources
+}
+
+// size is the number of sources in the table.
+func (l *limiter) size() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.buckets)
+}
