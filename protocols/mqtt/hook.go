@@ -1,0 +1,174 @@
+package mqtt
+
+import (
+	"bytes"
+	"errors"
+	"strings"
+
+	mochi "github.com/mochi-mqtt/server/v2"
+	"github.com/mochi-mqtt/server/v2/packets"
+
+	"github.com/fleetgate/fleetgate/gateway"
+)
+
+// presence is the one mochi hook of the front end. It admits or refuses
+// CONNECT (device ID, credentials, limits), clamps the keep-alive, keeps
+// devices inside their topic subtree, and turns the connection's life
+// into evidence (DESIGN §4):
+//
+//   - an admitted CONNECT is a Connect of a new session
+//     (gateway.ConnectionSessionID, one per connection);
+//   - every later packet read is a Renew;
+//   - a DISCONNECT with a reason code below 0x80 (normal, or "with will
+//     message") is a Leave once the connection has ended;
+//   - a dropped connection, a keep-alive timeout, a DISCONNECT carrying an
+//     error code, a server shutdown and a session taken over by a new
+//     connection of the same client are nothing: the old session stops
+//     renewing and its lease decides.
+type presence struct {
+	mochi.HookBase
+	srv *Server
+}
+
+func (h *presence) ID() string { return "fleetgate-presence" }
+
+var provided = []byte{
+	mochi.OnConnectAuthenticate,
+	mochi.OnACLCheck,
+	mochi.OnConnect,
+	mochi.OnDisconnect,
+	mochi.OnPacketRead,
+	mochi.OnPublishDropped,
+}
+
+func (h *presence) Provides(b byte) bool { return bytes.IndexByte(provided, b) >= 0 }
+
+// errRefused ends a connection whose CONNECT the hook answered with a
+// refusal CONNACK itself.
+var errRefused = errors.New("connect refused")
+
+// errTooSlow ends a client whose pending writes overflowed.
+var errTooSlow = errors.New("client too slow: pending writes exceeded")
+
+// OnConnect decides on a CONNECT. Mochi calls it before authentication
+// and sends no CONNACK when it fails, so every refusal writes its own
+// CONNACK with the code of the client's protocol version.
+func (h *presence) OnConnect(cl *mochi.Client, pk packets.Packet) error {
+	s := h.srv
+	c, ok := cl.Net.Conn.(*conn)
+	if !ok {
+		return refuse(cl, packets.ErrUnspecifiedError, packets.Err3ServerUnavailable)
+	}
+	device, err := gateway.ParseDeviceID(pk.Connect.ClientIdentifier)
+	if err != nil {
+		s.metrics.refuse(reasonInvalidClientID)
+		s.log.Debug("connect refused: client identifier", "remote", c.RemoteAddr().String(), "err", err)
+		return refuse(cl, packets.ErrClientIdentifierNotValid, packets.Err3ClientIdentifierNotValid)
+	}
+	if !s.reserve() {
+		s.metrics.refuse(reasonMaxClients)
+		s.log.Debug("connect refused: max clients", "device", string(device))
+		return refuse(cl, packets.ErrServerBusy, packets.Err3ServerUnavailable)
+	}
+	c.admitted = true // the slot is released when the connection ends
+	root := s.topicRoot(device)
+	if !s.authorized(device, pk) || (pk.Connect.WillFlag && !underRoot(pk.Connect.WillTopic, root)) {
+		s.metrics.refuse(reasonNotAuthorized)
+		s.log.Debug("connect refused: not authorized", "device", string(device), "remote", c.RemoteAddr().String())
+		return refuse(cl, packets.ErrNotAuthorized, packets.Err3NotAuthorized)
+	}
+
+	if ka := uint16(s.keepAlive.Load()); pk.Connect.Keepalive == 0 || pk.Connect.Keepalive > ka {
+		cl.State.Keepalive = ka
+		cl.State.ServerKeepalive = true // sent as Server Keep Alive to MQTT 5 clients
+	}
+
+	session := gateway.ConnectionSessionID(s.gatewayID, s.epoch, s.connSeq.Add(1))
+	err = s.observe(device, session, gateway.Connect)
+	switch {
+	case err == nil:
+	case errors.Is(err, gateway.ErrInvalidDeviceID):
+		s.metrics.refuse(reasonInvalidClientID)
+		return refuse(cl, packets.ErrClientIdentifierNotValid, packets.Err3ClientIdentifierNotValid)
+	case errors.Is(err, gateway.ErrOverloaded):
+		s.metrics.refuse(reasonOverloaded)
+		s.log.Debug("connect refused: overloaded", "device", string(device), "err", err)
+		return refuse(cl, packets.ErrServerBusy, packets.Err3ServerUnavailable)
+	default:
+		s.metrics.refuse(reasonError)
+		s.log.Warn("connect refused: observe", "device", string(device), "session", string(session), "err", err)
+		return refuse(cl, packets.ErrUnspecifiedError, packets.Err3ServerUnavailable)
+	}
+	c.device, c.session, c.root = device, session, root
+	return nil
+}
+
+// refuse answers CONNECT with v5 (MQTT 5) or v3 (3.1.1 and older) and
+// returns the error that makes mochi close the connection.
+func refuse(cl *mochi.Client, v5, v3 packets.Code) error {
+	ack := packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Connack}}
+	if cl.Properties.ProtocolVersion == 5 {
+		ack.ReasonCode = v5.Code
+		ack.Properties.ReasonString = v5.Reason
+	} else {
+		ack.ReasonCode = v3.Code
+	}
+	if err := cl.WritePacket(ack); err != nil {
+		return errors.Join(errRefused, err)
+	}
+	return errRefused
+}
+
+// OnConnectAuthenticate admits every client that OnConnect let through;
+// mochi refuses a CONNECT when no hook answers true.
+func (h *presence) OnConnectAuthenticate(*mochi.Client, packets.Packet) bool { return true }
+
+// OnACLCheck lets a device publish and subscribe under its own subtree
+// only: "<prefix>/<device>" and "<prefix>/<device>/...".
+func (h *presence) OnACLCheck(cl *mochi.Client, topic string, _ bool) bool {
+	c, ok := cl.Net.Conn.(*conn)
+	return ok && c.session != "" && underRoot(topic, c.root)
+}
+
+// underRoot reports whether topic (or filter) is root or below it.
+func underRoot(topic, root string) bool {
+	rest, ok := strings.CutPrefix(topic, root)
+	return ok && (rest == "" || rest[0] == '/')
+}
+
+// OnPacketRead turns every packet after CONNECT into evidence.
+func (h *presence) OnPacketRead(cl *mochi.Client, pk packets.Packet) (packets.Packet, error) {
+	c, ok := cl.Net.Conn.(*conn)
+	if !ok || c.session == "" {
+		return pk, nil // CONNECT itself: OnConnect has not run yet
+	}
+	if pk.FixedHeader.Type == packets.Disconnect && pk.ReasonCode < packets.ErrUnspecifiedError.Code {
+		c.leaving = true // the Leave is sent once the connection has ended
+		return pk, nil
+	}
+	if err := h.srv.observe(c.device, c.session, gateway.Renew); err != nil {
+		h.srv.log.Debug("renew refused", "device", string(c.device), "session", string(c.session), "err", err)
+	}
+	return pk, nil
+}
+
+// OnDisconnect sends the Leave of a connection that ended with a normal
+// DISCONNECT; any other end leaves the session to its lease.
+func (h *presence) OnDisconnect(cl *mochi.Client, _ error, _ bool) {
+	c, ok := cl.Net.Conn.(*conn)
+	if !ok || !c.leaving || c.session == "" {
+		return
+	}
+	if err := h.srv.observe(c.device, c.session, gateway.Leave); err != nil {
+		h.srv.log.Debug("leave refused", "device", string(c.device), "session", string(c.session), "err", err)
+	}
+}
+
+// OnPublishDropped ends a client whose pending writes overflowed
+// (limits.mqtt_max_pending_writes): it is not reading fast enough.
+func (h *presence) OnPublishDropped(cl *mochi.Client, _ packets.Packet) {
+	if !cl.Closed() {
+		h.srv.metrics.refuse(reasonTooSlow)
+		cl.Stop(errTooSlow)
+	}
+}

@@ -1,0 +1,214 @@
+package mqtt
+
+import (
+	"errors"
+	"log/slog"
+	"net"
+	"net/netip"
+	"sync"
+	"time"
+
+	"github.com/mochi-mqtt/server/v2/listeners"
+
+	"github.com/fleetgate/fleetgate/gateway"
+)
+
+// connectTimeout bounds how long an accepted connection may take to
+// finish its TLS handshake and send CONNECT. Mochi sets no deadline
+// before CONNECT, so without it a silent socket would be held for ever.
+const connectTimeout = 10 * time.Second
+
+// conn is an accepted connection with the presence state of the device
+// on it. Mochi keeps it as Client.Net.Conn, so the hook finds the state
+// with a type assertion instead of a locked map. Every field is used by
+// the connection's own goroutine only (mochi runs CONNECT, packet reads
+// and the disconnect of a client on one goroutine).
+type conn struct {
+	net.Conn
+	device  gateway.DeviceID
+	session gateway.SessionID
+	// root is "<prefix>/<device>": the topic subtree the device owns.
+	root string
+	// admitted: CONNECT passed every check and holds a max_clients slot.
+	admitted bool
+	// leaving: the device sent a normal DISCONNECT.
+	leaving bool
+}
+
+// listener is a mochi listener over a bound net.Listener (TCP, or TLS on
+// top of it). Unlike mochi's own, it rate-limits connects per source
+// address, bounds the time to CONNECT, survives temporary accept errors,
+// and on Close ends every connection it accepted, including the ones that
+// never sent CONNECT.
+type listener struct {
+	id  string
+	ln  net.Listener
+	srv *Server
+
+	mu     sync.Mutex
+	closed bool
+	conns  map[*conn]struct{}
+}
+
+var _ listeners.Listener = (*listener)(nil)
+
+func newListener(id string, ln net.Listener, srv *Server) *listener {
+	return &listener{id: id, ln: ln, srv: srv, conns: make(map[*conn]struct{})}
+}
+
+func (l *listener) ID() string                { return l.id }
+func (l *listener) Address() string           { return l.ln.Addr().String() }
+func (l *listener) Protocol() string          { return l.id }
+func (l *listener) Init(_ *slog.Logger) error { return nil }
+
+// Serve accepts connections until the listener is closed and hands each
+// to establish (mochi's connection handler) on its own goroutine.
+func (l *listener) Serve(establish listeners.EstablishFn) {
+	s := l.srv
+	if !s.enter() {
+		return
+	}
+	defer s.work.Done()
+	var backoff time.Duration
+	for {
+		nc, err := l.ln.Accept()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) || !s.pause(&backoff, err) {
+				return
+			}
+			continue
+		}
+		backoff = 0
+		if !s.rate.allow(remoteIP(nc), s.clock.Now()) {
+			s.metrics.refuse(reasonRate)
+			s.log.Debug("connect rate exceeded", "remote", nc.RemoteAddr().String())
+			_ = nc.Close()
+			continue
+		}
+		c := &conn{Conn: nc}
+		if !l.track(c) {
+			_ = nc.Close()
+			return
+		}
+		_ = nc.SetDeadline(time.Now().Add(connectTimeout))
+		go func() {
+			defer s.work.Done()
+			defer l.untrack(c)
+			if err := establish(l.id, c); err != nil {
+				s.log.Debug("connection ended", "device", string(c.device), "session", string(c.session), "remote", c.RemoteAddr().String(), "err", err)
+			}
+			s.release(c)
+		}()
+	}
+}
+
+// Close is called by mochi on shutdown: it disconnects the established
+// clients (closeClients), stops accepting, and closes every connection
+// still open, so that mochi's wait for its clients ends.
+func (l *listener) Close(closeClients listeners.CloseFn) {
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		return
+	}
+	l.closed = true
+	l.mu.Unlock()
+
+	closeClients(l.id)
+	_ = l.ln.Close()
+
+	l.mu.Lock()
+	for c := range l.conns {
+		_ = c.Close()
+	}
+	l.mu.Unlock()
+}
+
+// track registers c and one unit of server work for its goroutine; it
+// refuses once the listener or the server is closing.
+func (l *listener) track(c *conn) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed || !l.srv.enter() {
+		return false
+	}
+	l.conns[c] = struct{}{}
+	return true
+}
+
+func (l *listener) untrack(c *conn) {
+	l.mu.Lock()
+	delete(l.conns, c)
+	l.mu.Unlock()
+}
+
+func remoteIP(c net.Conn) netip.Addr {
+	if ap, err := netip.ParseAddrPort(c.RemoteAddr().String()); err == nil {
+		return ap.Addr().Unmap()
+	}
+	return netip.Addr{}
+}
+
+// rateLimiter is a token bucket per source address: perSecond connects
+// per second, with bursts of as many. Buckets that have refilled are
+// forgotten whenever the table has doubled since the last sweep, so its
+// size follows the number of addresses seen within about a second.
+type rateLimiter struct {
+	perSecond float64
+
+	mu      sync.Mutex
+	buckets map[netip.Addr]*bucket
+	sweepAt int
+}
+
+type bucket struct {
+	tokens float64
+	last   time.Time
+}
+
+const minSweep = 1024
+
+func newRateLimiter(perSecond int) *rateLimiter {
+	return &rateLimiter{
+		perSecond: float64(perSecond),
+		buckets:   make(map[netip.Addr]*bucket),
+		sweepAt:   minSweep,
+	}
+}
+
+// allow takes one token from addr's bucket at now, if it has one.
+func (r *rateLimiter) allow(addr netip.Addr, now time.Time) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	b, ok := r.buckets[addr]
+	if !ok {
+		if len(r.buckets) >= r.sweepAt {
+			r.sweep(now)
+		}
+		b = &bucket{tokens: r.perSecond, last: now}
+		r.buckets[addr] = b
+	}
+	b.refill(now, r.perSecond)
+	if b.tokens < 1 {
+		return false
+	}
+	b.tokens--
+	return true
+}
+
+func (b *bucket) refill(now time.Time, perSecond float64) {
+	if d := now.Sub(b.last); d > 0 {
+		b.tokens = min(perSecond, b.tokens+d.Seconds()*perSecond)
+		b.last = now
+	}
+}
+
+// sweep forgets the buckets that are full again at now.
+func (r *rateLimiter) sweep(now time.Time) {
+	for a, b := range r.buckets {
+		if b.refill(now, r.perSecond); b.tokens >= r.perSecond {
+			delete(r.buckets, a)
+		}
+	}
+	r.sweepAt = max(minSweep, 2*len(r.buckets))
+}

@@ -1,0 +1,99 @@
+package mqtt
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/fleetgate/fleetgate/gateway"
+)
+
+// Refusal reasons, the label values of fleetgate_mqtt_refused_total.
+const (
+	reasonInvalidClientID = "invalid_client_id"
+	reasonNotAuthorized   = "not_authorized"
+	reasonMaxClients      = "max_clients"
+	reasonRate            = "connect_rate"
+	reasonOverloaded      = "overloaded"
+	reasonError           = "error"
+	reasonTooSlow         = "too_slow"
+)
+
+var refusalReasons = []string{
+	reasonInvalidClientID, reasonNotAuthorized, reasonMaxClients,
+	reasonRate, reasonOverloaded, reasonError, reasonTooSlow,
+}
+
+// metrics are the front end's Prometheus collectors. The counters of
+// every label value are resolved once, so that the hot path does no
+// label hashing.
+type metrics struct {
+	evidence    map[gateway.Kind]prometheus.Counter
+	refused     map[string]prometheus.Counter
+	connections prometheus.Gauge
+}
+
+// newMetrics builds the collectors and registers them with reg (nil: not
+// registered). fleetgate_evidence_total is shared with the other front
+// ends: same name and help, told apart by the protocol label.
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	evidence, err := register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name:        "fleetgate_evidence_total",
+		Help:        "Evidence accepted by the gateway from protocol front ends, by kind.",
+		ConstLabels: prometheus.Labels{"protocol": "mqtt"},
+	}, []string{"kind"}))
+	if err != nil {
+		return nil, err
+	}
+	refused, err := register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "fleetgate_mqtt_refused_total",
+		Help: "MQTT connections refused or ended by the front end, by reason.",
+	}, []string{"reason"}))
+	if err != nil {
+		return nil, err
+	}
+	connections, err := register(reg, prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "fleetgate_mqtt_connections",
+		Help: "MQTT connections admitted and not yet ended.",
+	}))
+	if err != nil {
+		return nil, err
+	}
+	m := &metrics{
+		evidence:    make(map[gateway.Kind]prometheus.Counter, 3),
+		refused:     make(map[string]prometheus.Counter, len(refusalReasons)),
+		connections: connections,
+	}
+	for _, k := range []gateway.Kind{gateway.Connect, gateway.Renew, gateway.Leave} {
+		m.evidence[k] = evidence.WithLabelValues(k.String())
+	}
+	for _, r := range refusalReasons {
+		m.refused[r] = refused.WithLabelValues(r)
+	}
+	return m, nil
+}
+
+// register registers c with reg; a collector already registered with the
+// same description (another front end's evidence counter) is shared.
+func register[C prometheus.Collector](reg prometheus.Registerer, c C) (C, error) {
+	if reg == nil {
+		return c, nil
+	}
+	err := reg.Register(c)
+	if err == nil {
+		return c, nil
+	}
+	var are prometheus.AlreadyRegisteredError
+	if errors.As(err, &are) {
+		if existing, ok := are.ExistingCollector.(C); ok {
+			return existing, nil
+		}
+	}
+	var zero C
+	return zero, fmt.Errorf("register metrics: %w", err)
+}
+
+func (m *metrics) accepted(k gateway.Kind) { m.evidence[k].Inc() }
+
+func (m *metrics) refuse(reason string) { m.refused[reason].Inc() }

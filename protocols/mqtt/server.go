@@ -1,0 +1,443 @@
+// Package mqtt is fleetgate's MQTT front end (DESIGN §4): an embedded
+// mochi-mqtt broker for the site, MQTT 3.1.1 and 5 over TCP and TLS,
+// whose one hook (presence) turns connections and packets into
+// gateway.Evidence for a gateway.Observer. Devices publish and subscribe
+// as with any broker, each under its own topic subtree.
+//
+// Admission. The client ID is the device ID: an invalid one gets CONNACK
+// "client identifier not valid" (0x85; 0x02 in 3.1.1). A device with a
+// password is checked against the Credentials; one without is admitted
+// only with AllowAnonymous. A user name, when sent, must equal the client
+// ID. Any failure, including a will topic outside the device's subtree,
+// gets "not authorized" (0x87; 0x05 in 3.1.1) and never says which part
+// was wrong. Too many clients or an overloaded gateway get "server busy"
+// (0x89; 3.1.1: 0x03 "server unavailable").
+//
+// Keep-alive. A client asking for no keep-alive or for more than the
+// heartbeat interval is held to the heartbeat interval (whole seconds,
+// rounded up): MQTT 5 clients are told so with Server Keep Alive in
+// CONNACK; MQTT 3.1.1 has no way to tell them, so a 3.1.1 client that
+// stays silent for longer than 1.5× the heartbeat interval is
+// disconnected (no Leave: its lease decides). Shorter keep-alives are
+// kept.
+//
+// Limits. MaxPacketSize ends a connection that sends a larger packet;
+// MaxClients refuses further CONNECTs; ConnectsPerSecond limits TCP
+// connects per source address (excess connections are closed at accept,
+// before any CONNECT is read); MaxPendingWrites bounds the packets queued
+// for a client, which is disconnected when it overflows. A connection
+// must finish TLS and send CONNECT within 10 s. A session left by an
+// MQTT 5 client with a session expiry interval, or by a 3.1.1 client
+// without clean session, is kept at most maxSessionExpiry.
+package mqtt
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	mochi "github.com/mochi-mqtt/server/v2"
+	"github.com/mochi-mqtt/server/v2/packets"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/fleetgate/fleetgate/gateway"
+)
+
+// Defaults for the zero values of the Options limits; they match the
+// shipped configuration.
+const (
+	DefaultMaxPacketSize     = 65536
+	DefaultMaxClients        = 100000
+	DefaultConnectsPerSecond = 20
+	DefaultMaxPendingWrites  = 64
+)
+
+// Fixed broker tuning. Device traffic is small packets, so the buffers
+// are small (mochi's defaults cost tens of KB per connection; see
+// docs/bench-mqtt.md).
+const (
+	readBufferSize  = 512
+	writeBufferSize = 512
+	// maxSessionExpiry bounds how long a disconnected MQTT session
+	// (subscriptions, QoS state) is kept, in seconds.
+	maxSessionExpiry = 10 * 60
+	// receiveMaximum bounds unacknowledged QoS 1/2 PUBLISHes per client.
+	receiveMaximum = 64
+	// maxInflight bounds the QoS messages stored for one client.
+	maxInflight = 256
+	// topicAliasMaximum bounds the topic aliases a client may set.
+	topicAliasMaximum = 16
+	// sysTopicInterval: the $SYS topics (which no device may read) are
+	// refreshed rarely.
+	sysTopicInterval = 3600
+)
+
+// Options configure a Server.
+type Options struct {
+	// TCP and TLS are the listen addresses ("" = off), e.g. ":1883" or
+	// "127.0.0.1:0". At least one must be set.
+	TCP, TLS string
+	// TLSConfig serves the TLS listener; required with TLS.
+	TLSConfig *tls.Config
+	// Gateway and Epoch name the sessions: "<gateway>/<epoch>/<n>".
+	Gateway string
+	Epoch   uint64
+	// AllowAnonymous admits devices without a password.
+	AllowAnonymous bool
+	// Credentials check device passwords; nil only with AllowAnonymous.
+	Credentials gateway.Credentials
+	// TopicPrefix: a device may publish and subscribe only under
+	// <TopicPrefix>/<device>/# ("" means <device>/#).
+	TopicPrefix string
+	// HeartbeatInterval is the keep-alive clamp; it must be positive.
+	HeartbeatInterval time.Duration
+	// Limits; zero means the Default… constant, negative is an error.
+	MaxPacketSize, MaxClients, ConnectsPerSecond, MaxPendingWrites int
+	// Clock stamps evidence and drives the connect rate limit; nil means
+	// gateway.SystemClock.
+	Clock gateway.Clock
+	// Logger receives refusals (debug) and internal errors; nil discards.
+	// Mochi's own info and warning records are logged at debug level.
+	Logger *slog.Logger
+	// Registerer receives the front end's metrics; nil registers none.
+	Registerer prometheus.Registerer
+}
+
+// Server is the MQTT front end. Create it with New, run it with Serve,
+// and end it with Close.
+type Server struct {
+	obs       gateway.Observer
+	clock     gateway.Clock
+	log       *slog.Logger
+	metrics   *metrics
+	broker    *mochi.Server
+	gatewayID string
+	epoch     uint64
+	prefix    string
+	allowAnon bool
+	creds     atomic.Pointer[credentials]
+	keepAlive atomic.Uint32 // seconds, 1..65535
+	rate      *rateLimiter
+	maxConns  int64
+	conns     atomic.Int64 // admitted connections (max_clients slots)
+	connSeq   atomic.Uint64
+	tcp, tls  net.Listener
+
+	// ctx is the context of Observe calls; cancelled by stop.
+	ctx    context.Context
+	cancel context.CancelFunc
+
+	// mu guards closed and started; work counts accept loops and
+	// connection goroutines and is not added to once closed is set.
+	mu       sync.Mutex
+	closed   bool
+	started  bool
+	work     sync.WaitGroup
+	serving  sync.WaitGroup
+	done     chan struct{}
+	stopOnce sync.Once
+}
+
+// credentials boxes a gateway.Credentials for atomic replacement.
+type credentials struct{ c gateway.Credentials }
+
+// New binds the listeners and prepares the broker; connections are
+// accepted once Serve runs.
+func New(obs gateway.Observer, o Options) (*Server, error) {
+	if obs == nil {
+		return nil, errors.New("mqtt: nil observer")
+	}
+	if err := o.check(); err != nil {
+		return nil, fmt.Errorf("mqtt: %w", err)
+	}
+	m, err := newMetrics(o.Registerer)
+	if err != nil {
+		return nil, fmt.Errorf("mqtt: %w", err)
+	}
+	s := &Server{
+		obs:       obs,
+		clock:     o.Clock,
+		log:       o.Logger,
+		metrics:   m,
+		gatewayID: o.Gateway,
+		epoch:     o.Epoch,
+		prefix:    o.TopicPrefix,
+		allowAnon: o.AllowAnonymous,
+		rate:      newRateLimiter(orDefault(o.ConnectsPerSecond, DefaultConnectsPerSecond)),
+		maxConns:  int64(orDefault(o.MaxClients, DefaultMaxClients)),
+		done:      make(chan struct{}),
+	}
+	if s.clock == nil {
+		s.clock = gateway.SystemClock{}
+	}
+	if s.log == nil {
+		s.log = slog.New(slog.DiscardHandler)
+	}
+	s.log = s.log.With("component", "mqtt")
+	s.creds.Store(&credentials{o.Credentials})
+	s.keepAlive.Store(keepAliveSeconds(o.HeartbeatInterval))
+	s.ctx, s.cancel = context.WithCancel(context.Background())
+
+	caps := mochi.NewDefaultServerCapabilities()
+	caps.MaximumPacketSize = uint32(orDefault(o.MaxPacketSize, DefaultMaxPacketSize))
+	caps.MaximumClientWritesPending = int32(orDefault(o.MaxPendingWrites, DefaultMaxPendingWrites))
+	caps.MaximumSessionExpiryInterval = maxSessionExpiry
+	caps.ReceiveMaximum = receiveMaximum
+	caps.MaximumInflight = maxInflight
+	caps.TopicAliasMaximum = topicAliasMaximum
+	s.broker = mochi.New(&mochi.Options{
+		Capabilities:             caps,
+		ClientNetReadBufferSize:  readBufferSize,
+		ClientNetWriteBufferSize: writeBufferSize,
+		SysTopicResendInterval:   sysTopicInterval,
+		Logger:                   slog.New(quiet{s.log.Handler()}),
+	})
+	if err := s.broker.AddHook(&presence{srv: s}, nil); err != nil {
+		return nil, fmt.Errorf("mqtt: add hook: %w", err)
+	}
+	if err := s.listen(o); err != nil {
+		s.cancel()
+		return nil, err
+	}
+	return s, nil
+}
+
+func (o *Options) check() error {
+	switch {
+	case o.TCP == "" && o.TLS == "":
+		return errors.New("no listen address")
+	case o.TLS != "" && o.TLSConfig == nil:
+		return errors.New("TLS listener without a TLS config")
+	case o.HeartbeatInterval <= 0:
+		return fmt.Errorf("heartbeat interval %v must be positive", o.HeartbeatInterval)
+	case o.Credentials == nil && !o.AllowAnonymous:
+		return errors.New("no credentials and anonymous devices not allowed")
+	case o.MaxPacketSize < 0, o.MaxClients < 0, o.ConnectsPerSecond < 0, o.MaxPendingWrites < 0:
+		return errors.New("negative limit")
+	case o.MaxPendingWrites > math.MaxInt32:
+		return fmt.Errorf("max pending writes %d too large", o.MaxPendingWrites)
+	case o.MaxPacketSize > 268435460: // MQTT's largest packet
+		return fmt.Errorf("max packet size %d too large", o.MaxPacketSize)
+	}
+	if err := gateway.ValidGatewayID(o.Gateway); err != nil {
+		return err
+	}
+	return nil
+}
+
+// listen binds the TCP and TLS listeners and attaches them to the broker.
+func (s *Server) listen(o Options) error {
+	closeAll := func() {
+		for _, ln := range []net.Listener{s.tcp, s.tls} {
+			if ln != nil {
+				_ = ln.Close()
+			}
+		}
+	}
+	var err error
+	if o.TCP != "" {
+		if s.tcp, err = net.Listen("tcp", o.TCP); err != nil {
+			return fmt.Errorf("mqtt: listen tcp %s: %w", o.TCP, err)
+		}
+		if err = s.broker.AddListener(newListener("tcp", s.tcp, s)); err != nil {
+			closeAll()
+			return fmt.Errorf("mqtt: add listener: %w", err)
+		}
+	}
+	if o.TLS != "" {
+		ln, err := net.Listen("tcp", o.TLS)
+		if err != nil {
+			closeAll()
+			return fmt.Errorf("mqtt: listen tls %s: %w", o.TLS, err)
+		}
+		s.tls = tls.NewListener(ln, o.TLSConfig)
+		if err = s.broker.AddListener(newListener("tls", s.tls, s)); err != nil {
+			closeAll()
+			return fmt.Errorf("mqtt: add listener: %w", err)
+		}
+	}
+	return nil
+}
+
+// Serve accepts connections until ctx is done or Close is called, and
+// returns once every connection has ended. It returns nil after such a
+// shutdown.
+func (s *Server) Serve(ctx context.Context) error {
+	s.mu.Lock()
+	if s.closed || s.started {
+		s.mu.Unlock()
+		return nil
+	}
+	s.started = true
+	s.serving.Add(1)
+	err := s.broker.Serve()
+	s.mu.Unlock()
+	defer s.serving.Done()
+	if err != nil {
+		s.stop()
+		s.work.Wait()
+		return fmt.Errorf("mqtt: serve: %w", err)
+	}
+	select {
+	case <-ctx.Done():
+	case <-s.done:
+	}
+	s.stop()
+	s.work.Wait()
+	return nil
+}
+
+// Addrs are the bound addresses (nil when that listener is off).
+func (s *Server) Addrs() (tcp, tls net.Addr) {
+	if s.tcp != nil {
+		tcp = s.tcp.Addr()
+	}
+	if s.tls != nil {
+		tls = s.tls.Addr()
+	}
+	return tcp, tls
+}
+
+// Close stops the server: MQTT 5 clients get DISCONNECT "server shutting
+// down", every connection is closed (no Leave: sessions are left to
+// their leases, so a restart within the lease emits nothing), and Close
+// returns once Serve and every connection goroutine have returned, so the
+// Observer is not called after Close.
+func (s *Server) Close() error {
+	s.stop()
+	s.serving.Wait()
+	s.work.Wait()
+	return nil
+}
+
+// SetHeartbeatInterval changes the keep-alive clamp of later CONNECTs
+// (config reload). A non-positive d is refused with a warning.
+func (s *Server) SetHeartbeatInterval(d time.Duration) {
+	if d <= 0 {
+		s.log.Warn("heartbeat interval must be positive; keeping the old one", "interval", d)
+		return
+	}
+	s.keepAlive.Store(keepAliveSeconds(d))
+}
+
+// SetCredentials replaces the device credentials for later CONNECTs
+// (SIGHUP reload of the devices file). nil admits only anonymous devices,
+// and only with AllowAnonymous.
+func (s *Server) SetCredentials(c gateway.Credentials) {
+	s.creds.Store(&credentials{c})
+}
+
+// stop refuses new work, cancels Observe calls and closes the broker
+// (listeners and connections); it does not wait for the goroutines.
+func (s *Server) stop() {
+	s.stopOnce.Do(func() {
+		s.mu.Lock()
+		s.closed = true
+		s.mu.Unlock()
+		close(s.done)
+		s.cancel()
+		if err := s.broker.Close(); err != nil {
+			s.log.Warn("close broker", "err", err)
+		}
+	})
+}
+
+// enter registers one unit of work unless the server is closed.
+func (s *Server) enter() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return false
+	}
+	s.work.Add(1)
+	return true
+}
+
+// pause sleeps after a failed Accept (out of file descriptors, say) with
+// a backoff from 5 ms to 1 s; it reports false when the server closed.
+func (s *Server) pause(backoff *time.Duration, err error) bool {
+	*backoff = min(max(2**backoff, 5*time.Millisecond), time.Second)
+	s.log.Warn("accept", "err", err, "retry_in", *backoff)
+	t := time.NewTimer(*backoff)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-s.done:
+		return false
+	}
+}
+
+// reserve takes a max_clients slot.
+func (s *Server) reserve() bool {
+	if s.conns.Add(1) > s.maxConns {
+		s.conns.Add(-1)
+		return false
+	}
+	s.metrics.connections.Inc()
+	return true
+}
+
+// release gives back the slot of an ended connection.
+func (s *Server) release(c *conn) {
+	if c.admitted {
+		c.admitted = false
+		s.conns.Add(-1)
+		s.metrics.connections.Dec()
+	}
+}
+
+// authorized checks a CONNECT's credentials for device.
+func (s *Server) authorized(device gateway.DeviceID, pk packets.Packet) bool {
+	if pk.Connect.UsernameFlag && string(pk.Connect.Username) != string(device) {
+		return false
+	}
+	creds := s.creds.Load().c
+	if !pk.Connect.PasswordFlag || creds == nil {
+		return s.allowAnon
+	}
+	return creds.CheckPassword(device, pk.Connect.Password) == nil
+}
+
+// topicRoot is the topic subtree device owns.
+func (s *Server) topicRoot(device gateway.DeviceID) string {
+	if s.prefix == "" {
+		return string(device)
+	}
+	return s.prefix + "/" + string(device)
+}
+
+// observe hands one piece of evidence to the Observer and counts it.
+func (s *Server) observe(d gateway.DeviceID, sess gateway.SessionID, k gateway.Kind) error {
+	err := s.obs.Observe(s.ctx, gateway.Evidence{
+		Device:     d,
+		Session:    sess,
+		Kind:       k,
+		ObservedAt: s.clock.Now(),
+		Protocol:   "mqtt",
+	})
+	if err == nil {
+		s.metrics.accepted(k)
+	}
+	return err
+}
+
+func orDefault(v, def int) int {
+	if v == 0 {
+		return def
+	}
+	return v
+}
+
+// keepAliveSeconds is d in whole seconds, rounded up, within 1..65535.
+func keepAliveSeconds(d time.Duration) uint32 {
+	sec := (d + time.Second - 1) / time.Second
+	return uint32(min(max(sec, 1), math.MaxUint16))
+}

@@ -1,0 +1,505 @@
+package mqtt
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/eclipse/paho.golang/paho"
+	"github.com/mochi-mqtt/server/v2/packets"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/fleetgate/fleetgate/gateway"
+	"github.com/fleetgate/fleetgate/gateway/clocktest"
+)
+
+var t0 = time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
+
+func TestV5ConnectHeartbeatLeave(t *testing.T) {
+	rec := &recorder{}
+	clock := clocktest.New(t0)
+	reg := prometheus.NewPedanticRegistry()
+	s := startServer(t, rec, Options{Credentials: testCreds(t), Clock: clock, Registerer: reg})
+
+	c := mustConnectV5(t, s, "dev-1", "secret-1")
+	evs := rec.evidence()
+	if len(evs) != 1 {
+		t.Fatalf("after CONNECT: %+v", evs)
+	}
+	want := gateway.Evidence{Device: "dev-1", Session: "gw-1/7/1", Kind: gateway.Connect, ObservedAt: t0, Protocol: "mqtt"}
+	if evs[0] != want {
+		t.Fatalf("connect evidence %+v, want %+v", evs[0], want)
+	}
+
+	// The device uses the broker as usual: it reads back its own telemetry.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	clock.Advance(time.Second)
+	if _, err := c.Subscribe(ctx, &paho.Subscribe{Subscriptions: []paho.SubscribeOptions{{Topic: "devices/dev-1/#", QoS: 1}}}); err != nil {
+		t.Fatalf("subscribe: %v", err)
+	}
+	if _, err := c.Publish(ctx, &paho.Publish{Topic: "devices/dev-1/telemetry", QoS: 1, Payload: []byte("21.5")}); err != nil {
+		t.Fatalf("publish: %v", err)
+	}
+	select {
+	case p := <-c.received:
+		if p.Topic != "devices/dev-1/telemetry" || string(p.Payload) != "21.5" {
+			t.Fatalf("received %s %q", p.Topic, p.Payload)
+		}
+	case <-ctx.Done():
+		t.Fatal("own publish not delivered")
+	}
+	// SUBSCRIBE and PUBLISH were read (the PUBACK of the delivery may be too).
+	eventually(t, 5*time.Second, "renewals", func() bool { return rec.count("gw-1/7/1", gateway.Renew) >= 2 })
+	for _, ev := range rec.evidence()[1:] {
+		if ev.Kind != gateway.Renew || ev.Session != "gw-1/7/1" || !ev.ObservedAt.Equal(t0.Add(time.Second)) {
+			t.Fatalf("renewal %+v", ev)
+		}
+	}
+
+	if err := c.Disconnect(&paho.Disconnect{ReasonCode: 0}); err != nil {
+		t.Fatalf("disconnect: %v", err)
+	}
+	eventually(t, 5*time.Second, "leave", func() bool { return rec.count("gw-1/7/1", gateway.Leave) == 1 })
+	eventually(t, 5*time.Second, "connection gauge back to 0", func() bool { return s.conns.Load() == 0 })
+
+	if got := value(t, s.metrics.evidence[gateway.Connect]); got != 1 {
+		t.Errorf("connect evidence metric %v", got)
+	}
+	if got := value(t, s.metrics.evidence[gateway.Leave]); got != 1 {
+		t.Errorf("leave evidence metric %v", got)
+	}
+	if got := value(t, s.metrics.connections); got != 0 {
+		t.Errorf("connections gauge %v", got)
+	}
+}
+
+func TestV311ConnectHeartbeatLeave(t *testing.T) {
+	rec := &recorder{}
+	s := startServer(t, rec, Options{Credentials: testCreds(t)})
+	c, code, err := connectV3(t, "tcp://"+tcpAddr(s), nil, "dev-2", "secret-2", 10*time.Second)
+	if err != nil || code != 0 {
+		t.Fatalf("connect: code %d, %v", code, err)
+	}
+	session := rec.sessionOf("dev-2")
+	if session == "" {
+		t.Fatal("no connect evidence")
+	}
+	if tok := c.Publish("devices/dev-2/telemetry", 1, false, "x"); !tok.WaitTimeout(10*time.Second) || tok.Error() != nil {
+		t.Fatalf("publish: %v", tok.Error())
+	}
+	if n := rec.count(session, gateway.Renew); n != 1 {
+		t.Fatalf("%d renewals after one PUBLISH", n)
+	}
+	c.Disconnect(100)
+	eventually(t, 5*time.Second, "leave", func() bool { return rec.count(session, gateway.Leave) == 1 })
+}
+
+// A new connection of the same client takes the session over: the new
+// connection is a new session, the old one gets no Leave.
+func TestTakeoverIsNotALeave(t *testing.T) {
+	rec := &recorder{}
+	s := startServer(t, rec, Options{Credentials: testCreds(t)})
+	old := mustConnectV5(t, s, "dev-1", "secret-1")
+	first := rec.sessionOf("dev-1")
+
+	_ = mustConnectV5(t, s, "dev-1", "secret-1")
+	second := rec.sessionOf("dev-1")
+	if second == first {
+		t.Fatalf("takeover kept session %s", first)
+	}
+	select {
+	case d := <-old.disconnected:
+		if d.ReasonCode != packets.ErrSessionTakenOver.Code {
+			t.Fatalf("old connection: DISCONNECT %#x", d.ReasonCode)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("old connection not told of the takeover")
+	}
+	eventually(t, 5*time.Second, "old connection gone", func() bool { return s.conns.Load() == 1 })
+	// A takeover of an MQTT 3.1.1 device behaves alike.
+	_, code, err := connectV3(t, "tcp://"+tcpAddr(s), nil, "dev-1", "secret-1", 10*time.Second)
+	if err != nil || code != 0 {
+		t.Fatalf("3.1.1 takeover: code %d, %v", code, err)
+	}
+	eventually(t, 5*time.Second, "second connection gone", func() bool { return s.conns.Load() == 1 })
+	for _, ev := range rec.evidence() {
+		if ev.Kind == gateway.Leave {
+			t.Fatalf("takeover made a leave: %+v", ev)
+		}
+	}
+}
+
+// A dropped connection and a frozen device are not leaves: their
+// sessions stop renewing and the lease decides.
+func TestDropAndFreezeAreNotLeaves(t *testing.T) {
+	rec := &recorder{}
+	s := startServer(t, rec, Options{Credentials: testCreds(t), HeartbeatInterval: time.Second})
+
+	// Dropped: the socket closes without DISCONNECT.
+	r := dialRaw(t, tcpAddr(s))
+	if code := r.connack(connectPacket(t, 5, "dev-1", "secret-1", 30)); code != 0 {
+		t.Fatalf("connack %#x", code)
+	}
+	r.send(encode(t, packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Pingreq}}))
+	dropped := rec.sessionOf("dev-1")
+	eventually(t, 5*time.Second, "ping renewal", func() bool { return rec.count(dropped, gateway.Renew) == 1 })
+	_ = r.Close()
+
+	// Frozen: a 3.1.1 device asking for no keep-alive is held to the
+	// heartbeat interval, so its silent connection ends after 1.5 s.
+	f := dialRaw(t, tcpAddr(s))
+	if code := f.connack(connectPacket(t, 4, "dev-2", "secret-2", 0)); code != 0 {
+		t.Fatalf("connack %#x", code)
+	}
+	begin := time.Now()
+	if !f.closedWithin(10 * time.Second) {
+		t.Fatal("frozen connection kept open")
+	}
+	if d := time.Since(begin); d < time.Second {
+		t.Fatalf("frozen connection closed after %v, before the keep-alive", d)
+	}
+	eventually(t, 5*time.Second, "connections ended", func() bool { return s.conns.Load() == 0 })
+	for _, ev := range rec.evidence() {
+		if ev.Kind == gateway.Leave {
+			t.Fatalf("drop or freeze made a leave: %+v", ev)
+		}
+	}
+	if n := len(rec.evidence()); n != 3 {
+		t.Fatalf("evidence %+v, want 2 connects and 1 renewal", rec.evidence())
+	}
+}
+
+// A DISCONNECT with an error reason code is not a clean leave.
+func TestErrorDisconnectIsNotALeave(t *testing.T) {
+	rec := &recorder{}
+	s := startServer(t, rec, Options{Credentials: testCreds(t)})
+	r := dialRaw(t, tcpAddr(s))
+	if code := r.connack(connectPacket(t, 5, "dev-1", "secret-1", 30)); code != 0 {
+		t.Fatalf("connack %#x", code)
+	}
+	r.send(encode(t, packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Disconnect}, ProtocolVersion: 5, ReasonCode: packets.ErrUnspecifiedError.Code}))
+	if !r.closedWithin(10 * time.Second) {
+		t.Fatal("connection kept open after DISCONNECT")
+	}
+	eventually(t, 5*time.Second, "connection ended", func() bool { return s.conns.Load() == 0 })
+	if n := rec.count(rec.sessionOf("dev-1"), gateway.Leave); n != 0 {
+		t.Fatalf("%d leaves", n)
+	}
+}
+
+func TestKeepAliveClamp(t *testing.T) {
+	s := startServer(t, &recorder{}, Options{Credentials: testCreds(t), HeartbeatInterval: 20 * time.Second})
+	for _, tc := range []struct {
+		asked uint16
+		want  *uint16
+	}{
+		{asked: 0, want: ptr[uint16](20)},
+		{asked: 600, want: ptr[uint16](20)},
+		{asked: 20, want: nil},
+		{asked: 5, want: nil},
+	} {
+		_, ack, err := connectV5(t, tcpAddr(s), nil, &paho.Connect{ClientID: "dev-1", KeepAlive: tc.asked, CleanStart: true, Password: []byte("secret-1"), PasswordFlag: true})
+		if err != nil {
+			t.Fatalf("keep-alive %d: %v", tc.asked, err)
+		}
+		got := ack.Properties.ServerKeepAlive
+		if (got == nil) != (tc.want == nil) || (got != nil && *got != *tc.want) {
+			t.Errorf("keep-alive %d: server keep alive %v, want %v", tc.asked, deref(got), deref(tc.want))
+		}
+	}
+	// A reload changes the clamp of later connects.
+	s.SetHeartbeatInterval(2500 * time.Millisecond)
+	s.SetHeartbeatInterval(0) // refused, keeps 3 s
+	_, ack, err := connectV5(t, tcpAddr(s), nil, &paho.Connect{ClientID: "dev-1", KeepAlive: 60, CleanStart: true, Password: []byte("secret-1"), PasswordFlag: true})
+	if err != nil || ack.Properties.ServerKeepAlive == nil || *ack.Properties.ServerKeepAlive != 3 {
+		t.Fatalf("after reload: %v %v", err, ack)
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
+
+func deref(p *uint16) string {
+	if p == nil {
+		return "none"
+	}
+	return fmt.Sprint(*p)
+}
+
+// Bad credentials all get "not authorized", whichever part was wrong,
+// and make no evidence.
+func TestWrongCredentials(t *testing.T) {
+	rec := &recorder{}
+	reg := prometheus.NewPedanticRegistry()
+	s := startServer(t, rec, Options{Credentials: testCreds(t), Registerer: reg})
+	for name, cp := range map[string]*paho.Connect{
+		"wrong password":          {ClientID: "dev-1", Password: []byte("secret-2"), PasswordFlag: true},
+		"unknown device":          {ClientID: "dev-9", Password: []byte("secret-1"), PasswordFlag: true},
+		"no password":             {ClientID: "dev-1"},
+		"another device's id":     {ClientID: "dev-1", Username: "dev-2", UsernameFlag: true, Password: []byte("secret-2"), PasswordFlag: true},
+		"another device's secret": {ClientID: "dev-2", Password: []byte("secret-1"), PasswordFlag: true},
+		"will outside the subtree": {ClientID: "dev-1", Password: []byte("secret-1"), PasswordFlag: true,
+			WillMessage: &paho.WillMessage{Topic: "devices/dev-2/status", Payload: []byte("gone")}},
+	} {
+		cp.CleanStart = true
+		if code := connackCode(t, s, cp); code != packets.ErrNotAuthorized.Code {
+			t.Errorf("%s: CONNACK %#x, want %#x", name, code, packets.ErrNotAuthorized.Code)
+		}
+	}
+	// MQTT 3.1.1: return code 5, "not authorized".
+	for _, pw := range []string{"wrong", ""} {
+		_, code, err := connectV3(t, "tcp://"+tcpAddr(s), nil, "dev-1", pw, 10*time.Second)
+		if err == nil || code != packets.Err3NotAuthorized.Code {
+			t.Errorf("3.1.1 password %q: code %d, %v", pw, code, err)
+		}
+	}
+	if evs := rec.evidence(); len(evs) != 0 {
+		t.Fatalf("refused devices made evidence: %+v", evs)
+	}
+	if got := value(t, s.metrics.refused[reasonNotAuthorized]); got != 8 {
+		t.Errorf("refused not_authorized %v, want 8", got)
+	}
+	if s.conns.Load() != 0 {
+		t.Errorf("refusals hold %d slots", s.conns.Load())
+	}
+	// A reload of the devices file applies to later connects.
+	s.SetCredentials(newCreds(t, map[gateway.DeviceID]string{"dev-1": "rotated"}))
+	if code := connackCode(t, s, &paho.Connect{ClientID: "dev-1", CleanStart: true, Password: []byte("secret-1"), PasswordFlag: true}); code != packets.ErrNotAuthorized.Code {
+		t.Errorf("old password after reload: %#x", code)
+	}
+	if code := connackCode(t, s, &paho.Connect{ClientID: "dev-1", CleanStart: true, Password: []byte("rotated"), PasswordFlag: true}); code != 0 {
+		t.Errorf("new password after reload: %#x", code)
+	}
+}
+
+func TestInvalidClientIdentifier(t *testing.T) {
+	rec := &recorder{}
+	s := startServer(t, rec, Options{AllowAnonymous: true})
+	for _, id := range []string{"", "has space", "slash/es", "ü", strings.Repeat("a", gateway.MaxDeviceIDLen+1)} {
+		if code := connackCode(t, s, &paho.Connect{ClientID: id, CleanStart: true}); code != packets.ErrClientIdentifierNotValid.Code {
+			t.Errorf("v5 client id %q: CONNACK %#x", id, code)
+		}
+		r := dialRaw(t, tcpAddr(s))
+		if code := r.connack(connectPacket(t, 4, id, "", 30)); code != packets.Err3ClientIdentifierNotValid.Code {
+			t.Errorf("3.1.1 client id %q: CONNACK %#x", id, code)
+		}
+	}
+	if evs := rec.evidence(); len(evs) != 0 {
+		t.Fatalf("invalid ids made evidence: %+v", evs)
+	}
+}
+
+func TestAnonymous(t *testing.T) {
+	rec := &recorder{}
+	s := startServer(t, rec, Options{AllowAnonymous: true, TopicPrefix: "site/a"})
+	c := mustConnectV5(t, s, "anon-7", "")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := c.Publish(ctx, &paho.Publish{Topic: "site/a/anon-7/t", QoS: 1}); err != nil {
+		t.Fatalf("publish under the configured prefix: %v", err)
+	}
+	// With credentials as well, a password given is checked.
+	s.SetCredentials(testCreds(t))
+	if code := connackCode(t, s, &paho.Connect{ClientID: "dev-1", CleanStart: true, Password: []byte("nope"), PasswordFlag: true}); code != packets.ErrNotAuthorized.Code {
+		t.Errorf("wrong password with anonymous allowed: %#x", code)
+	}
+	if code := connackCode(t, s, &paho.Connect{ClientID: "dev-1", CleanStart: true}); code != 0 {
+		t.Errorf("anonymous dev-1: %#x", code)
+	}
+}
+
+// A device publishes and subscribes under devices/<id>/# only.
+func TestTopicSubtree(t *testing.T) {
+	rec := &recorder{}
+	s := startServer(t, rec, Options{Credentials: testCreds(t)})
+	c := mustConnectV5(t, s, "dev-1", "secret-1")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	filters := map[string]byte{
+		"devices/dev-1/#":     0x01,
+		"devices/dev-1":       0x01,
+		"devices/dev-1/+/cfg": 0x01,
+		"devices/dev-2/#":     packets.ErrNotAuthorized.Code,
+		"devices/dev-10/#":    packets.ErrNotAuthorized.Code,
+		"devices/+/cfg":       packets.ErrNotAuthorized.Code,
+		"#":                   packets.ErrNotAuthorized.Code,
+		"$SYS/#":              packets.ErrNotAuthorized.Code,
+	}
+	for f, want := range filters {
+		ack, err := c.Subscribe(ctx, &paho.Subscribe{Subscriptions: []paho.SubscribeOptions{{Topic: f, QoS: 1}}})
+		if err != nil && ack == nil {
+			t.Fatalf("subscribe %s: %v", f, err)
+		}
+		if len(ack.Reasons) != 1 || ack.Reasons[0] != want {
+			t.Errorf("subscribe %s: reasons %v, want %#x", f, ack.Reasons, want)
+		}
+	}
+	for topic, want := range map[string]byte{
+		"devices/dev-1/t":  0,
+		"devices/dev-2/t":  packets.ErrNotAuthorized.Code,
+		"devices/dev-1x/t": packets.ErrNotAuthorized.Code,
+		"other/t":          packets.ErrNotAuthorized.Code,
+	} {
+		resp, err := c.Publish(ctx, &paho.Publish{Topic: topic, QoS: 1})
+		if resp == nil {
+			t.Fatalf("publish %s: %v", topic, err)
+		}
+		if resp.ReasonCode != want {
+			t.Errorf("publish %s: PUBACK %#x, want %#x", topic, resp.ReasonCode, want)
+		}
+	}
+}
+
+func TestObserverRefusals(t *testing.T) {
+	rec := &recorder{}
+	s := startServer(t, rec, Options{AllowAnonymous: true})
+	for _, tc := range []struct {
+		err    error
+		v5, v3 byte
+	}{
+		{gateway.ErrOverloaded, packets.ErrServerBusy.Code, packets.Err3ServerUnavailable.Code},
+		{fmt.Errorf("observe: %w", gateway.ErrInvalidDeviceID), packets.ErrClientIdentifierNotValid.Code, packets.Err3ClientIdentifierNotValid.Code},
+		{fmt.Errorf("uplink down"), packets.ErrUnspecifiedError.Code, packets.Err3ServerUnavailable.Code},
+	} {
+		rec.setErr(tc.err)
+		if code := connackCode(t, s, &paho.Connect{ClientID: "dev-1", CleanStart: true}); code != tc.v5 {
+			t.Errorf("%v: v5 CONNACK %#x, want %#x", tc.err, code, tc.v5)
+		}
+		if code := dialRaw(t, tcpAddr(s)).connack(connectPacket(t, 4, "dev-1", "", 30)); code != tc.v3 {
+			t.Errorf("%v: 3.1.1 CONNACK %#x, want %#x", tc.err, code, tc.v3)
+		}
+	}
+	eventually(t, 5*time.Second, "slots released", func() bool { return s.conns.Load() == 0 })
+}
+
+func TestMaxClients(t *testing.T) {
+	rec := &recorder{}
+	s := startServer(t, rec, Options{AllowAnonymous: true, MaxClients: 2})
+	a := mustConnectV5(t, s, "dev-a", "")
+	_ = mustConnectV5(t, s, "dev-b", "")
+	if code := connackCode(t, s, &paho.Connect{ClientID: "dev-c", CleanStart: true}); code != packets.ErrServerBusy.Code {
+		t.Fatalf("third client: CONNACK %#x", code)
+	}
+	if code := dialRaw(t, tcpAddr(s)).connack(connectPacket(t, 4, "dev-c", "", 30)); code != packets.Err3ServerUnavailable.Code {
+		t.Fatalf("third 3.1.1 client: CONNACK %#x", code)
+	}
+	if err := a.Disconnect(&paho.Disconnect{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 5*time.Second, "slot released", func() bool { return s.conns.Load() == 1 })
+	_ = mustConnectV5(t, s, "dev-c", "")
+}
+
+func TestConnectRatePerSource(t *testing.T) {
+	clock := clocktest.New(t0)
+	s := startServer(t, &recorder{}, Options{AllowAnonymous: true, ConnectsPerSecond: 2, Clock: clock})
+	for i := range 2 {
+		if code := dialRaw(t, tcpAddr(s)).connack(connectPacket(t, 5, fmt.Sprintf("dev-%d", i), "", 30)); code != 0 {
+			t.Fatalf("connect %d: %#x", i, code)
+		}
+	}
+	r := dialRaw(t, tcpAddr(s))
+	if !r.closedWithin(10 * time.Second) {
+		t.Fatal("third connect within the second accepted")
+	}
+	clock.Advance(time.Second)
+	if code := dialRaw(t, tcpAddr(s)).connack(connectPacket(t, 5, "dev-3", "", 30)); code != 0 {
+		t.Fatalf("connect after a second: %#x", code)
+	}
+	if got := value(t, s.metrics.refused[reasonRate]); got != 1 {
+		t.Errorf("refused connect_rate %v", got)
+	}
+}
+
+func TestTLS(t *testing.T) {
+	rec := &recorder{}
+	srvTLS, cliTLS := selfSigned(t)
+	s := startServer(t, rec, Options{TCP: "127.0.0.1:0", TLS: "127.0.0.1:0", TLSConfig: srvTLS, Credentials: testCreds(t)})
+	_, tlsAddr := s.Addrs()
+
+	c, _, err := connectV5(t, tlsAddr.String(), cliTLS, &paho.Connect{ClientID: "dev-1", CleanStart: true, KeepAlive: 30, Password: []byte("secret-1"), PasswordFlag: true})
+	if err != nil {
+		t.Fatalf("v5 over TLS: %v", err)
+	}
+	session := rec.sessionOf("dev-1")
+	if err := c.Disconnect(&paho.Disconnect{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 5*time.Second, "leave over TLS", func() bool { return rec.count(session, gateway.Leave) == 1 })
+
+	c3, code, err := connectV3(t, "ssl://"+tlsAddr.String(), cliTLS, "dev-2", "secret-2", 10*time.Second)
+	if err != nil || code != 0 {
+		t.Fatalf("3.1.1 over TLS: code %d, %v", code, err)
+	}
+	session = rec.sessionOf("dev-2")
+	c3.Disconnect(100)
+	eventually(t, 5*time.Second, "3.1.1 leave over TLS", func() bool { return rec.count(session, gateway.Leave) == 1 })
+	if code := connackCode(t, s, &paho.Connect{ClientID: "dev-2", CleanStart: true, Password: []byte("bad"), PasswordFlag: true}); code != packets.ErrNotAuthorized.Code {
+		t.Fatalf("wrong password on the TCP port: %#x", code)
+	}
+}
+
+// The evidence counter is shared with the other front ends on one registry.
+func TestMetricsShared(t *testing.T) {
+	reg := prometheus.NewPedanticRegistry()
+	coap := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name:        "fleetgate_evidence_total",
+		Help:        "Evidence accepted by the gateway from protocol front ends, by kind.",
+		ConstLabels: prometheus.Labels{"protocol": "coap"},
+	}, []string{"kind"})
+	reg.MustRegister(coap)
+	coap.WithLabelValues("renew").Inc()
+	s := startServer(t, &recorder{}, Options{AllowAnonymous: true, Registerer: reg})
+	_ = mustConnectV5(t, s, "dev-1", "")
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, mf := range mfs {
+		n += len(mf.GetMetric())
+	}
+	// coap renew + mqtt connect/renew/leave, one gauge, 7 refusal reasons.
+	if n != 1+3+1+len(refusalReasons) {
+		t.Fatalf("%d series", n)
+	}
+	if _, err := New(&recorder{}, Options{TCP: "127.0.0.1:0", Gateway: "gw-2", AllowAnonymous: true, HeartbeatInterval: time.Second, Registerer: reg}); err != nil {
+		t.Fatalf("second server on the same registry: %v", err)
+	}
+}
+
+func TestOptionsChecked(t *testing.T) {
+	ok := Options{TCP: "127.0.0.1:0", Gateway: "gw-1", AllowAnonymous: true, HeartbeatInterval: time.Second}
+	for name, mut := range map[string]func(*Options){
+		"no address":       func(o *Options) { o.TCP = "" },
+		"tls without cert": func(o *Options) { o.TLS = "127.0.0.1:0" },
+		"no heartbeat":     func(o *Options) { o.HeartbeatInterval = 0 },
+		"no credentials":   func(o *Options) { o.AllowAnonymous = false },
+		"bad gateway":      func(o *Options) { o.Gateway = "gw 1" },
+		"negative limit":   func(o *Options) { o.MaxClients = -1 },
+		"bad address":      func(o *Options) { o.TCP = "256.0.0.1:0" },
+	} {
+		o := ok
+		mut(&o)
+		if s, err := New(&recorder{}, o); err == nil {
+			_ = s.Close()
+			t.Errorf("%s: accepted", name)
+		}
+	}
+}
+
+// value reads a counter or gauge.
+func value(t testing.TB, c prometheus.Metric) float64 {
+	t.Helper()
+	var m dto.Metric
+	if err := c.Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	if m.Counter != nil {
+		return m.Counter.GetValue()
+	}
+	return m.Gauge.GetValue()
+}
