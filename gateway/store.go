@@ -85,3 +85,26 @@ type Store interface {
 	// Close releases the store's resources.
 	Close() error
 }
+
+// ShardBatch is one shard's part of a multi-shard apply.
+type ShardBatch struct {
+	Shard int
+	Batch Batch
+}
+
+// ShardResult is what one ShardBatch came to: Apply's result or error.
+type ShardResult struct {
+	Result ApplyResult
+	Err    error
+}
+
+// MultiApplier is implemented by stores that can apply the batches of
+// several shards in one round trip: the Redis store pipelines the
+// shards' script calls (a Cluster client sends one pipeline per node, in
+// parallel). Each batch keeps the semantics and the atomicity of Apply;
+// batches of different shards are independent, so one can fail (fenced,
+// or its node unreachable) while the others are applied. The uplink uses
+// it for a flush when the store has it.
+type MultiApplier interface {
+	ApplyShards(ctx context.Context, batches []ShardBatch) []ShardResult
+}

@@ -325,9 +325,13 @@ func (u *Uplink) flushOnce(ctx context.Context) error {
 	return nil
 }
 
-// send makes one store call per shard with items, concurrently, and
-// returns the items of the calls that failed for want of the store.
+// send makes one store call per shard with items, concurrently (or one
+// round trip for all of them when the store is a gateway.MultiApplier),
+// and returns the items of the calls that failed for want of the store.
 func (u *Uplink) send(ctx context.Context, t timing, taken [][]item) (failed []item) {
+	if m, ok := u.store.(gateway.MultiApplier); ok {
+		return u.sendMulti(ctx, t, m, taken)
+	}
 	var (
 		mu    sync.Mutex
 		wg    sync.WaitGroup
@@ -352,6 +356,53 @@ func (u *Uplink) send(ctx context.Context, t timing, taken [][]item) (failed []i
 		})
 	}
 	wg.Wait()
+	if first != nil {
+		u.markDown(first)
+	}
+	return failed
+}
+
+// sendMulti sends every shard's batch in one ApplyShards call.
+func (u *Uplink) sendMulti(ctx context.Context, t timing, m gateway.MultiApplier, taken [][]item) (failed []item) {
+	var (
+		batches []gateway.ShardBatch
+		items   [][]item
+	)
+	now := u.clock.Now()
+	for shard, its := range taken {
+		if len(its) == 0 {
+			continue
+		}
+		b := gateway.Batch{Gateway: u.gw, Epoch: u.epoch, Lease: t.lease, Writes: withAges(appendWrites(nil, its), now)}
+		batches = append(batches, gateway.ShardBatch{Shard: shard, Batch: b})
+		items = append(items, its)
+	}
+	ctx, cancel := context.WithTimeout(ctx, u.timeout)
+	defer cancel()
+	start := time.Now()
+	results := m.ApplyShards(ctx, batches)
+	took := time.Since(start).Seconds()
+	var first error
+	for i, r := range results {
+		sb := batches[i]
+		u.m.flushes.Inc()
+		u.m.flushSeconds.Observe(took)
+		if r.Err == nil {
+			for _, w := range sb.Batch.Writes {
+				u.m.written.WithLabelValues(w.Kind.String()).Inc()
+			}
+			continue
+		}
+		u.m.flushErrors.Inc()
+		err := fmt.Errorf("uplink: apply shard %d: %w", sb.Shard, r.Err)
+		if u.refused(err, sb.Shard, len(sb.Batch.Writes)) {
+			continue
+		}
+		failed = append(failed, items[i]...)
+		if first == nil {
+			first = err
+		}
+	}
 	if first != nil {
 		u.markDown(first)
 	}

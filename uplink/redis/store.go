@@ -186,8 +186,55 @@ func unavailable(op string, err error) error {
 
 // Apply applies a batch of writes of one shard in one script call.
 func (s *Store) Apply(ctx context.Context, shard int, b gateway.Batch) (gateway.ApplyResult, error) {
-	if err := s.checkShard("apply", shard); err != nil {
+	args, err := s.applyArgs(shard, b)
+	if err != nil {
 		return gateway.ApplyResult{}, err
+	}
+	res, err := s.apply.Run(ctx, s.c, s.keys[shard].data, args...).Slice()
+	return applyResult(shard, b, res, err)
+}
+
+var _ gateway.MultiApplier = (*Store)(nil)
+
+// ApplyShards applies the batches of several shards in one pipeline of
+// EVALSHA calls: one round trip (one per Cluster node, in parallel). A
+// batch whose script is missing on its node (NOSCRIPT, after a restart or
+// a failover) is sent again on its own with EVAL.
+func (s *Store) ApplyShards(ctx context.Context, batches []gateway.ShardBatch) []gateway.ShardResult {
+	out := make([]gateway.ShardResult, len(batches))
+	cmds := make([]*redis.Cmd, len(batches))
+	args := make([][]any, len(batches))
+	// Each command carries its own error (a network failure is set on
+	// all of them), so the pipeline's first error needs no reading.
+	_, _ = s.c.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, sb := range batches {
+			a, err := s.applyArgs(sb.Shard, sb.Batch)
+			if err != nil {
+				out[i].Err = err
+				continue
+			}
+			args[i] = a
+			cmds[i] = s.apply.EvalSha(ctx, p, s.keys[sb.Shard].data, a...)
+		}
+		return nil
+	})
+	for i, sb := range batches {
+		if cmds[i] == nil {
+			continue
+		}
+		res, err := cmds[i].Slice()
+		if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+			res, err = s.apply.Run(ctx, s.c, s.keys[sb.Shard].data, args[i]...).Slice()
+		}
+		out[i].Result, out[i].Err = applyResult(sb.Shard, sb.Batch, res, err)
+	}
+	return out
+}
+
+// applyArgs checks a batch and lays it out as the apply script's ARGV.
+func (s *Store) applyArgs(shard int, b gateway.Batch) ([]any, error) {
+	if err := s.checkShard("apply", shard); err != nil {
+		return nil, err
 	}
 	args := make([]any, 0, 6+4*len(b.Writes))
 	replay := "0"
@@ -197,15 +244,19 @@ func (s *Store) Apply(ctx context.Context, shard int, b gateway.Batch) (gateway.
 	args = append(args, b.Gateway, strconv.FormatUint(b.Epoch, 10), b.Lease.Milliseconds(), replay, s.nowArg(), s.maxLen)
 	for _, w := range b.Writes {
 		if got := gateway.ShardOf(w.Device, s.shards); got != shard {
-			return gateway.ApplyResult{}, fmt.Errorf("redisstore: apply: device %s hashes to shard %d, not %d: %w",
+			return nil, fmt.Errorf("redisstore: apply: device %s hashes to shard %d, not %d: %w",
 				w.Device, got, shard, gateway.ErrWrongShard)
 		}
 		if w.Kind < gateway.Connect || w.Kind > gateway.Leave {
-			return gateway.ApplyResult{}, fmt.Errorf("redisstore: apply: device %s session %s: unknown %v", w.Device, w.Session, w.Kind)
+			return nil, fmt.Errorf("redisstore: apply: device %s session %s: unknown %v", w.Device, w.Session, w.Kind)
 		}
 		args = append(args, string(w.Device), string(w.Session), int(w.Kind), max(0, w.Age.Milliseconds()))
 	}
-	res, err := s.apply.Run(ctx, s.c, s.keys[shard].data, args...).Slice()
+	return args, nil
+}
+
+// applyResult reads the apply script's reply (or the error of its call).
+func applyResult(shard int, b gateway.Batch, res []any, err error) (gateway.ApplyResult, error) {
 	if err != nil {
 		return gateway.ApplyResult{}, unavailable("apply", err)
 	}

@@ -1,0 +1,116 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/fleetgate/fleetgate/gateway"
+)
+
+// roundTrips counts the client's single commands and pipelines.
+type roundTrips struct{ singles, pipelines atomic.Int64 }
+
+func (r *roundTrips) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (r *roundTrips) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		r.singles.Add(1)
+		return next(ctx, cmd)
+	}
+}
+
+func (r *roundTrips) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		r.pipelines.Add(1)
+		return next(ctx, cmds)
+	}
+}
+
+// devicesPerShard returns one device ID hashing to each shard.
+func devicesPerShard(shards int, prefix string) []gateway.DeviceID {
+	devs := make([]gateway.DeviceID, shards)
+	for i, found := 0, 0; found < shards && i < 100000; i++ {
+		d := gateway.DeviceID(fmt.Sprintf("%s-%d", prefix, i))
+		if sh := gateway.ShardOf(d, shards); devs[sh] == "" {
+			devs[sh] = d
+			found++
+		}
+	}
+	return devs
+}
+
+// ApplyShards sends every shard's batch in one pipeline; a batch is
+// fenced on its own; after SCRIPT FLUSH the NOSCRIPT replies are sent
+// again with EVAL and succeed.
+func TestApplyShardsOnePipeline(t *testing.T) {
+	forBackends(t, func(t *testing.T, c redis.UniversalClient) {
+		const shards = 8
+		e := newEnv(t, c, shards)
+		rt := &roundTrips{}
+		c.AddHook(rt)
+		devs := devicesPerShard(shards, "multi")
+		batches := func(epoch uint64, kind gateway.Kind) []gateway.ShardBatch {
+			var bs []gateway.ShardBatch
+			for sh, d := range devs {
+				bs = append(bs, gateway.ShardBatch{Shard: sh, Batch: gateway.Batch{
+					Gateway: "gw-m", Epoch: epoch, Lease: 90 * time.Second,
+					Writes: []gateway.Write{{Device: d, Session: "coap/default", Kind: kind}},
+				}})
+			}
+			return bs
+		}
+		before := rt.singles.Load()
+		res := e.store.ApplyShards(e.ctx, batches(2, gateway.Connect))
+		if p, s := rt.pipelines.Load(), rt.singles.Load()-before; p != 1 || s != 0 {
+			t.Fatalf("ApplyShards made %d pipelines and %d single calls, want 1 and 0", p, s)
+		}
+		for sh, r := range res {
+			if r.Err != nil || len(r.Result.Events) != 1 || r.Result.Events[0].State != gateway.Online || r.Result.Events[0].Device != devs[sh] {
+				t.Fatalf("shard %d: %+v %v, want one online event of %s", sh, r.Result, r.Err, devs[sh])
+			}
+		}
+
+		// One stale batch among current ones: only it is refused.
+		bs := batches(2, gateway.Renew)
+		bs[3].Batch.Epoch = 1
+		bs[5].Batch.Writes[0].Device = devs[6]
+		res = e.store.ApplyShards(e.ctx, bs)
+		for sh, r := range res {
+			switch sh {
+			case 3:
+				if !errors.Is(r.Err, gateway.ErrFenced) {
+					t.Fatalf("stale shard 3: %v, want ErrFenced", r.Err)
+				}
+			case 5:
+				if !errors.Is(r.Err, gateway.ErrWrongShard) {
+					t.Fatalf("misrouted shard 5: %v, want ErrWrongShard", r.Err)
+				}
+			default:
+				if r.Err != nil || len(r.Result.Events) != 0 {
+					t.Fatalf("shard %d: %+v %v, want applied with no event", sh, r.Result, r.Err)
+				}
+			}
+		}
+
+		if err := c.ScriptFlush(e.ctx).Err(); err != nil {
+			t.Fatal(err)
+		}
+		if cc, ok := c.(*redis.ClusterClient); ok {
+			if err := cc.ForEachMaster(e.ctx, func(ctx context.Context, m *redis.Client) error { return m.ScriptFlush(ctx).Err() }); err != nil {
+				t.Fatal(err)
+			}
+		}
+		res = e.store.ApplyShards(e.ctx, batches(2, gateway.Leave))
+		for sh, r := range res {
+			if r.Err != nil || len(r.Result.Events) != 1 || r.Result.Events[0].State != gateway.Offline {
+				t.Fatalf("after SCRIPT FLUSH, shard %d: %+v %v, want one offline event", sh, r.Result, r.Err)
+			}
+		}
+	})
+}

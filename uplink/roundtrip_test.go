@@ -1,0 +1,96 @@
+package uplink
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/fleetgate/fleetgate/gateway"
+	"github.com/fleetgate/fleetgate/internal/redistest"
+	redisstore "github.com/fleetgate/fleetgate/uplink/redis"
+)
+
+// roundTrips counts a go-redis client's single commands and pipelines:
+// each is one round trip to the server.
+type roundTrips struct{ singles, pipelines atomic.Int64 }
+
+func (r *roundTrips) total() int64 { return r.singles.Load() + r.pipelines.Load() }
+
+func (r *roundTrips) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (r *roundTrips) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		r.singles.Add(1)
+		return next(ctx, cmd)
+	}
+}
+
+func (r *roundTrips) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		r.pipelines.Add(1)
+		return next(ctx, cmds)
+	}
+}
+
+// onePerShard returns a device ID hashing to each of shards.
+func onePerShard(shards int, prefix string) []gateway.DeviceID {
+	devs := make([]gateway.DeviceID, shards)
+	for i, found := 0, 0; found < shards && i < 1_000_000; i++ {
+		d := gateway.DeviceID(fmt.Sprintf("%s-%d", prefix, i))
+		if sh := gateway.ShardOf(d, shards); devs[sh] == "" {
+			devs[sh] = d
+			found++
+		}
+	}
+	return devs
+}
+
+// With the Redis store, a flush of writes for every shard is one round
+// trip: one pipeline of one script call per shard.
+func TestFlushIsOneRoundTrip(t *testing.T) {
+	const shards = 16
+	srv := redistest.Start(t)
+	c := srv.Client(t)
+	rt := &roundTrips{}
+	store, err := redisstore.Open(t.Context(), c, redisstore.Options{Shards: shards})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.AddHook(rt)
+	db, err := OpenDB(filepath.Join(t.TempDir(), "state.db"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	ob, err := OpenOutbox(db, OutboxOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	u := New(store, ob, Options{Gateway: "gw-rt", Epoch: 1, Timeout: 10 * time.Second})
+	devs := onePerShard(shards, "rt")
+	for round := 0; round < 3; round++ {
+		for _, d := range devs {
+			mustEnqueue(t, u, evidence(d, gateway.Connect, time.Now()))
+		}
+		before := rt.total()
+		if err := u.flushOnce(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		if got := rt.total() - before; got != 1 || rt.singles.Load() != 0 {
+			t.Fatalf("flush %d: %d round trips (%d single calls so far), want one pipeline", round, got, rt.singles.Load())
+		}
+	}
+	for _, d := range devs {
+		if info, err := store.Device(t.Context(), d); err != nil || info.State != gateway.Online {
+			t.Fatalf("device %s after the flushes: %+v %v, want online", d, info, err)
+		}
+	}
+	if st := u.Status(); !st.Up || st.OutboxSessions != 0 {
+		t.Fatalf("status after the flushes: %+v", st)
+	}
+}
