@@ -37,8 +37,8 @@ const MaxPasswordLen = 72
 
 var _ gateway.Credentials = (*Devices)(nil)
 
-// Devices is one parsed devices file. It is immutable and safe for
-// concurrent use.
+// Devices is one parsed devices file, made by Load or Parse (the zero
+// value is not usable). It is immutable and safe for concurrent use.
 type Devices struct {
 	byID map[string]device
 	// dummy is a well-formed bcrypt hash, at the cost most devices use, that

@@ -12,7 +12,8 @@ var _ gateway.Credentials = (*Reloadable)(nil)
 // Reloadable holds the current devices set for front ends that keep
 // running while the devices file changes: they keep the *Reloadable, and
 // Reload (on SIGHUP) swaps the set atomically. A check in flight finishes
-// with the set it started with. It is safe for concurrent use.
+// with the set it started with. Make one with NewReloadable; it is safe
+// for concurrent use.
 type Reloadable struct {
 	cur atomic.Pointer[Devices]
 }
