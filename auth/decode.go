@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -141,22 +142,13 @@ func (d *decoder) fields(n *yaml.Node, where string, known []string, set func(ke
 			d.errorf(k, "key %q %s is already set at line %d", k.Value, where, seen[k.Value])
 		default:
 			seen[k.Value] = k.Line
-			if !contains(known, k.Value) {
+			if !slices.Contains(known, k.Value) {
 				d.errorf(k, "unknown key %q %s (want %s)", k.Value, where, strings.Join(known, ", "))
 				continue
 			}
 			set(k.Value, v)
 		}
 	}
-}
-
-func contains(list []string, s string) bool {
-	for _, e := range list {
-		if e == s {
-			return true
-		}
-	}
-	return false
 }
 
 // device decodes and validates one list item at path ("devices[3]").
@@ -170,7 +162,6 @@ func (d *decoder) device(n *yaml.Node, path string) (entry, bool) {
 	}
 	before := len(d.errs)
 	var e entry
-	var idNode *yaml.Node
 	d.fields(n, "in "+path, []string{"id", "psk", "password_bcrypt"}, func(key string, v *yaml.Node) {
 		if v.Kind == yaml.AliasNode {
 			v = v.Alias
@@ -182,7 +173,6 @@ func (d *decoder) device(n *yaml.Node, path string) (entry, bool) {
 		}
 		switch key {
 		case "id":
-			idNode = v
 			id, err := gateway.ParseDeviceID(v.Value)
 			if err != nil {
 				d.errorf(v, "%s: %v", at, err)
@@ -214,7 +204,7 @@ func (d *decoder) device(n *yaml.Node, path string) (entry, bool) {
 		return entry{}, false
 	}
 	switch {
-	case idNode == nil:
+	case e.id == "":
 		d.errorf(n, "%s: no id", path)
 		return entry{}, false
 	case e.psk == nil && e.hash == nil:

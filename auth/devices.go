@@ -9,6 +9,7 @@
 package auth
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"slices"
@@ -161,7 +162,7 @@ var errUnauthorized = fmt.Errorf("device credentials: %w", gateway.ErrUnauthoriz
 func HashPassword(password []byte, cost int) (string, error) {
 	switch {
 	case len(password) == 0:
-		return "", fmt.Errorf("hash password: the password is empty")
+		return "", errors.New("hash password: the password is empty")
 	case len(password) > MaxPasswordLen:
 		return "", fmt.Errorf("hash password: the password is %d bytes, bcrypt takes at most %d", len(password), MaxPasswordLen)
 	case cost < MinCost || cost > MaxCost:
