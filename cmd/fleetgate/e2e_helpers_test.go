@@ -19,6 +19,7 @@ import (
 
 	"github.com/plgd-dev/go-coap/v3/message"
 	"github.com/plgd-dev/go-coap/v3/message/codes"
+	"github.com/plgd-dev/go-coap/v3/options"
 	"github.com/plgd-dev/go-coap/v3/udp"
 	udpClient "github.com/plgd-dev/go-coap/v3/udp/client"
 	"github.com/redis/go-redis/v9"
@@ -73,6 +74,7 @@ type gatewayProc struct {
 	id       string
 	config   string
 	coapAddr string
+	mqttAddr string
 	admin    string
 	cmd      *exec.Cmd
 	log      *syncBuffer
@@ -105,6 +107,7 @@ func newGateway(t testing.TB, id, redisAddr string, tm e2eTiming) *gatewayProc {
 		t: t, id: id,
 		config:   filepath.Join(dir, "fleetgate.yaml"),
 		coapAddr: fmt.Sprintf("127.0.0.1:%d", freeUDPPort(t)),
+		mqttAddr: fmt.Sprintf("127.0.0.1:%d", redistest.FreePort(t)),
 		admin:    fmt.Sprintf("127.0.0.1:%d", redistest.FreePort(t)),
 	}
 	store := "backend: embedded"
@@ -119,11 +122,11 @@ uplink: { flush_interval: %s, max_batch: 1000 }
 runner: { enabled: true, interval: %s, batch: 500, lock_ttl: 1s }
 listen:
   coap: { udp: %q }
-  mqtt: { tcp: "" }
+  mqtt: { tcp: %q }
   admin: { http: %q }
 auth: { allow_anonymous: true }
 log: { level: debug }
-`, id, filepath.Join(dir, "state"), tm.lease, tm.heartbeat, tm.renewEvery, tm.lease/2, store, tm.flush, tm.runnerInterval, g.coapAddr, g.admin)
+`, id, filepath.Join(dir, "state"), tm.lease, tm.heartbeat, tm.renewEvery, tm.lease/2, store, tm.flush, tm.runnerInterval, g.coapAddr, g.mqttAddr, g.admin)
 	if err := os.WriteFile(g.config, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -251,7 +254,7 @@ func (d device) do(addr string, code codes.Code) {
 
 func dialCoAP(t *testing.T, addr string) *udpClient.Conn {
 	t.Helper()
-	cc, err := udp.Dial(addr)
+	cc, err := udp.Dial(addr, options.WithErrors(func(error) {}))
 	if err != nil {
 		t.Fatalf("coap dial %s: %v", addr, err)
 	}
@@ -286,7 +289,7 @@ func (d device) keepSending(addr func() string, interval, limit time.Duration) (
 
 // sendOnce is heartbeat without t (for goroutines); errors are returned.
 func sendOnce(addr, id string) error {
-	cc, err := udp.Dial(addr)
+	cc, err := udp.Dial(addr, options.WithErrors(func(error) {}))
 	if err != nil {
 		return err
 	}

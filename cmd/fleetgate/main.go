@@ -40,6 +40,7 @@ func commands() []command {
 		{"devices", "devices get ID | devices list [--state S]: read devices", cmdDevices},
 		{"events", "events tail [--since D] [--follow]: read presence events", cmdEvents},
 		{"simulate", "play a fleet of CoAP devices against a gateway", cmdSimulate},
+		{"hash-password", "print the bcrypt hash of the password on stdin, for the devices file", cmdHashPassword},
 		{"version", "print the version", cmdVersion},
 	}
 }

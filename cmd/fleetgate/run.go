@@ -19,10 +19,10 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/fleetgate/fleetgate/admin"
+	"github.com/fleetgate/fleetgate/auth"
 	"github.com/fleetgate/fleetgate/configs"
 	"github.com/fleetgate/fleetgate/gateway"
 	"github.com/fleetgate/fleetgate/internal/identity"
-	"github.com/fleetgate/fleetgate/protocols/coap"
 	"github.com/fleetgate/fleetgate/runner"
 	"github.com/fleetgate/fleetgate/uplink"
 )
@@ -67,7 +67,9 @@ type gatewayProcess struct {
 	up      *uplink.Uplink
 	table   *gateway.Table
 	runner  *runner.Runner
-	coap    *coap.Server
+	fronts  []frontEnd
+	creds   *auth.Reloadable // nil without auth.devices_file
+	cert    *certificate     // nil without listen.mqtt.tls
 	admin   *admin.Server
 }
 
@@ -122,16 +124,8 @@ func (g *gatewayProcess) run(ctx context.Context) (err error) {
 			Clock: gateway.SystemClock{}, Logger: log, Registerer: reg,
 		})
 	}
-	if cfg.Listen.CoAP.UDP != "" {
-		g.coap, err = coap.New(g.table, coap.Options{
-			Addr: cfg.Listen.CoAP.UDP, AllowAnonymous: cfg.Auth.AllowAnonymous,
-			HeartbeatInterval: cfg.Presence.HeartbeatInterval.Std(),
-			Clock:             gateway.SystemClock{}, Logger: log, Registerer: reg,
-		})
-		if err != nil {
-			return err
-		}
-		log.Info("coap listening", "addr", g.coap.Addr().String(), "anonymous", cfg.Auth.AllowAnonymous)
+	if err := g.openFrontEnds(cfg, log, reg); err != nil {
+		return err
 	}
 	if cfg.Listen.Admin.HTTP != "" {
 		g.admin, err = admin.Listen(admin.Options{
@@ -139,9 +133,7 @@ func (g *gatewayProcess) run(ctx context.Context) (err error) {
 			Status: g.status, Timing: g.timing, Gatherer: reg, Logger: log,
 		})
 		if err != nil {
-			if g.coap != nil {
-				g.coap.Close()
-			}
+			g.closeFrontEnds()
 			return err
 		}
 		log.Info("admin api listening", "addr", g.admin.Addr().String())
@@ -168,8 +160,8 @@ func (g *gatewayProcess) serve(ctx context.Context, log *slog.Logger) error {
 	if g.admin != nil {
 		backs.Go(g.admin.Serve)
 	}
-	if g.coap != nil {
-		fronts.Go(func() error { return g.coap.Serve(front) })
+	for _, f := range g.fronts {
+		fronts.Go(func() error { return f.Serve(front) })
 	}
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
@@ -205,9 +197,7 @@ loop:
 		g.admin.SetReady(false)
 	}
 	stopFront()
-	if g.coap != nil {
-		g.coap.Close()
-	}
+	g.closeFrontEnds()
 	runErr = errors.Join(runErr, <-failed)
 
 	flushCtx, cancel := context.WithTimeout(context.Background(), shutdownGrace)
@@ -256,11 +246,23 @@ func (g *gatewayProcess) reload(log *slog.Logger) {
 	p := next.Presence
 	g.table.SetTiming(p.Lease.Std(), p.RenewEvery.Std())
 	g.up.SetTiming(p.Lease.Std(), next.Uplink.FlushInterval.Std(), next.Uplink.MaxBatch)
-	if g.coap != nil {
-		g.coap.SetHeartbeatInterval(p.HeartbeatInterval.Std())
+	for _, f := range g.fronts {
+		f.SetHeartbeatInterval(p.HeartbeatInterval.Std())
+	}
+	if g.creds != nil && next.Auth.DevicesFile != "" {
+		if err := g.creds.Reload(next.Auth.DevicesFile); err != nil {
+			log.Error("devices file not reloaded; keeping the devices in use", "err", err)
+		} else {
+			log.Info("devices file reloaded", "path", next.Auth.DevicesFile, "devices", g.creds.Current().Len())
+		}
+	}
+	if g.cert != nil {
+		if err := g.cert.load(next.Listen.MQTT.CertFile, next.Listen.MQTT.KeyFile); err != nil {
+			log.Error("TLS certificate not reloaded; keeping the one in use", "err", err)
+		}
 	}
 	if restartOnly(old) != restartOnly(next) {
-		log.Warn("reloaded; changes to listeners, store, shards, gateway, runner or auth take effect at the next restart")
+		log.Warn("reloaded; changes to listeners, store, shards, gateway, runner, limits or anonymous access take effect at the next restart")
 	}
 	log.Info("configuration reloaded", "lease", p.Lease, "renew_every", p.RenewEvery, "heartbeat_interval", p.HeartbeatInterval)
 }
@@ -270,6 +272,8 @@ func restartOnly(c configs.Config) string {
 	c.Presence.Lease, c.Presence.RenewEvery, c.Presence.HeartbeatInterval, c.Presence.SuspectAfter = 0, 0, 0, 0
 	c.Uplink.FlushInterval, c.Uplink.MaxBatch = 0, 0
 	c.Log.Level = ""
+	c.Auth.DevicesFile = ""
+	c.Listen.MQTT.CertFile, c.Listen.MQTT.KeyFile = "", ""
 	out, _ := c.YAML()
 	return string(out)
 }

@@ -1,0 +1,132 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/fleetgate/fleetgate/auth"
+	"github.com/fleetgate/fleetgate/configs"
+	"github.com/fleetgate/fleetgate/gateway"
+	"github.com/fleetgate/fleetgate/protocols/coap"
+	"github.com/fleetgate/fleetgate/protocols/mqtt"
+)
+
+// frontEnd is what run needs of a protocol front end.
+type frontEnd interface {
+	Serve(ctx context.Context) error
+	Close() error
+	SetHeartbeatInterval(d time.Duration)
+}
+
+// openFrontEnds loads the devices file and the TLS certificate and binds
+// the configured CoAP and MQTT listeners.
+func (g *gatewayProcess) openFrontEnds(cfg configs.Config, log *slog.Logger, reg prometheus.Registerer) error {
+	var creds gateway.Credentials
+	if path := cfg.Auth.DevicesFile; path != "" {
+		d, err := auth.Load(path)
+		if err != nil {
+			return err
+		}
+		g.creds = auth.NewReloadable(d)
+		creds = g.creds
+		log.Info("devices file loaded", "path", path, "devices", d.Len())
+	}
+	if creds == nil && !cfg.Auth.AllowAnonymous {
+		log.Warn("no auth.devices_file and auth.allow_anonymous is off: no device can connect")
+	}
+	l := cfg.Limits
+	heartbeat := cfg.Presence.HeartbeatInterval.Std()
+	if cfg.Listen.CoAP.UDP != "" || cfg.Listen.CoAP.DTLS != "" {
+		s, err := coap.New(g.table, coap.Options{
+			Addr:              cfg.Listen.CoAP.UDP,
+			DTLS:              cfg.Listen.CoAP.DTLS,
+			Credentials:       creds,
+			AllowAnonymous:    cfg.Auth.AllowAnonymous,
+			HeartbeatInterval: heartbeat,
+			MaxMessageSize:    l.CoAPMaxMessageSize,
+			RequestsPerSecond: l.CoAPRequestsPerSecond,
+			HandshakeTimeout:  l.DTLSHandshakeTimeout.Std(),
+			Clock:             gateway.SystemClock{},
+			Logger:            log,
+			Registerer:        reg,
+		})
+		if err != nil {
+			return err
+		}
+		g.fronts = append(g.fronts, s)
+		log.Info("coap listening", "udp", addrString(s.Addr()), "dtls", addrString(s.DTLSAddr()), "anonymous", cfg.Auth.AllowAnonymous)
+	}
+	if cfg.Listen.MQTT.TCP != "" || cfg.Listen.MQTT.TLS != "" {
+		var tlsConfig *tls.Config
+		if cfg.Listen.MQTT.TLS != "" {
+			g.cert = &certificate{}
+			if err := g.cert.load(cfg.Listen.MQTT.CertFile, cfg.Listen.MQTT.KeyFile); err != nil {
+				g.closeFrontEnds()
+				return err
+			}
+			tlsConfig = &tls.Config{MinVersion: tls.VersionTLS12, GetCertificate: g.cert.get}
+		}
+		s, err := mqtt.New(g.table, mqtt.Options{
+			TCP:               cfg.Listen.MQTT.TCP,
+			TLS:               cfg.Listen.MQTT.TLS,
+			TLSConfig:         tlsConfig,
+			Gateway:           cfg.Gateway.ID,
+			Epoch:             g.epoch,
+			AllowAnonymous:    cfg.Auth.AllowAnonymous,
+			Credentials:       creds,
+			TopicPrefix:       cfg.Auth.TopicPrefix,
+			HeartbeatInterval: heartbeat,
+			MaxPacketSize:     l.MQTTMaxPacketSize,
+			MaxClients:        l.MQTTMaxClients,
+			ConnectsPerSecond: l.MQTTConnectsPerSecond,
+			MaxPendingWrites:  l.MQTTMaxPendingWrites,
+			Clock:             gateway.SystemClock{},
+			Logger:            log,
+			Registerer:        reg,
+		})
+		if err != nil {
+			g.closeFrontEnds()
+			return err
+		}
+		g.fronts = append(g.fronts, s)
+		tcp, tlsAddr := s.Addrs()
+		log.Info("mqtt listening", "tcp", addrString(tcp), "tls", addrString(tlsAddr), "anonymous", cfg.Auth.AllowAnonymous)
+	}
+	return nil
+}
+
+func (g *gatewayProcess) closeFrontEnds() {
+	for _, f := range g.fronts {
+		f.Close()
+	}
+}
+
+func addrString(a net.Addr) string {
+	if a == nil {
+		return ""
+	}
+	return a.String()
+}
+
+// certificate is the TLS listener's certificate, swapped at SIGHUP.
+type certificate struct {
+	cur atomic.Pointer[tls.Certificate]
+}
+
+func (c *certificate) load(certFile, keyFile string) error {
+	cert, err := tls.LoadX509KeyPair(certFile, keyFile)
+	if err != nil {
+		return fmt.Errorf("listen.mqtt: load certificate: %w", err)
+	}
+	c.cur.Store(&cert)
+	return nil
+}
+
+func (c *certificate) get(*tls.ClientHelloInfo) (*tls.Certificate, error) { return c.cur.Load(), nil }
