@@ -29,7 +29,7 @@ var refusalReasons = []string{
 // every label value are resolved once, so that the hot path does no
 // label hashing.
 type metrics struct {
-	evidence    map[gateway.Kind]prometheus.Counter
+	evidence    [gateway.Leave + 1]prometheus.Counter // by Kind
 	refused     map[string]prometheus.Counter
 	connections prometheus.Gauge
 }
@@ -61,7 +61,6 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		return nil, err
 	}
 	m := &metrics{
-		evidence:    make(map[gateway.Kind]prometheus.Counter, 3),
 		refused:     make(map[string]prometheus.Counter, len(refusalReasons)),
 		connections: connections,
 	}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/eclipse/paho.golang/paho"
+	mochi "github.com/mochi-mqtt/server/v2"
 	"github.com/mochi-mqtt/server/v2/packets"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
@@ -262,9 +263,7 @@ func TestWrongCredentials(t *testing.T) {
 	if got := value(t, s.metrics.refused[reasonNotAuthorized]); got != 8 {
 		t.Errorf("refused not_authorized %v, want 8", got)
 	}
-	if s.conns.Load() != 0 {
-		t.Errorf("refusals hold %d slots", s.conns.Load())
-	}
+	eventually(t, 5*time.Second, "refusals' slots released", func() bool { return s.conns.Load() == 0 })
 	// A reload of the devices file applies to later connects.
 	s.SetCredentials(newCreds(t, map[gateway.DeviceID]string{"dev-1": "rotated"}))
 	if code := connackCode(t, s, &paho.Connect{ClientID: "dev-1", CleanStart: true, Password: []byte("secret-1"), PasswordFlag: true}); code != packets.ErrNotAuthorized.Code {
@@ -502,4 +501,20 @@ func value(t testing.TB, c prometheus.Metric) float64 {
 		return m.Counter.GetValue()
 	}
 	return m.Gauge.GetValue()
+}
+
+// The per-packet path (a Renew per packet read) allocates nothing.
+func TestRenewDoesNotAllocate(t *testing.T) {
+	obs := &countingObserver{}
+	s := startServer(t, obs, Options{AllowAnonymous: true, Registerer: prometheus.NewRegistry()})
+	h := &presence{srv: s}
+	cl := &mochi.Client{}
+	cl.Net.Conn = &conn{device: "dev-1", session: "gw-1/7/1", root: "devices/dev-1"}
+	pk := packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Publish}}
+	if n := testing.AllocsPerRun(1000, func() { _, _ = h.OnPacketRead(cl, pk) }); n != 0 {
+		t.Fatalf("%v allocations per packet", n)
+	}
+	if got := obs.n.Load(); got != 1001 {
+		t.Fatalf("%d renewals observed", got)
+	}
 }

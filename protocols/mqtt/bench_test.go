@@ -1,0 +1,379 @@
+package mqtt
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"runtime"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	mochi "github.com/mochi-mqtt/server/v2"
+	"github.com/mochi-mqtt/server/v2/listeners"
+	"github.com/mochi-mqtt/server/v2/packets"
+
+	"github.com/fleetgate/fleetgate/gateway"
+)
+
+// TestMain turns the test binary into the benchmark's client process
+// when MQTT_BENCH_DIAL is set, so that the server's memory is measured
+// without the clients' sockets in the same heap.
+func TestMain(m *testing.M) {
+	if addr := os.Getenv("MQTT_BENCH_DIAL"); addr != "" {
+		os.Exit(benchClient(addr))
+	}
+	os.Exit(m.Run())
+}
+
+// countingObserver accepts everything at the cost of one atomic add.
+type countingObserver struct{ n atomic.Int64 }
+
+func (c *countingObserver) Observe(context.Context, gateway.Evidence) error {
+	c.n.Add(1)
+	return nil
+}
+
+// raiseNoFile lifts RLIMIT_NOFILE towards n+100 descriptors, as far as
+// the hard limit allows (raising that needs CAP_SYS_RESOURCE), and
+// returns how many connections fit: n, or fewer under a lower hard limit.
+func raiseNoFile(n int) (int, error) {
+	var lim syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
+		return 0, err
+	}
+	want := uint64(n) + 100
+	if lim.Max < want {
+		lim.Max = want
+		if syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim) != nil {
+			if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
+				return 0, err
+			}
+		}
+	}
+	lim.Cur = min(lim.Max, want)
+	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
+		return 0, err
+	}
+	return min(n, int(lim.Cur)-100), nil
+}
+
+// benchClient is the client process: it opens MQTT_BENCH_N connections
+// to addr, 64 at a time, from source addresses 127.0.0.2.., each with an
+// MQTT 5 CONNECT of its own device, waits for every CONNACK, prints
+// "connected <n> <nanoseconds>", and holds the connections until its
+// stdin closes.
+func benchClient(addr string) int {
+	n, err := strconv.Atoi(os.Getenv("MQTT_BENCH_N"))
+	if err == nil {
+		_, err = raiseNoFile(n)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench client:", err)
+		return 2
+	}
+	conns := make([]net.Conn, n)
+	var next atomic.Int64
+	var failed atomic.Value
+	var wg sync.WaitGroup
+	begin := time.Now()
+	for range 64 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := int(next.Add(1)) - 1
+				if i >= n {
+					return
+				}
+				c, err := dialConnect(addr, i)
+				if err != nil {
+					failed.Store(err)
+					return
+				}
+				conns[i] = c
+			}
+		}()
+	}
+	wg.Wait()
+	elapsed := time.Since(begin)
+	if err, ok := failed.Load().(error); ok {
+		fmt.Fprintln(os.Stderr, "bench client:", err)
+		return 1
+	}
+	fmt.Printf("connected %d %d\n", n, elapsed.Nanoseconds())
+	_, _ = io.Copy(io.Discard, os.Stdin)
+	for _, c := range conns {
+		_ = c.Close()
+	}
+	return 0
+}
+
+// dialConnect opens connection i and completes its MQTT 5 CONNECT.
+func dialConnect(addr string, i int) (net.Conn, error) {
+	d := net.Dialer{Timeout: 10 * time.Second, LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, byte(2+i/20000), byte(2+i%200))}}
+	c, err := d.Dial("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("dial %d: %w", i, err)
+	}
+	pk := packets.Packet{
+		FixedHeader:     packets.FixedHeader{Type: packets.Connect},
+		ProtocolVersion: 5,
+		Connect: packets.ConnectParams{
+			ProtocolName: []byte("MQTT"), Clean: true, Keepalive: 3600,
+			ClientIdentifier: fmt.Sprintf("bench-%d", i),
+		},
+	}
+	var buf bytes.Buffer
+	if err := pk.ConnectEncode(&buf); err != nil {
+		return nil, err
+	}
+	_ = c.SetDeadline(time.Now().Add(30 * time.Second))
+	if _, err := c.Write(buf.Bytes()); err != nil {
+		return nil, fmt.Errorf("connect %d: %w", i, err)
+	}
+	ack := make([]byte, 64)
+	n, err := c.Read(ack)
+	if err != nil {
+		return nil, fmt.Errorf("connack %d: %w", i, err)
+	}
+	// Fixed header (2 bytes), flags, reason code.
+	if n < 4 || ack[0]>>4 != packets.Connack || ack[3] != 0 {
+		return nil, fmt.Errorf("connack %d: %x", i, ack[:n])
+	}
+	_ = c.SetDeadline(time.Time{})
+	return c, nil
+}
+
+// liveBytes is the heap and stack in use after a full GC.
+func liveBytes() float64 {
+	runtime.GC()
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return float64(ms.HeapAlloc + ms.StackInuse)
+}
+
+// holdConnections runs the client process against addr until n
+// connections are established, and returns the server process's live
+// bytes per connection and the connects per second the client saw. The
+// client process ends before it returns.
+func holdConnections(b *testing.B, addr string, n int) (bytesPerConn, connectsPerSec float64) {
+	b.Helper()
+	before := liveBytes()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), "MQTT_BENCH_DIAL="+addr, "MQTT_BENCH_N="+strconv.Itoa(n))
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		b.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		b.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	defer func() {
+		_ = stdin.Close()
+		if err := cmd.Wait(); err != nil {
+			b.Errorf("bench client: %v", err)
+		}
+	}()
+	line, err := bufio.NewReader(stdout).ReadString('\n')
+	if err != nil {
+		b.Fatalf("bench client: %v", err)
+	}
+	var got int
+	var ns int64
+	if _, err := fmt.Sscanf(line, "connected %d %d", &got, &ns); err != nil || got != n {
+		b.Fatalf("bench client said %q", line)
+	}
+	after := liveBytes()
+	return (after - before) / float64(n), float64(n) / time.Duration(ns).Seconds()
+}
+
+// rawHolder is the floor a goroutine-per-connection server can reach: it
+// reads CONNECT into a 512-byte buffer, answers a 5-byte CONNACK, and
+// keeps one goroutine blocked in Read per connection.
+func rawHolder(b *testing.B) net.Addr {
+	b.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var conns []net.Conn
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				buf := make([]byte, 512)
+				if _, err := c.Read(buf); err != nil {
+					return
+				}
+				if _, err := c.Write([]byte{packets.Connack << 4, 3, 0, 0, 0}); err != nil {
+					return
+				}
+				for {
+					if _, err := c.Read(buf); err != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
+	b.Cleanup(func() {
+		_ = ln.Close()
+		mu.Lock()
+		for _, c := range conns {
+			_ = c.Close()
+		}
+		mu.Unlock()
+		wg.Wait()
+	})
+	return ln.Addr()
+}
+
+// benchConnections is 20,000 connections by default; MQTT_BENCH_CONNS
+// changes it.
+func benchConnections(b *testing.B) int {
+	if v, err := strconv.Atoi(os.Getenv("MQTT_BENCH_CONNS")); err == nil && v > 0 {
+		return v
+	}
+	return 20000
+}
+
+// BenchmarkConnections holds 20,000 MQTT 5 connections (anonymous, so no
+// bcrypt; fewer when the hard RLIMIT_NOFILE is lower, as logged) and reports the server's live bytes per connection and the
+// connects per second, against the raw goroutine-per-connection floor
+// measured in the same run, and bytes per connection against the 8 KB
+// goal. One op is the whole run.
+func BenchmarkConnections(b *testing.B) {
+	n, err := raiseNoFile(benchConnections(b))
+	if err != nil {
+		b.Fatalf("raise RLIMIT_NOFILE: %v", err)
+	}
+	b.Logf("%d connections", n)
+	var mqttBytes, mqttRate, rawBytes, rawRate float64
+	for b.Loop() {
+		obs := &countingObserver{}
+		s := startServer(b, obs, Options{AllowAnonymous: true, HeartbeatInterval: time.Hour, ConnectsPerSecond: 1 << 30, MaxClients: n})
+		mqttBytes, mqttRate = holdConnections(b, tcpAddr(s), n)
+		if got := obs.n.Load(); got < int64(n) {
+			b.Fatalf("%d connects observed, want %d", got, n)
+		}
+		if err := s.Close(); err != nil {
+			b.Fatal(err)
+		}
+		rawBytes, rawRate = holdConnections(b, rawHolder(b).String(), n)
+	}
+	b.ReportMetric(mqttBytes, "B/conn")
+	b.ReportMetric(rawBytes, "raw-B/conn")
+	b.ReportMetric(mqttBytes/8192, "ratio-to-8KB-goal")
+	b.ReportMetric(mqttRate, "connects/s")
+	b.ReportMetric(rawRate, "raw-connects/s")
+	b.ReportMetric(mqttRate/rawRate, "ratio-to-raw")
+}
+
+// BenchmarkConnectionsMochiDefaults is the same run with mochi's default
+// buffers and capabilities (and no presence hook), on 2,000 connections:
+// what the tuning saves.
+func BenchmarkConnectionsMochiDefaults(b *testing.B) {
+	const n = 2000
+	if _, err := raiseNoFile(n); err != nil {
+		b.Fatalf("raise RLIMIT_NOFILE: %v", err)
+	}
+	var defBytes float64
+	for b.Loop() {
+		srv := mochi.New(&mochi.Options{Logger: testLoggerOrDiscard()})
+		if err := srv.AddHook(new(allowAll), nil); err != nil {
+			b.Fatal(err)
+		}
+		ln := listeners.NewTCP(listeners.Config{ID: "tcp", Address: "127.0.0.1:0"})
+		if err := srv.AddListener(ln); err != nil {
+			b.Fatal(err)
+		}
+		if err := srv.Serve(); err != nil {
+			b.Fatal(err)
+		}
+		defBytes, _ = holdConnections(b, ln.Address(), n)
+		if err := srv.Close(); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(defBytes, "default-B/conn")
+	b.ReportMetric(defBytes/8192, "ratio-to-8KB-goal")
+}
+
+// allowAll admits every client, as mochi's auth.AllowHook.
+type allowAll struct{ mochi.HookBase }
+
+func (allowAll) ID() string { return "allow-all" }
+func (allowAll) Provides(b byte) bool {
+	return b == mochi.OnConnectAuthenticate || b == mochi.OnACLCheck
+}
+func (allowAll) OnConnectAuthenticate(*mochi.Client, packets.Packet) bool { return true }
+func (allowAll) OnACLCheck(*mochi.Client, string, bool) bool              { return true }
+
+// BenchmarkRenewHotPath is the cost of one packet read on an admitted
+// connection (the hook's OnPacketRead: a Renew handed to the Observer)
+// against the ceiling of calling the Observer directly with the same
+// evidence.
+func BenchmarkRenewHotPath(b *testing.B) {
+	obs := &countingObserver{}
+	s := startServer(b, obs, Options{AllowAnonymous: true})
+	h := &presence{srv: s}
+	cl := &mochi.Client{}
+	cl.Net.Conn = &conn{device: "dev-1", session: "gw-1/7/1", root: "devices/dev-1"}
+	pk := packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Pingreq}}
+
+	const batch = 100000
+	measure := func(f func()) time.Duration {
+		begin := time.Now()
+		for range batch {
+			f()
+		}
+		return time.Since(begin)
+	}
+	var hook, direct time.Duration
+	ev := gateway.Evidence{Device: "dev-1", Session: "gw-1/7/1", Kind: gateway.Renew, Protocol: "mqtt"}
+	for b.Loop() {
+		hook += measure(func() { _, _ = h.OnPacketRead(cl, pk) })
+		direct += measure(func() {
+			ev.ObservedAt = s.clock.Now()
+			_ = obs.Observe(s.ctx, ev)
+		})
+	}
+	b.ReportMetric(float64(hook.Nanoseconds())/float64(b.N*batch), "ns/renew")
+	b.ReportMetric(float64(direct.Nanoseconds())/float64(b.N*batch), "direct-ns/renew")
+	b.ReportMetric(float64(hook)/float64(direct), "ratio-to-direct")
+}
+
+func testLoggerOrDiscard() *slog.Logger {
+	if l := testLogger(); l != nil {
+		return l
+	}
+	return slog.New(slog.DiscardHandler)
+}
