@@ -128,6 +128,14 @@ func testCreds(t testing.TB) bcryptCreds {
 // and checks that Serve then returned nil.
 func startServer(t testing.TB, obs gateway.Observer, o Options) *Server {
 	t.Helper()
+	s := newServer(t, obs, o)
+	serve(t, s)
+	return s
+}
+
+// newServer is New with the tests' defaults for the unset options.
+func newServer(t testing.TB, obs gateway.Observer, o Options) *Server {
+	t.Helper()
 	if o.TCP == "" && o.TLS == "" {
 		o.TCP = "127.0.0.1:0"
 	}
@@ -150,6 +158,12 @@ func startServer(t testing.TB, obs gateway.Observer, o Options) *Server {
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
+	return s
+}
+
+// serve runs s until the test ends, and checks that Serve then returned nil.
+func serve(t testing.TB, s *Server) {
+	t.Helper()
 	served := make(chan error, 1)
 	go func() { served <- s.Serve(context.Background()) }()
 	t.Cleanup(func() {
@@ -165,7 +179,6 @@ func startServer(t testing.TB, obs gateway.Observer, o Options) *Server {
 			t.Errorf("Serve did not return after Close")
 		}
 	})
-	return s
 }
 
 func tcpAddr(s *Server) string {

@@ -72,7 +72,16 @@ func (h *presence) OnConnect(cl *mochi.Client, pk packets.Packet) error {
 	}
 	c.admitted = true // the slot is released when the connection ends
 	root := s.topicRoot(device)
-	if !s.authorized(device, pk) || (pk.Connect.WillFlag && !underRoot(pk.Connect.WillTopic, root)) {
+	err = s.authorize(device, pk)
+	if err == nil && pk.Connect.WillFlag && !underRoot(pk.Connect.WillTopic, root) {
+		err = errNotAuthorized
+	}
+	if errors.Is(err, gateway.ErrOverloaded) {
+		s.metrics.refuse(reasonOverloaded)
+		s.log.Debug("connect refused: overloaded", "device", string(device), "err", err)
+		return refuse(cl, packets.ErrServerBusy, packets.Err3ServerUnavailable)
+	}
+	if err != nil {
 		s.metrics.refuse(reasonNotAuthorized)
 		s.log.Debug("connect refused: not authorized", "device", string(device), "remote", c.RemoteAddr().String())
 		return refuse(cl, packets.ErrNotAuthorized, packets.Err3NotAuthorized)

@@ -10,8 +10,9 @@
 // only with AllowAnonymous. A user name, when sent, must equal the client
 // ID. Any failure, including a will topic outside the device's subtree,
 // gets "not authorized" (0x87; 0x05 in 3.1.1) and never says which part
-// was wrong. Too many clients or an overloaded gateway get "server busy"
-// (0x89; 3.1.1: 0x03 "server unavailable").
+// was wrong. Too many clients, an overloaded gateway, or no password check
+// slot within 2 s (checks run GOMAXPROCS at once) get "server busy" (0x89;
+// 3.1.1: 0x03 "server unavailable").
 //
 // Keep-alive. A client asking for no keep-alive or for more than the
 // heartbeat interval is held to the heartbeat interval (whole seconds,
@@ -39,6 +40,7 @@ import (
 	"log/slog"
 	"math"
 	"net"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -74,6 +76,8 @@ const (
 	maxInflight = 256
 	// topicAliasMaximum bounds the topic aliases a client may set.
 	topicAliasMaximum = 16
+	// authWait bounds the wait for a password check slot.
+	authWait = 2 * time.Second
 	// sysTopicInterval: the $SYS topics (which no device may read) are
 	// refreshed rarely.
 	sysTopicInterval = 3600
@@ -128,6 +132,8 @@ type Server struct {
 	maxConns  int64
 	conns     atomic.Int64 // admitted connections (max_clients slots)
 	connSeq   atomic.Uint64
+	authSlots chan struct{} // one token per running password check
+	authWait  time.Duration
 	tcp, tls  net.Listener
 
 	// ctx is the context of Observe calls; cancelled by stop.
@@ -172,6 +178,8 @@ func New(obs gateway.Observer, o Options) (*Server, error) {
 		allowAnon: o.AllowAnonymous,
 		rate:      newRateLimiter(orDefault(o.ConnectsPerSecond, DefaultConnectsPerSecond)),
 		maxConns:  int64(orDefault(o.MaxClients, DefaultMaxClients)),
+		authSlots: make(chan struct{}, runtime.GOMAXPROCS(0)),
+		authWait:  authWait,
 		done:      make(chan struct{}),
 	}
 	if s.clock == nil {
@@ -394,16 +402,44 @@ func (s *Server) release(c *conn) {
 	}
 }
 
-// authorized checks a CONNECT's credentials for device.
-func (s *Server) authorized(device gateway.DeviceID, pk packets.Packet) bool {
+// errNotAuthorized refuses a CONNECT's credentials.
+var errNotAuthorized = errors.New("not authorized")
+
+// authorize checks a CONNECT's credentials for device: nil, or
+// errNotAuthorized, or gateway.ErrOverloaded when no password check slot
+// freed up within authWait. Password checks (bcrypt) run at most
+// authSlots at once: in a reconnect storm they proceed at the CPU's pace
+// and the devices that would wait longer are told "server busy" at once,
+// instead of timing out after the gateway spent the work on them.
+func (s *Server) authorize(device gateway.DeviceID, pk packets.Packet) error {
 	if pk.Connect.UsernameFlag && string(pk.Connect.Username) != string(device) {
-		return false
+		return errNotAuthorized
 	}
 	creds := s.creds.Load().c
 	if !pk.Connect.PasswordFlag || creds == nil {
-		return s.allowAnon
+		if s.allowAnon {
+			return nil
+		}
+		return errNotAuthorized
 	}
-	return creds.CheckPassword(device, pk.Connect.Password) == nil
+	select {
+	case s.authSlots <- struct{}{}:
+	default:
+		t := time.NewTimer(s.authWait)
+		defer t.Stop()
+		select {
+		case s.authSlots <- struct{}{}:
+		case <-t.C:
+			return fmt.Errorf("password check: no slot within %v: %w", s.authWait, gateway.ErrOverloaded)
+		case <-s.done:
+			return fmt.Errorf("password check: closing: %w", gateway.ErrOverloaded)
+		}
+	}
+	defer func() { <-s.authSlots }()
+	if creds.CheckPassword(device, pk.Connect.Password) != nil {
+		return errNotAuthorized
+	}
+	return nil
 }
 
 // topicRoot is the topic subtree device owns.

@@ -12,6 +12,7 @@ import (
 	"github.com/mochi-mqtt/server/v2/packets"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
+	"golang.org/x/crypto/bcrypt"
 
 	"github.com/fleetgate/fleetgate/gateway"
 	"github.com/fleetgate/fleetgate/gateway/clocktest"
@@ -516,5 +517,50 @@ func TestRenewDoesNotAllocate(t *testing.T) {
 	}
 	if got := obs.n.Load(); got != 1001 {
 		t.Fatalf("%d renewals observed", got)
+	}
+}
+
+// Password checks run a few at a time; a device that would wait for one
+// longer than authWait is told "server busy" at once.
+func TestPasswordChecksAreBounded(t *testing.T) {
+	hash, err := bcrypt.GenerateFromPassword([]byte("secret"), 12) // about 0.2 s a check
+	if err != nil {
+		t.Fatal(err)
+	}
+	creds := bcryptCreds{}
+	for i := range 4 {
+		creds[gateway.DeviceID(fmt.Sprintf("dev-%d", i))] = hash
+	}
+	s := newServer(t, &recorder{}, Options{Credentials: creds, Registerer: prometheus.NewRegistry()})
+	s.authSlots = make(chan struct{}, 1)
+	s.authWait = 20 * time.Millisecond
+	serve(t, s)
+
+	codes := make(chan byte, 4)
+	for i := range 4 {
+		r := dialRaw(t, tcpAddr(s))
+		connect := connectPacket(t, 5, fmt.Sprintf("dev-%d", i), "secret", 30)
+		go func() {
+			if _, err := r.Write(connect); err != nil {
+				codes <- 0xfe
+				return
+			}
+			typ, body, ok := r.readPacket(10 * time.Second)
+			if !ok || typ != packets.Connack || len(body) < 2 {
+				codes <- 0xff
+				return
+			}
+			codes <- body[1]
+		}()
+	}
+	got := map[byte]int{}
+	for range 4 {
+		got[<-codes]++
+	}
+	if got[0] == 0 || got[packets.ErrServerBusy.Code] == 0 || got[0]+got[packets.ErrServerBusy.Code] != 4 {
+		t.Fatalf("CONNACK codes %v, want successes and server busy", got)
+	}
+	if n := value(t, s.metrics.refused[reasonOverloaded]); n != float64(got[packets.ErrServerBusy.Code]) {
+		t.Fatalf("refused overloaded %v", n)
 	}
 }
