@@ -18,6 +18,9 @@ import (
 // before CONNECT, so without it a silent socket would be held for ever.
 const connectTimeout = 10 * time.Second
 
+// shutdownWriteTimeout bounds the writes of a shutdown.
+const shutdownWriteTimeout = time.Second
+
 // conn is an accepted connection with the presence state of the device
 // on it. Mochi keeps it as Client.Net.Conn, so the hook finds the state
 // with a type assertion instead of a locked map. Every field is used by
@@ -103,8 +106,10 @@ func (l *listener) Serve(establish listeners.EstablishFn) {
 }
 
 // Close is called by mochi on shutdown: it disconnects the established
-// clients (closeClients), stops accepting, and closes every connection
-// still open, so that mochi's wait for its clients ends.
+// clients (closeClients: a DISCONNECT "server shutting down" to MQTT 5
+// clients, written within shutdownWriteTimeout so that a client that
+// reads nothing cannot hold it up), stops accepting, and closes every
+// connection still open, so that mochi's wait for its clients ends.
 func (l *listener) Close(closeClients listeners.CloseFn) {
 	l.mu.Lock()
 	if l.closed {
@@ -112,6 +117,10 @@ func (l *listener) Close(closeClients listeners.CloseFn) {
 		return
 	}
 	l.closed = true
+	deadline := time.Now().Add(shutdownWriteTimeout)
+	for c := range l.conns {
+		_ = c.SetWriteDeadline(deadline)
+	}
 	l.mu.Unlock()
 
 	closeClients(l.id)
@@ -143,8 +152,8 @@ func (l *listener) untrack(c *conn) {
 }
 
 func remoteIP(c net.Conn) netip.Addr {
-	if ap, err := netip.ParseAddrPort(c.RemoteAddr().String()); err == nil {
-		return ap.Addr().Unmap()
+	if a, ok := c.RemoteAddr().(*net.TCPAddr); ok {
+		return a.AddrPort().Addr().Unmap()
 	}
 	return netip.Addr{}
 }

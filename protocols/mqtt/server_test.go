@@ -564,3 +564,38 @@ func TestPasswordChecksAreBounded(t *testing.T) {
 		t.Fatalf("refused overloaded %v", n)
 	}
 }
+
+// A client that does not read what it subscribed to is disconnected once
+// limits.mqtt_max_pending_writes packets are queued for it; that is a
+// dropped connection, not a leave.
+func TestSlowClientDisconnected(t *testing.T) {
+	rec := &recorder{}
+	s := startServer(t, rec, Options{AllowAnonymous: true, MaxPendingWrites: 4, Registerer: prometheus.NewRegistry()})
+	r := dialRaw(t, tcpAddr(s))
+	if code := r.connack(connectPacket(t, 4, "dev-1", "", 30)); code != 0 {
+		t.Fatalf("connack %#x", code)
+	}
+	r.send(encode(t, packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Subscribe, Qos: 1}, ProtocolVersion: 4, PacketID: 1,
+		Filters: packets.Subscriptions{{Filter: "devices/dev-1/#"}}}))
+	// Publish to itself and never read: the socket buffers fill, then the
+	// pending writes.
+	pub := encode(t, packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Publish}, ProtocolVersion: 4, TopicName: "devices/dev-1/t", Payload: make([]byte, 4000)})
+	_ = r.SetWriteDeadline(time.Now().Add(30 * time.Second))
+	ended := false
+	for range 100000 {
+		if _, err := r.Write(pub); err != nil {
+			ended = true
+			break
+		}
+	}
+	if !ended {
+		t.Fatal("a client that never reads was kept")
+	}
+	eventually(t, 10*time.Second, "slot released", func() bool { return s.conns.Load() == 0 })
+	if n := value(t, s.metrics.refused[reasonTooSlow]); n != 1 {
+		t.Fatalf("refused too_slow %v", n)
+	}
+	if n := rec.count(rec.sessionOf("dev-1"), gateway.Leave); n != 0 {
+		t.Fatalf("%d leaves", n)
+	}
+}
