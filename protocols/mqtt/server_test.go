@@ -3,7 +3,9 @@ package mqtt
 import (
 	"context"
 	"fmt"
+	"net"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -597,5 +599,61 @@ func TestSlowClientDisconnected(t *testing.T) {
 	}
 	if n := rec.count(rec.sessionOf("dev-1"), gateway.Leave); n != 0 {
 		t.Fatalf("%d leaves", n)
+	}
+}
+
+// freezable is a device-side connection that can stop sending without
+// closing: a frozen device.
+type freezable struct {
+	net.Conn
+	frozen atomic.Bool
+}
+
+func (f *freezable) Write(b []byte) (int, error) {
+	if f.frozen.Load() {
+		return len(b), nil
+	}
+	return f.Conn.Write(b)
+}
+
+// An MQTT 5 client asking for no keep-alive follows the Server Keep Alive
+// it is given (paho pings at the heartbeat interval, each ping a Renew);
+// when it freezes, the server ends the connection after 1.5 keep-alives
+// without a Leave, and the session's lease decides. (2 s, not 1 s: a ping
+// sent on time must not miss the 1.5 s deadline on a loaded machine.)
+func TestV5ServerKeepAliveAndFreeze(t *testing.T) {
+	rec := &recorder{}
+	s := startServer(t, rec, Options{Credentials: testCreds(t), HeartbeatInterval: 2 * time.Second})
+	nc, err := net.Dial("tcp", tcpAddr(s))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = nc.Close() })
+	f := &freezable{Conn: nc}
+	c := paho.NewClient(paho.ClientConfig{Conn: f, OnClientError: func(error) {}})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	ack, err := c.Connect(ctx, &paho.Connect{ClientID: "dev-1", KeepAlive: 0, CleanStart: true, Password: []byte("secret-1"), PasswordFlag: true})
+	if err != nil {
+		t.Fatalf("connect: %v", err)
+	}
+	if ka := ack.Properties.ServerKeepAlive; ka == nil || *ka != 2 {
+		t.Fatalf("server keep alive %s, want 2", deref(ka))
+	}
+	session := rec.sessionOf("dev-1")
+	eventually(t, 10*time.Second, "keep-alive pings", func() bool { return rec.count(session, gateway.Renew) >= 2 })
+
+	f.frozen.Store(true)
+	frozenAt := time.Now()
+	renewals := rec.count(session, gateway.Renew)
+	eventually(t, 10*time.Second, "frozen connection ended", func() bool { return s.conns.Load() == 0 })
+	if d := time.Since(frozenAt); d < 2*time.Second {
+		t.Fatalf("frozen connection ended after %v, before its keep-alive", d)
+	}
+	if n := rec.count(session, gateway.Renew); n > renewals+1 { // one ping may have been on the wire
+		t.Fatalf("%d renewals after the freeze", n-renewals)
+	}
+	if n := rec.count(session, gateway.Leave); n != 0 {
+		t.Fatalf("freeze made %d leaves", n)
 	}
 }
