@@ -246,7 +246,7 @@ func (s *Server) answerDTLS(r *pool.Message, cc *udpClient.Conn, now time.Time) 
 		path = "" // no Uri-Path, or one that cannot name /hb
 	}
 	queries, err := r.Queries()
-	if err != nil {
+	if err != nil && !errors.Is(err, message.ErrOptionNotFound) {
 		return codes.BadRequest, "malformed Uri-Query", 0
 	}
 	code, diag, hb, err := s.decide(r.Code(), path, queries, device, now)

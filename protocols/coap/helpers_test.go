@@ -54,6 +54,15 @@ func (r *recorder) evidence() []gateway.Evidence {
 	return append([]gateway.Evidence(nil), r.evs...)
 }
 
+// take returns the evidence recorded so far and forgets it.
+func (r *recorder) take() []gateway.Evidence {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	evs := r.evs
+	r.evs = nil
+	return evs
+}
+
 // testLogger writes debug logs to stderr when COAP_TEST_LOG is set.
 func testLogger() *slog.Logger {
 	if os.Getenv("COAP_TEST_LOG") == "" {

@@ -4,15 +4,20 @@ import (
 	"context"
 	"math/rand/v2"
 	"net"
+	"net/netip"
 	"testing"
 	"time"
 
+	"github.com/plgd-dev/go-coap/v3/dtls"
 	"github.com/plgd-dev/go-coap/v3/message"
 	"github.com/plgd-dev/go-coap/v3/message/codes"
+	"github.com/plgd-dev/go-coap/v3/options"
+	"github.com/plgd-dev/go-coap/v3/pkg/runner/periodic"
 	"github.com/plgd-dev/go-coap/v3/udp/coder"
 	"go.uber.org/goleak"
 
 	"github.com/fleetgate/fleetgate/gateway"
+	"github.com/fleetgate/fleetgate/gateway/clocktest"
 )
 
 // hostileDatagrams returns random bytes, every truncation of valid CON
@@ -162,7 +167,11 @@ func TestNonRequestsGetNoAnswer(t *testing.T) {
 
 func TestNoGoroutineLeak(t *testing.T) {
 	ignore := goleak.IgnoreCurrent()
-	s, err := New(&recorder{}, Options{Addr: "127.0.0.1:0", AllowAnonymous: true, HeartbeatInterval: time.Second, RequestsPerSecond: 1_000_000})
+	s, err := New(&recorder{}, Options{
+		Addr: "127.0.0.1:0", DTLS: "127.0.0.1:0", Credentials: testDevices,
+		AllowAnonymous: true, HeartbeatInterval: time.Second, RequestsPerSecond: 1_000_000,
+		HandshakeTimeout: 500 * time.Millisecond,
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -196,6 +205,42 @@ func TestNoGoroutineLeak(t *testing.T) {
 	}
 	_ = c.Close()
 
+	// DTLS: garbage, a failed handshake, a session ended by the client,
+	// and one left open for Close to end.
+	d, err := net.DialUDP("udp", nil, s.DTLSAddr().(*net.UDPAddr))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range hostileDatagrams(t, 8)[:200] {
+		if _, err := d.Write(b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_ = d.Close()
+	if dc, err := handshake(t, s, "id-1", []byte("wrong"), time.Second); err == nil {
+		_ = dc.Close()
+		t.Fatal("handshake with a wrong key succeeded")
+	}
+	var closeKept func()
+	for _, keep := range []bool{false, true} {
+		dc, err := handshake(t, s, "id-2", testDevices["id-2"].key, 5*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		stop := make(chan struct{})
+		cc := dtls.Client(dc, options.WithPeriodicRunner(periodic.New(stop, time.Second)),
+			options.WithErrors(func(error) {}), options.WithCloseSocket())
+		if r := request(t, cc, message.Confirmable, codes.POST, "/hb"); r.code != codes.Changed {
+			t.Fatalf("dtls heartbeat: %v", r.code)
+		}
+		if keep {
+			closeKept = func() { _ = cc.Close(); close(stop) }
+			continue
+		}
+		_ = cc.Close()
+		close(stop)
+	}
+
 	if err := s.Close(); err != nil {
 		t.Fatalf("Close: %v", err)
 	}
@@ -207,5 +252,86 @@ func TestNoGoroutineLeak(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("Serve did not return after Close")
 	}
+	// The client side of the session Close ended (the test's own
+	// goroutines) is not the server's to end.
+	closeKept()
 	goleak.VerifyNone(t, ignore)
+}
+
+// FuzzDatagram runs datagrams through the whole UDP request path but the
+// socket (Server.handle: limits, codec, heartbeat, answer): it never
+// panics, an answer is a small well-formed CoAP message that matches the
+// request (an ACK or RST of a CON with its Message ID, a NON for a NON,
+// the request's token), and only a 2.04 comes with evidence, which is
+// well-formed.
+func FuzzDatagram(f *testing.F) {
+	for _, b := range [][]byte{
+		datagram(f, message.Confirmable, codes.POST, 1, "/hb", "d=dev-1", "s=radio2"),
+		datagram(f, message.NonConfirmable, codes.DELETE, 2, "/hb", "d=dev-1"),
+		datagram(f, message.Confirmable, codes.GET, 3, "/other"),
+		datagram(f, message.Confirmable, codes.Content, 4, ""),
+		datagram(f, message.Acknowledgement, codes.Empty, 5, ""),
+		{0x40, 0, 0, 6},                // ping
+		{0x48, byte(codes.POST), 0, 7}, // token length 8, no token
+		append(datagram(f, message.Confirmable, codes.POST, 8, "/hb", "d=dev-1"), 0xff, 'x'),
+	} {
+		f.Add(b)
+	}
+	rec := &recorder{}
+	s, err := New(rec, Options{
+		Addr: "127.0.0.1:0", AllowAnonymous: true, HeartbeatInterval: 30 * time.Second,
+		MaxMessageSize: 128, RequestsPerSecond: 1_000_000, Clock: clocktest.New(start),
+	})
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Cleanup(func() { _ = s.Close() })
+	w := s.newWorker()
+	src := netip.MustParseAddrPort("127.0.0.1:5683")
+	f.Fuzz(func(t *testing.T, b []byte) {
+		out := s.handle(w, src, b)
+		evs := rec.take()
+		for _, ev := range evs {
+			_, errD := gateway.ParseDeviceID(string(ev.Device))
+			_, errS := gateway.ParseSessionID(string(ev.Session))
+			if errD != nil || errS != nil || ev.Protocol != "coap" {
+				t.Fatalf("malformed evidence %+v", ev)
+			}
+		}
+		if len(evs) > 1 {
+			t.Fatalf("%d pieces of evidence from one datagram", len(evs))
+		}
+		if out == nil {
+			return
+		}
+		if len(out) > maxAnswer {
+			t.Fatalf("answer of %d bytes", len(out))
+		}
+		m := message.Message{Options: make(message.Options, 0, maxOptions)}
+		if _, err := coder.DefaultCoder.Decode(out, &m); err != nil {
+			t.Fatalf("answer %x does not decode: %v", out, err)
+		}
+		h := parseHeader(b)
+		switch m.Type {
+		case message.Acknowledgement, message.Reset:
+			if h.typ != message.Confirmable || m.MessageID != int32(h.mid) {
+				t.Fatalf("%v %d to a %v %d", m.Type, m.MessageID, h.typ, h.mid)
+			}
+		case message.NonConfirmable:
+			if h.typ != message.NonConfirmable {
+				t.Fatalf("NON answer to a %v", h.typ)
+			}
+		default:
+			t.Fatalf("answer of type %v", m.Type)
+		}
+		if m.Code != codes.Empty && string(m.Token) != string(h.token) {
+			t.Fatalf("token %x, request's %x", m.Token, h.token)
+		}
+		if len(evs) == 1 && m.Code != codes.Changed && m.Code != codes.Empty {
+			t.Fatalf("evidence with a %v answer", m.Code)
+		}
+		if m.Code == codes.Changed && len(evs) != 1 {
+			t.Fatal("2.04 without evidence")
+		}
+	})
 }

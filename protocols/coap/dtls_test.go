@@ -1,0 +1,335 @@
+package coap
+
+import (
+	"context"
+	"net"
+	"testing"
+	"time"
+
+	piondtls "github.com/pion/dtls/v3"
+	dtlsnet "github.com/pion/dtls/v3/pkg/net"
+	"github.com/plgd-dev/go-coap/v3/dtls"
+	"github.com/plgd-dev/go-coap/v3/message"
+	"github.com/plgd-dev/go-coap/v3/message/codes"
+	"github.com/plgd-dev/go-coap/v3/options"
+	"github.com/plgd-dev/go-coap/v3/pkg/runner/periodic"
+	udpClient "github.com/plgd-dev/go-coap/v3/udp/client"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/fleetgate/fleetgate/gateway"
+)
+
+// pskEntry is a device's entry in the test's devices table.
+type pskEntry struct {
+	device gateway.DeviceID
+	key    []byte
+}
+
+// pskTable is the test's gateway.Credentials: PSK identity → device and key.
+type pskTable map[string]pskEntry
+
+var _ gateway.Credentials = pskTable(nil)
+
+func (pskTable) CheckPassword(gateway.DeviceID, []byte) error { return gateway.ErrUnauthorized }
+
+func (p pskTable) PSK(identity []byte) (gateway.DeviceID, []byte, error) {
+	e, ok := p[string(identity)]
+	if !ok {
+		return "", nil, gateway.ErrUnauthorized
+	}
+	return e.device, e.key, nil
+}
+
+var testDevices = pskTable{
+	"id-1": {device: "dev-1", key: []byte("sixteen byte key")},
+	"id-2": {device: "dev-2", key: []byte("another key here")},
+}
+
+// startDTLS runs a server with plain UDP and DTLS on free loopback ports.
+func startDTLS(t testing.TB, obs gateway.Observer, o Options) *Server {
+	t.Helper()
+	o.DTLS = "127.0.0.1:0"
+	if o.Credentials == nil {
+		o.Credentials = testDevices
+	}
+	return startServer(t, obs, o)
+}
+
+// handshake shakes hands with s's DTLS port as a device with a PSK
+// identity and key, within timeout.
+func handshake(t testing.TB, s *Server, identity string, key []byte, timeout time.Duration) (*piondtls.Conn, error) {
+	t.Helper()
+	c, err := net.DialUDP("udp", nil, s.DTLSAddr().(*net.UDPAddr))
+	if err != nil {
+		t.Fatalf("dial: %v", err)
+	}
+	dc, err := piondtls.Client(dtlsnet.PacketConnFromConn(c), c.RemoteAddr(), &piondtls.Config{
+		PSK:             func([]byte) ([]byte, error) { return key, nil },
+		PSKIdentityHint: []byte(identity),
+		CipherSuites:    []piondtls.CipherSuiteID{piondtls.TLS_PSK_WITH_AES_128_CCM_8},
+	})
+	if err != nil {
+		_ = c.Close()
+		t.Fatalf("dtls client: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	if err := dc.HandshakeContext(ctx); err != nil {
+		_ = dc.Close()
+		_ = c.Close()
+		return nil, err
+	}
+	return dc, nil
+}
+
+// dialDTLS opens a go-coap DTLS client to s with a PSK identity and key
+// (which must be good) whose background goroutines end with the test.
+func dialDTLS(t testing.TB, s *Server, identity string, key []byte) *udpClient.Conn {
+	t.Helper()
+	dc, err := handshake(t, s, identity, key, 10*time.Second)
+	if err != nil {
+		t.Fatalf("handshake as %s: %v", identity, err)
+	}
+	stop := make(chan struct{})
+	cc := dtls.Client(dc,
+		options.WithPeriodicRunner(periodic.New(stop, time.Second)),
+		options.WithErrors(func(error) {}),
+		options.WithCloseSocket())
+	t.Cleanup(func() {
+		_ = cc.Close()
+		close(stop)
+	})
+	return cc
+}
+
+// tryRequest is request without failing the test on a transport error.
+func tryRequest(cc *udpClient.Conn, timeout time.Duration, code codes.Code, queries ...string) (codes.Code, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	req := cc.AcquireMessage(ctx)
+	defer cc.ReleaseMessage(req)
+	token, err := cc.GetToken()
+	if err != nil {
+		return 0, err
+	}
+	req.SetCode(code)
+	req.SetToken(token)
+	req.SetType(message.Confirmable)
+	if err := req.SetPath("/hb"); err != nil {
+		return 0, err
+	}
+	for _, q := range queries {
+		req.AddQuery(q)
+	}
+	resp, err := cc.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	defer cc.ReleaseMessage(resp)
+	return resp.Code(), nil
+}
+
+func TestDTLSHeartbeats(t *testing.T) {
+	rec := &recorder{}
+	// Anonymous devices are off: over DTLS the PSK identity names them.
+	s := startDTLS(t, rec, Options{HeartbeatInterval: 20 * time.Second})
+	cc := dialDTLS(t, s, "id-1", testDevices["id-1"].key)
+
+	r := request(t, cc, message.Confirmable, codes.POST, "/hb")
+	if r.code != codes.Changed || r.maxAge != 20 || r.typ != message.Acknowledgement {
+		t.Fatalf("connect: %v Max-Age %d type %v", r.code, r.maxAge, r.typ)
+	}
+	if r = request(t, cc, message.NonConfirmable, codes.POST, "/hb", "s=radio2", "d=dev-1"); r.code != codes.Changed || r.typ != message.NonConfirmable {
+		t.Fatalf("NON heartbeat naming itself: %v type %v", r.code, r.typ)
+	}
+	if r = request(t, cc, message.Confirmable, codes.POST, "/hb", "d=dev-2"); r.code != codes.Forbidden {
+		t.Fatalf("heartbeat for another device: %v %q, want 4.03", r.code, r.payload)
+	}
+	if r = request(t, cc, message.Confirmable, codes.DELETE, "/hb"); r.code != codes.Changed {
+		t.Fatalf("leave: %v", r.code)
+	}
+	want := []gateway.Evidence{
+		{Device: "dev-1", Session: "coap/default", Kind: gateway.Renew},
+		{Device: "dev-1", Session: "coap/radio2", Kind: gateway.Renew},
+		{Device: "dev-1", Session: "coap/default", Kind: gateway.Leave},
+	}
+	evs := rec.evidence()
+	if len(evs) != len(want) {
+		t.Fatalf("evidence %+v, want %+v", evs, want)
+	}
+	for i, ev := range evs {
+		ev.ObservedAt = time.Time{}
+		want[i].Protocol = "coap"
+		if ev != want[i] {
+			t.Fatalf("evidence %d: %+v, want %+v", i, ev, want[i])
+		}
+	}
+
+	// Plain UDP still refuses anonymous devices.
+	if r = request(t, dial(t, s), message.Confirmable, codes.POST, "/hb", "d=dev-1"); r.code != codes.Unauthorized {
+		t.Fatalf("anonymous UDP heartbeat: %v", r.code)
+	}
+}
+
+func TestDTLSBadCredentials(t *testing.T) {
+	rec := &recorder{}
+	reg := prometheus.NewRegistry()
+	// A wrong key shows when the server cannot decrypt the client's
+	// Finished, which DTLS drops as a bad record: that handshake ends by
+	// the timeout.
+	s := startDTLS(t, rec, Options{AllowAnonymous: true, Registerer: reg, HandshakeTimeout: time.Second})
+	cases := []struct {
+		name     string
+		identity string
+		key      []byte
+	}{
+		{"wrong key", "id-1", []byte("not the real key")},
+		{"unknown identity", "id-9", []byte("sixteen byte key")},
+		{"other device's key", "id-1", testDevices["id-2"].key},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			if dc, err := handshake(t, s, tc.identity, tc.key, 2*time.Second); err == nil {
+				_ = dc.Close()
+				t.Fatal("handshake succeeded")
+			}
+		})
+	}
+	eventually(t, 10*time.Second, "failed handshakes counted", func() bool {
+		// At least one each: a client's retransmitted flight can look
+		// like a new peer's handshake to the server, and fail too.
+		return gather(t, reg)[`fleetgate_coap_dropped_total{reason="handshake"}`] >= float64(len(cases))
+	})
+	if evs := rec.evidence(); len(evs) != 0 {
+		t.Fatalf("bad credentials made evidence: %+v", evs)
+	}
+	// The right key still works.
+	if r := request(t, dialDTLS(t, s, "id-1", testDevices["id-1"].key), message.Confirmable, codes.POST, "/hb"); r.code != codes.Changed {
+		t.Fatalf("good credentials after bad ones: %v", r.code)
+	}
+}
+
+func TestDTLSCredentialsReload(t *testing.T) {
+	rec := &recorder{}
+	s := startDTLS(t, rec, Options{})
+	cc := dialDTLS(t, s, "id-2", testDevices["id-2"].key)
+	if r := request(t, cc, message.Confirmable, codes.POST, "/hb"); r.code != codes.Changed {
+		t.Fatalf("before reload: %v", r.code)
+	}
+	s.SetCredentials(pskTable{"id-1": testDevices["id-1"]})
+	s.SetCredentials(nil) // refused, keeps the reloaded table
+	// The session outlives the reload, the device does not: 4.01, and
+	// the diagnostic does not say why.
+	if r := request(t, cc, message.Confirmable, codes.POST, "/hb"); r.code != codes.Unauthorized || r.payload != "unauthorized" {
+		t.Fatalf("removed device on its old session: %v %q, want 4.01", r.code, r.payload)
+	}
+	// New handshakes use the new table.
+	if dc, err := handshake(t, s, "id-2", testDevices["id-2"].key, 2*time.Second); err == nil {
+		_ = dc.Close()
+		t.Fatal("removed device shook hands")
+	}
+	if r := request(t, dialDTLS(t, s, "id-1", testDevices["id-1"].key), message.Confirmable, codes.POST, "/hb"); r.code != codes.Changed {
+		t.Fatalf("kept device: %v", r.code)
+	}
+	if evs := rec.evidence(); len(evs) != 2 || evs[0].Device != "dev-2" || evs[1].Device != "dev-1" {
+		t.Fatalf("evidence %+v", evs)
+	}
+}
+
+// clientHello captures the first flight of a pion DTLS client (its
+// ClientHello), to replay as a peer that never completes a handshake.
+func clientHello(t *testing.T) []byte {
+	t.Helper()
+	sink, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sink.Close()
+	conn, err := net.DialUDP("udp", nil, sink.LocalAddr().(*net.UDPAddr))
+	if err != nil {
+		t.Fatal(err)
+	}
+	client, err := piondtls.Client(dtlsnet.PacketConnFromConn(conn), sink.LocalAddr(), &piondtls.Config{
+		PSK:             func([]byte) ([]byte, error) { return []byte("k"), nil },
+		PSKIdentityHint: []byte("id-1"),
+		CipherSuites:    []piondtls.CipherSuiteID{piondtls.TLS_PSK_WITH_AES_128_CCM_8},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = client.HandshakeContext(ctx)
+	}()
+	defer func() {
+		cancel()
+		<-done
+		_ = client.Close()
+	}()
+	buf := make([]byte, 2048)
+	if err := sink.SetReadDeadline(time.Now().Add(5 * time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	n, err := sink.Read(buf)
+	if err != nil {
+		t.Fatalf("no ClientHello: %v", err)
+	}
+	return buf[:n]
+}
+
+func TestDTLSHandshakeTimeoutFreesPeerSlot(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	const timeout = 500 * time.Millisecond
+	s := startDTLS(t, &recorder{}, Options{MaxDTLSPeers: 1, HandshakeTimeout: timeout, Registerer: reg})
+
+	// A peer that starts a handshake and goes silent takes the only slot
+	// until the handshake timeout.
+	staller, err := net.DialUDP("udp", nil, s.DTLSAddr().(*net.UDPAddr))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer staller.Close()
+	if _, err := staller.Write(clientHello(t)); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, "the stalled handshake to time out", func() bool {
+		return gather(t, reg)[`fleetgate_coap_dropped_total{reason="handshake"}`] == 1
+	})
+	// The slot is free again: a real device gets through.
+	cc := dialDTLS(t, s, "id-1", testDevices["id-1"].key)
+	if code, err := tryRequest(cc, 10*time.Second, codes.POST); err != nil || code != codes.Changed {
+		t.Fatalf("device after a stalled peer: %v %v", code, err)
+	}
+}
+
+func TestDTLSHostileDatagrams(t *testing.T) {
+	rec := &recorder{}
+	s := startDTLS(t, rec, Options{})
+	c, err := net.DialUDP("udp", nil, s.DTLSAddr().(*net.UDPAddr))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	hello := clientHello(t)
+	garbage := hostileDatagrams(t, 99)
+	// Also mangled ClientHellos, which get past pion's accept filter.
+	for i := range 200 {
+		b := append([]byte(nil), hello...)
+		b[13+i%(len(b)-13)] ^= byte(1 + i)
+		garbage = append(garbage, b, hello[:i%len(hello)])
+	}
+	for _, b := range garbage {
+		if _, err := c.Write(b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cc := dialDTLS(t, s, "id-1", testDevices["id-1"].key)
+	if code, err := tryRequest(cc, 10*time.Second, codes.POST); err != nil || code != codes.Changed {
+		t.Fatalf("after hostile input: %v %v", code, err)
+	}
+	if evs := rec.evidence(); len(evs) != 1 {
+		t.Fatalf("evidence %+v", evs)
+	}
+}

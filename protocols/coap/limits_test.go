@@ -1,0 +1,138 @@
+package coap
+
+import (
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/plgd-dev/go-coap/v3/message"
+	"github.com/plgd-dev/go-coap/v3/message/codes"
+	"github.com/plgd-dev/go-coap/v3/udp/coder"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/fleetgate/fleetgate/gateway/clocktest"
+)
+
+func TestRateLimit(t *testing.T) {
+	clock := clocktest.New(start)
+	rec := &recorder{}
+	reg := prometheus.NewRegistry()
+	s := startServer(t, rec, Options{AllowAnonymous: true, RequestsPerSecond: 3, Clock: clock, Registerer: reg})
+	c := rawConn(t, s)
+	beat := func(mid uint16) *message.Message {
+		t.Helper()
+		b, ok := exchange(t, c, datagram(t, message.Confirmable, codes.POST, mid, "/hb", "d=dev-1"), 5*time.Second)
+		if !ok {
+			t.Fatalf("request %d: no answer", mid)
+		}
+		m := decode(t, b)
+		if m.MessageID() != int32(mid) || m.Type() != message.Acknowledgement {
+			t.Fatalf("request %d: answer %v", mid, m)
+		}
+		return &message.Message{Code: m.Code(), Options: m.Options()}
+	}
+	// A burst of 3, then 4.29 with the seconds to wait.
+	for mid := range uint16(3) {
+		if m := beat(mid); m.Code != codes.Changed {
+			t.Fatalf("request %d within the rate: %v", mid, m.Code)
+		}
+	}
+	m := beat(3)
+	if v, err := m.Options.GetUint32(message.MaxAge); m.Code != codes.TooManyRequests || err != nil || v != 1 {
+		t.Fatalf("request beyond the rate: %v Max-Age %d (%v), want 4.29 Max-Age 1", m.Code, v, err)
+	}
+	// Datagrams that are not requests take tokens too, and are dropped.
+	if b, ok := exchange(t, c, datagram(t, message.Acknowledgement, codes.Empty, 9, ""), 300*time.Millisecond); ok {
+		t.Fatalf("ACK beyond the rate answered: %v", decode(t, b))
+	}
+	if n := len(rec.evidence()); n != 3 {
+		t.Fatalf("%d pieces of evidence, want 3", n)
+	}
+	// A third of a second gives one token back.
+	clock.Advance(time.Second/3 + time.Millisecond)
+	if m := beat(10); m.Code != codes.Changed {
+		t.Fatalf("after a third of a second: %v", m.Code)
+	}
+	if m := beat(11); m.Code != codes.TooManyRequests {
+		t.Fatalf("second request after a third of a second: %v", m.Code)
+	}
+	got := gather(t, reg)
+	if got[`fleetgate_coap_requests_total{code="4.29"}`] != 2 || got[`fleetgate_coap_dropped_total{reason="rate_limited"}`] != 1 {
+		t.Fatalf("metrics %v", got)
+	}
+}
+
+func TestMessageSizeLimit(t *testing.T) {
+	rec := &recorder{}
+	reg := prometheus.NewRegistry()
+	s := startServer(t, rec, Options{AllowAnonymous: true, MaxMessageSize: 64, Registerer: reg})
+	c := rawConn(t, s)
+
+	big := decode(t, datagram(t, message.Confirmable, codes.POST, 0x40, "/hb", "d=dev-1"))
+	big.SetBody(nil)
+	b, err := big.MarshalWithEncoder(coder.DefaultCoder)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b = append(b, 0xff)
+	b = append(b, make([]byte, 100)...)
+	answer, ok := exchange(t, c, b, 5*time.Second)
+	if !ok {
+		t.Fatal("oversized CON request not answered")
+	}
+	m := decode(t, answer)
+	if size, err := m.GetOptionUint32(message.Size1); m.Code() != codes.RequestEntityTooLarge || m.MessageID() != 0x40 || err != nil || size != 64 {
+		t.Fatalf("answer %v Size1 %d (%v), want 4.13 with Size1 64", m, size, err)
+	}
+	// Beyond the read buffer, and not a request: dropped, and counted.
+	huge := make([]byte, 9000)
+	huge[0] = 0x60 // version 1, ACK
+	if b, ok := exchange(t, c, huge, 300*time.Millisecond); ok {
+		t.Fatalf("oversized ACK answered: %v", decode(t, b))
+	}
+	// Exactly at the limit is fine.
+	at := datagram(t, message.NonConfirmable, codes.POST, 0x41, "/hb", "d=dev-1")
+	at = append(at, 0xff)
+	at = append(at, make([]byte, 64-len(at))...)
+	if b, ok := exchange(t, c, at, 5*time.Second); !ok || decode(t, b).Code() != codes.Changed {
+		t.Fatalf("request of 64 bytes: answered %v", ok)
+	}
+	if evs := rec.evidence(); len(evs) != 1 {
+		t.Fatalf("evidence %+v, want the 64-byte request's only", evs)
+	}
+	eventually(t, 5*time.Second, "the drop counted", func() bool {
+		return gather(t, reg)[`fleetgate_coap_dropped_total{reason="oversized"}`] == 1
+	})
+}
+
+func TestLimiterBounded(t *testing.T) {
+	l := newLimiter(2)
+	now := start
+	addr := func(i int) netip.Addr {
+		return netip.AddrFrom4([4]byte{10, byte(i >> 16), byte(i >> 8), byte(i)})
+	}
+	for i := range maxRateSources {
+		if ok, _ := l.allow(addr(i), now); !ok {
+			t.Fatalf("source %d refused its first datagram", i)
+		}
+	}
+	// Full of sources that sent just now: a new one waits a second.
+	if ok, wait := l.allow(addr(maxRateSources), now); ok || wait != time.Second {
+		t.Fatalf("new source with a full table: %v, wait %v", ok, wait)
+	}
+	// Known sources keep their own buckets meanwhile.
+	if ok, _ := l.allow(addr(7), now); !ok {
+		t.Fatal("known source refused its second datagram")
+	}
+	if ok, wait := l.allow(addr(7), now); ok || wait != time.Second/2 {
+		t.Fatalf("known source's third datagram: %v, wait %v", ok, wait)
+	}
+	// A second later every bucket is full again: evicted, room for more.
+	now = now.Add(time.Second)
+	if ok, _ := l.allow(addr(maxRateSources), now); !ok {
+		t.Fatal("new source refused after the table emptied")
+	}
+	if n := l.size(); n != 1 {
+		t.Fatalf("%d sources kept, want 1", n)
+	}
+}
