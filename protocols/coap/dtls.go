@@ -249,7 +249,9 @@ func (s *Server) answerDTLS(r *pool.Message, cc *udpClient.Conn, now time.Time) 
 	if err != nil && !errors.Is(err, message.ErrOptionNotFound) {
 		return codes.BadRequest, "malformed Uri-Query", 0
 	}
-	code, diag, hb, err := s.decide(r.Code(), path, queries, device, now)
+	ctx, cancel := context.WithTimeout(s.ctx, observeTimeout)
+	code, diag, hb, err := s.decide(ctx, r.Code(), path, queries, device, now)
+	cancel()
 	if err != nil {
 		s.logRefusal(code, hb, peer.String(), err)
 	}

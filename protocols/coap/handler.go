@@ -23,10 +23,10 @@ const observeTimeout = time.Second
 
 // decide turns a request (method, Uri-Path, Uri-Query options, and the
 // device the transport authenticated, "" for none) into evidence for the
-// Observer, and returns the code and diagnostic payload to answer with.
+// Observer, which gets ctx (bounded by about observeTimeout), and returns the code and diagnostic payload to answer with.
 // A refusal also returns why (err) and what was understood (hb), for the
 // caller to log with the peer.
-func (s *Server) decide(method codes.Code, path string, queries []string, identity string, now time.Time) (codes.Code, string, heartbeat, error) {
+func (s *Server) decide(ctx context.Context, method codes.Code, path string, queries []string, identity string, now time.Time) (codes.Code, string, heartbeat, error) {
 	hb, err := parseHeartbeat(method, path, queries, identity, s.allowAnon)
 	if err == nil {
 		ev := gateway.Evidence{
@@ -36,10 +36,7 @@ func (s *Server) decide(method codes.Code, path string, queries []string, identi
 			ObservedAt: now,
 			Protocol:   "coap",
 		}
-		ctx, cancel := context.WithTimeout(s.ctx, observeTimeout)
-		err = s.obs.Observe(ctx, ev)
-		cancel()
-		if err == nil {
+		if err = s.obs.Observe(ctx, ev); err == nil {
 			s.metrics.accepted(hb.kind)
 			return codes.Changed, "", hb, nil
 		}

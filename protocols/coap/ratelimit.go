@@ -10,7 +10,7 @@ import (
 // maxRateSources bounds the rate limiter's table. A source whose bucket
 // is full again (it sent nothing for a second) is evicted, since a full
 // bucket is what a new source gets; only sources that sent within the
-// last second are kept, about 80 bytes each.
+// last second are kept, about 60 bytes each.
 const maxRateSources = 1 << 16
 
 // sweepEvery spaces the evictions a full table triggers, so that a flood
@@ -25,12 +25,17 @@ type limiter struct {
 
 	mu      sync.Mutex
 	buckets map[netip.Addr]bucket
-	swept   time.Time
+	swept   int64 // Unix nanoseconds
 }
 
 type bucket struct {
 	tokens float64
-	at     time.Time // when tokens was last computed
+	at     int64 // when tokens was last computed, Unix nanoseconds
+}
+
+// refill is b's tokens at now, in Unix nanoseconds.
+func (l *limiter) refill(b bucket, now int64) float64 {
+	return min(l.rate, b.tokens+l.rate*float64(max(now-b.at, 0))/float64(time.Second))
 }
 
 func newLimiter(rate int) *limiter {
@@ -41,13 +46,14 @@ func newLimiter(rate int) *limiter {
 // and how long until there is one. When the table is full of sources
 // that sent within the last second, a new source is refused for a second:
 // state never piles up, whatever the number of (spoofed) sources.
-func (l *limiter) allow(src netip.Addr, now time.Time) (bool, time.Duration) {
+func (l *limiter) allow(src netip.Addr, at time.Time) (bool, time.Duration) {
+	now := at.UnixNano()
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	b, ok := l.buckets[src]
 	switch {
 	case ok:
-		b.tokens = min(l.rate, b.tokens+l.rate*now.Sub(b.at).Seconds())
+		b.tokens = l.refill(b, now)
 	case len(l.buckets) >= maxRateSources && !l.sweep(now):
 		return false, time.Second
 	default:
@@ -65,11 +71,11 @@ func (l *limiter) allow(src netip.Addr, now time.Time) (bool, time.Duration) {
 
 // sweep evicts the sources whose buckets are full again, at most once per
 // sweepEvery, and reports whether there is room for a new source.
-func (l *limiter) sweep(now time.Time) bool {
-	if now.Sub(l.swept) >= sweepEvery || now.Before(l.swept) {
+func (l *limiter) sweep(now int64) bool {
+	if now-l.swept >= int64(sweepEvery) || now < l.swept {
 		l.swept = now
 		for src, b := range l.buckets {
-			if b.tokens+l.rate*now.Sub(b.at).Seconds() >= l.rate {
+			if l.refill(b, now) >= l.rate {
 				delete(l.buckets, src)
 			}
 		}
