@@ -18,9 +18,10 @@
 // heartbeat interval is held to the heartbeat interval (whole seconds,
 // rounded up): MQTT 5 clients are told so with Server Keep Alive in
 // CONNACK; MQTT 3.1.1 has no way to tell them, so a 3.1.1 client that
-// stays silent for longer than 1.5× the heartbeat interval is
-// disconnected (no Leave: its lease decides). Shorter keep-alives are
-// kept.
+// stays silent for longer than 1.5× the heartbeat interval (mochi: k +
+// k/2 in whole seconds) is disconnected (no Leave: its lease decides).
+// Shorter keep-alives are kept. A heartbeat interval of 2 s or more leaves
+// devices a grace period; 1 s leaves none.
 //
 // Limits. MaxPacketSize ends a connection that sends a larger packet;
 // MaxClients refuses further CONNECTs; ConnectsPerSecond limits TCP

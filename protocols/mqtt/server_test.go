@@ -29,9 +29,9 @@ func TestV5ConnectHeartbeatLeave(t *testing.T) {
 	s := startServer(t, rec, Options{Credentials: testCreds(t), Clock: clock, Registerer: reg})
 
 	c := mustConnectV5(t, s, "dev-1", "secret-1")
-	evs := rec.evidence()
-	if len(evs) != 1 {
-		t.Fatalf("after CONNECT: %+v", evs)
+	evs := rec.evidence() // paho pings once at once: a renewal may follow
+	if len(evs) == 0 {
+		t.Fatal("no evidence after CONNECT")
 	}
 	want := gateway.Evidence{Device: "dev-1", Session: "gw-1/7/1", Kind: gateway.Connect, ObservedAt: t0, Protocol: "mqtt"}
 	if evs[0] != want {
@@ -56,12 +56,18 @@ func TestV5ConnectHeartbeatLeave(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatal("own publish not delivered")
 	}
-	// SUBSCRIBE and PUBLISH were read (the PUBACK of the delivery may be too).
+	// SUBSCRIBE and PUBLISH were read (the PUBACK of the delivery may be
+	// too, and a PINGREQ paho may send before the clock moved), each a
+	// renewal stamped with the clock.
 	eventually(t, 5*time.Second, "renewals", func() bool { return rec.count("gw-1/7/1", gateway.Renew) >= 2 })
-	for _, ev := range rec.evidence()[1:] {
-		if ev.Kind != gateway.Renew || ev.Session != "gw-1/7/1" || !ev.ObservedAt.Equal(t0.Add(time.Second)) {
+	evs = rec.evidence()
+	for _, ev := range evs[1:] {
+		if ev.Kind != gateway.Renew || ev.Session != "gw-1/7/1" || ev.ObservedAt.Before(t0) || ev.ObservedAt.After(t0.Add(time.Second)) {
 			t.Fatalf("renewal %+v", ev)
 		}
+	}
+	if last := evs[len(evs)-1]; !last.ObservedAt.Equal(t0.Add(time.Second)) {
+		t.Fatalf("last renewal %+v, want it at the advanced clock", last)
 	}
 
 	if err := c.Disconnect(&paho.Disconnect{ReasonCode: 0}); err != nil {
@@ -141,7 +147,7 @@ func TestTakeoverIsNotALeave(t *testing.T) {
 // sessions stop renewing and the lease decides.
 func TestDropAndFreezeAreNotLeaves(t *testing.T) {
 	rec := &recorder{}
-	s := startServer(t, rec, Options{Credentials: testCreds(t), HeartbeatInterval: time.Second})
+	s := startServer(t, rec, Options{Credentials: testCreds(t), HeartbeatInterval: 2 * time.Second})
 
 	// Dropped: the socket closes without DISCONNECT.
 	r := dialRaw(t, tcpAddr(s))
@@ -154,7 +160,7 @@ func TestDropAndFreezeAreNotLeaves(t *testing.T) {
 	_ = r.Close()
 
 	// Frozen: a 3.1.1 device asking for no keep-alive is held to the
-	// heartbeat interval, so its silent connection ends after 1.5 s.
+	// heartbeat interval, so its silent connection ends after 1.5 × 2 s.
 	f := dialRaw(t, tcpAddr(s))
 	if code := f.connack(connectPacket(t, 4, "dev-2", "secret-2", 0)); code != 0 {
 		t.Fatalf("connack %#x", code)
@@ -163,7 +169,7 @@ func TestDropAndFreezeAreNotLeaves(t *testing.T) {
 	if !f.closedWithin(10 * time.Second) {
 		t.Fatal("frozen connection kept open")
 	}
-	if d := time.Since(begin); d < time.Second {
+	if d := time.Since(begin); d < 2*time.Second {
 		t.Fatalf("frozen connection closed after %v, before the keep-alive", d)
 	}
 	eventually(t, 5*time.Second, "connections ended", func() bool { return s.conns.Load() == 0 })
@@ -525,7 +531,7 @@ func TestRenewDoesNotAllocate(t *testing.T) {
 // Password checks run a few at a time; a device that would wait for one
 // longer than authWait is told "server busy" at once.
 func TestPasswordChecksAreBounded(t *testing.T) {
-	hash, err := bcrypt.GenerateFromPassword([]byte("secret"), 12) // about 0.2 s a check
+	hash, err := bcrypt.GenerateFromPassword([]byte("secret"), bcrypt.DefaultCost) // ≥ 50 ms a check
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -547,7 +553,7 @@ func TestPasswordChecksAreBounded(t *testing.T) {
 				codes <- 0xfe
 				return
 			}
-			typ, body, ok := r.readPacket(10 * time.Second)
+			typ, body, ok := r.readPacket(30 * time.Second)
 			if !ok || typ != packets.Connack || len(body) < 2 {
 				codes <- 0xff
 				return
@@ -619,8 +625,9 @@ func (f *freezable) Write(b []byte) (int, error) {
 // An MQTT 5 client asking for no keep-alive follows the Server Keep Alive
 // it is given (paho pings at the heartbeat interval, each ping a Renew);
 // when it freezes, the server ends the connection after 1.5 keep-alives
-// without a Leave, and the session's lease decides. (2 s, not 1 s: a ping
-// sent on time must not miss the 1.5 s deadline on a loaded machine.)
+// without a Leave, and the session's lease decides. (2 s, not 1 s: mochi
+// allows keep-alive + keep-alive/2 in whole seconds, which is no grace at
+// all for 1 s.)
 func TestV5ServerKeepAliveAndFreeze(t *testing.T) {
 	rec := &recorder{}
 	s := startServer(t, rec, Options{Credentials: testCreds(t), HeartbeatInterval: 2 * time.Second})
