@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/netip"
+	"runtime"
 	"testing"
 	"time"
 
@@ -334,4 +335,58 @@ func FuzzDatagram(f *testing.F) {
 			t.Fatal("2.04 without evidence")
 		}
 	})
+}
+
+// TestHostileSourcesBounded sends garbage and replayed DTLS ClientHellos
+// from thousands of fresh sources to both ports: the server's goroutines
+// come back to where they were once the stalled handshakes time out, and
+// its heap does not grow with the number of sources.
+func TestHostileSourcesBounded(t *testing.T) {
+	s := startDTLS(t, &recorder{}, Options{AllowAnonymous: true, HandshakeTimeout: 200 * time.Millisecond, MaxDTLSPeers: 32})
+	hello := clientHello(t)
+	garbage := hostileDatagrams(t, 5)
+	heap := func() uint64 {
+		runtime.GC()
+		var ms runtime.MemStats
+		runtime.ReadMemStats(&ms)
+		return ms.HeapAlloc
+	}
+	goroutines := runtime.NumGoroutine()
+	round := func(r int) {
+		for i := range 400 {
+			for _, addr := range []net.Addr{s.Addr(), s.DTLSAddr()} {
+				c, err := net.DialUDP("udp", nil, addr.(*net.UDPAddr))
+				if err != nil {
+					t.Fatal(err)
+				}
+				for j := range 3 {
+					_, _ = c.Write(garbage[(r*1200+i*3+j)%len(garbage)])
+				}
+				_, _ = c.Write(hello)
+				_ = c.Close()
+			}
+		}
+	}
+	round(0)
+	round(1)
+	base := heap()
+	for r := 2; r < 10; r++ {
+		round(r)
+	}
+	// Handshakes in progress are bounded by MaxDTLSPeers (a few
+	// goroutines each), not by the 3,200 sources.
+	if n := runtime.NumGoroutine(); n > goroutines+32*8 {
+		t.Fatalf("%d goroutines after the rounds, %d before", n, goroutines)
+	}
+	// The last stalled handshakes end by the timeout.
+	eventually(t, 10*time.Second, "stalled handshakes to end", func() bool {
+		return runtime.NumGoroutine() <= goroutines+2
+	})
+	if grown := int64(heap()) - int64(base); grown > 2<<20 {
+		t.Fatalf("heap grew by %d bytes over 3,200 hostile sources", grown)
+	}
+	// And a device still gets through.
+	if r := request(t, dialDTLS(t, s, "id-1", testDevices["id-1"].key), message.Confirmable, codes.POST, "/hb"); r.code != codes.Changed {
+		t.Fatalf("after hostile sources: %v", r.code)
+	}
 }
