@@ -118,6 +118,7 @@ type Server struct {
 	work     sync.WaitGroup
 	served   sync.WaitGroup
 	stopOnce sync.Once
+	closeErr error // set by stop
 }
 
 // credentials holds a gateway.Credentials so that it can be swapped
@@ -239,27 +240,15 @@ func (s *Server) Serve(ctx context.Context) error {
 	defer stop()
 
 	var wg sync.WaitGroup
-	errs := make(chan error, 1)
 	if s.udp != nil {
 		for range udpReaders() {
-			wg.Go(func() {
-				if err := s.readLoop(); err != nil {
-					select {
-					case errs <- err:
-					default:
-					}
-					s.stop()
-				}
-			})
+			wg.Go(s.readLoop)
 		}
 	}
+	var dtlsErr error
 	if s.dtls != nil {
 		wg.Go(func() {
-			if err := s.dtls.server.Serve(s.dtls.listener); err != nil {
-				select {
-				case errs <- fmt.Errorf("serve dtls %s: %w", s.DTLSAddr(), err):
-				default:
-				}
+			if dtlsErr = s.dtls.server.Serve(s.dtls.listener); dtlsErr != nil {
 				s.stop()
 			}
 		})
@@ -267,12 +256,10 @@ func (s *Server) Serve(ctx context.Context) error {
 	wg.Wait()
 	s.stop()
 	s.work.Wait()
-	select {
-	case err := <-errs:
-		return fmt.Errorf("coap: %w", err)
-	default:
-		return nil
+	if dtlsErr != nil {
+		return fmt.Errorf("coap: serve dtls %s: %w", s.DTLSAddr(), dtlsErr)
 	}
+	return nil
 }
 
 // udpReaders is the number of goroutines reading the UDP socket: one per
@@ -296,13 +283,16 @@ func (s *Server) DTLSAddr() net.Addr {
 	return s.dtls.listener.Addr()
 }
 
-// Close stops the server, waits for Serve and the request handlers to
-// return (so the Observer is not called after Close), and closes the
-// sockets.
+// Close stops the server, closes the sockets, and waits for Serve and
+// the request handlers to return (so the Observer is not called after
+// Close).
 func (s *Server) Close() error {
 	s.stop()
 	s.served.Wait()
 	s.work.Wait()
+	if s.closeErr != nil {
+		return fmt.Errorf("coap: %w", s.closeErr)
+	}
 	return nil
 }
 
@@ -336,17 +326,19 @@ func (s *Server) stop() {
 		s.closed = true
 		s.mu.Unlock()
 		s.cancel()
+		var errs []error
 		if s.udp != nil {
 			if err := s.udp.Close(); err != nil && !errors.Is(err, net.ErrClosed) {
-				s.log.Warn("close udp socket", "err", err)
+				errs = append(errs, fmt.Errorf("close udp: %w", err))
 			}
 		}
 		if s.dtls != nil {
 			s.dtls.server.Stop()
 			if err := s.dtls.listener.Close(); err != nil {
-				s.log.Warn("close dtls listener", "err", err)
+				errs = append(errs, fmt.Errorf("close dtls: %w", err))
 			}
 		}
+		s.closeErr = errors.Join(errs...)
 	})
 }
 

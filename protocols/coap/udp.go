@@ -74,13 +74,13 @@ func (s *Server) newWorker() *worker {
 }
 
 // readLoop answers datagrams on the UDP socket until it is closed.
-func (s *Server) readLoop() error {
+func (s *Server) readLoop() {
 	w := s.newWorker()
 	defer w.stop()
 	for {
 		n, src, err := s.udp.ReadFromUDPAddrPort(w.in)
 		if errors.Is(err, net.ErrClosed) {
-			return nil
+			return
 		}
 		if err != nil {
 			// A read error on UDP concerns one datagram (a truncation
@@ -94,7 +94,7 @@ func (s *Server) readLoop() error {
 		}
 		if _, err := s.udp.WriteToUDPAddrPort(out, src); err != nil {
 			if errors.Is(err, net.ErrClosed) {
-				return nil
+				return
 			}
 			s.metrics.drop(dropWriteError)
 			s.log.Debug("coap write", "peer", src.String(), "err", err)
