@@ -57,9 +57,11 @@ func (c *countingObserver) Observe(context.Context, gateway.Evidence) error {
 
 // runBenchChild serves until stdin closes, after printing its address.
 // Each line "stat" on stdin is answered with the process's CPU time, its
-// live heap and stacks after a GC, and (coap) the datagrams it dropped.
+// live heap and stacks after a GC, (coap) the datagrams it dropped, and
+// the receive buffer of its socket.
 func runBenchChild(mode string) error {
 	var addr net.Addr
+	var conn *net.UDPConn
 	dropped := func() float64 { return 0 }
 	switch mode {
 	case "raw":
@@ -68,7 +70,7 @@ func runBenchChild(mode string) error {
 			return err
 		}
 		defer c.Close()
-		addr = c.LocalAddr()
+		addr, conn = c.LocalAddr(), c
 		go rawLoop(c)
 	case "coap":
 		reg := prometheus.NewRegistry()
@@ -80,7 +82,7 @@ func runBenchChild(mode string) error {
 			return err
 		}
 		defer s.Close()
-		addr = s.Addr()
+		addr, conn = s.Addr(), s.udp
 		go func() { _ = s.Serve(context.Background()) }()
 		dropped = func() float64 { return counterSum(reg, "fleetgate_coap_dropped_total") }
 	default:
@@ -97,7 +99,11 @@ func runBenchChild(mode string) error {
 		runtime.GC()
 		var ms runtime.MemStats
 		runtime.ReadMemStats(&ms)
-		fmt.Printf("%d %d %d\n", cpu, ms.HeapAlloc+ms.StackInuse, int64(dropped()))
+		rcvbuf, err := receiveBufferSize(conn)
+		if err != nil {
+			return err
+		}
+		fmt.Printf("%d %d %d %d\n", cpu, ms.HeapAlloc+ms.StackInuse, int64(dropped()), rcvbuf)
 	}
 	return nil
 }
@@ -146,6 +152,7 @@ type childStat struct {
 	cpu     time.Duration
 	mem     int64
 	dropped int64
+	rcvbuf  int64
 }
 
 func startChild(b *testing.B, mode string) *benchChild {
@@ -194,7 +201,10 @@ func (c *benchChild) stat(b *testing.B) childStat {
 		b.Fatal("child gave no stat")
 	}
 	f := strings.Fields(c.out.Text())
-	var v [3]int64
+	if len(f) != 4 {
+		b.Fatalf("stat %q", c.out.Text())
+	}
+	var v [4]int64
 	for i := range v {
 		n, err := strconv.ParseInt(f[i], 10, 64)
 		if err != nil {
@@ -202,7 +212,7 @@ func (c *benchChild) stat(b *testing.B) childStat {
 		}
 		v[i] = n
 	}
-	return childStat{cpu: time.Duration(v[0]), mem: v[1], dropped: v[2]}
+	return childStat{cpu: time.Duration(v[0]), mem: v[1], dropped: v[2], rcvbuf: v[3]}
 }
 
 // pinTo pins every thread of this process to cpu until the benchmark
@@ -501,7 +511,7 @@ func BenchmarkDropsAt80Percent(b *testing.B) {
 	srv := startChild(b, "coap")
 	pinTo(b, 1)
 	l := newLoad(b, srv.addr, message.Confirmable, benchCONPort, nil)
-	var capacity, lost, rcvbufErrs, dropped float64
+	var capacity, lost, rcvbufErrs, dropped, rcvbuf float64
 	b.ResetTimer()
 	for range b.N {
 		r := l.run(b, 2*time.Second, 256, 0)
@@ -513,12 +523,14 @@ func BenchmarkDropsAt80Percent(b *testing.B) {
 		lost += float64(r.sent - r.answered)
 		rcvbufErrs += float64(after - before)
 		dropped += float64(afterStat.dropped - beforeStat.dropped)
+		rcvbuf = float64(afterStat.rcvbuf)
 	}
 	n := float64(b.N)
 	b.ReportMetric(capacity/n, "capacity-msgs/s")
 	b.ReportMetric(lost/n, "unanswered@80%")
 	b.ReportMetric(dropped/n, "server-drops@80%")
 	b.ReportMetric(rcvbufErrs/n, "kernel-rcvbuf-drops@80%")
+	b.ReportMetric(rcvbuf, "SO_RCVBUF-bytes")
 }
 
 // rcvbufErrors reads Udp RcvbufErrors from /proc/net/snmp.

@@ -43,9 +43,10 @@ const (
 	DefaultMaxDTLSPeers      = 4096
 )
 
-// receiveBuffer is the SO_RCVBUF the UDP socket asks for: about 4 MiB
-// holds some 5,000 queued heartbeats (the kernel counts about 768 bytes
-// of overhead per small datagram), a second's worth at full load.
+// receiveBuffer is the SO_RCVBUF the UDP socket asks for. Linux grants
+// twice the request (capped by net.core.rmem_max) and charges about 1 KB
+// per small datagram, so 4 MiB holds some 8,000 queued heartbeats: a
+// tenth of a second at the capacity of one CPU.
 const receiveBuffer = 4 << 20
 
 // Options configure a Server.
