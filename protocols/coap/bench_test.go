@@ -26,14 +26,19 @@ import (
 
 	"github.com/plgd-dev/go-coap/v3/message"
 	"github.com/plgd-dev/go-coap/v3/message/codes"
+	"github.com/plgd-dev/go-coap/v3/mux"
+	coapNet "github.com/plgd-dev/go-coap/v3/net"
+	"github.com/plgd-dev/go-coap/v3/options"
+	"github.com/plgd-dev/go-coap/v3/udp"
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sys/unix"
 
 	"github.com/fleetgate/fleetgate/gateway"
 )
 
-// benchChildEnv names the server a re-executed test binary runs: "raw"
-// or "coap".
+// benchChildEnv names the server a re-executed test binary runs: "raw",
+// "coap", or "gocoap" (go-coap's UDP server with its default options
+// answering 2.04 through its default request path, for reference).
 const benchChildEnv = "FLEETGATE_COAP_BENCH_CHILD"
 
 func TestMain(m *testing.M) {
@@ -85,6 +90,20 @@ func runBenchChild(mode string) error {
 		addr, conn = s.Addr(), s.udp
 		go func() { _ = s.Serve(context.Background()) }()
 		dropped = func() float64 { return counterSum(reg, "fleetgate_coap_dropped_total") }
+	case "gocoap":
+		c, err := listenUDP("127.0.0.1:0")
+		if err != nil {
+			return err
+		}
+		l := coapNet.NewUDPConn("udp", c)
+		defer l.Close()
+		addr, conn = c.LocalAddr(), c
+		srv := udp.NewServer(options.WithMux(mux.HandlerFunc(func(w mux.ResponseWriter, _ *mux.Message) {
+			_ = w.SetResponse(codes.Changed, message.TextPlain, nil)
+			w.Message().SetOptionUint32(message.MaxAge, 30)
+		})))
+		defer srv.Stop()
+		go func() { _ = srv.Serve(l) }()
 	default:
 		return fmt.Errorf("unknown bench child %q", mode)
 	}
@@ -457,6 +476,37 @@ func BenchmarkHeartbeatsPerCPUSecond(b *testing.B) {
 	b.ReportMetric(conRate/n, "con-msgs/cpu-s")
 	b.ReportMetric(nonRate/rawRate, "non/raw")
 	b.ReportMetric(conRate/nonRate, "con/non")
+}
+
+// BenchmarkGoCoapDefaults: go-coap's UDP server with default options, for
+// reference: CON heartbeats from 10,000 devices per server CPU-second
+// against the raw UDP loop, and its heap and stacks per peer right after
+// (peers live 16 s without datagrams). NON is left out: go-coap answers
+// it with a CON, which this load generator does not acknowledge.
+func BenchmarkGoCoapDefaults(b *testing.B) {
+	raw := startChild(b, "raw")
+	srv := startChild(b, "gocoap")
+	pinTo(b, 1)
+	rawLoad := newLoad(b, raw.addr, message.NonConfirmable, benchNONPort, nil)
+	conLoad := newLoad(b, srv.addr, message.Confirmable, benchCONPort, nil)
+	var rawRate, conRate float64
+	start := srv.stat(b)
+	b.ResetTimer()
+	for range b.N {
+		for range benchRounds {
+			v, _ := measure(b, raw, rawLoad, benchPhase, benchWindow)
+			rawRate += v
+			v, _ = measure(b, srv, conLoad, benchPhase, benchWindow)
+			conRate += v
+		}
+	}
+	b.StopTimer()
+	end := srv.stat(b)
+	n := float64(b.N * benchRounds)
+	b.ReportMetric(rawRate/n, "raw-msgs/cpu-s")
+	b.ReportMetric(conRate/n, "con-msgs/cpu-s")
+	b.ReportMetric(conRate/rawRate, "con/raw")
+	b.ReportMetric(float64(end.mem-start.mem)/benchCONPort, "B/peer")
 }
 
 // idleEndpoints is the number of distinct sources of
