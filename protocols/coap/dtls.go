@@ -27,7 +27,7 @@ import (
 	"github.com/fleetgate/fleetgate/gateway"
 )
 
-// A DTLS session costs a handshake (two round trips and the PSK key
+// A DTLS session costs a handshake (three round trips and the PSK key
 // schedule) and tens of kilobytes while it lives, so it is kept only
 // briefly: a session without datagrams for dtlsIdleTimeout is closed by
 // the sweep that runs every sweepInterval. A device that heartbeats less

@@ -333,3 +333,22 @@ func TestDTLSHostileDatagrams(t *testing.T) {
 		t.Fatalf("evidence %+v", evs)
 	}
 }
+
+func TestDTLSOnly(t *testing.T) {
+	rec := &recorder{}
+	s := startServer(t, rec, Options{Addr: noUDP, DTLS: "127.0.0.1:0", Credentials: testDevices, AllowAnonymous: true, RequestsPerSecond: 1})
+	if s.Addr() != nil {
+		t.Fatalf("UDP address %v without plain UDP", s.Addr())
+	}
+	cc := dialDTLS(t, s, "id-2", testDevices["id-2"].key)
+	if r := request(t, cc, message.Confirmable, codes.POST, "/hb"); r.code != codes.Changed {
+		t.Fatalf("heartbeat: %v", r.code)
+	}
+	// The rate limit applies over DTLS too.
+	if r := request(t, cc, message.Confirmable, codes.POST, "/hb"); r.code != codes.TooManyRequests || r.maxAge < 1 {
+		t.Fatalf("second heartbeat within the second: %v Max-Age %d, want 4.29", r.code, r.maxAge)
+	}
+	if evs := rec.evidence(); len(evs) != 1 || evs[0].Device != "dev-2" {
+		t.Fatalf("evidence %+v", evs)
+	}
+}

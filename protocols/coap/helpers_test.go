@@ -71,12 +71,18 @@ func testLogger() *slog.Logger {
 	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 }
 
+// noUDP as Options.Addr makes startServer serve no plain UDP.
+const noUDP = "none"
+
 // startServer runs a server on a free loopback port until the test ends,
 // and checks that Serve then returned nil.
 func startServer(t testing.TB, obs gateway.Observer, o Options) *Server {
 	t.Helper()
-	if o.Addr == "" {
+	switch o.Addr {
+	case "":
 		o.Addr = "127.0.0.1:0"
+	case noUDP:
+		o.Addr = ""
 	}
 	if o.HeartbeatInterval == 0 {
 		o.HeartbeatInterval = 30 * time.Second

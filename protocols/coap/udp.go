@@ -30,7 +30,7 @@ type worker struct {
 	out     []byte
 	opts    message.Options
 	queries []string
-	val     [3][4]byte // option values of the answer
+	val     [4]byte // the uint option value of an answer
 
 	// ctx is the Observer's context, shared by the requests the worker
 	// handles within observeSlack (see observeContext).
@@ -285,12 +285,13 @@ func (s *Server) encodeResponse(w *worker, h header, code codes.Code, diag strin
 	}
 	// Options in ascending number: Content-Format 12, Max-Age 14, Size1 60.
 	if diag != "" {
-		m.Options = append(m.Options, message.Option{ID: message.ContentFormat, Value: w.val[0][:0]})
+		// text/plain is 0, which encodes as no bytes.
+		m.Options = append(m.Options, message.Option{ID: message.ContentFormat})
 		m.Payload = []byte(diag)
 	}
 	if opt != 0 {
-		n, _ := message.EncodeUint32(w.val[1][:], val)
-		m.Options = append(m.Options, message.Option{ID: opt, Value: w.val[1][:n]})
+		n, _ := message.EncodeUint32(w.val[:], val)
+		m.Options = append(m.Options, message.Option{ID: opt, Value: w.val[:n]})
 	}
 	return s.encode(w, m)
 }
