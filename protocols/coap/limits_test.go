@@ -136,3 +136,31 @@ func TestLimiterBounded(t *testing.T) {
 		t.Fatalf("%d sources kept, want 1", n)
 	}
 }
+
+func TestSocketDropsCounted(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	// Every reader waits a second in the Observer, so the socket's
+	// receive buffer fills and the kernel drops: counted, not silent.
+	s := startServer(t, backpressureObserver{}, Options{AllowAnonymous: true, Registerer: reg})
+	key := `fleetgate_coap_socket_drops_total{addr="` + s.Addr().String() + `"}`
+	if got, ok := gather(t, reg)[key]; !ok || got != 0 {
+		t.Fatalf("%s = %v (listed %v) before any load", key, got, ok)
+	}
+	if rcvbuf := gather(t, reg)["fleetgate_coap_receive_buffer_bytes{}"]; rcvbuf < receiveBuffer {
+		t.Fatalf("receive buffer %v, want at least %d", rcvbuf, receiveBuffer)
+	}
+	c := rawConn(t, s)
+	b := datagram(t, message.NonConfirmable, codes.POST, 1, "/hb", "d=dev-1")
+	for range 30_000 {
+		if _, err := c.Write(b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	eventually(t, 5*time.Second, "kernel drops counted", func() bool { return gather(t, reg)[key] > 0 })
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := gather(t, reg)[key]; ok {
+		t.Fatalf("%s still registered after Close", key)
+	}
+}

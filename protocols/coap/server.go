@@ -107,6 +107,9 @@ type Server struct {
 	udp  *net.UDPConn // nil without plain UDP
 	dtls *dtlsFront   // nil without DTLS
 
+	// unregister removes the collectors tied to this server's socket.
+	unregister func()
+
 	// ctx is cancelled by stop; the Observer's contexts derive from it.
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -180,6 +183,7 @@ func New(obs gateway.Observer, o Options) (*Server, error) {
 			s.log.Warn("cannot read the UDP receive buffer size", "err", err)
 		}
 		m.rcvbuf.Set(float64(granted))
+		s.registerSocketDrops(o.Registerer)
 	}
 	if o.DTLS != "" {
 		s.dtls, err = s.newDTLS(o.DTLS, orDefault(o.HandshakeTimeout, DefaultHandshakeTimeout), orDefault(o.MaxDTLSPeers, DefaultMaxDTLSPeers))
@@ -192,6 +196,29 @@ func New(obs gateway.Observer, o Options) (*Server, error) {
 		}
 	}
 	return s, nil
+}
+
+// registerSocketDrops exports the kernel's receive-buffer drops of the
+// UDP socket, labelled with its address, until Close.
+func (s *Server) registerSocketDrops(reg prometheus.Registerer) {
+	if reg == nil {
+		return
+	}
+	d, err := newSocketDrops(s.udp)
+	if err != nil {
+		s.log.Warn("cannot count the UDP socket's drops", "err", err)
+		return
+	}
+	c := prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name:        "fleetgate_coap_socket_drops_total",
+		Help:        "Datagrams the kernel dropped for the CoAP UDP socket because its receive buffer was full.",
+		ConstLabels: prometheus.Labels{"addr": s.udp.LocalAddr().String()},
+	}, d.count)
+	if err := reg.Register(c); err != nil {
+		s.log.Warn("cannot register the UDP socket's drops", "err", err)
+		return
+	}
+	s.unregister = func() { reg.Unregister(c) }
 }
 
 func orDefault[T int | time.Duration](v, def T) T {
@@ -340,6 +367,9 @@ func (s *Server) stop() {
 			}
 		}
 		s.closeErr = errors.Join(errs...)
+		if s.unregister != nil {
+			s.unregister()
+		}
 	})
 }
 

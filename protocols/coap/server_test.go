@@ -354,7 +354,7 @@ func TestMetrics(t *testing.T) {
 	}
 }
 
-// gather collects g's counters as "name{label="value",...}" → value,
+// gather collects g's counters and gauges as "name{label="value",...}" → value,
 // labels sorted by name.
 func gather(t testing.TB, c prometheus.Collector) map[string]float64 {
 	t.Helper()
@@ -375,7 +375,11 @@ func gather(t testing.TB, c prometheus.Collector) map[string]float64 {
 			for _, l := range m.GetLabel() {
 				labels = append(labels, fmt.Sprintf("%s=%q", l.GetName(), l.GetValue()))
 			}
-			out[f.GetName()+"{"+strings.Join(labels, ",")+"}"] = m.GetCounter().GetValue()
+			v := m.GetCounter().GetValue()
+			if m.Gauge != nil {
+				v = m.GetGauge().GetValue()
+			}
+			out[f.GetName()+"{"+strings.Join(labels, ",")+"}"] = v
 		}
 	}
 	return out
