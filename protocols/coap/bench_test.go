@@ -61,10 +61,11 @@ func (c *countingObserver) Observe(context.Context, gateway.Evidence) error {
 }
 
 // runBenchChild serves until stdin closes, after printing its address.
-// Each line "stat" on stdin is answered with the process's CPU time, its
-// live heap and stacks after a GC, (coap) the datagrams it dropped, the
-// receive buffer of its socket, and the datagrams the kernel dropped for
-// the socket.
+// Each line on stdin is answered with the process's CPU time, its heap
+// and stacks in use, (coap) the datagrams it dropped, the receive buffer
+// of its socket, and the datagrams the kernel dropped for the socket;
+// the line "gc" collects garbage first, so that the heap is the live one
+// (and the CPU time includes that collection).
 func runBenchChild(mode string) error {
 	var addr net.Addr
 	var conn *net.UDPConn
@@ -115,12 +116,14 @@ func runBenchChild(mode string) error {
 	fmt.Println(addr.String())
 	in := bufio.NewScanner(os.Stdin)
 	for in.Scan() {
+		if in.Text() == "gc" {
+			runtime.GC()
+		}
 		var ru syscall.Rusage
 		if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
 			return err
 		}
 		cpu := time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-		runtime.GC()
 		var ms runtime.MemStats
 		runtime.ReadMemStats(&ms)
 		rcvbuf, err := receiveBufferSize(conn)
@@ -217,9 +220,15 @@ func startChild(b *testing.B, mode string) *benchChild {
 	return c
 }
 
-func (c *benchChild) stat(b *testing.B) childStat {
+// stat asks the child for its figures; live collects garbage first,
+// for a live heap, which costs CPU time.
+func (c *benchChild) stat(b *testing.B, live bool) childStat {
 	b.Helper()
-	if _, err := c.in.WriteString("stat\n"); err != nil {
+	cmd := "stat\n"
+	if live {
+		cmd = "gc\n"
+	}
+	if _, err := c.in.WriteString(cmd); err != nil {
 		b.Fatal(err)
 	}
 	if !c.out.Scan() {
@@ -467,9 +476,9 @@ func (l *load) once(b *testing.B) (answers, changed int) {
 // per CPU-second of the child.
 func measure(b *testing.B, c *benchChild, l *load, d time.Duration, window int) (perCPUSecond float64, r loadResult) {
 	b.Helper()
-	before := c.stat(b)
+	before := c.stat(b, false)
 	r = l.run(b, d, window, 0)
-	after := c.stat(b)
+	after := c.stat(b, false)
 	cpu := (after.cpu - before.cpu).Seconds()
 	if cpu <= 0 || r.answered == 0 {
 		b.Fatalf("no work measured: %v CPU, %d answers", cpu, r.answered)
@@ -532,7 +541,7 @@ func BenchmarkGoCoapDefaults(b *testing.B) {
 	rawLoad := newLoad(b, raw.addr, message.NonConfirmable, benchNONPort, nil)
 	conLoad := newLoad(b, srv.addr, message.Confirmable, benchCONPort, nil)
 	var rawRate, conRate float64
-	start := srv.stat(b)
+	start := srv.stat(b, true)
 	b.ResetTimer()
 	for range b.N {
 		for range benchRounds {
@@ -543,7 +552,7 @@ func BenchmarkGoCoapDefaults(b *testing.B) {
 		}
 	}
 	b.StopTimer()
-	end := srv.stat(b)
+	end := srv.stat(b, true)
 	n := float64(b.N * benchRounds)
 	b.ReportMetric(rawRate/n, "raw-msgs/cpu-s")
 	b.ReportMetric(conRate/n, "con-msgs/cpu-s")
@@ -567,7 +576,7 @@ func BenchmarkIdleEndpoints(b *testing.B) {
 	var perEndpoint, changed float64
 	b.ResetTimer()
 	for range b.N {
-		before := srv.stat(b)
+		before := srv.stat(b, true)
 		answered := 0
 		const batch = 2000
 		for done := 0; done < idleEndpoints; {
@@ -583,7 +592,7 @@ func BenchmarkIdleEndpoints(b *testing.B) {
 			l.close()
 			done += len(locals)
 		}
-		after := srv.stat(b)
+		after := srv.stat(b, true)
 		if answered < idleEndpoints*99/100 {
 			b.Fatalf("only %d of %d endpoints answered", answered, idleEndpoints)
 		}
@@ -611,9 +620,9 @@ func BenchmarkDropsAt80Percent(b *testing.B) {
 		r := l.run(b, 2*time.Second, 256, 0)
 		c := float64(r.answered) / r.elapsed.Seconds()
 		capacity += c
-		before, beforeStat := rcvbufErrors(b), srv.stat(b)
+		before, beforeStat := rcvbufErrors(b), srv.stat(b, false)
 		r = l.run(b, 3*time.Second, 4096, 0.8*c)
-		after, afterStat := rcvbufErrors(b), srv.stat(b)
+		after, afterStat := rcvbufErrors(b), srv.stat(b, false)
 		lost += float64(r.sent - r.answered)
 		rcvbufErrs += float64(after - before)
 		dropped += float64(afterStat.dropped - beforeStat.dropped)
@@ -622,7 +631,7 @@ func BenchmarkDropsAt80Percent(b *testing.B) {
 		// Beyond capacity the kernel drops, and the socket's counter
 		// shows it: unanswered requests are counted drops.
 		r = l.flood(b, time.Second)
-		overStat := srv.stat(b)
+		overStat := srv.stat(b, false)
 		overLost += float64(r.sent - r.answered)
 		overDrops += float64(overStat.kernel - afterStat.kernel)
 	}
