@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -74,6 +75,7 @@ type gatewayProc struct {
 	id       string
 	config   string
 	coapAddr string
+	dtlsAddr string
 	mqttAddr string
 	admin    string
 	cmd      *exec.Cmd
@@ -124,9 +126,9 @@ listen:
   coap: { udp: %q }
   mqtt: { tcp: %q }
   admin: { http: %q }
-auth: { allow_anonymous: true }
 log: { level: debug }
 `, id, filepath.Join(dir, "state"), tm.lease, tm.heartbeat, tm.renewEvery, tm.lease/2, store, tm.flush, tm.runnerInterval, g.coapAddr, g.mqttAddr, g.admin)
+	cfg += "auth: { allow_anonymous: true }\n"
 	if err := os.WriteFile(g.config, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -137,6 +139,24 @@ log: { level: debug }
 		}
 	})
 	return g
+}
+
+// useDevicesFile turns anonymous devices off, names a devices file and
+// opens a CoAP DTLS listener; call it before start.
+func (g *gatewayProc) useDevicesFile(path string) {
+	g.t.Helper()
+	g.dtlsAddr = fmt.Sprintf("127.0.0.1:%d", freeUDPPort(g.t))
+	b, err := os.ReadFile(g.config)
+	if err != nil {
+		g.t.Fatal(err)
+	}
+	cfg := strings.Replace(string(b), "auth: { allow_anonymous: true }",
+		fmt.Sprintf("auth: { allow_anonymous: false, devices_file: %q }", path), 1)
+	cfg = strings.Replace(cfg, fmt.Sprintf("coap: { udp: %q }", g.coapAddr),
+		fmt.Sprintf("coap: { udp: %q, dtls: %q }", g.coapAddr, g.dtlsAddr), 1)
+	if err := os.WriteFile(g.config, []byte(cfg), 0o600); err != nil {
+		g.t.Fatal(err)
+	}
 }
 
 func (g *gatewayProc) logs() string {
