@@ -198,7 +198,7 @@ func Default() Config {
 			MQTT:  MQTTListen{TCP: ":1883"},
 			Admin: AdminListen{HTTP: "127.0.0.1:9180"},
 		},
-		Auth: AuthConfig{TopicPrefix: "devices"},
+		Auth: AuthConfig{DevicesFile: "/etc/fleetgate/devices.yaml", TopicPrefix: "devices"},
 		Limits: LimitsConfig{
 			MQTTMaxPacketSize:     65536,
 			MQTTMaxClients:        100000,

@@ -137,6 +137,14 @@ func (c Config) validateStore(p *problems) {
 }
 
 func (c Config) validateAuth(p *problems) {
+	l := c.Listen
+	devices := l.CoAP.UDP != "" || l.CoAP.DTLS != "" || l.MQTT.TCP != "" || l.MQTT.TLS != ""
+	if devices && c.Auth.DevicesFile == "" && !c.Auth.AllowAnonymous {
+		p.add("auth.devices_file", "must be set when auth.allow_anonymous is off, or no device could connect")
+	}
+	if l.CoAP.DTLS != "" && c.Auth.DevicesFile == "" {
+		p.add("listen.coap.dtls", "needs auth.devices_file (the devices' pre-shared keys)")
+	}
 	m := c.Listen.MQTT
 	if m.TLS != "" && (m.CertFile == "" || m.KeyFile == "") {
 		p.add("listen.mqtt.tls", "needs listen.mqtt.cert_file and listen.mqtt.key_file")

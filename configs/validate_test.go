@@ -63,6 +63,12 @@ func TestValidate(t *testing.T) {
 		{"same port different hosts", func(c *configs.Config) {
 			c.Listen.MQTT = configs.MQTTListen{TCP: "127.0.0.1:1883", TLS: "127.0.0.2:1883", CertFile: "c.pem", KeyFile: "k.pem"}
 		}, ""},
+		{"no way for a device to authenticate", func(c *configs.Config) { c.Auth.DevicesFile = "" },
+			"auth.devices_file: must be set when auth.allow_anonymous is off, or no device could connect"},
+		{"anonymous devices need no file", func(c *configs.Config) { c.Auth.DevicesFile, c.Auth.AllowAnonymous = "", true }, ""},
+		{"dtls without devices file", func(c *configs.Config) {
+			c.Auth.DevicesFile, c.Auth.AllowAnonymous, c.Listen.CoAP.DTLS = "", true, ":5684"
+		}, "listen.coap.dtls: needs auth.devices_file (the devices' pre-shared keys)"},
 		{"tls without certificate", func(c *configs.Config) { c.Listen.MQTT.TLS = ":8883" },
 			"listen.mqtt.tls: needs listen.mqtt.cert_file and listen.mqtt.key_file"},
 		{"topic prefix with wildcard", func(c *configs.Config) { c.Auth.TopicPrefix = "dev/+" },
