@@ -13,9 +13,9 @@ import (
 // last second are kept, about 60 bytes each.
 const maxRateSources = 1 << 16
 
-// sweepEvery spaces the evictions a full table triggers, so that a flood
-// of new sources costs one table scan per sweepEvery, not one per datagram.
-const sweepEvery = 100 * time.Millisecond
+// evictEvery spaces the evictions a full table triggers, so that a flood
+// of new sources costs one table scan per evictEvery, not one per datagram.
+const evictEvery = 100 * time.Millisecond
 
 // limiter is the per-source rate limit: a token bucket per source IP
 // holding at most rate tokens (a burst of one second's worth), refilled
@@ -25,7 +25,7 @@ type limiter struct {
 
 	mu      sync.Mutex
 	buckets map[netip.Addr]bucket
-	swept   int64 // Unix nanoseconds
+	evicted int64 // when evict last ran, Unix nanoseconds
 }
 
 type bucket struct {
@@ -54,7 +54,7 @@ func (l *limiter) allow(src netip.Addr, at time.Time) (bool, time.Duration) {
 	switch {
 	case ok:
 		b.tokens = l.refill(b, now)
-	case len(l.buckets) >= maxRateSources && !l.sweep(now):
+	case len(l.buckets) >= maxRateSources && !l.evict(now):
 		return false, time.Second
 	default:
 		b.tokens = l.rate
@@ -69,11 +69,11 @@ func (l *limiter) allow(src netip.Addr, at time.Time) (bool, time.Duration) {
 	return true, 0
 }
 
-// sweep evicts the sources whose buckets are full again, at most once per
-// sweepEvery, and reports whether there is room for a new source.
-func (l *limiter) sweep(now int64) bool {
-	if now-l.swept >= int64(sweepEvery) || now < l.swept {
-		l.swept = now
+// evict removes the sources whose buckets are full again, at most once
+// per evictEvery, and reports whether there is room for a new source.
+func (l *limiter) evict(now int64) bool {
+	if now-l.evicted >= int64(evictEvery) || now < l.evicted {
+		l.evicted = now
 		for src, b := range l.buckets {
 			if l.refill(b, now) >= l.rate {
 				delete(l.buckets, src)

@@ -35,7 +35,8 @@ import (
 	"github.com/fleetgate/fleetgate/gateway"
 )
 
-// Defaults of the limits (the configs package has the same).
+// Defaults of the limits; the first three are also the configs package's
+// (limits.*), MaxDTLSPeers has no configuration key.
 const (
 	DefaultMaxMessageSize    = 1152
 	DefaultRequestsPerSecond = 20
@@ -188,10 +189,7 @@ func New(obs gateway.Observer, o Options) (*Server, error) {
 	if o.DTLS != "" {
 		s.dtls, err = s.newDTLS(o.DTLS, orDefault(o.HandshakeTimeout, DefaultHandshakeTimeout), orDefault(o.MaxDTLSPeers, DefaultMaxDTLSPeers))
 		if err != nil {
-			if s.udp != nil {
-				_ = s.udp.Close()
-			}
-			s.cancel()
+			s.stop() // closes the UDP socket and unregisters its collector
 			return nil, fmt.Errorf("coap: %w", err)
 		}
 	}
