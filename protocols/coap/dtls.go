@@ -50,6 +50,7 @@ func (s *Server) newDTLS(addr string, handshakeTimeout time.Duration, maxPeers i
 	ln, err := coapNet.NewDTLSListener("udp", addr, coapNet.NewDTLSServerOptions(
 		piondtls.WithPSK(s.psk),
 		piondtls.WithCipherSuites(piondtls.TLS_PSK_WITH_AES_128_CCM_8, piondtls.TLS_PSK_WITH_AES_128_GCM_SHA256),
+		piondtls.WithOnConnectionAttempt(s.handshakeAttempt),
 	))
 	if err != nil {
 		return nil, fmt.Errorf("listen dtls %s: %w", addr, err)
@@ -84,6 +85,21 @@ func (s *Server) psk(identity []byte) ([]byte, error) {
 		return nil, fmt.Errorf("psk: %w", err)
 	}
 	return key, nil
+}
+
+// errHandshakeRateLimited refuses a new DTLS peer beyond its source's rate.
+var errHandshakeRateLimited = errors.New("dtls: handshakes beyond the source's rate")
+
+// handshakeAttempt is pion's hook for a new DTLS peer: a handshake takes
+// a token of the per-source rate limit, like a datagram, so that one
+// source cannot make the server shake hands (and run the PSK key
+// schedule) faster than it may send requests.
+func (s *Server) handshakeAttempt(peer net.Addr) error {
+	if ok, _ := s.limit.allow(addrOf(peer), s.clock.Now()); !ok {
+		s.metrics.drop(dropRateLimited)
+		return errHandshakeRateLimited
+	}
+	return nil
 }
 
 // peerListener holds one of its slots for each accepted DTLS peer, from

@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/fleetgate/fleetgate/gateway"
+	"github.com/fleetgate/fleetgate/gateway/clocktest"
 )
 
 // pskEntry is a device's entry in the test's devices table.
@@ -336,17 +337,30 @@ func TestDTLSHostileDatagrams(t *testing.T) {
 
 func TestDTLSOnly(t *testing.T) {
 	rec := &recorder{}
-	s := startServer(t, rec, Options{Addr: noUDP, DTLS: "127.0.0.1:0", Credentials: testDevices, AllowAnonymous: true, RequestsPerSecond: 1})
+	reg := prometheus.NewRegistry()
+	// The clock stands still: the rate limit's tokens never come back.
+	s := startServer(t, rec, Options{
+		Addr: noUDP, DTLS: "127.0.0.1:0", Credentials: testDevices, AllowAnonymous: true,
+		RequestsPerSecond: 2, Clock: clocktest.New(start), Registerer: reg,
+	})
 	if s.Addr() != nil {
 		t.Fatalf("UDP address %v without plain UDP", s.Addr())
 	}
+	// The handshake takes a token, the heartbeat the other.
 	cc := dialDTLS(t, s, "id-2", testDevices["id-2"].key)
 	if r := request(t, cc, message.Confirmable, codes.POST, "/hb"); r.code != codes.Changed {
 		t.Fatalf("heartbeat: %v", r.code)
 	}
-	// The rate limit applies over DTLS too.
 	if r := request(t, cc, message.Confirmable, codes.POST, "/hb"); r.code != codes.TooManyRequests || r.maxAge < 1 {
-		t.Fatalf("second heartbeat within the second: %v Max-Age %d, want 4.29", r.code, r.maxAge)
+		t.Fatalf("heartbeat beyond the rate: %v Max-Age %d, want 4.29", r.code, r.maxAge)
+	}
+	// A new handshake from the same source is refused too.
+	if dc, err := handshake(t, s, "id-1", testDevices["id-1"].key, 2*time.Second); err == nil {
+		_ = dc.Close()
+		t.Fatal("handshake beyond the rate succeeded")
+	}
+	if got := gather(t, reg)[`fleetgate_coap_dropped_total{reason="rate_limited"}`]; got < 1 {
+		t.Fatalf("refused handshakes counted %v times", got)
 	}
 	if evs := rec.evidence(); len(evs) != 1 || evs[0].Device != "dev-2" {
 		t.Fatalf("evidence %+v", evs)
