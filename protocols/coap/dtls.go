@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/netip"
 	"strings"
@@ -23,6 +24,7 @@ import (
 	"github.com/plgd-dev/go-coap/v3/options"
 	"github.com/plgd-dev/go-coap/v3/options/config"
 	udpClient "github.com/plgd-dev/go-coap/v3/udp/client"
+	"github.com/plgd-dev/go-coap/v3/udp/coder"
 
 	"github.com/fleetgate/fleetgate/gateway"
 )
@@ -61,7 +63,6 @@ func (s *Server) newDTLS(addr string, handshakeTimeout time.Duration, maxPeers i
 		options.WithProcessReceivedMessageFunc(s.dtlsProcessor()),
 		options.WithHandlerFunc(ignore),
 		options.WithDTLSHandshakeTimeout(handshakeTimeout),
-		options.WithMaxMessageSize(uint32(s.maxSize)),
 		options.WithInactivityMonitor(dtlsIdleTimeout, func(cc *udpClient.Conn) { _ = cc.Close() }),
 		options.WithPeriodicRunner(s.sweep),
 		// Heartbeats fit one datagram; no peer gets block-wise state.
@@ -215,7 +216,7 @@ func ignore(*responsewriter.ResponseWriter[*udpClient.Conn], *pool.Message) {}
 // piggybacked on the ACK of a CON request, a NON for a NON request.
 func (s *Server) respondDTLS(w *responsewriter.ResponseWriter[*udpClient.Conn], r *pool.Message, cc *udpClient.Conn) {
 	now := s.clock.Now()
-	code, diag, maxAge := s.answerDTLS(r, cc, now)
+	code, diag, opt := s.answerDTLS(r, cc, now)
 	s.metrics.answered(code)
 	var body io.ReadSeeker
 	if diag != "" {
@@ -231,8 +232,8 @@ func (s *Server) respondDTLS(w *responsewriter.ResponseWriter[*udpClient.Conn], 
 	case suppressed:
 		resp.SetCode(codes.Empty)
 		resp.SetToken(nil)
-	case maxAge > 0:
-		resp.SetOptionUint32(message.MaxAge, maxAge)
+	case opt.id != 0:
+		resp.SetOptionUint32(opt.id, opt.value)
 	}
 	if r.Type() == message.Confirmable {
 		resp.SetType(message.Acknowledgement)
@@ -243,19 +244,30 @@ func (s *Server) respondDTLS(w *responsewriter.ResponseWriter[*udpClient.Conn], 
 	resp.SetMessageID(cc.GetMessageID())
 }
 
+// uintOption is an option with a uint value of an answer; id 0 is none.
+type uintOption struct {
+	id    message.OptionID
+	value uint32
+}
+
 // answerDTLS decides the answer to request r of DTLS peer cc: the rate
-// limit, then the device of the session's PSK identity (asked again, so
-// that a device removed by a reload is refused at once), then the
-// heartbeat. maxAge is 0 for none.
-func (s *Server) answerDTLS(r *pool.Message, cc *udpClient.Conn, now time.Time) (codes.Code, string, uint32) {
+// limit, the size limit, then the device of the session's PSK identity
+// (asked again, so that a device removed by a reload is refused at once),
+// then the heartbeat.
+func (s *Server) answerDTLS(r *pool.Message, cc *udpClient.Conn, now time.Time) (codes.Code, string, uintOption) {
 	peer := cc.RemoteAddr()
 	if ok, wait := s.limit.allow(addrOf(peer), now); !ok {
-		return codes.TooManyRequests, "too many requests, retry after Max-Age", uint32((wait + time.Second - 1) / time.Second)
+		return codes.TooManyRequests, "too many requests, retry after Max-Age",
+			uintOption{message.MaxAge, uint32((wait + time.Second - 1) / time.Second)}
+	}
+	if requestSize(r) > s.maxSize {
+		return codes.RequestEntityTooLarge, fmt.Sprintf("message larger than %d bytes", s.maxSize),
+			uintOption{message.Size1, uint32(s.maxSize)}
 	}
 	device, err := s.identity(cc)
 	if err != nil {
 		s.logRefusal(codes.Unauthorized, heartbeat{}, peer.String(), err)
-		return codes.Unauthorized, "unauthorized", 0
+		return codes.Unauthorized, "unauthorized", uintOption{}
 	}
 	path, err := r.Path()
 	if err != nil {
@@ -263,7 +275,7 @@ func (s *Server) answerDTLS(r *pool.Message, cc *udpClient.Conn, now time.Time) 
 	}
 	queries, err := r.Queries()
 	if err != nil && !errors.Is(err, message.ErrOptionNotFound) {
-		return codes.BadRequest, "malformed Uri-Query", 0
+		return codes.BadRequest, "malformed Uri-Query", uintOption{}
 	}
 	ctx, cancel := context.WithTimeout(s.ctx, observeTimeout)
 	code, diag, hb, err := s.decide(ctx, r.Code(), path, queries, device, now)
@@ -273,11 +285,24 @@ func (s *Server) answerDTLS(r *pool.Message, cc *udpClient.Conn, now time.Time) 
 	}
 	switch code {
 	case codes.Changed:
-		return code, diag, s.maxAge.Load()
+		return code, diag, uintOption{message.MaxAge, s.maxAge.Load()}
 	case codes.ServiceUnavailable:
-		return code, diag, retryAfterSeconds
+		return code, diag, uintOption{message.MaxAge, retryAfterSeconds}
 	}
-	return code, diag, 0
+	return code, diag, uintOption{}
+}
+
+// requestSize is the encoded size of request r: what it took in the DTLS
+// record.
+func requestSize(r *pool.Message) int {
+	n, err := coder.DefaultCoder.Size(message.Message{Token: r.Token(), Options: r.Options()})
+	if err != nil {
+		return math.MaxInt
+	}
+	if body, err := r.BodySize(); err == nil && body > 0 {
+		n += 1 + int(body) // payload marker and payload
+	}
+	return n
 }
 
 // identity is the device of the PSK identity DTLS peer cc shook hands

@@ -1,6 +1,7 @@
 package coap
 
 import (
+	"bytes"
 	"context"
 	"net"
 	"testing"
@@ -363,6 +364,42 @@ func TestDTLSOnly(t *testing.T) {
 		t.Fatalf("refused handshakes counted %v times", got)
 	}
 	if evs := rec.evidence(); len(evs) != 1 || evs[0].Device != "dev-2" {
+		t.Fatalf("evidence %+v", evs)
+	}
+}
+
+func TestDTLSMessageSizeLimit(t *testing.T) {
+	rec := &recorder{}
+	s := startDTLS(t, rec, Options{MaxMessageSize: 256})
+	cc := dialDTLS(t, s, "id-1", testDevices["id-1"].key)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	req := cc.AcquireMessage(ctx)
+	defer cc.ReleaseMessage(req)
+	token, err := cc.GetToken()
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.SetCode(codes.POST)
+	req.SetToken(token)
+	req.SetType(message.Confirmable)
+	if err := req.SetPath("/hb"); err != nil {
+		t.Fatal(err)
+	}
+	req.SetBody(bytes.NewReader(make([]byte, 600)))
+	resp, err := cc.Do(req)
+	if err != nil {
+		t.Fatalf("oversized request: %v", err)
+	}
+	defer cc.ReleaseMessage(resp)
+	if size, err := resp.GetOptionUint32(message.Size1); resp.Code() != codes.RequestEntityTooLarge || err != nil || size != 256 {
+		t.Fatalf("answer %v Size1 %d (%v), want 4.13 with Size1 256", resp.Code(), size, err)
+	}
+	// The session goes on.
+	if r := request(t, cc, message.Confirmable, codes.POST, "/hb"); r.code != codes.Changed {
+		t.Fatalf("heartbeat after an oversized request: %v", r.code)
+	}
+	if evs := rec.evidence(); len(evs) != 1 {
 		t.Fatalf("evidence %+v", evs)
 	}
 }
