@@ -24,12 +24,17 @@ import (
 	"testing"
 	"time"
 
+	piondtls "github.com/pion/dtls/v3"
+	dtlsnet "github.com/pion/dtls/v3/pkg/net"
+	"github.com/plgd-dev/go-coap/v3/dtls"
 	"github.com/plgd-dev/go-coap/v3/message"
 	"github.com/plgd-dev/go-coap/v3/message/codes"
 	"github.com/plgd-dev/go-coap/v3/mux"
 	coapNet "github.com/plgd-dev/go-coap/v3/net"
 	"github.com/plgd-dev/go-coap/v3/options"
+	"github.com/plgd-dev/go-coap/v3/pkg/runner/periodic"
 	"github.com/plgd-dev/go-coap/v3/udp"
+	udpClient "github.com/plgd-dev/go-coap/v3/udp/client"
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sys/unix"
 
@@ -37,8 +42,9 @@ import (
 )
 
 // benchChildEnv names the server a re-executed test binary runs: "raw",
-// "coap", or "gocoap" (go-coap's UDP server with its default options
-// answering 2.04 through its default request path, for reference).
+// "coap", "dtls" (coap, printing its DTLS address), or "gocoap" (go-coap's
+// UDP server with its default options answering 2.04 through its default
+// request path, for reference).
 const benchChildEnv = "FLEETGATE_COAP_BENCH_CHILD"
 
 func TestMain(m *testing.M) {
@@ -79,17 +85,24 @@ func runBenchChild(mode string) error {
 		defer c.Close()
 		addr, conn = c.LocalAddr(), c
 		go rawLoop(c)
-	case "coap":
+	case "coap", "dtls":
 		reg := prometheus.NewRegistry()
-		s, err := New(&countingObserver{}, Options{
+		o := Options{
 			Addr: "127.0.0.1:0", AllowAnonymous: true, HeartbeatInterval: 30 * time.Second,
 			RequestsPerSecond: 1 << 30, Registerer: reg,
-		})
+		}
+		if mode == "dtls" {
+			o.DTLS, o.Credentials = "127.0.0.1:0", benchDevices{}
+		}
+		s, err := New(&countingObserver{}, o)
 		if err != nil {
 			return err
 		}
 		defer s.Close()
 		addr, conn = s.Addr(), s.udp
+		if mode == "dtls" {
+			addr = s.DTLSAddr()
+		}
 		go func() { _ = s.Serve(context.Background()) }()
 		dropped = func() float64 { return counterSum(reg, "fleetgate_coap_dropped_total") }
 	case "gocoap":
@@ -133,6 +146,21 @@ func runBenchChild(mode string) error {
 		fmt.Printf("%d %d %d %d %d\n", cpu, ms.HeapAlloc+ms.StackInuse, int64(dropped()), rcvbuf, int64(drops.count()))
 	}
 	return nil
+}
+
+// benchDevices are the DTLS devices of the benchmarks: identity
+// bench-<n> is device bench-<n>, all with benchKey.
+type benchDevices struct{}
+
+var benchKey = []byte("bench device key")
+
+func (benchDevices) CheckPassword(gateway.DeviceID, []byte) error { return gateway.ErrUnauthorized }
+
+func (benchDevices) PSK(identity []byte) (gateway.DeviceID, []byte, error) {
+	if !strings.HasPrefix(string(identity), "bench-") {
+		return "", nil, gateway.ErrUnauthorized
+	}
+	return gateway.DeviceID(identity), benchKey, nil
 }
 
 // counterSum adds up the counters of family name in g.
@@ -644,6 +672,78 @@ func BenchmarkDropsAt80Percent(b *testing.B) {
 	b.ReportMetric(rcvbuf, "SO_RCVBUF-bytes")
 	b.ReportMetric(overLost/n, "unanswered-flood")
 	b.ReportMetric(overDrops/n, "socket-drops-flood")
+}
+
+// dtlsPeers is the number of DTLS sessions of BenchmarkDTLSPeers.
+const dtlsPeers = 200
+
+// BenchmarkDTLSPeers: 200 devices shake hands over DTLS-PSK one after
+// the other and send a CON heartbeat each: handshakes (with their
+// heartbeat) per server CPU-second, and the server's live heap and
+// stacks per open DTLS session, the figure behind MaxDTLSPeers. The
+// ceiling is the raw UDP loop's messages per CPU-second in the same run.
+func BenchmarkDTLSPeers(b *testing.B) {
+	raw := startChild(b, "raw")
+	srv := startChild(b, "dtls")
+	pinTo(b, 1)
+	rawLoad := newLoad(b, raw.addr, message.NonConfirmable, benchNONPort, nil)
+	var rawRate, perCPU, perPeer float64
+	b.ResetTimer()
+	for range b.N {
+		v, _ := measure(b, raw, rawLoad, benchPhase, benchWindow)
+		rawRate += v
+		before := srv.stat(b, true)
+		var clients []*udpClient.Conn
+		for i := range dtlsPeers {
+			cc := benchDTLSClient(b, srv.addr, fmt.Sprintf("bench-%d", i))
+			clients = append(clients, cc)
+			if r := request(b, cc, message.Confirmable, codes.POST, "/hb"); r.code != codes.Changed {
+				b.Fatalf("dtls heartbeat: %v", r.code)
+			}
+		}
+		mid := srv.stat(b, false)
+		after := srv.stat(b, true)
+		perCPU += dtlsPeers / (mid.cpu - before.cpu).Seconds()
+		perPeer += float64(after.mem-before.mem) / dtlsPeers
+		for _, cc := range clients {
+			_ = cc.Close()
+		}
+	}
+	n := float64(b.N)
+	b.ReportMetric(rawRate/n, "raw-msgs/cpu-s")
+	b.ReportMetric(perCPU/n, "handshakes/cpu-s")
+	b.ReportMetric(perPeer/n, "B/dtls-peer")
+}
+
+// benchDTLSClient shakes hands with the DTLS server at addr as identity
+// and returns a go-coap client on the session, closed with the benchmark.
+func benchDTLSClient(b *testing.B, addr netip.AddrPort, identity string) *udpClient.Conn {
+	b.Helper()
+	c, err := net.DialUDP("udp", nil, net.UDPAddrFromAddrPort(addr))
+	if err != nil {
+		b.Fatal(err)
+	}
+	dc, err := piondtls.Client(dtlsnet.PacketConnFromConn(c), c.RemoteAddr(), &piondtls.Config{
+		PSK:             func([]byte) ([]byte, error) { return benchKey, nil },
+		PSKIdentityHint: []byte(identity),
+		CipherSuites:    []piondtls.CipherSuiteID{piondtls.TLS_PSK_WITH_AES_128_CCM_8},
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := dc.HandshakeContext(ctx); err != nil {
+		b.Fatalf("handshake: %v", err)
+	}
+	stop := make(chan struct{})
+	cc := dtls.Client(dc, options.WithPeriodicRunner(periodic.New(stop, time.Second)),
+		options.WithErrors(func(error) {}), options.WithCloseSocket())
+	b.Cleanup(func() {
+		_ = cc.Close()
+		close(stop)
+	})
+	return cc
 }
 
 // rcvbufErrors reads Udp RcvbufErrors from /proc/net/snmp.
