@@ -80,7 +80,7 @@ type SessionView struct {
 //
 // Each session costs one map entry keyed by device, a zero byte and
 // session, pointing at a 32-byte record of three times and a protocol
-// index (docs/bench-table.md has the figures); MaxSessions bounds the
+// index (docs/benchmarks.md has the figures); MaxSessions bounds the
 // total. Times are kept as offsets from the table's creation on its clock,
 // so they follow the monotonic clock when the evidence carries it.
 type Table struct {

@@ -64,7 +64,7 @@ const (
 
 // Fixed broker tuning. Device traffic is small packets, so the buffers
 // are small (mochi's defaults cost tens of KB per connection; see
-// docs/bench-mqtt.md).
+// docs/benchmarks.md).
 const (
 	readBufferSize  = 512
 	writeBufferSize = 512
