@@ -128,7 +128,7 @@ listen:
   admin: { http: %q }
 log: { level: debug }
 `, id, filepath.Join(dir, "state"), tm.lease, tm.heartbeat, tm.renewEvery, tm.lease/2, store, tm.flush, tm.runnerInterval, g.coapAddr, g.mqttAddr, g.admin)
-	cfg += "auth: { allow_anonymous: true }\n"
+	cfg += "auth: { allow_anonymous: true, devices_file: \"\" }\n"
 	if err := os.WriteFile(g.config, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -150,7 +150,7 @@ func (g *gatewayProc) useDevicesFile(path string) {
 	if err != nil {
 		g.t.Fatal(err)
 	}
-	cfg := strings.Replace(string(b), "auth: { allow_anonymous: true }",
+	cfg := strings.Replace(string(b), `auth: { allow_anonymous: true, devices_file: "" }`,
 		fmt.Sprintf("auth: { allow_anonymous: false, devices_file: %q }", path), 1)
 	cfg = strings.Replace(cfg, fmt.Sprintf("coap: { udp: %q }", g.coapAddr),
 		fmt.Sprintf("coap: { udp: %q, dtls: %q }", g.coapAddr, g.dtlsAddr), 1)
@@ -184,6 +184,7 @@ func (g *gatewayProc) start() {
 	waitFor(g.t, 30*time.Second, "gateway "+g.id+" ready", func() bool {
 		select {
 		case err := <-g.done:
+			g.cmd = nil // reaped: kill must not wait for it again
 			g.t.Fatalf("gateway %s exited before it was ready: %v", g.id, err)
 		default:
 		}
