@@ -138,7 +138,7 @@ func BenchmarkFlushRoundTrips(b *testing.B) {
 	const flushes = 20
 	srv := redistest.Start(b)
 	c := benchClient(b, srv.Addr)
-	rt := &roundTrips{}
+	rt := &redistest.RoundTrips{}
 	c.AddHook(rt)
 	ctx := context.Background()
 	db, err := OpenDB(filepath.Join(b.TempDir(), "state.db"), nil)
@@ -174,11 +174,11 @@ func BenchmarkFlushRoundTrips(b *testing.B) {
 	for range b.N {
 		for range flushes {
 			evalBefore := evalshaCalls(b, c)
-			before := rt.total()
+			before := rt.Total()
 			start := time.Now()
 			flush()
 			flushTook += time.Since(start)
-			trips += rt.total() - before
+			trips += rt.Total() - before
 			cmds += int64(evalshaCalls(b, c) - evalBefore)
 
 			start = time.Now()

@@ -1,41 +1,15 @@
 package uplink
 
 import (
-	"context"
 	"fmt"
 	"path/filepath"
-	"sync/atomic"
 	"testing"
 	"time"
-
-	"github.com/redis/go-redis/v9"
 
 	"github.com/fleetgate/fleetgate/gateway"
 	"github.com/fleetgate/fleetgate/internal/redistest"
 	redisstore "github.com/fleetgate/fleetgate/uplink/redis"
 )
-
-// roundTrips counts a go-redis client's single commands and pipelines:
-// each is one round trip to the server.
-type roundTrips struct{ singles, pipelines atomic.Int64 }
-
-func (r *roundTrips) total() int64 { return r.singles.Load() + r.pipelines.Load() }
-
-func (r *roundTrips) DialHook(next redis.DialHook) redis.DialHook { return next }
-
-func (r *roundTrips) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		r.singles.Add(1)
-		return next(ctx, cmd)
-	}
-}
-
-func (r *roundTrips) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		r.pipelines.Add(1)
-		return next(ctx, cmds)
-	}
-}
 
 // onePerShard returns a device ID hashing to each of shards.
 func onePerShard(shards int, prefix string) []gateway.DeviceID {
@@ -56,7 +30,7 @@ func TestFlushIsOneRoundTrip(t *testing.T) {
 	const shards = 16
 	srv := redistest.Start(t)
 	c := srv.Client(t)
-	rt := &roundTrips{}
+	rt := &redistest.RoundTrips{}
 	store, err := redisstore.Open(t.Context(), c, redisstore.Options{Shards: shards})
 	if err != nil {
 		t.Fatal(err)
@@ -77,12 +51,12 @@ func TestFlushIsOneRoundTrip(t *testing.T) {
 		for _, d := range devs {
 			mustEnqueue(t, u, evidence(d, gateway.Connect, time.Now()))
 		}
-		before := rt.total()
+		before := rt.Total()
 		if err := u.flushOnce(t.Context()); err != nil {
 			t.Fatal(err)
 		}
-		if got := rt.total() - before; got != 1 || rt.singles.Load() != 0 {
-			t.Fatalf("flush %d: %d round trips (%d single calls so far), want one pipeline", round, got, rt.singles.Load())
+		if got := rt.Total() - before; got != 1 || rt.Singles() != 0 {
+			t.Fatalf("flush %d: %d round trips (%d single calls so far), want one pipeline", round, got, rt.Singles())
 		}
 	}
 	for _, d := range devs {

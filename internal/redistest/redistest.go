@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -321,4 +322,36 @@ func ProcStat(pid int) (ticks int64, err error) {
 		return 0, fmt.Errorf("parse /proc/%d/stat", pid)
 	}
 	return u + s, nil
+}
+
+// RoundTrips is a go-redis hook counting a client's round trips to the
+// server: single commands and pipelines (add it with client.AddHook).
+type RoundTrips struct{ singles, pipelines atomic.Int64 }
+
+// Singles is the number of single commands sent.
+func (r *RoundTrips) Singles() int64 { return r.singles.Load() }
+
+// Pipelines is the number of pipelines sent.
+func (r *RoundTrips) Pipelines() int64 { return r.pipelines.Load() }
+
+// Total is Singles + Pipelines.
+func (r *RoundTrips) Total() int64 { return r.singles.Load() + r.pipelines.Load() }
+
+// DialHook leaves dialing alone.
+func (r *RoundTrips) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+// ProcessHook counts a single command.
+func (r *RoundTrips) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		r.singles.Add(1)
+		return next(ctx, cmd)
+	}
+}
+
+// ProcessPipelineHook counts a pipeline.
+func (r *RoundTrips) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		r.pipelines.Add(1)
+		return next(ctx, cmds)
+	}
 }

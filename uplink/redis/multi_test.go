@@ -4,33 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fleetgate/fleetgate/gateway"
+	"github.com/fleetgate/fleetgate/internal/redistest"
 )
-
-// roundTrips counts the client's single commands and pipelines.
-type roundTrips struct{ singles, pipelines atomic.Int64 }
-
-func (r *roundTrips) DialHook(next redis.DialHook) redis.DialHook { return next }
-
-func (r *roundTrips) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		r.singles.Add(1)
-		return next(ctx, cmd)
-	}
-}
-
-func (r *roundTrips) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		r.pipelines.Add(1)
-		return next(ctx, cmds)
-	}
-}
 
 // devicesPerShard returns one device ID hashing to each shard.
 func devicesPerShard(shards int, prefix string) []gateway.DeviceID {
@@ -52,7 +33,7 @@ func TestApplyShardsOnePipeline(t *testing.T) {
 	forBackends(t, func(t *testing.T, c redis.UniversalClient) {
 		const shards = 8
 		e := newEnv(t, c, shards)
-		rt := &roundTrips{}
+		rt := &redistest.RoundTrips{}
 		c.AddHook(rt)
 		devs := devicesPerShard(shards, "multi")
 		batches := func(epoch uint64, kind gateway.Kind) []gateway.ShardBatch {
@@ -65,9 +46,9 @@ func TestApplyShardsOnePipeline(t *testing.T) {
 			}
 			return bs
 		}
-		before := rt.singles.Load()
+		before := rt.Singles()
 		res := e.store.ApplyShards(e.ctx, batches(2, gateway.Connect))
-		if p, s := rt.pipelines.Load(), rt.singles.Load()-before; p != 1 || s != 0 {
+		if p, s := rt.Pipelines(), rt.Singles()-before; p != 1 || s != 0 {
 			t.Fatalf("ApplyShards made %d pipelines and %d single calls, want 1 and 0", p, s)
 		}
 		for sh, r := range res {
