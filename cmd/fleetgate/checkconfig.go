@@ -4,20 +4,11 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"os"
-
-	"github.com/fleetgate/fleetgate/configs"
 )
 
 func cmdCheckConfig(_ context.Context, args []string, stdout, stderr io.Writer) error {
 	fs, path := newFlags("check-config", "check-config [-c FILE]", stderr)
-	if err := parse(fs, args); err != nil {
-		return err
-	}
-	if err := noArgs(fs); err != nil {
-		return err
-	}
-	cfg, err := configs.Load(*path, os.Environ())
+	cfg, err := parseAndLoad(fs, args, path)
 	if err != nil {
 		return err
 	}

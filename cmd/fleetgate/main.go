@@ -16,6 +16,8 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
+
+	"github.com/fleetgate/fleetgate/configs"
 )
 
 // version is set by the linker (-X main.version=...).
@@ -124,6 +126,18 @@ func cmdVersion(_ context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	fmt.Fprintf(stdout, "fleetgate %s\n", version)
 	return nil
+}
+
+// parseAndLoad parses a command's flags (no arguments allowed) and loads
+// the configuration file they name, with the FLEETGATE_ environment.
+func parseAndLoad(fs *flag.FlagSet, args []string, path *string) (configs.Config, error) {
+	if err := parse(fs, args); err != nil {
+		return configs.Config{}, err
+	}
+	if err := noArgs(fs); err != nil {
+		return configs.Config{}, err
+	}
+	return configs.Load(*path, os.Environ())
 }
 
 func noArgs(fs *flag.FlagSet) error {

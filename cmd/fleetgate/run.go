@@ -36,13 +36,7 @@ const shutdownGrace = 10 * time.Second
 
 func cmdRun(ctx context.Context, args []string, _, stderr io.Writer) error {
 	fs, path := newFlags("run", "run [-c FILE]", stderr)
-	if err := parse(fs, args); err != nil {
-		return err
-	}
-	if err := noArgs(fs); err != nil {
-		return err
-	}
-	cfg, err := configs.Load(*path, os.Environ())
+	cfg, err := parseAndLoad(fs, args, path)
 	if err != nil {
 		return err
 	}

@@ -18,13 +18,7 @@ import (
 func cmdRunner(ctx context.Context, args []string, _, stderr io.Writer) (err error) {
 	fs, path := newFlags("runner", "runner [-c FILE] [--owner NAME]", stderr)
 	owner := fs.String("owner", "", "lock owner name (default: <gateway.id>/runner/<pid>)")
-	if err := parse(fs, args); err != nil {
-		return err
-	}
-	if err := noArgs(fs); err != nil {
-		return err
-	}
-	cfg, err := configs.Load(*path, os.Environ())
+	cfg, err := parseAndLoad(fs, args, path)
 	if err != nil {
 		return err
 	}
