@@ -155,7 +155,7 @@ func TestDTLSHeartbeats(t *testing.T) {
 		{Device: "dev-1", Session: "coap/radio2", Kind: gateway.Renew},
 		{Device: "dev-1", Session: "coap/default", Kind: gateway.Leave},
 	}
-	evs := rec.evidence()
+	evs := rec.Evidence()
 	if len(evs) != len(want) {
 		t.Fatalf("evidence %+v, want %+v", evs, want)
 	}
@@ -202,7 +202,7 @@ func TestDTLSBadCredentials(t *testing.T) {
 		// like a new peer's handshake to the server, and fail too.
 		return gather(t, reg)[`fleetgate_coap_dropped_total{reason="handshake"}`] >= float64(len(cases))
 	})
-	if evs := rec.evidence(); len(evs) != 0 {
+	if evs := rec.Evidence(); len(evs) != 0 {
 		t.Fatalf("bad credentials made evidence: %+v", evs)
 	}
 	// The right key still works.
@@ -233,7 +233,7 @@ func TestDTLSCredentialsReload(t *testing.T) {
 	if r := request(t, dialDTLS(t, s, "id-1", testDevices["id-1"].key), message.Confirmable, codes.POST, "/hb"); r.code != codes.Changed {
 		t.Fatalf("kept device: %v", r.code)
 	}
-	if evs := rec.evidence(); len(evs) != 2 || evs[0].Device != "dev-2" || evs[1].Device != "dev-1" {
+	if evs := rec.Evidence(); len(evs) != 2 || evs[0].Device != "dev-2" || evs[1].Device != "dev-1" {
 		t.Fatalf("evidence %+v", evs)
 	}
 }
@@ -331,7 +331,7 @@ func TestDTLSHostileDatagrams(t *testing.T) {
 	if code, err := tryRequest(cc, 10*time.Second, codes.POST); err != nil || code != codes.Changed {
 		t.Fatalf("after hostile input: %v %v", code, err)
 	}
-	if evs := rec.evidence(); len(evs) != 1 {
+	if evs := rec.Evidence(); len(evs) != 1 {
 		t.Fatalf("evidence %+v", evs)
 	}
 }
@@ -363,7 +363,7 @@ func TestDTLSOnly(t *testing.T) {
 	if got := gather(t, reg)[`fleetgate_coap_dropped_total{reason="rate_limited"}`]; got < 1 {
 		t.Fatalf("refused handshakes counted %v times", got)
 	}
-	if evs := rec.evidence(); len(evs) != 1 || evs[0].Device != "dev-2" {
+	if evs := rec.Evidence(); len(evs) != 1 || evs[0].Device != "dev-2" {
 		t.Fatalf("evidence %+v", evs)
 	}
 }
@@ -399,7 +399,7 @@ func TestDTLSMessageSizeLimit(t *testing.T) {
 	if r := request(t, cc, message.Confirmable, codes.POST, "/hb"); r.code != codes.Changed {
 		t.Fatalf("heartbeat after an oversized request: %v", r.code)
 	}
-	if evs := rec.evidence(); len(evs) != 1 {
+	if evs := rec.Evidence(); len(evs) != 1 {
 		t.Fatalf("evidence %+v", evs)
 	}
 }

@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"net"
 	"os"
-	"sync"
 	"testing"
 	"time"
 
@@ -20,48 +19,11 @@ import (
 	"github.com/plgd-dev/go-coap/v3/udp/coder"
 
 	"github.com/fleetgate/fleetgate/gateway"
+	"github.com/fleetgate/fleetgate/gateway/gatewaytest"
 )
 
-// recorder is the test's observation point: it records the evidence the
-// front end hands over and answers with err.
-type recorder struct {
-	mu  sync.Mutex
-	evs []gateway.Evidence
-	err error
-}
-
-var _ gateway.Observer = (*recorder)(nil)
-
-func (r *recorder) Observe(_ context.Context, ev gateway.Evidence) error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.err != nil {
-		return r.err
-	}
-	r.evs = append(r.evs, ev)
-	return nil
-}
-
-func (r *recorder) setErr(err error) {
-	r.mu.Lock()
-	r.err = err
-	r.mu.Unlock()
-}
-
-func (r *recorder) evidence() []gateway.Evidence {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return append([]gateway.Evidence(nil), r.evs...)
-}
-
-// take returns the evidence recorded so far and forgets it.
-func (r *recorder) take() []gateway.Evidence {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	evs := r.evs
-	r.evs = nil
-	return evs
-}
+// recorder is the test's observation point (gatewaytest.Recorder).
+type recorder = gatewaytest.Recorder
 
 // testLogger writes debug logs to stderr when COAP_TEST_LOG is set.
 func testLogger() *slog.Logger {

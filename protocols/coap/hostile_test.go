@@ -102,7 +102,7 @@ func TestHostileDatagrams(t *testing.T) {
 	}
 	// Garbage that happened to decode into a request was checked like
 	// any other: whatever reached the Observer is well-formed.
-	for _, ev := range rec.evidence() {
+	for _, ev := range rec.Evidence() {
 		_, errD := gateway.ParseDeviceID(string(ev.Device))
 		_, errS := gateway.ParseSessionID(string(ev.Session))
 		if errD != nil || errS != nil || ev.Protocol != "coap" {
@@ -161,7 +161,7 @@ func TestNonRequestsGetNoAnswer(t *testing.T) {
 	if m := decode(t, b); m.Type() != message.Acknowledgement || m.Code() != codes.Empty || m.MessageID() != 0x310 {
 		t.Fatalf("answer %v, want an empty ACK", m)
 	}
-	if evs := rec.evidence(); len(evs) != 0 {
+	if evs := rec.Evidence(); len(evs) != 0 {
 		t.Fatalf("non-requests made evidence: %+v", evs)
 	}
 }
@@ -291,7 +291,7 @@ func FuzzDatagram(f *testing.F) {
 	src := netip.MustParseAddrPort("127.0.0.1:5683")
 	f.Fuzz(func(t *testing.T, b []byte) {
 		out := s.handle(w, src, b)
-		evs := rec.take()
+		evs := rec.Take()
 		for _, ev := range evs {
 			_, errD := gateway.ParseDeviceID(string(ev.Device))
 			_, errS := gateway.ParseSessionID(string(ev.Session))

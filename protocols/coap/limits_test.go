@@ -45,7 +45,7 @@ func TestRateLimit(t *testing.T) {
 	if b, ok := exchange(t, c, datagram(t, message.Acknowledgement, codes.Empty, 9, ""), 300*time.Millisecond); ok {
 		t.Fatalf("ACK beyond the rate answered: %v", decode(t, b))
 	}
-	if n := len(rec.evidence()); n != 3 {
+	if n := len(rec.Evidence()); n != 3 {
 		t.Fatalf("%d pieces of evidence, want 3", n)
 	}
 	// A third of a second gives one token back.
@@ -97,7 +97,7 @@ func TestMessageSizeLimit(t *testing.T) {
 	if b, ok := exchange(t, c, at, 5*time.Second); !ok || decode(t, b).Code() != codes.Changed {
 		t.Fatalf("request of 64 bytes: answered %v", ok)
 	}
-	if evs := rec.evidence(); len(evs) != 1 {
+	if evs := rec.Evidence(); len(evs) != 1 {
 		t.Fatalf("evidence %+v, want the 64-byte request's only", evs)
 	}
 	eventually(t, 5*time.Second, "the drop counted", func() bool {

@@ -51,7 +51,7 @@ func TestHeartbeatEvidence(t *testing.T) {
 			if r.code != codes.Changed || r.maxAge != 30 || r.typ != message.Acknowledgement {
 				t.Fatalf("reply %v Max-Age %d type %v, want 2.04 Changed, Max-Age 30, ACK", r.code, r.maxAge, r.typ)
 			}
-			evs := rec.evidence()
+			evs := rec.Evidence()
 			if len(evs) != i+1 {
 				t.Fatalf("%d pieces of evidence, want %d", len(evs), i+1)
 			}
@@ -103,7 +103,7 @@ func TestRefusals(t *testing.T) {
 			}
 		})
 	}
-	if evs := rec.evidence(); len(evs) != 0 {
+	if evs := rec.Evidence(); len(evs) != 0 {
 		t.Fatalf("refused requests made evidence: %+v", evs)
 	}
 	if got := gather(t, s.metrics.requests)[`fleetgate_coap_requests_total{code="4.00"}`]; got != 8 {
@@ -121,7 +121,7 @@ func TestAnonymousOff(t *testing.T) {
 			t.Fatalf("%v without credentials: %v %q, want 4.01", code, r.code, r.payload)
 		}
 	}
-	if evs := rec.evidence(); len(evs) != 0 {
+	if evs := rec.Evidence(); len(evs) != 0 {
 		t.Fatalf("unauthenticated requests made evidence: %+v", evs)
 	}
 }
@@ -141,7 +141,7 @@ func TestObserverErrors(t *testing.T) {
 		{errors.New("secret detail"), codes.InternalServerError, -1, "internal error"},
 	}
 	for _, tc := range cases {
-		rec.setErr(tc.err)
+		rec.SetErr(tc.err)
 		r := request(t, cc, message.Confirmable, codes.POST, "/hb", "d=dev-1")
 		if r.code != tc.code || r.maxAge != tc.maxAge || r.payload != diagnostic(r.payload) || !strings.Contains(r.payload, tc.diag) {
 			t.Fatalf("observer error %v: reply %v Max-Age %d %q, want %v Max-Age %d with %q",
@@ -187,7 +187,7 @@ func TestNonConfirmable(t *testing.T) {
 	if r.code != codes.NotFound || r.typ != message.NonConfirmable {
 		t.Fatalf("NON to unknown path: %v type %v, want 4.04 NON", r.code, r.typ)
 	}
-	if evs := rec.evidence(); len(evs) != 1 || evs[0].Device != "dev-non" {
+	if evs := rec.Evidence(); len(evs) != 1 || evs[0].Device != "dev-non" {
 		t.Fatalf("evidence %+v", evs)
 	}
 }
@@ -238,7 +238,7 @@ func TestWireFormat(t *testing.T) {
 	if m = decode(t, b); m.MessageID() != 0x2000 || m.Code() != codes.Changed {
 		t.Fatalf("answer to the retransmission: %v", m)
 	}
-	if n := len(rec.evidence()); n != 4 {
+	if n := len(rec.Evidence()); n != 4 {
 		t.Fatalf("%d pieces of evidence, want 4 (the retransmission is evidence too)", n)
 	}
 
@@ -305,7 +305,7 @@ func TestManyConcurrentClients(t *testing.T) {
 		t.Error(err)
 	}
 	perDevice := map[gateway.DeviceID]int{}
-	for _, ev := range rec.evidence() {
+	for _, ev := range rec.Evidence() {
 		perDevice[ev.Device]++
 	}
 	for i := range clients {

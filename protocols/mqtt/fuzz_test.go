@@ -19,9 +19,7 @@ func FuzzConnection(f *testing.F) {
 	rec := &recorder{}
 	s := startServer(f, rec, Options{AllowAnonymous: true, Credentials: testCreds(f), MaxPacketSize: 2048})
 	f.Fuzz(func(t *testing.T, stream []byte) {
-		rec.mu.Lock()
-		rec.evs = nil
-		rec.mu.Unlock()
+		rec.Take()
 
 		server, device := net.Pipe()
 		c := &conn{Conn: server}
@@ -43,7 +41,7 @@ func FuzzConnection(f *testing.F) {
 		if n := s.conns.Load(); n != 0 {
 			t.Fatalf("%d slots held after the connection ended", n)
 		}
-		evs := rec.evidence()
+		evs := rec.Evidence()
 		checkEvidence(t, evs)
 		state := map[gateway.SessionID]gateway.Kind{}
 		for _, ev := range evs {

@@ -15,7 +15,6 @@ import (
 	"math/big"
 	"net"
 	"os"
-	"sync"
 	"testing"
 	"time"
 
@@ -25,61 +24,11 @@ import (
 	"golang.org/x/crypto/bcrypt"
 
 	"github.com/fleetgate/fleetgate/gateway"
+	"github.com/fleetgate/fleetgate/gateway/gatewaytest"
 )
 
-// recorder is the test's observation point: it records the evidence the
-// front end hands over and answers with err.
-type recorder struct {
-	mu  sync.Mutex
-	evs []gateway.Evidence
-	err error
-}
-
-var _ gateway.Observer = (*recorder)(nil)
-
-func (r *recorder) Observe(_ context.Context, ev gateway.Evidence) error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.err != nil {
-		return r.err
-	}
-	r.evs = append(r.evs, ev)
-	return nil
-}
-
-func (r *recorder) setErr(err error) {
-	r.mu.Lock()
-	r.err = err
-	r.mu.Unlock()
-}
-
-func (r *recorder) evidence() []gateway.Evidence {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return append([]gateway.Evidence(nil), r.evs...)
-}
-
-// count is the number of pieces of evidence of kind k for session.
-func (r *recorder) count(session gateway.SessionID, k gateway.Kind) int {
-	n := 0
-	for _, ev := range r.evidence() {
-		if ev.Session == session && ev.Kind == k {
-			n++
-		}
-	}
-	return n
-}
-
-// sessionOf is the session of the latest Connect of device ("" if none).
-func (r *recorder) sessionOf(device gateway.DeviceID) gateway.SessionID {
-	var s gateway.SessionID
-	for _, ev := range r.evidence() {
-		if ev.Device == device && ev.Kind == gateway.Connect {
-			s = ev.Session
-		}
-	}
-	return s
-}
+// recorder is the test's observation point (gatewaytest.Recorder).
+type recorder = gatewaytest.Recorder
 
 // bcryptCreds is a small in-memory devices file: device → bcrypt hash.
 type bcryptCreds map[gateway.DeviceID][]byte

@@ -141,7 +141,7 @@ func TestHostileInput(t *testing.T) {
 	if _, _, err := connectV5(t, tlsA.String(), cliTLS, &paho.Connect{ClientID: "after-storm-tls", CleanStart: true}); err != nil {
 		t.Fatalf("TLS after the storm: %v", err)
 	}
-	checkEvidence(t, rec.evidence())
+	checkEvidence(t, rec.Evidence())
 	eventually(t, 10*time.Second, "storm connections ended", func() bool { return s.conns.Load() <= 1 })
 }
 
@@ -164,8 +164,8 @@ func TestOversizedPacket(t *testing.T) {
 		t.Fatalf("connack %#x", code)
 	}
 	r.send(encode(t, packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Publish}, TopicName: "devices/dev-2/t", Payload: make([]byte, 900)}))
-	session := rec.sessionOf("dev-2")
-	eventually(t, 5*time.Second, "renewal", func() bool { return rec.count(session, gateway.Renew) == 1 })
+	session := rec.SessionOf("dev-2")
+	eventually(t, 5*time.Second, "renewal", func() bool { return rec.Count(session, gateway.Renew) == 1 })
 }
 
 // A connection that never sends CONNECT is closed after connectTimeout;
@@ -270,7 +270,7 @@ func TestHostileInputMemory(t *testing.T) {
 		return ms.HeapAlloc
 	}
 	storm(t, tcpAddr(s), nil, streams)
-	rec.setErr(gateway.ErrOverloaded) // the recorder itself must not grow
+	rec.SetErr(gateway.ErrOverloaded) // the recorder itself must not grow
 	storm(t, tcpAddr(s), nil, streams)
 	base := heap()
 	for range 4 {

@@ -29,7 +29,7 @@ func TestV5ConnectHeartbeatLeave(t *testing.T) {
 	s := startServer(t, rec, Options{Credentials: testCreds(t), Clock: clock, Registerer: reg})
 
 	c := mustConnectV5(t, s, "dev-1", "secret-1")
-	evs := rec.evidence() // paho pings once at once: a renewal may follow
+	evs := rec.Evidence() // paho pings once at once: a renewal may follow
 	if len(evs) == 0 {
 		t.Fatal("no evidence after CONNECT")
 	}
@@ -59,8 +59,8 @@ func TestV5ConnectHeartbeatLeave(t *testing.T) {
 	// SUBSCRIBE and PUBLISH were read (the PUBACK of the delivery may be
 	// too, and a PINGREQ paho may send before the clock moved), each a
 	// renewal stamped with the clock.
-	eventually(t, 5*time.Second, "renewals", func() bool { return rec.count("gw-1/7/1", gateway.Renew) >= 2 })
-	evs = rec.evidence()
+	eventually(t, 5*time.Second, "renewals", func() bool { return rec.Count("gw-1/7/1", gateway.Renew) >= 2 })
+	evs = rec.Evidence()
 	for _, ev := range evs[1:] {
 		if ev.Kind != gateway.Renew || ev.Session != "gw-1/7/1" || ev.ObservedAt.Before(t0) || ev.ObservedAt.After(t0.Add(time.Second)) {
 			t.Fatalf("renewal %+v", ev)
@@ -73,7 +73,7 @@ func TestV5ConnectHeartbeatLeave(t *testing.T) {
 	if err := c.Disconnect(&paho.Disconnect{ReasonCode: 0}); err != nil {
 		t.Fatalf("disconnect: %v", err)
 	}
-	eventually(t, 5*time.Second, "leave", func() bool { return rec.count("gw-1/7/1", gateway.Leave) == 1 })
+	eventually(t, 5*time.Second, "leave", func() bool { return rec.Count("gw-1/7/1", gateway.Leave) == 1 })
 	eventually(t, 5*time.Second, "connection gauge back to 0", func() bool { return s.conns.Load() == 0 })
 
 	if got := value(t, s.metrics.evidence[gateway.Connect]); got != 1 {
@@ -94,18 +94,18 @@ func TestV311ConnectHeartbeatLeave(t *testing.T) {
 	if err != nil || code != 0 {
 		t.Fatalf("connect: code %d, %v", code, err)
 	}
-	session := rec.sessionOf("dev-2")
+	session := rec.SessionOf("dev-2")
 	if session == "" {
 		t.Fatal("no connect evidence")
 	}
 	if tok := c.Publish("devices/dev-2/telemetry", 1, false, "x"); !tok.WaitTimeout(10*time.Second) || tok.Error() != nil {
 		t.Fatalf("publish: %v", tok.Error())
 	}
-	if n := rec.count(session, gateway.Renew); n != 1 {
+	if n := rec.Count(session, gateway.Renew); n != 1 {
 		t.Fatalf("%d renewals after one PUBLISH", n)
 	}
 	c.Disconnect(100)
-	eventually(t, 5*time.Second, "leave", func() bool { return rec.count(session, gateway.Leave) == 1 })
+	eventually(t, 5*time.Second, "leave", func() bool { return rec.Count(session, gateway.Leave) == 1 })
 }
 
 // A new connection of the same client takes the session over: the new
@@ -114,10 +114,10 @@ func TestTakeoverIsNotALeave(t *testing.T) {
 	rec := &recorder{}
 	s := startServer(t, rec, Options{Credentials: testCreds(t)})
 	old := mustConnectV5(t, s, "dev-1", "secret-1")
-	first := rec.sessionOf("dev-1")
+	first := rec.SessionOf("dev-1")
 
 	_ = mustConnectV5(t, s, "dev-1", "secret-1")
-	second := rec.sessionOf("dev-1")
+	second := rec.SessionOf("dev-1")
 	if second == first {
 		t.Fatalf("takeover kept session %s", first)
 	}
@@ -136,7 +136,7 @@ func TestTakeoverIsNotALeave(t *testing.T) {
 		t.Fatalf("3.1.1 takeover: code %d, %v", code, err)
 	}
 	eventually(t, 5*time.Second, "second connection gone", func() bool { return s.conns.Load() == 1 })
-	for _, ev := range rec.evidence() {
+	for _, ev := range rec.Evidence() {
 		if ev.Kind == gateway.Leave {
 			t.Fatalf("takeover made a leave: %+v", ev)
 		}
@@ -155,8 +155,8 @@ func TestDropAndFreezeAreNotLeaves(t *testing.T) {
 		t.Fatalf("connack %#x", code)
 	}
 	r.send(encode(t, packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Pingreq}}))
-	dropped := rec.sessionOf("dev-1")
-	eventually(t, 5*time.Second, "ping renewal", func() bool { return rec.count(dropped, gateway.Renew) == 1 })
+	dropped := rec.SessionOf("dev-1")
+	eventually(t, 5*time.Second, "ping renewal", func() bool { return rec.Count(dropped, gateway.Renew) == 1 })
 	_ = r.Close()
 
 	// Frozen: a 3.1.1 device asking for no keep-alive is held to the
@@ -173,13 +173,13 @@ func TestDropAndFreezeAreNotLeaves(t *testing.T) {
 		t.Fatalf("frozen connection closed after %v, before the keep-alive", d)
 	}
 	eventually(t, 5*time.Second, "connections ended", func() bool { return s.conns.Load() == 0 })
-	for _, ev := range rec.evidence() {
+	for _, ev := range rec.Evidence() {
 		if ev.Kind == gateway.Leave {
 			t.Fatalf("drop or freeze made a leave: %+v", ev)
 		}
 	}
-	if n := len(rec.evidence()); n != 3 {
-		t.Fatalf("evidence %+v, want 2 connects and 1 renewal", rec.evidence())
+	if n := len(rec.Evidence()); n != 3 {
+		t.Fatalf("evidence %+v, want 2 connects and 1 renewal", rec.Evidence())
 	}
 }
 
@@ -196,7 +196,7 @@ func TestErrorDisconnectIsNotALeave(t *testing.T) {
 		t.Fatal("connection kept open after DISCONNECT")
 	}
 	eventually(t, 5*time.Second, "connection ended", func() bool { return s.conns.Load() == 0 })
-	if n := rec.count(rec.sessionOf("dev-1"), gateway.Leave); n != 0 {
+	if n := rec.Count(rec.SessionOf("dev-1"), gateway.Leave); n != 0 {
 		t.Fatalf("%d leaves", n)
 	}
 }
@@ -266,7 +266,7 @@ func TestWrongCredentials(t *testing.T) {
 			t.Errorf("3.1.1 password %q: code %d, %v", pw, code, err)
 		}
 	}
-	if evs := rec.evidence(); len(evs) != 0 {
+	if evs := rec.Evidence(); len(evs) != 0 {
 		t.Fatalf("refused devices made evidence: %+v", evs)
 	}
 	if got := value(t, s.metrics.refused[reasonNotAuthorized]); got != 8 {
@@ -295,7 +295,7 @@ func TestInvalidClientIdentifier(t *testing.T) {
 			t.Errorf("3.1.1 client id %q: CONNACK %#x", id, code)
 		}
 	}
-	if evs := rec.evidence(); len(evs) != 0 {
+	if evs := rec.Evidence(); len(evs) != 0 {
 		t.Fatalf("invalid ids made evidence: %+v", evs)
 	}
 }
@@ -372,7 +372,7 @@ func TestObserverRefusals(t *testing.T) {
 		{fmt.Errorf("observe: %w", gateway.ErrInvalidDeviceID), packets.ErrClientIdentifierNotValid.Code, packets.Err3ClientIdentifierNotValid.Code},
 		{fmt.Errorf("uplink down"), packets.ErrUnspecifiedError.Code, packets.Err3ServerUnavailable.Code},
 	} {
-		rec.setErr(tc.err)
+		rec.SetErr(tc.err)
 		if code := connackCode(t, s, &paho.Connect{ClientID: "dev-1", CleanStart: true}); code != tc.v5 {
 			t.Errorf("%v: v5 CONNACK %#x, want %#x", tc.err, code, tc.v5)
 		}
@@ -432,19 +432,19 @@ func TestTLS(t *testing.T) {
 	if err != nil {
 		t.Fatalf("v5 over TLS: %v", err)
 	}
-	session := rec.sessionOf("dev-1")
+	session := rec.SessionOf("dev-1")
 	if err := c.Disconnect(&paho.Disconnect{}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 5*time.Second, "leave over TLS", func() bool { return rec.count(session, gateway.Leave) == 1 })
+	eventually(t, 5*time.Second, "leave over TLS", func() bool { return rec.Count(session, gateway.Leave) == 1 })
 
 	c3, code, err := connectV3(t, "ssl://"+tlsAddr.String(), cliTLS, "dev-2", "secret-2", 10*time.Second)
 	if err != nil || code != 0 {
 		t.Fatalf("3.1.1 over TLS: code %d, %v", code, err)
 	}
-	session = rec.sessionOf("dev-2")
+	session = rec.SessionOf("dev-2")
 	c3.Disconnect(100)
-	eventually(t, 5*time.Second, "3.1.1 leave over TLS", func() bool { return rec.count(session, gateway.Leave) == 1 })
+	eventually(t, 5*time.Second, "3.1.1 leave over TLS", func() bool { return rec.Count(session, gateway.Leave) == 1 })
 	if code := connackCode(t, s, &paho.Connect{ClientID: "dev-2", CleanStart: true, Password: []byte("bad"), PasswordFlag: true}); code != packets.ErrNotAuthorized.Code {
 		t.Fatalf("wrong password on the TCP port: %#x", code)
 	}
@@ -603,7 +603,7 @@ func TestSlowClientDisconnected(t *testing.T) {
 	if n := value(t, s.metrics.refused[reasonTooSlow]); n != 1 {
 		t.Fatalf("refused too_slow %v", n)
 	}
-	if n := rec.count(rec.sessionOf("dev-1"), gateway.Leave); n != 0 {
+	if n := rec.Count(rec.SessionOf("dev-1"), gateway.Leave); n != 0 {
 		t.Fatalf("%d leaves", n)
 	}
 }
@@ -647,20 +647,20 @@ func TestV5ServerKeepAliveAndFreeze(t *testing.T) {
 	if ka := ack.Properties.ServerKeepAlive; ka == nil || *ka != 2 {
 		t.Fatalf("server keep alive %s, want 2", deref(ka))
 	}
-	session := rec.sessionOf("dev-1")
-	eventually(t, 10*time.Second, "keep-alive pings", func() bool { return rec.count(session, gateway.Renew) >= 2 })
+	session := rec.SessionOf("dev-1")
+	eventually(t, 10*time.Second, "keep-alive pings", func() bool { return rec.Count(session, gateway.Renew) >= 2 })
 
 	f.frozen.Store(true)
 	frozenAt := time.Now()
-	renewals := rec.count(session, gateway.Renew)
+	renewals := rec.Count(session, gateway.Renew)
 	eventually(t, 10*time.Second, "frozen connection ended", func() bool { return s.conns.Load() == 0 })
 	if d := time.Since(frozenAt); d < 2*time.Second {
 		t.Fatalf("frozen connection ended after %v, before its keep-alive", d)
 	}
-	if n := rec.count(session, gateway.Renew); n > renewals+1 { // one ping may have been on the wire
+	if n := rec.Count(session, gateway.Renew); n > renewals+1 { // one ping may have been on the wire
 		t.Fatalf("%d renewals after the freeze", n-renewals)
 	}
-	if n := rec.count(session, gateway.Leave); n != 0 {
+	if n := rec.Count(session, gateway.Leave); n != 0 {
 		t.Fatalf("freeze made %d leaves", n)
 	}
 }

@@ -1,0 +1,77 @@
+// Package gatewaytest holds test helpers shared by the packages that
+// hand evidence to a gateway.Observer.
+package gatewaytest
+
+import (
+	"context"
+	"sync"
+
+	"github.com/fleetgate/fleetgate/gateway"
+)
+
+// Recorder is a test's observation point behind a front end: it records
+// the evidence handed to it and answers with the error set by SetErr
+// (nil: accepted). The zero value is ready to use.
+type Recorder struct {
+	mu  sync.Mutex
+	evs []gateway.Evidence
+	err error
+}
+
+var _ gateway.Observer = (*Recorder)(nil)
+
+// Observe records ev unless an error is set, which it returns instead.
+func (r *Recorder) Observe(_ context.Context, ev gateway.Evidence) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.err != nil {
+		return r.err
+	}
+	r.evs = append(r.evs, ev)
+	return nil
+}
+
+// SetErr makes Observe refuse with err (nil: accept again).
+func (r *Recorder) SetErr(err error) {
+	r.mu.Lock()
+	r.err = err
+	r.mu.Unlock()
+}
+
+// Evidence is a copy of what was recorded, in order.
+func (r *Recorder) Evidence() []gateway.Evidence {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]gateway.Evidence(nil), r.evs...)
+}
+
+// Take returns what was recorded so far and forgets it.
+func (r *Recorder) Take() []gateway.Evidence {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	evs := r.evs
+	r.evs = nil
+	return evs
+}
+
+// Count is the number of pieces of evidence of kind k for session.
+func (r *Recorder) Count(session gateway.SessionID, k gateway.Kind) int {
+	n := 0
+	for _, ev := range r.Evidence() {
+		if ev.Session == session && ev.Kind == k {
+			n++
+		}
+	}
+	return n
+}
+
+// SessionOf is the session of the latest Connect of device ("" if none).
+func (r *Recorder) SessionOf(device gateway.DeviceID) gateway.SessionID {
+	var s gateway.SessionID
+	for _, ev := range r.Evidence() {
+		if ev.Device == device && ev.Kind == gateway.Connect {
+			s = ev.Session
+		}
+	}
+	return s
+}
