@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -88,6 +90,20 @@ func TestQueryCommandsAndReload(t *testing.T) {
 		code, out, _ := runCLI(t, "devices", "get", "--addr", gw.admin, "--json", "dev-q")
 		return code == 0 && strings.Contains(out, `"state": "online"`)
 	})
+
+	resp, err := http.Get("http://" + gw.admin + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	metrics, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, m := range []string{"fleetgate_sessions 1", `fleetgate_evidence_total{kind="renew",protocol="coap"}`, "fleetgate_renewals_written_total",
+		"fleetgate_flushes_total", "fleetgate_flush_duration_seconds", "fleetgate_outbox_sessions", "fleetgate_outbox_oldest_age_seconds",
+		"fleetgate_uplink_up 1", "fleetgate_runner_reaped_total", "fleetgate_runner_reap_lag_seconds"} {
+		if !strings.Contains(string(metrics), m) {
+			t.Errorf("/metrics has no %s", m)
+		}
+	}
 
 	code, out, errs := runCLI(t, "status", "--addr", gw.admin, "--json")
 	var st map[string]any

@@ -111,6 +111,10 @@ func (g *gatewayProcess) run(ctx context.Context) (err error) {
 		Lease: cfg.Presence.Lease.Std(), RenewEvery: cfg.Presence.RenewEvery.Std(),
 		MaxSessions: cfg.Presence.MaxSessions, Clock: gateway.SystemClock{},
 	})
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "fleetgate_sessions",
+		Help: "Device sessions in the gateway's session table (live on this gateway).",
+	}, func() float64 { return float64(g.table.Len()) }))
 	if cfg.Runner.Enabled {
 		g.runner = runner.New(g.store, runner.Options{
 			Owner: fmt.Sprintf("%s/%d", cfg.Gateway.ID, g.epoch), Interval: cfg.Runner.Interval.Std(),
