@@ -95,3 +95,35 @@ func TestApplyShardsOnePipeline(t *testing.T) {
 		}
 	})
 }
+
+// The event stream is capped near EventsMaxLen (MAXLEN ~, trimmed once
+// per script call): it neither grows without bound nor drops below the cap.
+func TestEventsStreamCapped(t *testing.T) {
+	c := sharedServer().Client(t)
+	const maxLen = 200
+	prefix := uniquePrefix()
+	s, err := Open(t.Context(), c, Options{Prefix: prefix, Shards: 1, EventsMaxLen: maxLen})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for round := 0; round < 20; round++ {
+		var ws []gateway.Write
+		for i := 0; i < 50; i++ {
+			d := gateway.DeviceID(fmt.Sprintf("cap-%d", i))
+			ws = append(ws, gateway.Write{Device: d, Session: "coap/default", Kind: gateway.Connect},
+				gateway.Write{Device: d, Session: "coap/default", Kind: gateway.Leave})
+		}
+		if _, err := s.Apply(t.Context(), 0, gateway.Batch{Gateway: "gw-cap", Epoch: 1, Lease: time.Minute, Writes: ws}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	n, err := c.XLen(t.Context(), "{"+prefix+":0}:events").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 2,000 events written; a radix-tree node holds up to 100 entries, so
+	// approximate trimming keeps between maxLen and maxLen+100.
+	if n < maxLen || n > maxLen+100 {
+		t.Fatalf("stream length %d after 2000 events, want %d..%d", n, maxLen, maxLen+100)
+	}
+}

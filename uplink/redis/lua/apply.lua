@@ -58,7 +58,7 @@ local function renewsonly(p, sid)
 end
 
 local events = {1}
-local function event(...) events[#events + 1] = emit(maxlen, ...) end
+local function event(...) events[#events + 1] = emit(...) end
 
 for i = 7, #ARGV, 4 do
   local dev, sid, kind = ARGV[i], ARGV[i + 1], ARGV[i + 2]
@@ -148,4 +148,5 @@ end
 if #hset > 0 then mcall('HSET', KEYS[2], hset) end
 if #zadd > 0 then mcall('ZADD', KEYS[1], zadd) end
 if #zrem > 0 then mcall('ZREM', KEYS[1], zrem) end
+trim(maxlen)
 return events

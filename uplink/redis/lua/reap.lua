@@ -39,7 +39,7 @@ for k, dev in ipairs(devs) do
   local rec, ver, gw, sid
   if p then rec, ver, gw, sid = offline(p) end
   if rec then
-    events[#events + 1] = emit(maxlen, dev, 'offline', ver, nowstr, 'expired', gwname(gw), sid, old)
+    events[#events + 1] = emit(dev, 'offline', ver, nowstr, 'expired', gwname(gw), sid, old)
     zrem[#zrem + 1] = dev
     hset[#hset + 1] = dev
     hset[#hset + 1] = rec
@@ -57,7 +57,7 @@ for k, dev in ipairs(devs) do
         zadd[#zadd + 1] = dev
       else
         r.on, r.ver, r.since = false, r.ver + 1, now
-        events[#events + 1] = emit(maxlen, dev, 'offline', r.ver, nowstr, 'expired', gwname(r.lastgw), r.lastsid, old)
+        events[#events + 1] = emit(dev, 'offline', r.ver, nowstr, 'expired', gwname(r.lastgw), r.lastsid, old)
         zrem[#zrem + 1] = dev
       end
       hset[#hset + 1] = dev
@@ -69,6 +69,7 @@ if #hset > 0 then mcall('HSET', KEYS[2], hset) end
 if #zadd > 0 then mcall('ZADD', KEYS[1], zadd) end
 if #zrem > 0 then mcall('ZREM', KEYS[1], zrem) end
 
+trim(maxlen)
 local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
 local more, nextdl = 0, -1
 if #first > 0 then

@@ -197,18 +197,27 @@ end
 
 -- emit appends an event to the shard's stream and returns it as the
 -- scripts report it: {id, device, state, ver, at, reason, gw, session, deadline}.
-local function emit(maxlen, dev, state, ver, at, reason, gw, sid, deadline)
+-- The stream is capped once per script call, by trim.
+local emitted = 0
+local function emit(dev, state, ver, at, reason, gw, sid, deadline)
   local id
   if deadline then
-    id = redis.call('XADD', KEYS[3], 'MAXLEN', '~', maxlen, '*',
+    id = redis.call('XADD', KEYS[3], '*',
       'device', dev, 'state', state, 'ver', ver, 'at', at, 'reason', reason,
       'gw', gw, 'session', sid, 'deadline', deadline)
   else
-    id = redis.call('XADD', KEYS[3], 'MAXLEN', '~', maxlen, '*',
+    id = redis.call('XADD', KEYS[3], '*',
       'device', dev, 'state', state, 'ver', ver, 'at', at, 'reason', reason,
       'gw', gw, 'session', sid)
   end
+  emitted = emitted + 1
   return {id, dev, state, ver, at, reason, gw, sid, deadline or 0}
+end
+
+-- trim caps the stream at about maxlen entries (MAXLEN ~) when the call
+-- appended events: one trim per call instead of one per event.
+local function trim(maxlen)
+  if emitted > 0 then redis.call('XTRIM', KEYS[3], 'MAXLEN', '~', maxlen) end
 end
 
 -- mcall runs a variadic command over list in chunks that stay below
