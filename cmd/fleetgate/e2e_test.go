@@ -1,6 +1,7 @@
 package main
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -174,4 +175,30 @@ func TestE2EOutageLapsedEvidenceNotResurrected(t *testing.T) {
 	if len(evs) != 2 {
 		t.Fatalf("events %+v, want online then offline only: lapsed evidence was resurrected", evs)
 	}
+}
+
+// A gateway started while Redis is unreachable serves its devices at once
+// (into the outbox); once Redis answers, the evidence is replayed and the
+// device comes online with reason replay.
+func TestE2EStartDuringOutage(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	rc := srv.Client(t)
+	px := newProxy(t, srv.Addr)
+	px.setCut(true)
+	tm := e2eTiming{lease: 10 * time.Second, heartbeat: time.Second, renewEvery: time.Second, flush: 100 * time.Millisecond, runnerInterval: 100 * time.Millisecond}
+	gw := newGateway(t, "gw-late", px.addr(), tm)
+	gw.start() // ready although Redis is cut
+	d := device{t: t, id: "dev-late"}
+	d.heartbeat(gw.coapAddr)
+	waitFor(t, 10*time.Second, "outbox holds the device", func() bool {
+		code, out, _ := runCLI(t, "status", "--addr", gw.admin, "--json")
+		return code == 0 && strings.Contains(out, `"outbox_sessions": 1`)
+	})
+	px.setCut(false)
+	waitFor(t, 30*time.Second, "online after Redis answered", func() bool { return len(eventsOf(events(t, rc, 4), d.id)) == 1 })
+	if evs := eventsOf(events(t, rc, 4), d.id); evs[0].state != "online" || evs[0].reason != "replay" {
+		t.Fatalf("events %+v, want one online with reason replay", evs)
+	}
+	gw.stop()
 }

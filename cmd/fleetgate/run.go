@@ -57,7 +57,8 @@ type gatewayProcess struct {
 
 	epoch   uint64
 	started time.Time
-	store   openedStore
+	store   gateway.Store
+	fatal   chan error // a part that cannot go on (a late shard mismatch)
 	up      *uplink.Uplink
 	table   *gateway.Table
 	runner  *runner.Runner
@@ -93,7 +94,8 @@ func (g *gatewayProcess) run(ctx context.Context) (err error) {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
-	if g.store, err = openStore(ctx, cfg, db, log); err != nil {
+	g.fatal = make(chan error, 1)
+	if g.store, err = openGatewayStore(ctx, cfg, db, log, g.fatal); err != nil {
 		return err
 	}
 	defer func() { err = errors.Join(err, g.store.Close()) }()
@@ -185,6 +187,9 @@ loop:
 		case err := <-failed:
 			runErr = fmt.Errorf("front end stopped: %w", err)
 			failed <- nil
+			break loop
+		case err := <-g.fatal:
+			runErr = err
 			break loop
 		case <-hup:
 			g.reload(log)
