@@ -5,7 +5,15 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
+	"net"
+	"net/http"
 	"os"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/fleetgate/fleetgate/configs"
 	"github.com/fleetgate/fleetgate/gateway"
@@ -16,8 +24,9 @@ import (
 // embedded store lives in a gateway's locked state file, whose own runner
 // does the work). Several runner processes share the shards.
 func cmdRunner(ctx context.Context, args []string, _, stderr io.Writer) (err error) {
-	fs, path := newFlags("runner", "runner [-c FILE] [--owner NAME]", stderr)
+	fs, path := newFlags("runner", "runner [-c FILE] [--owner NAME] [--metrics HOST:PORT]", stderr)
 	owner := fs.String("owner", "", "lock owner name (default: <gateway.id>/runner/<pid>)")
+	metricsAddr := fs.String("metrics", "", "serve /healthz, /metrics and /v1/status on this address (e.g. 127.0.0.1:9181)")
 	cfg, err := parseAndLoad(fs, args, path)
 	if err != nil {
 		return err
@@ -35,9 +44,49 @@ func cmdRunner(ctx context.Context, args []string, _, stderr io.Writer) (err err
 		return err
 	}
 	defer func() { err = errors.Join(err, store.Close()) }()
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	r := runner.New(store, runner.Options{
 		Owner: *owner, Interval: cfg.Runner.Interval.Std(), Batch: cfg.Runner.Batch,
-		LockTTL: cfg.Runner.LockTTL.Std(), Clock: gateway.SystemClock{}, Logger: log,
+		LockTTL: cfg.Runner.LockTTL.Std(), Clock: gateway.SystemClock{}, Logger: log, Registerer: reg,
 	})
+	if addr := *metricsAddr; addr != "" {
+		stop, err := serveRunnerMetrics(addr, reg, r, log)
+		if err != nil {
+			return err
+		}
+		defer stop()
+	}
 	return r.Run(ctx)
+}
+
+// serveRunnerMetrics serves /healthz, /metrics and /v1/status (the
+// runner's status) for a runner-only process.
+func serveRunnerMetrics(addr string, reg *prometheus.Registry, r *runner.Runner, log *slog.Logger) (stop func(), err error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("runner metrics: listen %s: %w", addr, err)
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("GET /v1/status", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_ = printJSON(w, map[string]any{"runner": r.Status()})
+	})
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+			log.Error("runner metrics server stopped", "err", err)
+		}
+	}()
+	log.Info("runner metrics listening", "addr", ln.Addr().String())
+	return func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(ctx)
+		<-done
+	}, nil
 }
