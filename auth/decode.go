@@ -13,6 +13,7 @@ import (
 	"strings"
 
 	"github.com/fleetgate/fleetgate/gateway"
+	"github.com/fleetgate/fleetgate/internal/yamlpos"
 	"go.yaml.in/yaml/v3"
 )
 
@@ -36,14 +37,14 @@ func decodeFile(name string, data []byte) ([]entry, error) {
 		if errors.Is(err, io.EOF) {
 			return nil, fmt.Errorf("%s: the file is empty; want a devices list (write \"devices: []\" for none)", name)
 		}
-		return nil, syntaxError(name, err)
+		return nil, yamlpos.SyntaxError(name, err)
 	}
 	var extra yaml.Node
 	switch err := dec.Decode(&extra); {
 	case err == nil:
 		return nil, fmt.Errorf("%s:%d:%d: a second YAML document; the devices file is one document", name, extra.Line, extra.Column)
 	case !errors.Is(err, io.EOF):
-		return nil, syntaxError(name, err)
+		return nil, yamlpos.SyntaxError(name, err)
 	}
 	root := &doc
 	if root.Kind == yaml.DocumentNode && len(root.Content) == 1 {
@@ -55,18 +56,6 @@ func decodeFile(name string, data []byte) ([]entry, error) {
 		return nil, errors.Join(d.errs...)
 	}
 	return entries, nil
-}
-
-var yamlLineRE = regexp.MustCompile(`^yaml: line (\d+): (.*)$`)
-
-// syntaxError positions a YAML syntax error. The parser reports a line but
-// no column, so these errors read "name:line: problem".
-func syntaxError(name string, err error) error {
-	msg := err.Error()
-	if m := yamlLineRE.FindStringSubmatch(msg); m != nil {
-		return fmt.Errorf("%s:%s: invalid YAML: %s", name, m[1], m[2])
-	}
-	return fmt.Errorf("%s: invalid YAML: %s", name, strings.TrimPrefix(msg, "yaml: "))
 }
 
 // decoder walks the yaml.Node tree so that every error carries the

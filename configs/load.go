@@ -7,10 +7,11 @@ import (
 	"io"
 	"os"
 	"reflect"
-	"regexp"
 	"strings"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/fleetgate/fleetgate/internal/yamlpos"
 )
 
 // maxErrors bounds how many decoding problems one file reports.
@@ -61,14 +62,14 @@ func decodeFile(name string, data []byte, c *Config) error {
 		if errors.Is(err, io.EOF) {
 			return nil
 		}
-		return syntaxError(name, err)
+		return yamlpos.SyntaxError(name, err)
 	}
 	var extra yaml.Node
 	switch err := dec.Decode(&extra); {
 	case err == nil:
 		return fmt.Errorf("%s:%d:%d: a second YAML document; the configuration is one document", name, extra.Line, extra.Column)
 	case !errors.Is(err, io.EOF):
-		return syntaxError(name, err)
+		return yamlpos.SyntaxError(name, err)
 	}
 	d := &decoder{name: name}
 	root := &doc
@@ -77,18 +78,6 @@ func decodeFile(name string, data []byte, c *Config) error {
 	}
 	d.value(root, "", reflect.ValueOf(c).Elem())
 	return errors.Join(d.errs...)
-}
-
-var yamlLineRE = regexp.MustCompile(`^yaml: line (\d+): (.*)$`)
-
-// syntaxError positions a YAML syntax error. The parser reports a line but
-// no column, so these errors read "name:line: problem".
-func syntaxError(name string, err error) error {
-	msg := err.Error()
-	if m := yamlLineRE.FindStringSubmatch(msg); m != nil {
-		return fmt.Errorf("%s:%s: invalid YAML: %s", name, m[1], m[2])
-	}
-	return fmt.Errorf("%s: invalid YAML: %s", name, strings.TrimPrefix(msg, "yaml: "))
 }
 
 // decoder walks a yaml.Node tree alongside a Config, so that every error
