@@ -30,19 +30,31 @@ type applyCall struct {
 	err    error
 }
 
-// countingStore records the Apply calls made to a real store.
+// countingStore records the Apply calls made to a real store; the empty
+// batches that announce an epoch are counted apart.
 type countingStore struct {
 	gateway.Store
-	mu    sync.Mutex
-	calls []applyCall
+	mu        sync.Mutex
+	calls     []applyCall
+	announces int
 }
 
 func (c *countingStore) Apply(ctx context.Context, shard int, b gateway.Batch) (gateway.ApplyResult, error) {
 	res, err := c.Store.Apply(ctx, shard, b)
 	c.mu.Lock()
-	c.calls = append(c.calls, applyCall{shard, len(b.Writes), b.Replay, err})
+	if len(b.Writes) == 0 {
+		c.announces++
+	} else {
+		c.calls = append(c.calls, applyCall{shard, len(b.Writes), b.Replay, err})
+	}
 	c.mu.Unlock()
 	return res, err
+}
+
+func (c *countingStore) Announces() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.announces
 }
 
 func (c *countingStore) Calls() []applyCall {

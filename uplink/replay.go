@@ -56,6 +56,9 @@ func (r *replayer) round(ctx context.Context) error {
 	u.sendMu.Lock()
 	defer u.sendMu.Unlock()
 	t := u.timing()
+	if err := u.announce(ctx, t); err != nil {
+		return err
+	}
 	var skip map[uint64]bool
 	if r.prev != nil {
 		skip = r.prev.skip

@@ -97,6 +97,8 @@ type Uplink struct {
 	// sendMu serializes flushes and replay rounds, so that the choice
 	// between store and outbox and the order per session hold.
 	sendMu sync.Mutex
+	// announced: this process's epoch is recorded on every shard.
+	announced bool // under sendMu
 
 	hmu      sync.Mutex
 	up       bool
@@ -303,6 +305,12 @@ func (u *Uplink) flushOnce(ctx context.Context) error {
 		return nil
 	}
 	var failed []item
+	if !toOutbox {
+		if err := u.announce(ctx, t); err != nil {
+			u.markDown(err)
+			toOutbox = true
+		}
+	}
 	if toOutbox {
 		for _, items := range taken {
 			failed = append(failed, items...)
@@ -360,6 +368,43 @@ func (u *Uplink) send(ctx context.Context, t timing, taken [][]item) (failed []i
 		u.markDown(first)
 	}
 	return failed
+}
+
+// announce records this process's epoch on every shard, once, before its
+// first write: an empty batch per shard. The Redis store keeps the newest
+// epoch per shard, so without it a delayed batch of an older process of
+// this gateway would still be accepted on a shard this process has not
+// written to yet (invariant 3). Called with sendMu held.
+func (u *Uplink) announce(ctx context.Context, t timing) error {
+	if u.announced {
+		return nil
+	}
+	batches := make([]gateway.ShardBatch, u.shards)
+	for i := range batches {
+		batches[i] = gateway.ShardBatch{Shard: i, Batch: gateway.Batch{Gateway: u.gw, Epoch: u.epoch, Lease: t.lease}}
+	}
+	ctx, cancel := context.WithTimeout(ctx, u.timeout)
+	defer cancel()
+	var results []gateway.ShardResult
+	if m, ok := u.store.(gateway.MultiApplier); ok {
+		results = m.ApplyShards(ctx, batches)
+	} else {
+		results = make([]gateway.ShardResult, len(batches))
+		for i, b := range batches {
+			results[i].Result, results[i].Err = u.store.Apply(ctx, b.Shard, b.Batch)
+		}
+	}
+	for i, r := range results {
+		switch {
+		case r.Err == nil:
+		case errors.Is(r.Err, gateway.ErrFenced):
+			u.log.Error("STORE FENCED THIS GATEWAY EPOCH at start: a newer process of this gateway is writing", "epoch", u.epoch, "shard", i, "err", r.Err)
+		default:
+			return fmt.Errorf("uplink: announce epoch %d on shard %d: %w", u.epoch, i, r.Err)
+		}
+	}
+	u.announced = true
+	return nil
 }
 
 // sendMulti sends every shard's batch in one ApplyShards call.

@@ -38,6 +38,7 @@ func Run(t *testing.T, open Opener) {
 		{"ReapKeepsDeviceWithLiveSession", testReapKeepsLive},
 		{"Fencing", testFencing},
 		{"FencedBatchWritesNoExpiry", testFencedNoExpiry},
+		{"EmptyBatchRecordsEpoch", testEmptyBatchRecordsEpoch},
 		{"ShardErrors", testShardErrors},
 		{"DeviceNotFound", testDeviceNotFound},
 		{"VerContinues", testVerContinues},
@@ -533,6 +534,29 @@ func testFencing(t *testing.T, open Opener) {
 	e.checkDevice(d1, onlineInfo(d1, 1, t0, sess("s1", e.now().Add(lease))))
 	res = e.apply(batch(gwB, 1, wr(d2, "s2", gateway.Leave, 0)))
 	e.checkEvents("other gateway still on epoch 1", res.Events, 0, leaveEvent(d2, 2, e.now(), gwB, "s2"))
+}
+
+// testEmptyBatchRecordsEpoch: a batch without writes (the uplink's
+// announcement of a new process) changes nothing but the epoch: an older
+// epoch of that gateway is fenced on that shard afterwards.
+func testEmptyBatchRecordsEpoch(t *testing.T, open Opener) {
+	e := newEnv(t, open, 2)
+	d := gateway.DeviceID("dev-1")
+	shard := gateway.ShardOf(d, 2)
+	for sh := range 2 {
+		res, err := e.store.Apply(e.ctx, sh, batch(gwA, 5))
+		if err != nil || len(res.Events) != 0 {
+			t.Fatalf("empty batch on shard %d: %+v %v, want no events and no error", sh, res, err)
+		}
+	}
+	if err := e.applyErr(batch(gwA, 4, wr(d, "s1", gateway.Connect, 0))); !errors.Is(err, gateway.ErrFenced) {
+		t.Fatalf("epoch 4 after an empty epoch-5 batch: %v, want ErrFenced", err)
+	}
+	if log := e.log(shard); len(log) != 0 {
+		t.Fatalf("events after an empty batch and a fenced one: %s", describeEvents(log))
+	}
+	e.checkAbsent(d)
+	e.apply(batch(gwA, 5, wr(d, "s1", gateway.Connect, 0)))
 }
 
 // testFencedNoExpiry: a fenced batch is refused whole, including the

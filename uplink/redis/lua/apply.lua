@@ -16,6 +16,9 @@ if not gwref then
   redis.call('HSET', KEYS[4], '@' .. gw, gwref, '#' .. gwref, gw)
 end
 gwnames[gwref] = gw
+-- A batch without writes only records the epoch (the uplink announces a
+-- new process on every shard so that older epochs are fenced everywhere).
+if #ARGV < 7 then return {1} end
 
 -- Load every device of the batch once. Device k (idx[dev] = k) has its
 -- packed record packed[k], its deadline z[k] (false when it has none) and,
