@@ -1,13 +1,13 @@
 package coap
 
 import (
-	"errors"
 	"fmt"
 
 	"github.com/plgd-dev/go-coap/v3/message/codes"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/fleetgate/fleetgate/gateway"
+	"github.com/fleetgate/fleetgate/internal/promshare"
 )
 
 // metrics are the front end's Prometheus counters.
@@ -68,16 +68,16 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		Help: "Receive buffer the kernel granted the CoAP UDP socket.",
 	})
 	var err error
-	if evidence, err = register(reg, evidence); err != nil {
+	if evidence, err = promshare.Register(reg, evidence); err != nil {
 		return nil, err
 	}
-	if requests, err = register(reg, requests); err != nil {
+	if requests, err = promshare.Register(reg, requests); err != nil {
 		return nil, err
 	}
-	if dropped, err = register(reg, dropped); err != nil {
+	if dropped, err = promshare.Register(reg, dropped); err != nil {
 		return nil, err
 	}
-	if rcvbuf, err = register(reg, rcvbuf); err != nil {
+	if rcvbuf, err = promshare.Register(reg, rcvbuf); err != nil {
 		return nil, err
 	}
 	m := &metrics{
@@ -97,26 +97,6 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		m.byCode[c] = requests.WithLabelValues(codeLabel(c))
 	}
 	return m, nil
-}
-
-// register registers c with reg (nil: not registered). A collector
-// already registered with the same description, as by a second server on
-// the same registry, is shared.
-func register[C prometheus.Collector](reg prometheus.Registerer, c C) (C, error) {
-	if reg == nil {
-		return c, nil
-	}
-	err := reg.Register(c)
-	if err == nil {
-		return c, nil
-	}
-	var are prometheus.AlreadyRegisteredError
-	if errors.As(err, &are) {
-		if existing, ok := are.ExistingCollector.(C); ok {
-			return existing, nil
-		}
-	}
-	return c, fmt.Errorf("register metrics: %w", err)
 }
 
 func (m *metrics) answered(c codes.Code) {

@@ -1,12 +1,10 @@
 package mqtt
 
 import (
-	"errors"
-	"fmt"
-
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/fleetgate/fleetgate/gateway"
+	"github.com/fleetgate/fleetgate/internal/promshare"
 )
 
 // Refusal reasons, the label values of fleetgate_mqtt_refused_total.
@@ -38,7 +36,7 @@ type metrics struct {
 // registered). fleetgate_evidence_total is shared with the other front
 // ends: same name and help, told apart by the protocol label.
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
-	evidence, err := register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
+	evidence, err := promshare.Register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name:        "fleetgate_evidence_total",
 		Help:        "Evidence accepted by the gateway from protocol front ends, by kind.",
 		ConstLabels: prometheus.Labels{"protocol": "mqtt"},
@@ -46,14 +44,14 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	if err != nil {
 		return nil, err
 	}
-	refused, err := register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
+	refused, err := promshare.Register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "fleetgate_mqtt_refused_total",
 		Help: "MQTT connections refused or ended by the front end, by reason.",
 	}, []string{"reason"}))
 	if err != nil {
 		return nil, err
 	}
-	connections, err := register(reg, prometheus.NewGauge(prometheus.GaugeOpts{
+	connections, err := promshare.Register(reg, prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "fleetgate_mqtt_connections",
 		Help: "MQTT connections admitted and not yet ended.",
 	}))
@@ -71,26 +69,6 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		m.refused[r] = refused.WithLabelValues(r)
 	}
 	return m, nil
-}
-
-// register registers c with reg; a collector already registered with the
-// same description (another front end's evidence counter) is shared.
-func register[C prometheus.Collector](reg prometheus.Registerer, c C) (C, error) {
-	if reg == nil {
-		return c, nil
-	}
-	err := reg.Register(c)
-	if err == nil {
-		return c, nil
-	}
-	var are prometheus.AlreadyRegisteredError
-	if errors.As(err, &are) {
-		if existing, ok := are.ExistingCollector.(C); ok {
-			return existing, nil
-		}
-	}
-	var zero C
-	return zero, fmt.Errorf("register metrics: %w", err)
 }
 
 func (m *metrics) accepted(k gateway.Kind) { m.evidence[k].Inc() }
