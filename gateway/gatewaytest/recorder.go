@@ -1,10 +1,12 @@
-// Package gatewaytest holds test helpers shared by the packages that
-// hand evidence to a gateway.Observer.
+// Package gatewaytest holds test helpers shared by the protocol front
+// ends: an evidence recorder and a serve-until-cleanup runner.
 package gatewaytest
 
 import (
 	"context"
 	"sync"
+	"testing"
+	"time"
 
 	"github.com/fleetgate/fleetgate/gateway"
 )
@@ -74,4 +76,31 @@ func (r *Recorder) SessionOf(device gateway.DeviceID) gateway.SessionID {
 		}
 	}
 	return s
+}
+
+// Server is a front end as the tests drive it.
+type Server interface {
+	Serve(ctx context.Context) error
+	Close() error
+}
+
+// Serve runs s until the test ends; at cleanup it closes s and checks
+// that Serve returned nil within 10 s.
+func Serve(t testing.TB, s Server) {
+	t.Helper()
+	served := make(chan error, 1)
+	go func() { served <- s.Serve(context.Background()) }()
+	t.Cleanup(func() {
+		if err := s.Close(); err != nil {
+			t.Errorf("Close: %v", err)
+		}
+		select {
+		case err := <-served:
+			if err != nil {
+				t.Errorf("Serve: %v", err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Errorf("Serve did not return after Close")
+		}
+	})
 }

@@ -60,21 +60,7 @@ func startServer(t testing.TB, obs gateway.Observer, o Options) *Server {
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
-	served := make(chan error, 1)
-	go func() { served <- s.Serve(context.Background()) }()
-	t.Cleanup(func() {
-		if err := s.Close(); err != nil {
-			t.Errorf("Close: %v", err)
-		}
-		select {
-		case err := <-served:
-			if err != nil {
-				t.Errorf("Serve: %v", err)
-			}
-		case <-time.After(10 * time.Second):
-			t.Errorf("Serve did not return after Close")
-		}
-	})
+	gatewaytest.Serve(t, s)
 	return s
 }
 

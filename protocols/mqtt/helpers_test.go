@@ -78,7 +78,7 @@ func testCreds(t testing.TB) bcryptCreds {
 func startServer(t testing.TB, obs gateway.Observer, o Options) *Server {
 	t.Helper()
 	s := newServer(t, obs, o)
-	serve(t, s)
+	gatewaytest.Serve(t, s)
 	return s
 }
 
@@ -108,26 +108,6 @@ func newServer(t testing.TB, obs gateway.Observer, o Options) *Server {
 		t.Fatalf("New: %v", err)
 	}
 	return s
-}
-
-// serve runs s until the test ends, and checks that Serve then returned nil.
-func serve(t testing.TB, s *Server) {
-	t.Helper()
-	served := make(chan error, 1)
-	go func() { served <- s.Serve(context.Background()) }()
-	t.Cleanup(func() {
-		if err := s.Close(); err != nil {
-			t.Errorf("Close: %v", err)
-		}
-		select {
-		case err := <-served:
-			if err != nil {
-				t.Errorf("Serve: %v", err)
-			}
-		case <-time.After(10 * time.Second):
-			t.Errorf("Serve did not return after Close")
-		}
-	})
 }
 
 func tcpAddr(s *Server) string {

@@ -18,6 +18,7 @@ import (
 
 	"github.com/fleetgate/fleetgate/gateway"
 	"github.com/fleetgate/fleetgate/gateway/clocktest"
+	"github.com/fleetgate/fleetgate/gateway/gatewaytest"
 )
 
 var t0 = time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
@@ -542,7 +543,7 @@ func TestPasswordChecksAreBounded(t *testing.T) {
 	s := newServer(t, &recorder{}, Options{Credentials: creds, Registerer: prometheus.NewRegistry()})
 	s.authSlots = make(chan struct{}, 1)
 	s.authWait = 20 * time.Millisecond
-	serve(t, s)
+	gatewaytest.Serve(t, s)
 
 	codes := make(chan byte, 4)
 	for i := range 4 {
