@@ -69,11 +69,13 @@ type Store struct {
 	keys   []shardKeys
 
 	apply, reap, view, lease *redis.Script
+
+	beliefs beliefSet
 }
 
 // shardKeys are the keys of one shard, in the order the scripts expect.
 type shardKeys struct {
-	data   []string // exp, dev, events, epochs
+	data   []string // exp, dev, events, epochs, inv
 	runner []string
 }
 
@@ -112,7 +114,7 @@ func Open(ctx context.Context, c redis.UniversalClient, o Options) (*Store, erro
 	for i := 0; i < o.Shards; i++ {
 		tag := fmt.Sprintf("{%s:%d}", o.Prefix, i)
 		s.keys = append(s.keys, shardKeys{
-			data:   []string{tag + ":exp", tag + ":dev", tag + ":events", tag + ":epochs"},
+			data:   []string{tag + ":exp", tag + ":dev", tag + ":events", tag + ":epochs", tag + ":inv"},
 			runner: []string{tag + ":runner"},
 		})
 	}
@@ -186,12 +188,8 @@ func unavailable(op string, err error) error {
 
 // Apply applies a batch of writes of one shard in one script call.
 func (s *Store) Apply(ctx context.Context, shard int, b gateway.Batch) (gateway.ApplyResult, error) {
-	args, err := s.applyArgs(shard, b)
-	if err != nil {
-		return gateway.ApplyResult{}, err
-	}
-	res, err := s.apply.Run(ctx, s.c, s.keys[shard].data, args...).Slice()
-	return applyResult(shard, b, res, err)
+	r := s.ApplyShards(ctx, []gateway.ShardBatch{{Shard: shard, Batch: b}})[0]
+	return r.Result, r.Err
 }
 
 var _ gateway.MultiApplier = (*Store)(nil)
@@ -204,11 +202,14 @@ func (s *Store) ApplyShards(ctx context.Context, batches []gateway.ShardBatch) [
 	out := make([]gateway.ShardResult, len(batches))
 	cmds := make([]*redis.Cmd, len(batches))
 	args := make([][]any, len(batches))
+	bels, unlock := s.beliefs.lockAll(batches)
+	defer unlock()
+	now := s.localNow()
 	// Each command carries its own error (a network failure is set on
 	// all of them), so the pipeline's first error needs no reading.
 	_, _ = s.c.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for i, sb := range batches {
-			a, err := s.applyArgs(sb.Shard, sb.Batch)
+			a, err := s.applyArgs(sb.Shard, sb.Batch, bels[i], now)
 			if err != nil {
 				out[i].Err = err
 				continue
@@ -226,22 +227,25 @@ func (s *Store) ApplyShards(ctx context.Context, batches []gateway.ShardBatch) [
 		if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
 			res, err = s.apply.Run(ctx, s.c, s.keys[sb.Shard].data, args[i]...).Slice()
 		}
-		out[i].Result, out[i].Err = applyResult(sb.Shard, sb.Batch, res, err)
+		out[i].Result, out[i].Err = applyResult(sb.Shard, sb.Batch, res, err, bels[i], now)
 	}
 	return out
 }
 
-// applyArgs checks a batch and lays it out as the apply script's ARGV.
-func (s *Store) applyArgs(shard int, b gateway.Batch) ([]any, error) {
+// localNow is the clock beliefs age by: the test clock when set.
+func (s *Store) localNow() time.Time {
+	if s.now != nil {
+		return s.now()
+	}
+	return time.Now()
+}
+
+// applyArgs checks a batch and lays it out as the apply script's ARGV,
+// the writes bel allows first as believed renewals.
+func (s *Store) applyArgs(shard int, b gateway.Batch, bel *beliefs, now time.Time) ([]any, error) {
 	if err := s.checkShard("apply", shard); err != nil {
 		return nil, err
 	}
-	args := make([]any, 0, 6+4*len(b.Writes))
-	replay := "0"
-	if b.Replay {
-		replay = "1"
-	}
-	args = append(args, b.Gateway, strconv.FormatUint(b.Epoch, 10), b.Lease.Milliseconds(), replay, s.nowArg(), s.maxLen)
 	for _, w := range b.Writes {
 		if got := gateway.ShardOf(w.Device, s.shards); got != shard {
 			return nil, fmt.Errorf("redisstore: apply: device %s hashes to shard %d, not %d: %w",
@@ -250,32 +254,72 @@ func (s *Store) applyArgs(shard int, b gateway.Batch) ([]any, error) {
 		if w.Kind < gateway.Connect || w.Kind > gateway.Leave {
 			return nil, fmt.Errorf("redisstore: apply: device %s session %s: unknown %v", w.Device, w.Session, w.Kind)
 		}
+	}
+	fast, rest, order := bel.believed(b, now)
+	inc := ""
+	if bel != nil {
+		inc = bel.inc
+	}
+	args := make([]any, 0, 11+len(fast)+4*len(rest))
+	replay := "0"
+	if b.Replay {
+		replay = "1"
+	}
+	args = append(args, b.Gateway, strconv.FormatUint(b.Epoch, 10), b.Lease.Milliseconds(), replay, s.nowArg(), s.maxLen,
+		inc, len(fast), order, joinSessions(fast), packAges(fast))
+	for _, w := range fast {
+		args = append(args, string(w.Device))
+	}
+	for _, w := range rest {
 		args = append(args, string(w.Device), string(w.Session), int(w.Kind), max(0, w.Age.Milliseconds()))
 	}
 	return args, nil
 }
 
-// applyResult reads the apply script's reply (or the error of its call).
-func applyResult(shard int, b gateway.Batch, res []any, err error) (gateway.ApplyResult, error) {
+// applyResult reads the apply script's reply (or the error of its call)
+// and updates the caller's beliefs with it.
+func applyResult(shard int, b gateway.Batch, res []any, err error, bel *beliefs, now time.Time) (gateway.ApplyResult, error) {
+	r, inc, status, err := parseApply(shard, b, res, err)
+	if bel != nil {
+		if err != nil {
+			// unknown outcome, fenced or malformed: nothing believed stands
+			bel.forget()
+		} else {
+			bel.learn(inc, status, now)
+		}
+	}
+	return r, err
+}
+
+// parseApply reads the apply script's reply {1, incarnation, status,
+// events...} or {0, newest epoch}.
+func parseApply(shard int, b gateway.Batch, res []any, err error) (r gateway.ApplyResult, inc string, status []any, _ error) {
 	if err != nil {
-		return gateway.ApplyResult{}, unavailable("apply", err)
+		return r, "", nil, unavailable("apply", err)
 	}
 	if len(res) == 0 {
-		return gateway.ApplyResult{}, fmt.Errorf("redisstore: apply: empty reply")
+		return r, "", nil, fmt.Errorf("redisstore: apply: empty reply")
 	}
 	if ok, _ := res[0].(int64); ok == 0 {
 		newest := ""
 		if len(res) > 1 {
 			newest, _ = res[1].(string)
 		}
-		return gateway.ApplyResult{}, fmt.Errorf("redisstore: apply: gateway %s epoch %d, newest seen on shard %d is %s: %w",
+		return r, "", nil, fmt.Errorf("redisstore: apply: gateway %s epoch %d, newest seen on shard %d is %s: %w",
 			b.Gateway, b.Epoch, shard, newest, gateway.ErrFenced)
 	}
-	evs, err := parseEvents(shard, res[1:])
-	if err != nil {
-		return gateway.ApplyResult{}, fmt.Errorf("redisstore: apply: %w", err)
+	if len(res) < 3 {
+		return r, "", nil, fmt.Errorf("redisstore: apply: short reply of %d items", len(res))
 	}
-	return gateway.ApplyResult{Events: evs}, nil
+	status, ok := res[2].([]any)
+	if !ok {
+		return r, "", nil, fmt.Errorf("redisstore: apply: malformed status %v", res[2])
+	}
+	evs, err := parseEvents(shard, res[3:])
+	if err != nil {
+		return r, "", nil, fmt.Errorf("redisstore: apply: %w", err)
+	}
+	return gateway.ApplyResult{Events: evs}, str(res[1]), status, nil
 }
 
 // Reap handles at most limit due entries of shard in one script call;

@@ -1,32 +1,132 @@
 -- Apply one batch of writes of one shard, atomically (Store.Apply).
--- KEYS: exp, dev, events, epochs (record.lua).
+-- KEYS: exp, dev, events, epochs, inv (record.lua).
 -- ARGV: gw, epoch, lease ms, replay (1|0), now ms or "", events maxlen,
---       then per write: device, session, kind (1 connect, 2 renew, 3 leave), age ms.
--- Returns {0, newest epoch} when fenced (nothing applied), else {1, events...}.
+--       the incarnation the caller's beliefs were learned in ("" for none),
+--       the number F of believed renewals, the batch order (one byte per
+--       write, "1" for a believed renewal, "0" for another write; "" when
+--       F is 0), the believed renewals' sessions joined by "\n", their
+--       ages (ms, 4 bytes big-endian each), their F devices, then the other
+--       writes: device, session, kind (1 connect, 2 renew, 3 leave), age ms.
+-- Returns {0, newest epoch} when fenced (nothing applied), else
+-- {1, incarnation, status, events...}: status is a flat list of
+-- device, session pairs, the session the caller may believe steady from
+-- now on, or "" where it must drop its belief (record.lua, "Beliefs").
 local gw, epoch, lease = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local replay, now, maxlen = ARGV[4] == '1', clock(ARGV[5]), ARGV[6]
 local nowstr = string.format('%d', now)
 
-local seen = redis.call('HMGET', KEYS[4], gw, '@' .. gw)
+local seen = redis.call('HMGET', KEYS[4], gw, '@' .. gw, '~')
 if seen[1] and tonumber(seen[1]) > epoch then return {0, seen[1]} end
-if seen[1] ~= ARGV[2] then redis.call('HSET', KEYS[4], gw, ARGV[2]) end
 local gwref = tonumber(seen[2])
 if not gwref then
   gwref = redis.call('HINCRBY', KEYS[4], '#', 1)
   redis.call('HSET', KEYS[4], '@' .. gw, gwref, '#' .. gwref, gw)
 end
 gwnames[gwref] = gw
+local invlo, invhi = '[' .. gwref .. ':', '[' .. gwref .. ';'
+if seen[1] ~= ARGV[2] then
+  redis.call('HSET', KEYS[4], gw, ARGV[2])
+  -- older processes of this gateway are fenced here from now on: the
+  -- invalidations kept for their beliefs are of no use to anyone
+  redis.call('ZREMRANGEBYLEX', KEYS[5], invlo, invhi)
+end
+local inc = seen[3]
+if not inc then
+  local t = redis.call('TIME')
+  inc = t[1] .. '.' .. t[2]
+  redis.call('HSET', KEYS[4], '~', inc)
+end
+local status = {}
 -- A batch without writes only records the epoch (the uplink announces a
 -- new process on every shard so that older epochs are fenced everywhere).
-if #ARGV < 7 then return {1} end
+if #ARGV < 12 then return {1, inc, status} end
+
+-- Believed renewals: the caller believes each device's record is in the
+-- steady state for it (online, that one session, written by this gateway
+-- and epoch), so such a renewal only moves the device deadline: no record
+-- is read. Those of a device that may have changed since (invalidated,
+-- due, or all of them when the beliefs predate this incarnation or too
+-- many devices are due to tell) join the general writes below.
+local nfast, order = tonumber(ARGV[8]), ARGV[9]
+local first = 12 + nfast
+local slow, nslow = {}, (#ARGV - first + 1) / 4
+local function fastage(f)
+  local b1, b2, b3, b4 = byte(ARGV[11], 4 * f - 3, 4 * f)
+  return ((b1 * 256 + b2) * 256 + b3) * 256 + b4
+end
+-- Hand the caller the invalidations kept for it (its beliefs about those
+-- devices are void), whether or not it sends believed renewals this time.
+local bad = {}
+local gone = redis.call('ZRANGEBYLEX', KEYS[5], invlo, invhi)
+if #gone > 0 then
+  redis.call('ZREMRANGEBYLEX', KEYS[5], invlo, invhi)
+  for _, m in ipairs(gone) do
+    local dev = sub(m, #invlo + 14)
+    bad[dev] = true
+    status[#status + 1] = dev
+    status[#status + 1] = ''
+  end
+end
+if nfast > 0 then
+  local allbad = ARGV[7] ~= inc
+  if not allbad then
+    local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, 64)
+    if #due == 64 then allbad = true end
+    for _, dev in ipairs(due) do bad[dev] = true end
+  end
+  local zfast = {}
+  for f = 1, nfast do
+    local dev = ARGV[11 + f]
+    local d = now - fastage(f) + lease
+    if allbad or bad[dev] or d <= now then
+      slow[f] = true
+      nslow = nslow + 1
+    else
+      zfast[#zfast + 1] = d
+      zfast[#zfast + 1] = dev
+    end
+  end
+  if #zfast > 0 then
+    if #zfast <= 1000 then
+      redis.call('ZADD', KEYS[1], 'XX', 'GT', unpack(zfast))
+    else
+      for i = 1, #zfast, 1000 do
+        redis.call('ZADD', KEYS[1], 'XX', 'GT', unpack(zfast, i, math.min(i + 999, #zfast)))
+      end
+    end
+  end
+end
+if nslow == 0 then return {1, inc, status} end
+-- The general writes in batch order: the believed renewals sent back above
+-- (as renewals) and the others: device, session, kind, age ms.
+local gdev, gsid, gkind, gage = {}, {}, {}, {}
+local fastsids
+local f, oi, j = 1, first, 0
+for p = 1, nfast > 0 and #order or nslow do
+  if nfast > 0 and byte(order, p) == 49 then
+    if slow[f] then
+      if not fastsids then
+        fastsids = {}
+        for sid in string.gmatch(ARGV[10], '[^\n]+') do fastsids[#fastsids + 1] = sid end
+      end
+      j = j + 1
+      gdev[j], gsid[j], gkind[j], gage[j] = ARGV[11 + f], fastsids[f], '2', fastage(f)
+    end
+    f = f + 1
+  else
+    j = j + 1
+    gdev[j], gsid[j], gkind[j], gage[j] = ARGV[oi], ARGV[oi + 1], ARGV[oi + 2], ARGV[oi + 3]
+    oi = oi + 4
+  end
+end
 
 -- Load every device of the batch once. Device k (idx[dev] = k) has its
 -- packed record packed[k], its deadline z[k] (false when it has none) and,
 -- once decoded, its record rec[k]; dirty[k] and moved[k] say that the
 -- record and the deadline must be written back.
 local idx, devs = {}, {}
-for i = 7, #ARGV, 4 do
-  local d = ARGV[i]
+for j = 1, nslow do
+  local d = gdev[j]
   if not idx[d] then
     devs[#devs + 1] = d
     idx[d] = #devs
@@ -34,7 +134,7 @@ for i = 7, #ARGV, 4 do
 end
 local packed = mcall('HMGET', KEYS[2], devs)
 local scores = mcall('ZMSCORE', KEYS[1], devs)
-local z, rec, dirty, moved = {}, {}, {}, {}
+local z, rec, dirty, moved, kept = {}, {}, {}, {}, {}
 for k = 1, #devs do z[k] = tonumber(scores[k]) or false end
 local function setz(k, v)
   if z[k] ~= v then z[k], moved[k] = v, true end
@@ -60,16 +160,17 @@ local function renewsonly(p, sid)
   return #p == i + #tail and find(p, tail, i + 1, true) == i + 1
 end
 
-local events = {1}
+local events = {1, inc, status}
 local function event(...) events[#events + 1] = emit(...) end
 
-for i = 7, #ARGV, 4 do
-  local dev, sid, kind = ARGV[i], ARGV[i + 1], ARGV[i + 2]
-  local d = now - tonumber(ARGV[i + 3]) + lease
+for j = 1, nslow do
+  local dev, sid, kind = gdev[j], gsid[j], gkind[j]
+  local d = now - tonumber(gage[j]) + lease
   local k = idx[dev]
   local zk = z[k]
   if kind ~= '3' and d > now and zk and zk > now and not rec[k] and packed[k] and renewsonly(packed[k], sid) then
     if d > zk then z[k], moved[k] = d, true end
+    kept[k] = sid
   else
     -- zk is the deadline of the record as loaded or as renewed above.
     local r = rec[k]
@@ -133,11 +234,19 @@ for i = 7, #ARGV, 4 do
   end
 end
 
-local hset, zadd, zrem = {}, {}, {}
+-- Write back; a record that was steady for another gateway and changes
+-- here is invalidated for that gateway, and every device of the general
+-- writes gets its status for the caller.
+local hset, zadd, zrem, inv = {}, {}, {}, {}
 for k, dev in ipairs(devs) do
   if dirty[k] then
     hset[#hset + 1] = dev
     hset[#hset + 1] = encode(rec[k])
+    local og = packed[k] and owner(packed[k])
+    if og and og ~= gwref then
+      inv[#inv + 1] = 0
+      inv[#inv + 1] = invalidation(og, now, dev)
+    end
   end
   if moved[k] then
     if z[k] then
@@ -147,9 +256,17 @@ for k, dev in ipairs(devs) do
       zrem[#zrem + 1] = dev
     end
   end
+  status[#status + 1] = dev
+  local r = rec[k]
+  if r then
+    status[#status + 1] = steadysid(r, gwref, epoch) or ''
+  else
+    status[#status + 1] = kept[k] or ''
+  end
 end
 if #hset > 0 then mcall('HSET', KEYS[2], hset) end
 if #zadd > 0 then mcall('ZADD', KEYS[1], zadd) end
 if #zrem > 0 then mcall('ZREM', KEYS[1], zrem) end
+if #inv > 0 then mcall('ZADD', KEYS[5], inv) end
 trim(maxlen)
 return events

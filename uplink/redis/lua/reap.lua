@@ -1,5 +1,5 @@
 -- Reap at most limit due entries of one shard, atomically (Store.Reap).
--- KEYS: exp, dev, events, epochs (record.lua).
+-- KEYS: exp, dev, events, epochs, inv (record.lua).
 -- ARGV: limit, now ms or "", events maxlen.
 -- Returns {trimmed, more (1|0), next deadline or -1, orphans, events...};
 -- orphans counts due entries without an online record (removed, no event).
@@ -33,7 +33,7 @@ local packed = {}
 if #devs > 0 then packed = mcall('HMGET', KEYS[2], devs) end
 
 local trimmed, orphans = 0, 0
-local hset, zadd, zrem, events = {}, {}, {}, {}
+local hset, zadd, zrem, inv, events = {}, {}, {}, {}, {}
 for k, dev in ipairs(devs) do
   local p, old = packed[k], due[2 * k]
   local rec, ver, gw, sid
@@ -43,6 +43,9 @@ for k, dev in ipairs(devs) do
     zrem[#zrem + 1] = dev
     hset[#hset + 1] = dev
     hset[#hset + 1] = rec
+    -- the record was steady for gw: its belief about it is void
+    inv[#inv + 1] = 0
+    inv[#inv + 1] = invalidation(gw, now, dev)
   else
     local r = p and decode(p, tonumber(old))
     if not r or not r.on then
@@ -68,6 +71,17 @@ end
 if #hset > 0 then mcall('HSET', KEYS[2], hset) end
 if #zadd > 0 then mcall('ZADD', KEYS[1], zadd) end
 if #zrem > 0 then mcall('ZREM', KEYS[1], zrem) end
+if #inv > 0 then mcall('ZADD', KEYS[5], inv) end
+-- Invalidations older than an hour are of no use (a gateway uses a belief
+-- for ten minutes at most, record.lua "Beliefs"): forget those of one
+-- gateway ref per call, the refs in turn ("~r" in the epochs hash).
+local refs = redis.call('HMGET', KEYS[4], '#', '~r')
+local last = tonumber(refs[1])
+if last then
+  local r = (tonumber(refs[2]) or 0) % last + 1
+  redis.call('HSET', KEYS[4], '~r', r)
+  redis.call('ZREMRANGEBYLEX', KEYS[5], '[' .. r .. ':', '(' .. invalidation(r, now - 3600000, ''))
+end
 
 trim(maxlen)
 local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')

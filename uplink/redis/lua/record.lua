@@ -7,7 +7,10 @@
 --   KEYS[2] {P:s}:dev     HASH   device -> packed record (below)
 --   KEYS[3] {P:s}:events  STREAM presence events
 --   KEYS[4] {P:s}:epochs  HASH   gw -> newest epoch; "@"..gw -> gateway ref n;
---                                "#"..n -> gw; "#" -> last ref handed out
+--                                "#"..n -> gw; "#" -> last ref handed out;
+--                                "~" -> incarnation (TIME when first written)
+--   KEYS[5] {P:s}:inv     ZSET   "<ref>:<ms, 13 digits>:<device>", all score 0
+--                                (ranges by gateway and age): invalidated beliefs
 --
 -- Packed record (integers: uvarint = unsigned LEB128; t48 = 6 bytes
 -- big-endian unsigned):
@@ -25,6 +28,21 @@
 -- The device deadline is the device's score in {P:s}:exp, so a single-session
 -- device stores offset 0 and a renewal that changes nothing else leaves the
 -- record untouched.
+
+-- Beliefs: a gateway process (gateway, epoch) may believe that a device's
+-- record is steady for it: online, one session, that session and the last
+-- one written by this gateway and epoch (flags 7, see steadysid). The
+-- apply script tells the caller which records are steady for it after each
+-- call, and takes a renewal the caller marks as believed without reading
+-- the record. So whatever changes a record that is steady for another
+-- gateway (an apply of another gateway, a reap) adds "<its ref>:<device>"
+-- to {P:s}:inv, and that gateway's next apply drops those beliefs before
+-- it uses any. The incarnation changes when the shard's state is lost (a
+-- Redis without persistence restarted): every belief learned before is
+-- void. A gateway's invalidations are handed to it by its next apply;
+-- those of a gateway that does not come back are forgotten after an hour
+-- (each reap call cleans one gateway ref's), and a gateway uses a belief
+-- for ten minutes at most after learning it.
 
 local byte, char, sub, find = string.byte, string.char, string.sub, string.find
 
@@ -148,6 +166,32 @@ local function decode(s, deadline)
     r.lastgw, r.lastsid = ls.gw, ls.sid
   end
   return r
+end
+
+-- invalidation is the {P:s}:inv member voiding gateway ref g's belief
+-- about dev at store time now.
+local function invalidation(g, now, dev)
+  return g .. ':' .. string.format('%013d', now) .. ':' .. dev
+end
+
+-- owner is the gateway ref of a steady record's session (its flags are 7:
+-- online, one session, the last one), or nil.
+local function owner(p)
+  if byte(p, 1) ~= 7 then return nil end
+  local i = 2
+  while byte(p, i) >= 128 do i = i + 1 end
+  i = i + 7
+  if byte(p, i) ~= 0 then return nil end
+  return (ruvarint(p, i + 1))
+end
+
+-- steadysid is the session of a decoded record that is steady for gateway
+-- ref g and epoch e (online, that one session, the last one), or nil.
+local function steadysid(r, g, e)
+  if not r.on or #r.sess ~= 1 then return nil end
+  local ss = r.sess[1]
+  if ss.gw == g and ss.ep == e and r.lastgw == g and r.lastsid == ss.sid then return ss.sid end
+  return nil
 end
 
 -- maxdl is the device deadline: the latest session deadline, or false.

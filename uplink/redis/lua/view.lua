@@ -1,5 +1,5 @@
 -- Read devices of one shard for Store.Device and Store.List.
--- KEYS: exp, dev, events, epochs (record.lua).
+-- KEYS: exp, dev, events, epochs, inv (record.lua; inv is not used here).
 -- ARGV: "get", device
 --    or "scan", HSCAN cursor, items of that cursor's step already returned,
 --       limit, state filter ("online", "offline" or ""), HSCAN COUNT (the

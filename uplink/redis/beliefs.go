@@ -1,0 +1,201 @@
+package redisstore
+
+import (
+	"cmp"
+	"encoding/binary"
+	"math"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/fleetgate/fleetgate/gateway"
+)
+
+// beliefTTL is how long a belief is used after the store confirmed it;
+// then the device's next renewal reads its record again. The scripts keep
+// invalidations for an hour (lua/reap.lua), far longer, so a belief young
+// enough to be used has never missed one.
+const beliefTTL = 10 * time.Minute
+
+// beliefKey names the beliefs of one gateway process about one shard.
+type beliefKey struct {
+	shard   int
+	gateway string
+	epoch   uint64
+}
+
+// beliefs is what one gateway process knows, from the replies to its own
+// apply calls, about the records of one shard: the devices whose record is
+// steady for it (online, one session, written last by this process). A
+// renewal of that session is sent as believed and the script moves the
+// device's deadline without reading its record (lua/record.lua, "Beliefs").
+//
+// mu is held for a whole apply call: the replies must be applied in the
+// order the calls ran.
+type beliefs struct {
+	mu     sync.Mutex
+	inc    string // the incarnation of the shard's state they were learned in
+	steady map[gateway.DeviceID]belief
+}
+
+type belief struct {
+	session gateway.SessionID
+	at      time.Time // when the store last confirmed it (local clock)
+}
+
+// beliefSet holds the beliefs of every (shard, gateway, epoch) the store
+// has applied batches for.
+type beliefSet struct {
+	mu  sync.Mutex
+	all map[beliefKey]*beliefs
+}
+
+// get returns the beliefs of k, creating them; the caller locks them.
+func (bs *beliefSet) get(k beliefKey) *beliefs {
+	bs.mu.Lock()
+	defer bs.mu.Unlock()
+	if bs.all == nil {
+		bs.all = make(map[beliefKey]*beliefs)
+	}
+	b := bs.all[k]
+	if b == nil {
+		b = &beliefs{steady: make(map[gateway.DeviceID]belief)}
+		bs.all[k] = b
+	}
+	return b
+}
+
+// lockAll locks the beliefs of the batches, each once and in key order so
+// that concurrent callers cannot deadlock, and returns them per batch (nil
+// for a batch that repeats an earlier batch's key: it is applied without
+// beliefs) and the unlock function.
+func (bs *beliefSet) lockAll(batches []gateway.ShardBatch) ([]*beliefs, func()) {
+	per := make([]*beliefs, len(batches))
+	keys := make([]beliefKey, 0, len(batches))
+	seen := make(map[beliefKey]bool, len(batches))
+	for i, sb := range batches {
+		k := beliefKey{sb.Shard, sb.Batch.Gateway, sb.Batch.Epoch}
+		if seen[k] {
+			continue
+		}
+		seen[k] = true
+		keys = append(keys, k)
+		per[i] = bs.get(k)
+	}
+	slices.SortFunc(keys, func(a, b beliefKey) int {
+		return cmp.Or(cmp.Compare(a.shard, b.shard), cmp.Compare(a.gateway, b.gateway), cmp.Compare(a.epoch, b.epoch))
+	})
+	locked := make([]*beliefs, len(keys))
+	for i, k := range keys {
+		locked[i] = bs.get(k)
+		locked[i].mu.Lock()
+	}
+	return per, func() {
+		for _, b := range locked {
+			b.mu.Unlock()
+		}
+	}
+}
+
+// believed splits a batch's writes: those the script may take as believed
+// renewals (unlapsed renewals of the session a fresh belief names, of a
+// device none of whose other writes in the batch is anything else), and
+// the rest; order has a byte per write of the batch, '1' for a believed one
+// and '0' for the others ("" when none is believed). b may be nil.
+func (b *beliefs) believed(batch gateway.Batch, now time.Time) (fast, rest []gateway.Write, order string) {
+	if b == nil || len(b.steady) == 0 {
+		return nil, batch.Writes, ""
+	}
+	o := make([]byte, len(batch.Writes))
+	var mixed map[gateway.DeviceID]bool
+	n := 0
+	for i, w := range batch.Writes {
+		o[i] = '0'
+		bl, found := b.steady[w.Device]
+		switch {
+		case !found:
+		case w.Kind == gateway.Renew && bl.session == w.Session && w.Age < batch.Lease && now.Sub(bl.at) < beliefTTL:
+			o[i] = '1'
+			n++
+		default:
+			if mixed == nil {
+				mixed = make(map[gateway.DeviceID]bool)
+			}
+			mixed[w.Device] = true
+		}
+	}
+	if n == 0 {
+		return nil, batch.Writes, ""
+	}
+	fast = make([]gateway.Write, 0, n)
+	rest = make([]gateway.Write, 0, len(batch.Writes)-n)
+	for i, w := range batch.Writes {
+		if o[i] == '1' && mixed[w.Device] {
+			o[i] = '0'
+		}
+		if o[i] == '1' {
+			fast = append(fast, w)
+		} else {
+			rest = append(rest, w)
+		}
+	}
+	if len(fast) == 0 {
+		return nil, batch.Writes, ""
+	}
+	return fast, rest, string(o)
+}
+
+// learn applies an apply call's reply: the incarnation and the status
+// pairs (device, session or "" to forget). A new incarnation voids every
+// earlier belief.
+func (b *beliefs) learn(inc string, status []any, now time.Time) {
+	if b.inc != inc {
+		clear(b.steady)
+		b.inc = inc
+	}
+	for i := 0; i+1 < len(status); i += 2 {
+		dev, sid := gateway.DeviceID(str(status[i])), str(status[i+1])
+		// joinSessions separates sessions with "\n": one holding it is
+		// never believed (device input never does, gateway.ParseSessionID)
+		if sid == "" || strings.Contains(sid, "\n") {
+			delete(b.steady, dev)
+		} else {
+			b.steady[dev] = belief{session: gateway.SessionID(sid), at: now}
+		}
+	}
+}
+
+// forget drops every belief: after a call whose outcome is unknown (an
+// error), or a fenced one.
+func (b *beliefs) forget() {
+	clear(b.steady)
+	b.inc = ""
+}
+
+// joinSessions is the apply script's list of the believed renewals'
+// sessions, "\n"-separated (no belief names a session holding one).
+func joinSessions(fast []gateway.Write) string {
+	if len(fast) == 0 {
+		return ""
+	}
+	var sb strings.Builder
+	sb.Grow(len(fast) * (len(fast[0].Session) + 1))
+	for i, w := range fast {
+		if i > 0 {
+			sb.WriteByte('\n')
+		}
+		sb.WriteString(string(w.Session))
+	}
+	return sb.String()
+}
+
+// packAges is the apply script's list of the believed renewals' ages: 4
+// bytes big-endian each, in ms (believed ones are younger than the lease).
+func packAges(fast []gateway.Write) string {
+	b := make([]byte, 0, 4*len(fast))
+	for _, w := range fast {
+		b = binary.BigEndian.AppendUint32(b, uint32(min(max(0, w.Age.Milliseconds()), math.MaxUint32)))
+	}
+	return string(b)
+}

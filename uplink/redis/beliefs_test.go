@@ -1,0 +1,200 @@
+package redisstore
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/fleetgate/fleetgate/gateway"
+)
+
+// believedCount is how many devices gw@epoch believes steady on shard.
+func believedCount(s *Store, shard int, gw string, epoch uint64) int {
+	b := s.beliefs.get(beliefKey{shard, gw, epoch})
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return len(b.steady)
+}
+
+// believedSession is the session gw@epoch believes d's record steady with.
+func believedSession(s *Store, shard int, gw string, epoch uint64, d gateway.DeviceID) gateway.SessionID {
+	b := s.beliefs.get(beliefKey{shard, gw, epoch})
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.steady[d].session
+}
+
+// TestBelievedRenewalsReadNoRecords: once the store has told a gateway that
+// its devices are steady, their renewals move the deadlines without
+// reading a single record (no HMGET runs inside the script).
+func TestBelievedRenewalsReadNoRecords(t *testing.T) {
+	srv := sharedServer()
+	e := newEnv(t, srv.Client(t), 1)
+	devs := devicesIn(t, 1, 0, 100, "bel")
+	var connects, renews []gateway.Write
+	for _, d := range devs {
+		connects = append(connects, write(d, "coap/default", gateway.Connect, 0))
+		renews = append(renews, write(d, "coap/default", gateway.Renew, 0))
+	}
+	if evs := e.apply(0, batch("gw-a", 1, connects...)); len(evs) != len(devs) {
+		t.Fatalf("connects wrote %d events, want %d", len(evs), len(devs))
+	}
+	if n := believedCount(e.store, 0, "gw-a", 1); n != len(devs) {
+		t.Fatalf("gw-a believes %d devices steady, want %d", n, len(devs))
+	}
+	e.clock.Advance(20 * time.Second)
+	before := commandCalls(t, e.ctx, []string{srv.Addr}, "hmget")
+	if evs := e.apply(0, batch("gw-a", 1, renews...)); len(evs) != 0 {
+		t.Fatalf("renewals wrote %s", describe(evs))
+	}
+	// one HMGET of the epochs hash, none of the records
+	if n := commandCalls(t, e.ctx, []string{srv.Addr}, "hmget") - before; n != 1 {
+		t.Fatalf("believed renewals ran %d HMGET, want 1 (the epochs)", n)
+	}
+	for _, d := range []gateway.DeviceID{devs[0], devs[99]} {
+		if got := e.device(d); !got.Deadline.Equal(ms(110*time.Second)) || len(got.Sessions) != 1 {
+			t.Fatalf("%s after a believed renewal: %+v", d, got)
+		}
+	}
+
+	// After beliefTTL a belief is not used: the renewal reads the record
+	// and the store confirms the belief again.
+	for range 11 {
+		e.clock.Advance(time.Minute)
+		e.apply(0, batch("gw-a", 1, renews...))
+	}
+	before = commandCalls(t, e.ctx, []string{srv.Addr}, "hmget")
+	e.clock.Advance(time.Minute)
+	e.apply(0, batch("gw-a", 1, renews...))
+	if n := commandCalls(t, e.ctx, []string{srv.Addr}, "hmget") - before; n != 1 {
+		t.Fatalf("renewals right after the stores confirmed the beliefs ran %d HMGET, want 1", n)
+	}
+}
+
+// TestBeliefsInvalidated: whatever changes a record steady for gw-a (a
+// second session or a takeover from another gateway, a reap, a lapse
+// without a reap, the loss of the shard's state) voids gw-a's belief, so
+// its next renewal has the full semantics.
+func TestBeliefsInvalidated(t *testing.T) {
+	forBackends(t, func(t *testing.T, c redis.UniversalClient) {
+		e := newEnv(t, c, 1)
+		steady := func(d gateway.DeviceID) {
+			t.Helper()
+			e.apply(0, batch("gw-a", 1, write(d, "s0", gateway.Connect, 0)))
+			if believedSession(e.store, 0, "gw-a", 1, d) != "s0" {
+				t.Fatalf("gw-a does not believe %s steady after its connect", d)
+			}
+		}
+		renew := func(d gateway.DeviceID) []gateway.Event {
+			t.Helper()
+			return e.apply(0, batch("gw-a", 1, write(d, "s0", gateway.Renew, 0)))
+		}
+		devs := devicesIn(t, 1, 0, 6, "inv")
+
+		t.Run("second session", func(t *testing.T) {
+			d := devs[0]
+			steady(d)
+			e.apply(0, gateway.Batch{Gateway: "gw-b", Epoch: 1, Lease: 30 * time.Second,
+				Writes: []gateway.Write{write(d, "s1", gateway.Connect, 0)}})
+			e.clock.Advance(time.Second)
+			renew(d)
+			got := e.device(d)
+			if len(got.Sessions) != 2 || !got.Deadline.Equal(e.clock.Now().Add(90*time.Second)) {
+				t.Fatalf("after gw-a's renewal: %+v", got)
+			}
+			for _, s := range got.Sessions {
+				if s.ID == "s1" && !s.Deadline.Equal(e.clock.Now().Add(29*time.Second)) {
+					t.Fatalf("gw-a's renewal moved gw-b's session: %+v", got.Sessions)
+				}
+			}
+		})
+		t.Run("takeover", func(t *testing.T) {
+			d := devs[1]
+			steady(d)
+			e.apply(0, batch("gw-b", 1, write(d, "s0", gateway.Renew, 0)))
+			renew(d)
+			if got := e.device(d); got.Gateway != "gw-a" || got.Sessions[0].Gateway != "gw-a" {
+				t.Fatalf("gw-a renewed s0 after gw-b took it over, but: %+v", got)
+			}
+		})
+		t.Run("reaped", func(t *testing.T) {
+			d := devs[2]
+			steady(d)
+			e.clock.Advance(91 * time.Second)
+			for range 10 {
+				if !e.reap(0, 100).More {
+					break
+				}
+			}
+			evs := renew(d)
+			if len(evs) != 1 || evs[0].State != gateway.Online || evs[0].Device != d {
+				t.Fatalf("renewal after the reap wrote %s, want %s online", describe(evs), d)
+			}
+		})
+		t.Run("lapsed", func(t *testing.T) {
+			d := devs[3]
+			steady(d)
+			e.clock.Advance(91 * time.Second)
+			evs := renew(d)
+			if len(evs) != 2 || evs[0].State != gateway.Offline || evs[0].Reason != gateway.ReasonExpired ||
+				evs[1].State != gateway.Online {
+				t.Fatalf("renewal after the lapse wrote %s, want offline (expired) then online", describe(evs))
+			}
+		})
+		t.Run("state lost", func(t *testing.T) {
+			d := devs[4]
+			steady(d)
+			if err := c.Del(e.ctx, e.store.keys[0].data...).Err(); err != nil {
+				t.Fatal(err)
+			}
+			evs := renew(d)
+			if len(evs) != 1 || evs[0].State != gateway.Online || evs[0].Ver != 1 {
+				t.Fatalf("renewal after the shard's keys were lost wrote %s, want online v1", describe(evs))
+			}
+		})
+		t.Run("fenced", func(t *testing.T) {
+			d := devs[5]
+			steady(d)
+			e.apply(0, batch("gw-a", 2, write(d, "s9", gateway.Connect, 0)))
+			_, err := e.store.Apply(e.ctx, 0, batch("gw-a", 1, write(d, "s0", gateway.Renew, 0)))
+			if !errors.Is(err, gateway.ErrFenced) {
+				t.Fatalf("renewal of a fenced epoch: %v", err)
+			}
+			if n := believedCount(e.store, 0, "gw-a", 1); n != 0 {
+				t.Fatalf("a fenced process still believes %d devices steady", n)
+			}
+		})
+	})
+}
+
+// TestInvalidationsOfGoneGatewaysAreForgotten: the invalidations kept for a
+// gateway that never applies again leave the shard an hour later.
+func TestInvalidationsOfGoneGatewaysAreForgotten(t *testing.T) {
+	e := newEnv(t, sharedServer().Client(t), 1)
+	d := devicesIn(t, 1, 0, 1, "gone")[0]
+	e.apply(0, batch("gw-x", 1, write(d, "s0", gateway.Connect, 0)))
+	e.apply(0, batch("gw-y", 1, write(d, "s0", gateway.Renew, 0)))
+	inv := e.store.keys[0].data[4]
+	if n, err := e.c.ZCard(e.ctx, inv).Result(); err != nil || n != 1 {
+		t.Fatalf("after gw-y took over gw-x's steady device: %d invalidations (%v), want 1", n, err)
+	}
+	// The device stops; the reap at 59 min invalidates gw-y's belief.
+	e.clock.Advance(59 * time.Minute)
+	for range 4 {
+		e.reap(0, 10)
+	}
+	if n, _ := e.c.ZCard(e.ctx, inv).Result(); n != 2 {
+		t.Fatalf("after 59 min: %d invalidations, want 2", n)
+	}
+	e.clock.Advance(2 * time.Minute)
+	for range 2 { // two gateway refs, one cleaned per reap call
+		e.reap(0, 10)
+	}
+	left, err := e.c.ZRange(e.ctx, inv, 0, -1).Result()
+	if err != nil || len(left) != 1 || !strings.HasPrefix(left[0], "2:") {
+		t.Fatalf("after 61 min: invalidations %q (%v), want only gw-y's (ref 2) from the reap", left, err)
+	}
+}
