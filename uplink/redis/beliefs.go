@@ -41,7 +41,7 @@ type beliefs struct {
 
 type belief struct {
 	session gateway.SessionID
-	at      time.Time // when the store last confirmed it (local clock)
+	at      time.Duration // when the store last confirmed it (Store.localNow)
 }
 
 // beliefSet holds the beliefs of every (shard, gateway, epoch) the store
@@ -103,7 +103,7 @@ func (bs *beliefSet) lockAll(batches []gateway.ShardBatch) ([]*beliefs, func()) 
 // device none of whose other writes in the batch is anything else), and
 // the rest; order has a byte per write of the batch, '1' for a believed one
 // and '0' for the others ("" when none is believed). b may be nil.
-func (b *beliefs) believed(batch gateway.Batch, now time.Time) (fast, rest []gateway.Write, order string) {
+func (b *beliefs) believed(batch gateway.Batch, now time.Duration) (fast, rest []gateway.Write, order string) {
 	if b == nil || len(b.steady) == 0 {
 		return nil, batch.Writes, ""
 	}
@@ -115,7 +115,7 @@ func (b *beliefs) believed(batch gateway.Batch, now time.Time) (fast, rest []gat
 		bl, found := b.steady[w.Device]
 		switch {
 		case !found:
-		case w.Kind == gateway.Renew && bl.session == w.Session && w.Age < batch.Lease && now.Sub(bl.at) < beliefTTL:
+		case w.Kind == gateway.Renew && bl.session == w.Session && w.Age < batch.Lease && now-bl.at < beliefTTL:
 			o[i] = '1'
 			n++
 		default:
@@ -148,11 +148,19 @@ func (b *beliefs) believed(batch gateway.Batch, now time.Time) (fast, rest []gat
 
 // learn applies an apply call's reply: the incarnation and the status
 // pairs (device, session or "" to forget). A new incarnation voids every
-// earlier belief.
-func (b *beliefs) learn(inc string, status []any, now time.Time) {
+// earlier belief. The beliefs keep the batch's own strings (those the
+// session table holds), not the reply's copies.
+func (b *beliefs) learn(inc string, status []any, writes []gateway.Write, now time.Duration) {
 	if b.inc != inc {
 		clear(b.steady)
 		b.inc = inc
+	}
+	if len(status) == 0 {
+		return
+	}
+	own := make(map[gateway.DeviceID]gateway.Write, len(writes))
+	for _, w := range writes {
+		own[w.Device] = w
 	}
 	for i := 0; i+1 < len(status); i += 2 {
 		dev, sid := gateway.DeviceID(str(status[i])), str(status[i+1])
@@ -160,9 +168,16 @@ func (b *beliefs) learn(inc string, status []any, now time.Time) {
 		// never believed (device input never does, gateway.ParseSessionID)
 		if sid == "" || strings.Contains(sid, "\n") {
 			delete(b.steady, dev)
-		} else {
-			b.steady[dev] = belief{session: gateway.SessionID(sid), at: now}
+			continue
 		}
+		bl := belief{session: gateway.SessionID(sid), at: now}
+		if w, ok := own[dev]; ok {
+			dev = w.Device
+			if w.Session == bl.session {
+				bl.session = w.Session
+			}
+		}
+		b.steady[dev] = bl
 	}
 }
 

@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"fmt"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -72,7 +73,7 @@ return redis.call('ZADD', KEYS[1], 'XX', 'GT', unpack(z))
 // and with scriptFloorLua (what any script costs): throughput, Redis CPU
 // per renewal, and script calls per batch.
 func BenchmarkRenewals(b *testing.B) {
-	const batchSize, devices, rounds = 500, 20_000, 10
+	const batchSize, devices, rounds = 500, 20_000, 30
 	srv := redistest.Start(b)
 	c := srv.Client(b)
 	ctx := context.Background()
@@ -388,4 +389,47 @@ func BenchmarkMemoryPerDevice(b *testing.B) {
 		b.ReportMetric(float64(streams)/devices, "stream-B/event")
 		b.ReportMetric(float64(total)/devices, "total-B/device")
 	}
+}
+
+// BenchmarkBeliefMemory measures the gateway memory a belief costs per
+// device (100,000 devices, one session each, learned from one reply whose
+// strings are copies of the batch's, which the session table holds),
+// against a plain set of the same device IDs.
+func BenchmarkBeliefMemory(b *testing.B) {
+	const n = 100_000
+	ids := deviceIDs(n, "dev")
+	// the reply's strings are copies; the beliefs keep the batch's own
+	status := make([]any, 0, 2*n)
+	writes := make([]gateway.Write, 0, n)
+	for _, id := range ids {
+		status = append(status, strings.Clone(string(id)), strings.Clone("coap/default"))
+		writes = append(writes, gateway.Write{Device: id, Session: "coap/default", Kind: gateway.Renew})
+	}
+	heap := func() uint64 {
+		runtime.GC()
+		runtime.GC()
+		var m runtime.MemStats
+		runtime.ReadMemStats(&m)
+		return m.HeapAlloc
+	}
+	var perBelief, perSet float64
+	for range b.N {
+		h0 := heap()
+		bel := &beliefs{steady: make(map[gateway.DeviceID]belief)}
+		bel.learn("inc", status, writes, 0)
+		h1 := heap()
+		set := make(map[gateway.DeviceID]struct{})
+		for _, id := range ids {
+			set[id] = struct{}{}
+		}
+		h2 := heap()
+		if len(bel.steady) != n || len(set) != n {
+			b.Fatalf("%d beliefs, %d set members, want %d", len(bel.steady), len(set), n)
+		}
+		perBelief += float64(h1-h0) / n
+		perSet += float64(h2-h1) / n
+	}
+	b.ReportMetric(perBelief/float64(b.N), "B/belief")
+	b.ReportMetric(perSet/float64(b.N), "B/set-member")
+	b.ReportMetric(perBelief/perSet, "ratio")
 }

@@ -71,6 +71,7 @@ type Store struct {
 	apply, reap, view, lease *redis.Script
 
 	beliefs beliefSet
+	opened  time.Time // localNow's origin
 }
 
 // shardKeys are the keys of one shard, in the order the scripts expect.
@@ -110,6 +111,10 @@ func Open(ctx context.Context, c redis.UniversalClient, o Options) (*Store, erro
 		reap:   redis.NewScript(recordLua + reapLua),
 		view:   redis.NewScript(recordLua + viewLua),
 		lease:  redis.NewScript(leaseLua),
+	}
+	s.opened = time.Now()
+	if s.now != nil {
+		s.opened = s.now()
 	}
 	for i := 0; i < o.Shards; i++ {
 		tag := fmt.Sprintf("{%s:%d}", o.Prefix, i)
@@ -232,17 +237,18 @@ func (s *Store) ApplyShards(ctx context.Context, batches []gateway.ShardBatch) [
 	return out
 }
 
-// localNow is the clock beliefs age by: the test clock when set.
-func (s *Store) localNow() time.Time {
+// localNow is the clock beliefs age by: the time since Open, on the
+// monotonic clock (or the test clock when set).
+func (s *Store) localNow() time.Duration {
 	if s.now != nil {
-		return s.now()
+		return s.now().Sub(s.opened)
 	}
-	return time.Now()
+	return time.Since(s.opened)
 }
 
 // applyArgs checks a batch and lays it out as the apply script's ARGV,
 // the writes bel allows first as believed renewals.
-func (s *Store) applyArgs(shard int, b gateway.Batch, bel *beliefs, now time.Time) ([]any, error) {
+func (s *Store) applyArgs(shard int, b gateway.Batch, bel *beliefs, now time.Duration) ([]any, error) {
 	if err := s.checkShard("apply", shard); err != nil {
 		return nil, err
 	}
@@ -278,14 +284,14 @@ func (s *Store) applyArgs(shard int, b gateway.Batch, bel *beliefs, now time.Tim
 
 // applyResult reads the apply script's reply (or the error of its call)
 // and updates the caller's beliefs with it.
-func applyResult(shard int, b gateway.Batch, res []any, err error, bel *beliefs, now time.Time) (gateway.ApplyResult, error) {
+func applyResult(shard int, b gateway.Batch, res []any, err error, bel *beliefs, now time.Duration) (gateway.ApplyResult, error) {
 	r, inc, status, err := parseApply(shard, b, res, err)
 	if bel != nil {
 		if err != nil {
 			// unknown outcome, fenced or malformed: nothing believed stands
 			bel.forget()
 		} else {
-			bel.learn(inc, status, now)
+			bel.learn(inc, status, b.Writes, now)
 		}
 	}
 	return r, err
