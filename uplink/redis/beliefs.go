@@ -32,7 +32,11 @@ type beliefKey struct {
 // device's deadline without reading its record (lua/record.lua, "Beliefs").
 //
 // mu is held for a whole apply call: the replies must be applied in the
-// order the calls ran.
+// order the calls ran. A gateway process (gateway, epoch) must write
+// through one Store: the scripts report a process's own changes only to
+// the caller, so a second Store with the same gateway and epoch would keep
+// beliefs the first one made stale. (Each gateway process opens one; its
+// epoch is its own, internal/identity.)
 type beliefs struct {
 	mu     sync.Mutex
 	inc    string // the incarnation of the shard's state they were learned in
