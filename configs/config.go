@@ -158,6 +158,8 @@ type LimitsConfig struct {
 	CoAPMaxMessageSize    int      `yaml:"coap_max_message_size"`
 	CoAPRequestsPerSecond int      `yaml:"coap_requests_per_second"`
 	DTLSHandshakeTimeout  Duration `yaml:"dtls_handshake_timeout"`
+	DTLSMaxPeers          int      `yaml:"dtls_max_peers"`
+	DTLSIdleTimeout       Duration `yaml:"dtls_idle_timeout"`
 }
 
 // PluginsConfig lists the adapter plugins to start.
@@ -207,6 +209,8 @@ func Default() Config {
 			CoAPMaxMessageSize:    1152,
 			CoAPRequestsPerSecond: 20,
 			DTLSHandshakeTimeout:  Duration(10 * time.Second),
+			DTLSMaxPeers:          4096,
+			DTLSIdleTimeout:       Duration(5 * time.Second),
 		},
 		Plugins: PluginsConfig{Dir: "/usr/lib/fleetgate/plugins", Adapters: []string{}},
 		Log:     LogConfig{Level: "info", Format: "text"},

@@ -171,6 +171,8 @@ func (c Config) validateLimits(p *problems) {
 	}
 	p.atLeast("limits.coap_requests_per_second", l.CoAPRequestsPerSecond, 1)
 	p.positive("limits.dtls_handshake_timeout", l.DTLSHandshakeTimeout)
+	p.atLeast("limits.dtls_max_peers", l.DTLSMaxPeers, 1)
+	p.positive("limits.dtls_idle_timeout", l.DTLSIdleTimeout)
 }
 
 // listener is one listen address with the transport it binds.

@@ -78,6 +78,10 @@ func TestValidate(t *testing.T) {
 		}, "limits.mqtt_max_packet_size: must be between 128 and 268435460 bytes, got 10\n" +
 			"limits.coap_max_message_size: must be between 64 and 65507 bytes (one UDP datagram), got 70000\n" +
 			"limits.coap_requests_per_second: must be >= 1, got 0"},
+		{"dtls limits", func(c *configs.Config) {
+			c.Limits.DTLSMaxPeers, c.Limits.DTLSIdleTimeout = 0, 0
+		}, "limits.dtls_max_peers: must be >= 1, got 0\n" +
+			"limits.dtls_idle_timeout: must be > 0, got 0s"},
 		{"same port udp and tcp", func(c *configs.Config) { c.Listen.CoAP.UDP = ":1883" }, ""},
 		{"admin on the mqtt port", func(c *configs.Config) { c.Listen.Admin.HTTP = "127.0.0.1:1883" },
 			`listen.admin.http: "127.0.0.1:1883" and listen.mqtt.tcp (":1883") bind the same tcp port`},

@@ -53,6 +53,8 @@ func (g *gatewayProcess) openFrontEnds(cfg configs.Config, log *slog.Logger, reg
 			MaxMessageSize:    l.CoAPMaxMessageSize,
 			RequestsPerSecond: l.CoAPRequestsPerSecond,
 			HandshakeTimeout:  l.DTLSHandshakeTimeout.Std(),
+			MaxDTLSPeers:      l.DTLSMaxPeers,
+			DTLSIdleTimeout:   l.DTLSIdleTimeout.Std(),
 			Clock:             gateway.SystemClock{},
 			Logger:            log,
 			Registerer:        reg,

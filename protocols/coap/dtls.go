@@ -31,13 +31,10 @@ import (
 
 // A DTLS session costs a handshake (three round trips and the PSK key
 // schedule) and tens of kilobytes while it lives, so it is kept only
-// briefly: a session without datagrams for dtlsIdleTimeout is closed by
-// the sweep that runs every sweepInterval. A device that heartbeats less
-// often shakes hands again.
-const (
-	dtlsIdleTimeout = 5 * time.Second
-	sweepInterval   = time.Second
-)
+// briefly: a session without datagrams for Options.DTLSIdleTimeout is
+// closed by the sweep that runs every sweepInterval. A device that
+// heartbeats less often shakes hands again.
+const sweepInterval = time.Second
 
 // dtlsFront is the DTLS transport: go-coap's DTLS server on a listener
 // that bounds the peers.
@@ -48,7 +45,7 @@ type dtlsFront struct {
 
 // newDTLS binds the DTLS listener at addr, with PSK cipher suites only and
 // the identity checked by the credentials during the handshake.
-func (s *Server) newDTLS(addr string, handshakeTimeout time.Duration, maxPeers int) (*dtlsFront, error) {
+func (s *Server) newDTLS(addr string, handshakeTimeout, idleTimeout time.Duration, maxPeers int) (*dtlsFront, error) {
 	ln, err := coapNet.NewDTLSListener("udp", addr, coapNet.NewDTLSServerOptions(
 		piondtls.WithPSK(s.psk),
 		piondtls.WithCipherSuites(piondtls.TLS_PSK_WITH_AES_128_CCM_8, piondtls.TLS_PSK_WITH_AES_128_GCM_SHA256),
@@ -63,7 +60,7 @@ func (s *Server) newDTLS(addr string, handshakeTimeout time.Duration, maxPeers i
 		options.WithProcessReceivedMessageFunc(s.dtlsProcessor()),
 		options.WithHandlerFunc(ignore),
 		options.WithDTLSHandshakeTimeout(handshakeTimeout),
-		options.WithInactivityMonitor(dtlsIdleTimeout, func(cc *udpClient.Conn) { _ = cc.Close() }),
+		options.WithInactivityMonitor(idleTimeout, func(cc *udpClient.Conn) { _ = cc.Close() }),
 		options.WithPeriodicRunner(s.sweep),
 		// Heartbeats fit one datagram; no peer gets block-wise state.
 		options.WithBlockwise(false, blockwise.SZX1024, 0),

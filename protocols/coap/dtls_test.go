@@ -306,6 +306,25 @@ func TestDTLSHandshakeTimeoutFreesPeerSlot(t *testing.T) {
 	}
 }
 
+// TestDTLSIdleTimeoutFreesPeerSlot: a session without datagrams for
+// DTLSIdleTimeout is closed, so with one peer slot a second device gets
+// through once the first has been idle that long (and well before the
+// 5 s default would let it).
+func TestDTLSIdleTimeoutFreesPeerSlot(t *testing.T) {
+	s := startDTLS(t, &recorder{}, Options{MaxDTLSPeers: 1, DTLSIdleTimeout: 200 * time.Millisecond})
+	first := dialDTLS(t, s, "id-1", testDevices["id-1"].key)
+	if code, err := tryRequest(first, 10*time.Second, codes.POST); err != nil || code != codes.Changed {
+		t.Fatalf("first device: %v %v", code, err)
+	}
+	// The first device keeps its DTLS connection open but stays silent.
+	start := time.Now()
+	dc, err := handshake(t, s, "id-2", testDevices["id-2"].key, 4*time.Second)
+	if err != nil {
+		t.Fatalf("second device while the first is idle: %v after %v", err, time.Since(start))
+	}
+	_ = dc.Close()
+}
+
 func TestDTLSHostileDatagrams(t *testing.T) {
 	rec := &recorder{}
 	s := startDTLS(t, rec, Options{})

@@ -35,13 +35,13 @@ import (
 	"github.com/fleetgate/fleetgate/gateway"
 )
 
-// Defaults of the limits; the first three are also the configs package's
-// (limits.*), MaxDTLSPeers has no configuration key.
+// Defaults of the limits, also the configs package's (limits.*).
 const (
 	DefaultMaxMessageSize    = 1152
 	DefaultRequestsPerSecond = 20
 	DefaultHandshakeTimeout  = 10 * time.Second
 	DefaultMaxDTLSPeers      = 4096
+	DefaultDTLSIdleTimeout   = 5 * time.Second
 )
 
 // receiveBuffer is the SO_RCVBUF the UDP socket asks for. Linux grants
@@ -80,8 +80,12 @@ type Options struct {
 	// (limits.dtls_handshake_timeout). 0 means DefaultHandshakeTimeout.
 	HandshakeTimeout time.Duration
 	// MaxDTLSPeers bounds the DTLS peers being served or in a handshake at
-	// once; more wait in pion's accept backlog. 0 means DefaultMaxDTLSPeers.
+	// once; more wait in pion's accept backlog (limits.dtls_max_peers).
+	// 0 means DefaultMaxDTLSPeers.
 	MaxDTLSPeers int
+	// DTLSIdleTimeout closes a DTLS session without datagrams for that
+	// long (limits.dtls_idle_timeout). 0 means DefaultDTLSIdleTimeout.
+	DTLSIdleTimeout time.Duration
 	// Clock stamps evidence (ObservedAt) and drives the rate limit; nil
 	// means gateway.SystemClock.
 	Clock gateway.Clock
@@ -145,7 +149,7 @@ func New(obs gateway.Observer, o Options) (*Server, error) {
 	if o.DTLS != "" && o.Credentials == nil {
 		return nil, errors.New("coap: DTLS needs credentials")
 	}
-	if o.MaxMessageSize < 0 || o.RequestsPerSecond < 0 || o.HandshakeTimeout < 0 || o.MaxDTLSPeers < 0 {
+	if o.MaxMessageSize < 0 || o.RequestsPerSecond < 0 || o.HandshakeTimeout < 0 || o.MaxDTLSPeers < 0 || o.DTLSIdleTimeout < 0 {
 		return nil, errors.New("coap: negative limit")
 	}
 	m, err := newMetrics(o.Registerer)
@@ -187,7 +191,8 @@ func New(obs gateway.Observer, o Options) (*Server, error) {
 		s.registerSocketDrops(o.Registerer)
 	}
 	if o.DTLS != "" {
-		s.dtls, err = s.newDTLS(o.DTLS, orDefault(o.HandshakeTimeout, DefaultHandshakeTimeout), orDefault(o.MaxDTLSPeers, DefaultMaxDTLSPeers))
+		s.dtls, err = s.newDTLS(o.DTLS, orDefault(o.HandshakeTimeout, DefaultHandshakeTimeout),
+			orDefault(o.DTLSIdleTimeout, DefaultDTLSIdleTimeout), orDefault(o.MaxDTLSPeers, DefaultMaxDTLSPeers))
 		if err != nil {
 			s.stop() // closes the UDP socket and unregisters its collector
 			return nil, fmt.Errorf("coap: %w", err)
