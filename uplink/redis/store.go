@@ -339,8 +339,8 @@ func (s *Store) Reap(ctx context.Context, shard int, limit int) (gateway.ReapRes
 	if err != nil {
 		return gateway.ReapResult{}, unavailable("reap", err)
 	}
-	if len(res) < 4 {
-		return gateway.ReapResult{}, fmt.Errorf("redisstore: reap: short reply of %d items", len(res))
+	if len(res) < reapHeader || (len(res)-reapHeader)%reapEventLen != 0 {
+		return gateway.ReapResult{}, fmt.Errorf("redisstore: reap: malformed reply of %d items", len(res))
 	}
 	trimmed, _ := res[0].(int64)
 	more, _ := res[1].(int64)
@@ -349,15 +349,38 @@ func (s *Store) Reap(ctx context.Context, shard int, limit int) (gateway.ReapRes
 	if orphans > 0 {
 		s.log.Warn("reap removed due entries without an online record", "shard", shard, "count", orphans)
 	}
-	evs, err := parseEvents(shard, res[4:])
-	if err != nil {
-		return gateway.ReapResult{}, fmt.Errorf("redisstore: reap: %w", err)
-	}
-	r := gateway.ReapResult{Offline: evs, Trimmed: int(trimmed), More: more == 1}
+	r := gateway.ReapResult{Offline: parseReapEvents(shard, num(res[4]), res[reapHeader:]), Trimmed: int(trimmed), More: more == 1}
 	if next >= 0 {
 		r.Next = time.UnixMilli(next)
 	}
 	return r, nil
+}
+
+// The reap script's flat reply: reapHeader items (trimmed, more, next,
+// orphans, now), then reapEventLen items per offline event.
+const reapHeader, reapEventLen = 5, 6
+
+// parseReapEvents reads the reap script's events, each
+// id, device, ver, gw, session, deadline: all of them are offline events
+// of reason expired at now (ms).
+func parseReapEvents(shard int, now int64, items []any) []gateway.Event {
+	at := time.UnixMilli(now)
+	evs := make([]gateway.Event, 0, len(items)/reapEventLen)
+	for i := 0; i+reapEventLen <= len(items); i += reapEventLen {
+		evs = append(evs, gateway.Event{
+			ID:       str(items[i]),
+			Shard:    shard,
+			Device:   gateway.DeviceID(str(items[i+1])),
+			State:    gateway.Offline,
+			Ver:      uint64(num(items[i+2])),
+			At:       at,
+			Reason:   gateway.ReasonExpired,
+			Gateway:  str(items[i+3]),
+			Session:  gateway.SessionID(str(items[i+4])),
+			Deadline: time.UnixMilli(num(items[i+5])),
+		})
+	}
+	return evs
 }
 
 // parseEvents reads the scripts' event tuples

@@ -34,15 +34,19 @@
 -- one written by this gateway and epoch (flags 7, see steadysid). The
 -- apply script tells the caller which records are steady for it after each
 -- call, and takes a renewal the caller marks as believed without reading
--- the record. So whatever changes a record that is steady for another
--- gateway (an apply of another gateway, a reap) adds "<its ref>:<device>"
--- to {P:s}:inv, and that gateway's next apply drops those beliefs before
--- it uses any. The incarnation changes when the shard's state is lost (a
--- Redis without persistence restarted): every belief learned before is
--- void. A gateway's invalidations are handed to it by its next apply;
--- those of a gateway that does not come back are forgotten after an hour
--- (each reap call cleans one gateway ref's), and a gateway uses a belief
--- for ten minutes at most after learning it.
+-- the record. So an apply that changes a record another gateway may hold a
+-- belief about (believer) adds an invalidation for that gateway to
+-- {P:s}:inv, and that gateway's next apply drops those beliefs before it
+-- uses any. A reap leaves a steady record offline and its device out of
+-- the index without a word: a believed renewal finds the device gone
+-- (ZADD XX ... CH) and takes the general path, and an apply that changes
+-- the offline record first invalidates its last writer's belief. The
+-- incarnation changes when the shard's state is lost (a Redis without
+-- persistence restarted): every belief learned before is void. A
+-- gateway's invalidations are handed to it by its next apply; those of a
+-- gateway that does not come back are forgotten after an hour (each reap
+-- call cleans one gateway ref's), and a gateway uses a belief for ten
+-- minutes at most after learning it.
 
 local byte, char, sub, find = string.byte, string.char, string.sub, string.find
 
@@ -183,6 +187,18 @@ local function owner(p)
   i = i + 7
   if byte(p, i) ~= 0 then return nil end
   return (ruvarint(p, i + 1))
+end
+
+-- believer is the gateway ref that may hold a belief about a record: the
+-- owner of a steady record, or the last writer of an offline one (a reap
+-- leaves a steady record offline without telling its owner, whose
+-- believed renewals then find the device gone from the index), or nil.
+local function believer(p)
+  local flags = byte(p, 1)
+  if flags % 4 ~= 0 then return owner(p) end
+  local i = 2
+  while byte(p, i) >= 128 do i = i + 1 end
+  return (ruvarint(p, i + 7))
 end
 
 -- steadysid is the session of a decoded record that is steady for gateway
