@@ -155,20 +155,23 @@ func dialConnect(addr string, i int) (net.Conn, error) {
 	return c, nil
 }
 
-// liveBytes is the heap and stack in use after a full GC.
-func liveBytes() float64 {
+// live is the memory in use after a full GC: heap and goroutine stacks.
+type live struct{ heap, stack float64 }
+
+func liveBytes() live {
 	runtime.GC()
 	runtime.GC()
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
-	return float64(ms.HeapAlloc + ms.StackInuse)
+	return live{heap: float64(ms.HeapAlloc), stack: float64(ms.StackInuse)}
 }
 
 // holdConnections runs the client process against addr until n
 // connections are established, and returns the server process's live
-// bytes per connection and the connects per second the client saw. The
-// client process ends before it returns.
-func holdConnections(b *testing.B, addr string, n int) (bytesPerConn, connectsPerSec float64) {
+// bytes per connection (the clients run in their own process, so the new
+// stacks are the server's goroutines) and the connects per second the
+// client saw. The client process ends before it returns.
+func holdConnections(b *testing.B, addr string, n int) (perConn live, connectsPerSec float64) {
 	b.Helper()
 	before := liveBytes()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
@@ -201,7 +204,8 @@ func holdConnections(b *testing.B, addr string, n int) (bytesPerConn, connectsPe
 		b.Fatalf("bench client said %q", line)
 	}
 	after := liveBytes()
-	return (after - before) / float64(n), float64(n) / time.Duration(ns).Seconds()
+	perConn = live{heap: (after.heap - before.heap) / float64(n), stack: (after.stack - before.stack) / float64(n)}
+	return perConn, float64(n) / time.Duration(ns).Seconds()
 }
 
 // rawHolder is the floor a goroutine-per-connection server can reach: it
@@ -270,28 +274,32 @@ func benchConnections(b *testing.B) int {
 // bcrypt; fewer when the hard RLIMIT_NOFILE is lower, as logged) and reports the server's live bytes per connection and the
 // connects per second, against the raw goroutine-per-connection floor
 // measured in the same run, and bytes per connection against the 8 KB
-// goal. One op is the whole run.
+// goal; B/conn is heap-B/conn + stack-B/conn. One op is the whole run.
 func BenchmarkConnections(b *testing.B) {
 	n, err := raiseNoFile(benchConnections(b))
 	if err != nil {
 		b.Fatalf("raise RLIMIT_NOFILE: %v", err)
 	}
 	b.Logf("%d connections", n)
-	var mqttBytes, mqttRate, rawBytes, rawRate float64
+	var mqttMem, rawMem live
+	var mqttRate, rawRate float64
 	for b.Loop() {
 		obs := &countingObserver{}
 		s := startServer(b, obs, Options{AllowAnonymous: true, HeartbeatInterval: time.Hour, ConnectsPerSecond: 1 << 30, MaxClients: n})
-		mqttBytes, mqttRate = holdConnections(b, tcpAddr(s), n)
+		mqttMem, mqttRate = holdConnections(b, tcpAddr(s), n)
 		if got := obs.n.Load(); got < int64(n) {
 			b.Fatalf("%d connects observed, want %d", got, n)
 		}
 		if err := s.Close(); err != nil {
 			b.Fatal(err)
 		}
-		rawBytes, rawRate = holdConnections(b, rawHolder(b).String(), n)
+		rawMem, rawRate = holdConnections(b, rawHolder(b).String(), n)
 	}
+	mqttBytes := mqttMem.heap + mqttMem.stack
 	b.ReportMetric(mqttBytes, "B/conn")
-	b.ReportMetric(rawBytes, "raw-B/conn")
+	b.ReportMetric(mqttMem.heap, "heap-B/conn")
+	b.ReportMetric(mqttMem.stack, "stack-B/conn")
+	b.ReportMetric(rawMem.heap+rawMem.stack, "raw-B/conn")
 	b.ReportMetric(mqttBytes/8192, "ratio-to-8KB-goal")
 	b.ReportMetric(mqttRate, "connects/s")
 	b.ReportMetric(rawRate, "raw-connects/s")
@@ -300,13 +308,14 @@ func BenchmarkConnections(b *testing.B) {
 
 // BenchmarkConnectionsMochiDefaults is the same run with mochi's default
 // buffers and capabilities (and no presence hook), on 2,000 connections:
-// what the tuning saves.
+// what the tuning saves. Its stack per connection is mochi's alone (the
+// buffers are heap), to hold BenchmarkConnections' stack-B/conn against.
 func BenchmarkConnectionsMochiDefaults(b *testing.B) {
 	const n = 2000
 	if _, err := raiseNoFile(n); err != nil {
 		b.Fatalf("raise RLIMIT_NOFILE: %v", err)
 	}
-	var defBytes float64
+	var def live
 	for b.Loop() {
 		srv := mochi.New(&mochi.Options{Logger: testLoggerOrDiscard()})
 		if err := srv.AddHook(new(allowAll), nil); err != nil {
@@ -319,13 +328,14 @@ func BenchmarkConnectionsMochiDefaults(b *testing.B) {
 		if err := srv.Serve(); err != nil {
 			b.Fatal(err)
 		}
-		defBytes, _ = holdConnections(b, ln.Address(), n)
+		def, _ = holdConnections(b, ln.Address(), n)
 		if err := srv.Close(); err != nil {
 			b.Fatal(err)
 		}
 	}
-	b.ReportMetric(defBytes, "default-B/conn")
-	b.ReportMetric(defBytes/8192, "ratio-to-8KB-goal")
+	b.ReportMetric(def.heap+def.stack, "default-B/conn")
+	b.ReportMetric(def.stack, "default-stack-B/conn")
+	b.ReportMetric((def.heap+def.stack)/8192, "ratio-to-8KB-goal")
 }
 
 // allowAll admits every client, as mochi's auth.AllowHook.
