@@ -193,8 +193,15 @@ func unavailable(op string, err error) error {
 
 // Apply applies a batch of writes of one shard in one script call.
 func (s *Store) Apply(ctx context.Context, shard int, b gateway.Batch) (gateway.ApplyResult, error) {
-	r := s.ApplyShards(ctx, []gateway.ShardBatch{{Shard: shard, Batch: b}})[0]
-	return r.Result, r.Err
+	bels, unlock := s.beliefs.lockAll([]gateway.ShardBatch{{Shard: shard, Batch: b}})
+	defer unlock()
+	now := s.localNow()
+	args, err := s.applyArgs(shard, b, bels[0], now)
+	if err != nil {
+		return gateway.ApplyResult{}, err
+	}
+	res, err := s.apply.Run(ctx, s.c, s.keys[shard].data, args...).Slice()
+	return applyResult(shard, b, res, err, bels[0], now)
 }
 
 var _ gateway.MultiApplier = (*Store)(nil)
