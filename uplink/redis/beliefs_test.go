@@ -92,6 +92,17 @@ func TestBeliefsInvalidated(t *testing.T) {
 			return e.apply(0, batch("gw-a", 1, write(d, "s0", gateway.Renew, 0)))
 		}
 		devs := devicesIn(t, 1, 0, 7, "inv")
+		// every device's lease runs out and the runner reaps them
+		lapseAndReap := func() {
+			t.Helper()
+			e.clock.Advance(91 * time.Second)
+			for range 10 {
+				if !e.reap(0, 100).More {
+					return
+				}
+			}
+			t.Fatal("the reaps did not drain the shard")
+		}
 
 		t.Run("second session", func(t *testing.T) {
 			d := devs[0]
@@ -122,12 +133,7 @@ func TestBeliefsInvalidated(t *testing.T) {
 		t.Run("reaped", func(t *testing.T) {
 			d := devs[2]
 			steady(d)
-			e.clock.Advance(91 * time.Second)
-			for range 10 {
-				if !e.reap(0, 100).More {
-					break
-				}
-			}
+			lapseAndReap()
 			evs := renew(d)
 			if len(evs) != 1 || evs[0].State != gateway.Online || evs[0].Device != d {
 				t.Fatalf("renewal after the reap wrote %s, want %s online", describe(evs), d)
@@ -136,12 +142,7 @@ func TestBeliefsInvalidated(t *testing.T) {
 		t.Run("reaped, then online elsewhere", func(t *testing.T) {
 			d := devs[6]
 			steady(d)
-			e.clock.Advance(91 * time.Second)
-			for range 10 {
-				if !e.reap(0, 100).More {
-					break
-				}
-			}
+			lapseAndReap()
 			e.apply(0, batch("gw-b", 1, write(d, "s1", gateway.Connect, 0)))
 			renew(d)
 			if got := e.device(d); len(got.Sessions) != 2 || got.Gateway != "gw-a" {
