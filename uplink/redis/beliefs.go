@@ -102,25 +102,24 @@ func (bs *beliefSet) lockAll(batches []gateway.ShardBatch) ([]*beliefs, func()) 
 	}
 }
 
-// believed splits a batch's writes: those the script may take as believed
-// renewals (unlapsed renewals of the session a fresh belief names, of a
-// device none of whose other writes in the batch is anything else), and
-// the rest; order has a byte per write of the batch, '1' for a believed one
-// and '0' for the others ("" when none is believed). b may be nil.
-func (b *beliefs) believed(batch gateway.Batch, now time.Duration) (fast, rest []gateway.Write, order string) {
+// believed marks the writes of a batch the script may take as believed
+// renewals: unlapsed renewals of the session a fresh belief names, of a
+// device none of whose other writes in the batch is anything else. order
+// has a byte per write, '1' for a believed one and '0' for the others; it
+// is nil, and n 0, when none is. b may be nil.
+func (b *beliefs) believed(batch gateway.Batch, now time.Duration) (order []byte, n int) {
 	if b == nil || len(b.steady) == 0 {
-		return nil, batch.Writes, ""
+		return nil, 0
 	}
-	o := make([]byte, len(batch.Writes))
+	order = make([]byte, len(batch.Writes))
 	var mixed map[gateway.DeviceID]bool
-	n := 0
 	for i, w := range batch.Writes {
-		o[i] = '0'
+		order[i] = '0'
 		bl, found := b.steady[w.Device]
 		switch {
 		case !found:
 		case w.Kind == gateway.Renew && bl.session == w.Session && w.Age < batch.Lease && now-bl.at < beliefTTL:
-			o[i] = '1'
+			order[i] = '1'
 			n++
 		default:
 			if mixed == nil {
@@ -129,25 +128,18 @@ func (b *beliefs) believed(batch gateway.Batch, now time.Duration) (fast, rest [
 			mixed[w.Device] = true
 		}
 	}
+	if mixed != nil {
+		for i, w := range batch.Writes {
+			if order[i] == '1' && mixed[w.Device] {
+				order[i] = '0'
+				n--
+			}
+		}
+	}
 	if n == 0 {
-		return nil, batch.Writes, ""
+		return nil, 0
 	}
-	fast = make([]gateway.Write, 0, n)
-	rest = make([]gateway.Write, 0, len(batch.Writes)-n)
-	for i, w := range batch.Writes {
-		if o[i] == '1' && mixed[w.Device] {
-			o[i] = '0'
-		}
-		if o[i] == '1' {
-			fast = append(fast, w)
-		} else {
-			rest = append(rest, w)
-		}
-	}
-	if len(fast) == 0 {
-		return nil, batch.Writes, ""
-	}
-	return fast, rest, string(o)
+	return order, n
 }
 
 // learn applies an apply call's reply: the incarnation and the status
@@ -193,15 +185,17 @@ func (b *beliefs) forget() {
 }
 
 // joinSessions is the apply script's list of the believed renewals'
-// sessions, "\n"-separated (no belief names a session holding one).
-func joinSessions(fast []gateway.Write) string {
-	if len(fast) == 0 {
-		return ""
-	}
+// sessions (the writes order marks '1'), "\n"-separated (no belief names
+// a session holding one).
+func joinSessions(writes []gateway.Write, order []byte, n int) string {
 	var sb strings.Builder
-	sb.Grow(len(fast) * (len(fast[0].Session) + 1))
-	for i, w := range fast {
-		if i > 0 {
+	for i, w := range writes {
+		if order[i] != '1' {
+			continue
+		}
+		if sb.Len() == 0 {
+			sb.Grow(n * (len(w.Session) + 1))
+		} else {
 			sb.WriteByte('\n')
 		}
 		sb.WriteString(string(w.Session))
@@ -211,10 +205,12 @@ func joinSessions(fast []gateway.Write) string {
 
 // packAges is the apply script's list of the believed renewals' ages: 4
 // bytes big-endian each, in ms (believed ones are younger than the lease).
-func packAges(fast []gateway.Write) string {
-	b := make([]byte, 0, 4*len(fast))
-	for _, w := range fast {
-		b = binary.BigEndian.AppendUint32(b, uint32(min(max(0, w.Age.Milliseconds()), math.MaxUint32)))
+func packAges(writes []gateway.Write, order []byte, n int) string {
+	b := make([]byte, 0, 4*n)
+	for i, w := range writes {
+		if order[i] == '1' {
+			b = binary.BigEndian.AppendUint32(b, uint32(min(max(0, w.Age.Milliseconds()), math.MaxUint32)))
+		}
 	}
 	return string(b)
 }

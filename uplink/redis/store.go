@@ -268,23 +268,30 @@ func (s *Store) applyArgs(shard int, b gateway.Batch, bel *beliefs, now time.Dur
 			return nil, fmt.Errorf("redisstore: apply: device %s session %s: unknown %v", w.Device, w.Session, w.Kind)
 		}
 	}
-	fast, rest, order := bel.believed(b, now)
-	inc := ""
+	order, nfast := bel.believed(b, now)
+	inc, sessions, ages := "", "", ""
 	if bel != nil {
 		inc = bel.inc
 	}
-	args := make([]any, 0, 11+len(fast)+4*len(rest))
+	if nfast > 0 {
+		sessions, ages = joinSessions(b.Writes, order, nfast), packAges(b.Writes, order, nfast)
+	}
+	args := make([]any, 0, 11+nfast+4*(len(b.Writes)-nfast))
 	replay := "0"
 	if b.Replay {
 		replay = "1"
 	}
 	args = append(args, b.Gateway, strconv.FormatUint(b.Epoch, 10), b.Lease.Milliseconds(), replay, s.nowArg(), s.maxLen,
-		inc, len(fast), order, joinSessions(fast), packAges(fast))
-	for _, w := range fast {
-		args = append(args, string(w.Device))
+		inc, nfast, string(order), sessions, ages)
+	for i, w := range b.Writes {
+		if nfast > 0 && order[i] == '1' {
+			args = append(args, string(w.Device))
+		}
 	}
-	for _, w := range rest {
-		args = append(args, string(w.Device), string(w.Session), int(w.Kind), max(0, w.Age.Milliseconds()))
+	for i, w := range b.Writes {
+		if nfast == 0 || order[i] == '0' {
+			args = append(args, string(w.Device), string(w.Session), int(w.Kind), max(0, w.Age.Milliseconds()))
+		}
 	}
 	return args, nil
 }
