@@ -118,7 +118,8 @@ func (b *beliefs) believed(batch gateway.Batch, now time.Duration) (order []byte
 		bl, found := b.steady[w.Device]
 		switch {
 		case !found:
-		case w.Kind == gateway.Renew && bl.session == w.Session && w.Age < batch.Lease && now-bl.at < beliefTTL:
+		case w.Kind == gateway.Renew && bl.session == w.Session && w.Age < batch.Lease && now-bl.at < beliefTTL &&
+			strings.IndexByte(string(w.Device), '\n') < 0:
 			order[i] = '1'
 			n++
 		default:
@@ -184,21 +185,32 @@ func (b *beliefs) forget() {
 	b.inc = ""
 }
 
-// joinSessions is the apply script's list of the believed renewals'
-// sessions (the writes order marks '1'), "\n"-separated (no belief names
-// a session holding one).
+// joinSessions and joinDevices are the apply script's lists of the
+// believed renewals' sessions and devices (the writes order marks '1'),
+// "\n"-separated: no belief names a session holding one (learn), and
+// believed passes no device holding one (device input never does,
+// gateway.ParseDeviceID and ParseSessionID).
 func joinSessions(writes []gateway.Write, order []byte, n int) string {
+	return joinMarked(writes, order, n, func(w gateway.Write) string { return string(w.Session) })
+}
+
+func joinDevices(writes []gateway.Write, order []byte, n int) string {
+	return joinMarked(writes, order, n, func(w gateway.Write) string { return string(w.Device) })
+}
+
+func joinMarked(writes []gateway.Write, order []byte, n int, field func(gateway.Write) string) string {
 	var sb strings.Builder
 	for i, w := range writes {
 		if order[i] != '1' {
 			continue
 		}
+		f := field(w)
 		if sb.Len() == 0 {
-			sb.Grow(n * (len(w.Session) + 1))
+			sb.Grow(n * (len(f) + 1))
 		} else {
 			sb.WriteByte('\n')
 		}
-		sb.WriteString(string(w.Session))
+		sb.WriteString(f)
 	}
 	return sb.String()
 }

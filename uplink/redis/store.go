@@ -269,25 +269,20 @@ func (s *Store) applyArgs(shard int, b gateway.Batch, bel *beliefs, now time.Dur
 		}
 	}
 	order, nfast := bel.believed(b, now)
-	inc, sessions, ages := "", "", ""
+	inc, sessions, ages, devices := "", "", "", ""
 	if bel != nil {
 		inc = bel.inc
 	}
 	if nfast > 0 {
-		sessions, ages = joinSessions(b.Writes, order, nfast), packAges(b.Writes, order, nfast)
+		sessions, ages, devices = joinSessions(b.Writes, order, nfast), packAges(b.Writes, order, nfast), joinDevices(b.Writes, order, nfast)
 	}
-	args := make([]any, 0, 11+nfast+4*(len(b.Writes)-nfast))
+	args := make([]any, 0, 12+4*(len(b.Writes)-nfast))
 	replay := "0"
 	if b.Replay {
 		replay = "1"
 	}
 	args = append(args, b.Gateway, strconv.FormatUint(b.Epoch, 10), b.Lease.Milliseconds(), replay, s.nowArg(), s.maxLen,
-		inc, nfast, string(order), sessions, ages)
-	for i, w := range b.Writes {
-		if nfast > 0 && order[i] == '1' {
-			args = append(args, string(w.Device))
-		}
-	}
+		inc, nfast, string(order), sessions, ages, devices)
 	for i, w := range b.Writes {
 		if nfast == 0 || order[i] == '0' {
 			args = append(args, string(w.Device), string(w.Session), int(w.Kind), max(0, w.Age.Milliseconds()))

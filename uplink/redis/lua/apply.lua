@@ -5,8 +5,9 @@
 --       the number F of believed renewals, the batch order (one byte per
 --       write, "1" for a believed renewal, "0" for another write; "" when
 --       F is 0), the believed renewals' sessions joined by "\n", their
---       ages (ms, 4 bytes big-endian each), their F devices, then the other
---       writes: device, session, kind (1 connect, 2 renew, 3 leave), age ms.
+--       ages (ms, 4 bytes big-endian each), their devices joined by "\n",
+--       then the other writes: device, session, kind (1 connect, 2 renew,
+--       3 leave), age ms.
 -- Returns {0, newest epoch} when fenced (nothing applied), else
 -- {1, incarnation, status, events...}: status is a flat list of
 -- device, session pairs, the session the caller may believe steady from
@@ -39,7 +40,7 @@ end
 local status = {}
 -- A batch without writes only records the epoch (the uplink announces a
 -- new process on every shard so that older epochs are fenced everywhere).
-if #ARGV < 12 then return {1, inc, status} end
+if ARGV[8] == '0' and #ARGV < 13 then return {1, inc, status} end
 
 -- Believed renewals: the caller believes each device's record is in the
 -- steady state for it (online, that one session, written by this gateway
@@ -48,8 +49,8 @@ if #ARGV < 12 then return {1, inc, status} end
 -- due, or all of them when the beliefs predate this incarnation or too
 -- many devices are due to tell) join the general writes below.
 local nfast, order = tonumber(ARGV[8]), ARGV[9]
-local first = 12 + nfast
-local slow, nslow = {}, (#ARGV - first + 1) / 4
+local first = 13
+local slow, nslow, fastdev = {}, (#ARGV - first + 1) / 4, {}
 local function fastage(f)
   local b1, b2, b3, b4 = byte(ARGV[11], 4 * f - 3, 4 * f)
   return ((b1 * 256 + b2) * 256 + b3) * 256 + b4
@@ -76,8 +77,12 @@ if nfast > 0 then
   end
   -- the hot loop of the steady state: fastage inlined, no # on zfast
   local zfast, nz, ages, base = {}, 0, ARGV[11], now + lease
+  local list, at = ARGV[12], 1
   for f = 1, nfast do
-    local dev = ARGV[11 + f]
+    local stop = find(list, '\n', at, true) or #list + 1
+    local dev = sub(list, at, stop - 1)
+    at = stop + 1
+    fastdev[f] = dev
     local b1, b2, b3, b4 = byte(ages, 4 * f - 3, 4 * f)
     local d = base - (((b1 * 256 + b2) * 256 + b3) * 256 + b4)
     if allbad or bad[dev] or d <= now then
@@ -104,7 +109,7 @@ if nfast > 0 then
       if not scores[i] then absent[dev] = true end
     end
     for f = 1, nfast do
-      if not slow[f] and absent[ARGV[11 + f]] then
+      if not slow[f] and absent[fastdev[f]] then
         slow[f] = true
         nslow = nslow + 1
       end
@@ -125,7 +130,7 @@ for p = 1, nfast > 0 and #order or nslow do
         for sid in string.gmatch(ARGV[10], '[^\n]+') do fastsids[#fastsids + 1] = sid end
       end
       j = j + 1
-      gdev[j], gsid[j], gkind[j], gage[j] = ARGV[11 + f], fastsids[f], '2', fastage(f)
+      gdev[j], gsid[j], gkind[j], gage[j] = fastdev[f], fastsids[f], '2', fastage(f)
     end
     f = f + 1
   else
