@@ -210,4 +210,11 @@ func TestInvalidationsOfGoneGatewaysAreForgotten(t *testing.T) {
 	if n, _ := e.c.ZCard(e.ctx, inv).Result(); n != 0 {
 		t.Fatalf("after 61 min: %d invalidations, want 0", n)
 	}
+	// With none left, a reap with nothing due writes nothing.
+	addr := []string{sharedServer().Addr}
+	before := commandCalls(t, e.ctx, addr, "hset")
+	e.reap(0, 10)
+	if n := commandCalls(t, e.ctx, addr, "hset") - before; n != 0 {
+		t.Fatalf("an idle reap ran %d HSET", n)
+	}
 }

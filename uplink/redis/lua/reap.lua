@@ -99,8 +99,9 @@ if #zadd > 0 then mcall('ZADD', KEYS[1], zadd) end
 if #zrem > 0 then mcall('ZREM', KEYS[1], zrem) end
 -- Invalidations older than an hour are of no use (a gateway uses a belief
 -- for ten minutes at most, record.lua "Beliefs"): forget those of one
--- gateway ref per call, the refs in turn ("~r" in the epochs hash).
-local refs = rcall('HMGET', KEYS[4], '#', '~r')
+-- gateway ref per call, the refs in turn ("~r" in the epochs hash). In
+-- the steady state there are none, and the call writes nothing for this.
+local refs = rcall('ZCARD', KEYS[5]) > 0 and rcall('HMGET', KEYS[4], '#', '~r') or {}
 local last = tonumber(refs[1])
 if last then
   local r = (tonumber(refs[2]) or 0) % last + 1
