@@ -2,6 +2,7 @@ package redisstore
 
 import (
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -216,5 +217,55 @@ func TestInvalidationsOfGoneGatewaysAreForgotten(t *testing.T) {
 	e.reap(0, 10)
 	if n := commandCalls(t, e.ctx, addr, "hset") - before; n != 0 {
 		t.Fatalf("an idle reap ran %d HSET", n)
+	}
+}
+
+// TestBeliefsConcurrentCallers: Apply and ApplyShards calls of one gateway
+// process on overlapping shards, in opposite shard orders and with a
+// repeated shard in one call, neither deadlock nor lose a renewal.
+func TestBeliefsConcurrentCallers(t *testing.T) {
+	const shards, rounds = 4, 100
+	e := newEnv(t, sharedServer().Client(t), shards)
+	devs := devicesPerShard(shards, "conc")
+	renewal := func(sh int) gateway.ShardBatch {
+		return gateway.ShardBatch{Shard: sh, Batch: batch("gw-a", 1, write(devs[sh], "s0", gateway.Renew, 0))}
+	}
+	for sh := range shards {
+		e.apply(sh, batch("gw-a", 1, write(devs[sh], "s0", gateway.Connect, 0)))
+	}
+	orders := [][]int{{0, 1, 2, 3}, {3, 2, 1, 0}, {1, 1, 0}, {2}}
+	errs := make(chan error, len(orders))
+	for _, order := range orders {
+		go func() {
+			for range rounds {
+				var bs []gateway.ShardBatch
+				for _, sh := range order {
+					bs = append(bs, renewal(sh))
+				}
+				for _, r := range e.store.ApplyShards(e.ctx, bs) {
+					if r.Err != nil || len(r.Result.Events) != 0 {
+						errs <- fmt.Errorf("shards %v: %v, events %s", order, r.Err, describe(r.Result.Events))
+						return
+					}
+				}
+			}
+			errs <- nil
+		}()
+	}
+	deadline := time.After(60 * time.Second)
+	for range orders {
+		select {
+		case err := <-errs:
+			if err != nil {
+				t.Fatal(err)
+			}
+		case <-deadline:
+			t.Fatal("concurrent apply calls did not finish in 60 s (deadlock?)")
+		}
+	}
+	for _, d := range devs {
+		if got := e.device(d); got.State != gateway.Online || len(got.Sessions) != 1 {
+			t.Fatalf("%s after the concurrent renewals: %+v", d, got)
+		}
 	}
 }
