@@ -71,21 +71,27 @@ func (bs *beliefSet) get(k beliefKey) *beliefs {
 }
 
 // lockAll locks the beliefs of the batches, each once and in key order so
-// that concurrent callers cannot deadlock, and returns them per batch (nil
-// for a batch that repeats an earlier batch's key: it is applied without
-// beliefs) and the unlock function.
+// that concurrent callers cannot deadlock, and returns them per batch and
+// the unlock function. Batches that share a key (one shard twice in a
+// call) get nil, are applied without beliefs, and the key's beliefs are
+// dropped at unlock: their replies could be learned out of order.
 func (bs *beliefSet) lockAll(batches []gateway.ShardBatch) ([]*beliefs, func()) {
 	per := make([]*beliefs, len(batches))
-	keys := make([]beliefKey, 0, len(batches))
-	seen := make(map[beliefKey]bool, len(batches))
+	first := make(map[beliefKey]int, len(batches))
+	var keys []beliefKey
+	var repeated []*beliefs
 	for i, sb := range batches {
 		k := beliefKey{sb.Shard, sb.Batch.Gateway, sb.Batch.Epoch}
-		if seen[k] {
-			continue
+		j, seen := first[k]
+		switch {
+		case !seen:
+			first[k] = i
+			keys = append(keys, k)
+			per[i] = bs.get(k)
+		case per[j] != nil:
+			repeated = append(repeated, per[j])
+			per[j] = nil
 		}
-		seen[k] = true
-		keys = append(keys, k)
-		per[i] = bs.get(k)
 	}
 	slices.SortFunc(keys, func(a, b beliefKey) int {
 		return cmp.Or(cmp.Compare(a.shard, b.shard), cmp.Compare(a.gateway, b.gateway), cmp.Compare(a.epoch, b.epoch))
@@ -96,6 +102,9 @@ func (bs *beliefSet) lockAll(batches []gateway.ShardBatch) ([]*beliefs, func()) 
 		locked[i].mu.Lock()
 	}
 	return per, func() {
+		for _, b := range repeated {
+			b.forget()
+		}
 		for _, b := range locked {
 			b.mu.Unlock()
 		}

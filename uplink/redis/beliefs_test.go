@@ -269,3 +269,34 @@ func TestBeliefsConcurrentCallers(t *testing.T) {
 		}
 	}
 }
+
+// TestBeliefsShardTwiceInOneCall: when one call carries two batches of a
+// shard, the second may change what the first's reply said (here it
+// adds a session); the process must not go on believing the device steady.
+func TestBeliefsShardTwiceInOneCall(t *testing.T) {
+	e := newEnv(t, sharedServer().Client(t), 1)
+	d := devicesIn(t, 1, 0, 1, "twice")[0]
+	e.apply(0, batch("gw-a", 1, write(d, "s0", gateway.Connect, 0)))
+	e.clock.Advance(time.Second)
+	for _, r := range e.store.ApplyShards(e.ctx, []gateway.ShardBatch{
+		{Shard: 0, Batch: batch("gw-a", 1, write(d, "s0", gateway.Renew, 0))},
+		{Shard: 0, Batch: gateway.Batch{Gateway: "gw-a", Epoch: 1, Lease: 30 * time.Second,
+			Writes: []gateway.Write{write(d, "s1", gateway.Connect, 0)}}},
+	}) {
+		if r.Err != nil {
+			t.Fatal(r.Err)
+		}
+	}
+	s1 := e.clock.Now().Add(30 * time.Second)
+	e.clock.Advance(time.Second)
+	e.apply(0, batch("gw-a", 1, write(d, "s0", gateway.Renew, 0)))
+	got := e.device(d)
+	if len(got.Sessions) != 2 {
+		t.Fatalf("after the renewal: %+v", got)
+	}
+	for _, s := range got.Sessions {
+		if s.ID == "s1" && !s.Deadline.Equal(s1) {
+			t.Fatalf("the renewal of s0 moved s1 to %v, want %v: %+v", s.Deadline, s1, got.Sessions)
+		}
+	}
+}
