@@ -30,6 +30,10 @@ func TestCLIExitCodes(t *testing.T) {
 	if err := os.WriteFile(bad, []byte("presence:\n  leese: 90s\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	adapters := filepath.Join(t.TempDir(), "adapters.yaml")
+	if err := os.WriteFile(adapters, []byte("store: { backend: embedded }\nauth: { allow_anonymous: true }\nplugins: { adapters: [lora] }\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	flap := filepath.Join(t.TempDir(), "flap.yaml")
 	if err := os.WriteFile(flap, []byte("presence: { lease: 30s, heartbeat_interval: 30s }\n"), 0o600); err != nil {
 		t.Fatal(err)
@@ -55,6 +59,7 @@ func TestCLIExitCodes(t *testing.T) {
 		{"devices without verb", []string{"devices"}, 2, "", "devices get ID"},
 		{"events without verb", []string{"events"}, 2, "", "events tail"},
 		{"runner on embedded", []string{"runner", "-c", filepath.Join(repo, "dev.yaml")}, 1, "", "redis store only"},
+		{"adapter plugins", []string{"run", "-c", adapters}, 1, "", "no adapter plugin host"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
