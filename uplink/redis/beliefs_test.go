@@ -1,14 +1,20 @@
 package redisstore
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"net"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fleetgate/fleetgate/gateway"
+	"github.com/fleetgate/fleetgate/gateway/clocktest"
+	"github.com/fleetgate/fleetgate/internal/redistest"
 )
 
 // believedCount is how many devices gw@epoch believes steady on shard.
@@ -298,5 +304,81 @@ func TestBeliefsShardTwiceInOneCall(t *testing.T) {
 		if s.ID == "s1" && !s.Deadline.Equal(s1) {
 			t.Fatalf("the renewal of s0 moved s1 to %v, want %v: %+v", s.Deadline, s1, got.Sessions)
 		}
+	}
+}
+
+// TestBeliefsVoidAfterFailover: a replica that takes over may lack the
+// last writes, here gw-a's takeover of a session. gw-a learned from that
+// write that the device is steady for it; on the new master it is not,
+// and gw-a's next renewal must take the general path (the replication ID
+// is part of the incarnation).
+func TestBeliefsVoidAfterFailover(t *testing.T) {
+	ctx := t.Context()
+	primary, replica := redistest.Start(t), redistest.Start(t)
+	pc, rc := primary.Client(t), replica.Client(t)
+	host, port, err := net.SplitHostPort(primary.Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rc.Do(ctx, "REPLICAOF", host, port).Err(); err != nil {
+		t.Fatal(err)
+	}
+	linked := false
+	for i := 0; i < 100 && !linked; i++ {
+		info, err := rc.Info(ctx, "replication").Result()
+		linked = err == nil && strings.Contains(info, "master_link_status:up")
+		if !linked {
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	if !linked {
+		t.Fatal("the replica did not link to the primary in 10 s")
+	}
+
+	// The store's client reaches whichever server target names.
+	var target atomic.Value
+	target.Store(primary.Addr)
+	c := redis.NewClient(&redis.Options{Dialer: func(ctx context.Context, network, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, network, target.Load().(string))
+	}})
+	t.Cleanup(func() { c.Close() })
+	clock := clocktest.New(time.UnixMilli(startMs))
+	s, err := Open(ctx, c, Options{Prefix: uniquePrefix(), Shards: 1, Now: clock.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &env{t: t, ctx: ctx, c: c, clock: clock, store: s}
+	d := gateway.DeviceID("failover-1")
+	e.apply(0, batch("gw-b", 1, write(d, "s0", gateway.Connect, 0)))
+	if n, err := pc.Do(ctx, "WAIT", 1, 5000).Int(); err != nil || n != 1 {
+		t.Fatalf("WAIT for the replica: %d, %v", n, err)
+	}
+	// The replica becomes a master of its own with what it has; the old
+	// primary takes one more write, which the new master never sees.
+	if err := rc.Do(ctx, "REPLICAOF", "NO", "ONE").Err(); err != nil {
+		t.Fatal(err)
+	}
+	e.clock.Advance(time.Second)
+	e.apply(0, batch("gw-a", 1, write(d, "s0", gateway.Renew, 0)))
+	if believedSession(s, 0, "gw-a", 1, d) != "s0" {
+		t.Fatal("gw-a does not believe the device steady after taking its session over")
+	}
+
+	// Failover: the clients now reach the former replica.
+	target.Store(replica.Addr)
+	primary.Kill()
+	if err := c.Ping(ctx).Err(); err != nil {
+		if err := c.Ping(ctx).Err(); err != nil {
+			t.Fatalf("ping after the failover: %v", err)
+		}
+	}
+	if believedSession(s, 0, "gw-a", 1, d) != "s0" {
+		t.Fatal("the belief is gone before the renewal: the test would prove nothing")
+	}
+	e.clock.Advance(time.Second)
+	e.apply(0, batch("gw-a", 1, write(d, "s0", gateway.Renew, 0)))
+	if got := e.device(d); got.Gateway != "gw-a" || len(got.Sessions) != 1 || got.Sessions[0].Gateway != "gw-a" {
+		t.Fatalf("after gw-a's renewal on the new master: %+v", got)
 	}
 }

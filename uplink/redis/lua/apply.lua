@@ -37,6 +37,10 @@ if not inc then
   inc = t[1] .. '.' .. t[2]
   redis.call('HSET', KEYS[4], '~', inc)
 end
+-- The server's replication ID changes when it restarts (its data may be
+-- an older snapshot) and when a replica takes over (it may lack the last
+-- writes): beliefs learned before either are void.
+inc = inc .. '/' .. (string.match(redis.call('INFO', 'replication'), 'master_replid:(%x+)') or '')
 local status = {}
 -- A batch without writes only records the epoch (the uplink announces a
 -- new process on every shard so that older epochs are fenced everywhere).

@@ -41,8 +41,10 @@
 -- the index without a word: a believed renewal finds the device gone
 -- (ZADD XX ... CH) and takes the general path, and an apply that changes
 -- the offline record first invalidates its last writer's belief. The
--- incarnation changes when the shard's state is lost (a Redis without
--- persistence restarted): every belief learned before is void. A
+-- incarnation (the "~" field of the epochs hash and the server's
+-- replication ID) changes when the shard's state is lost, when its server
+-- restarts and when a replica takes over (each may have lost writes):
+-- every belief learned before is void. A
 -- gateway's invalidations are handed to it by its next apply; those of a
 -- gateway that does not come back are forgotten after an hour (each reap
 -- call cleans one gateway ref's), and a gateway uses a belief for ten
