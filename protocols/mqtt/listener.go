@@ -21,6 +21,10 @@ const connectTimeout = 10 * time.Second
 // shutdownWriteTimeout bounds the writes of a shutdown.
 const shutdownWriteTimeout = time.Second
 
+// handlerWaitTimeout bounds how long Close waits for the connection
+// goroutines once their connections are closed.
+const handlerWaitTimeout = 5 * time.Second
+
 // conn is an accepted connection with the presence state of the device
 // on it. Mochi keeps it as Client.Net.Conn, so the hook finds the state
 // with a type assertion instead of a locked map. Every field is used by
@@ -51,6 +55,12 @@ type listener struct {
 	mu     sync.Mutex
 	closed bool
 	conns  map[*conn]struct{}
+	// handlers counts the connection goroutines (track to untrack).
+	// Close waits for them: mochi's Close waits for its clients with a
+	// WaitGroup that a goroutine still on its way into mochi's
+	// EstablishConnection would Add to concurrently (a data race, and a
+	// client attached after the wait).
+	handlers sync.WaitGroup
 }
 
 var _ listeners.Listener = (*listener)(nil)
@@ -131,6 +141,17 @@ func (l *listener) Close(closeClients listeners.CloseFn) {
 		_ = c.Close()
 	}
 	l.mu.Unlock()
+
+	done := make(chan struct{})
+	go func() {
+		l.handlers.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(handlerWaitTimeout):
+		l.srv.log.Warn("connection handlers still running after close", "listener", l.id, "waited", handlerWaitTimeout)
+	}
 }
 
 // track registers c and one unit of server work for its goroutine; it
@@ -142,6 +163,7 @@ func (l *listener) track(c *conn) bool {
 		return false
 	}
 	l.conns[c] = struct{}{}
+	l.handlers.Add(1)
 	return true
 }
 
@@ -149,6 +171,7 @@ func (l *listener) untrack(c *conn) {
 	l.mu.Lock()
 	delete(l.conns, c)
 	l.mu.Unlock()
+	l.handlers.Done()
 }
 
 func remoteIP(c net.Conn) netip.Addr {

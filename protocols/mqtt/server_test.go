@@ -665,3 +665,50 @@ func TestV5ServerKeepAliveAndFreeze(t *testing.T) {
 		t.Fatalf("freeze made %d leaves", n)
 	}
 }
+
+// TestCloseWhileConnecting closes servers while connections are on their
+// way into mochi (complete and half-sent CONNECTs). Close must not return
+// before every connection goroutine has left mochi: mochi's Close waits
+// for its clients with a WaitGroup that a goroutine entering
+// EstablishConnection would otherwise Add to concurrently, which -race
+// reports (it did in about one run in two of this test before the
+// listener waited for its handlers).
+func TestCloseWhileConnecting(t *testing.T) {
+	for round := range 30 {
+		var servers []*Server
+		var conns []net.Conn
+		for range 3 {
+			s := startServer(t, &recorder{}, Options{AllowAnonymous: true, ConnectsPerSecond: 100000})
+			servers = append(servers, s)
+			for i := range 5 {
+				nc, err := net.Dial("tcp", tcpAddr(s))
+				if err != nil {
+					t.Fatal(err)
+				}
+				conns = append(conns, nc)
+				pk := connectPacket(t, 5, fmt.Sprintf("dev-%d", i), "", 30)
+				if i%2 == 1 {
+					pk = pk[:len(pk)/2]
+				}
+				if _, err := nc.Write(pk); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		closed := make(chan struct{})
+		go func() {
+			for _, s := range servers {
+				s.Close()
+			}
+			close(closed)
+		}()
+		select {
+		case <-closed:
+		case <-time.After(20 * time.Second):
+			t.Fatalf("round %d: Close did not return in 20 s", round)
+		}
+		for _, c := range conns {
+			c.Close()
+		}
+	}
+}
