@@ -64,9 +64,20 @@ type Store interface {
 	Shards() int
 	// Apply applies a batch whose devices all hash to shard.
 	Apply(ctx context.Context, shard int, b Batch) (ApplyResult, error)
+	// ApplyShards applies the batches of several shards in one round trip
+	// (the Redis store pipelines the shards' script calls; a Cluster
+	// client sends one pipeline per node, in parallel; the embedded store
+	// uses one transaction). Each batch keeps the semantics and the
+	// atomicity of Apply; batches of different shards are independent, so
+	// one can fail (fenced, misrouted, or its node unreachable) while the
+	// others are applied. The result has one entry per batch, in order.
+	// The uplink writes through it alone: flushes, the epoch announcement
+	// and outbox replays.
+	ApplyShards(ctx context.Context, batches []ShardBatch) []ShardResult
 	// Reap handles at most limit due entries (deadline ≤ now) of shard:
 	// drops their expired sessions and, for a device left with none,
 	// writes its offline event and removes its entry in one atomic step.
+	// ReapResult.Now is the store time the call ran at.
 	Reap(ctx context.Context, shard int, limit int) (ReapResult, error)
 	// Device reads one device; ErrNotFound if the store never saw it.
 	Device(ctx context.Context, id DeviceID) (DeviceInfo, error)
@@ -82,11 +93,12 @@ type Store interface {
 	ReleaseShard(ctx context.Context, shard int, owner string) error
 	// Now is the store's clock.
 	Now(ctx context.Context) (time.Time, error)
-	// Close releases the store's resources.
+	// Close releases the store's resources, including a connection the
+	// store dialled itself.
 	Close() error
 }
 
-// ShardBatch is one shard's part of a multi-shard apply.
+// ShardBatch is one shard's part of an ApplyShards call.
 type ShardBatch struct {
 	Shard int
 	Batch Batch
@@ -96,15 +108,4 @@ type ShardBatch struct {
 type ShardResult struct {
 	Result ApplyResult
 	Err    error
-}
-
-// MultiApplier is implemented by stores that can apply the batches of
-// several shards in one round trip: the Redis store pipelines the
-// shards' script calls (a Cluster client sends one pipeline per node, in
-// parallel). Each batch keeps the semantics and the atomicity of Apply;
-// batches of different shards are independent, so one can fail (fenced,
-// or its node unreachable) while the others are applied. The uplink uses
-// it for a flush when the store has it.
-type MultiApplier interface {
-	ApplyShards(ctx context.Context, batches []ShardBatch) []ShardResult
 }

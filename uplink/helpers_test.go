@@ -30,25 +30,51 @@ type applyCall struct {
 	err    error
 }
 
-// countingStore records the Apply calls made to a real store; the empty
-// batches that announce an epoch are counted apart.
+// countingStore records the batches applied to a real store, through
+// Apply or ApplyShards; the empty batches that announce an epoch are
+// counted apart, and so are the ApplyShards calls (round trips).
 type countingStore struct {
 	gateway.Store
 	mu        sync.Mutex
 	calls     []applyCall
 	announces int
+	multis    int
 }
+
+var _ gateway.Store = (*countingStore)(nil)
 
 func (c *countingStore) Apply(ctx context.Context, shard int, b gateway.Batch) (gateway.ApplyResult, error) {
 	res, err := c.Store.Apply(ctx, shard, b)
+	c.record(shard, b, err)
+	return res, err
+}
+
+func (c *countingStore) ApplyShards(ctx context.Context, batches []gateway.ShardBatch) []gateway.ShardResult {
+	out := c.Store.ApplyShards(ctx, batches)
 	c.mu.Lock()
+	c.multis++
+	c.mu.Unlock()
+	for i, sb := range batches {
+		c.record(sb.Shard, sb.Batch, out[i].Err)
+	}
+	return out
+}
+
+func (c *countingStore) record(shard int, b gateway.Batch, err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	if len(b.Writes) == 0 {
 		c.announces++
 	} else {
 		c.calls = append(c.calls, applyCall{shard, len(b.Writes), b.Replay, err})
 	}
-	c.mu.Unlock()
-	return res, err
+}
+
+// RoundTrips is the number of ApplyShards calls.
+func (c *countingStore) RoundTrips() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.multis
 }
 
 func (c *countingStore) Announces() int {

@@ -9,6 +9,7 @@ import (
 type metrics struct {
 	written      *prometheus.CounterVec // by kind
 	flushes      prometheus.Counter
+	calls        prometheus.Counter
 	flushErrors  prometheus.Counter
 	flushSeconds prometheus.Histogram
 	dropped      *prometheus.CounterVec // outbox drops by reason
@@ -24,6 +25,10 @@ func newMetrics(u *Uplink, reg prometheus.Registerer) *metrics {
 		flushes: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "fleetgate_flushes_total",
 			Help: "Batches sent to the central store (one store call per shard and batch, flushes and outbox replay).",
+		}),
+		calls: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "fleetgate_store_calls_total",
+			Help: "Store calls of the uplink: one per flush or replay step, carrying a batch for each shard that has writes (one round trip with Redis).",
 		}),
 		flushErrors: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "fleetgate_flush_errors_total",
@@ -55,7 +60,7 @@ func newMetrics(u *Uplink, reg prometheus.Registerer) *metrics {
 	if reg == nil {
 		return m
 	}
-	reg.MustRegister(m.written, m.flushes, m.flushErrors, m.flushSeconds, m.dropped, m.refused,
+	reg.MustRegister(m.written, m.flushes, m.calls, m.flushErrors, m.flushSeconds, m.dropped, m.refused,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "fleetgate_outbox_sessions",
 			Help: "Sessions buffered in the outbox.",

@@ -3,7 +3,6 @@ package uplink
 import (
 	"cmp"
 	"context"
-	"sync"
 	"time"
 )
 
@@ -44,10 +43,10 @@ func (r *replayer) wait() {
 }
 
 // round sends one round of the outbox, oldest entries first: per shard
-// up to replayChunks store calls of at most MaxBatch writes each
-// (Batch.Replay), one after the other, the shards concurrently, ages
-// recomputed just before each call. Evidence whose lease has run out is
-// dropped, never sent. An entry is deleted only after the store
+// about replayChunks batches of at most MaxBatch writes each
+// (Batch.Replay), in as many writes, each carrying the next batch of
+// every shard (one round trip each), ages recomputed just before each.
+// Evidence whose lease has run out is dropped, never sent. An entry is deleted only after the store
 // acknowledged its batch (a crash in between replays it again, which the
 // store tolerates), or when all of it lapsed or the store refused it for
 // good. It returns the first error of a store that did not answer.
@@ -56,9 +55,6 @@ func (r *replayer) round(ctx context.Context) error {
 	u.sendMu.Lock()
 	defer u.sendMu.Unlock()
 	t := u.timing()
-	if err := u.announce(ctx, t); err != nil {
-		return err
-	}
 	var skip map[uint64]bool
 	if r.prev != nil {
 		skip = r.prev.skip
@@ -69,9 +65,9 @@ func (r *replayer) round(ctx context.Context) error {
 	}
 	now := u.clock.Now()
 	var (
-		perJob [][]chunk
-		gone   []record // entries to delete
-		lapsed int      // lapsed writes of gone
+		chunked [][]chunk
+		gone    []record // entries to delete
+		lapsed  int      // lapsed writes of gone
 	)
 	for shard, recs := range perShard {
 		var chunks []chunk
@@ -101,34 +97,38 @@ func (r *replayer) round(ctx context.Context) error {
 			chunks = append(chunks, c)
 		}
 		if len(chunks) > 0 {
-			perJob = append(perJob, chunks)
+			chunked = append(chunked, chunks)
 		}
 	}
-	var (
-		mu    sync.Mutex
-		wg    sync.WaitGroup
-		first error
-	)
-	for _, chunks := range perJob {
-		wg.Go(func() {
-			for _, c := range chunks {
-				err := u.apply(ctx, t, c.shard, true, c.tws)
-				ok := err == nil || u.refused(err, c.shard, len(c.tws))
-				mu.Lock()
-				if ok {
-					gone = append(gone, c.recs...)
-					lapsed += c.lapsed
-				} else {
-					first = cmp.Or(first, err)
-				}
-				mu.Unlock()
-				if !ok {
-					return
-				}
+	// Round k sends the k-th chunk of every shard that has one and whose
+	// earlier chunks were taken, all in one write.
+	var first error
+	failed := make([]bool, len(chunked))
+	for k := 0; ; k++ {
+		var (
+			ws   []shardWrites
+			jobs []int
+		)
+		for j, chunks := range chunked {
+			if k < len(chunks) && !failed[j] {
+				ws = append(ws, shardWrites{shard: chunks[k].shard, tws: chunks[k].tws})
+				jobs = append(jobs, j)
 			}
-		})
+		}
+		if len(ws) == 0 {
+			break
+		}
+		for i, err := range u.write(ctx, t, true, ws) {
+			c := chunked[jobs[i]][k]
+			if err != nil {
+				failed[jobs[i]] = true
+				first = cmp.Or(first, err)
+				continue
+			}
+			gone = append(gone, c.recs...)
+			lapsed += c.lapsed
+		}
 	}
-	wg.Wait()
 	r.wait()
 	if lapsed > 0 {
 		u.lapsed.Add(uint64(lapsed))

@@ -20,11 +20,13 @@
 package uplink
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"math"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -36,7 +38,6 @@ import (
 
 // Defaults for Options fields left zero.
 const (
-	DefaultLease         = 90 * time.Second
 	DefaultFlushInterval = time.Second
 	DefaultMaxBatch      = 1000
 	DefaultTimeout       = 3 * time.Second
@@ -97,7 +98,7 @@ type Uplink struct {
 	// sendMu serializes flushes and replay rounds, so that the choice
 	// between store and outbox and the order per session hold.
 	sendMu sync.Mutex
-	// announced: this process's epoch is recorded on every shard.
+	// announced: this process's epoch is recorded on every shard (write).
 	announced bool // under sendMu
 
 	hmu      sync.Mutex
@@ -144,7 +145,7 @@ func New(store gateway.Store, ob *Outbox, o Options) *Uplink {
 		gw:            o.Gateway,
 		epoch:         o.Epoch,
 		clock:         o.Clock,
-		log:           o.Logger.With("gateway", o.Gateway),
+		log:           o.Logger,
 		timeout:       o.Timeout,
 		probeMin:      o.ProbeMin,
 		probeMax:      o.ProbeMax,
@@ -165,7 +166,7 @@ func New(store gateway.Store, ob *Outbox, o Options) *Uplink {
 
 func (u *Uplink) makeTiming(lease, interval time.Duration, maxBatch int) timing {
 	if lease <= 0 {
-		lease = DefaultLease
+		lease = gateway.DefaultLease
 	}
 	if interval <= 0 {
 		interval = DefaultFlushInterval
@@ -305,18 +306,29 @@ func (u *Uplink) flushOnce(ctx context.Context) error {
 		return nil
 	}
 	var failed []item
-	if !toOutbox {
-		if err := u.announce(ctx, t); err != nil {
-			u.markDown(err)
-			toOutbox = true
-		}
-	}
 	if toOutbox {
 		for _, items := range taken {
 			failed = append(failed, items...)
 		}
 	} else {
-		failed = u.send(ctx, t, taken)
+		var ws []shardWrites
+		var items [][]item
+		for shard, its := range taken {
+			if len(its) > 0 {
+				ws = append(ws, shardWrites{shard: shard, tws: appendWrites(nil, its)})
+				items = append(items, its)
+			}
+		}
+		var first error
+		for i, err := range u.write(ctx, t, false, ws) {
+			if err != nil {
+				failed = append(failed, items[i]...)
+				first = cmp.Or(first, err)
+			}
+		}
+		if first != nil {
+			u.markDown(first)
+		}
 	}
 	if len(failed) > 0 {
 		if err := u.buffer(failed); err != nil {
@@ -333,101 +345,57 @@ func (u *Uplink) flushOnce(ctx context.Context) error {
 	return nil
 }
 
-// send makes one store call per shard with items, concurrently (or one
-// round trip for all of them when the store is a gateway.MultiApplier),
-// and returns the items of the calls that failed for want of the store.
-func (u *Uplink) send(ctx context.Context, t timing, taken [][]item) (failed []item) {
-	if m, ok := u.store.(gateway.MultiApplier); ok {
-		return u.sendMulti(ctx, t, m, taken)
-	}
-	var (
-		mu    sync.Mutex
-		wg    sync.WaitGroup
-		first error
-	)
-	for shard, items := range taken {
-		if len(items) == 0 {
-			continue
-		}
-		wg.Go(func() {
-			tws := appendWrites(nil, items)
-			err := u.apply(ctx, t, shard, false, tws)
-			if err == nil || u.refused(err, shard, len(tws)) {
-				return
-			}
-			mu.Lock()
-			failed = append(failed, items...)
-			if first == nil {
-				first = err
-			}
-			mu.Unlock()
-		})
-	}
-	wg.Wait()
-	if first != nil {
-		u.markDown(first)
-	}
-	return failed
+// shardWrites is one shard's writes for a store call.
+type shardWrites struct {
+	shard int
+	tws   []timedWrite
 }
 
-// announce records this process's epoch on every shard, once, before its
-// first write: an empty batch per shard. The Redis store keeps the newest
-// epoch per shard, so without it a delayed batch of an older process of
-// this gateway would still be accepted on a shard this process has not
-// written to yet (invariant 3). Called with sendMu held.
-func (u *Uplink) announce(ctx context.Context, t timing) error {
-	if u.announced {
+// write is the uplink's one way to the store, for flushes and outbox
+// replays alike: one batch per element of ws, in one Store.ApplyShards
+// call (one round trip with the Redis store), ages computed just before
+// it. It returns, per element, nil when the store applied the batch or
+// refused it for good (dropped, logged and counted: see refused), else
+// the error of a store that did not take it. Called with sendMu held.
+//
+// Until this process's epoch is recorded on every shard, the call also
+// carries an empty batch for each shard ws leaves out: the stores keep
+// the newest epoch per shard, so without it a delayed batch of an older
+// process of this gateway would still be accepted on a shard this
+// process has not written to yet (invariant 3).
+func (u *Uplink) write(ctx context.Context, t timing, replay bool, ws []shardWrites) []error {
+	if len(ws) == 0 {
 		return nil
 	}
-	batches := make([]gateway.ShardBatch, u.shards)
-	for i := range batches {
-		batches[i] = gateway.ShardBatch{Shard: i, Batch: gateway.Batch{Gateway: u.gw, Epoch: u.epoch, Lease: t.lease}}
-	}
-	ctx, cancel := context.WithTimeout(ctx, u.timeout)
-	defer cancel()
-	var results []gateway.ShardResult
-	if m, ok := u.store.(gateway.MultiApplier); ok {
-		results = m.ApplyShards(ctx, batches)
-	} else {
-		results = make([]gateway.ShardResult, len(batches))
-		for i, b := range batches {
-			results[i].Result, results[i].Err = u.store.Apply(ctx, b.Shard, b.Batch)
-		}
-	}
-	for i, r := range results {
-		switch {
-		case r.Err == nil:
-		case errors.Is(r.Err, gateway.ErrFenced):
-			u.log.Error("STORE FENCED THIS GATEWAY EPOCH at start: a newer process of this gateway is writing", "epoch", u.epoch, "shard", i, "err", r.Err)
-		default:
-			return fmt.Errorf("uplink: announce epoch %d on shard %d: %w", u.epoch, i, r.Err)
-		}
-	}
-	u.announced = true
-	return nil
-}
-
-// sendMulti sends every shard's batch in one ApplyShards call.
-func (u *Uplink) sendMulti(ctx context.Context, t timing, m gateway.MultiApplier, taken [][]item) (failed []item) {
-	var (
-		batches []gateway.ShardBatch
-		items   [][]item
-	)
 	now := u.clock.Now()
-	for shard, its := range taken {
-		if len(its) == 0 {
-			continue
+	batches := make([]gateway.ShardBatch, 0, len(ws))
+	for _, w := range ws {
+		batches = append(batches, gateway.ShardBatch{Shard: w.shard, Batch: u.batch(t, replay, withAges(w.tws, now))})
+	}
+	if !u.announced {
+		has := make([]bool, u.shards)
+		for _, w := range ws {
+			has[w.shard] = true
 		}
-		b := gateway.Batch{Gateway: u.gw, Epoch: u.epoch, Lease: t.lease, Writes: withAges(appendWrites(nil, its), now)}
-		batches = append(batches, gateway.ShardBatch{Shard: shard, Batch: b})
-		items = append(items, its)
+		for shard := range has {
+			if !has[shard] {
+				batches = append(batches, gateway.ShardBatch{Shard: shard, Batch: u.batch(t, false, nil)})
+			}
+		}
 	}
 	ctx, cancel := context.WithTimeout(ctx, u.timeout)
 	defer cancel()
 	start := time.Now()
-	results := m.ApplyShards(ctx, batches)
+	results := u.store.ApplyShards(ctx, batches)
 	took := time.Since(start).Seconds()
-	var first error
+	u.m.calls.Inc()
+	if len(results) != len(batches) {
+		results = make([]gateway.ShardResult, len(batches))
+		for i := range results {
+			results[i].Err = fmt.Errorf("store answered %d results for %d batches: %w", len(results), len(batches), gateway.ErrUnavailable)
+		}
+	}
+	errs := make([]error, len(batches))
 	for i, r := range results {
 		sb := batches[i]
 		u.m.flushes.Inc()
@@ -440,37 +408,19 @@ func (u *Uplink) sendMulti(ctx context.Context, t timing, m gateway.MultiApplier
 		}
 		u.m.flushErrors.Inc()
 		err := fmt.Errorf("uplink: apply shard %d: %w", sb.Shard, r.Err)
-		if u.refused(err, sb.Shard, len(sb.Batch.Writes)) {
-			continue
-		}
-		failed = append(failed, items[i]...)
-		if first == nil {
-			first = err
+		if !u.refused(err, sb.Shard, len(sb.Batch.Writes)) {
+			errs[i] = err
 		}
 	}
-	if first != nil {
-		u.markDown(first)
+	if !u.announced && !slices.ContainsFunc(errs, func(err error) bool { return err != nil }) {
+		u.announced = true
 	}
-	return failed
+	return errs[:len(ws)]
 }
 
-// apply sends one batch, ages computed now, and accounts for it.
-func (u *Uplink) apply(ctx context.Context, t timing, shard int, replay bool, tws []timedWrite) error {
-	ctx, cancel := context.WithTimeout(ctx, u.timeout)
-	defer cancel()
-	start := time.Now()
-	b := gateway.Batch{Gateway: u.gw, Epoch: u.epoch, Lease: t.lease, Replay: replay, Writes: withAges(tws, u.clock.Now())}
-	_, err := u.store.Apply(ctx, shard, b)
-	u.m.flushes.Inc()
-	u.m.flushSeconds.Observe(time.Since(start).Seconds())
-	if err != nil {
-		u.m.flushErrors.Inc()
-		return fmt.Errorf("uplink: apply shard %d: %w", shard, err)
-	}
-	for _, w := range b.Writes {
-		u.m.written.WithLabelValues(w.Kind.String()).Inc()
-	}
-	return nil
+// batch is a batch of this process with writes.
+func (u *Uplink) batch(t timing, replay bool, ws []gateway.Write) gateway.Batch {
+	return gateway.Batch{Gateway: u.gw, Epoch: u.epoch, Lease: t.lease, Replay: replay, Writes: ws}
 }
 
 // refused reports whether err means the store refused the batch for good,

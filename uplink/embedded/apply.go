@@ -17,40 +17,72 @@ import (
 // the file has seen for its gateway (on any shard), with
 // gateway.ErrWrongShard when a device is not in shard.
 func (s *Store) Apply(ctx context.Context, shard int, b gateway.Batch) (gateway.ApplyResult, error) {
+	r := s.ApplyShards(ctx, []gateway.ShardBatch{{Shard: shard, Batch: b}})[0]
+	return r.Result, r.Err
+}
+
+// ApplyShards applies the batches of several shards in one bolt
+// transaction (one fsync), each with the semantics of Apply. A batch that
+// is misrouted or fenced gets its error and the others are applied; an
+// error of the file itself fails them all (the transaction rolls back).
+func (s *Store) ApplyShards(ctx context.Context, batches []gateway.ShardBatch) []gateway.ShardResult {
 	const op = "embedded: apply"
-	if err := s.checkShard(ctx, shard); err != nil {
-		return gateway.ApplyResult{}, fmt.Errorf("%s: %w", op, err)
+	out := make([]gateway.ShardResult, len(batches))
+	valid := 0
+	for i := range batches {
+		sb := &batches[i]
+		if err := s.checkShard(ctx, sb.Shard); err != nil {
+			out[i].Err = fmt.Errorf("%s: %w", op, err)
+		} else if err := s.checkBatch(sb.Shard, &sb.Batch); err != nil {
+			out[i].Err = fmt.Errorf("%s: %w", op, err)
+		} else {
+			valid++
+		}
 	}
-	if err := s.checkBatch(shard, &b); err != nil {
-		return gateway.ApplyResult{}, fmt.Errorf("%s: %w", op, err)
+	if valid == 0 {
+		return out
 	}
-	var events []gateway.Event
+	events := make([][]gateway.Event, len(batches))
 	err := s.db.Update(func(tx *bolt.Tx) error {
-		if err := fence(tx, b.Gateway, b.Epoch); err != nil {
-			return err
-		}
-		w, err := s.begin(tx, shard)
-		if err != nil {
-			return err
-		}
-		for i := range b.Writes {
-			if err := w.apply(&b, &b.Writes[i]); err != nil {
+		for i := range batches {
+			sb := &batches[i]
+			if out[i].Err != nil {
+				continue
+			}
+			if err := fence(tx, sb.Batch.Gateway, sb.Batch.Epoch); err != nil {
+				if !errors.Is(err, gateway.ErrFenced) {
+					return err
+				}
+				s.log.Warn("batch fenced", "gateway", sb.Batch.Gateway, "epoch", sb.Batch.Epoch, "shard", sb.Shard)
+				out[i].Err = fmt.Errorf("%s: %w", op, err)
+				continue
+			}
+			w, err := s.begin(tx, sb.Shard)
+			if err != nil {
 				return err
 			}
+			for j := range sb.Batch.Writes {
+				if err := w.apply(&sb.Batch, &sb.Batch.Writes[j]); err != nil {
+					return err
+				}
+			}
+			if err := w.commit(); err != nil {
+				return err
+			}
+			events[i] = w.events
 		}
-		if err := w.commit(); err != nil {
-			return err
-		}
-		events = w.events
 		return nil
 	})
-	if err != nil {
-		if errors.Is(err, gateway.ErrFenced) {
-			s.log.Warn("batch fenced", "gateway", b.Gateway, "epoch", b.Epoch, "shard", shard)
+	for i := range out {
+		switch {
+		case out[i].Err != nil:
+		case err != nil:
+			out[i].Err = fmt.Errorf("%s: %w", op, err)
+		default:
+			out[i].Result = gateway.ApplyResult{Events: events[i]}
 		}
-		return gateway.ApplyResult{}, fmt.Errorf("%s: %w", op, err)
 	}
-	return gateway.ApplyResult{Events: events}, nil
+	return out
 }
 
 func (s *Store) checkBatch(shard int, b *gateway.Batch) error {
@@ -137,6 +169,7 @@ func (s *Store) Reap(ctx context.Context, shard int, limit int) (gateway.ReapRes
 			return err
 		}
 		res.Offline = w.events
+		res.Now = msTime(w.now)
 		if k, _ := w.sh.exp.Cursor().First(); k != nil {
 			ms, _, _ := parseExpKey(k)
 			res.Next = msTime(ms)

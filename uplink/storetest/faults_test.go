@@ -204,6 +204,8 @@ func (r *recorder) first() string {
 }
 
 // faulty is a store with a bug injected where a hook is set.
+var _ gateway.Store = (*faulty)(nil)
+
 type faulty struct {
 	gateway.Store
 	batch     func(gateway.Batch) gateway.Batch
@@ -229,6 +231,15 @@ func (f *faulty) Apply(ctx context.Context, shard int, b gateway.Batch) (gateway
 		r = f.apply(r)
 	}
 	return r, err
+}
+
+// ApplyShards goes through Apply, so that every write meets the hooks.
+func (f *faulty) ApplyShards(ctx context.Context, batches []gateway.ShardBatch) []gateway.ShardResult {
+	out := make([]gateway.ShardResult, len(batches))
+	for i, sb := range batches {
+		out[i].Result, out[i].Err = f.Apply(ctx, sb.Shard, sb.Batch)
+	}
+	return out
 }
 
 func (f *faulty) Reap(ctx context.Context, shard int, limit int) (gateway.ReapResult, error) {
