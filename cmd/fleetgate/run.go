@@ -34,6 +34,10 @@ const stateFile = "fleetgate.db"
 // shutdownGrace bounds the final flush at SIGTERM.
 const shutdownGrace = 10 * time.Second
 
+// sweepEvery is how often the session table drops sessions whose local
+// lease ran out.
+const sweepEvery = 5 * time.Second
+
 func cmdRun(ctx context.Context, args []string, _, stderr io.Writer) error {
 	fs, path := newFlags("run", "run [-c FILE]", stderr)
 	cfg, err := parseAndLoad(fs, args, path)
@@ -100,7 +104,7 @@ func (g *gatewayProcess) run(ctx context.Context) (err error) {
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
 	g.fatal = make(chan error, 1)
-	if g.store, err = openGatewayStore(ctx, cfg, db, log, g.fatal); err != nil {
+	if g.store, err = openStore(ctx, cfg, db, log, true, g.fatal); err != nil {
 		return err
 	}
 	defer func() { err = errors.Join(err, g.store.Close()) }()
@@ -161,7 +165,7 @@ func (g *gatewayProcess) serve(ctx context.Context, log *slog.Logger) error {
 	if g.runner != nil {
 		backs.Go(func() error { return g.runner.Run(back) })
 	}
-	backs.Go(func() error { return g.sweep(back) })
+	backs.Go(func() error { return g.table.RunSweep(back, sweepEvery) })
 	if g.admin != nil {
 		backs.Go(g.admin.Serve)
 	}
@@ -220,21 +224,6 @@ loop:
 	runErr = errors.Join(runErr, backs.Wait())
 	log.Info("stopped", "sessions", g.table.Len())
 	return runErr
-}
-
-// sweep drops sessions whose local lease ran out, so the table holds only
-// live sessions (bounded memory); it sends nothing.
-func (g *gatewayProcess) sweep(ctx context.Context) error {
-	t := time.NewTicker(5 * time.Second)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case now := <-t.C:
-			g.table.Sweep(now)
-		}
-	}
 }
 
 // reload re-reads the configuration on SIGHUP. An invalid file keeps the

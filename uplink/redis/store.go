@@ -57,10 +57,11 @@ type Options struct {
 	Logger *slog.Logger
 }
 
-// Store is a gateway.Store over Redis. It does not own the client: Close
-// leaves it open for the caller to close.
+// Store is a gateway.Store over Redis. A store made by Open uses the
+// caller's client and leaves it open; one made by Dial owns its client
+// and closes it.
 type Store struct {
-	c      redis.UniversalClient
+	c      redis.UniversalClient // set once, before ready is closed
 	prefix string
 	shards int
 	maxLen string
@@ -72,6 +73,13 @@ type Store struct {
 
 	beliefs beliefSet
 	opened  time.Time // localNow's origin
+
+	// ready is closed once c is set and P:meta checked; until then every
+	// call fails with gateway.ErrUnavailable (Dial with Background).
+	ready chan struct{}
+	// closeFn, set by Dial, ends its background opener and closes the
+	// client it made.
+	closeFn func() error
 }
 
 // shardKeys are the keys of one shard, in the order the scripts expect.
@@ -84,7 +92,20 @@ var _ gateway.Store = (*Store)(nil)
 
 // Open checks P:meta against o.Shards and Schema, creating it on first
 // use, and loads the scripts. A mismatch wraps gateway.ErrShardMismatch.
+// The store uses c and leaves it open on Close.
 func Open(ctx context.Context, c redis.UniversalClient, o Options) (*Store, error) {
+	s, err := newStore(o)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.open(ctx, c); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// newStore makes a store that is not ready yet.
+func newStore(o Options) (*Store, error) {
 	if o.Shards < 1 {
 		return nil, fmt.Errorf("redisstore: open: shards %d < 1", o.Shards)
 	}
@@ -101,7 +122,6 @@ func Open(ctx context.Context, c redis.UniversalClient, o Options) (*Store, erro
 		o.Logger = slog.Default()
 	}
 	s := &Store{
-		c:      c,
 		prefix: o.Prefix,
 		shards: o.Shards,
 		maxLen: strconv.FormatInt(o.EventsMaxLen, 10),
@@ -111,6 +131,7 @@ func Open(ctx context.Context, c redis.UniversalClient, o Options) (*Store, erro
 		reap:   redis.NewScript(recordLua + reapLua),
 		view:   redis.NewScript(recordLua + viewLua),
 		lease:  redis.NewScript(leaseLua),
+		ready:  make(chan struct{}),
 	}
 	s.opened = time.Now()
 	if s.now != nil {
@@ -123,23 +144,46 @@ func Open(ctx context.Context, c redis.UniversalClient, o Options) (*Store, erro
 			runner: []string{tag + ":runner"},
 		})
 	}
-	if err := s.checkMeta(ctx); err != nil {
-		return nil, err
+	return s, nil
+}
+
+// open checks P:meta and loads the scripts through c, then makes the
+// store ready. It succeeds at most once.
+func (s *Store) open(ctx context.Context, c redis.UniversalClient) error {
+	if err := checkMeta(ctx, c, s.prefix, s.shards); err != nil {
+		return err
 	}
 	// Loading is an optimisation: Run falls back to EVAL on NOSCRIPT
 	// (a restarted server, a flushed cache, a node that took over a slot).
 	for _, sc := range []*redis.Script{s.apply, s.reap, s.view, s.lease} {
 		if err := sc.Load(ctx, c).Err(); err != nil {
-			return nil, fmt.Errorf("redisstore: open: load scripts: %w: %w", gateway.ErrUnavailable, err)
+			return fmt.Errorf("redisstore: open: load scripts: %w: %w", gateway.ErrUnavailable, err)
 		}
 	}
-	return s, nil
+	s.c = c
+	close(s.ready)
+	return nil
 }
 
-func (s *Store) checkMeta(ctx context.Context) error {
-	key := s.prefix + ":meta"
-	want := strconv.Itoa(s.shards)
-	pipe := s.c.TxPipeline()
+// errNotOpen is every call's error until the store is ready.
+var errNotOpen = fmt.Errorf("redisstore: not opened yet: %w", gateway.ErrUnavailable)
+
+// client is the store's client once it is ready.
+func (s *Store) client() (redis.UniversalClient, error) {
+	select {
+	case <-s.ready:
+		return s.c, nil
+	default:
+		return nil, errNotOpen
+	}
+}
+
+// checkMeta records the shard count and schema in P:meta on first use
+// and compares them with what is there.
+func checkMeta(ctx context.Context, c redis.UniversalClient, prefix string, shards int) error {
+	key := prefix + ":meta"
+	want := strconv.Itoa(shards)
+	pipe := c.TxPipeline()
 	pipe.HSetNX(ctx, key, "shards", want)
 	pipe.HSetNX(ctx, key, "schema", Schema)
 	got := pipe.HMGet(ctx, key, "shards", "schema")
@@ -157,15 +201,26 @@ func (s *Store) checkMeta(ctx context.Context) error {
 // Shards is the shard count the store was opened with.
 func (s *Store) Shards() int { return s.shards }
 
-// Close releases nothing: the client belongs to the caller.
-func (s *Store) Close() error { return nil }
+// Close closes the client of a store made by Dial (after ending its
+// background opener); a store made by Open leaves its client to the
+// caller.
+func (s *Store) Close() error {
+	if s.closeFn != nil {
+		return s.closeFn()
+	}
+	return nil
+}
 
 // Now is the store clock: Redis TIME, or Options.Now in tests.
 func (s *Store) Now(ctx context.Context) (time.Time, error) {
 	if s.now != nil {
 		return s.now().Truncate(time.Millisecond), nil
 	}
-	t, err := s.c.Time(ctx).Result()
+	c, err := s.client()
+	if err != nil {
+		return time.Time{}, err
+	}
+	t, err := c.Time(ctx).Result()
 	if err != nil {
 		return time.Time{}, unavailable("now", err)
 	}
@@ -193,6 +248,10 @@ func unavailable(op string, err error) error {
 
 // Apply applies a batch of writes of one shard in one script call.
 func (s *Store) Apply(ctx context.Context, shard int, b gateway.Batch) (gateway.ApplyResult, error) {
+	c, err := s.client()
+	if err != nil {
+		return gateway.ApplyResult{}, err
+	}
 	bels, unlock := s.beliefs.lockAll([]gateway.ShardBatch{{Shard: shard, Batch: b}})
 	defer unlock()
 	now := s.localNow()
@@ -200,11 +259,9 @@ func (s *Store) Apply(ctx context.Context, shard int, b gateway.Batch) (gateway.
 	if err != nil {
 		return gateway.ApplyResult{}, err
 	}
-	res, err := s.apply.Run(ctx, s.c, s.keys[shard].data, args...).Slice()
+	res, err := s.apply.Run(ctx, c, s.keys[shard].data, args...).Slice()
 	return applyResult(shard, b, res, err, bels[0], now)
 }
-
-var _ gateway.MultiApplier = (*Store)(nil)
 
 // ApplyShards applies the batches of several shards in one pipeline of
 // EVALSHA calls: one round trip (one per Cluster node, in parallel). A
@@ -212,6 +269,13 @@ var _ gateway.MultiApplier = (*Store)(nil)
 // a failover) is sent again on its own with EVAL.
 func (s *Store) ApplyShards(ctx context.Context, batches []gateway.ShardBatch) []gateway.ShardResult {
 	out := make([]gateway.ShardResult, len(batches))
+	c, err := s.client()
+	if err != nil {
+		for i := range out {
+			out[i].Err = err
+		}
+		return out
+	}
 	cmds := make([]*redis.Cmd, len(batches))
 	args := make([][]any, len(batches))
 	bels, unlock := s.beliefs.lockAll(batches)
@@ -219,7 +283,7 @@ func (s *Store) ApplyShards(ctx context.Context, batches []gateway.ShardBatch) [
 	now := s.localNow()
 	// Each command carries its own error (a network failure is set on
 	// all of them), so the pipeline's first error needs no reading.
-	_, _ = s.c.Pipelined(ctx, func(p redis.Pipeliner) error {
+	_, _ = c.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for i, sb := range batches {
 			a, err := s.applyArgs(sb.Shard, sb.Batch, bels[i], now)
 			if err != nil {
@@ -237,7 +301,7 @@ func (s *Store) ApplyShards(ctx context.Context, batches []gateway.ShardBatch) [
 		}
 		res, err := cmds[i].Slice()
 		if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
-			res, err = s.apply.Run(ctx, s.c, s.keys[sb.Shard].data, args[i]...).Slice()
+			res, err = s.apply.Run(ctx, c, s.keys[sb.Shard].data, args[i]...).Slice()
 		}
 		out[i].Result, out[i].Err = applyResult(sb.Shard, sb.Batch, res, err, bels[i], now)
 	}
@@ -281,8 +345,22 @@ func (s *Store) applyArgs(shard int, b gateway.Batch, bel *beliefs, now time.Dur
 	if b.Replay {
 		replay = "1"
 	}
-	args = append(args, b.Gateway, strconv.FormatUint(b.Epoch, 10), b.Lease.Milliseconds(), replay, s.nowArg(), s.maxLen,
-		inc, nfast, string(order), sessions, ages, devices)
+	// The header, in the order of apply.lua's A_ positions.
+	args = append(args,
+		b.Gateway,                       // A_GW
+		strconv.FormatUint(b.Epoch, 10), // A_EPOCH
+		b.Lease.Milliseconds(),          // A_LEASE
+		replay,                          // A_REPLAY
+		s.nowArg(),                      // A_NOW
+		s.maxLen,                        // A_MAXLEN
+		inc,                             // A_INC
+		nfast,                           // A_NFAST
+		string(order),                   // A_ORDER
+		sessions,                        // A_FASTSIDS
+		ages,                            // A_FASTAGES
+		devices,                         // A_FASTDEVS
+	)
+	// From A_WRITES on: the other writes, four arguments each.
 	for i, w := range b.Writes {
 		if nfast == 0 || order[i] == '0' {
 			args = append(args, string(w.Device), string(w.Session), int(w.Kind), max(0, w.Age.Milliseconds()))
@@ -340,11 +418,15 @@ func parseApply(shard int, b gateway.Batch, res []any, err error) (r gateway.App
 // Reap handles at most limit due entries of shard in one script call;
 // limit ≤ 0 handles none and only reports More and Next.
 func (s *Store) Reap(ctx context.Context, shard int, limit int) (gateway.ReapResult, error) {
+	c, err := s.client()
+	if err != nil {
+		return gateway.ReapResult{}, err
+	}
 	if err := s.checkShard("reap", shard); err != nil {
 		return gateway.ReapResult{}, err
 	}
 	limit = max(limit, 0)
-	res, err := s.reap.Run(ctx, s.c, s.keys[shard].data, limit, s.nowArg(), s.maxLen).Slice()
+	res, err := s.reap.Run(ctx, c, s.keys[shard].data, limit, s.nowArg(), s.maxLen).Slice()
 	if err != nil {
 		return gateway.ReapResult{}, unavailable("reap", err)
 	}
@@ -358,7 +440,8 @@ func (s *Store) Reap(ctx context.Context, shard int, limit int) (gateway.ReapRes
 	if orphans > 0 {
 		s.log.Warn("reap removed due entries without an online record", "shard", shard, "count", orphans)
 	}
-	r := gateway.ReapResult{Offline: parseReapEvents(shard, num(res[4]), res[reapHeader:]), Trimmed: int(trimmed), More: more == 1}
+	now := num(res[4])
+	r := gateway.ReapResult{Offline: parseReapEvents(shard, now, res[reapHeader:]), Trimmed: int(trimmed), More: more == 1, Now: time.UnixMilli(now)}
 	if next >= 0 {
 		r.Next = time.UnixMilli(next)
 	}
@@ -438,8 +521,12 @@ func num(v any) int64 {
 
 // Device reads one device; gateway.ErrNotFound if the store never saw it.
 func (s *Store) Device(ctx context.Context, id gateway.DeviceID) (gateway.DeviceInfo, error) {
+	c, err := s.client()
+	if err != nil {
+		return gateway.DeviceInfo{}, err
+	}
 	shard := gateway.ShardOf(id, s.shards)
-	res, err := s.view.Run(ctx, s.c, s.keys[shard].data, "get", string(id)).Slice()
+	res, err := s.view.Run(ctx, c, s.keys[shard].data, "get", string(id)).Slice()
 	if err != nil {
 		return gateway.DeviceInfo{}, unavailable("device", err)
 	}
@@ -531,6 +618,10 @@ const (
 // except that one changing between two pages whose boundary falls inside
 // one HSCAN step may be skipped or repeated.
 func (s *Store) List(ctx context.Context, q gateway.ListQuery) (gateway.ListPage, error) {
+	c, err := s.client()
+	if err != nil {
+		return gateway.ListPage{}, err
+	}
 	filter := ""
 	switch q.State {
 	case "":
@@ -550,7 +641,7 @@ func (s *Store) List(ctx context.Context, q gateway.ListQuery) (gateway.ListPage
 	}
 	var page gateway.ListPage
 	for calls := 0; calls < maxListCalls && len(page.Devices) < limit; calls++ {
-		res, err := s.view.Run(ctx, s.c, s.keys[cur.shard].data,
+		res, err := s.view.Run(ctx, c, s.keys[cur.shard].data,
 			"scan", cur.cursor, cur.skip, limit-len(page.Devices), filter, scanCount).Slice()
 		if err != nil {
 			return gateway.ListPage{}, unavailable("list", err)
@@ -580,6 +671,10 @@ func (s *Store) List(ctx context.Context, q gateway.ListQuery) (gateway.ListPage
 // Events reads up to limit events of shard after position after (XRANGE,
 // exclusive); "" or "0" reads from the start. limit ≤ 0 means 100.
 func (s *Store) Events(ctx context.Context, shard int, after string, limit int) ([]gateway.Event, error) {
+	c, err := s.client()
+	if err != nil {
+		return nil, err
+	}
 	if err := s.checkShard("events", shard); err != nil {
 		return nil, err
 	}
@@ -593,7 +688,7 @@ func (s *Store) Events(ctx context.Context, shard int, after string, limit int) 
 		}
 		start = "(" + after
 	}
-	msgs, err := s.c.XRangeN(ctx, s.keys[shard].data[2], start, "+", int64(limit)).Result()
+	msgs, err := c.XRangeN(ctx, s.keys[shard].data[2], start, "+", int64(limit)).Result()
 	if err != nil {
 		return nil, unavailable("events", err)
 	}
@@ -651,11 +746,15 @@ func streamEvent(shard int, m redis.XMessage) (gateway.Event, error) {
 // ({P:s}:runner, expiring after ttl on the store clock); false when
 // another owner holds an unexpired lease.
 func (s *Store) AcquireShard(ctx context.Context, shard int, owner string, ttl time.Duration) (bool, error) {
+	c, err := s.client()
+	if err != nil {
+		return false, err
+	}
 	if err := s.checkShard("acquire shard", shard); err != nil {
 		return false, err
 	}
 	ms := max(1, ttl.Milliseconds())
-	n, err := s.lease.Run(ctx, s.c, s.keys[shard].runner, "acquire", owner, ms, s.nowArg()).Int()
+	n, err := s.lease.Run(ctx, c, s.keys[shard].runner, "acquire", owner, ms, s.nowArg()).Int()
 	if err != nil {
 		return false, unavailable("acquire shard", err)
 	}
@@ -664,10 +763,14 @@ func (s *Store) AcquireShard(ctx context.Context, shard int, owner string, ttl t
 
 // ReleaseShard gives up owner's lease of shard; a no-op if not held.
 func (s *Store) ReleaseShard(ctx context.Context, shard int, owner string) error {
+	c, err := s.client()
+	if err != nil {
+		return err
+	}
 	if err := s.checkShard("release shard", shard); err != nil {
 		return err
 	}
-	if err := s.lease.Run(ctx, s.c, s.keys[shard].runner, "release", owner, 0, s.nowArg()).Err(); err != nil {
+	if err := s.lease.Run(ctx, c, s.keys[shard].runner, "release", owner, 0, s.nowArg()).Err(); err != nil {
 		return unavailable("release shard", err)
 	}
 	return nil
