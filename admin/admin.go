@@ -41,7 +41,7 @@ type Status struct {
 	Store     string    `json:"store"`
 	Shards    int       `json:"shards"`
 	Sessions  int       `json:"sessions"`
-	Uplink    any       `json:"uplink"`
+	Uplink    any       `json:"uplink,omitempty"`
 	Runner    any       `json:"runner,omitempty"`
 	Adapters  []any     `json:"adapters"`
 	Bounds    any       `json:"bounds"`
@@ -50,11 +50,13 @@ type Status struct {
 // Timing is what deriving suspect needs; a func so a config reload shows.
 type Timing func() (lease, suspectAfter time.Duration)
 
-// Options configures the server.
+// Options configures the server. It serves `fleetgate run` and
+// `fleetgate runner` alike; a runner has no session table (Sessions nil:
+// /v1/sessions answers 404 and devices show no local sessions).
 type Options struct {
 	Addr     string // "127.0.0.1:9180"; ":0" ports are fine in tests
 	Store    gateway.Store
-	Sessions Sessions
+	Sessions Sessions // nil in a runner-only process
 	Status   func() Status
 	Timing   Timing
 	Gatherer prometheus.Gatherer
@@ -86,7 +88,9 @@ func Listen(o Options) (*Server, error) {
 	mux.HandleFunc("GET /v1/status", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, http.StatusOK, o.Status()) })
 	mux.HandleFunc("GET /v1/devices/{id}", s.device)
 	mux.HandleFunc("GET /v1/devices", s.devices)
-	mux.HandleFunc("GET /v1/sessions", s.sessions)
+	if o.Sessions != nil {
+		mux.HandleFunc("GET /v1/sessions", s.sessions)
+	}
 	mux.HandleFunc("GET /v1/events", s.events)
 	s.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, ErrorLog: slog.NewLogLogger(o.Logger.Handler(), slog.LevelWarn)}
 	return s, nil
@@ -140,7 +144,9 @@ func (s *Server) device(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	d := s.view(now, info)
-	d.Local = s.o.Sessions.Sessions(id)
+	if s.o.Sessions != nil {
+		d.Local = s.o.Sessions.Sessions(id)
+	}
 	writeJSON(w, http.StatusOK, d)
 }
 

@@ -5,16 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
-	"net"
-	"net/http"
 	"os"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/fleetgate/fleetgate/admin"
 	"github.com/fleetgate/fleetgate/configs"
 	"github.com/fleetgate/fleetgate/gateway"
 	"github.com/fleetgate/fleetgate/runner"
@@ -26,7 +23,7 @@ import (
 func cmdRunner(ctx context.Context, args []string, _, stderr io.Writer) (err error) {
 	fs, path := newFlags("runner", "runner [-c FILE] [--owner NAME] [--metrics HOST:PORT]", stderr)
 	owner := fs.String("owner", "", "lock owner name (default: <gateway.id>/runner/<pid>)")
-	metricsAddr := fs.String("metrics", "", "serve /healthz, /metrics and /v1/status on this address (e.g. 127.0.0.1:9181)")
+	metricsAddr := fs.String("metrics", "", "serve the admin API (/healthz, /metrics, /v1/status, /v1/devices) on this address (e.g. 127.0.0.1:9181)")
 	cfg, err := parseAndLoad(fs, args, path)
 	if err != nil {
 		return err
@@ -38,8 +35,8 @@ func cmdRunner(ctx context.Context, args []string, _, stderr io.Writer) (err err
 	if *owner == "" {
 		*owner = fmt.Sprintf("%s/runner/%d", cfg.Gateway.ID, os.Getpid())
 	}
-	log = log.With("gateway", cfg.Gateway.ID, "owner", *owner)
-	store, err := openStore(ctx, cfg, nil, log)
+	log = log.With("gateway", cfg.Gateway.ID)
+	store, err := openStore(ctx, cfg, nil, log, false, nil)
 	if err != nil {
 		return err
 	}
@@ -51,42 +48,34 @@ func cmdRunner(ctx context.Context, args []string, _, stderr io.Writer) (err err
 		LockTTL: cfg.Runner.LockTTL.Std(), Clock: gateway.SystemClock{}, Logger: log, Registerer: reg,
 	})
 	if addr := *metricsAddr; addr != "" {
-		stop, err := serveRunnerMetrics(addr, reg, r, log)
+		started := time.Now()
+		srv, err := admin.Listen(admin.Options{
+			Addr: addr, Store: store, Gatherer: reg, Logger: log,
+			Timing: func() (time.Duration, time.Duration) {
+				return cfg.Presence.Lease.Std(), cfg.Presence.SuspectAfter.Std()
+			},
+			Status: func() admin.Status {
+				return admin.Status{
+					Gateway: cfg.Gateway.ID, Version: version, StartedAt: started, Store: cfg.Store.Backend,
+					Shards: cfg.Presence.Shards, Runner: r.Status(), Adapters: []any{}, Bounds: cfg.Bounds(),
+				}
+			},
+		})
 		if err != nil {
 			return err
 		}
-		defer stop()
+		go func() {
+			if err := srv.Serve(); err != nil {
+				log.Error("admin api stopped", "err", err)
+			}
+		}()
+		srv.SetReady(true)
+		log.Info("admin api listening", "addr", srv.Addr().String())
+		defer func() {
+			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			defer cancel()
+			_ = srv.Shutdown(sctx)
+		}()
 	}
 	return r.Run(ctx)
-}
-
-// serveRunnerMetrics serves /healthz, /metrics and /v1/status (the
-// runner's status) for a runner-only process.
-func serveRunnerMetrics(addr string, reg *prometheus.Registry, r *runner.Runner, log *slog.Logger) (stop func(), err error) {
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return nil, fmt.Errorf("runner metrics: listen %s: %w", addr, err)
-	}
-	mux := http.NewServeMux()
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
-	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-	mux.HandleFunc("GET /v1/status", func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Content-Type", "application/json")
-		_ = printJSON(w, map[string]any{"runner": r.Status()})
-	})
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
-			log.Error("runner metrics server stopped", "err", err)
-		}
-	}()
-	log.Info("runner metrics listening", "addr", ln.Addr().String())
-	return func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = srv.Shutdown(ctx)
-		<-done
-	}, nil
 }
