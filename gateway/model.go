@@ -139,6 +139,9 @@ type ReapResult struct {
 	More bool
 	// Next is the earliest deadline still in the shard (zero if empty).
 	Next time.Time
+	// Now is the store time the call ran at, so that the caller can
+	// time its next call against Next without asking the store's clock.
+	Now time.Time
 }
 
 // SessionInfo is one live session of a device as the store holds it.

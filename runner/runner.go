@@ -31,8 +31,9 @@ import (
 const (
 	DefaultInterval = time.Second
 	DefaultBatch    = 500
-	// minLockTTL is the shortest default lease (DefaultLockTTL).
-	minLockTTL = 5 * time.Second
+	// DefaultLockTTL is the shortest default shard lease: Options.LockTTL
+	// left zero is max(5*Interval, DefaultLockTTL).
+	DefaultLockTTL = 5 * time.Second
 )
 
 // reapsPerCycle bounds the Reap calls on one shard in one cycle, so that
@@ -118,7 +119,7 @@ func New(s gateway.Store, o Options) *Runner {
 		o.Batch = DefaultBatch
 	}
 	if o.LockTTL <= 0 {
-		o.LockTTL = max(5*o.Interval, minLockTTL)
+		o.LockTTL = max(5*o.Interval, DefaultLockTTL)
 	}
 	if o.Clock == nil {
 		o.Clock = gateway.SystemClock{}
@@ -186,6 +187,9 @@ func (r *Runner) cycle(ctx context.Context) time.Duration {
 	}
 	held := r.leases.held()
 	r.m.shardsOwned.Set(float64(len(held)))
+	// next is when the earliest deadline left falls due, on the runner's
+	// clock: each reap reports the store time it ran at, so no call is
+	// needed to read the store's clock.
 	var next time.Time
 	more := false
 	for _, shard := range held {
@@ -197,8 +201,11 @@ func (r *Runner) cycle(ctx context.Context) time.Duration {
 			continue
 		}
 		more = more || res.More
-		if !res.Next.IsZero() && (next.IsZero() || res.Next.Before(next)) {
-			next = res.Next
+		if !res.Next.IsZero() {
+			due := r.o.Clock.Now().Add(res.Next.Sub(res.Now))
+			if next.IsZero() || due.Before(next) {
+				next = due
+			}
 		}
 	}
 	r.mu.Lock()
@@ -208,14 +215,10 @@ func (r *Runner) cycle(ctx context.Context) time.Duration {
 	if more {
 		return 0
 	}
-	wait := min(r.o.Interval, r.leases.untilRound(r.o.Clock.Now()))
+	now := r.o.Clock.Now()
+	wait := min(r.o.Interval, r.leases.untilRound(now))
 	if !next.IsZero() {
-		now, err := r.store.Now(ctx)
-		if err != nil {
-			r.log.Warn("runner: store clock", "err", err)
-		} else {
-			wait = min(wait, next.Sub(now))
-		}
+		wait = min(wait, next.Sub(now))
 	}
 	return max(wait, minSleep)
 }
