@@ -22,6 +22,8 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/fleetgate/fleetgate/gateway"
+	"github.com/fleetgate/fleetgate/runner"
+	"github.com/fleetgate/fleetgate/uplink"
 )
 
 // Store backends accepted by store.backend.
@@ -181,19 +183,19 @@ func Default() Config {
 	return Config{
 		Gateway: GatewayConfig{ID: HostID(), StateDir: "/var/lib/fleetgate"},
 		Presence: PresenceConfig{
-			Lease:             Duration(90 * time.Second),
-			HeartbeatInterval: Duration(30 * time.Second),
-			RenewEvery:        Duration(20 * time.Second),
-			SuspectAfter:      Duration(45 * time.Second),
-			Shards:            16,
-			MaxSessions:       1_000_000,
+			Lease:             Duration(gateway.DefaultLease),
+			HeartbeatInterval: Duration(gateway.DefaultHeartbeatInterval),
+			RenewEvery:        Duration(gateway.DefaultRenewEvery),
+			SuspectAfter:      Duration(gateway.DefaultSuspectAfter),
+			Shards:            gateway.DefaultShards,
+			MaxSessions:       gateway.DefaultMaxSessions,
 		},
 		Store: StoreConfig{
 			Backend: BackendEmbedded,
 			Redis:   RedisConfig{Addrs: []string{"127.0.0.1:6379"}, KeyPrefix: "fleetgate"},
 		},
-		Uplink: UplinkConfig{FlushInterval: Duration(time.Second), MaxBatch: 1000, OutboxMaxSessions: 1_000_000},
-		Runner: RunnerConfig{Enabled: true, Interval: Duration(time.Second), Batch: 500, LockTTL: Duration(5 * time.Second)},
+		Uplink: UplinkConfig{FlushInterval: Duration(uplink.DefaultFlushInterval), MaxBatch: uplink.DefaultMaxBatch, OutboxMaxSessions: 1_000_000},
+		Runner: RunnerConfig{Enabled: true, Interval: Duration(runner.DefaultInterval), Batch: runner.DefaultBatch, LockTTL: Duration(runner.DefaultLockTTL)},
 		Events: EventsConfig{MaxLen: 1_000_000},
 		Listen: ListenConfig{
 			CoAP:  CoAPListen{UDP: ":5683"},

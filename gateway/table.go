@@ -15,9 +15,6 @@ import (
 // Defaults of TableOptions (DESIGN §4 for the presence timings).
 const (
 	defaultTableShards = 64
-	defaultLease       = 90 * time.Second
-	defaultRenewEvery  = 20 * time.Second
-	defaultMaxSessions = 1_000_000
 )
 
 // maxKeyLen is the longest session key: device, a zero byte, session.
@@ -123,10 +120,10 @@ type timing struct {
 
 func newTiming(lease, renewEvery time.Duration) *timing {
 	if lease <= 0 {
-		lease = defaultLease
+		lease = DefaultLease
 	}
 	if renewEvery <= 0 {
-		renewEvery = defaultRenewEvery
+		renewEvery = DefaultRenewEvery
 	}
 	return &timing{lease: lease, renewEvery: renewEvery}
 }
@@ -137,7 +134,7 @@ func NewTable(up Uplink, o TableOptions) *Table {
 		o.Shards = defaultTableShards
 	}
 	if o.MaxSessions <= 0 {
-		o.MaxSessions = defaultMaxSessions
+		o.MaxSessions = DefaultMaxSessions
 	}
 	if o.Clock == nil {
 		o.Clock = SystemClock{}
@@ -306,6 +303,21 @@ func (t *Table) Sweep(now time.Time) int {
 	}
 	t.n.Add(-int64(dropped))
 	return dropped
+}
+
+// RunSweep calls Sweep every interval on the table's clock until ctx is
+// done, so that the table holds only live sessions (bounded memory).
+func (t *Table) RunSweep(ctx context.Context, every time.Duration) error {
+	for {
+		tm := t.clock.NewTimer(every)
+		select {
+		case <-ctx.Done():
+			tm.Stop()
+			return nil
+		case <-tm.C():
+			t.Sweep(t.clock.Now())
+		}
+	}
 }
 
 // Len is the number of sessions in the table.

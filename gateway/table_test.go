@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -908,5 +909,32 @@ func checkWrites(rt *rapid.T, sc schedule, s int, ws []gateway.Evidence) {
 	}
 	if last := hbs[len(hbs)-1]; last-at(len(ws)-1) >= R {
 		rt.Fatalf("steady session %d: last heartbeat %v, last write %v", s, last, at(len(ws)-1))
+	}
+}
+
+// RunSweep sweeps on the table's clock: moving the clock past a lease
+// drops the session, without the test waiting for a real ticker.
+func TestTableRunSweep(t *testing.T) {
+	f := newFixture(t, gateway.TableOptions{}, 16)
+	f.mustObserve("dev-1", "coap/default", gateway.Renew, 0)
+	f.up.take()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- f.tbl.RunSweep(ctx, 5*time.Second) }()
+	for deadline := time.Now().Add(10 * time.Second); f.tbl.Len() != 0; {
+		if time.Now().After(deadline) {
+			t.Fatalf("session not swept after the clock passed its lease: Len = %d", f.tbl.Len())
+		}
+		if f.clock.Timers() > 0 {
+			f.clock.Advance(5 * time.Second)
+		}
+		runtime.Gosched()
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("RunSweep: %v", err)
+	}
+	if f.clock.Now().Sub(t0) < 90*time.Second {
+		t.Fatalf("swept at %v, before the lease ran out", f.clock.Now().Sub(t0))
 	}
 }

@@ -104,7 +104,7 @@ func BenchmarkOutboxReplay100k(b *testing.B) {
 			wg.Go(func() {
 				for k := 0; k < len(its); k += maxBatch {
 					ws := withAges(appendWrites(nil, its[k:min(k+maxBatch, len(its))]), time.Now())
-					if _, err := direct.Apply(ctx, sh, gateway.Batch{Gateway: "gw-bench", Epoch: 1, Lease: DefaultLease, Writes: ws}); err != nil {
+					if _, err := direct.Apply(ctx, sh, gateway.Batch{Gateway: "gw-bench", Epoch: 1, Lease: gateway.DefaultLease, Writes: ws}); err != nil {
 						b.Error(err)
 						return
 					}
@@ -163,7 +163,7 @@ func BenchmarkFlushRoundTrips(b *testing.B) {
 	}
 	apply := func(sh int) {
 		w := []gateway.Write{{Device: devs[sh], Session: "coap/default", Kind: gateway.Renew}}
-		if _, err := store.Apply(ctx, sh, gateway.Batch{Gateway: "gw-bench", Epoch: 1, Lease: DefaultLease, Writes: w}); err != nil {
+		if _, err := store.Apply(ctx, sh, gateway.Batch{Gateway: "gw-bench", Epoch: 1, Lease: gateway.DefaultLease, Writes: w}); err != nil {
 			b.Fatal(err)
 		}
 	}

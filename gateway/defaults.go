@@ -1,0 +1,15 @@
+package gateway
+
+import "time"
+
+// The presence defaults of DESIGN §4, in one place: the configuration's
+// defaults and the zero values of the session table and the uplink take
+// them from here.
+const (
+	DefaultLease             = 90 * time.Second
+	DefaultHeartbeatInterval = 30 * time.Second
+	DefaultRenewEvery        = 20 * time.Second
+	DefaultSuspectAfter      = 45 * time.Second
+	DefaultShards            = 16
+	DefaultMaxSessions       = 1_000_000
+)
