@@ -1,19 +1,26 @@
 -- Apply one batch of writes of one shard, atomically (Store.Apply).
 -- KEYS: exp, dev, events, epochs, inv (record.lua).
--- ARGV: gw, epoch, lease ms, replay (1|0), now ms or "", events maxlen,
---       the incarnation the caller's beliefs were learned in ("" for none),
---       the number F of believed renewals, the batch order (one byte per
---       write, "1" for a believed renewal, "0" for another write; "" when
---       F is 0), the believed renewals' sessions joined by "\n", their
---       ages (ms, 4 bytes big-endian each), their devices joined by "\n",
---       then the other writes: device, session, kind (1 connect, 2 renew,
---       3 leave), age ms.
+-- ARGV, built by Store.applyArgs in this order (the A_ positions):
+--   gw, epoch, lease ms, replay (1|0), now ms or "", events maxlen,
+--   the incarnation the caller's beliefs were learned in ("" for none),
+--   the number F of believed renewals, the batch order (one byte per
+--   write, BELIEVED for a believed renewal, "0" for another write; ""
+--   when F is 0), the believed renewals' sessions joined by "\n", their
+--   ages (ms, 4 bytes big-endian each), their devices joined by "\n",
+--   then from A_WRITES the other writes: device, session, kind (1 connect,
+--   2 renew, 3 leave), age ms.
 -- Returns {0, newest epoch} when fenced (nothing applied), else
 -- {1, incarnation, status, events...}: status is a flat list of
 -- device, session pairs, the session the caller may believe steady from
 -- now on, or "" where it must drop its belief (record.lua, "Beliefs").
-local gw, epoch, lease = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
-local replay, now, maxlen = ARGV[4] == '1', clock(ARGV[5]), ARGV[6]
+local A_GW, A_EPOCH, A_LEASE, A_REPLAY, A_NOW, A_MAXLEN = 1, 2, 3, 4, 5, 6
+local A_INC, A_NFAST, A_ORDER, A_FASTSIDS, A_FASTAGES, A_FASTDEVS = 7, 8, 9, 10, 11, 12
+local A_WRITES = 13
+local BELIEVED = byte('1')
+local KIND_CONNECT, KIND_RENEW, KIND_LEAVE = '1', '2', '3'
+
+local gw, epoch, lease = ARGV[A_GW], tonumber(ARGV[A_EPOCH]), tonumber(ARGV[A_LEASE])
+local replay, now, maxlen = ARGV[A_REPLAY] == '1', clock(ARGV[A_NOW]), ARGV[A_MAXLEN]
 local nowstr = string.format('%d', now)
 
 local seen = redis.call('HMGET', KEYS[4], gw, '@' .. gw, '~')
@@ -25,8 +32,8 @@ if not gwref then
 end
 gwnames[gwref] = gw
 local invlo, invhi = '[' .. gwref .. ':', '[' .. gwref .. ';'
-if seen[1] ~= ARGV[2] then
-  redis.call('HSET', KEYS[4], gw, ARGV[2])
+if seen[1] ~= ARGV[A_EPOCH] then
+  redis.call('HSET', KEYS[4], gw, ARGV[A_EPOCH])
   -- older processes of this gateway are fenced here from now on: the
   -- invalidations kept for their beliefs are of no use to anyone
   redis.call('ZREMRANGEBYLEX', KEYS[5], invlo, invhi)
@@ -44,7 +51,7 @@ inc = inc .. '/' .. (string.match(redis.call('INFO', 'replication'), 'master_rep
 local status = {}
 -- A batch without writes only records the epoch (the uplink announces a
 -- new process on every shard so that older epochs are fenced everywhere).
-if ARGV[8] == '0' and #ARGV < 13 then return {1, inc, status} end
+if ARGV[A_NFAST] == '0' and #ARGV < A_WRITES then return {1, inc, status} end
 
 -- Believed renewals: the caller believes each device's record is in the
 -- steady state for it (online, that one session, written by this gateway
@@ -52,11 +59,11 @@ if ARGV[8] == '0' and #ARGV < 13 then return {1, inc, status} end
 -- is read. Those of a device that may have changed since (invalidated,
 -- due, or all of them when the beliefs predate this incarnation or too
 -- many devices are due to tell) join the general writes below.
-local nfast, order = tonumber(ARGV[8]), ARGV[9]
-local first = 13
+local nfast, order = tonumber(ARGV[A_NFAST]), ARGV[A_ORDER]
+local first = A_WRITES
 local slow, nslow, fastdev = {}, (#ARGV - first + 1) / 4, {}
 local function fastage(f)
-  local b1, b2, b3, b4 = byte(ARGV[11], 4 * f - 3, 4 * f)
+  local b1, b2, b3, b4 = byte(ARGV[A_FASTAGES], 4 * f - 3, 4 * f)
   return ((b1 * 256 + b2) * 256 + b3) * 256 + b4
 end
 -- Hand the caller the invalidations kept for it (its beliefs about those
@@ -73,15 +80,15 @@ if #gone > 0 then
   end
 end
 if nfast > 0 then
-  local allbad = ARGV[7] ~= inc
+  local allbad = ARGV[A_INC] ~= inc
   if not allbad then
     local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, 64)
     if #due == 64 then allbad = true end
     for _, dev in ipairs(due) do bad[dev] = true end
   end
   -- the hot loop of the steady state: fastage inlined, no # on zfast
-  local zfast, nz, ages, base = {}, 0, ARGV[11], now + lease
-  local list, at = ARGV[12], 1
+  local zfast, nz, ages, base = {}, 0, ARGV[A_FASTAGES], now + lease
+  local list, at = ARGV[A_FASTDEVS], 1
   for f = 1, nfast do
     local stop = find(list, '\n', at, true) or #list + 1
     local dev = sub(list, at, stop - 1)
@@ -127,14 +134,14 @@ local gdev, gsid, gkind, gage = {}, {}, {}, {}
 local fastsids
 local f, oi, j = 1, first, 0
 for p = 1, nfast > 0 and #order or nslow do
-  if nfast > 0 and byte(order, p) == 49 then
+  if nfast > 0 and byte(order, p) == BELIEVED then
     if slow[f] then
       if not fastsids then
         fastsids = {}
-        for sid in string.gmatch(ARGV[10], '[^\n]+') do fastsids[#fastsids + 1] = sid end
+        for sid in string.gmatch(ARGV[A_FASTSIDS], '[^\n]+') do fastsids[#fastsids + 1] = sid end
       end
       j = j + 1
-      gdev[j], gsid[j], gkind[j], gage[j] = fastdev[f], fastsids[f], '2', fastage(f)
+      gdev[j], gsid[j], gkind[j], gage[j] = fastdev[f], fastsids[f], KIND_RENEW, fastage(f)
     end
     f = f + 1
   else
@@ -171,10 +178,8 @@ end
 local tailhead = uvarint(gwref) .. uvarint(epoch) .. char(0)
 local tails = {}
 local function renewsonly(p, sid)
-  if byte(p, 1) ~= 7 then return false end
-  local i = 2
-  while byte(p, i) >= 128 do i = i + 1 end
-  i = i + 7
+  if byte(p, 1) ~= STEADY then return false end
+  local i = afterhead(p)
   if byte(p, i) ~= 0 then return false end
   local tail = tails[sid]
   if not tail then
@@ -192,7 +197,7 @@ for j = 1, nslow do
   local d = now - tonumber(gage[j]) + lease
   local k = idx[dev]
   local zk = z[k]
-  if kind ~= '3' and d > now and zk and zk > now and not rec[k] and packed[k] and renewsonly(packed[k], sid) then
+  if kind ~= KIND_LEAVE and d > now and zk and zk > now and not rec[k] and packed[k] and renewsonly(packed[k], sid) then
     if d > zk then z[k], moved[k] = d, true end
     kept[k] = sid
   else
@@ -216,7 +221,7 @@ for j = 1, nslow do
         if x.sid == sid then ss, at = x, j break end
       end
     end
-    if kind ~= '3' then
+    if kind ~= KIND_LEAVE then
       if d > now then
         if not r then
           r = {on = false, ver = 0, since = now, sess = {}}
@@ -242,7 +247,7 @@ for j = 1, nslow do
         if not r.on then
           r.on, r.ver, r.since, dirty[k] = true, r.ver + 1, now, true
           local reason = 'renew'
-          if replay then reason = 'replay' elseif kind == '1' then reason = 'connect' end
+          if replay then reason = 'replay' elseif kind == KIND_CONNECT then reason = 'connect' end
           event(dev, 'online', r.ver, nowstr, reason, gw, sid)
         end
       end

@@ -16,22 +16,23 @@ local rcall, evkey = redis.call, KEYS[3]
 -- common due entry) into its offline record straight from the packed
 -- bytes; it returns nil for other records, which take the general path.
 -- Returns the new record, its ver, the gateway ref and the session id.
+local HEAD1 = 2 + 1 + SINCE_LEN -- afterhead of a record whose ver is one byte
 local function offline(p)
   local flags, v = byte(p, 1, 2)
-  if flags ~= 7 then return nil end
+  if flags ~= STEADY then return nil end
   if v < 127 then
     -- Fast path: one-byte ver (and ver + 1), last-session index 0, one-byte
     -- gateway ref and epoch, offset 0, and a literal sid shorter than 64
-    -- bytes: bytes 9.. are 0, gw, ep, 0, 2 * #sid, sid. The offline record
-    -- keeps the gateway ref and the sid's literal bytes as they are.
-    local l, gw, ep, _, t = byte(p, 9, 13)
+    -- bytes: from HEAD1 on the bytes are 0, gw, ep, 0, 2 * #sid, sid. The
+    -- offline record keeps the gateway ref and the sid's literal bytes.
+    local l, gw, ep, _, t = byte(p, HEAD1, HEAD1 + 4)
     if l == 0 and gw < 128 and ep < 128 and t < 128 and t % 2 == 0 then
-      local j = 13 + t / 2
-      return char(0, v + 1) .. nowpacked .. char(gw) .. sub(p, 13, j), v + 1, gw, sub(p, 14, j)
+      local j = HEAD1 + 4 + t / 2
+      return char(0, v + 1) .. nowpacked .. char(gw) .. sub(p, HEAD1 + 4, j), v + 1, gw, sub(p, HEAD1 + 5, j)
     end
   end
-  local ver, i = ruvarint(p, 2)
-  i = i + 6
+  local ver = ruvarint(p, 2)
+  local i = afterhead(p)
   if byte(p, i) ~= 0 then return nil end
   local gw, ep, sid
   gw, i = ruvarint(p, i + 1)

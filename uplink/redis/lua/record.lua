@@ -52,6 +52,26 @@
 
 local byte, char, sub, find = string.byte, string.char, string.sub, string.find
 
+-- The packed record's head, decoded here and in the few byte-level fast
+-- paths below (owner, believer, renewsonly, reap's offline) with these
+-- names: the flags byte, then ver (uvarint), then since (SINCE_LEN bytes).
+local F_ONLINE = 1      -- flags bit 0
+local F_LASTREF = 2     -- flags bit 1: last is an index into the sessions
+local F_COUNT = 4       -- the session count is flags / F_COUNT (bits 2..7)
+local COUNT_MORE = 63   -- a count of 63 means uvarint (count - 63) follows
+local SINCE_LEN = 6
+-- STEADY is the flags of a record online with one session that is the
+-- last one written (the steady state of a renewing device).
+local STEADY = F_ONLINE + F_LASTREF + F_COUNT
+
+-- afterhead is the index of a packed record's first byte after its head
+-- (flags, ver, since): the last-session index or gateway ref.
+local function afterhead(p)
+  local i = 2
+  while byte(p, i) >= 128 do i = i + 1 end
+  return i + 1 + SINCE_LEN
+end
+
 local function uvarint(n)
   if n < 128 then return char(n) end
   local t = {}
@@ -137,13 +157,13 @@ end
 --   {on, ver, since, lastgw, lastsid, sess = {{gw, ep, dl, sid}...}}
 local function decode(s, deadline)
   local flags = byte(s, 1)
-  local r = {on = flags % 2 == 1, sess = {}}
-  local isref = math.floor(flags / 2) % 2 == 1
-  local count = math.floor(flags / 4)
+  local r = {on = flags % (2 * F_ONLINE) >= F_ONLINE, sess = {}}
+  local isref = flags % (2 * F_LASTREF) >= F_LASTREF
+  local count = math.floor(flags / F_COUNT)
   local i = 2
   r.ver, i = ruvarint(s, i)
   r.since = struct.unpack('>I6', s, i)
-  i = i + 6
+  i = i + SINCE_LEN
   local lastidx
   if isref then
     lastidx, i = ruvarint(s, i)
@@ -151,7 +171,7 @@ local function decode(s, deadline)
     r.lastgw, i = ruvarint(s, i)
     r.lastsid, i = rsid(s, i)
   end
-  if count == 63 then
+  if count == COUNT_MORE then
     local more
     more, i = ruvarint(s, i)
     count = count + more
@@ -183,10 +203,9 @@ end
 -- owner is the gateway ref of a steady record's session (its flags are 7:
 -- online, one session, the last one), or nil.
 local function owner(p)
-  if byte(p, 1) ~= 7 then return nil end
-  local i = 2
-  while byte(p, i) >= 128 do i = i + 1 end
-  i = i + 7
+  if byte(p, 1) ~= STEADY then return nil end
+  local i = afterhead(p)
+  -- the last session is session 0, whose gateway ref comes next
   if byte(p, i) ~= 0 then return nil end
   return (ruvarint(p, i + 1))
 end
@@ -196,11 +215,10 @@ end
 -- leaves a steady record offline without telling its owner, whose
 -- believed renewals then find the device gone from the index), or nil.
 local function believer(p)
-  local flags = byte(p, 1)
-  if flags % 4 ~= 0 then return owner(p) end
-  local i = 2
-  while byte(p, i) >= 128 do i = i + 1 end
-  return (ruvarint(p, i + 7))
+  -- online, or last given as an index: only a steady record has a believer
+  if byte(p, 1) % F_COUNT ~= 0 then return owner(p) end
+  -- offline, last given as a gateway ref and a literal sid
+  return (ruvarint(p, afterhead(p)))
 end
 
 -- steadysid is the session of a decoded record that is steady for gateway
@@ -224,7 +242,7 @@ end
 local function encode(r)
   local dd = maxdl(r) or 0
   local count = #r.sess
-  local flags = (r.on and 1 or 0) + 4 * math.min(count, 63)
+  local flags = (r.on and F_ONLINE or 0) + F_COUNT * math.min(count, COUNT_MORE)
   local lastidx
   for k, ss in ipairs(r.sess) do
     if ss.sid == r.lastsid and ss.gw == r.lastgw then
@@ -234,12 +252,12 @@ local function encode(r)
   end
   local out = {}
   if lastidx then
-    flags = flags + 2
+    flags = flags + F_LASTREF
     out[1] = uvarint(r.ver) .. struct.pack('>I6', r.since) .. uvarint(lastidx)
   else
     out[1] = uvarint(r.ver) .. struct.pack('>I6', r.since) .. uvarint(r.lastgw) .. wsid(r.lastsid)
   end
-  if count >= 63 then out[#out + 1] = uvarint(count - 63) end
+  if count >= COUNT_MORE then out[#out + 1] = uvarint(count - COUNT_MORE) end
   for _, ss in ipairs(r.sess) do
     out[#out + 1] = uvarint(ss.gw) .. uvarint(ss.ep) .. uvarint(dd - ss.dl) .. wsid(ss.sid, ss.gw, ss.ep)
   end
