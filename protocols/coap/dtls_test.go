@@ -19,6 +19,7 @@ import (
 
 	"github.com/fleetgate/fleetgate/gateway"
 	"github.com/fleetgate/fleetgate/gateway/clocktest"
+	"github.com/fleetgate/fleetgate/gateway/gatewaytest"
 )
 
 // pskEntry is a device's entry in the test's devices table.
@@ -213,13 +214,13 @@ func TestDTLSBadCredentials(t *testing.T) {
 
 func TestDTLSCredentialsReload(t *testing.T) {
 	rec := &recorder{}
-	s := startDTLS(t, rec, Options{})
+	creds := gatewaytest.NewCredentials(testDevices)
+	s := startDTLS(t, rec, Options{Credentials: creds})
 	cc := dialDTLS(t, s, "id-2", testDevices["id-2"].key)
 	if r := request(t, cc, message.Confirmable, codes.POST, "/hb"); r.code != codes.Changed {
 		t.Fatalf("before reload: %v", r.code)
 	}
-	s.SetCredentials(pskTable{"id-1": testDevices["id-1"]})
-	s.SetCredentials(nil) // refused, keeps the reloaded table
+	creds.Set(pskTable{"id-1": testDevices["id-1"]})
 	// The session outlives the reload, the device does not: 4.01, and
 	// the diagnostic does not say why.
 	if r := request(t, cc, message.Confirmable, codes.POST, "/hb"); r.code != codes.Unauthorized || r.payload != "unauthorized" {

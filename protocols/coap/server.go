@@ -337,18 +337,6 @@ func (s *Server) SetHeartbeatInterval(d time.Duration) {
 	s.maxAge.Store(maxAgeSeconds(d))
 }
 
-// SetCredentials replaces the credentials (devices file reload): later
-// DTLS handshakes and requests on existing DTLS sessions use c, so a
-// device removed from the file gets 4.01 on its next request. A nil c is
-// refused with a warning.
-func (s *Server) SetCredentials(c gateway.Credentials) {
-	if c == nil {
-		s.log.Warn("nil credentials; keeping the old ones")
-		return
-	}
-	s.creds.Store(&credentials{c})
-}
-
 // stop refuses new work, cancels the Observer's contexts and closes the
 // sockets so that the loops end; it does not wait.
 func (s *Server) stop() {

@@ -336,13 +336,6 @@ func (s *Server) SetHeartbeatInterval(d time.Duration) {
 	s.keepAlive.Store(keepAliveSeconds(d))
 }
 
-// SetCredentials replaces the device credentials for later CONNECTs
-// (SIGHUP reload of the devices file). nil admits only anonymous devices,
-// and only with AllowAnonymous.
-func (s *Server) SetCredentials(c gateway.Credentials) {
-	s.creds.Store(&credentials{c})
-}
-
 // stop refuses new work, cancels Observe calls and closes the broker
 // (listeners and connections); it does not wait for the goroutines.
 func (s *Server) stop() {

@@ -245,7 +245,8 @@ func deref(p *uint16) string {
 func TestWrongCredentials(t *testing.T) {
 	rec := &recorder{}
 	reg := prometheus.NewPedanticRegistry()
-	s := startServer(t, rec, Options{Credentials: testCreds(t), Registerer: reg})
+	creds := gatewaytest.NewCredentials(testCreds(t))
+	s := startServer(t, rec, Options{Credentials: creds, Registerer: reg})
 	for name, cp := range map[string]*paho.Connect{
 		"wrong password":          {ClientID: "dev-1", Password: []byte("secret-2"), PasswordFlag: true},
 		"unknown device":          {ClientID: "dev-9", Password: []byte("secret-1"), PasswordFlag: true},
@@ -275,7 +276,7 @@ func TestWrongCredentials(t *testing.T) {
 	}
 	eventually(t, 5*time.Second, "refusals' slots released", func() bool { return s.conns.Load() == 0 })
 	// A reload of the devices file applies to later connects.
-	s.SetCredentials(newCreds(t, map[gateway.DeviceID]string{"dev-1": "rotated"}))
+	creds.Set(newCreds(t, map[gateway.DeviceID]string{"dev-1": "rotated"}))
 	if code := connackCode(t, s, &paho.Connect{ClientID: "dev-1", CleanStart: true, Password: []byte("secret-1"), PasswordFlag: true}); code != packets.ErrNotAuthorized.Code {
 		t.Errorf("old password after reload: %#x", code)
 	}
@@ -303,7 +304,8 @@ func TestInvalidClientIdentifier(t *testing.T) {
 
 func TestAnonymous(t *testing.T) {
 	rec := &recorder{}
-	s := startServer(t, rec, Options{AllowAnonymous: true, TopicPrefix: "site/a"})
+	creds := gatewaytest.NewCredentials(bcryptCreds{})
+	s := startServer(t, rec, Options{AllowAnonymous: true, TopicPrefix: "site/a", Credentials: creds})
 	c := mustConnectV5(t, s, "anon-7", "")
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -311,7 +313,7 @@ func TestAnonymous(t *testing.T) {
 		t.Fatalf("publish under the configured prefix: %v", err)
 	}
 	// With credentials as well, a password given is checked.
-	s.SetCredentials(testCreds(t))
+	creds.Set(testCreds(t))
 	if code := connackCode(t, s, &paho.Connect{ClientID: "dev-1", CleanStart: true, Password: []byte("nope"), PasswordFlag: true}); code != packets.ErrNotAuthorized.Code {
 		t.Errorf("wrong password with anonymous allowed: %#x", code)
 	}
