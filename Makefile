@@ -19,7 +19,7 @@ run: build
 	FLEETGATE_GATEWAY_STATE_DIR=$(CURDIR)/.run ./$(BIN) run -c configs/dev.yaml
 
 # Installs what the tests need and is missing (redis-server and redis-cli,
-# as root through apt-get), then vets and runs the whole suite with -race.
+# as root through apt-get); `make test` runs it first.
 deps:
 	@command -v redis-server >/dev/null 2>&1 && command -v redis-cli >/dev/null 2>&1 || { \
 	  echo "installing redis-server (tests start their own servers on loopback)"; \
@@ -32,8 +32,21 @@ vet:
 	test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt needed" >&2; exit 1; }
 	$(GO) vet $(PKGS)
 
+# Vets and runs the whole suite with -race.
 test: deps vet
 	$(GO) test -race -count=1 -timeout 14m $(PKGS)
+
+# Runs every fuzz target for FUZZTIME each (their seed corpora in
+# testdata/fuzz already run as ordinary tests in `make test`); new
+# crashers land in testdata/fuzz of their package.
+FUZZTIME ?= 30s
+fuzz: deps
+	@set -e; for pkg in $$(git grep -l '^func Fuzz' -- '*_test.go' | xargs -n1 dirname | sort -u); do \
+	  for f in $$(git grep -h -o '^func Fuzz[A-Za-z0-9_]*' -- "$$pkg/*_test.go" | sed 's/^func //'); do \
+	    echo "fuzz ./$$pkg $$f ($(FUZZTIME))"; \
+	    $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) ./$$pkg; \
+	  done; \
+	done
 
 # Benchmarks with their ceilings measured in the same run; figures go to
 # docs/benchmarks.md.
