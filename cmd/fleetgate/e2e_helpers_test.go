@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -53,8 +54,10 @@ func TestMain(m *testing.M) {
 // e2eTiming is short enough for tests and passes the flap rule:
 // lease − renew_every − flush_interval ≥ 2 × heartbeat_interval. The
 // test devices send every heartbeat/2, more often than they are told.
+// shards is presence.shards (0: 4).
 type e2eTiming struct {
 	lease, heartbeat, renewEvery, flush, runnerInterval time.Duration
+	shards                                              int
 }
 
 var fastTiming = e2eTiming{lease: 4 * time.Second, heartbeat: time.Second, renewEvery: time.Second, flush: 100 * time.Millisecond, runnerInterval: 100 * time.Millisecond}
@@ -117,7 +120,7 @@ func newGateway(t testing.TB, id, redisAddr string, tm e2eTiming) *gatewayProc {
 		store = fmt.Sprintf("backend: redis\n  redis: { addrs: [%q] }", redisAddr)
 	}
 	cfg := fmt.Sprintf(`gateway: { id: %s, state_dir: %q }
-presence: { lease: %s, heartbeat_interval: %s, renew_every: %s, suspect_after: %s, shards: 4 }
+presence: { lease: %s, heartbeat_interval: %s, renew_every: %s, suspect_after: %s, shards: %d }
 store:
   %s
 uplink: { flush_interval: %s, max_batch: 1000 }
@@ -127,7 +130,7 @@ listen:
   mqtt: { tcp: %q }
   admin: { http: %q }
 log: { level: debug }
-`, id, filepath.Join(dir, "state"), tm.lease, tm.heartbeat, tm.renewEvery, tm.lease/2, store, tm.flush, tm.runnerInterval, g.coapAddr, g.mqttAddr, g.admin)
+`, id, filepath.Join(dir, "state"), tm.lease, tm.heartbeat, tm.renewEvery, tm.lease/2, cmp.Or(tm.shards, 4), store, tm.flush, tm.runnerInterval, g.coapAddr, g.mqttAddr, g.admin)
 	cfg += "auth: { allow_anonymous: true, devices_file: \"\" }\n"
 	if err := os.WriteFile(g.config, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)

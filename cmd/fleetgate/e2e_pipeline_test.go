@@ -1,0 +1,192 @@
+package main
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/fleetgate/fleetgate/gateway"
+	"github.com/fleetgate/fleetgate/internal/redistest"
+)
+
+// monitorLine is one command MONITOR reported: the client's address
+// ("lua" for a command run by a script) and the command's arguments.
+type monitorLine struct {
+	client string
+	name   string
+	args   int
+}
+
+// monitorLog records every command a redis-server runs, from MONITOR.
+type monitorLog struct {
+	mu    sync.Mutex
+	lines []monitorLine
+	conn  net.Conn
+	done  chan struct{}
+}
+
+var monitorRE = regexp.MustCompile(`^\+\d+\.\d+ \[\d+ ([^\]]+)\] "([A-Za-z]+)"`)
+
+func startMonitor(t testing.TB, addr string) *monitorLog {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := &monitorLog{conn: c, done: make(chan struct{})}
+	if _, err := c.Write([]byte("MONITOR\r\n")); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		defer close(m.done)
+		sc := bufio.NewScanner(c)
+		sc.Buffer(make([]byte, 1<<20), 1<<24)
+		for sc.Scan() {
+			f := monitorRE.FindStringSubmatch(sc.Text())
+			if f == nil {
+				continue
+			}
+			l := monitorLine{client: f[1], name: strings.ToUpper(f[2]), args: strings.Count(sc.Text(), `" "`) + 1}
+			m.mu.Lock()
+			m.lines = append(m.lines, l)
+			m.mu.Unlock()
+		}
+	}()
+	t.Cleanup(m.stop)
+	return m
+}
+
+func (m *monitorLog) stop() {
+	m.conn.Close()
+	<-m.done
+}
+
+func (m *monitorLog) snapshot() []monitorLine {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return append([]monitorLine(nil), m.lines...)
+}
+
+// applyRuns groups the apply script calls (EVALSHA or EVAL with the
+// apply script's many arguments; a reap has 11) into runs: calls of one
+// client that Redis ran one after the other, with nothing but the
+// scripts' own commands in between. A pipeline that arrives in one read
+// is one run.
+func applyRuns(lines []monitorLine) [][]monitorLine {
+	const applyMinArgs = 20 // EVALSHA sha 5 keys..5 + 12 header arguments
+	var runs [][]monitorLine
+	var cur []monitorLine
+	flush := func() {
+		if len(cur) > 0 {
+			runs = append(runs, cur)
+			cur = nil
+		}
+	}
+	for _, l := range lines {
+		switch {
+		case l.client == "lua":
+		case (l.name == "EVALSHA" || l.name == "EVAL") && l.args >= applyMinArgs:
+			if len(cur) > 0 && cur[0].client != l.client {
+				flush()
+			}
+			cur = append(cur, l)
+		default:
+			flush()
+		}
+	}
+	flush()
+	return runs
+}
+
+// scrapeCounter reads one counter from a Prometheus text exposition.
+func scrapeCounter(t testing.TB, url, name string) float64 {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(body), "\n") {
+		if v, ok := strings.CutPrefix(line, name+" "); ok {
+			f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+			if err != nil {
+				t.Fatalf("%s: %v", line, err)
+			}
+			return f
+		}
+	}
+	t.Fatalf("%s: no %s", url, name)
+	return 0
+}
+
+// devicesPerShard returns n device IDs for each of shards shards.
+func devicesPerShard(prefix string, shards, n int) []string {
+	var out []string
+	count := make([]int, shards)
+	for i := 0; len(out) < shards*n && i < 100*shards*n; i++ {
+		id := fmt.Sprintf("%s-%d", prefix, i)
+		s := gateway.ShardOf(gateway.DeviceID(id), shards)
+		if count[s] < n {
+			count[s]++
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
+// Every flush of `fleetgate run` reaches Redis as one pipeline on one
+// connection, seen from the server: the uplink's store calls (its
+// fleetgate_store_calls_total) and the runs of apply script calls in
+// MONITOR are as many, and the first flush, which also records the epoch
+// on every shard, carries all 16 shards in its one run.
+func TestFlushIsOnePipeline(t *testing.T) {
+	t.Parallel()
+	const shards = 16
+	srv := redistest.Start(t)
+	mon := startMonitor(t, srv.Addr)
+	tm := fastTiming
+	tm.shards = shards
+	tm.flush = 300 * time.Millisecond
+	g := newGateway(t, "gw-pipe", srv.Addr, tm)
+	g.start()
+
+	for round, prefix := range []string{"first", "second", "third"} {
+		for _, id := range devicesPerShard(prefix, shards, 1) {
+			device{t, id}.heartbeat(g.coapAddr)
+			time.Sleep(60 * time.Millisecond) // below limits.coap_requests_per_second
+		}
+		want := float64(round + 1)
+		waitFor(t, 10*time.Second, fmt.Sprintf("flush %d", round+1), func() bool {
+			return scrapeCounter(t, "http://"+g.admin+"/metrics", "fleetgate_store_calls_total") >= want
+		})
+	}
+	// settle: no flush in flight when the counts are compared
+	time.Sleep(3 * tm.flush)
+	calls := scrapeCounter(t, "http://"+g.admin+"/metrics", "fleetgate_store_calls_total")
+	runs := applyRuns(mon.snapshot())
+	if float64(len(runs)) != calls {
+		for i, r := range runs {
+			t.Logf("run %d: %d calls from %s", i, len(r), r[0].client)
+		}
+		t.Fatalf("%d runs of apply calls on the server for %v uplink store calls; want one run (one pipeline) per call", len(runs), calls)
+	}
+	if len(runs) < 3 {
+		t.Fatalf("%d runs, want at least the 3 flushes", len(runs))
+	}
+	if n := len(runs[0]); n != shards {
+		t.Fatalf("first flush: %d script calls in its pipeline, want %d (every shard: writes or the epoch)", n, shards)
+	}
+	t.Logf("%d flushes, each one pipeline; first %d calls, then %d and %d", len(runs), len(runs[0]), len(runs[1]), len(runs[2]))
+}
