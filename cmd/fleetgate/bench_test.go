@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -10,7 +9,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -31,15 +29,22 @@ import (
 // which tells commands run inside scripts apart), all commands Redis
 // executed (INFO commandstats, script internals included) and, in a
 // second run of each without MONITOR, Redis CPU (utime + stime from /proc).
+// It also reports, from the server side, the round trips per flush of
+// fleetgate: the runs of apply script calls in MONITOR (one pipeline
+// arrives as one run, see applyRuns) per uplink store call
+// (fleetgate_store_calls_total); 1.0 means every flush is one pipeline.
 func BenchmarkCommandsPerMessage(b *testing.B) {
 	const devices, every, run = 10000, 10 * time.Second, 40 * time.Second
 	for range b.N {
 		srv := redistest.Start(b)
 		rc := srv.Client(b)
-		fleetgate := func() (string, func()) { return benchGateway(b, srv.Addr) }
-		naive := func() (string, func()) { return startNaive(b, rc) }
+		fleetgate := func() (string, func() float64, func()) { return benchGateway(b, srv.Addr) }
+		naive := func() (string, func() float64, func()) {
+			addr, stop := startNaive(b, rc)
+			return addr, func() float64 { return 0 }, stop
+		}
 		var res [2][2]load // [design][monitor]
-		for d, start := range []func() (string, func()){fleetgate, naive} {
+		for d, start := range []func() (string, func() float64, func()){fleetgate, naive} {
 			for _, monitor := range []bool{true, false} {
 				if err := rc.FlushAll(context.Background()).Err(); err != nil {
 					b.Fatal(err)
@@ -54,10 +59,13 @@ func BenchmarkCommandsPerMessage(b *testing.B) {
 		b.ReportMetric(fg.perMessage()/nv.perMessage(), "x-naive-cmds")
 		b.ReportMetric(float64(fg.executed)/float64(fg.messages), "executed-cmds/msg")
 		b.ReportMetric(fg.cpuPerMessage()/nv.cpuPerMessage(), "x-naive-cpu")
+		b.ReportMetric(float64(fg.runs)/fg.calls, "round-trips/flush")
+		b.ReportMetric(float64(fg.applies)/float64(fg.runs), "script-calls/round-trip")
 		for i, l := range []load{fg, nv} {
 			b.Logf("%s: %d messages, %d client commands, %d executed (%s), %d Redis CPU ticks in the run without MONITOR",
 				[]string{"fleetgate", "naive"}[i], l.messages, l.commands, l.executed, l.breakdown, l.ticks)
 		}
+		b.Logf("fleetgate: %v uplink store calls, %d runs of apply script calls on the server, %d apply calls", fg.calls, fg.runs, fg.applies)
 	}
 }
 
@@ -71,6 +79,10 @@ func btoi(v bool) int {
 type load struct {
 	messages, commands, executed, ticks int64
 	breakdown                           string
+	// calls is the uplink's store calls; runs the runs of apply script
+	// calls seen by MONITOR, applies those calls (fleetgate only).
+	calls         float64
+	runs, applies int
 }
 
 func (l load) perMessage() float64    { return float64(l.commands) / float64(l.messages) }
@@ -80,32 +92,48 @@ func (l load) cpuPerMessage() float64 { return float64(max(l.ticks, 1)) / float6
 // Redis's statistics, plays the devices against it, stops it, and reads
 // the counters. With monitor, a MONITOR connection counts the commands
 // clients sent (lines not marked "lua").
-func measure(b *testing.B, srv *redistest.Server, monitor bool, start func() (string, func()), devices int, every, run time.Duration) load {
+func measure(b *testing.B, srv *redistest.Server, monitor bool, start func() (string, func() float64, func()), devices int, every, run time.Duration) load {
 	ctx := context.Background()
 	rc := srv.Client(b)
-	addr, stop := start()
+	var mon *monitorLog
+	if monitor {
+		mon = startMonitor(b, srv.Addr)
+	}
+	addr, calls, stop := start()
 	if err := rc.ConfigResetStat(ctx).Err(); err != nil {
 		b.Fatal(err)
-	}
-	var client atomic.Int64
-	stopMon := func() {}
-	if monitor {
-		stopMon = monitorCommands(b, srv.Addr, &client)
 	}
 	t0, err := redistest.ProcStat(srv.Pid())
 	if err != nil {
 		b.Fatal(err)
 	}
 	msgs := simulateLoad(b, addr, devices, every, run)
+	ncalls := calls()
 	stop()
 	t1, _ := redistest.ProcStat(srv.Pid())
-	stopMon()
 	info, err := rc.Info(ctx, "commandstats").Result()
 	if err != nil {
 		b.Fatal(err)
 	}
 	executed, parts := commandCalls(info)
-	return load{messages: msgs, commands: client.Load(), executed: executed, ticks: t1 - t0, breakdown: parts}
+	l := load{messages: msgs, executed: executed, ticks: t1 - t0, breakdown: parts, calls: ncalls}
+	if mon != nil {
+		mon.stop()
+		lines := mon.snapshot()
+		for _, ln := range lines {
+			// the commands clients sent: not a script's own, not the
+			// CONFIG RESETSTAT above
+			if ln.client != "lua" && ln.name != "CONFIG" {
+				l.commands++
+			}
+		}
+		runs := applyRuns(lines)
+		l.runs = len(runs)
+		for _, r := range runs {
+			l.applies += len(r)
+		}
+	}
+	return l
 }
 
 // commandCalls sums calls= over cmdstat_ lines of INFO commandstats.
@@ -124,38 +152,15 @@ func commandCalls(info string) (int64, string) {
 	return total, strings.Join(parts, " ")
 }
 
-// benchGateway starts fleetgate with the shipped timings on Redis and
-// returns its CoAP address and a clean stop (SIGTERM).
-func benchGateway(b *testing.B, redisAddr string) (string, func()) {
-	shipped := e2eTiming{lease: 90 * time.Second, heartbeat: 30 * time.Second, renewEvery: 20 * time.Second, flush: time.Second, runnerInterval: time.Second}
+// benchGateway starts fleetgate with the shipped timings and shard count
+// on Redis and returns its CoAP address, a reader of its uplink store
+// calls, and a clean stop (SIGTERM).
+func benchGateway(b *testing.B, redisAddr string) (string, func() float64, func()) {
+	shipped := e2eTiming{lease: 90 * time.Second, heartbeat: 30 * time.Second, renewEvery: 20 * time.Second, flush: time.Second, runnerInterval: time.Second, shards: 16}
 	g := newGateway(b, "gw-bench", redisAddr, shipped)
 	g.start()
-	return g.coapAddr, g.stop
-}
-
-// monitorCommands counts, on a MONITOR connection, the commands clients
-// send (script internals are marked "[0 lua]" and not counted).
-func monitorCommands(b *testing.B, addr string, client *atomic.Int64) (stop func()) {
-	c, err := net.Dial("tcp", addr)
-	if err != nil {
-		b.Fatal(err)
-	}
-	if _, err := c.Write([]byte("MONITOR\r\n")); err != nil {
-		b.Fatal(err)
-	}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		sc := bufio.NewScanner(c)
-		sc.Buffer(make([]byte, 1<<20), 1<<24)
-		for sc.Scan() {
-			line := sc.Text()
-			if strings.HasPrefix(line, "+") && !strings.HasPrefix(line, "+OK") && !strings.Contains(line, " lua] ") {
-				client.Add(1)
-			}
-		}
-	}()
-	return func() { c.Close(); <-done }
+	calls := func() float64 { return scrapeCounter(b, "http://"+g.admin+"/metrics", "fleetgate_store_calls_total") }
+	return g.coapAddr, calls, g.stop
 }
 
 // simulateLoad runs `fleetgate simulate` and returns the requests sent.
