@@ -68,6 +68,12 @@ type PresenceConfig struct {
 	RenewEvery        Duration `yaml:"renew_every"`
 	SuspectAfter      Duration `yaml:"suspect_after"`
 	Shards            int      `yaml:"shards"`
+	// GatewayGrace is how long a device whose lease ran out is held while
+	// the gateway that wrote it last is not heard (a site uplink cut, a
+	// store outage): devices that kept sending meanwhile are not reported
+	// offline when it comes back; those of a gateway that stays lost are,
+	// with reason gateway_lost. 0 turns holds off.
+	GatewayGrace Duration `yaml:"gateway_grace"`
 	// MaxSessions caps the gateway's session table: new sessions beyond it
 	// are refused.
 	MaxSessions int `yaml:"max_sessions"`
@@ -188,6 +194,7 @@ func Default() Config {
 			RenewEvery:        Duration(gateway.DefaultRenewEvery),
 			SuspectAfter:      Duration(gateway.DefaultSuspectAfter),
 			Shards:            gateway.DefaultShards,
+			GatewayGrace:      Duration(gateway.DefaultGatewayGrace),
 			MaxSessions:       gateway.DefaultMaxSessions,
 		},
 		Store: StoreConfig{

@@ -90,6 +90,9 @@ func (c Config) validatePresence(p *problems) {
 		p.add("presence.shards", "must be between 1 and %d, got %d", MaxShards, pr.Shards)
 	}
 	p.atLeast("presence.max_sessions", pr.MaxSessions, 1)
+	if pr.GatewayGrace < 0 {
+		p.add("presence.gateway_grace", "must not be negative, got %s", pr.GatewayGrace)
+	}
 	if hb && (pr.HeartbeatInterval.Std() < MinHeartbeat || pr.HeartbeatInterval.Std() > MaxHeartbeat) {
 		p.add("presence.heartbeat_interval", "must be between %s and %s (devices are told it in whole seconds), got %s",
 			Duration(MinHeartbeat), Duration(MaxHeartbeat), pr.HeartbeatInterval)
@@ -280,6 +283,10 @@ type Bounds struct {
 	// WorstCaseDetectionFailover adds runner.lock_ttl: the wait before
 	// another runner takes over a shard whose runner died holding it.
 	WorstCaseDetectionFailover Duration `json:"worst_case_detection_failover" yaml:"worst_case_detection_failover"`
+	// WorstCaseDetectionLostGateway is lease + gateway_grace +
+	// runner.interval: the devices of a gateway the store does not hear
+	// (a site cut off, a dead gateway) are held for the grace first.
+	WorstCaseDetectionLostGateway Duration `json:"worst_case_detection_lost_gateway" yaml:"worst_case_detection_lost_gateway"`
 	// HeartbeatMargin is lease − renew_every − flush_interval −
 	// 2 × heartbeat_interval: the slack left after one lost heartbeat.
 	// Validate refuses a negative margin (the flap rule).
@@ -290,11 +297,12 @@ type Bounds struct {
 func (c Config) Bounds() Bounds {
 	pr := c.Presence
 	return Bounds{
-		Suspect:                    pr.SuspectAfter,
-		EarliestOffline:            pr.Lease - pr.RenewEvery,
-		WorstCaseDetection:         pr.Lease + c.Runner.Interval,
-		WorstCaseDetectionFailover: pr.Lease + c.Runner.Interval + c.Runner.LockTTL,
-		HeartbeatMargin:            pr.Lease - pr.RenewEvery - c.Uplink.FlushInterval - heartbeatsInside*pr.HeartbeatInterval,
+		Suspect:                       pr.SuspectAfter,
+		EarliestOffline:               pr.Lease - pr.RenewEvery,
+		WorstCaseDetection:            pr.Lease + c.Runner.Interval,
+		WorstCaseDetectionFailover:    pr.Lease + c.Runner.Interval + c.Runner.LockTTL,
+		WorstCaseDetectionLostGateway: pr.Lease + pr.GatewayGrace + c.Runner.Interval,
+		HeartbeatMargin:               pr.Lease - pr.RenewEvery - c.Uplink.FlushInterval - heartbeatsInside*pr.HeartbeatInterval,
 	}
 }
 
@@ -310,6 +318,7 @@ func (b Bounds) String() string {
 		{"earliest offline", b.EarliestOffline, "lease - renew_every after the last evidence"},
 		{"worst-case detection", b.WorstCaseDetection, "lease + runner.interval after the last evidence, plus backlog processing"},
 		{"  after runner failover", b.WorstCaseDetectionFailover, "+ runner.lock_ttl when a runner dies holding a shard"},
+		{"  of a lost gateway", b.WorstCaseDetectionLostGateway, "lease + gateway_grace + runner.interval, for devices of a gateway the store does not hear"},
 		{"heartbeat margin", b.HeartbeatMargin, "lease - renew_every - uplink.flush_interval - 2 x heartbeat_interval"},
 	}
 	var sb strings.Builder
@@ -317,4 +326,17 @@ func (b Bounds) String() string {
 		fmt.Fprintf(&sb, "%-24s %-8s %s\n", r.name, r.d, r.why)
 	}
 	return sb.String()
+}
+
+// GatewayKeepAlive is the longest a gateway leaves a store shard without
+// a call (the uplink's keep-alive): a sixth of the lease, between the
+// flush interval and 10 s.
+func (c Config) GatewayKeepAlive() time.Duration {
+	return max(min(c.Presence.Lease.Std()/6, 10*time.Second), c.Uplink.FlushInterval.Std())
+}
+
+// GatewaySilence is how long the store may not hear a gateway on a shard
+// before the runner counts it silent: three keep-alives and a flush.
+func (c Config) GatewaySilence() time.Duration {
+	return 3*c.GatewayKeepAlive() + c.Uplink.FlushInterval.Std()
 }

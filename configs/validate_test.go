@@ -116,11 +116,12 @@ func TestValidate(t *testing.T) {
 func TestBounds(t *testing.T) {
 	b := configs.Default().Bounds()
 	want := configs.Bounds{
-		Suspect:                    sec(45),
-		EarliestOffline:            sec(70),
-		WorstCaseDetection:         sec(91),
-		WorstCaseDetectionFailover: sec(96),
-		HeartbeatMargin:            sec(9),
+		Suspect:                       sec(45),
+		EarliestOffline:               sec(70),
+		WorstCaseDetection:            sec(91),
+		WorstCaseDetectionFailover:    sec(96),
+		WorstCaseDetectionLostGateway: sec(151),
+		HeartbeatMargin:               sec(9),
 	}
 	if b != want {
 		t.Fatalf("bounds %+v, want %+v", b, want)
@@ -130,6 +131,7 @@ func TestBounds(t *testing.T) {
 		"earliest offline         70s      lease - renew_every after the last evidence\n" +
 		"worst-case detection     91s      lease + runner.interval after the last evidence, plus backlog processing\n" +
 		"  after runner failover  96s      + runner.lock_ttl when a runner dies holding a shard\n" +
+		"  of a lost gateway      151s     lease + gateway_grace + runner.interval, for devices of a gateway the store does not hear\n" +
 		"heartbeat margin         9s       lease - renew_every - uplink.flush_interval - 2 x heartbeat_interval\n"
 	if got := b.String(); got != text {
 		t.Fatalf("String():\n%s\nwant:\n%s", got, text)

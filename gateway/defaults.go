@@ -11,5 +11,9 @@ const (
 	DefaultRenewEvery        = 20 * time.Second
 	DefaultSuspectAfter      = 45 * time.Second
 	DefaultShards            = 16
+	// DefaultGatewayGrace: how long the runner holds the devices of a
+	// gateway it does not hear before it reports them offline
+	// (docs/reliability.md explains the choice).
+	DefaultGatewayGrace = 60 * time.Second
 	DefaultMaxSessions       = 1_000_000
 )

@@ -75,6 +75,10 @@ const (
 	ReasonLeave   Reason = "leave"
 	ReasonExpired Reason = "expired"
 	ReasonReplay  Reason = "replay"
+	// ReasonGatewayLost: the device's lease ran out while the gateway
+	// that last wrote it was not heard (silent or still replaying its
+	// outbox), and stayed so for the gateway grace.
+	ReasonGatewayLost Reason = "gateway_lost"
 )
 
 // Event is one presence transition as written to a shard's event log
@@ -92,7 +96,8 @@ type Event struct {
 	Reason  Reason    `json:"reason"`
 	Gateway string    `json:"gw"`
 	Session SessionID `json:"session"`
-	// Deadline is the lease end that ran out; set for ReasonExpired only.
+	// Deadline is the lease end that ran out; set for ReasonExpired and
+	// ReasonGatewayLost only.
 	Deadline time.Time `json:"deadline,omitzero"`
 }
 
@@ -117,6 +122,10 @@ type Batch struct {
 	// Replay marks writes replayed from the outbox: an online event they
 	// cause carries ReasonReplay.
 	Replay bool
+	// Behind says that the gateway's outbox still holds writes: until it
+	// has caught up, the store's runner holds (does not reap) the devices
+	// it wrote last (gateway grace).
+	Behind bool
 	Writes []Write
 }
 
@@ -135,6 +144,10 @@ type ReapResult struct {
 	// Trimmed counts devices that had expired sessions dropped but kept a
 	// live one (their deadline moved forward, no event).
 	Trimmed int
+	// Held counts due devices not reaped because the gateway that wrote
+	// them last was not heard: their deadline moved by the gateway grace
+	// (Redis store only; see uplink/redis).
+	Held int
 	// More is true when due entries remain (the call hit its limit).
 	More bool
 	// Next is the earliest deadline still in the shard (zero if empty).

@@ -41,10 +41,14 @@ var (
 //
 //   - The batch is refused whole (ErrFenced) if Epoch is older than the
 //     newest epoch seen for Gateway; otherwise that epoch is recorded.
-//   - First the device's sessions whose deadline is ≤ now are dropped. If
-//     that leaves none and the device was online, an offline event is
-//     written (reason expired, Deadline = the old device deadline, At = now),
-//     exactly as the runner would have.
+//   - First the device's sessions whose deadline is ≤ now are dropped,
+//     except the session a connect or renew is about to extend when its
+//     evidence was observed at or before that session's deadline
+//     (now − Age ≤ deadline: late but valid, say delayed by an outage; it
+//     extends the session and writes no event). If dropping leaves none
+//     and the device was online, an offline event is written (reason
+//     expired, Deadline = the old device deadline, At = now), exactly as
+//     the runner would have.
 //   - Connect and Renew compute d = now − Age + Lease. If d ≤ now the
 //     evidence has lapsed and is ignored (never resurrected). Otherwise the
 //     session's deadline becomes max(old, d), created if absent; if it is
@@ -55,6 +59,15 @@ var (
 //     offline event (reason leave) is written and the device's entry leaves
 //     the deadline index.
 //   - The device's deadline is the max over its live sessions.
+//
+// Reap, with a gateway grace (the Redis store; the embedded store is
+// written by its own gateway only, which it always hears), holds a due
+// device instead of reaping it while the gateway that wrote it last is
+// not heard (no call within the allowed silence, Batch.Behind, or not
+// since the last store outage the caller saw): its deadline moves by
+// the grace. Late but valid evidence replayed meanwhile keeps it (no
+// event); at the end of the grace it is reaped with its true deadline,
+// reason gateway_lost if its gateway is still not heard.
 //
 // So replaying a batch is harmless: a duplicate connect or renew extends
 // nothing, a duplicate leave finds no session. A device's record (state,

@@ -10,6 +10,7 @@ import (
 type metrics struct {
 	reaped       prometheus.Counter
 	trimmed      prometheus.Counter
+	held         prometheus.Counter
 	reapCalls    prometheus.Counter
 	reapErrors   prometheus.Counter
 	lag          prometheus.Histogram
@@ -29,6 +30,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		trimmed: f.NewCounter(prometheus.CounterOpts{
 			Name: "fleetgate_runner_trimmed_total",
 			Help: "Devices that had expired sessions dropped by a reap call but kept a live one.",
+		}),
+		held: f.NewCounter(prometheus.CounterOpts{
+			Name: "fleetgate_runner_held_total",
+			Help: "Due devices held for the gateway grace instead of reaped, because the gateway that wrote them last was not heard.",
 		}),
 		reapCalls: f.NewCounter(prometheus.CounterOpts{
 			Name: "fleetgate_runner_reap_calls_total",

@@ -98,6 +98,7 @@ type Status struct {
 	Cycles     uint64 `json:"cycles"`
 	Reaped     uint64 `json:"reaped"`
 	Trimmed    uint64 `json:"trimmed"`
+	Held       uint64 `json:"held"`
 	ReapCalls  uint64 `json:"reap_calls"`
 	ReapErrors uint64 `json:"reap_errors"`
 	// LastLag is at − deadline of the last offline event reaped.
@@ -256,6 +257,7 @@ func (r *Runner) reapShard(ctx context.Context, shard int) (gateway.ReapResult, 
 func (r *Runner) record(shard int, res gateway.ReapResult) {
 	r.m.reaped.Add(float64(len(res.Offline)))
 	r.m.trimmed.Add(float64(res.Trimmed))
+	r.m.held.Add(float64(res.Held))
 	for _, ev := range res.Offline {
 		r.m.lag.Observe(ev.At.Sub(ev.Deadline).Seconds())
 		r.log.Debug("device offline", "device", ev.Device, "shard", shard, "ver", ev.Ver, "lag", ev.At.Sub(ev.Deadline))
@@ -268,6 +270,7 @@ func (r *Runner) record(shard int, res gateway.ReapResult) {
 	r.status.ReapCalls++
 	r.status.Reaped += uint64(len(res.Offline))
 	r.status.Trimmed += uint64(res.Trimmed)
+	r.status.Held += uint64(res.Held)
 	if n := len(res.Offline); n > 0 {
 		last := res.Offline[n-1]
 		r.status.LastLag = last.At.Sub(last.Deadline)

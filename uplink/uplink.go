@@ -43,6 +43,7 @@ const (
 	DefaultTimeout       = 3 * time.Second
 	DefaultProbeMin      = 100 * time.Millisecond
 	DefaultProbeMax      = 10 * time.Second
+	DefaultKeepAlive     = 10 * time.Second
 )
 
 // Options configure an Uplink.
@@ -66,6 +67,13 @@ type Options struct {
 	// ProbeMin and ProbeMax bound the jittered exponential backoff between
 	// probes of a down store.
 	ProbeMin, ProbeMax time.Duration
+	// KeepAlive is the longest the uplink leaves a shard without a store
+	// call while the store is up: a shard not written for that long gets
+	// an empty batch in the next call (one is made for it when nothing
+	// else is pending), so that the store hears from this gateway on
+	// every shard (gateway liveness, see gateway.Batch.Behind). Default
+	// DefaultKeepAlive.
+	KeepAlive time.Duration
 
 	Clock      gateway.Clock
 	Logger     *slog.Logger
@@ -100,6 +108,9 @@ type Uplink struct {
 	sendMu sync.Mutex
 	// announced: this process's epoch is recorded on every shard (write).
 	announced bool // under sendMu
+	// heard is when each shard last took a call of this process.
+	heard     []time.Time // under sendMu
+	keepAlive time.Duration
 
 	hmu      sync.Mutex
 	up       bool
@@ -138,6 +149,9 @@ func New(store gateway.Store, ob *Outbox, o Options) *Uplink {
 	if o.ProbeMax < o.ProbeMin {
 		o.ProbeMax = max(DefaultProbeMax, o.ProbeMin)
 	}
+	if o.KeepAlive <= 0 {
+		o.KeepAlive = DefaultKeepAlive
+	}
 	u := &Uplink{
 		store:         store,
 		ob:            ob,
@@ -150,12 +164,14 @@ func New(store gateway.Store, ob *Outbox, o Options) *Uplink {
 		probeMin:      o.ProbeMin,
 		probeMax:      o.ProbeMax,
 		queueLimitOpt: o.QueueLimit,
+		keepAlive:     o.KeepAlive,
 		kick:          make(chan struct{}, 1),
 		wake:          make(chan struct{}, 1),
 		up:            true,
 		since:         o.Clock.Now(),
 	}
 	u.tm = u.makeTiming(o.Lease, o.FlushInterval, o.MaxBatch)
+	u.heard = make([]time.Time, u.shards)
 	u.queues = make([]*queue, u.shards)
 	for i := range u.queues {
 		u.queues[i] = newQueue()
@@ -303,6 +319,9 @@ func (u *Uplink) flushOnce(ctx context.Context) error {
 		total += n
 	}
 	if total == 0 {
+		if !toOutbox && u.keepAliveDue() {
+			u.write(ctx, t, false, nil)
+		}
 		return nil
 	}
 	var failed []item
@@ -358,30 +377,31 @@ type shardWrites struct {
 // refused it for good (dropped, logged and counted: see refused), else
 // the error of a store that did not take it. Called with sendMu held.
 //
-// Until this process's epoch is recorded on every shard, the call also
-// carries an empty batch for each shard ws leaves out: the stores keep
-// the newest epoch per shard, so without it a delayed batch of an older
-// process of this gateway would still be accepted on a shard this
-// process has not written to yet (invariant 3).
+// The call also carries an empty batch for each shard ws leaves out that
+// has not heard from this process for KeepAlive (gateway liveness), and
+// for every such shard until this process's epoch is recorded on all of
+// them: the stores keep the newest epoch per shard, so without it a
+// delayed batch of an older process of this gateway would still be
+// accepted on a shard this process has not written to yet (invariant 3).
+// Every batch says whether the outbox still holds writes (Behind).
 func (u *Uplink) write(ctx context.Context, t timing, replay bool, ws []shardWrites) []error {
-	if len(ws) == 0 {
-		return nil
-	}
 	now := u.clock.Now()
+	behind := u.ob.Len() > 0
 	batches := make([]gateway.ShardBatch, 0, len(ws))
 	for _, w := range ws {
-		batches = append(batches, gateway.ShardBatch{Shard: w.shard, Batch: u.batch(t, replay, withAges(w.tws, now))})
+		batches = append(batches, gateway.ShardBatch{Shard: w.shard, Batch: u.batch(t, replay, behind, withAges(w.tws, now))})
 	}
-	if !u.announced {
-		has := make([]bool, u.shards)
-		for _, w := range ws {
-			has[w.shard] = true
+	has := make([]bool, u.shards)
+	for _, w := range ws {
+		has[w.shard] = true
+	}
+	for shard := range has {
+		if !has[shard] && (!u.announced || now.Sub(u.heard[shard]) >= u.keepAlive) {
+			batches = append(batches, gateway.ShardBatch{Shard: shard, Batch: u.batch(t, false, behind, nil)})
 		}
-		for shard := range has {
-			if !has[shard] {
-				batches = append(batches, gateway.ShardBatch{Shard: shard, Batch: u.batch(t, false, nil)})
-			}
-		}
+	}
+	if len(batches) == 0 {
+		return nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, u.timeout)
 	defer cancel()
@@ -401,6 +421,7 @@ func (u *Uplink) write(ctx context.Context, t timing, replay bool, ws []shardWri
 		u.m.flushes.Inc()
 		u.m.flushSeconds.Observe(took)
 		if r.Err == nil {
+			u.heard[sb.Shard] = now
 			for _, w := range sb.Batch.Writes {
 				u.m.written.WithLabelValues(w.Kind.String()).Inc()
 			}
@@ -419,8 +440,20 @@ func (u *Uplink) write(ctx context.Context, t timing, replay bool, ws []shardWri
 }
 
 // batch is a batch of this process with writes.
-func (u *Uplink) batch(t timing, replay bool, ws []gateway.Write) gateway.Batch {
-	return gateway.Batch{Gateway: u.gw, Epoch: u.epoch, Lease: t.lease, Replay: replay, Writes: ws}
+func (u *Uplink) batch(t timing, replay, behind bool, ws []gateway.Write) gateway.Batch {
+	return gateway.Batch{Gateway: u.gw, Epoch: u.epoch, Lease: t.lease, Replay: replay, Behind: behind, Writes: ws}
+}
+
+// keepAliveDue reports whether a shard has not heard from this process
+// for KeepAlive. Called with sendMu held.
+func (u *Uplink) keepAliveDue() bool {
+	now := u.clock.Now()
+	for _, h := range u.heard {
+		if now.Sub(h) >= u.keepAlive {
+			return true
+		}
+	}
+	return false
 }
 
 // refused reports whether err means the store refused the batch for good,

@@ -116,6 +116,7 @@ func (g *gatewayProcess) run(ctx context.Context) (err error) {
 	g.up = uplink.New(g.store, outbox, uplink.Options{
 		Gateway: cfg.Gateway.ID, Epoch: g.epoch,
 		Lease: cfg.Presence.Lease.Std(), FlushInterval: cfg.Uplink.FlushInterval.Std(), MaxBatch: cfg.Uplink.MaxBatch,
+		KeepAlive: cfg.GatewayKeepAlive(),
 		Clock: gateway.SystemClock{}, Logger: log, Registerer: reg,
 	})
 	g.table = gateway.NewTable(g.up, gateway.TableOptions{

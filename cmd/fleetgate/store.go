@@ -35,6 +35,7 @@ func openStore(ctx context.Context, cfg configs.Config, db *bolt.DB, log *slog.L
 		Addrs: rc.Addrs, Username: rc.Username, Password: rc.Password, TLS: tlsConfig,
 		Options: redisstore.Options{
 			Prefix: rc.KeyPrefix, Shards: cfg.Presence.Shards, EventsMaxLen: eventsPerShard(cfg), Logger: log,
+			GatewayGrace: cfg.Presence.GatewayGrace.Std(), GatewaySilence: cfg.GatewaySilence(),
 		},
 		Background: background,
 		OnFatal:    func(err error) { fatal <- err },

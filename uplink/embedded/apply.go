@@ -237,12 +237,21 @@ func (w *writer) apply(b *gateway.Batch, wr *gateway.Write) error {
 	if err != nil {
 		return err
 	}
-	if _, err := w.dropExpired(wr.Device, e); err != nil {
-		return err
-	}
 	// d = now − Age + Lease, at millisecond precision.
 	d := time.UnixMilli(w.now).Add(b.Lease - wr.Age).UnixMilli()
 	r := &e.rec
+	// Late but valid evidence: a connect or renew observed at or before
+	// its session's deadline extends that session even when the deadline
+	// has passed by now (an outage delayed it): no offline, no online.
+	var late gateway.SessionID
+	if wr.Kind != gateway.Leave && d > w.now {
+		if i := r.find(wr.Session); i >= 0 && r.sessions[i].deadline <= w.now && d-b.Lease.Milliseconds() <= r.sessions[i].deadline {
+			late = wr.Session
+		}
+	}
+	if _, err := w.dropExpired(wr.Device, e, late); err != nil {
+		return err
+	}
 	switch wr.Kind {
 	case gateway.Connect, gateway.Renew:
 		if d <= w.now {
@@ -285,10 +294,12 @@ func (w *writer) touch(e *entry, gw string, sess gateway.SessionID) {
 	e.dirty = true
 }
 
-// dropExpired drops the sessions whose deadline is ≤ now; when that ends
-// an online device's last session it writes the offline event (reason
-// expired) at the old deadline. It reports whether a session was left.
-func (w *writer) dropExpired(d gateway.DeviceID, e *entry) (bool, error) {
+// dropExpired drops the sessions whose deadline is ≤ now, except keep
+// (a session late but valid evidence is about to extend; "" for none);
+// when that ends an online device's last session it writes the offline
+// event (reason expired) at the old deadline. It reports whether a
+// session was left.
+func (w *writer) dropExpired(d gateway.DeviceID, e *entry, keep gateway.SessionID) (bool, error) {
 	r := &e.rec
 	if len(r.sessions) == 0 {
 		return false, nil
@@ -301,7 +312,7 @@ func (w *writer) dropExpired(d gateway.DeviceID, e *entry) (bool, error) {
 	}
 	kept := r.sessions[:0]
 	for _, x := range r.sessions {
-		if x.deadline > w.now {
+		if x.deadline > w.now || (keep != "" && x.id == keep) {
 			kept = append(kept, x)
 		}
 	}
@@ -367,7 +378,7 @@ func (w *writer) reap(k []byte) (bool, error) {
 		w.s.log.Warn("dropping stale deadline index entry", "shard", w.sh.n, "device", d, "deadline", ms)
 		return false, w.sh.exp.Delete(k)
 	}
-	return w.dropExpired(d, e)
+	return w.dropExpired(d, e, "")
 }
 
 // commit writes the changed records, moves their deadline index entries

@@ -17,6 +17,7 @@ import (
 	"log/slog"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -55,6 +56,14 @@ type Options struct {
 	Now func() time.Time
 	// Logger receives warnings; default slog.Default().
 	Logger *slog.Logger
+	// GatewayGrace is presence.gateway_grace: how long a due device is
+	// held (not reaped) while the gateway that wrote it last is not heard
+	// (record.lua, "Held devices"). Zero holds nothing.
+	GatewayGrace time.Duration
+	// GatewaySilence is the longest a live gateway goes without a store
+	// call on a shard (its keep-alive with a margin); a gateway not heard
+	// for longer is silent.
+	GatewaySilence time.Duration
 }
 
 // Store is a gateway.Store over Redis. A store made by Open uses the
@@ -74,6 +83,10 @@ type Store struct {
 	beliefs beliefSet
 	opened  time.Time // localNow's origin
 
+	grace, silence int64 // ms, Options.GatewayGrace and GatewaySilence
+	rmu            sync.Mutex
+	reaps          []reapState // per shard
+
 	// ready is closed once c is set and P:meta checked; until then every
 	// call fails with gateway.ErrUnavailable (Dial with Background).
 	ready chan struct{}
@@ -84,8 +97,18 @@ type Store struct {
 
 // shardKeys are the keys of one shard, in the order the scripts expect.
 type shardKeys struct {
-	data   []string // exp, dev, events, epochs, inv
+	data   []string // exp, dev, events, epochs, inv, held
 	runner []string
+}
+
+// reapState is what the reaps of one shard learned of the store's
+// outages: a gateway counts as live only once heard after the end of the
+// last one (since, store ms). failed: the last reap failed, so the next
+// one cannot tell when the outage ended and counts no gateway as live.
+type reapState struct {
+	inc    string
+	failed bool
+	since  int64
 }
 
 var _ gateway.Store = (*Store)(nil)
@@ -132,7 +155,10 @@ func newStore(o Options) (*Store, error) {
 		view:   redis.NewScript(recordLua + viewLua),
 		lease:  redis.NewScript(leaseLua),
 		ready:  make(chan struct{}),
+		grace:  o.GatewayGrace.Milliseconds(),
+		reaps:  make([]reapState, o.Shards),
 	}
+	s.silence = o.GatewaySilence.Milliseconds()
 	s.opened = time.Now()
 	if s.now != nil {
 		s.opened = s.now()
@@ -140,7 +166,7 @@ func newStore(o Options) (*Store, error) {
 	for i := 0; i < o.Shards; i++ {
 		tag := fmt.Sprintf("{%s:%d}", o.Prefix, i)
 		s.keys = append(s.keys, shardKeys{
-			data:   []string{tag + ":exp", tag + ":dev", tag + ":events", tag + ":epochs", tag + ":inv"},
+			data:   []string{tag + ":exp", tag + ":dev", tag + ":events", tag + ":epochs", tag + ":inv", tag + ":held"},
 			runner: []string{tag + ":runner"},
 		})
 	}
@@ -340,10 +366,13 @@ func (s *Store) applyArgs(shard int, b gateway.Batch, bel *beliefs, now time.Dur
 	if nfast > 0 {
 		sessions, ages, devices = joinSessions(b.Writes, order, nfast), packAges(b.Writes, order, nfast), joinDevices(b.Writes, order, nfast)
 	}
-	args := make([]any, 0, 12+4*(len(b.Writes)-nfast))
-	replay := "0"
+	args := make([]any, 0, 13+4*(len(b.Writes)-nfast))
+	replay, behind := "0", "0"
 	if b.Replay {
 		replay = "1"
+	}
+	if b.Behind {
+		behind = "1"
 	}
 	// The header, in the order of apply.lua's A_ positions.
 	args = append(args,
@@ -359,6 +388,7 @@ func (s *Store) applyArgs(shard int, b gateway.Batch, bel *beliefs, now time.Dur
 		sessions,                        // A_FASTSIDS
 		ages,                            // A_FASTAGES
 		devices,                         // A_FASTDEVS
+		behind,                          // A_BEHIND
 	)
 	// From A_WRITES on: the other writes, four arguments each.
 	for i, w := range b.Writes {
@@ -416,7 +446,11 @@ func parseApply(shard int, b gateway.Batch, res []any, err error) (r gateway.App
 }
 
 // Reap handles at most limit due entries of shard in one script call;
-// limit ≤ 0 handles none and only reports More and Next.
+// limit ≤ 0 handles none and only reports More and Next. With a gateway
+// grace, a due device whose last writer is not heard is held instead
+// (record.lua, "Held devices"); a gateway counts as heard only after the
+// end of the last outage this store saw on the shard: a failed reap, or
+// a new incarnation (a restart, a failover, lost data).
 func (s *Store) Reap(ctx context.Context, shard int, limit int) (gateway.ReapResult, error) {
 	c, err := s.client()
 	if err != nil {
@@ -426,8 +460,18 @@ func (s *Store) Reap(ctx context.Context, shard int, limit int) (gateway.ReapRes
 		return gateway.ReapResult{}, err
 	}
 	limit = max(limit, 0)
-	res, err := s.reap.Run(ctx, c, s.keys[shard].data, limit, s.nowArg(), s.maxLen).Slice()
+	s.rmu.Lock()
+	st := s.reaps[shard]
+	s.rmu.Unlock()
+	since := strconv.FormatInt(st.since, 10)
+	if st.failed {
+		since = "now"
+	}
+	res, err := s.reap.Run(ctx, c, s.keys[shard].data, limit, s.nowArg(), s.maxLen, s.grace, s.silence, since).Slice()
 	if err != nil {
+		s.rmu.Lock()
+		s.reaps[shard].failed = true
+		s.rmu.Unlock()
 		return gateway.ReapResult{}, unavailable("reap", err)
 	}
 	if len(res) < reapHeader || (len(res)-reapHeader)%reapEventLen != 0 {
@@ -441,7 +485,21 @@ func (s *Store) Reap(ctx context.Context, shard int, limit int) (gateway.ReapRes
 		s.log.Warn("reap removed due entries without an online record", "shard", shard, "count", orphans)
 	}
 	now := num(res[4])
-	r := gateway.ReapResult{Offline: parseReapEvents(shard, now, res[reapHeader:]), Trimmed: int(trimmed), More: more == 1, Now: time.UnixMilli(now)}
+	held, _ := res[5].(int64)
+	inc := str(res[6])
+	s.rmu.Lock()
+	cur := &s.reaps[shard]
+	if cur.failed || (cur.inc != "" && cur.inc != inc) {
+		// an outage ended: gateways count as live once heard again
+		cur.since = now
+		if s.grace > 0 {
+			s.log.Info("store outage or new incarnation seen: holding due devices until their gateways are heard again",
+				"shard", shard, "grace", time.Duration(s.grace)*time.Millisecond)
+		}
+	}
+	cur.failed, cur.inc = false, inc
+	s.rmu.Unlock()
+	r := gateway.ReapResult{Offline: parseReapEvents(shard, now, res[reapHeader:]), Trimmed: int(trimmed), Held: int(held), More: more == 1, Now: time.UnixMilli(now)}
 	if next >= 0 {
 		r.Next = time.UnixMilli(next)
 	}
@@ -449,12 +507,13 @@ func (s *Store) Reap(ctx context.Context, shard int, limit int) (gateway.ReapRes
 }
 
 // The reap script's flat reply: reapHeader items (trimmed, more, next,
-// orphans, now), then reapEventLen items per offline event.
-const reapHeader, reapEventLen = 5, 6
+// orphans, now, held, incarnation), then reapEventLen items per offline
+// event.
+const reapHeader, reapEventLen = 7, 7
 
 // parseReapEvents reads the reap script's events, each
-// id, device, ver, gw, session, deadline: all of them are offline events
-// of reason expired at now (ms).
+// id, device, ver, gw, session, deadline, reason: all of them are offline
+// events at now (ms).
 func parseReapEvents(shard int, now int64, items []any) []gateway.Event {
 	at := time.UnixMilli(now)
 	evs := make([]gateway.Event, 0, len(items)/reapEventLen)
@@ -466,7 +525,7 @@ func parseReapEvents(shard int, now int64, items []any) []gateway.Event {
 			State:    gateway.Offline,
 			Ver:      uint64(num(items[i+2])),
 			At:       at,
-			Reason:   gateway.ReasonExpired,
+			Reason:   gateway.Reason(str(items[i+6])),
 			Gateway:  str(items[i+3]),
 			Session:  gateway.SessionID(str(items[i+4])),
 			Deadline: time.UnixMilli(num(items[i+5])),
@@ -495,7 +554,7 @@ func parseEvents(shard int, items []any) ([]gateway.Event, error) {
 			Gateway: str(f[6]),
 			Session: gateway.SessionID(str(f[7])),
 		}
-		if e.Reason == gateway.ReasonExpired {
+		if e.Reason == gateway.ReasonExpired || e.Reason == gateway.ReasonGatewayLost {
 			e.Deadline = time.UnixMilli(num(f[8]))
 		}
 		evs = append(evs, e)

@@ -33,6 +33,7 @@ func Run(t *testing.T, open Opener) {
 		{"LapsedEvidenceIgnored", testLapsedEvidence},
 		{"RenewAfterDeadlineBeforeReap", testRenewAfterDeadline},
 		{"LeaveAfterDeadlineBeforeReap", testLeaveAfterDeadline},
+		{"LateButValidRenewal", testLateButValidRenewal},
 		{"ExpiryOfOneSessionKeepsAnother", testExpiryKeepsOther},
 		{"Reap", testReap},
 		{"ReapKeepsDeviceWithLiveSession", testReapKeepsLive},
@@ -929,4 +930,59 @@ func testShardLock(t *testing.T, open Opener) {
 	release(0, "b")
 	acquire(0, "a", ttl, true)
 	acquire(1, "a", ttl, true) // b's lease of shard 1 (taken at +0) ran out
+}
+
+// testLateButValidRenewal: evidence observed at or before its session's
+// deadline but applied after it (an outage delayed it) extends the
+// session with no event, through the gateway that wrote the session or
+// another; evidence observed after the deadline still ends the old
+// presence first.
+func testLateButValidRenewal(t *testing.T, open Opener) {
+	for _, tc := range []struct {
+		name  string
+		gw    string
+		kind  gateway.Kind
+		stale time.Duration // how long after the deadline it was applied
+	}{
+		{"renew through the same gateway", gwA, gateway.Renew, 2 * time.Second},
+		{"connect through another gateway", gwB, gateway.Connect, 5 * time.Second},
+		{"renew long after the deadline", gwA, gateway.Renew, 3 * lease},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t, open, 2)
+			d := gateway.DeviceID("dev-1")
+			shard := gateway.ShardOf(d, 2)
+			t0 := e.now()
+			e.apply(batch(gwA, 1, wr(d, "s1", gateway.Connect, 0)))
+			deadline := t0.Add(lease)
+			e.clock.Advance(lease + tc.stale)
+			// observed exactly at the deadline: still valid
+			age := tc.stale
+			res := e.apply(batch(tc.gw, 1, wr(d, "s1", tc.kind, age)))
+			if tc.stale >= lease {
+				// observed at the deadline, but its own lease ran out too:
+				// lapsed, never written; the session's expiry is
+				e.checkEvents("lapsed evidence", res.Events, shard, expired(d, 2, e.now(), deadline))
+				return
+			}
+			e.checkEvents("late but valid evidence", res.Events, shard)
+			e.checkDevice(d, onlineInfo(d, 1, t0, sess("s1", deadline.Add(lease))))
+			if log := e.log(shard); len(log) != 1 {
+				t.Errorf("log %s, want the one online event", describeEvents(log))
+			}
+			// One millisecond later than the deadline is not valid.
+			e2 := newEnv(t, open, 2)
+			t1 := e2.now()
+			e2.apply(batch(gwA, 1, wr(d, "s1", gateway.Connect, 0)))
+			e2.clock.Advance(lease + tc.stale)
+			now := e2.now()
+			res = e2.apply(batch(tc.gw, 1, wr(d, "s1", tc.kind, age-time.Millisecond)))
+			reason := gateway.ReasonRenew
+			if tc.kind == gateway.Connect {
+				reason = gateway.ReasonConnect
+			}
+			e2.checkEvents("evidence just after the deadline", res.Events, shard,
+				expired(d, 2, now, t1.Add(lease)), online(d, 3, reason, now, tc.gw, "s1"))
+		})
+	}
 }

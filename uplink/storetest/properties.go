@@ -506,10 +506,14 @@ func (m *model) apply(shard int, b gateway.Batch, now time.Time) (want []wantEve
 	m.newest[k] = b.Epoch
 	for _, w := range b.Writes {
 		md := m.device(w.Device)
-		if ev, ok := md.dropExpired(w.Device, now); ok {
+		d := now.Add(b.Lease - w.Age)
+		var late gateway.SessionID // late but valid evidence keeps its session
+		if cur, ok := md.sessions[w.Session]; ok && w.Kind != gateway.Leave && d.After(now) && !cur.After(now) && !now.Add(-w.Age).After(cur) {
+			late = w.Session
+		}
+		if ev, ok := md.dropExpired(w.Device, now, late); ok {
 			want = append(want, ev)
 		}
-		d := now.Add(b.Lease - w.Age)
 		switch w.Kind {
 		case gateway.Connect, gateway.Renew:
 			if !d.After(now) {
@@ -595,11 +599,11 @@ func (md *modelDevice) transition(s gateway.State, now time.Time) {
 	md.since = now
 }
 
-// dropExpired drops the sessions whose deadline is not after now; if
-// that ends an online device, it returns the expired event.
-func (md *modelDevice) dropExpired(d gateway.DeviceID, now time.Time) (wantEvent, bool) {
+// dropExpired drops the sessions whose deadline is not after now, but
+// keep; if that ends an online device, it returns the expired event.
+func (md *modelDevice) dropExpired(d gateway.DeviceID, now time.Time, keep gateway.SessionID) (wantEvent, bool) {
 	old := md.deadline()
-	maps.DeleteFunc(md.sessions, func(_ gateway.SessionID, dl time.Time) bool { return !dl.After(now) })
+	maps.DeleteFunc(md.sessions, func(id gateway.SessionID, dl time.Time) bool { return !dl.After(now) && id != keep })
 	if len(md.sessions) > 0 || md.state != gateway.Online {
 		return wantEvent{}, false
 	}

@@ -7,6 +7,7 @@
 --   write, BELIEVED for a believed renewal, "0" for another write; ""
 --   when F is 0), the believed renewals' sessions joined by "\n", their
 --   ages (ms, 4 bytes big-endian each), their devices joined by "\n",
+--   whether the gateway is behind (1: its outbox still holds writes),
 --   then from A_WRITES the other writes: device, session, kind (1 connect,
 --   2 renew, 3 leave), age ms.
 -- Returns {0, newest epoch} when fenced (nothing applied), else
@@ -15,7 +16,8 @@
 -- now on, or "" where it must drop its belief (record.lua, "Beliefs").
 local A_GW, A_EPOCH, A_LEASE, A_REPLAY, A_NOW, A_MAXLEN = 1, 2, 3, 4, 5, 6
 local A_INC, A_NFAST, A_ORDER, A_FASTSIDS, A_FASTAGES, A_FASTDEVS = 7, 8, 9, 10, 11, 12
-local A_WRITES = 13
+local A_BEHIND = 13
+local A_WRITES = 14
 local BELIEVED = byte('1')
 local KIND_CONNECT, KIND_RENEW, KIND_LEAVE = '1', '2', '3'
 
@@ -48,6 +50,8 @@ end
 -- an older snapshot) and when a replica takes over (it may lack the last
 -- writes): beliefs learned before either are void.
 inc = inc .. '/' .. (string.match(redis.call('INFO', 'replication'), 'master_replid:(%x+)') or '')
+-- The gateway's liveness on this shard (record.lua, "Gateway liveness").
+redis.call('HSET', KEYS[4], LIVE .. gwref, nowstr .. ' ' .. ARGV[A_BEHIND])
 local status = {}
 -- A batch without writes only records the epoch (the uplink announces a
 -- new process on every shard so that older epochs are fenced everywhere).
@@ -69,6 +73,9 @@ end
 -- Hand the caller the invalidations kept for it (its beliefs about those
 -- devices are void), whether or not it sends believed renewals this time.
 local bad = {}
+-- Devices held for their gateway's grace (record.lua, "Held devices")
+-- take the general path, which undoes the hold.
+local anyheld = redis.call('EXISTS', KEYS[6]) == 1
 local gone = redis.call('ZRANGEBYLEX', KEYS[5], invlo, invhi)
 if #gone > 0 then
   redis.call('ZREMRANGEBYLEX', KEYS[5], invlo, invhi)
@@ -85,6 +92,18 @@ if nfast > 0 then
     local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, 64)
     if #due == 64 then allbad = true end
     for _, dev in ipairs(due) do bad[dev] = true end
+    if anyheld and not allbad then
+      local list, at, fdevs = ARGV[A_FASTDEVS], 1, {}
+      for f = 1, nfast do
+        local stop = find(list, '\n', at, true) or #list + 1
+        fdevs[f] = sub(list, at, stop - 1)
+        at = stop + 1
+      end
+      local held = mcall('HMGET', KEYS[6], fdevs)
+      for f = 1, nfast do
+        if held[f] then bad[fdevs[f]] = true end
+      end
+    end
   end
   -- the hot loop of the steady state: fastage inlined, no # on zfast
   local zfast, nz, ages, base = {}, 0, ARGV[A_FASTAGES], now + lease
@@ -167,6 +186,20 @@ local packed = mcall('HMGET', KEYS[2], devs)
 local scores = mcall('ZMSCORE', KEYS[1], devs)
 local z, rec, dirty, moved, kept = {}, {}, {}, {}, {}
 for k = 1, #devs do z[k] = tonumber(scores[k]) or false end
+-- A held device's deadline in the index is its true deadline plus the
+-- grace; its record is decoded against the true one, and it is written
+-- back (its new deadline, or out of the index) with the hold gone.
+local unhold = {}
+if anyheld then
+  local held = mcall('HMGET', KEYS[6], devs)
+  for k = 1, #devs do
+    if held[k] then
+      local truedl, untildl = heldfields(held[k])
+      if z[k] == untildl then z[k], moved[k] = truedl, true end
+      unhold[#unhold + 1] = devs[k]
+    end
+  end
+end
 local function setz(k, v)
   if z[k] ~= v then z[k], moved[k] = v, true end
 end
@@ -207,7 +240,16 @@ for j = 1, nslow do
       r = decode(packed[k], zk)
       rec[k] = r
     end
-    if r and r.on and dropexpired(r, now) then
+    -- Late but valid evidence: a connect or renew observed at or before
+    -- its session's deadline extends that session even when the deadline
+    -- has passed by now (an outage delayed it): no offline, no online.
+    local late
+    if r and kind ~= KIND_LEAVE and d > now then
+      for _, x in ipairs(r.sess) do
+        if x.sid == sid and x.dl <= now and d - lease <= x.dl then late = x break end
+      end
+    end
+    if r and r.on and dropexpired(r, now, late) then
       dirty[k] = true
       setz(k, maxdl(r))
       if not z[k] then
@@ -297,5 +339,6 @@ if #hset > 0 then mcall('HSET', KEYS[2], hset) end
 if #zadd > 0 then mcall('ZADD', KEYS[1], zadd) end
 if #zrem > 0 then mcall('ZREM', KEYS[1], zrem) end
 if #inv > 0 then mcall('ZADD', KEYS[5], inv) end
+if #unhold > 0 then mcall('HDEL', KEYS[6], unhold) end
 trim(maxlen)
 return events

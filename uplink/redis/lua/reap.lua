@@ -1,14 +1,23 @@
 -- Reap at most limit due entries of one shard, atomically (Store.Reap).
 -- KEYS: exp, dev, events, epochs, inv (record.lua).
--- ARGV: limit, now ms or "", events maxlen.
+-- ARGV: limit, now ms or "", events maxlen, the gateway grace ms (0: no
+-- holds), the longest silence of a live gateway ms, and the store time
+-- since which a gateway must have been heard to count as live (ms; the
+-- end of the caller's last outage, 0 for none, "now" while it cannot
+-- tell: no gateway counts as live).
 -- Returns one flat array:
---   {trimmed, more (1|0), next deadline or -1, orphans, now,
---    then per offline event: id, device, ver, gw, session, deadline}
--- Every reap event is state offline, reason expired, at now, so those are
--- not repeated per event (the Go side fills them in); deadline is the
--- device's old score. orphans counts due entries without an online record
--- (removed, no event).
+--   {trimmed, more (1|0), next deadline or -1, orphans, now, held,
+--    incarnation, then per offline event: id, device, ver, gw, session,
+--    deadline, reason}
+-- Every reap event is state offline at now, so those are not repeated per
+-- event (the Go side fills them in); deadline is the device's true lease
+-- end; reason is expired, or gateway_lost at the end of a hold whose
+-- gateway is still not heard. orphans counts due entries without an
+-- online record (removed, no event); held the devices held this call
+-- (record.lua, "Held devices").
 local limit, now, maxlen = tonumber(ARGV[1]), clock(ARGV[2]), ARGV[3]
+local grace, silence, since = tonumber(ARGV[4]) or 0, tonumber(ARGV[5]) or 0, tonumber(ARGV[6]) or 0
+if ARGV[6] == 'now' then since = now + 1 end
 local nowstr, nowpacked = string.format('%d', now), struct.pack('>I6', now)
 local rcall, evkey = redis.call, KEYS[3]
 
@@ -49,18 +58,67 @@ if limit > 0 then
 end
 local devs = {}
 for i = 1, #due, 2 do devs[#devs + 1] = due[i] end
-local packed = {}
-if #devs > 0 then packed = mcall('HMGET', KEYS[2], devs) end
+local packed, heldv = {}, {}
+if #devs > 0 then
+  packed = mcall('HMGET', KEYS[2], devs)
+  if rcall('EXISTS', KEYS[6]) == 1 then heldv = mcall('HMGET', KEYS[6], devs) end
+end
 
--- out[1..5] are filled in at the end; n is the last index used.
-local out, n = {0, 0, -1, 0, now}, 5
-local trimmed, orphans = 0, 0
-local hset, zadd, zrem = {}, {}, {}
+-- live says whether gateway ref was heard on this shard within the
+-- silence, since the last outage, and is not behind.
+local lives = {}
+local function live(ref)
+  local v = lives[ref]
+  if v == nil then
+    v = false
+    local s = rcall('HGET', KEYS[4], LIVE .. ref)
+    if s then
+      local at, behind = string.match(s, '^(%d+) (%d)$')
+      at = tonumber(at)
+      v = at ~= nil and at >= since and now - at <= silence and behind == '0'
+    end
+    lives[ref] = v
+  end
+  return v
+end
+
+-- writer is the gateway ref that wrote a record last.
+local function writer(p, deadline)
+  return owner(p) or decode(p, deadline).lastgw
+end
+
+-- out[1..7] are filled in at the end; n is the last index used.
+local header = 7
+local out, n = {0, 0, -1, 0, now, 0, ''}, header
+local trimmed, orphans, nheld = 0, 0, 0
+local hset, zadd, zrem, hold, unhold = {}, {}, {}, {}, {}
 for k, dev in ipairs(devs) do
   local p, old = packed[k], due[2 * k]
-  local rec, ver, gw, sid
-  if p then rec, ver, gw, sid = offline(p) end
-  if not rec then
+  -- truedl is the lease end that ran out; ending says a hold ends here
+  local truedl, ending = old, false
+  if heldv[k] then
+    local t, u = heldfields(heldv[k])
+    if u == tonumber(old) then truedl, ending = string.format('%d', t), true end
+    unhold[#unhold + 1] = dev
+  end
+  local rec, ver, gw, sid, reason = nil, nil, nil, nil, 'expired'
+  local held = false
+  if p and byte(p, 1) % (2 * F_ONLINE) >= F_ONLINE and (grace > 0 or ending) and not live(writer(p, tonumber(old))) then
+    if ending then
+      reason = 'gateway_lost'
+    else
+      -- hold: the index entry moves by the grace, the record stays
+      local untildl = tonumber(old) + grace
+      zadd[#zadd + 1] = untildl
+      zadd[#zadd + 1] = dev
+      hold[#hold + 1] = dev
+      hold[#hold + 1] = old .. ' ' .. string.format('%d', untildl)
+      nheld = nheld + 1
+      held = true
+    end
+  end
+  if p and not held then rec, ver, gw, sid = offline(p) end
+  if not rec and not held then
     local r = p and decode(p, tonumber(old))
     if not r or not r.on then
       orphans = orphans + 1
@@ -79,7 +137,7 @@ for k, dev in ipairs(devs) do
       hset[#hset + 1] = dev
       hset[#hset + 1] = encode(r)
     end
-  else
+  elseif rec then
     hset[#hset + 1] = dev
     hset[#hset + 1] = rec
   end
@@ -87,14 +145,16 @@ for k, dev in ipairs(devs) do
     -- the offline event, as emit (record.lua) writes it
     local gwn = gwname(gw)
     local id = rcall('XADD', evkey, '*',
-      'device', dev, 'state', 'offline', 'ver', ver, 'at', nowstr, 'reason', 'expired',
-      'gw', gwn, 'session', sid, 'deadline', old)
-    out[n + 1], out[n + 2], out[n + 3], out[n + 4], out[n + 5], out[n + 6] = id, dev, ver, gwn, sid, old
-    n = n + 6
+      'device', dev, 'state', 'offline', 'ver', ver, 'at', nowstr, 'reason', reason,
+      'gw', gwn, 'session', sid, 'deadline', truedl)
+    out[n + 1], out[n + 2], out[n + 3], out[n + 4], out[n + 5], out[n + 6], out[n + 7] = id, dev, ver, gwn, sid, truedl, reason
+    n = n + 7
     zrem[#zrem + 1] = dev
   end
 end
-emitted = emitted + (n - 5) / 6
+emitted = emitted + (n - header) / 7
+if #unhold > 0 then mcall('HDEL', KEYS[6], unhold) end
+if #hold > 0 then mcall('HSET', KEYS[6], hold) end
 if #hset > 0 then mcall('HSET', KEYS[2], hset) end
 if #zadd > 0 then mcall('ZADD', KEYS[1], zadd) end
 if #zrem > 0 then mcall('ZREM', KEYS[1], zrem) end
@@ -117,5 +177,7 @@ if #first > 0 then
   nextdl = tonumber(first[2])
   if nextdl <= now then more = 1 end
 end
-out[1], out[2], out[3], out[4] = trimmed, more, nextdl, orphans
+out[1], out[2], out[3], out[4], out[6] = trimmed, more, nextdl, orphans, nheld
+-- the shard's incarnation, as apply.lua reports it
+out[7] = (rcall('HGET', KEYS[4], '~') or '') .. '/' .. (string.match(rcall('INFO', 'replication'), 'master_replid:(%x+)') or '')
 return out

@@ -11,6 +11,10 @@
 --                                "~" -> incarnation (TIME when first written)
 --   KEYS[5] {P:s}:inv     ZSET   "<ref>:<ms, 13 digits>:<device>", all score 0
 --                                (ranges by gateway and age): invalidated beliefs
+--   KEYS[6] {P:s}:held    HASH   device -> "<true deadline> <held until>" (ms):
+--                                devices held for their gateway's grace
+-- and in KEYS[4] also "!"..ref -> "<contact ms> <behind 0|1>": the liveness
+-- of gateway ref on this shard.
 --
 -- Packed record (integers: uvarint = unsigned LEB128; t48 = 6 bytes
 -- big-endian unsigned):
@@ -51,6 +55,27 @@
 -- minutes at most after learning it.
 
 local byte, char, sub, find = string.byte, string.char, string.sub, string.find
+
+-- Gateway liveness: every apply call records, in the epochs hash under
+-- LIVE..ref, the store time of the call and whether the gateway is behind
+-- (its outbox still holds writes). The uplink makes a call on every shard
+-- at least every keep-alive, so a gateway whose record is older than the
+-- silence the runner allows has lost the store (or died).
+local LIVE = '!'
+
+-- Held devices: a device that falls due while its last writer is silent
+-- or behind (or before that gateway was heard again after an outage the
+-- runner saw) is not reaped but held: its deadline in the index moves by
+-- the grace (its record is unchanged: session deadlines are offsets from
+-- the index entry) and {P:s}:held keeps its true deadline and the new
+-- one. Late but valid evidence replayed meanwhile is judged against the
+-- true deadline and undoes the hold (apply); at the end of the grace the
+-- reap writes the offline event with the true deadline, reason
+-- gateway_lost if the gateway is still not heard, else expired.
+local function heldfields(s)
+  local a, b = string.match(s, '^(%d+) (%d+)$')
+  return tonumber(a), tonumber(b)
+end
 
 -- The packed record's head, decoded here and in the few byte-level fast
 -- paths below (owner, believer, renewsonly, reap's offline) with these
@@ -264,12 +289,13 @@ local function encode(r)
   return char(flags) .. table.concat(out)
 end
 
--- dropexpired removes the sessions whose deadline is <= now and reports
--- whether any was removed.
-local function dropexpired(r, now)
+-- dropexpired removes the sessions whose deadline is <= now, except keep
+-- (a session that late but valid evidence is about to extend; may be
+-- nil), and reports whether any was removed.
+local function dropexpired(r, now, keep)
   local kept, dropped = {}, false
   for _, ss in ipairs(r.sess) do
-    if ss.dl > now then kept[#kept + 1] = ss else dropped = true end
+    if ss.dl > now or ss == keep then kept[#kept + 1] = ss else dropped = true end
   end
   r.sess = kept
   return dropped

@@ -1,0 +1,170 @@
+package redisstore
+
+import (
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/fleetgate/fleetgate/gateway"
+	"github.com/fleetgate/fleetgate/gateway/clocktest"
+)
+
+const (
+	testGrace   = 20 * time.Second
+	testSilence = 3 * time.Second
+	testLease   = 10 * time.Second
+)
+
+// newGraceEnv is newEnv with a gateway grace and silence.
+func newGraceEnv(t *testing.T, c redis.UniversalClient) *env {
+	t.Helper()
+	clock := clocktest.New(time.UnixMilli(startMs))
+	s, err := Open(t.Context(), c, Options{Prefix: uniquePrefix(), Shards: 1, Now: clock.Now,
+		GatewayGrace: testGrace, GatewaySilence: testSilence})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return &env{t: t, ctx: t.Context(), c: c, clock: clock, store: s}
+}
+
+func leased(gw string, behind bool, ws ...gateway.Write) gateway.Batch {
+	return gateway.Batch{Gateway: gw, Epoch: 1, Lease: testLease, Behind: behind, Writes: ws}
+}
+
+// A device whose lease runs out while the gateway that wrote it is not
+// heard is held for the grace, not reaped: late but valid evidence the
+// gateway replays when it comes back keeps it online with no event; a
+// gateway that stays lost gets its devices reported offline at the end
+// of the grace with reason gateway_lost and the true lease end; a device
+// that stopped behind a gateway that is heard again is reported expired.
+func TestGatewayGrace(t *testing.T) {
+	forBackends(t, func(t *testing.T, c redis.UniversalClient) {
+		const dev = gateway.DeviceID("dev-g")
+		connect := func(e *env) time.Time {
+			t0 := e.clock.Now()
+			if evs := e.apply(0, leased("gw-a", false, write(dev, "coap/default", gateway.Connect, 0))); len(evs) != 1 {
+				t.Fatalf("connect: %s", describe(evs))
+			}
+			return t0
+		}
+
+		t.Run("late evidence after the gateway returns", func(t *testing.T) {
+			e := newGraceEnv(t, c)
+			t0 := connect(e)
+			e.clock.Advance(testLease + time.Second) // gw-a silent for 11 s
+			r := e.reap(0, 10)
+			if len(r.Offline) != 0 || r.Held != 1 {
+				t.Fatalf("reap while gw-a is silent: %+v, want the device held", r)
+			}
+			if d := e.device(dev); d.State != gateway.Online {
+				t.Fatalf("held device %+v, want online", d)
+			}
+			// gw-a is back and replays evidence observed 5 s after the
+			// connect, still behind; then it has caught up
+			age := e.clock.Now().Sub(t0.Add(5 * time.Second))
+			replay := leased("gw-a", true, write(dev, "coap/default", gateway.Renew, age))
+			replay.Replay = true
+			if evs := e.apply(0, replay); len(evs) != 0 {
+				t.Fatalf("late but valid replay wrote %s", describe(evs))
+			}
+			d := e.device(dev)
+			if want := t0.Add(5*time.Second + testLease); d.State != gateway.Online || !d.Deadline.Equal(want) {
+				t.Fatalf("device after the replay: %+v, want online until %v", d, want)
+			}
+			e.clock.Set(t0.Add(5*time.Second + testLease))
+			e.apply(0, leased("gw-a", false)) // caught up, keeping alive
+			r = e.reap(0, 10)
+			if len(r.Offline) != 1 || r.Offline[0].Reason != gateway.ReasonExpired {
+				t.Fatalf("reap at the replayed deadline, gw-a heard: %+v", r)
+			}
+			if evs := e.events(0); len(evs) != 2 {
+				t.Fatalf("log %s, want online then one offline", describe(evs))
+			}
+		})
+
+		t.Run("gateway stays lost", func(t *testing.T) {
+			e := newGraceEnv(t, c)
+			t0 := connect(e)
+			e.clock.Advance(testLease + time.Second)
+			if r := e.reap(0, 10); r.Held != 1 {
+				t.Fatalf("reap: %+v, want held", r)
+			}
+			e.clock.Set(t0.Add(testLease + testGrace - time.Millisecond))
+			if r := e.reap(0, 10); len(r.Offline) != 0 {
+				t.Fatalf("reap before the grace ended: %+v", r)
+			}
+			e.clock.Set(t0.Add(testLease + testGrace))
+			r := e.reap(0, 10)
+			if len(r.Offline) != 1 {
+				t.Fatalf("reap at the end of the grace: %+v", r)
+			}
+			ev := r.Offline[0]
+			if ev.Reason != gateway.ReasonGatewayLost || !ev.Deadline.Equal(t0.Add(testLease)) || ev.Gateway != "gw-a" {
+				t.Fatalf("event %+v, want gateway_lost with the true lease end %v", ev, t0.Add(testLease))
+			}
+			if log := e.events(0); len(log) != 2 || log[1].Reason != gateway.ReasonGatewayLost || !log[1].Deadline.Equal(t0.Add(testLease)) {
+				t.Fatalf("log %s", describe(log))
+			}
+		})
+
+		t.Run("device stopped, gateway heard again", func(t *testing.T) {
+			e := newGraceEnv(t, c)
+			t0 := connect(e)
+			e.clock.Advance(testLease + time.Second)
+			if r := e.reap(0, 10); r.Held != 1 {
+				t.Fatalf("reap: %+v, want held", r)
+			}
+			e.clock.Set(t0.Add(testLease + testGrace))
+			e.apply(0, leased("gw-a", false)) // gw-a heard, caught up
+			r := e.reap(0, 10)
+			if len(r.Offline) != 1 || r.Offline[0].Reason != gateway.ReasonExpired || !r.Offline[0].Deadline.Equal(t0.Add(testLease)) {
+				t.Fatalf("reap: %+v, want expired at the true lease end", r)
+			}
+		})
+
+		t.Run("evidence observed after the true deadline", func(t *testing.T) {
+			e := newGraceEnv(t, c)
+			t0 := connect(e)
+			e.clock.Advance(testLease + time.Second)
+			if r := e.reap(0, 10); r.Held != 1 {
+				t.Fatalf("reap: %+v, want held", r)
+			}
+			// the device was away for more than its lease: the hold does
+			// not hide that
+			now := e.clock.Now()
+			evs := e.apply(0, leased("gw-a", false, write(dev, "coap/default", gateway.Renew, 0)))
+			if len(evs) != 2 || evs[0].State != gateway.Offline || !evs[0].Deadline.Equal(t0.Add(testLease)) || evs[1].State != gateway.Online {
+				t.Fatalf("evidence after the true deadline: %s", describe(evs))
+			}
+			if d := e.device(dev); !d.Deadline.Equal(now.Add(testLease)) {
+				t.Fatalf("device %+v, want deadline %v", d, now.Add(testLease))
+			}
+			if r := e.reap(0, 10); len(r.Offline) != 0 || r.Held != 0 {
+				t.Fatalf("reap after the hold was undone: %+v", r)
+			}
+		})
+
+		t.Run("live gateway: no hold", func(t *testing.T) {
+			e := newGraceEnv(t, c)
+			connect(e)
+			e.clock.Advance(testLease)
+			e.apply(0, leased("gw-a", false)) // heard just now
+			r := e.reap(0, 10)
+			if len(r.Offline) != 1 || r.Held != 0 || r.Offline[0].Reason != gateway.ReasonExpired {
+				t.Fatalf("reap with gw-a heard: %+v, want expired at once", r)
+			}
+		})
+
+		t.Run("behind gateway: hold", func(t *testing.T) {
+			e := newGraceEnv(t, c)
+			connect(e)
+			e.clock.Advance(testLease)
+			e.apply(0, leased("gw-a", true)) // heard, still replaying
+			if r := e.reap(0, 10); len(r.Offline) != 0 || r.Held != 1 {
+				t.Fatalf("reap with gw-a behind: %+v, want held", r)
+			}
+		})
+	})
+}
