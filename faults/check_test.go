@@ -1,0 +1,373 @@
+//go:build faults
+
+package faults
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// shards is the gateways' presence.shards: enough to spread the shards
+// over a 3-master Cluster.
+const shards = 8
+
+// event is one entry of a shard's `{P:s}:events` stream.
+type event struct {
+	shard    int
+	id       string
+	device   string
+	state    string
+	ver      int64
+	at       time.Time
+	reason   string
+	gw       string
+	session  string
+	deadline time.Time
+}
+
+func (e event) String() string {
+	return fmt.Sprintf("%s %s ver=%d reason=%s gw=%s at=%s", e.device, e.state, e.ver, e.reason, e.gw, e.at.Format("15:04:05.000"))
+}
+
+// collector tails every shard's event stream while the scenario runs, so
+// that events a store later loses (restart, FLUSHALL, failover) stay in
+// the log the checker reads: that log is what a consumer saw.
+type collector struct {
+	t      testing.TB
+	mu     sync.Mutex
+	client redis.UniversalClient
+	last   [shards]string
+	events []event
+	quit   chan struct{}
+	done   chan struct{}
+}
+
+// newCollector tails the streams of the Redis at addrs (one address: a
+// standalone server; several: a Cluster).
+func newCollector(t testing.TB, addrs ...string) *collector {
+	c := &collector{t: t, quit: make(chan struct{}), done: make(chan struct{})}
+	for i := range c.last {
+		c.last[i] = "0"
+	}
+	c.point(addrs...)
+	go c.loop()
+	t.Cleanup(c.stop)
+	return c
+}
+
+// point makes the collector read from addrs from now on (a failover).
+func (c *collector) point(addrs ...string) {
+	var cl redis.UniversalClient
+	if len(addrs) == 1 {
+		cl = redis.NewClient(&redis.Options{Addr: addrs[0], DialTimeout: 300 * time.Millisecond, ReadTimeout: 500 * time.Millisecond, MaxRetries: -1})
+	} else {
+		cl = redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, DialTimeout: 300 * time.Millisecond, ReadTimeout: 500 * time.Millisecond, MaxRetries: 2})
+	}
+	c.mu.Lock()
+	old := c.client
+	c.client = cl
+	c.mu.Unlock()
+	if old != nil {
+		old.Close()
+	}
+}
+
+func (c *collector) loop() {
+	defer close(c.done)
+	for i := 0; i < 1_000_000; i++ {
+		c.poll()
+		select {
+		case <-c.quit:
+			return
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// poll reads what is new in every shard; false if some shard failed.
+func (c *collector) poll() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	ok := true
+	for s := 0; s < shards; s++ {
+		for round := 0; round < 100; round++ {
+			ctx, cancel := context.WithTimeout(context.Background(), 700*time.Millisecond)
+			msgs, err := c.client.XRangeN(ctx, fmt.Sprintf("{fleetgate:%d}:events", s), "("+c.last[s], "+", 500).Result()
+			cancel()
+			if err != nil {
+				ok = false
+				break
+			}
+			for _, m := range msgs {
+				c.events = append(c.events, parseEvent(s, m))
+				c.last[s] = m.ID
+			}
+			if len(msgs) < 500 {
+				break
+			}
+		}
+	}
+	return ok
+}
+
+func parseEvent(shard int, m redis.XMessage) event {
+	str := func(k string) string { s, _ := m.Values[k].(string); return s }
+	ms := func(k string) time.Time {
+		v, err := strconv.ParseInt(str(k), 10, 64)
+		if err != nil {
+			return time.Time{}
+		}
+		return time.UnixMilli(v)
+	}
+	ver, _ := strconv.ParseInt(str("ver"), 10, 64)
+	return event{shard: shard, id: m.ID, device: str("device"), state: str("state"), ver: ver, at: ms("at"),
+		reason: str("reason"), gw: str("gw"), session: str("session"), deadline: ms("deadline")}
+}
+
+// stop ends the tailing after a last complete read (bounded); safe twice.
+func (c *collector) stop() {
+	select {
+	case <-c.quit:
+		return
+	default:
+	}
+	close(c.quit)
+	<-c.done
+	for i := 0; i < 50 && !c.poll(); i++ {
+		time.Sleep(100 * time.Millisecond)
+	}
+	c.mu.Lock()
+	c.client.Close()
+	c.mu.Unlock()
+}
+
+// log returns the events collected so far, in the order each shard's
+// stream holds them.
+func (c *collector) log() []event {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Clone(c.events)
+}
+
+// expectations are what a scenario's faults allow.
+type expectations struct {
+	tm timing
+	// faultStart and faultEnd bound the fault (zero: none). A device that
+	// ends while its offline could be held by the fault gets the bound
+	// max(end + lease, faultEnd + grace) + runner + lock_ttl + processing.
+	faultStart, faultEnd time.Time
+	// lostOK: offline events with reason gateway_lost are expected (a
+	// gateway cut for longer than lease + grace) and counted apart.
+	lostOK bool
+	// end is when the fleet stopped: events after it are not judged.
+	end time.Time
+}
+
+// result is one scenario's figures (the columns of docs/reliability.md).
+type result struct {
+	Devices, Heartbeats int
+	FalseOffline        int // offline while the device's evidence was inside its lease
+	MissedOffline       int // ended, and not offline within the bound
+	Repeated            int // (device, ver) seen more than once
+	BrokenAlternation   int // two events of the same state in a row, or an offline first
+	VerBackwards        int // a ver lower than the device's previous one
+	Resurrected         int // online again after an offline, with no evidence since
+	Unseen              int // acknowledged evidence that never produced an online event
+	GatewayLost         int // offline events with reason gateway_lost
+	Events              int
+	Lags                []time.Duration // at − last evidence, devices that went silent
+	examples            []string
+}
+
+func (r *result) note(format string, args ...any) {
+	if len(r.examples) < 12 {
+		r.examples = append(r.examples, fmt.Sprintf(format, args...))
+	}
+}
+
+func quantile(d []time.Duration, q float64) time.Duration {
+	if len(d) == 0 {
+		return 0
+	}
+	s := slices.Clone(d)
+	slices.Sort(s)
+	i := int(q*float64(len(s)-1) + 0.5)
+	return s[i]
+}
+
+// row is the result as a docs/reliability.md table row.
+func (r result) row(name string) string {
+	lag := "–"
+	if len(r.Lags) > 0 {
+		lag = fmt.Sprintf("%.1f / %.1f / %.1f", quantile(r.Lags, 0.5).Seconds(), quantile(r.Lags, 0.99).Seconds(), quantile(r.Lags, 1).Seconds())
+	}
+	return fmt.Sprintf("| %s | %d | %d | %d | %d | %d | %d | %d | %d | %d | %s |", name, r.Devices, r.Heartbeats,
+		r.FalseOffline, r.MissedOffline, r.Repeated, r.BrokenAlternation, r.Resurrected, r.Unseen, r.GatewayLost, lag)
+}
+
+// check compares the event log with the truth.
+func check(truth map[string]*devTruth, log []event, x expectations) result {
+	var r result
+	byDev := map[string][]event{}
+	for _, e := range log {
+		if _, ok := truth[e.device]; ok && !e.at.After(x.end) {
+			byDev[e.device] = append(byDev[e.device], e)
+		}
+	}
+	ids := make([]string, 0, len(truth))
+	for id := range truth {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
+	tm := x.tm
+	for _, id := range ids {
+		d, evs := truth[id], byDev[id]
+		r.Devices++
+		r.Heartbeats += len(d.sends)
+		r.Events += len(evs)
+		seen := map[int64]bool{}
+		for i, e := range evs {
+			if seen[e.ver] {
+				r.Repeated++
+				r.note("repeated %v", e)
+			}
+			seen[e.ver] = true
+			if i > 0 && e.ver < evs[i-1].ver {
+				r.VerBackwards++
+				r.note("ver backwards %v after ver %d", e, evs[i-1].ver)
+			}
+			if (i == 0 && e.state != "online") || (i > 0 && e.state == evs[i-1].state) {
+				r.BrokenAlternation++
+				r.note("broken alternation %v (previous %v)", e, prev(evs, i))
+			}
+			switch e.state {
+			case "offline":
+				if e.reason == "gateway_lost" && x.lostOK {
+					r.GatewayLost++
+					continue
+				}
+				if e.reason == "gateway_lost" {
+					r.GatewayLost++
+				}
+				if s, ok := lastBefore(d.sends, e.at); ok && e.at.Sub(s) < tm.earliestOffline() && !(d.leftAt.After(s) && !d.leftAt.After(e.at)) {
+					r.FalseOffline++
+					r.note("false offline %v: evidence %v before", e, e.at.Sub(s).Round(time.Millisecond))
+				}
+			case "online":
+				if i > 0 && evs[i-1].state == "offline" && evs[i-1].at.After(d.lastEvidence()) {
+					r.Resurrected++
+					r.note("resurrected %v: offline at %s after the last evidence %s", e, evs[i-1].at.Format("15:04:05.000"), d.lastEvidence().Format("15:04:05.000"))
+				}
+			}
+		}
+		if len(d.sends) > 0 && !slices.ContainsFunc(evs, func(e event) bool { return e.state == "online" }) {
+			r.Unseen++
+			r.note("unseen %s: %d heartbeats, no online event", id, len(d.sends))
+		}
+		end := d.ended()
+		if end.IsZero() || len(d.sends) == 0 {
+			continue
+		}
+		bound := x.bound(d)
+		var state string
+		for _, e := range evs {
+			if !e.at.After(bound) {
+				state = e.state
+			}
+		}
+		if state != "offline" {
+			r.MissedOffline++
+			r.note("missed offline %s (ended %s, bound %s): events %v", id, end.Format("15:04:05.000"), bound.Format("15:04:05.000"), evs)
+		}
+		if d.leftAt.IsZero() {
+			last := d.lastEvidence()
+			for _, e := range evs {
+				if e.state == "offline" && e.at.After(last) {
+					r.Lags = append(r.Lags, e.at.Sub(last))
+					break
+				}
+			}
+		}
+	}
+	return r
+}
+
+// bound is when a device that ended must be offline.
+func (x expectations) bound(d *devTruth) time.Time {
+	tm := x.tm
+	end, hold := d.ended(), tm.lease
+	if !d.leftAt.IsZero() {
+		// A leave takes effect at once, or after a leave grace of about
+		// two flush intervals (issue 9 item 8).
+		hold = 3 * tm.flush
+	}
+	if !d.lastTry.IsZero() && d.lastTry.After(end) {
+		end = d.lastTry
+	}
+	after := tm.runnerInterval + tm.lockTTL + tm.processing
+	b := end.Add(hold)
+	if !x.faultEnd.IsZero() && end.Add(hold+after).After(x.faultStart) {
+		if g := x.faultEnd.Add(tm.grace); g.After(b) {
+			b = g
+		}
+	}
+	return b.Add(after)
+}
+
+func prev(evs []event, i int) any {
+	if i == 0 {
+		return "none"
+	}
+	return evs[i-1]
+}
+
+// lastBefore is the last time in ts at or before at.
+func lastBefore(ts []time.Time, at time.Time) (time.Time, bool) {
+	i := sort.Search(len(ts), func(i int) bool { return ts[i].After(at) })
+	if i == 0 {
+		return time.Time{}, false
+	}
+	return ts[i-1], true
+}
+
+// assertClean logs the figures and fails on any broken invariant.
+func assertClean(t *testing.T, name string, r result) {
+	t.Helper()
+	t.Logf("figures: %s", r.row(name))
+	t.Logf("events %d, versions backwards %d", r.Events, r.VerBackwards)
+	if path := os.Getenv("FLEETGATE_FAULTS_REPORT"); path != "" {
+		if f, err := os.OpenFile(path, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644); err == nil {
+			fmt.Fprintln(f, r.row(name))
+			f.Close()
+		}
+	}
+	var bad []string
+	for _, c := range []struct {
+		what string
+		n    int
+	}{
+		{"false offline", r.FalseOffline}, {"missed offline", r.MissedOffline}, {"repeated (device, ver)", r.Repeated},
+		{"broken alternation", r.BrokenAlternation}, {"versions backwards", r.VerBackwards},
+		{"resurrected", r.Resurrected}, {"unseen", r.Unseen},
+	} {
+		if c.n != 0 {
+			bad = append(bad, fmt.Sprintf("%d %s", c.n, c.what))
+		}
+	}
+	if r.Devices == 0 || r.Heartbeats == 0 {
+		bad = append(bad, "no devices or no heartbeats")
+	}
+	if len(bad) > 0 {
+		t.Errorf("%s: %s; examples:\n  %s", name, strings.Join(bad, ", "), strings.Join(r.examples, "\n  "))
+	}
+}

@@ -1,0 +1,30 @@
+//go:build faults
+
+package faults
+
+import (
+	"os"
+	"testing"
+)
+
+// pending lists the scenarios that fail on today's code, each with the
+// issue-9 item it waits for (docs/reliability.md has what they measured).
+// Delete a line when its fix lands; FLEETGATE_FAULTS_ALL=1 runs every
+// scenario regardless.
+var pending = map[string]string{}
+
+// issue9Keys are configuration keys issue 9 adds, with the value the
+// scenarios are designed for. TestMain writes each into every gateway's
+// YAML once the built binary accepts it (it asks check-config), so the
+// harness needs no change when a key lands.
+func issue9Keys(tm timing) map[string]any {
+	return map[string]any{"presence.gateway_grace": tm.grace.String()}
+}
+
+// skipPending skips t if its scenario is pending.
+func skipPending(t *testing.T) {
+	t.Helper()
+	if why, ok := pending[t.Name()]; ok && os.Getenv("FLEETGATE_FAULTS_ALL") == "" {
+		t.Skipf("%s (pending in faults/pending_test.go; FLEETGATE_FAULTS_ALL=1 runs it)", why)
+	}
+}
