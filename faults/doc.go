@@ -13,6 +13,6 @@
 //	go test -tags faults -count=1 -v -run 'TestFaults/redis_pause_short' ./faults/
 //
 // Scenarios that fail on today's code are listed in pending.go's pending
-// map with the issue-9 item they wait for; FLEETGATE_FAULTS_ALL=1 runs
+// map with the issue-9 item they wait for; FAULTS_ALL=1 runs
 // them anyway (to measure them). docs/reliability.md has the figures.
 package faults

@@ -234,12 +234,19 @@ func (f *fleet) drive(d *devTruth, p plan) {
 			l.drop()
 			l = nil
 		}
-		// Heartbeats every heartbeat/2 with ±30 % jitter.
-		jit := time.Duration(float64(f.tm.heartbeat/2) * (0.7 + 0.6*rand.Float64()))
+		// Heartbeats every heartbeat/2 with ±30 % jitter, or sooner when
+		// the plan's next move or end comes first.
+		wait := time.Duration(float64(f.tm.heartbeat/2) * (0.7 + 0.6*rand.Float64()))
+		if len(moves) > 0 {
+			wait = min(wait, time.Until(f.t0.Add(moves[0].at)))
+		}
+		if p.end > 0 {
+			wait = min(wait, time.Until(f.t0.Add(p.end)))
+		}
 		select {
 		case <-f.quit:
 			return
-		case <-time.After(jit):
+		case <-time.After(max(wait, 0)):
 		}
 	}
 }

@@ -35,6 +35,7 @@ func run(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, "probe config keys:", err)
 		return 1
 	}
-	fmt.Fprintf(os.Stderr, "faults: issue-9 config keys the binary accepts: %v\n", knownKeys)
+	bootIDKnown = probeBootID(binary, dir)
+	fmt.Fprintf(os.Stderr, "faults: issue-9 config keys the binary accepts: %v; %s honoured: %v\n", knownKeys, bootIDEnv, bootIDKnown)
 	return m.Run()
 }

@@ -9,7 +9,7 @@ import (
 
 // pending lists the scenarios that fail on today's code, each with the
 // issue-9 item it waits for (docs/reliability.md has what they measured).
-// Delete a line when its fix lands; FLEETGATE_FAULTS_ALL=1 runs every
+// Delete a line when its fix lands; FAULTS_ALL=1 runs every
 // scenario regardless.
 var pending = map[string]string{}
 
@@ -24,7 +24,7 @@ func issue9Keys(tm timing) map[string]any {
 // skipPending skips t if its scenario is pending.
 func skipPending(t *testing.T) {
 	t.Helper()
-	if why, ok := pending[t.Name()]; ok && os.Getenv("FLEETGATE_FAULTS_ALL") == "" {
-		t.Skipf("%s (pending in faults/pending_test.go; FLEETGATE_FAULTS_ALL=1 runs it)", why)
+	if why, ok := pending[t.Name()]; ok && os.Getenv("FAULTS_ALL") == "" {
+		t.Skipf("%s (pending in faults/pending_test.go; FAULTS_ALL=1 runs it)", why)
 	}
 }
