@@ -71,7 +71,11 @@ func (c *collector) point(addrs ...string) {
 	if len(addrs) == 1 {
 		cl = redis.NewClient(&redis.Options{Addr: addrs[0], DialTimeout: 300 * time.Millisecond, ReadTimeout: 500 * time.Millisecond, MaxRetries: -1})
 	} else {
-		cl = redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, DialTimeout: 300 * time.Millisecond, ReadTimeout: 500 * time.Millisecond, MaxRetries: 2})
+		// go-redis reloads a Cluster's slots only every 60 s by default,
+		// and not on a refused dial: after a failover the collector would
+		// keep asking the dead master.
+		cl = redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, DialTimeout: 300 * time.Millisecond, ReadTimeout: 500 * time.Millisecond,
+			MaxRetries: 2, ClusterStateReloadInterval: 500 * time.Millisecond})
 	}
 	c.mu.Lock()
 	old := c.client
@@ -143,7 +147,7 @@ func (c *collector) stop() {
 	}
 	close(c.quit)
 	<-c.done
-	for i := 0; i < 50 && !c.poll(); i++ {
+	for i := 0; i < 20 && !c.poll(); i++ {
 		time.Sleep(100 * time.Millisecond)
 	}
 	c.mu.Lock()
@@ -319,7 +323,7 @@ func resurrected(d *devTruth, evs []event, i int, tm timing) string {
 	if !d.leftAt.IsZero() && i > 0 && evs[i-1].state == "offline" && !evs[i-1].at.Before(d.leftAt) && e.at.After(d.leftAt) {
 		return fmt.Sprintf("after the leave at %s and its offline at %s", d.leftAt.Format("15:04:05.000"), evs[i-1].at.Format("15:04:05.000"))
 	}
-	if n := len(d.sends); n > 0 && d.ended().Before(e.at) && e.at.After(d.sends[n-1].Add(tm.lease+100*time.Millisecond)) {
+	if n := len(d.sends); n > 0 && !d.ended().IsZero() && d.ended().Before(e.at) && e.at.After(d.sends[n-1].Add(tm.lease+100*time.Millisecond)) {
 		return fmt.Sprintf("the last evidence at %s had lapsed", d.sends[n-1].Format("15:04:05.000"))
 	}
 	return ""
