@@ -8,11 +8,14 @@
 // (device, ver) and broken alternation events.
 //
 // The tests carry the build tag `faults` so that `make test` does not run
-// them twice: run them with `make test-faults`, or one scenario alone with
+// them: run them with `make test-faults`, or one scenario alone with
 //
-//	go test -tags faults -count=1 -v -run 'TestFaults/redis_pause_short' ./faults/
+//	go test -tags faults -count=1 -v -run TestRedisFlushAll ./faults/
 //
-// Scenarios that fail on today's code are listed in pending.go's pending
-// map with the issue-9 item they wait for; FAULTS_ALL=1 runs
-// them anyway (to measure them). docs/reliability.md has the figures.
+// Scenarios that fail on today's code are listed in pending_test.go's
+// pending map with the issue-9 item they wait for; FAULTS_ALL=1 runs
+// them anyway (to measure them), FAULTS_REPORT=file appends each
+// scenario's table row to file, FAULTS_DUMP=dir writes a failing
+// scenario's event log and truth there. docs/reliability.md has the
+// figures.
 package faults
