@@ -33,6 +33,11 @@ func issue9Keys(tm timing) map[string]any {
 	return map[string]any{"presence.gateway_grace": tm.grace.String()}
 }
 
+// gatewaysStream is the Redis key of the gateways event stream (`lost`
+// and `back`, issue 9 item 2) once the fix names it; "" leaves that check
+// out of the long partition.
+var gatewaysStream = ""
+
 // skipPending skips t if its scenario is pending.
 func skipPending(t *testing.T) {
 	t.Helper()

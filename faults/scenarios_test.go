@@ -336,6 +336,42 @@ func partitionScenario(t *testing.T, cut time.Duration, lostOK bool) {
 	if lostOK && res.GatewayLost == 0 {
 		t.Errorf("a partition of %v (longer than lease + grace) emitted no offline with reason gateway_lost", cut)
 	}
+	if lostOK && gatewaysStream != "" {
+		checkGatewayLost(t, srv.Client(t), "gw-a", r.col.log())
+	}
+}
+
+// checkGatewayLost: the gateways stream holds exactly one `lost` event for
+// gw (an entry with a value "lost" and a value gw), written before the
+// first device offline with reason gateway_lost.
+func checkGatewayLost(t *testing.T, rc *redis.Client, gw string, log []event) {
+	t.Helper()
+	msgs, err := rc.XRange(t.Context(), gatewaysStream, "-", "+").Result()
+	if err != nil {
+		t.Fatalf("read %s: %v", gatewaysStream, err)
+	}
+	var lost []redis.XMessage
+	for _, m := range msgs {
+		has := map[string]bool{}
+		for _, v := range m.Values {
+			if s, ok := v.(string); ok {
+				has[s] = true
+			}
+		}
+		if has["lost"] && has[gw] {
+			lost = append(lost, m)
+		}
+	}
+	if len(lost) != 1 {
+		t.Fatalf("gateways stream %s: %d lost events for %s, want 1 (%v)", gatewaysStream, len(lost), gw, msgs)
+	}
+	ms, _ := strconv.ParseInt(strings.SplitN(lost[0].ID, "-", 2)[0], 10, 64)
+	for _, e := range log {
+		if e.reason == "gateway_lost" && e.at.Before(time.UnixMilli(ms)) {
+			t.Errorf("device offline %v before the gateway's lost event at %v", e, time.UnixMilli(ms))
+			return
+		}
+	}
 }
 
 // A site partition shorter than lease + grace: no device event at all
