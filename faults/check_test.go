@@ -323,8 +323,9 @@ func resurrected(d *devTruth, evs []event, i int, tm timing) string {
 	if !d.leftAt.IsZero() && i > 0 && evs[i-1].state == "offline" && !evs[i-1].at.Before(d.leftAt) && e.at.After(d.leftAt) {
 		return fmt.Sprintf("after the leave at %s and its offline at %s", d.leftAt.Format("15:04:05.000"), evs[i-1].at.Format("15:04:05.000"))
 	}
-	if n := len(d.sends); n > 0 && !d.ended().IsZero() && d.ended().Before(e.at) && e.at.After(d.sends[n-1].Add(tm.lease+100*time.Millisecond)) {
-		return fmt.Sprintf("the last evidence at %s had lapsed", d.sends[n-1].Format("15:04:05.000"))
+	// The last attempt, acknowledged or not: the gateway may have seen it.
+	if last := d.lastTry; len(d.sends) > 0 && !d.ended().IsZero() && d.ended().Before(e.at) && e.at.After(last.Add(tm.lease+100*time.Millisecond)) {
+		return fmt.Sprintf("the last evidence at %s had lapsed", last.Format("15:04:05.000"))
 	}
 	return ""
 }
