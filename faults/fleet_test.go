@@ -140,7 +140,8 @@ func (f *fleet) truth() map[string]*devTruth {
 	return out
 }
 
-func (f *fleet) record(d *devTruth, fn func()) {
+// record changes a device's truth under the fleet's lock.
+func (f *fleet) record(fn func()) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	fn()
@@ -216,7 +217,7 @@ func (f *fleet) drive(d *devTruth, p plan) {
 		if l == nil {
 			// A new MQTT connection is evidence by itself (CONNECT).
 			if l, err = f.dial(ctx, d, cur); err == nil && d.proto == "mqtt" {
-				f.record(d, func() { d.sends = append(d.sends, try); d.lastTry = time.Now() })
+				f.record(func() { d.sends = append(d.sends, try); d.lastTry = time.Now() })
 				try = time.Now()
 			}
 		}
@@ -224,7 +225,7 @@ func (f *fleet) drive(d *devTruth, p plan) {
 			err = l.send(ctx)
 		}
 		cancel()
-		f.record(d, func() {
+		f.record(func() {
 			d.lastTry = time.Now()
 			if err == nil {
 				d.sends = append(d.sends, try)
@@ -255,7 +256,7 @@ func (f *fleet) drive(d *devTruth, p plan) {
 // then DISCONNECTs its old connection: make before break; a CoAP device
 // just sends there next, its session coap/main is the same).
 func (f *fleet) moveTo(d *devTruth, old link, to int) link {
-	f.record(d, func() { d.moves++ })
+	f.record(func() { d.moves++ })
 	if d.proto == "coap" {
 		if old != nil {
 			old.drop()
@@ -273,7 +274,7 @@ func (f *fleet) moveTo(d *devTruth, old link, to int) link {
 		}
 		return nil
 	}
-	f.record(d, func() { d.sends = append(d.sends, try); d.lastTry = time.Now() })
+	f.record(func() { d.sends = append(d.sends, try); d.lastTry = time.Now() })
 	if old != nil {
 		_ = old.leave(ctx)
 	}
@@ -294,14 +295,14 @@ func (f *fleet) finish(d *devTruth, l link, leave bool, cur int) {
 			err = l.leave(ctx)
 		}
 		if err == nil {
-			f.record(d, func() { d.leftAt, d.lastTry = try, time.Now() })
+			f.record(func() { d.leftAt, d.lastTry = try, time.Now() })
 			return
 		}
 	}
 	if l != nil {
 		l.drop()
 	}
-	f.record(d, func() { d.stoppedAt = try })
+	f.record(func() { d.stoppedAt = try })
 }
 
 type coapLink struct {
