@@ -3,6 +3,7 @@ package redistest
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -45,5 +46,52 @@ func TestClusterMigrateSlot(t *testing.T) {
 	}
 	if n, err := c.ZCard(ctx, key).Result(); err != nil || n != 1 {
 		t.Fatalf("zcard via cluster client after migration: %d %v", n, err)
+	}
+}
+
+// A replica started by StartReplica has the primary's data and follows
+// its writes.
+func TestStartReplica(t *testing.T) {
+	p := Start(t)
+	pc := p.Client(t)
+	ctx := context.Background()
+	if err := pc.Set(ctx, "before", "1", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	r := StartReplica(t, p.Addr)
+	rc := r.Client(t)
+	if err := pc.Set(ctx, "after", "2", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		a, _ := rc.Get(ctx, "after").Result()
+		b, _ := rc.Get(ctx, "before").Result()
+		if a == "2" && b == "1" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("replica has before=%q after=%q, want 1 and 2", b, a)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err := rc.Set(ctx, "x", "1", 0).Err(); err == nil {
+		t.Fatal("a write to the replica succeeded; want READONLY")
+	}
+}
+
+// StartClusterWithReplicas gives 3 masters and 3 replicas, and the master
+// of a key is a master.
+func TestStartClusterWithReplicas(t *testing.T) {
+	c := StartClusterWithReplicas(t, 3)
+	roles := map[string]int{}
+	for i := range c.Nodes {
+		roles[c.Role(i)]++
+	}
+	if roles["master"] != 3 || roles["slave"] != 3 {
+		t.Fatalf("roles %v, want 3 masters and 3 slaves", roles)
+	}
+	if m := c.MasterOfKey(t, "{fleetgate:0}:exp"); c.Role(m) != "master" {
+		t.Fatalf("MasterOfKey = node %d, a %q", m, c.Role(m))
 	}
 }

@@ -1,0 +1,58 @@
+//go:build faults
+
+package faults
+
+import (
+	"testing"
+	"time"
+)
+
+// The checker counts what it must, on a made-up log: a clean device, a
+// false offline followed by its replay online (a flap), a repeated
+// version, a missed offline and a resurrection after a leave.
+func TestCheckerCounts(t *testing.T) {
+	tm := fast
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	at := func(d time.Duration) time.Time { return t0.Add(d) }
+	beats := func(from, to time.Duration) []time.Time {
+		var ts []time.Time
+		for d := from; d <= to; d += 500 * time.Millisecond {
+			ts = append(ts, at(d))
+		}
+		return ts
+	}
+	truth := map[string]*devTruth{
+		"clean":   {id: "clean", sends: beats(0, 5*time.Second), stoppedAt: at(5 * time.Second), lastTry: at(5 * time.Second)},
+		"flap":    {id: "flap", sends: beats(0, 20*time.Second)},
+		"repeat":  {id: "repeat", sends: beats(0, 20*time.Second)},
+		"missed":  {id: "missed", sends: beats(0, 2*time.Second), stoppedAt: at(2 * time.Second), lastTry: at(2 * time.Second)},
+		"revived": {id: "revived", sends: beats(0, 3*time.Second), leftAt: at(3500 * time.Millisecond), lastTry: at(3500 * time.Millisecond)},
+	}
+	ev := func(dev, state string, ver int64, d time.Duration, reason string) event {
+		return event{device: dev, state: state, ver: ver, at: at(d), reason: reason}
+	}
+	log := []event{
+		ev("clean", "online", 1, 100*time.Millisecond, "connect"),
+		ev("clean", "offline", 2, 9*time.Second, "expired"),
+		ev("flap", "online", 1, 100*time.Millisecond, "connect"),
+		ev("flap", "offline", 2, 10*time.Second, "expired"),
+		ev("flap", "online", 3, 10500*time.Millisecond, "replay"),
+		ev("repeat", "online", 1, 100*time.Millisecond, "connect"),
+		ev("repeat", "online", 1, 12*time.Second, "renew"),
+		ev("missed", "online", 1, 100*time.Millisecond, "connect"),
+		ev("revived", "online", 1, 100*time.Millisecond, "connect"),
+		ev("revived", "offline", 2, 3600*time.Millisecond, "leave"),
+		ev("revived", "online", 3, 5*time.Second, "replay"),
+	}
+	r := check(truth, log, expectations{tm: tm, end: at(30 * time.Second)})
+	want := result{Devices: 5, FalseOffline: 1, MissedOffline: 2, Repeated: 1, BrokenAlternation: 1, Resurrected: 1}
+	got := result{Devices: r.Devices, FalseOffline: r.FalseOffline, MissedOffline: r.MissedOffline, Repeated: r.Repeated,
+		BrokenAlternation: r.BrokenAlternation, Resurrected: r.Resurrected}
+	if got.Devices != want.Devices || got.FalseOffline != want.FalseOffline || got.MissedOffline != want.MissedOffline ||
+		got.Repeated != want.Repeated || got.BrokenAlternation != want.BrokenAlternation || got.Resurrected != want.Resurrected {
+		t.Fatalf("check = %+v, want %+v; examples %q", got, want, r.examples)
+	}
+	if len(r.Lags) != 1 || r.Lags[0] != 4*time.Second {
+		t.Fatalf("lags %v, want [4s] (clean: offline at 9s, last evidence at 5s)", r.Lags)
+	}
+}
