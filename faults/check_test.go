@@ -168,7 +168,8 @@ type expectations struct {
 	tm timing
 	// faultStart and faultEnd bound the fault (zero: none). A device that
 	// ends while its offline could be held by the fault gets the bound
-	// max(end + lease, faultEnd + grace) + runner + lock_ttl + processing.
+	// max(end + lease + grace, faultEnd + grace) + runner + lock_ttl +
+	// processing.
 	faultStart, faultEnd time.Time
 	// lostOK: offline events with reason gateway_lost are expected (a
 	// gateway cut for longer than lease + grace) and counted apart.
@@ -345,6 +346,12 @@ func (x expectations) bound(d *devTruth) time.Time {
 	after := tm.runnerInterval + tm.lockTTL + tm.processing
 	b := end.Add(hold)
 	if !x.faultEnd.IsZero() && end.Add(hold+after).After(x.faultStart) {
+		// A device whose gateway the store did not hear at its deadline
+		// is held for the grace from that deadline (the bound check-config
+		// prints for devices of a lost gateway).
+		if g := end.Add(hold + tm.grace); g.After(b) {
+			b = g
+		}
 		if g := x.faultEnd.Add(tm.grace); g.After(b) {
 			b = g
 		}

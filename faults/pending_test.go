@@ -12,14 +12,10 @@ import (
 // Delete a line when its fix lands; FAULTS_ALL=1 runs every
 // scenario regardless.
 var pending = map[string]string{
-	"TestRedisPauseLongerThanLease":           "waits for issue 9 items 1 (late but valid evidence) and 2 (gateway grace after a store outage)",
 	"TestRedisRestartWithoutPersistence":      "waits for issue 9 items 5 (versions that never repeat) and 2 (grace after an incarnation change; offline of devices whose record was lost)",
 	"TestRedisFlushAll":                       "waits for issue 9 items 5 (versions that never repeat) and 2 (grace after an incarnation change; offline of devices whose record was lost)",
 	"TestFailoverToLaggingReplica":            "waits for issue 9 items 5 (versions that never repeat after a failover to a lagging replica) and 2 (gateway grace)",
 	"TestClusterMasterKilled":                 "waits for issue 9 Tests (gateways and runner follow a Cluster failover: go-redis reloads slots every 60 s) and item 2 (gateway grace)",
-	"TestGatewayKilledDuringOutage":           "waits for issue 9 item 2 (gateway grace: a 3 s outage is longer than lease - renew_every)",
-	"TestPartitionShorterThanLeasePlusGrace":  "waits for issue 9 item 2 (gateway liveness and grace)",
-	"TestPartitionLongerThanLeasePlusGrace":   "waits for issue 9 item 2 (gateway grace, then offline with reason gateway_lost)",
 	"TestLeaveThroughBThenStaleRenewThroughA": "waits for issue 9 item 3 (leave tombstone)",
 	"TestMQTTMoversMakeBeforeBreak":           "waits for issue 9 item 8 (a move with a clean goodbye: leave grace)",
 	"TestOutboxReplayAfterReboot":             "waits for issue 9 items 4 (outbox ages on CLOCK_BOOTTIME + boot ID, FLEETGATE_TEST_BOOT_ID honoured) and 2 (gateway grace)",

@@ -65,9 +65,12 @@ var (
 // device instead of reaping it while the gateway that wrote it last is
 // not heard (no call within the allowed silence, Batch.Behind, or not
 // since the last store outage the caller saw): its deadline moves by
-// the grace. Late but valid evidence replayed meanwhile keeps it (no
-// event); at the end of the grace it is reaped with its true deadline,
-// reason gateway_lost if its gateway is still not heard.
+// the grace. Evidence observed before the held deadline keeps it (no
+// event), and so does replayed evidence (Batch.Replay) observed at most
+// the grace after a session's deadline, held or not: an outbox keeps
+// only a session's newest evidence, so what bridged an outage may be
+// gone. At the end of the grace a held device is reaped with its true
+// deadline, reason gateway_lost if its gateway is still not heard.
 //
 // So replaying a batch is harmless: a duplicate connect or renew extends
 // nothing, a duplicate leave finds no session. A device's record (state,

@@ -124,25 +124,59 @@ func TestGatewayGrace(t *testing.T) {
 			}
 		})
 
-		t.Run("evidence observed after the true deadline", func(t *testing.T) {
+		t.Run("evidence observed after the true deadline, within the grace", func(t *testing.T) {
 			e := newGraceEnv(t, c)
-			t0 := connect(e)
+			connect(e)
 			e.clock.Advance(testLease + time.Second)
 			if r := e.reap(0, 10); r.Held != 1 {
 				t.Fatalf("reap: %+v, want held", r)
 			}
-			// the device was away for more than its lease: the hold does
-			// not hide that
+			// the outbox keeps a session's newest evidence only: evidence
+			// observed inside the grace keeps the device, and its own
+			// deadline is the device's from now on
 			now := e.clock.Now()
-			evs := e.apply(0, leased("gw-a", false, write(dev, "coap/default", gateway.Renew, 0)))
-			if len(evs) != 2 || evs[0].State != gateway.Offline || !evs[0].Deadline.Equal(t0.Add(testLease)) || evs[1].State != gateway.Online {
-				t.Fatalf("evidence after the true deadline: %s", describe(evs))
+			if evs := e.apply(0, leased("gw-a", false, write(dev, "coap/default", gateway.Renew, 0))); len(evs) != 0 {
+				t.Fatalf("evidence within the grace: %s", describe(evs))
 			}
 			if d := e.device(dev); !d.Deadline.Equal(now.Add(testLease)) {
 				t.Fatalf("device %+v, want deadline %v", d, now.Add(testLease))
 			}
 			if r := e.reap(0, 10); len(r.Offline) != 0 || r.Held != 0 {
 				t.Fatalf("reap after the hold was undone: %+v", r)
+			}
+		})
+
+		t.Run("leave of a held device", func(t *testing.T) {
+			e := newGraceEnv(t, c)
+			connect(e)
+			e.clock.Advance(testLease + time.Second)
+			if r := e.reap(0, 10); r.Held != 1 {
+				t.Fatalf("reap: %+v, want held", r)
+			}
+			// a leave observed 2 s before the true deadline, replayed
+			evs := e.apply(0, leased("gw-a", true, write(dev, "coap/default", gateway.Leave, 3*time.Second)))
+			if len(evs) != 1 || evs[0].Reason != gateway.ReasonLeave {
+				t.Fatalf("replayed leave of a held device: %s", describe(evs))
+			}
+		})
+
+		t.Run("replay within the grace of the deadline, before any hold", func(t *testing.T) {
+			e := newGraceEnv(t, c)
+			connect(e)
+			e.clock.Advance(testLease + 2*time.Second)
+			// observed 1 s after the deadline: the outbox kept only this
+			// newest evidence of the session
+			replay := leased("gw-a", true, write(dev, "coap/default", gateway.Renew, time.Second))
+			replay.Replay = true
+			if evs := e.apply(0, replay); len(evs) != 0 {
+				t.Fatalf("replay within the grace: %s", describe(evs))
+			}
+			// the same evidence sent live is a gap in presence
+			e2 := newGraceEnv(t, c)
+			connect(e2)
+			e2.clock.Advance(testLease + 2*time.Second)
+			if evs := e2.apply(0, leased("gw-a", false, write(dev, "coap/default", gateway.Renew, time.Second))); len(evs) != 2 {
+				t.Fatalf("live evidence after the deadline: %s, want offline then online", describe(evs))
 			}
 		})
 

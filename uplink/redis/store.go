@@ -86,6 +86,11 @@ type Store struct {
 	grace, silence int64 // ms, Options.GatewayGrace and GatewaySilence
 	rmu            sync.Mutex
 	reaps          []reapState // per shard
+	// clock is the last store time a reap saw and when (localNow).
+	clock struct {
+		store int64
+		local time.Duration
+	}
 
 	// ready is closed once c is set and P:meta checked; until then every
 	// call fails with gateway.ErrUnavailable (Dial with Background).
@@ -281,12 +286,12 @@ func (s *Store) Apply(ctx context.Context, shard int, b gateway.Batch) (gateway.
 	bels, unlock := s.beliefs.lockAll([]gateway.ShardBatch{{Shard: shard, Batch: b}})
 	defer unlock()
 	now := s.localNow()
-	args, err := s.applyArgs(shard, b, bels[0], now)
+	args, err := s.applyArgs(ctx, shard, b, bels[0], now)
 	if err != nil {
 		return gateway.ApplyResult{}, err
 	}
 	res, err := s.apply.Run(ctx, c, s.keys[shard].data, args...).Slice()
-	return applyResult(shard, b, res, err, bels[0], now)
+	return s.applyResult(shard, b, res, err, bels[0], now)
 }
 
 // ApplyShards applies the batches of several shards in one pipeline of
@@ -311,7 +316,7 @@ func (s *Store) ApplyShards(ctx context.Context, batches []gateway.ShardBatch) [
 	// all of them), so the pipeline's first error needs no reading.
 	_, _ = c.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for i, sb := range batches {
-			a, err := s.applyArgs(sb.Shard, sb.Batch, bels[i], now)
+			a, err := s.applyArgs(ctx, sb.Shard, sb.Batch, bels[i], now)
 			if err != nil {
 				out[i].Err = err
 				continue
@@ -329,7 +334,7 @@ func (s *Store) ApplyShards(ctx context.Context, batches []gateway.ShardBatch) [
 		if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
 			res, err = s.apply.Run(ctx, c, s.keys[sb.Shard].data, args[i]...).Slice()
 		}
-		out[i].Result, out[i].Err = applyResult(sb.Shard, sb.Batch, res, err, bels[i], now)
+		out[i].Result, out[i].Err = s.applyResult(sb.Shard, sb.Batch, res, err, bels[i], now)
 	}
 	return out
 }
@@ -345,7 +350,7 @@ func (s *Store) localNow() time.Duration {
 
 // applyArgs checks a batch and lays it out as the apply script's ARGV,
 // the writes bel allows first as believed renewals.
-func (s *Store) applyArgs(shard int, b gateway.Batch, bel *beliefs, now time.Duration) ([]any, error) {
+func (s *Store) applyArgs(ctx context.Context, shard int, b gateway.Batch, bel *beliefs, now time.Duration) ([]any, error) {
 	if err := s.checkShard("apply", shard); err != nil {
 		return nil, err
 	}
@@ -374,6 +379,10 @@ func (s *Store) applyArgs(shard int, b gateway.Batch, bel *beliefs, now time.Dur
 	if b.Behind {
 		behind = "1"
 	}
+	replayGrace := int64(0)
+	if b.Replay {
+		replayGrace = s.grace
+	}
 	// The header, in the order of apply.lua's A_ positions.
 	args = append(args,
 		b.Gateway,                       // A_GW
@@ -389,6 +398,8 @@ func (s *Store) applyArgs(shard int, b gateway.Batch, bel *beliefs, now time.Dur
 		ages,                            // A_FASTAGES
 		devices,                         // A_FASTDEVS
 		behind,                          // A_BEHIND
+		s.notAfter(ctx),                 // A_NOTAFTER
+		replayGrace,                     // A_GRACE
 	)
 	// From A_WRITES on: the other writes, four arguments each.
 	for i, w := range b.Writes {
@@ -401,8 +412,11 @@ func (s *Store) applyArgs(shard int, b gateway.Batch, bel *beliefs, now time.Dur
 
 // applyResult reads the apply script's reply (or the error of its call)
 // and updates the caller's beliefs with it.
-func applyResult(shard int, b gateway.Batch, res []any, err error, bel *beliefs, now time.Duration) (gateway.ApplyResult, error) {
+func (s *Store) applyResult(shard int, b gateway.Batch, res []any, err error, bel *beliefs, now time.Duration) (gateway.ApplyResult, error) {
 	r, inc, status, err := parseApply(shard, b, res, err)
+	if err == nil {
+		s.seen(num(res[3]))
+	}
 	if bel != nil {
 		if err != nil {
 			// unknown outcome, fenced or malformed: nothing believed stands
@@ -415,7 +429,7 @@ func applyResult(shard int, b gateway.Batch, res []any, err error, bel *beliefs,
 }
 
 // parseApply reads the apply script's reply {1, incarnation, status,
-// events...} or {0, newest epoch}.
+// now, events...}, {0, newest epoch} or {-1, now}.
 func parseApply(shard int, b gateway.Batch, res []any, err error) (r gateway.ApplyResult, inc string, status []any, _ error) {
 	if err != nil {
 		return r, "", nil, unavailable("apply", err)
@@ -431,14 +445,17 @@ func parseApply(shard int, b gateway.Batch, res []any, err error) (r gateway.App
 		return r, "", nil, fmt.Errorf("redisstore: apply: gateway %s epoch %d, newest seen on shard %d is %s: %w",
 			b.Gateway, b.Epoch, shard, newest, gateway.ErrFenced)
 	}
-	if len(res) < 3 {
+	if n, _ := res[0].(int64); n == -1 {
+		return r, "", nil, fmt.Errorf("redisstore: apply: %w: stale call ran at %d, after its caller gave up", gateway.ErrUnavailable, num(res[1]))
+	}
+	if len(res) < 4 {
 		return r, "", nil, fmt.Errorf("redisstore: apply: short reply of %d items", len(res))
 	}
 	status, ok := res[2].([]any)
 	if !ok {
 		return r, "", nil, fmt.Errorf("redisstore: apply: malformed status %v", res[2])
 	}
-	evs, err := parseEvents(shard, res[3:])
+	evs, err := parseEvents(shard, res[4:])
 	if err != nil {
 		return r, "", nil, fmt.Errorf("redisstore: apply: %w", err)
 	}
@@ -467,7 +484,10 @@ func (s *Store) Reap(ctx context.Context, shard int, limit int) (gateway.ReapRes
 	if st.failed {
 		since = "now"
 	}
-	res, err := s.reap.Run(ctx, c, s.keys[shard].data, limit, s.nowArg(), s.maxLen, s.grace, s.silence, since).Slice()
+	res, err := s.reap.Run(ctx, c, s.keys[shard].data, limit, s.nowArg(), s.maxLen, s.grace, s.silence, since, s.notAfter(ctx)).Slice()
+	if err == nil && len(res) == 2 && num(res[0]) == -1 {
+		err = fmt.Errorf("%w: stale call ran at %d, after its caller gave up", gateway.ErrUnavailable, num(res[1]))
+	}
 	if err != nil {
 		s.rmu.Lock()
 		s.reaps[shard].failed = true
@@ -485,6 +505,7 @@ func (s *Store) Reap(ctx context.Context, shard int, limit int) (gateway.ReapRes
 		s.log.Warn("reap removed due entries without an online record", "shard", shard, "count", orphans)
 	}
 	now := num(res[4])
+	s.seen(now)
 	held, _ := res[5].(int64)
 	inc := str(res[6])
 	s.rmu.Lock()
@@ -833,4 +854,32 @@ func (s *Store) ReleaseShard(ctx context.Context, shard int, owner string) error
 		return unavailable("release shard", err)
 	}
 	return nil
+}
+
+// staleAfter is how long after it was sent a script call may still run:
+// the call's timeout and a margin for the clocks.
+const staleAfter = callTimeout + time.Second
+
+// notAfter is the store time after which a call sent now is stale ("" when
+// the store's clock has not been seen yet): the last store time seen plus
+// the local time since, plus staleAfter (or less, by ctx's deadline).
+func (s *Store) notAfter(ctx context.Context) string {
+	s.rmu.Lock()
+	defer s.rmu.Unlock()
+	if s.clock.store == 0 {
+		return ""
+	}
+	wait := staleAfter
+	if dl, ok := ctx.Deadline(); ok {
+		wait = min(wait, time.Until(dl)+time.Second)
+	}
+	elapsed := s.localNow() - s.clock.local
+	return strconv.FormatInt(s.clock.store+(elapsed+wait).Milliseconds(), 10)
+}
+
+// seen records a store time a script call returned.
+func (s *Store) seen(now int64) {
+	s.rmu.Lock()
+	defer s.rmu.Unlock()
+	s.clock.store, s.clock.local = now, s.localNow()
 }

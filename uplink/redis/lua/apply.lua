@@ -8,22 +8,30 @@
 --   when F is 0), the believed renewals' sessions joined by "\n", their
 --   ages (ms, 4 bytes big-endian each), their devices joined by "\n",
 --   whether the gateway is behind (1: its outbox still holds writes),
+--   the store time after which the call is stale ("" for none: a call the
+--   caller gave up on may still run when a paused server resumes, with
+--   ages that are no longer true; it then does nothing), the grace ms of
+--   a replay (below; 0 otherwise),
 --   then from A_WRITES the other writes: device, session, kind (1 connect,
 --   2 renew, 3 leave), age ms.
--- Returns {0, newest epoch} when fenced (nothing applied), else
--- {1, incarnation, status, events...}: status is a flat list of
+-- Returns {0, newest epoch} when fenced (nothing applied), {-1, now}
+-- when stale (nothing applied), else {1, incarnation, status, now,
+-- events...}: status is a flat list of
 -- device, session pairs, the session the caller may believe steady from
 -- now on, or "" where it must drop its belief (record.lua, "Beliefs").
 local A_GW, A_EPOCH, A_LEASE, A_REPLAY, A_NOW, A_MAXLEN = 1, 2, 3, 4, 5, 6
 local A_INC, A_NFAST, A_ORDER, A_FASTSIDS, A_FASTAGES, A_FASTDEVS = 7, 8, 9, 10, 11, 12
-local A_BEHIND = 13
-local A_WRITES = 14
+local A_BEHIND, A_NOTAFTER, A_GRACE = 13, 14, 15
+local A_WRITES = 16
 local BELIEVED = byte('1')
 local KIND_CONNECT, KIND_RENEW, KIND_LEAVE = '1', '2', '3'
 
 local gw, epoch, lease = ARGV[A_GW], tonumber(ARGV[A_EPOCH]), tonumber(ARGV[A_LEASE])
 local replay, now, maxlen = ARGV[A_REPLAY] == '1', clock(ARGV[A_NOW]), ARGV[A_MAXLEN]
+local replaygrace = tonumber(ARGV[A_GRACE]) or 0
 local nowstr = string.format('%d', now)
+local notafter = tonumber(ARGV[A_NOTAFTER])
+if notafter and now > notafter then return {-1, now} end
 
 local seen = redis.call('HMGET', KEYS[4], gw, '@' .. gw, '~')
 if seen[1] and tonumber(seen[1]) > epoch then return {0, seen[1]} end
@@ -55,7 +63,7 @@ redis.call('HSET', KEYS[4], LIVE .. gwref, nowstr .. ' ' .. ARGV[A_BEHIND])
 local status = {}
 -- A batch without writes only records the epoch (the uplink announces a
 -- new process on every shard so that older epochs are fenced everywhere).
-if ARGV[A_NFAST] == '0' and #ARGV < A_WRITES then return {1, inc, status} end
+if ARGV[A_NFAST] == '0' and #ARGV < A_WRITES then return {1, inc, status, now} end
 
 -- Believed renewals: the caller believes each device's record is in the
 -- steady state for it (online, that one session, written by this gateway
@@ -146,7 +154,7 @@ if nfast > 0 then
     end
   end
 end
-if nslow == 0 then return {1, inc, status} end
+if nslow == 0 then return {1, inc, status, now} end
 -- The general writes in batch order: the believed renewals sent back above
 -- (as renewals) and the others: device, session, kind, age ms.
 local gdev, gsid, gkind, gage = {}, {}, {}, {}
@@ -186,16 +194,19 @@ local packed = mcall('HMGET', KEYS[2], devs)
 local scores = mcall('ZMSCORE', KEYS[1], devs)
 local z, rec, dirty, moved, kept = {}, {}, {}, {}, {}
 for k = 1, #devs do z[k] = tonumber(scores[k]) or false end
--- A held device's deadline in the index is its true deadline plus the
--- grace; its record is decoded against the true one, and it is written
--- back (its new deadline, or out of the index) with the hold gone.
-local unhold = {}
+-- A held device's sessions run until their true deadline plus the grace
+-- (shift[k]): evidence observed within it is late but valid (the outbox
+-- keeps only a session's newest evidence, so the evidence that bridged
+-- the outage may be gone), and it sets the session's deadline from
+-- itself; a leave is judged against the true deadline. The hold ends
+-- with the first write of the device.
+local unhold, shift = {}, {}
 if anyheld then
   local held = mcall('HMGET', KEYS[6], devs)
   for k = 1, #devs do
     if held[k] then
       local truedl, untildl = heldfields(held[k])
-      if z[k] == untildl then z[k], moved[k] = truedl, true end
+      if z[k] == untildl then shift[k] = untildl - truedl end
       unhold[#unhold + 1] = devs[k]
     end
   end
@@ -222,7 +233,7 @@ local function renewsonly(p, sid)
   return #p == i + #tail and find(p, tail, i + 1, true) == i + 1
 end
 
-local events = {1, inc, status}
+local events = {1, inc, status, now}
 local function event(...) events[#events + 1] = emit(...) end
 
 for j = 1, nslow do
@@ -230,7 +241,7 @@ for j = 1, nslow do
   local d = now - tonumber(gage[j]) + lease
   local k = idx[dev]
   local zk = z[k]
-  if kind ~= KIND_LEAVE and d > now and zk and zk > now and not rec[k] and packed[k] and renewsonly(packed[k], sid) then
+  if kind ~= KIND_LEAVE and d > now and zk and zk > now and not shift[k] and not rec[k] and packed[k] and renewsonly(packed[k], sid) then
     if d > zk then z[k], moved[k] = d, true end
     kept[k] = sid
   else
@@ -243,10 +254,13 @@ for j = 1, nslow do
     -- Late but valid evidence: a connect or renew observed at or before
     -- its session's deadline extends that session even when the deadline
     -- has passed by now (an outage delayed it): no offline, no online.
+    -- A replay may be up to the gateway grace late: the outbox keeps only
+    -- a session's newest evidence, so the evidence that bridged the
+    -- outage may be gone (as for a held device, above).
     local late
     if r and kind ~= KIND_LEAVE and d > now then
       for _, x in ipairs(r.sess) do
-        if x.sid == sid and x.dl <= now and d - lease <= x.dl then late = x break end
+        if x.sid == sid and x.dl <= now and d - lease <= x.dl + replaygrace then late = x break end
       end
     end
     if r and r.on and dropexpired(r, now, late) then
@@ -273,7 +287,7 @@ for j = 1, nslow do
           r.sess[#r.sess + 1] = {gw = gwref, ep = epoch, dl = d, sid = sid}
           dirty[k] = true
         else
-          if d > ss.dl then
+          if d > ss.dl or shift[k] then
             ss.dl = d
             -- other sessions store offsets from the device deadline
             if #r.sess > 1 then dirty[k] = true end
@@ -293,7 +307,7 @@ for j = 1, nslow do
           event(dev, 'online', r.ver, nowstr, reason, gw, sid)
         end
       end
-    elseif ss and ss.dl <= d then
+    elseif ss and ss.dl - (shift[k] or 0) <= d then
       table.remove(r.sess, at)
       r.lastgw, r.lastsid, dirty[k] = gwref, sid, true
       setz(k, maxdl(r))

@@ -4,7 +4,10 @@
 -- holds), the longest silence of a live gateway ms, and the store time
 -- since which a gateway must have been heard to count as live (ms; the
 -- end of the caller's last outage, 0 for none, "now" while it cannot
--- tell: no gateway counts as live).
+-- tell: no gateway counts as live), and the store time after which the
+-- call is stale ("" for none): a call its caller gave up on (a timeout
+-- while the server was paused) may still run when the server resumes,
+-- and must then do nothing; it returns {-1, now}.
 -- Returns one flat array:
 --   {trimmed, more (1|0), next deadline or -1, orphans, now, held,
 --    incarnation, then per offline event: id, device, ver, gw, session,
@@ -18,6 +21,8 @@
 local limit, now, maxlen = tonumber(ARGV[1]), clock(ARGV[2]), ARGV[3]
 local grace, silence, since = tonumber(ARGV[4]) or 0, tonumber(ARGV[5]) or 0, tonumber(ARGV[6]) or 0
 if ARGV[6] == 'now' then since = now + 1 end
+local notafter = tonumber(ARGV[7])
+if notafter and now > notafter then return {-1, now} end
 local nowstr, nowpacked = string.format('%d', now), struct.pack('>I6', now)
 local rcall, evkey = redis.call, KEYS[3]
 
