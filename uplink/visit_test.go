@@ -20,7 +20,9 @@ import (
 func TestVisitWithinOneFlush(t *testing.T) {
 	stores := map[string]func(t *testing.T) func(*bolt.DB, *clocktest.Clock) gateway.Store{
 		"embedded": embeddedStore,
-		"redis":    func(t *testing.T) func(*bolt.DB, *clocktest.Clock) gateway.Store { return redisStore(t, redistest.Start(t)) },
+		"redis": func(t *testing.T) func(*bolt.DB, *clocktest.Clock) gateway.Store {
+			return redisStore(t, redistest.Start(t))
+		},
 	}
 	for name, open := range stores {
 		t.Run(name, func(t *testing.T) {
