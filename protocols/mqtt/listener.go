@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/mochi-mqtt/server/v2/listeners"
@@ -38,8 +39,11 @@ type conn struct {
 	root string
 	// admitted: CONNECT passed every check and holds a max_clients slot.
 	admitted bool
-	// leaving: the device sent a normal DISCONNECT.
+	// leaving: the device sent a normal DISCONNECT that ends its session.
 	leaving bool
+	// persistent: the client asked for a session that outlives the
+	// connection (sleepy.go); read by a later connection of the client.
+	persistent atomic.Bool
 }
 
 // listener is a mochi listener over a bound net.Listener (TCP, or TLS on
