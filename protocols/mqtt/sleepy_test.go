@@ -75,9 +75,9 @@ func TestV311SleepyDevice(t *testing.T) {
 	s := startServer(t, rec, Options{Credentials: testCreds(t)})
 	const sleepy = gateway.SessionID("gw-1/mqtt")
 	connect := func(clean bool) paho3.Client {
-		o := paho3.NewClientOptions().AddBroker("tcp://"+tcpAddr(s)).SetClientID("dev-2").
+		o := paho3.NewClientOptions().AddBroker("tcp://" + tcpAddr(s)).SetClientID("dev-2").
 			SetProtocolVersion(4).SetCleanSession(clean).SetAutoReconnect(false).
-			SetConnectTimeout(10*time.Second).SetUsername("dev-2").SetPassword("secret-2")
+			SetConnectTimeout(10 * time.Second).SetUsername("dev-2").SetPassword("secret-2")
 		c := paho3.NewClient(o)
 		if tok := c.Connect(); !tok.WaitTimeout(15*time.Second) || tok.Error() != nil {
 			t.Fatalf("connect (clean %v): %v", clean, tok.Error())
