@@ -153,3 +153,23 @@ func TestFmtAge(t *testing.T) {
 		}
 	}
 }
+
+// FuzzRenderStatus renders any JSON object /v1/status might answer, as a
+// newer or older gateway may: never a panic or an error.
+func FuzzRenderStatus(f *testing.F) {
+	f.Add(statusJSON)
+	f.Add(`{"epoch": 1e300, "uplink": {"outbox_oldest_age_ns": -5, "x_ns": 1.5}, "adapters": [{"name": "lora", "up": true}, 3]}`)
+	f.Add(`{"a": [[1, 2], {"b": null}], "t": "2026-11-30T22:57:16Z", "n": 12345678901234567890}`)
+	f.Fuzz(func(t *testing.T, body string) {
+		var st map[string]any
+		dec := json.NewDecoder(strings.NewReader(body))
+		dec.UseNumber()
+		if dec.Decode(&st) != nil {
+			return
+		}
+		var b bytes.Buffer
+		if err := renderStatus(&b, st, goldenNow, time.UTC); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
