@@ -119,6 +119,10 @@ func TestQueryCommandsAndReload(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "dev-q") || !strings.Contains(out, "1 device: 1 online, 0 suspect, 0 offline") {
 		t.Fatalf("devices list: exit %d\n%s", code, out)
 	}
+	code, out, _ = runCLI(t, "devices", "list", "--all", "--limit", "1", "--addr", gw.admin)
+	if code != 0 || !strings.Contains(out, "dev-q") || !strings.HasSuffix(out, "1 device: 1 online, 0 suspect, 0 offline\n") {
+		t.Fatalf("devices list --all: exit %d\n%s", code, out)
+	}
 	code, out, _ = runCLI(t, "events", "tail", "--addr", gw.admin, "--json", "--since", "1m")
 	if code != 0 || !strings.Contains(out, `"device":"dev-q"`) || !strings.Contains(out, `"reason":"connect"`) {
 		t.Fatalf("events tail: exit %d\n%s", code, out)

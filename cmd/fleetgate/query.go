@@ -172,10 +172,11 @@ func devicesGet(ctx context.Context, args []string, stdout, stderr io.Writer) er
 }
 
 func devicesList(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	q := newQueryFlags("devices list", "devices list [-c FILE] [--addr HOST:PORT] [--json] [--state S] [--limit N] [--cursor C]", stderr)
+	q := newQueryFlags("devices list", "devices list [-c FILE] [--addr HOST:PORT] [--json] [--state S] [--limit N] [--cursor C | --all]", stderr)
 	state := q.fs.String("state", "", "only devices in this state: online, suspect or offline")
 	limit := q.fs.Int("limit", 100, "devices per page (1 to 1000)")
 	cursor := q.fs.String("cursor", "", "start at this page (printed at the end of the previous one)")
+	all := q.fs.Bool("all", false, "every page, with the counts per state of the whole fleet")
 	if err := parse(q.fs, args); err != nil {
 		return err
 	}
@@ -192,6 +193,13 @@ func devicesList(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	p, err := c.Devices(ctx, *state, *cursor, *limit)
 	if err != nil {
 		return explain(err)
+	}
+	for page := 0; *all && p.Next != "" && page < maxPages; page++ {
+		more, err := c.Devices(ctx, *state, p.Next, 1000)
+		if err != nil {
+			return explain(err)
+		}
+		p.Devices, p.Next = append(p.Devices, more.Devices...), more.Next
 	}
 	if *q.json {
 		return printJSON(stdout, p)
@@ -210,6 +218,9 @@ func devicesList(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	}
 	return renderDeviceList(stdout, p, next, time.Now(), time.Local)
 }
+
+// maxPages bounds devices list --all (1,000 devices a page).
+const maxPages = 100_000
 
 func cmdEvents(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 || args[0] != "tail" {
