@@ -19,7 +19,8 @@ run: build
 	FLEETGATE_GATEWAY_STATE_DIR=$(CURDIR)/.run ./$(BIN) run -c configs/dev.yaml
 
 # Installs what the tests need and is missing (redis-server and redis-cli,
-# as root through apt-get); `make test` runs it first.
+# mosquitto-clients, libcoap3-bin's coap-client; as root through apt-get);
+# `make test` runs it first.
 deps:
 	@command -v redis-server >/dev/null 2>&1 && command -v redis-cli >/dev/null 2>&1 || { \
 	  echo "installing redis-server (tests start their own servers on loopback)"; \
@@ -27,6 +28,16 @@ deps:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null; }
 	@# the Debian package starts a system redis on :6379; tests never use it
 	@command -v redis-server >/dev/null
+	@# real device clients for the end-to-end tests (cmd/fleetgate)
+	@command -v mosquitto_pub >/dev/null 2>&1 && command -v mosquitto_sub >/dev/null 2>&1 || { \
+	  echo "installing mosquitto-clients (end-to-end tests use mosquitto_pub/mosquitto_sub)"; \
+	  if [ "$$(id -u)" != 0 ]; then echo "mosquitto_pub missing: run 'sudo apt-get install -y mosquitto-clients'" >&2; exit 1; fi; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mosquitto-clients >/dev/null; }
+	@# Debian's libcoap3-bin names it coap-client-notls (-openssl, -gnutls)
+	@command -v coap-client >/dev/null 2>&1 || command -v coap-client-notls >/dev/null 2>&1 || { \
+	  echo "installing libcoap3-bin (end-to-end tests use coap-client)"; \
+	  if [ "$$(id -u)" != 0 ]; then echo "coap-client missing: run 'sudo apt-get install -y libcoap3-bin'" >&2; exit 1; fi; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libcoap3-bin >/dev/null; }
 
 vet:
 	test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt needed" >&2; exit 1; }

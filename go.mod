@@ -6,6 +6,7 @@ require (
 	github.com/coreos/go-systemd/v22 v22.7.0
 	github.com/eclipse/paho.golang v0.23.0
 	github.com/eclipse/paho.mqtt.golang v1.5.1
+	github.com/mattn/go-isatty v0.0.24
 	github.com/mochi-mqtt/server/v2 v2.7.9
 	github.com/pion/dtls/v3 v3.1.15
 	github.com/plgd-dev/go-coap/v3 v3.8.0

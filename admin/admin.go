@@ -132,7 +132,8 @@ func (s *Server) device(w http.ResponseWriter, r *http.Request) {
 	info, err := s.o.Store.Device(r.Context(), id)
 	switch {
 	case errors.Is(err, gateway.ErrNotFound):
-		writeError(w, http.StatusNotFound, fmt.Errorf("device %s: %w", id, err))
+		// Said once, whatever the store's wrapping: "device X: not found".
+		writeError(w, http.StatusNotFound, fmt.Errorf("device %s: %w", id, gateway.ErrNotFound))
 		return
 	case err != nil:
 		writeError(w, http.StatusBadGateway, err)

@@ -3,12 +3,14 @@ package admin
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/url"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -18,6 +20,22 @@ type Client struct {
 	Base string
 	HTTP *http.Client
 }
+
+// ErrUnreachable is returned (wrapped in an *UnreachableError) when
+// nothing answers at the client's address.
+var ErrUnreachable = errors.New("no gateway answers")
+
+// UnreachableError says where the client looked when nothing answered.
+type UnreachableError struct {
+	Addr string // "127.0.0.1:9180"
+	Err  error
+}
+
+func (e *UnreachableError) Error() string {
+	return fmt.Sprintf("%v at %s: %v", ErrUnreachable, e.Addr, e.Err)
+}
+
+func (e *UnreachableError) Unwrap() []error { return []error{ErrUnreachable, e.Err} }
 
 // NewClient returns a client for the admin listener address addr
 // ("127.0.0.1:9180"; an empty or unspecified host means loopback).
@@ -78,7 +96,15 @@ type Error struct {
 	Message string
 }
 
-func (e *Error) Error() string { return fmt.Sprintf("admin api: %d: %s", e.Code, e.Message) }
+// Error is the API's message for a request it refused (4xx: the message
+// says what was wrong, e.g. "device x: not found"), with the status code
+// for a failure of the gateway (5xx).
+func (e *Error) Error() string {
+	if e.Code/100 == 4 && e.Message != "" {
+		return e.Message
+	}
+	return fmt.Sprintf("admin api: %d: %s", e.Code, e.Message)
+}
 
 func (c *Client) get(ctx context.Context, path string, q url.Values, v any) error {
 	u := c.Base + path
@@ -91,7 +117,10 @@ func (c *Client) get(ctx context.Context, path string, q url.Values, v any) erro
 	}
 	resp, err := c.HTTP.Do(req)
 	if err != nil {
-		return fmt.Errorf("admin api %s: %w (is the gateway running?)", c.Base, err)
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		return &UnreachableError{Addr: strings.TrimPrefix(c.Base, "http://"), Err: err}
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))

@@ -9,50 +9,84 @@ import (
 )
 
 // slot is the coalesced pending evidence of one session: at most one
-// leave and, observed at or after it, the newest connect or renew. The
-// same rule serves the in-memory queue and the outbox:
+// leave and one connect or renew, in the order they happened. The same
+// rule serves the in-memory queue and the outbox; it may merge evidence,
+// it never erases a visit:
 //
-//   - newer evidence replaces older evidence of the session;
+//   - newer evidence of the same kind replaces older evidence (a renew
+//     moves the time of a pending connect or renew; a later leave replaces
+//     an earlier one);
+//   - a connect or renew followed by a leave is a visit: the slot keeps
+//     both and they are sent in that order, so a session that connects and
+//     leaves between two flushes still gets its online and its offline
+//     event (kindFirst);
 //   - a leave is never swallowed by a later connect or renew: the slot then
-//     holds both, and they are sent leave first (the store ends the session,
-//     writing its offline event if it was the last one, and the later
-//     evidence opens it again), so the store sees what really happened;
-//   - a pending connect stays a connect when a newer renew replaces its
+//     holds both, sent leave first (the store ends the session, writing its
+//     offline event if it was the last one, and the later evidence opens it
+//     again); evidence before that leave is dropped, so a visit followed by
+//     a new visit of the same session becomes the newer one, and a leave
+//     followed by a visit becomes that visit (the online periods merge);
+//   - a pending connect stays a connect when newer evidence replaces its
 //     time, so the online event it may cause keeps reason connect.
+//
+// Ties (evidence observed at the same instant) are ordered by arrival.
 type slot struct {
 	leave time.Time    // zero: no leave pending
 	kind  gateway.Kind // Connect or Renew; 0: none pending
-	at    time.Time    // when kind was observed; never before leave
+	at    time.Time    // when kind was observed
+	// kindFirst: kind was observed before leave (a visit) and is sent
+	// first; otherwise the leave is sent first.
+	kindFirst bool
 }
 
 // add folds one piece of evidence into the slot.
 func (s *slot) add(k gateway.Kind, at time.Time) {
+	if k == gateway.Leave {
+		if !s.leave.IsZero() && !at.After(s.leave) {
+			return // an older (or the same) leave: the pending one covers it
+		}
+		s.leave = at
+		s.kindFirst = s.kind != 0 && !s.at.After(at)
+		return
+	}
+	before := !s.leave.IsZero() && at.Before(s.leave)
 	switch {
-	case k == gateway.Leave:
-		if s.leave.IsZero() || at.After(s.leave) {
-			s.leave = at
+	case s.kind == 0:
+		s.kind, s.at, s.kindFirst = k, at, before
+	case s.leave.IsZero() || before == s.kindFirst:
+		// Same side of the leave (or no leave): one write.
+		s.kind = sticky(s.kind, k)
+		if at.After(s.at) {
+			s.at = at
 		}
-		if s.kind != 0 && !s.at.After(at) {
-			s.kind, s.at = 0, time.Time{}
-		}
-	case !s.leave.IsZero() && at.Before(s.leave):
-		// Older than the pending leave, which supersedes it.
-	case s.kind == 0 || !at.Before(s.at):
-		if s.kind != gateway.Connect {
-			s.kind = k
-		}
-		s.at = at
-	case k == gateway.Connect:
-		s.kind = gateway.Connect
+	case !before:
+		// After the leave while the pending kind was before it: the new
+		// visit replaces the old one, sent after the leave.
+		s.kind, s.at, s.kindFirst = sticky(s.kind, k), at, false
+	default:
+		// Before the leave while the pending kind is after it: the leave
+		// supersedes it.
 	}
 }
 
-// merge folds every write of o into s.
+// sticky is the kind of two merged connects or renews: a connect stays a
+// connect.
+func sticky(a, b gateway.Kind) gateway.Kind {
+	if a == gateway.Connect || b == gateway.Connect {
+		return gateway.Connect
+	}
+	return b
+}
+
+// merge folds every write of o into s, in o's order.
 func (s *slot) merge(o slot) {
+	if o.kind != 0 && o.kindFirst {
+		s.add(o.kind, o.at)
+	}
 	if !o.leave.IsZero() {
 		s.add(gateway.Leave, o.leave)
 	}
-	if o.kind != 0 {
+	if o.kind != 0 && !o.kindFirst {
 		s.add(o.kind, o.at)
 	}
 }
@@ -71,10 +105,13 @@ func (s *slot) n() int {
 
 // first is the observation time of the slot's oldest write.
 func (s *slot) first() time.Time {
-	if !s.leave.IsZero() {
-		return s.leave
+	switch {
+	case s.leave.IsZero():
+		return s.at
+	case s.kind != 0 && s.at.Before(s.leave):
+		return s.at
 	}
-	return s.at
+	return s.leave
 }
 
 // key names a session of a device.
@@ -101,11 +138,15 @@ type timedWrite struct {
 func appendWrites(dst []timedWrite, items []item) []timedWrite {
 	start := len(dst)
 	for _, it := range items {
+		kind := timedWrite{it.at, gateway.Write{Device: it.device, Session: it.session, Kind: it.kind}}
+		if it.kind != 0 && it.kindFirst {
+			dst = append(dst, kind)
+		}
 		if !it.leave.IsZero() {
 			dst = append(dst, timedWrite{it.leave, gateway.Write{Device: it.device, Session: it.session, Kind: gateway.Leave}})
 		}
-		if it.kind != 0 {
-			dst = append(dst, timedWrite{it.at, gateway.Write{Device: it.device, Session: it.session, Kind: it.kind}})
+		if it.kind != 0 && !it.kindFirst {
+			dst = append(dst, kind)
 		}
 	}
 	slices.SortStableFunc(dst[start:], func(a, b timedWrite) int { return a.at.Compare(b.at) })

@@ -44,13 +44,19 @@ func TestSlotCoalescing(t *testing.T) {
 		{"newest renew wins", []ev{{R, 1}, {R, 2}, {R, 3}}, []wr{{R, 3}}},
 		{"connect stays connect", []ev{{C, 1}, {R, 5}}, []wr{{C, 5}}},
 		{"late connect upgrades", []ev{{R, 5}, {C, 1}}, []wr{{C, 5}}},
-		{"leave supersedes older", []ev{{C, 1}, {R, 2}, {L, 3}}, []wr{{L, 3}}},
+		{"visit kept", []ev{{C, 1}, {L, 2}}, []wr{{C, 1}, {L, 2}}},
+		{"visit with renewals", []ev{{C, 1}, {R, 2}, {L, 3}}, []wr{{C, 2}, {L, 3}}},
 		{"leave kept before later connect", []ev{{R, 1}, {L, 2}, {C, 3}, {R, 4}}, []wr{{L, 2}, {C, 4}}},
+		{"visit then a new visit", []ev{{C, 1}, {L, 2}, {R, 3}}, []wr{{L, 2}, {C, 3}}},
 		{"renew after leave", []ev{{L, 2}, {R, 3}}, []wr{{L, 2}, {R, 3}}},
-		{"evidence older than leave ignored", []ev{{L, 5}, {R, 3}}, []wr{{L, 5}}},
-		{"second leave wins", []ev{{L, 2}, {C, 3}, {L, 4}}, []wr{{L, 4}}},
+		{"late evidence before the leave is a visit", []ev{{L, 5}, {R, 3}}, []wr{{R, 3}, {L, 5}}},
+		{"leave then a visit becomes the visit", []ev{{L, 2}, {C, 3}, {L, 4}}, []wr{{C, 3}, {L, 4}}},
+		{"second leave extends the visit", []ev{{C, 1}, {L, 2}, {L, 4}}, []wr{{C, 1}, {L, 4}}},
+		{"older leave ignored", []ev{{C, 1}, {L, 4}, {L, 2}}, []wr{{C, 1}, {L, 4}}},
 		{"old leave after newer connect", []ev{{C, 5}, {L, 3}}, []wr{{L, 3}, {C, 5}}},
-		{"tie: arrival order decides", []ev{{C, 3}, {L, 3}}, []wr{{L, 3}}},
+		{"evidence older than leave, kind after it", []ev{{L, 3}, {C, 5}, {R, 1}}, []wr{{L, 3}, {C, 5}}},
+		{"tie: connect then leave is a visit", []ev{{C, 3}, {L, 3}}, []wr{{C, 3}, {L, 3}}},
+		{"tie: leave then connect", []ev{{L, 3}, {C, 3}}, []wr{{L, 3}, {C, 3}}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -214,10 +220,17 @@ func TestCoalescingKeepsStoreOutcome(t *testing.T) {
 		times := rapid.SliceOfN(rapid.IntRange(0, 40), n, n).Draw(rt, "times")
 		slices.Sort(times) // one gateway observes a session's evidence in order
 
+		// onlines counts the writes that open the session (an online
+		// event when it is the device's only one).
 		full, coalesced := initial, initial
+		fullOn, coalescedOn := 0, 0
 		var s slot
 		for i, k := range kinds {
-			full = apply(full, now, k, times[i])
+			next := apply(full, now, k, times[i])
+			if full == 0 && next != 0 {
+				fullOn++
+			}
+			full = next
 			s.add(k, at(times[i]))
 		}
 		writes := slotWrites(s)
@@ -225,10 +238,31 @@ func TestCoalescingKeepsStoreOutcome(t *testing.T) {
 			rt.Fatalf("%d coalesced writes", len(writes))
 		}
 		for _, w := range writes {
-			coalesced = apply(coalesced, now, w.k, w.sec)
+			next := apply(coalesced, now, w.k, w.sec)
+			if coalesced == 0 && next != 0 {
+				coalescedOn++
+			}
+			coalesced = next
 		}
 		if full != coalesced {
 			rt.Fatalf("deadline %d after every write, %d after the coalesced writes %v", full, coalesced, writes)
+		}
+		// A visit is never erased: if the session was opened by some
+		// evidence, the coalesced writes open it too, unless it was live
+		// before (visits may merge, with each other and with the presence
+		// the session already had).
+		if (initial == 0 && (fullOn > 0) != (coalescedOn > 0)) || coalescedOn > fullOn {
+			rt.Fatalf("session opened %d times by every write, %d times by the coalesced writes %v", fullOn, coalescedOn, writes)
+		}
+		// The outbox keeps the same writes.
+		r, err := decodeRecord([]byte("d\x00s"), encodeRecord(s, 1))
+		if s.n() > 0 {
+			if err != nil {
+				rt.Fatalf("decode: %v", err)
+			}
+			if got := slotWrites(r.slot); !slices.Equal(got, writes) {
+				rt.Fatalf("outbox round trip %v, want %v", got, writes)
+			}
 		}
 	})
 }

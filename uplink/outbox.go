@@ -377,8 +377,17 @@ func timeOf(tk []byte) time.Time {
 }
 
 // A record is: version (1 byte), seq (8), kind (1, 0 for none), at ms (8),
-// has leave (1), leave ms (8); integers big endian.
+// leave (1), leave ms (8); integers big endian. The leave byte is 0 for
+// none, 1 for a leave sent before the kind (the only value the first
+// gateways wrote, so their records read the same), 2 for a leave sent
+// after it (a visit, slot.kindFirst; the times, in ms, may tie).
 const recordLen = 27
+
+const (
+	leaveNone  = 0
+	leaveFirst = 1
+	leaveAfter = 2
+)
 
 func encodeRecord(s slot, seq uint64) []byte {
 	b := make([]byte, recordLen)
@@ -389,7 +398,10 @@ func encodeRecord(s slot, seq uint64) []byte {
 		binary.BigEndian.PutUint64(b[10:], uint64(s.at.UnixMilli()))
 	}
 	if !s.leave.IsZero() {
-		b[18] = 1
+		b[18] = leaveFirst
+		if s.kind != 0 && s.kindFirst {
+			b[18] = leaveAfter
+		}
 		binary.BigEndian.PutUint64(b[19:], uint64(s.leave.UnixMilli()))
 	}
 	return b
@@ -400,7 +412,7 @@ var errBadRecord = errors.New("malformed outbox record")
 func decodeRecord(sk, v []byte) (record, error) {
 	var r record
 	dev, sess, ok := bytes.Cut(sk, []byte{0})
-	if !ok || len(v) != recordLen || v[0] != recordVersion || v[18] > 1 {
+	if !ok || len(v) != recordLen || v[0] != recordVersion || v[18] > leaveAfter {
 		return r, fmt.Errorf("%w: key %q, %d bytes", errBadRecord, sk, len(v))
 	}
 	d, err := gateway.ParseDeviceID(string(dev))
@@ -421,8 +433,9 @@ func decodeRecord(sk, v []byte) (record, error) {
 	default:
 		return r, fmt.Errorf("%w: kind %d", errBadRecord, k)
 	}
-	if v[18] == 1 {
+	if v[18] != leaveNone {
 		r.leave = time.UnixMilli(int64(binary.BigEndian.Uint64(v[19:])))
+		r.kindFirst = v[18] == leaveAfter && r.kind != 0
 	}
 	if r.n() == 0 {
 		return r, fmt.Errorf("%w: no writes", errBadRecord)

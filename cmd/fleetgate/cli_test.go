@@ -116,19 +116,31 @@ func TestQueryCommandsAndReload(t *testing.T) {
 		t.Fatalf("status: exit %d %s\n%s", code, errs, out)
 	}
 	code, out, _ = runCLI(t, "devices", "list", "--addr", gw.admin, "--state", "online")
-	if code != 0 || !strings.Contains(out, "dev-q") {
+	if code != 0 || !strings.Contains(out, "dev-q") || !strings.Contains(out, "1 device: 1 online, 0 suspect, 0 offline") {
 		t.Fatalf("devices list: exit %d\n%s", code, out)
+	}
+	code, out, _ = runCLI(t, "devices", "list", "--all", "--limit", "1", "--addr", gw.admin)
+	if code != 0 || !strings.Contains(out, "dev-q") || !strings.HasSuffix(out, "1 device: 1 online, 0 suspect, 0 offline\n") {
+		t.Fatalf("devices list --all: exit %d\n%s", code, out)
 	}
 	code, out, _ = runCLI(t, "events", "tail", "--addr", gw.admin, "--json", "--since", "1m")
 	if code != 0 || !strings.Contains(out, `"device":"dev-q"`) || !strings.Contains(out, `"reason":"connect"`) {
 		t.Fatalf("events tail: exit %d\n%s", code, out)
 	}
-	code, _, errs = runCLI(t, "devices", "get", "--addr", gw.admin, "no-such-device")
-	if code != 1 || !strings.Contains(errs, "404") {
-		t.Fatalf("devices get unknown: exit %d %s", code, errs)
+	code, out, errs = runCLI(t, "devices", "get", "no-such-device", "--addr", gw.admin)
+	if code != 1 || out != "" || errs != "fleetgate devices get: device no-such-device: not found\n" {
+		t.Fatalf("devices get unknown: exit %d, stdout %q, stderr %q", code, out, errs)
+	}
+	code, out, _ = runCLI(t, "devices", "get", "dev-q", "--addr", gw.admin)
+	if code != 0 || !strings.Contains(out, "state") || !strings.Contains(out, " ago)") {
+		t.Fatalf("devices get: exit %d\n%s", code, out)
+	}
+	code, out, _ = runCLI(t, "status", "--addr", gw.admin)
+	if code != 0 || !strings.Contains(out, "gateway     gw-q") || strings.Contains(out, "e+") || strings.Contains(out, "map[") {
+		t.Fatalf("status: exit %d\n%s", code, out)
 	}
 	code, _, errs = runCLI(t, "devices", "get", "--addr", gw.admin, "bad id")
-	if code != 1 || !strings.Contains(errs, "400") {
+	if code != 1 || !strings.Contains(errs, "fleetgate devices get: invalid device id: byte 3") {
 		t.Fatalf("devices get bad id: exit %d %s", code, errs)
 	}
 

@@ -67,14 +67,18 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 			continue
 		}
 		err := c.run(ctx, args[1:], stdout, stderr)
+		name := c.name
+		if (name == "devices" || name == "events") && len(args) > 1 && !strings.HasPrefix(args[1], "-") {
+			name += " " + args[1] // the verb: "devices get"
+		}
 		switch {
 		case err == nil, errors.Is(err, flag.ErrHelp):
 			return 0
 		case errors.Is(err, errUsage):
-			fmt.Fprintf(stderr, "fleetgate %s: %v\n", c.name, err)
+			fmt.Fprintf(stderr, "fleetgate %s: %v\n", name, err)
 			return 2
 		default:
-			fmt.Fprintf(stderr, "fleetgate %s: %v\n", c.name, err)
+			fmt.Fprintf(stderr, "fleetgate %s: %v\n", name, err)
 			return 1
 		}
 	}
@@ -107,15 +111,31 @@ func newFlags(name, synopsis string, stderr io.Writer) (*flag.FlagSet, *string) 
 	return fs, cfg
 }
 
-// parse parses args, turning flag errors into usage errors.
+// parse parses args, turning flag errors into usage errors. Flags may
+// come before or after the arguments (`devices get dev-1 -c f.yaml`);
+// after "--" everything is an argument. fs.Args() are the arguments.
 func parse(fs *flag.FlagSet, args []string) error {
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return err
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				return err
+			}
+			return fmt.Errorf("%w: %v", errUsage, err)
 		}
-		return fmt.Errorf("%w: %v", errUsage, err)
+		rest := fs.Args()
+		if len(rest) == 0 {
+			break
+		}
+		if n := len(args) - len(rest); n > 0 && args[n-1] == "--" {
+			pos = append(pos, rest...)
+			break
+		}
+		pos = append(pos, rest[0])
+		args = rest[1:]
 	}
-	return nil
+	// Leave the arguments in fs.Args(), parsing no flag among them.
+	return fs.Parse(append([]string{"--"}, pos...))
 }
 
 func cmdVersion(_ context.Context, args []string, stdout, stderr io.Writer) error {

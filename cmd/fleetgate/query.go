@@ -1,14 +1,19 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
-	"text/tabwriter"
+	"strconv"
 	"time"
+
+	"github.com/mattn/go-isatty"
 
 	"github.com/fleetgate/fleetgate/admin"
 	"github.com/fleetgate/fleetgate/configs"
@@ -29,25 +34,61 @@ func newQueryFlags(name, synopsis string, stderr io.Writer) queryFlags {
 	return queryFlags{
 		fs:     fs,
 		config: cfg,
-		addr:   fs.String("addr", "", "admin API address (default: listen.admin.http of the configuration)"),
-		json:   fs.Bool("json", false, "print JSON instead of a table"),
+		addr:   fs.String("addr", "", "admin API address (default: listen.admin.http of the configuration, else "+configs.Default().Listen.Admin.HTTP+")"),
+		json:   fs.Bool("json", false, "print the API's JSON instead of a summary"),
 	}
 }
 
-// client finds the admin API: --addr, else the configuration's
-// listen.admin.http. It never opens the gateway's state file.
+// set reports whether one of the named flags was given.
+func (q queryFlags) set(names ...string) bool {
+	found := false
+	q.fs.Visit(func(f *flag.Flag) {
+		for _, n := range names {
+			found = found || f.Name == n
+		}
+	})
+	return found
+}
+
+// client finds the admin API: --addr; else listen.admin.http of the
+// configuration named with -c, or of the default file when it exists;
+// else the default admin address. It never opens the gateway's state
+// file.
 func (q queryFlags) client() (*admin.Client, error) {
-	if *q.addr != "" {
-		return admin.NewClient(*q.addr), nil
-	}
-	cfg, err := configs.Load(*q.config, os.Environ())
+	addr, err := q.adminAddr()
 	if err != nil {
 		return nil, err
 	}
-	if cfg.Listen.Admin.HTTP == "" {
-		return nil, fmt.Errorf("listen.admin.http is empty in %s: the admin API is off; pass --addr", *q.config)
+	return admin.NewClient(addr), nil
+}
+
+func (q queryFlags) adminAddr() (string, error) {
+	addr := *q.addr
+	if addr == "" {
+		cfg, err := configs.Load(*q.config, os.Environ())
+		switch {
+		case err == nil:
+			addr = cfg.Listen.Admin.HTTP
+			if addr == "" {
+				return "", fmt.Errorf("listen.admin.http is empty in %s: the admin API is off; pass --addr", *q.config)
+			}
+		case !q.set("c", "config") && errors.Is(err, fs.ErrNotExist):
+			addr = configs.Default().Listen.Admin.HTTP
+		default:
+			return "", err
+		}
 	}
-	return admin.NewClient(cfg.Listen.Admin.HTTP), nil
+	return addr, nil
+}
+
+// explain turns "nothing answers" into where the command looked and
+// what to do.
+func explain(err error) error {
+	var ue *admin.UnreachableError
+	if errors.As(err, &ue) {
+		return fmt.Errorf("no gateway answers at %s; is 'fleetgate run' running? (use --addr or -c)", ue.Addr)
+	}
+	return err
 }
 
 func printJSON(w io.Writer, v any) error {
@@ -68,31 +109,32 @@ func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err != nil {
 		return err
 	}
-	var st map[string]any
-	if err := c.Status(ctx, &st); err != nil {
-		return err
+	var raw json.RawMessage
+	if err := c.Status(ctx, &raw); err != nil {
+		return explain(err)
 	}
 	if *q.json {
-		return printJSON(stdout, st)
-	}
-	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-	for _, k := range []string{"gateway", "epoch", "version", "started_at", "store", "shards", "sessions"} {
-		fmt.Fprintf(tw, "%s\t%v\n", k, st[k])
-	}
-	for _, k := range []string{"uplink", "runner", "bounds"} {
-		if m, ok := st[k].(map[string]any); ok {
-			for _, kk := range sortedKeys(m) {
-				fmt.Fprintf(tw, "%s.%s\t%v\n", k, kk, m[kk])
-			}
+		var buf bytes.Buffer
+		if err := json.Indent(&buf, raw, "", "  "); err != nil {
+			return err
 		}
+		buf.WriteByte('\n')
+		_, err := stdout.Write(buf.Bytes())
+		return err
 	}
-	return tw.Flush()
+	var st map[string]any
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.UseNumber()
+	if err := dec.Decode(&st); err != nil {
+		return fmt.Errorf("status: %w", err)
+	}
+	return renderStatus(stdout, st, time.Now(), time.Local)
 }
 
 func cmdDevices(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 || (args[0] != "get" && args[0] != "list") {
 		if len(args) > 0 && (args[0] == "-h" || args[0] == "--help") {
-			fmt.Fprintln(stderr, "usage: fleetgate devices get ID | fleetgate devices list [--state online|suspect|offline]")
+			fmt.Fprintln(stderr, "usage: fleetgate devices get ID | fleetgate devices list [--state online|suspect|offline] [--limit N] [--cursor C]")
 			return flag.ErrHelp
 		}
 		return fmt.Errorf("%w: want 'devices get ID' or 'devices list'", errUsage)
@@ -117,7 +159,7 @@ func devicesGet(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	}
 	raw, err := c.Device(ctx, q.fs.Arg(0))
 	if err != nil {
-		return err
+		return explain(err)
 	}
 	var d admin.Device
 	if err := json.Unmarshal(raw, &d); err != nil {
@@ -126,54 +168,59 @@ func devicesGet(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if *q.json {
 		return printJSON(stdout, d)
 	}
-	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintf(tw, "device\t%s\nstate\t%s\nver\t%d\nsince\t%s\n", d.Device, d.State, d.Ver, fmtTime(d.Since))
-	fmt.Fprintf(tw, "deadline\t%s\nlast gateway\t%s\nlast session\t%s\n", fmtTime(d.Deadline), d.Gateway, d.Session)
-	for _, s := range d.Sessions {
-		fmt.Fprintf(tw, "session\t%s\tgw %s\tepoch %d\tdeadline %s\n", s.ID, s.Gateway, s.Epoch, fmtTime(s.Deadline))
-	}
-	return tw.Flush()
+	return renderDevice(stdout, d, time.Now(), time.Local)
 }
 
 func devicesList(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	q := newQueryFlags("devices list", "devices list [-c FILE] [--addr HOST:PORT] [--json] [--state S] [--limit N]", stderr)
+	q := newQueryFlags("devices list", "devices list [-c FILE] [--addr HOST:PORT] [--json] [--state S] [--limit N] [--cursor C | --all]", stderr)
 	state := q.fs.String("state", "", "only devices in this state: online, suspect or offline")
-	limit := q.fs.Int("limit", 1000, "print at most this many devices")
+	limit := q.fs.Int("limit", 100, "devices per page (1 to 1000)")
+	cursor := q.fs.String("cursor", "", "start at this page (printed at the end of the previous one)")
+	all := q.fs.Bool("all", false, "every page, with the counts per state of the whole fleet")
 	if err := parse(q.fs, args); err != nil {
 		return err
 	}
 	if err := noArgs(q.fs); err != nil {
 		return err
 	}
+	if *limit < 1 || *limit > 1000 {
+		return fmt.Errorf("%w: --limit %d: want 1 to 1000", errUsage, *limit)
+	}
 	c, err := q.client()
 	if err != nil {
 		return err
 	}
-	var all []admin.Device
-	cursor := ""
-	for page := 0; page < 100000 && len(all) < *limit; page++ {
-		p, err := c.Devices(ctx, *state, cursor, min(1000, *limit-len(all)))
-		if err != nil {
-			return err
-		}
-		all = append(all, p.Devices...)
-		if cursor = p.Next; cursor == "" {
-			break
-		}
+	p, err := c.Devices(ctx, *state, *cursor, *limit)
+	if err != nil {
+		return explain(err)
 	}
-	if len(all) > *limit {
-		all = all[:*limit]
+	for page := 0; *all && p.Next != "" && page < maxPages; page++ {
+		more, err := c.Devices(ctx, *state, p.Next, 1000)
+		if err != nil {
+			return explain(err)
+		}
+		p.Devices, p.Next = append(p.Devices, more.Devices...), more.Next
 	}
 	if *q.json {
-		return printJSON(stdout, all)
+		return printJSON(stdout, p)
 	}
-	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "DEVICE\tSTATE\tVER\tSESSIONS\tDEADLINE\tSINCE")
-	for _, d := range all {
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\t%s\n", d.Device, d.State, d.Ver, len(d.Sessions), fmtTime(d.Deadline), fmtTime(d.Since))
+	next := "fleetgate devices list"
+	if *q.addr != "" {
+		next += " --addr " + *q.addr
+	} else if q.set("c", "config") {
+		next += " -c " + *q.config
 	}
-	return tw.Flush()
+	if *state != "" {
+		next += " --state " + *state
+	}
+	if q.set("limit") {
+		next += " --limit " + strconv.Itoa(*limit)
+	}
+	return renderDeviceList(stdout, p, next, time.Now(), time.Local)
 }
+
+// maxPages bounds devices list --all (1,000 devices a page).
+const maxPages = 100_000
 
 func cmdEvents(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 || args[0] != "tail" {
@@ -200,6 +247,7 @@ func cmdEvents(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err != nil {
 		return err
 	}
+	color := colorTerminal(stdout)
 	enc := json.NewEncoder(stdout)
 	cursor := ""
 	for {
@@ -208,7 +256,7 @@ func cmdEvents(ctx context.Context, args []string, stdout, stderr io.Writer) err
 			if ctx.Err() != nil {
 				return nil
 			}
-			return err
+			return explain(err)
 		}
 		cursor = p.Cursor
 		for _, e := range p.Events {
@@ -218,11 +266,9 @@ func cmdEvents(ctx context.Context, args []string, stdout, stderr io.Writer) err
 				}
 				continue
 			}
-			line := fmt.Sprintf("%s  %-7s %-s ver=%d reason=%s gw=%s session=%s", fmtTime(e.At), e.State, e.Device, e.Ver, e.Reason, e.Gateway, e.Session)
-			if !e.Deadline.IsZero() {
-				line += fmt.Sprintf(" lag=%s", e.At.Sub(e.Deadline))
+			if _, err := fmt.Fprintln(stdout, fmtEvent(e, time.Local, color)); err != nil {
+				return err
 			}
-			fmt.Fprintln(stdout, line)
 		}
 		if len(p.Events) == 1000 {
 			continue
@@ -240,9 +286,12 @@ func cmdEvents(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 }
 
-func fmtTime(t time.Time) string {
-	if t.IsZero() {
-		return "-"
+// colorTerminal reports whether w is a terminal that takes colours: not
+// when piped or redirected, nor with NO_COLOR set (no-color.org).
+func colorTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok || os.Getenv("NO_COLOR") != "" || os.Getenv("TERM") == "dumb" {
+		return false
 	}
-	return t.Local().Format("2006-01-02T15:04:05.000Z07:00")
+	return isatty.IsTerminal(f.Fd())
 }

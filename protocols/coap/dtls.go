@@ -7,7 +7,6 @@ import (
 	"io"
 	"math"
 	"net"
-	"net/netip"
 	"strings"
 	"sync"
 	"time"
@@ -93,7 +92,7 @@ var errHandshakeRateLimited = errors.New("dtls: handshakes beyond the source's r
 // source cannot make the server shake hands (and run the PSK key
 // schedule) faster than it may send requests.
 func (s *Server) handshakeAttempt(peer net.Addr) error {
-	if ok, _ := s.limit.allow(addrOf(peer), s.clock.Now()); !ok {
+	if ok, _ := s.allowSource(endpointOf(peer), s.clock.Now()); !ok {
 		s.metrics.drop(dropRateLimited)
 		return errHandshakeRateLimited
 	}
@@ -253,7 +252,7 @@ type uintOption struct {
 // then the heartbeat.
 func (s *Server) answerDTLS(r *pool.Message, cc *udpClient.Conn, now time.Time) (codes.Code, string, uintOption) {
 	peer := cc.RemoteAddr()
-	if ok, wait := s.limit.allow(addrOf(peer), now); !ok {
+	if ok, wait := s.allowSource(endpointOf(peer), now); !ok {
 		return codes.TooManyRequests, "too many requests, retry after Max-Age",
 			uintOption{message.MaxAge, uint32((wait + time.Second - 1) / time.Second)}
 	}
@@ -322,12 +321,4 @@ func (s *Server) identity(cc *udpClient.Conn) (string, error) {
 		return "", fmt.Errorf("identity: %w", err)
 	}
 	return string(dev), nil
-}
-
-// addrOf is the IP of a UDP peer address, the zero Addr for another kind.
-func addrOf(a net.Addr) netip.Addr {
-	if ua, ok := a.(*net.UDPAddr); ok {
-		return ua.AddrPort().Addr().Unmap()
-	}
-	return netip.Addr{}
 }

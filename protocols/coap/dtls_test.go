@@ -375,10 +375,14 @@ func TestDTLSOnly(t *testing.T) {
 	if r := request(t, cc, message.Confirmable, codes.POST, "/hb"); r.code != codes.TooManyRequests || r.maxAge < 1 {
 		t.Fatalf("heartbeat beyond the rate: %v Max-Age %d, want 4.29", r.code, r.maxAge)
 	}
-	// A new handshake from the same source is refused too.
-	if dc, err := handshake(t, s, "id-1", testDevices["id-1"].key, 2*time.Second); err == nil {
-		_ = dc.Close()
-		t.Fatal("handshake beyond the rate succeeded")
+	// Handshakes take tokens of their source endpoint too: beyond its
+	// rate one is refused. (A new client socket is a new endpoint, as a
+	// device behind a NAT is, so pion's hook is called directly.)
+	peer := &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 4242}
+	for i := range 3 {
+		if err := s.handshakeAttempt(peer); (err != nil) != (i == 2) {
+			t.Fatalf("handshake %d from one endpoint: %v", i, err)
+		}
 	}
 	if got := gather(t, reg)[`fleetgate_coap_dropped_total{reason="rate_limited"}`]; got < 1 {
 		t.Fatalf("refused handshakes counted %v times", got)

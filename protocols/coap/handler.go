@@ -2,6 +2,7 @@ package coap
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -21,6 +22,10 @@ const retryAfterSeconds = 5
 // retransmission (ACK_TIMEOUT is 2 s).
 const observeTimeout = time.Second
 
+// errDeviceRate refuses a device beyond its rate limit (4.29; its bucket
+// gives a token back within a second, the Max-Age of the answer).
+var errDeviceRate = errors.New("device request rate exceeded")
+
 // decide turns a request (method, Uri-Path, Uri-Query options, and the
 // device the transport authenticated, "" for none) into evidence for the
 // Observer, which gets ctx (bounded by about observeTimeout), and returns the code and diagnostic payload to answer with.
@@ -29,6 +34,10 @@ const observeTimeout = time.Second
 func (s *Server) decide(ctx context.Context, method codes.Code, path string, queries []string, identity string, now time.Time) (codes.Code, string, heartbeat, error) {
 	hb, err := parseHeartbeat(method, path, queries, identity, s.allowAnon)
 	if err == nil {
+		// Per device, whichever endpoint (or DTLS session) it comes from.
+		if ok, _ := s.devices.allow(hb.device, now); !ok {
+			return codes.TooManyRequests, "too many requests, retry after Max-Age", hb, errDeviceRate
+		}
 		ev := gateway.Evidence{
 			Device:     hb.device,
 			Session:    hb.session,

@@ -106,7 +106,7 @@ func TestMessageSizeLimit(t *testing.T) {
 }
 
 func TestLimiterBounded(t *testing.T) {
-	l := newLimiter(2)
+	l := newLimiter[netip.Addr](2)
 	now := start
 	addr := func(i int) netip.Addr {
 		return netip.AddrFrom4([4]byte{10, byte(i >> 16), byte(i >> 8), byte(i)})

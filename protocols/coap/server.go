@@ -9,8 +9,8 @@
 // socket that decodes and encodes with go-coap's message codec and keeps
 // no state per peer: both heartbeat operations are idempotent, so a
 // retransmitted CON is answered again instead of from a response cache
-// (RFC 7252 §4.5), and the only table is the bounded one of the
-// per-source rate limit.
+// (RFC 7252 §4.5), and the only tables are the bounded ones of the rate
+// limits (per source endpoint, per source address, per device).
 //
 // DTLS with PSK (optional) is served by go-coap's DTLS server with
 // pion/dtls: the PSK identity names the device through
@@ -25,6 +25,7 @@ import (
 	"log/slog"
 	"math"
 	"net"
+	"net/netip"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -71,9 +72,12 @@ type Options struct {
 	// (limits.coap_max_message_size); a request beyond it gets 4.13,
 	// anything else beyond it is dropped. 0 means DefaultMaxMessageSize.
 	MaxMessageSize int
-	// RequestsPerSecond bounds the datagrams of one source IP, with a
-	// burst of as many (limits.coap_requests_per_second); a request beyond
-	// it gets 4.29 with Max-Age = the seconds to wait. 0 means
+	// RequestsPerSecond bounds the datagrams of one source endpoint
+	// (address and port) and the requests of one device, each with a
+	// burst of as many (limits.coap_requests_per_second); one source
+	// address, all its ports together, may send addressFactor times as
+	// many (devices behind a NAT share it). A request beyond a limit gets
+	// 4.29 with Max-Age = the seconds to wait. 0 means
 	// DefaultRequestsPerSecond.
 	RequestsPerSecond int
 	// HandshakeTimeout bounds a DTLS handshake
@@ -104,7 +108,11 @@ type Server struct {
 	metrics   *metrics
 	allowAnon bool
 	maxSize   int
-	limit     *limiter
+	// The rate limits (ratelimit.go): per source address (all its ports),
+	// per source endpoint (address and port), per device.
+	limit     *limiter[netip.Addr]
+	endpoints *limiter[netip.AddrPort]
+	devices   *limiter[gateway.DeviceID]
 	maxAge    atomic.Uint32 // seconds
 	creds     atomic.Pointer[credentials]
 	mid       atomic.Uint32 // Message IDs of NON answers
@@ -163,8 +171,11 @@ func New(obs gateway.Observer, o Options) (*Server, error) {
 		metrics:   m,
 		allowAnon: o.AllowAnonymous,
 		maxSize:   orDefault(o.MaxMessageSize, DefaultMaxMessageSize),
-		limit:     newLimiter(orDefault(o.RequestsPerSecond, DefaultRequestsPerSecond)),
 	}
+	rate := orDefault(o.RequestsPerSecond, DefaultRequestsPerSecond)
+	s.limit = newLimiter[netip.Addr](rate * addressFactor)
+	s.endpoints = newLimiter[netip.AddrPort](rate)
+	s.devices = newLimiter[gateway.DeviceID](rate)
 	if s.clock == nil {
 		s.clock = gateway.SystemClock{}
 	}

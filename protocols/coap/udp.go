@@ -142,7 +142,7 @@ func (s *Server) handle(w *worker, src netip.AddrPort, b []byte) []byte {
 	}
 	h := parseHeader(b)
 	now := s.clock.Now()
-	if ok, wait := s.limit.allow(src.Addr().Unmap(), now); !ok {
+	if ok, wait := s.allowSource(src, now); !ok {
 		if !h.isRequest() || !h.ok {
 			s.metrics.drop(dropRateLimited)
 			return nil
@@ -258,6 +258,8 @@ func (s *Server) encodeAnswer(w *worker, r *message.Message, code codes.Code, di
 		return s.encodeResponse(w, h, code, "", message.MaxAge, s.maxAge.Load())
 	case codes.ServiceUnavailable:
 		return s.encodeResponse(w, h, code, diag, message.MaxAge, retryAfterSeconds)
+	case codes.TooManyRequests:
+		return s.encodeResponse(w, h, code, diag, message.MaxAge, 1) // errDeviceRate
 	}
 	return s.encodeResponse(w, h, code, diag, 0, 0)
 }

@@ -17,10 +17,14 @@ import (
 // into evidence (DESIGN §4):
 //
 //   - an admitted CONNECT is a Connect of a new session
-//     (gateway.ConnectionSessionID, one per connection);
+//     (gateway.ConnectionSessionID, one per connection), or of the
+//     client's persistent presence session when it asks the broker to
+//     keep its session (a sleepy device, sleepy.go);
 //   - every later packet read is a Renew;
 //   - a DISCONNECT with a reason code below 0x80 (normal, or "with will
-//     message") is a Leave once the connection has ended;
+//     message") is a Leave once the connection has ended, unless the
+//     client keeps a persistent session (then it is a Renew: a sleepy
+//     device going to sleep, which its lease covers);
 //   - a dropped connection, a keep-alive timeout, a DISCONNECT carrying an
 //     error code, a server shutdown and a session taken over by a new
 //     connection of the same client are nothing: the old session stops
@@ -65,6 +69,11 @@ func (h *presence) OnConnect(cl *mochi.Client, pk packets.Packet) error {
 		s.log.Debug("connect refused: client identifier", "remote", c.RemoteAddr().String(), "err", err)
 		return refuse(cl, packets.ErrClientIdentifierNotValid, packets.Err3ClientIdentifierNotValid)
 	}
+	if !s.devRate.allow(device, s.clock.Now()) {
+		s.metrics.refuse(reasonRate)
+		s.log.Debug("connect refused: device connect rate", "device", string(device))
+		return refuse(cl, packets.ErrConnectionRateExceeded, packets.Err3ServerUnavailable)
+	}
 	if !s.reserve() {
 		s.metrics.refuse(reasonMaxClients)
 		s.log.Debug("connect refused: max clients", "device", string(device))
@@ -92,7 +101,8 @@ func (h *presence) OnConnect(cl *mochi.Client, pk packets.Packet) error {
 		cl.State.ServerKeepalive = true // sent as Server Keep Alive to MQTT 5 clients
 	}
 
-	session := gateway.ConnectionSessionID(s.gatewayID, s.epoch, s.connSeq.Add(1))
+	persistent := persistentSession(cl, pk)
+	session := s.sessionFor(persistent)
 	err = s.observe(device, session, gateway.Connect)
 	switch {
 	case err == nil:
@@ -109,6 +119,10 @@ func (h *presence) OnConnect(cl *mochi.Client, pk packets.Packet) error {
 		return refuse(cl, packets.ErrUnspecifiedError, packets.Err3ServerUnavailable)
 	}
 	c.device, c.session, c.root = device, session, root
+	c.persistent.Store(persistent)
+	if !persistent {
+		s.endPersistent(device)
+	}
 	return nil
 }
 
@@ -151,7 +165,8 @@ func (h *presence) OnPacketRead(cl *mochi.Client, pk packets.Packet) (packets.Pa
 	if !ok || c.session == "" {
 		return pk, nil // CONNECT itself: OnConnect has not run yet
 	}
-	if pk.FixedHeader.Type == packets.Disconnect && pk.ReasonCode < packets.ErrUnspecifiedError.Code {
+	if pk.FixedHeader.Type == packets.Disconnect && pk.ReasonCode < packets.ErrUnspecifiedError.Code &&
+		(!c.persistent.Load() || endsSession(pk)) {
 		c.leaving = true // the Leave is sent once the connection has ended
 		return pk, nil
 	}

@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/mochi-mqtt/server/v2/listeners"
@@ -38,8 +39,11 @@ type conn struct {
 	root string
 	// admitted: CONNECT passed every check and holds a max_clients slot.
 	admitted bool
-	// leaving: the device sent a normal DISCONNECT.
+	// leaving: the device sent a normal DISCONNECT that ends its session.
 	leaving bool
+	// persistent: the client asked for a session that outlives the
+	// connection (sleepy.go); read by a later connection of the client.
+	persistent atomic.Bool
 }
 
 // listener is a mochi listener over a bound net.Listener (TCP, or TLS on
@@ -181,15 +185,24 @@ func remoteIP(c net.Conn) netip.Addr {
 	return netip.Addr{}
 }
 
-// rateLimiter is a token bucket per source address: perSecond connects
-// per second, with bursts of as many. Buckets that have refilled are
-// forgotten whenever the table has doubled since the last sweep, so its
-// size follows the number of addresses seen within about a second.
-type rateLimiter struct {
+// addressFactor is how many times ConnectsPerSecond one source address
+// may connect: devices behind a NAT (a site router, a carrier) share one
+// address, and after a gateway restart they all reconnect. The per-device
+// limit (after CONNECT names the client) is ConnectsPerSecond itself. At
+// the default 20/s an address may open 5,000 connections a second, so
+// 10,000 devices behind it are back within seconds.
+const addressFactor = 250
+
+// rateLimiter is a token bucket per key (a source address, a device):
+// perSecond connects per second, with bursts of as many. Buckets that have
+// refilled are forgotten whenever the table has doubled since the last
+// sweep, so its size follows the number of keys seen within about a
+// second.
+type rateLimiter[K comparable] struct {
 	perSecond float64
 
 	mu      sync.Mutex
-	buckets map[netip.Addr]*bucket
+	buckets map[K]*bucket
 	sweepAt int
 }
 
@@ -200,16 +213,16 @@ type bucket struct {
 
 const minSweep = 1024
 
-func newRateLimiter(perSecond int) *rateLimiter {
-	return &rateLimiter{
+func newRateLimiter[K comparable](perSecond int) *rateLimiter[K] {
+	return &rateLimiter[K]{
 		perSecond: float64(perSecond),
-		buckets:   make(map[netip.Addr]*bucket),
+		buckets:   make(map[K]*bucket),
 		sweepAt:   minSweep,
 	}
 }
 
 // allow takes one token from addr's bucket at now, if it has one.
-func (r *rateLimiter) allow(addr netip.Addr, now time.Time) bool {
+func (r *rateLimiter[K]) allow(addr K, now time.Time) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	b, ok := r.buckets[addr]
@@ -236,7 +249,7 @@ func (b *bucket) refill(now time.Time, perSecond float64) {
 }
 
 // sweep forgets the buckets that are full again at now.
-func (r *rateLimiter) sweep(now time.Time) {
+func (r *rateLimiter[K]) sweep(now time.Time) {
 	for a, b := range r.buckets {
 		if b.refill(now, r.perSecond); b.tokens >= r.perSecond {
 			delete(r.buckets, a)

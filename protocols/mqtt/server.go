@@ -24,9 +24,11 @@
 // devices a grace period; 1 s leaves none.
 //
 // Limits. MaxPacketSize ends a connection that sends a larger packet;
-// MaxClients refuses further CONNECTs; ConnectsPerSecond limits TCP
-// connects per source address (excess connections are closed at accept,
-// before any CONNECT is read); MaxPendingWrites bounds the packets queued
+// MaxClients refuses further CONNECTs; ConnectsPerSecond limits the
+// CONNECTs of one device (CONNACK "connection rate exceeded", 0x9F;
+// 3.1.1: 0x03), and 250 times as many TCP connects per source address,
+// which the devices behind a NAT share (excess connections are closed at
+// accept, before any CONNECT is read); MaxPendingWrites bounds the packets queued
 // for a client, which is disconnected when it overflows. A connection
 // must finish TLS and send CONNECT within 10 s. A session left by an
 // MQTT 5 client with a session expiry interval, or by a 3.1.1 client
@@ -41,6 +43,7 @@ import (
 	"log/slog"
 	"math"
 	"net"
+	"net/netip"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -128,8 +131,9 @@ type Server struct {
 	prefix    string
 	allowAnon bool
 	creds     atomic.Pointer[credentials]
-	keepAlive atomic.Uint32 // seconds, 1..65535
-	rate      *rateLimiter
+	keepAlive atomic.Uint32                  // seconds, 1..65535
+	rate      *rateLimiter[netip.Addr]       // connects per source address
+	devRate   *rateLimiter[gateway.DeviceID] // CONNECTs per device
 	maxConns  int64
 	conns     atomic.Int64 // admitted connections (max_clients slots)
 	connSeq   atomic.Uint64
@@ -177,7 +181,8 @@ func New(obs gateway.Observer, o Options) (*Server, error) {
 		epoch:     o.Epoch,
 		prefix:    o.TopicPrefix,
 		allowAnon: o.AllowAnonymous,
-		rate:      newRateLimiter(orDefault(o.ConnectsPerSecond, DefaultConnectsPerSecond)),
+		rate:      newRateLimiter[netip.Addr](addressFactor * orDefault(o.ConnectsPerSecond, DefaultConnectsPerSecond)),
+		devRate:   newRateLimiter[gateway.DeviceID](orDefault(o.ConnectsPerSecond, DefaultConnectsPerSecond)),
 		maxConns:  int64(orDefault(o.MaxClients, DefaultMaxClients)),
 		authSlots: make(chan struct{}, runtime.GOMAXPROCS(0)),
 		authWait:  authWait,

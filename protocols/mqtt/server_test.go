@@ -404,24 +404,40 @@ func TestMaxClients(t *testing.T) {
 	_ = mustConnectV5(t, s, "dev-c", "")
 }
 
-func TestConnectRatePerSource(t *testing.T) {
+// Connects are limited per device (after CONNECT names it) and, 250 times
+// higher, per source address: devices behind one NAT address reconnect
+// together after a restart.
+func TestConnectRatePerDeviceAndSource(t *testing.T) {
 	clock := clocktest.New(t0)
 	s := startServer(t, &recorder{}, Options{AllowAnonymous: true, ConnectsPerSecond: 2, Clock: clock})
+	// One device: two connects a second, then "connection rate exceeded".
 	for i := range 2 {
-		if code := dialRaw(t, tcpAddr(s)).connack(connectPacket(t, 5, fmt.Sprintf("dev-%d", i), "", 30)); code != 0 {
-			t.Fatalf("connect %d: %#x", i, code)
+		if code := dialRaw(t, tcpAddr(s)).connack(connectPacket(t, 5, "dev-a", "", 30)); code != 0 {
+			t.Fatalf("connect %d of dev-a: %#x", i, code)
 		}
 	}
-	r := dialRaw(t, tcpAddr(s))
-	if !r.closedWithin(10 * time.Second) {
-		t.Fatal("third connect within the second accepted")
+	if code := dialRaw(t, tcpAddr(s)).connack(connectPacket(t, 5, "dev-a", "", 30)); code != packets.ErrConnectionRateExceeded.Code {
+		t.Fatalf("third connect of dev-a within the second: %#x, want %#x", code, packets.ErrConnectionRateExceeded.Code)
+	}
+	if code := dialRaw(t, tcpAddr(s)).connack(connectPacket(t, 4, "dev-a", "", 30)); code != packets.Err3ServerUnavailable.Code {
+		t.Fatalf("3.1.1 connect of dev-a beyond its rate: %#x, want %#x", code, packets.Err3ServerUnavailable.Code)
+	}
+	// Other devices from the same address: up to 2 × addressFactor
+	// connects a second in all (4 so far).
+	for i := range 2*addressFactor - 4 {
+		if code := dialRaw(t, tcpAddr(s)).connack(connectPacket(t, 5, fmt.Sprintf("nat-%d", i), "", 30)); code != 0 {
+			t.Fatalf("connect %d behind the address: %#x", i, code)
+		}
+	}
+	if !dialRaw(t, tcpAddr(s)).closedWithin(10 * time.Second) {
+		t.Fatal("connect beyond the address's rate accepted")
 	}
 	clock.Advance(time.Second)
-	if code := dialRaw(t, tcpAddr(s)).connack(connectPacket(t, 5, "dev-3", "", 30)); code != 0 {
+	if code := dialRaw(t, tcpAddr(s)).connack(connectPacket(t, 5, "dev-a", "", 30)); code != 0 {
 		t.Fatalf("connect after a second: %#x", code)
 	}
-	if got := value(t, s.metrics.refused[reasonRate]); got != 1 {
-		t.Errorf("refused connect_rate %v", got)
+	if got := value(t, s.metrics.refused[reasonRate]); got != 3 {
+		t.Errorf("refused connect_rate %v, want 3", got)
 	}
 }
 

@@ -6,6 +6,7 @@ package embedded
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"strconv"
@@ -222,6 +223,9 @@ func (s *Store) Device(ctx context.Context, id gateway.DeviceID) (gateway.Device
 		info = deviceInfo(id, &r)
 		return nil
 	})
+	if errors.Is(err, gateway.ErrNotFound) {
+		return gateway.DeviceInfo{}, err // an answer, not a failure of the store
+	}
 	if err != nil {
 		return gateway.DeviceInfo{}, fmt.Errorf("%s: %w", op, err)
 	}

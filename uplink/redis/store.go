@@ -611,7 +611,7 @@ func (s *Store) Device(ctx context.Context, id gateway.DeviceID) (gateway.Device
 		return gateway.DeviceInfo{}, unavailable("device", err)
 	}
 	if len(res) == 0 {
-		return gateway.DeviceInfo{}, fmt.Errorf("redisstore: device %s: %w", id, gateway.ErrNotFound)
+		return gateway.DeviceInfo{}, fmt.Errorf("device %s: %w", id, gateway.ErrNotFound)
 	}
 	d, err := parseView(res[0])
 	if err != nil {
