@@ -287,6 +287,10 @@ type Bounds struct {
 	// runner.interval: the devices of a gateway the store does not hear
 	// (a site cut off, a dead gateway) are held for the grace first.
 	WorstCaseDetectionLostGateway Duration `json:"worst_case_detection_lost_gateway" yaml:"worst_case_detection_lost_gateway"`
+	// Leave is 3 × flush_interval: a clean leave waits two flush
+	// intervals in the gateway (a device moving to another gateway with a
+	// clean goodbye must not flap), then goes out with the next flush.
+	Leave Duration `json:"leave" yaml:"leave"`
 	// HeartbeatMargin is lease − renew_every − flush_interval −
 	// 2 × heartbeat_interval: the slack left after one lost heartbeat.
 	// Validate refuses a negative margin (the flap rule).
@@ -302,6 +306,7 @@ func (c Config) Bounds() Bounds {
 		WorstCaseDetection:            pr.Lease + c.Runner.Interval,
 		WorstCaseDetectionFailover:    pr.Lease + c.Runner.Interval + c.Runner.LockTTL,
 		WorstCaseDetectionLostGateway: pr.Lease + pr.GatewayGrace + c.Runner.Interval,
+		Leave:                         3 * c.Uplink.FlushInterval,
 		HeartbeatMargin:               pr.Lease - pr.RenewEvery - c.Uplink.FlushInterval - heartbeatsInside*pr.HeartbeatInterval,
 	}
 }
@@ -319,6 +324,7 @@ func (b Bounds) String() string {
 		{"worst-case detection", b.WorstCaseDetection, "lease + runner.interval after the last evidence, plus backlog processing"},
 		{"  after runner failover", b.WorstCaseDetectionFailover, "+ runner.lock_ttl when a runner dies holding a shard"},
 		{"  of a lost gateway", b.WorstCaseDetectionLostGateway, "lease + gateway_grace + runner.interval, for devices of a gateway the store does not hear"},
+		{"offline after a leave", b.Leave, "3 x uplink.flush_interval (the leave grace, then a flush)"},
 		{"heartbeat margin", b.HeartbeatMargin, "lease - renew_every - uplink.flush_interval - 2 x heartbeat_interval"},
 	}
 	var sb strings.Builder

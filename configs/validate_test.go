@@ -121,6 +121,7 @@ func TestBounds(t *testing.T) {
 		WorstCaseDetection:            sec(91),
 		WorstCaseDetectionFailover:    sec(96),
 		WorstCaseDetectionLostGateway: sec(151),
+		Leave:                         sec(3),
 		HeartbeatMargin:               sec(9),
 	}
 	if b != want {
@@ -132,6 +133,7 @@ func TestBounds(t *testing.T) {
 		"worst-case detection     91s      lease + runner.interval after the last evidence, plus backlog processing\n" +
 		"  after runner failover  96s      + runner.lock_ttl when a runner dies holding a shard\n" +
 		"  of a lost gateway      151s     lease + gateway_grace + runner.interval, for devices of a gateway the store does not hear\n" +
+		"offline after a leave    3s       3 x uplink.flush_interval (the leave grace, then a flush)\n" +
 		"heartbeat margin         9s       lease - renew_every - uplink.flush_interval - 2 x heartbeat_interval\n"
 	if got := b.String(); got != text {
 		t.Fatalf("String():\n%s\nwant:\n%s", got, text)

@@ -207,13 +207,24 @@ func (q *queue) tryAdd(ev gateway.Evidence, limit int) (ok bool, space <-chan st
 // take removes sessions in arrival order until the next one would take
 // the writes above limit (limit ≥ 2, so at least one session is taken if
 // any is pending), and wakes writers waiting for space.
-func (q *queue) take(limit int) (items []item, writes int) {
+//
+// A session whose pending leave was observed less than hold before now
+// stays queued (leave grace: a device that moves to another gateway and
+// then says goodbye here must not go offline in between, so its leave
+// waits until the other gateway's connect has been flushed); hold 0
+// takes every session.
+func (q *queue) take(limit int, now time.Time, hold time.Duration) (items []item, writes int) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
+	var kept []key
 	i := 0
 	for ; i < len(q.order); i++ {
 		k := q.order[i]
 		s := q.slots[k]
+		if hold > 0 && !s.leave.IsZero() && now.Sub(s.leave) < hold {
+			kept = append(kept, k)
+			continue
+		}
 		if writes+s.n() > limit {
 			break
 		}
@@ -221,10 +232,10 @@ func (q *queue) take(limit int) (items []item, writes int) {
 		items = append(items, item{k, *s})
 		delete(q.slots, k)
 	}
-	if i == 0 {
+	if len(items) == 0 {
 		return nil, 0
 	}
-	q.order = q.order[i:]
+	q.order = append(kept, q.order[i:]...)
 	q.n -= writes
 	close(q.space)
 	q.space = make(chan struct{})

@@ -143,7 +143,7 @@ func TestQueueBoundAndTake(t *testing.T) {
 		t.Fatal("pending grew over the limit")
 	}
 	_, space := q.tryAdd(gateway.Evidence{Device: "d", Session: "s", Kind: gateway.Renew, ObservedAt: at(7)}, 3)
-	items, n := q.take(2)
+	items, n := q.take(2, time.Time{}, 0)
 	if n != 2 || len(items) != 2 || items[0].device != "a" || items[1].device != "b" {
 		t.Fatalf("take(2) = %v (%d writes), want a, b", items, n)
 	}

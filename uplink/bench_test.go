@@ -157,7 +157,7 @@ func BenchmarkFlushRoundTrips(b *testing.B) {
 		for _, d := range devs {
 			mustEnqueue(b, u, evidence(d, gateway.Renew, time.Now()))
 		}
-		if err := u.flushOnce(ctx); err != nil {
+		if err := u.flushOnce(ctx, true); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -54,7 +54,7 @@ func TestFlushIsOneRoundTrip(t *testing.T) {
 			mustEnqueue(t, u, evidence(d, gateway.Connect, time.Now()))
 		}
 		before := rt.Total()
-		if err := u.flushOnce(t.Context()); err != nil {
+		if err := u.flushOnce(t.Context(), true); err != nil {
 			t.Fatal(err)
 		}
 		if got := rt.Total() - before; got != 1 || rt.Singles() != 0 {
@@ -100,7 +100,7 @@ func TestAnnounceFencesOlderEpochEverywhere(t *testing.T) {
 	}
 	u := New(store, ob, Options{Gateway: "gw-f", Epoch: 2, Timeout: 10 * time.Second})
 	mustEnqueue(t, u, evidence(devs[0], gateway.Connect, time.Now()))
-	if err := u.flushOnce(t.Context()); err != nil {
+	if err := u.flushOnce(t.Context(), true); err != nil {
 		t.Fatal(err)
 	}
 	// The old process's delayed batch for shard 5, which epoch 2 never wrote.

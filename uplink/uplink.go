@@ -44,6 +44,11 @@ const (
 	DefaultProbeMin      = 100 * time.Millisecond
 	DefaultProbeMax      = 10 * time.Second
 	DefaultKeepAlive     = 10 * time.Second
+	// LeaveGraceFlushes is the leave grace in flush intervals: a leave is
+	// sent at the first flush at least this many intervals after it was
+	// observed, so the offline event of a leave comes at most
+	// LeaveGraceFlushes+1 intervals (plus the store call) after it.
+	LeaveGraceFlushes = 2
 )
 
 // Options configure an Uplink.
@@ -127,6 +132,9 @@ type timing struct {
 	interval   time.Duration
 	maxBatch   int
 	queueLimit int
+	// leaveGrace is how long a leave waits in the queue: two flush
+	// intervals (see queue.take).
+	leaveGrace time.Duration
 }
 
 var _ gateway.Uplink = (*Uplink)(nil)
@@ -195,7 +203,7 @@ func (u *Uplink) makeTiming(lease, interval time.Duration, maxBatch int) timing 
 	if limit <= 0 {
 		limit = 4 * maxBatch
 	}
-	return timing{lease: lease, interval: interval, maxBatch: maxBatch, queueLimit: max(limit, maxBatch)}
+	return timing{lease: lease, interval: interval, maxBatch: maxBatch, queueLimit: max(limit, maxBatch), leaveGrace: LeaveGraceFlushes * interval}
 }
 
 // SetTiming changes the lease, flush interval and batch size (SIGHUP
@@ -275,7 +283,7 @@ func (u *Uplink) flushLoop(ctx context.Context) {
 		}
 		// A flush under way finishes (bounded by Options.Timeout) even if
 		// ctx ends meanwhile, so that shutdown does not look like an outage.
-		if err := u.flushOnce(context.WithoutCancel(ctx)); err != nil {
+		if err := u.flushOnce(context.WithoutCancel(ctx), false); err != nil {
 			u.log.Error("uplink flush failed; writes stay queued", "err", err)
 		}
 	}
@@ -288,7 +296,7 @@ func (u *Uplink) Flush(ctx context.Context) error {
 	t := u.timing()
 	rounds := t.queueLimit/t.maxBatch + 2
 	for range rounds {
-		if err := u.flushOnce(ctx); err != nil {
+		if err := u.flushOnce(ctx, true); err != nil {
 			return err
 		}
 		if u.pending() == 0 {
@@ -298,16 +306,22 @@ func (u *Uplink) Flush(ctx context.Context) error {
 	return nil
 }
 
-// flushOnce takes up to MaxBatch writes per shard and makes one store
-// call per shard, concurrently; what fails goes to the outbox in one
-// transaction. While the uplink is down or the outbox holds entries it
-// moves everything pending to the outbox instead.
-func (u *Uplink) flushOnce(ctx context.Context) error {
+// flushOnce takes up to MaxBatch writes per shard and sends them in one
+// store call; what fails goes to the outbox in one transaction. While the
+// uplink is down or the outbox holds entries it moves everything pending
+// to the outbox instead. Unless force, a leave observed less than the
+// leave grace ago stays queued (a move between gateways with a clean
+// goodbye: the new gateway's connect lands first).
+func (u *Uplink) flushOnce(ctx context.Context, force bool) error {
 	u.sendMu.Lock()
 	defer u.sendMu.Unlock()
 	t := u.timing()
 	toOutbox := !u.isUp() || u.ob.Len() > 0
 	limit := t.maxBatch
+	now, hold := u.clock.Now(), time.Duration(0)
+	if !force && !toOutbox {
+		hold = t.leaveGrace
+	}
 	if toOutbox {
 		limit = math.MaxInt
 	}
@@ -315,7 +329,7 @@ func (u *Uplink) flushOnce(ctx context.Context) error {
 	total := 0
 	for i, q := range u.queues {
 		var n int
-		taken[i], n = q.take(limit)
+		taken[i], n = q.take(limit, now, hold)
 		total += n
 	}
 	if total == 0 {

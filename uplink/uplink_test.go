@@ -29,7 +29,7 @@ func TestFlushOneStoreCallPerShard(t *testing.T) {
 	if got := u.Status().Pending; got != len(devs) {
 		t.Fatalf("pending %d, want %d (one write per session)", got, len(devs))
 	}
-	if err := u.flushOnce(context.Background()); err != nil {
+	if err := u.flushOnce(context.Background(), true); err != nil {
 		t.Fatal(err)
 	}
 	calls := e.store.Calls()
@@ -112,7 +112,7 @@ func TestEnqueueBackpressure(t *testing.T) {
 	}
 	done := make(chan error, 1)
 	go func() { done <- u.Enqueue(context.Background(), evidence(devs[5], gateway.Renew, t0)) }()
-	if err := u.flushOnce(context.Background()); err != nil {
+	if err := u.flushOnce(context.Background(), true); err != nil {
 		t.Fatal(err)
 	}
 	select {
@@ -315,7 +315,7 @@ func TestSetTimingAppliesToNextFlush(t *testing.T) {
 	for _, d := range devicesIn(0, 10, "st") {
 		mustEnqueue(t, u, evidence(d, gateway.Renew, t0))
 	}
-	if err := u.flushOnce(context.Background()); err != nil {
+	if err := u.flushOnce(context.Background(), true); err != nil {
 		t.Fatal(err)
 	}
 	if calls := e.store.Calls(); len(calls) != 1 || calls[0].writes != 4 {
@@ -324,5 +324,49 @@ func TestSetTimingAppliesToNextFlush(t *testing.T) {
 	info, err := e.store.Device(context.Background(), devicesIn(0, 1, "st")[0])
 	if err != nil || !info.Deadline.Equal(t0.Add(30*time.Second)) {
 		t.Fatalf("device %+v, %v: want deadline now + the new lease", info, err)
+	}
+}
+
+// A leave waits LeaveGraceFlushes flush intervals in the queue, so that a
+// device that moved to another gateway and then said goodbye here is not
+// offline in between (the other gateway's connect lands first); renewals
+// of other sessions are not held back, and the final flush sends it.
+func TestLeaveGrace(t *testing.T) {
+	u, e := newEmbeddedUplink(t, Options{FlushInterval: time.Second})
+	d, other := devicesIn(0, 1, "lg")[0], devicesIn(0, 1, "other")[0]
+	mustEnqueue(t, u, evidence(d, gateway.Connect, t0))
+	if err := u.flushOnce(context.Background(), false); err != nil {
+		t.Fatal(err)
+	}
+	e.clock.Set(t0.Add(time.Second))
+	mustEnqueue(t, u, evidence(d, gateway.Leave, e.clock.Now()), evidence(other, gateway.Connect, e.clock.Now()))
+	e.clock.Advance(LeaveGraceFlushes*time.Second - time.Millisecond)
+	if err := u.flushOnce(context.Background(), false); err != nil {
+		t.Fatal(err)
+	}
+	if info, err := e.store.Device(context.Background(), d); err != nil || info.State != gateway.Online {
+		t.Fatalf("device %s inside the leave grace: %+v %v, want still online", d, info, err)
+	}
+	if info, err := e.store.Device(context.Background(), other); err != nil || info.State != gateway.Online {
+		t.Fatalf("another device's connect was held back with the leave: %+v %v", info, err)
+	}
+	if got := u.Status().Pending; got != 1 {
+		t.Fatalf("pending %d, want the leave", got)
+	}
+	e.clock.Advance(time.Millisecond)
+	if err := u.flushOnce(context.Background(), false); err != nil {
+		t.Fatal(err)
+	}
+	if info, err := e.store.Device(context.Background(), d); err != nil || info.State != gateway.Offline {
+		t.Fatalf("device %s after the leave grace: %+v %v, want offline", d, info, err)
+	}
+
+	// The final flush does not wait.
+	mustEnqueue(t, u, evidence(other, gateway.Leave, e.clock.Now()))
+	if err := u.Flush(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if info, _ := e.store.Device(context.Background(), other); info.State != gateway.Offline {
+		t.Fatalf("final flush kept the leave: %+v", info)
 	}
 }
