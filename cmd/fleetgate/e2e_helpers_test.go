@@ -54,10 +54,13 @@ func TestMain(m *testing.M) {
 // e2eTiming is short enough for tests and passes the flap rule:
 // lease − renew_every − flush_interval ≥ 2 × heartbeat_interval. The
 // test devices send every heartbeat/2, more often than they are told.
-// shards is presence.shards (0: 4).
+// shards is presence.shards (0: 4); grace is presence.gateway_grace
+// (0: half the lease, so that outage tests see their devices' offline
+// events within lease + grace).
 type e2eTiming struct {
 	lease, heartbeat, renewEvery, flush, runnerInterval time.Duration
 	shards                                              int
+	grace                                               time.Duration
 }
 
 var fastTiming = e2eTiming{lease: 4 * time.Second, heartbeat: time.Second, renewEvery: time.Second, flush: 100 * time.Millisecond, runnerInterval: 100 * time.Millisecond}
@@ -120,7 +123,7 @@ func newGateway(t testing.TB, id, redisAddr string, tm e2eTiming) *gatewayProc {
 		store = fmt.Sprintf("backend: redis\n  redis: { addrs: [%q] }", redisAddr)
 	}
 	cfg := fmt.Sprintf(`gateway: { id: %s, state_dir: %q }
-presence: { lease: %s, heartbeat_interval: %s, renew_every: %s, suspect_after: %s, shards: %d }
+presence: { lease: %s, heartbeat_interval: %s, renew_every: %s, suspect_after: %s, shards: %d, gateway_grace: %s }
 store:
   %s
 uplink: { flush_interval: %s, max_batch: 1000 }
@@ -130,7 +133,7 @@ listen:
   mqtt: { tcp: %q }
   admin: { http: %q }
 log: { level: debug }
-`, id, filepath.Join(dir, "state"), tm.lease, tm.heartbeat, tm.renewEvery, tm.lease/2, cmp.Or(tm.shards, 4), store, tm.flush, tm.runnerInterval, g.coapAddr, g.mqttAddr, g.admin)
+`, id, filepath.Join(dir, "state"), tm.lease, tm.heartbeat, tm.renewEvery, tm.lease/2, cmp.Or(tm.shards, 4), cmp.Or(tm.grace, tm.lease/2), store, tm.flush, tm.runnerInterval, g.coapAddr, g.mqttAddr, g.admin)
 	cfg += "auth: { allow_anonymous: true, devices_file: \"\" }\n"
 	if err := os.WriteFile(g.config, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)

@@ -188,6 +188,9 @@ func TestManyDevicesBehindOneAddress(t *testing.T) {
 	}
 	close(stop)
 	flooding.Wait()
+	// the flooder's endpoint earns DefaultRequestsPerSecond a second, on a
+	// loaded machine for longer than the rounds' nominal seconds
+	floodFor := time.Since(begin)
 	eventually(t, 10*time.Second, "every heartbeat answered", func() bool {
 		return devs.changed.Load()+devs.limited.Load()+devs.other.Load() >= devices*rounds
 	})
@@ -201,7 +204,7 @@ func TestManyDevicesBehindOneAddress(t *testing.T) {
 	eventually(t, 5*time.Second, "the flooder answered", func() bool {
 		return flooder.changed.Load()+flooder.limited.Load() >= flooded.Load()*9/10
 	})
-	if flooder.limited.Load() == 0 || flooder.changed.Load() > int64(DefaultRequestsPerSecond*(rounds+2)) {
+	if allowed := int64(float64(DefaultRequestsPerSecond) * (floodFor.Seconds() + 2)); flooder.limited.Load() == 0 || flooder.changed.Load() > allowed {
 		t.Fatalf("flooder: %d × 2.04, %d × 4.29 of %d; want 4.29 beyond %d a second",
 			flooder.changed.Load(), flooder.limited.Load(), flooded.Load(), DefaultRequestsPerSecond)
 	}
