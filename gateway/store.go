@@ -84,6 +84,9 @@ type Store interface {
 	Now(ctx context.Context) (time.Time, error)
 	// Close releases the store's resources.
 	Close() error
+	// EventLog is the consumers' side: snapshot, watch and publisher
+	// (watch.go).
+	EventLog
 }
 
 // ShardBatch is one shard's part of a multi-shard apply.

@@ -72,6 +72,8 @@ type Store struct {
 
 	beliefs beliefSet
 	opened  time.Time // localNow's origin
+
+	watch watchState // the event log's readers (watch.go)
 }
 
 // shardKeys are the keys of one shard, in the order the scripts expect.
@@ -157,8 +159,9 @@ func (s *Store) checkMeta(ctx context.Context) error {
 // Shards is the shard count the store was opened with.
 func (s *Store) Shards() int { return s.shards }
 
-// Close releases nothing: the client belongs to the caller.
-func (s *Store) Close() error { return nil }
+// Close releases the store's own connections (watch.go); the client
+// belongs to the caller.
+func (s *Store) Close() error { return s.watch.close() }
 
 // Now is the store clock: Redis TIME, or Options.Now in tests.
 func (s *Store) Now(ctx context.Context) (time.Time, error) {
