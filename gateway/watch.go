@@ -195,3 +195,46 @@ type EventLog interface {
 	// position (no-op if owner does not hold it).
 	ReleasePublisher(ctx context.Context, shard int, owner string) error
 }
+
+// Envelope is the one JSON form of a presence event shared by the watch
+// API, the snapshot and the MQTT publisher (docs/events.md). A snapshot
+// entry is an envelope of the device's current state with reason
+// "snapshot" and at = when that state began.
+type Envelope struct {
+	Device   DeviceID  `json:"device"`
+	State    State     `json:"state"`
+	Ver      uint64    `json:"ver"`
+	At       time.Time `json:"at"`
+	Reason   Reason    `json:"reason"`
+	Gateway  string    `json:"gateway"`
+	Session  SessionID `json:"session"`
+	Deadline time.Time `json:"deadline,omitzero"`
+	// Cursor is set on the watch API only: the position after this event.
+	Cursor string `json:"cursor,omitempty"`
+}
+
+// ReasonSnapshot marks an envelope read from a snapshot, not an event.
+const ReasonSnapshot Reason = "snapshot"
+
+// EnvelopeOf is e's envelope.
+func EnvelopeOf(e Event) Envelope {
+	return Envelope{Device: e.Device, State: e.State, Ver: e.Ver, At: e.At.UTC(), Reason: e.Reason,
+		Gateway: e.Gateway, Session: e.Session, Deadline: utcOrZero(e.Deadline)}
+}
+
+// SnapshotEnvelope is the envelope of a device's current state.
+func SnapshotEnvelope(d DeviceInfo) Envelope {
+	state := Offline
+	if d.State == Online {
+		state = Online
+	}
+	return Envelope{Device: d.Device, State: state, Ver: d.Ver, At: utcOrZero(d.Since), Reason: ReasonSnapshot,
+		Gateway: d.Gateway, Session: d.Session}
+}
+
+func utcOrZero(t time.Time) time.Time {
+	if t.IsZero() {
+		return t
+	}
+	return t.UTC()
+}

@@ -23,8 +23,8 @@ import (
 // the same options and its own connection pool (watchPoolSize), so that
 // readers waiting in XREAD BLOCK never take a connection the devices'
 // writes need. Each read is one MULTI on the shard's slot: the position
-// script (lua/position.lua: incarnation, last generated ID, max deleted
-// ID) and the read itself (an XREAD COUNT, or a view.lua scan page), so
+// script (lua/position.lua: incarnation, last generated ID, first ID,
+// how many were trimmed) and the read itself (an XREAD COUNT, or a view.lua scan page), so
 // the position and what was read are of one instant. A reader with
 // nothing to read then waits in XREAD BLOCK on the shard's stream alone:
 // a Cluster refuses a command over keys of several slots (CROSSSLOT), so
