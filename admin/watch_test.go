@@ -160,7 +160,9 @@ func TestWatchStreamsEventsWithCursors(t *testing.T) {
 	written := connect(t, store, "gw", ids("w", 10)...)
 	got := make(chan gateway.Envelope, 100)
 	done := make(chan error, 1)
-	go func() { done <- c.Watch(ctx, cursor, 200*time.Millisecond, func(e gateway.Envelope) error { got <- e; return nil }) }()
+	go func() {
+		done <- c.Watch(ctx, cursor, 200*time.Millisecond, func(e gateway.Envelope) error { got <- e; return nil })
+	}()
 	var last gateway.Envelope
 	for range written {
 		select {
