@@ -283,7 +283,8 @@ func TestKill9LosesNothing(t *testing.T) {
 	b := startBroker(t, false)
 	prefix := uniquePrefix()
 	store := redisStore(t, srv, prefix)
-	sub := subscribe(t, b, "fg", "events/+")
+	sub := subscribe(t, b, mqttpub.DefaultTopicPrefix, "events/+")
+	startAtLogStart(t, store)
 	child := func(owner string) *exec.Cmd {
 		cmd := exec.Command(os.Args[0], "-test.run=^$")
 		cmd.Env = append(os.Environ(), "MQTTPUB_CHILD=1", "MQTTPUB_REDIS="+srv.Addr, "MQTTPUB_PREFIX="+prefix,
@@ -322,6 +323,27 @@ func TestKill9LosesNothing(t *testing.T) {
 		return missing(store, m) == 0
 	})
 	checkOrder(t, sub.snapshot())
+}
+
+// startAtLogStart saves every shard's publisher position at the start of
+// its log, as a publisher that had published nothing yet would have.
+func startAtLogStart(t *testing.T, store gateway.Store) {
+	t.Helper()
+	for s := range shards {
+		head, err := store.SnapshotShard(t.Context(), s, "", 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, ok, err := store.AcquirePublisher(t.Context(), s, "setup", time.Second); err != nil || !ok {
+			t.Fatalf("AcquirePublisher: %v %v", ok, err)
+		}
+		if err := store.SavePublisher(t.Context(), s, "setup", gateway.Position{Incarnation: head.At.Incarnation, ID: "0"}); err != nil {
+			t.Fatal(err)
+		}
+		if err := store.ReleasePublisher(t.Context(), s, "setup"); err != nil {
+			t.Fatal(err)
+		}
+	}
 }
 
 func TestBrokerDownTenSeconds(t *testing.T) {
@@ -394,10 +416,10 @@ func TestOfflineDelayDampsFlaps(t *testing.T) {
 	srv := redistest.Start(t)
 	b := startBroker(t, false)
 	store := redisStore(t, srv, uniquePrefix())
-	sub := subscribe(t, b, "fg", "events/+")
-	p, _ := runPublisher(t, store, b, mqttpub.Options{TopicPrefix: "fg", OfflineDelay: 2 * time.Second})
+	sub := subscribe(t, b, "fg", "#")
 	apply(t, store, gateway.Connect, "flap", "gone")
-	sub.await(t, 20*time.Second, "both online", func(m []received) bool { return len(m) >= 2 })
+	p, _ := runPublisher(t, store, b, mqttpub.Options{TopicPrefix: "fg", OfflineDelay: 2 * time.Second})
+	sub.await(t, 20*time.Second, "both online", func(m []received) bool { return len(latestPresence(m)) == 2 })
 	apply(t, store, gateway.Leave, "flap", "gone")
 	apply(t, store, gateway.Connect, "flap") // back within the delay
 	sub.await(t, 20*time.Second, "gone's offline after the delay", func(m []received) bool {
