@@ -109,6 +109,8 @@ type EventsConfig struct {
 	// MaxLen is the approximate number of events kept over all shards;
 	// each shard's stream is capped at MaxLen / presence.shards.
 	MaxLen int `yaml:"max_len"`
+	// MQTT publishes the events to an upstream broker (events.go).
+	MQTT EventsMQTTConfig `yaml:"mqtt"`
 }
 
 // ListenConfig holds the listen addresses; an empty address disables that
@@ -194,7 +196,7 @@ func Default() Config {
 		},
 		Uplink: UplinkConfig{FlushInterval: Duration(time.Second), MaxBatch: 1000, OutboxMaxSessions: 1_000_000},
 		Runner: RunnerConfig{Enabled: true, Interval: Duration(time.Second), Batch: 500, LockTTL: Duration(5 * time.Second)},
-		Events: EventsConfig{MaxLen: 1_000_000},
+		Events: EventsConfig{MaxLen: 1_000_000, MQTT: defaultEventsMQTT()},
 		Listen: ListenConfig{
 			CoAP:  CoAPListen{UDP: ":5683"},
 			MQTT:  MQTTListen{TCP: ":1883"},
