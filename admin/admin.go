@@ -44,6 +44,7 @@ type Status struct {
 	Sessions  int       `json:"sessions"`
 	Uplink    any       `json:"uplink"`
 	Runner    any       `json:"runner,omitempty"`
+	Publisher any       `json:"publisher,omitempty"`
 	Adapters  []any     `json:"adapters"`
 	Bounds    any       `json:"bounds"`
 }

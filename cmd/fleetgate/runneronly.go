@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/fleetgate/fleetgate/configs"
 	"github.com/fleetgate/fleetgate/gateway"
@@ -50,6 +51,10 @@ func cmdRunner(ctx context.Context, args []string, _, stderr io.Writer) (err err
 		Owner: *owner, Interval: cfg.Runner.Interval.Std(), Batch: cfg.Runner.Batch,
 		LockTTL: cfg.Runner.LockTTL.Std(), Clock: gateway.SystemClock{}, Logger: log, Registerer: reg,
 	})
+	pub, err := newPublisher(cfg, store, *owner, log)
+	if err != nil {
+		return err
+	}
 	if addr := *metricsAddr; addr != "" {
 		stop, err := serveRunnerMetrics(addr, reg, r, log)
 		if err != nil {
@@ -57,7 +62,13 @@ func cmdRunner(ctx context.Context, args []string, _, stderr io.Writer) (err err
 		}
 		defer stop()
 	}
-	return r.Run(ctx)
+	if pub == nil {
+		return r.Run(ctx)
+	}
+	var g errgroup.Group
+	g.Go(func() error { return r.Run(ctx) })
+	g.Go(func() error { return pub.Run(ctx) })
+	return g.Wait()
 }
 
 // serveRunnerMetrics serves /healthz, /metrics and /v1/status (the
