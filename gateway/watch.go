@@ -65,7 +65,10 @@ func (c Cursor) String() string {
 	return "v1:" + strings.Join(parts, ",")
 }
 
-// ParseCursor reads a Cursor.String of a store of shards shards.
+// ParseCursor reads a Cursor.String of a store of shards shards. A
+// position may have an empty incarnation ("@<id>"): it is then served by
+// ID alone (ReadEvents), as `events tail --follow` does with the
+// positions of /v1/events.
 func ParseCursor(s string, shards int) (Cursor, error) {
 	body, ok := strings.CutPrefix(s, "v1:")
 	if !ok {
@@ -78,7 +81,7 @@ func ParseCursor(s string, shards int) (Cursor, error) {
 	c := make(Cursor, shards)
 	for i, p := range parts {
 		inc, id, ok := strings.Cut(p, "@")
-		if !ok || inc == "" || !validLogID(id) {
+		if !ok || !validLogID(id) || strings.ContainsAny(inc, " \t\n") {
 			return nil, fmt.Errorf("cursor position %d %.60q: want <incarnation>@<ms>-<seq>", i, p)
 		}
 		c[i] = Position{Incarnation: inc, ID: id}
