@@ -19,7 +19,8 @@ run: build
 	FLEETGATE_GATEWAY_STATE_DIR=$(CURDIR)/.run ./$(BIN) run -c configs/dev.yaml
 
 # Installs what the tests need and is missing (redis-server and redis-cli,
-# as root through apt-get), then vets and runs the whole suite with -race.
+# mosquitto and mosquitto_passwd, as root through apt-get), then vets and
+# runs the whole suite with -race.
 deps:
 	@command -v redis-server >/dev/null 2>&1 && command -v redis-cli >/dev/null 2>&1 || { \
 	  echo "installing redis-server (tests start their own servers on loopback)"; \
@@ -27,6 +28,11 @@ deps:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null; }
 	@# the Debian package starts a system redis on :6379; tests never use it
 	@command -v redis-server >/dev/null
+	@# mosquitto (the broker of the events publisher's tests) lives in /usr/sbin
+	@PATH="$$PATH:/usr/sbin" command -v mosquitto >/dev/null 2>&1 && command -v mosquitto_passwd >/dev/null 2>&1 || { \
+	  echo "installing mosquitto (tests start their own brokers on loopback)"; \
+	  if [ "$$(id -u)" != 0 ]; then echo "mosquitto missing: run 'sudo apt-get install -y mosquitto'" >&2; exit 1; fi; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mosquitto >/dev/null; }
 
 vet:
 	test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt needed" >&2; exit 1; }
