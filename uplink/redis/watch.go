@@ -133,16 +133,16 @@ func parseLogPos(res []any, err error) (logPos, error) {
 
 // tx runs fn's commands after the position script in one MULTI; a
 // NOSCRIPT (a restarted server, a failover) runs it again with EVAL.
-func (s *Store) tx(ctx context.Context, shard int, fn func(p redis.Pipeliner, eval bool)) (logPos, error) {
+func (s *Store) tx(ctx context.Context, shard int, after string, fn func(p redis.Pipeliner, eval bool)) (logPos, error) {
 	w := s.reader()
 	keys := []string{s.keys[shard].data[2], s.keys[shard].data[3]}
 	for _, eval := range []bool{false, true} {
 		var posCmd *redis.Cmd
 		_, err := w.c.TxPipelined(ctx, func(p redis.Pipeliner) error {
 			if eval {
-				posCmd = w.pos.Eval(ctx, p, keys)
+				posCmd = w.pos.Eval(ctx, p, keys, after)
 			} else {
-				posCmd = w.pos.EvalSha(ctx, p, keys)
+				posCmd = w.pos.EvalSha(ctx, p, keys, after)
 			}
 			fn(p, eval)
 			return nil
@@ -177,7 +177,7 @@ func (s *Store) SnapshotShard(ctx context.Context, shard int, page string, limit
 	}
 	limit = min(max(limit, 0), maxListLimit)
 	var view *redis.Cmd
-	pos, err := s.tx(ctx, shard, func(p redis.Pipeliner, eval bool) {
+	pos, err := s.tx(ctx, shard, "", func(p redis.Pipeliner, eval bool) {
 		if limit == 0 {
 			return
 		}
@@ -255,7 +255,7 @@ func (s *Store) ReadEvents(ctx context.Context, shard int, after gateway.Positio
 func (s *Store) readOnce(ctx context.Context, shard int, after gateway.Position, limit int) ([]gateway.Event, error) {
 	key := s.keys[shard].data[2]
 	var read *redis.XStreamSliceCmd
-	pos, err := s.tx(ctx, shard, func(p redis.Pipeliner, _ bool) {
+	pos, err := s.tx(ctx, shard, after.ID, func(p redis.Pipeliner, _ bool) {
 		read = p.XRead(ctx, &redis.XReadArgs{Streams: []string{key, after.ID}, Count: int64(limit), Block: -1})
 	})
 	if err != nil {
