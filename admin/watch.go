@@ -209,11 +209,6 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
 	reads := make(chan shardRead, shards)
-	next := make([]chan gateway.Position, shards)
-	for i := range shards {
-		next[i] = make(chan gateway.Position, 1)
-		go readShard(ctx, st, i, keepAlive, next[i], reads)
-	}
 	if jsonl {
 		w.Header().Set("Content-Type", "application/x-ndjson")
 	} else {
@@ -230,7 +225,7 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request) {
 		if !sw.events(cur, i, first[i]) {
 			return
 		}
-		next[i] <- cur[i]
+		go readShard(ctx, st, i, cur[i], keepAlive, reads)
 	}
 	if !sw.flush() {
 		return
@@ -265,22 +260,15 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request) {
 			if len(rd.evs) > 0 {
 				idle.Reset(keepAlive)
 			}
-			next[rd.shard] <- cur[rd.shard]
 		}
 	}
 }
 
-// readShard reads shard after each position the writer hands it (so at
-// most one batch per shard is in flight: memory stays bounded) and sends
-// what it read, empty after waiting wait.
-func readShard(ctx context.Context, st gateway.Store, shard int, wait time.Duration, next <-chan gateway.Position, out chan<- shardRead) {
+// readShard reads shard from pos on, handing each batch to the writer
+// (empty after waiting wait): one batch waits in out while the next is
+// read, so memory per stream stays bounded and reads overlap writes.
+func readShard(ctx context.Context, st gateway.Store, shard int, pos gateway.Position, wait time.Duration, out chan<- shardRead) {
 	for {
-		var pos gateway.Position
-		select {
-		case <-ctx.Done():
-			return
-		case pos = <-next:
-		}
 		evs, err := st.ReadEvents(ctx, shard, pos, watchBatch, wait)
 		if ctx.Err() != nil {
 			return
@@ -293,6 +281,9 @@ func readShard(ctx context.Context, st gateway.Store, shard int, wait time.Durat
 		if err != nil {
 			return
 		}
+		if len(evs) > 0 {
+			pos.ID = evs[len(evs)-1].ID
+		}
 	}
 }
 
@@ -302,6 +293,7 @@ type streamWriter struct {
 	flusher http.Flusher
 	jsonl   bool
 	pos     []string // each shard's position, encoded
+	buf     []byte
 	err     error
 }
 
@@ -310,21 +302,77 @@ func (sw *streamWriter) events(cur gateway.Cursor, shard int, evs []gateway.Even
 	for _, e := range evs {
 		cur[shard].ID = e.ID
 		sw.pos[shard] = cur[shard].String()
-		env := gateway.EnvelopeOf(e)
-		env.Cursor = "v1:" + strings.Join(sw.pos, ",")
-		b, err := json.Marshal(env)
-		if err != nil {
+		cursor := "v1:" + strings.Join(sw.pos, ",")
+		sw.buf = sw.buf[:0]
+		if !sw.jsonl {
+			sw.buf = append(sw.buf, "id: "...)
+			sw.buf = append(sw.buf, cursor...)
+			sw.buf = append(sw.buf, "\nevent: presence\ndata: "...)
+		}
+		sw.buf = appendEnvelope(sw.buf, gateway.EnvelopeOf(e), cursor)
+		sw.buf = append(sw.buf, '\n')
+		if !sw.jsonl {
+			sw.buf = append(sw.buf, '\n')
+		}
+		if _, err := sw.w.Write(sw.buf); err != nil {
 			sw.err = err
+		}
+		if sw.err != nil {
 			return false
 		}
-		if sw.jsonl {
-			sw.write(b, '\n')
-		} else {
-			sw.writeString("id: " + env.Cursor + "\nevent: presence\ndata: ")
-			sw.write(b, '\n', '\n')
+	}
+	return true
+}
+
+// appendEnvelope appends the JSON of e with its cursor: the bytes
+// json.Marshal writes (checked by a test), without its reflection.
+func appendEnvelope(b []byte, e gateway.Envelope, cursor string) []byte {
+	b = append(b, `{"device":`...)
+	b = appendJSONString(b, string(e.Device))
+	b = append(b, `,"state":`...)
+	b = appendJSONString(b, string(e.State))
+	b = append(b, `,"ver":`...)
+	b = strconv.AppendUint(b, e.Ver, 10)
+	b = append(b, `,"at":`...)
+	b = appendJSONTime(b, e.At)
+	b = append(b, `,"reason":`...)
+	b = appendJSONString(b, string(e.Reason))
+	b = append(b, `,"gateway":`...)
+	b = appendJSONString(b, e.Gateway)
+	b = append(b, `,"session":`...)
+	b = appendJSONString(b, string(e.Session))
+	if !e.Deadline.IsZero() {
+		b = append(b, `,"deadline":`...)
+		b = appendJSONTime(b, e.Deadline)
+	}
+	if cursor != "" {
+		b = append(b, `,"cursor":`...)
+		b = appendJSONString(b, cursor)
+	}
+	return append(b, '}')
+}
+
+func appendJSONTime(b []byte, t time.Time) []byte {
+	mb, err := t.MarshalJSON()
+	if err != nil {
+		return append(b, "null"...)
+	}
+	return append(b, mb...)
+}
+
+// appendJSONString appends s quoted as encoding/json does: plain ASCII
+// as is, the rest through json.Marshal.
+func appendJSONString(b []byte, s string) []byte {
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c < 0x20 || c >= 0x7f || c == '"' || c == '\\' || c == '<' || c == '>' || c == '&' {
+			q, _ := json.Marshal(s)
+			return append(b, q...)
 		}
 	}
-	return sw.err == nil
+	b = append(b, '"')
+	b = append(b, s...)
+	return append(b, '"')
 }
 
 func (sw *streamWriter) write(b []byte, tail ...byte) {
