@@ -69,7 +69,7 @@ func uniquePrefix() string {
 }
 
 // redisStore opens a Redis store under a fresh prefix of srv.
-func redisStore(t *testing.T, srv *redistest.Server, prefix string) *redisstore.Store {
+func redisStore(t testing.TB, srv *redistest.Server, prefix string) *redisstore.Store {
 	t.Helper()
 	c := srv.Client(t)
 	s, err := redisstore.Open(t.Context(), c, redisstore.Options{Prefix: prefix, Shards: shards})
@@ -327,7 +327,7 @@ func TestKill9LosesNothing(t *testing.T) {
 
 // startAtLogStart saves every shard's publisher position at the start of
 // its log, as a publisher that had published nothing yet would have.
-func startAtLogStart(t *testing.T, store gateway.Store) {
+func startAtLogStart(t testing.TB, store gateway.Store) {
 	t.Helper()
 	for s := range shards {
 		head, err := store.SnapshotShard(t.Context(), s, "", 0)
