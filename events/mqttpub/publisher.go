@@ -531,7 +531,7 @@ func (p *Publisher) publishOne(ctx context.Context, m message) bool {
 	pub := &paho.Publish{Topic: m.topic, QoS: p.o.QoS, Retain: m.retain, Payload: m.payload,
 		Properties: &paho.PublishProperties{ContentType: "application/json"}}
 	backoff := 50 * time.Millisecond
-	for ctx.Err() == nil {
+	for attempt := 0; ctx.Err() == nil; attempt++ {
 		if err := p.cm.AwaitConnection(ctx); err != nil {
 			return false
 		}
@@ -547,7 +547,9 @@ func (p *Publisher) publishOne(ctx context.Context, m message) bool {
 		if err == nil {
 			err = fmt.Errorf("reason code 0x%02x", resp.ReasonCode)
 		}
-		p.log.Debug("publish failed; retrying", "topic", m.topic, "err", err)
+		if attempt%10 == 0 { // a broker that refuses (an ACL) stalls the shard: say so
+			p.log.Warn("publish failed; retrying", "topic", m.topic, "attempt", attempt+1, "err", err)
+		}
 		if !sleep(ctx, backoff) {
 			return false
 		}
