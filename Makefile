@@ -19,8 +19,8 @@ run: build
 	FLEETGATE_GATEWAY_STATE_DIR=$(CURDIR)/.run ./$(BIN) run -c configs/dev.yaml
 
 # Installs what the tests need and is missing (redis-server and redis-cli,
-# mosquitto-clients, libcoap3-bin's coap-client; as root through apt-get);
-# `make test` runs it first.
+# mosquitto-clients, libcoap3-bin's coap-client, mosquitto and
+# mosquitto_passwd; as root through apt-get); `make test` runs it first.
 deps:
 	@command -v redis-server >/dev/null 2>&1 && command -v redis-cli >/dev/null 2>&1 || { \
 	  echo "installing redis-server (tests start their own servers on loopback)"; \
@@ -38,6 +38,11 @@ deps:
 	  echo "installing libcoap3-bin (end-to-end tests use coap-client)"; \
 	  if [ "$$(id -u)" != 0 ]; then echo "coap-client missing: run 'sudo apt-get install -y libcoap3-bin'" >&2; exit 1; fi; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libcoap3-bin >/dev/null; }
+	@# mosquitto (the broker of the events publisher's tests) lives in /usr/sbin
+	@PATH="$$PATH:/usr/sbin" command -v mosquitto >/dev/null 2>&1 && command -v mosquitto_passwd >/dev/null 2>&1 || { \
+	  echo "installing mosquitto (tests start their own brokers on loopback)"; \
+	  if [ "$$(id -u)" != 0 ]; then echo "mosquitto missing: run 'sudo apt-get install -y mosquitto'" >&2; exit 1; fi; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mosquitto >/dev/null; }
 
 vet:
 	test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt needed" >&2; exit 1; }

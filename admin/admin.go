@@ -1,6 +1,6 @@
 // Package admin is the gateway's admin HTTP API (DESIGN §4): /healthz,
 // /readyz, /metrics, /v1/status, /v1/devices, /v1/devices/{id},
-// /v1/sessions and /v1/events, plus the client the query commands
+// /v1/sessions, /v1/events, /v1/snapshot and /v1/watch, plus the client the query commands
 // (fleetgate status, devices, events) use. It listens on loopback by
 // default and never opens the gateway's bbolt file itself.
 package admin
@@ -14,6 +14,7 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -43,6 +44,7 @@ type Status struct {
 	Sessions  int       `json:"sessions"`
 	Uplink    any       `json:"uplink,omitempty"`
 	Runner    any       `json:"runner,omitempty"`
+	Publisher any       `json:"publisher,omitempty"`
 	Adapters  []any     `json:"adapters"`
 	Bounds    any       `json:"bounds"`
 }
@@ -69,6 +71,9 @@ type Server struct {
 	ln    net.Listener
 	srv   *http.Server
 	ready atomic.Bool
+
+	closing   chan struct{} // closed by Shutdown: ends the watch streams
+	closeOnce sync.Once
 }
 
 // Listen binds the admin address; Serve then serves on it.
@@ -80,7 +85,7 @@ func Listen(o Options) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("admin: listen %s: %w", o.Addr, err)
 	}
-	s := &Server{o: o, ln: ln}
+	s := &Server{o: o, ln: ln, closing: make(chan struct{})}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
 	mux.HandleFunc("GET /readyz", s.readyz)
@@ -92,7 +97,10 @@ func Listen(o Options) (*Server, error) {
 		mux.HandleFunc("GET /v1/sessions", s.sessions)
 	}
 	mux.HandleFunc("GET /v1/events", s.events)
+	mux.HandleFunc("GET /v1/snapshot", s.snapshot)
+	mux.HandleFunc("GET /v1/watch", s.watch)
 	s.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, ErrorLog: slog.NewLogLogger(o.Logger.Handler(), slog.LevelWarn)}
+	s.srv.RegisterOnShutdown(s.endStreams)
 	return s, nil
 }
 

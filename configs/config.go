@@ -117,6 +117,8 @@ type EventsConfig struct {
 	// MaxLen is the approximate number of events kept over all shards;
 	// each shard's stream is capped at MaxLen / presence.shards.
 	MaxLen int `yaml:"max_len"`
+	// MQTT publishes the events to an upstream broker (events.go).
+	MQTT EventsMQTTConfig `yaml:"mqtt"`
 }
 
 // ListenConfig holds the listen addresses; an empty address disables that
@@ -203,7 +205,7 @@ func Default() Config {
 		},
 		Uplink: UplinkConfig{FlushInterval: Duration(uplink.DefaultFlushInterval), MaxBatch: uplink.DefaultMaxBatch, OutboxMaxSessions: 1_000_000},
 		Runner: RunnerConfig{Enabled: true, Interval: Duration(runner.DefaultInterval), Batch: runner.DefaultBatch, LockTTL: Duration(runner.DefaultLockTTL)},
-		Events: EventsConfig{MaxLen: 1_000_000},
+		Events: EventsConfig{MaxLen: 1_000_000, MQTT: defaultEventsMQTT()},
 		Listen: ListenConfig{
 			CoAP:  CoAPListen{UDP: ":5683"},
 			MQTT:  MQTTListen{TCP: ":1883"},

@@ -79,7 +79,7 @@ func TestEnvNamesAreUnique(t *testing.T) {
 		}
 		seen[name] = path
 	}
-	if len(seen) != 46 {
-		t.Errorf("%d keys, want 46: %v", len(seen), configs.Keys())
+	if len(seen) != 57 {
+		t.Errorf("%d keys, want 57: %v", len(seen), configs.Keys())
 	}
 }

@@ -67,6 +67,7 @@ func (c Config) Validate() error {
 		p.add("events.max_len", "%d is shared by presence.shards %d streams and leaves them no room; raise it to at least %d",
 			c.Events.MaxLen, c.Presence.Shards, c.Presence.Shards)
 	}
+	c.validateEventsMQTT(&p)
 	c.validateListen(&p)
 	c.validateAuth(&p)
 	c.validateLimits(&p)

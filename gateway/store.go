@@ -112,6 +112,9 @@ type Store interface {
 	// Close releases the store's resources, including a connection the
 	// store dialled itself.
 	Close() error
+	// EventLog is the consumers' side: snapshot, watch and publisher
+	// (watch.go).
+	EventLog
 }
 
 // ShardBatch is one shard's part of an ApplyShards call.

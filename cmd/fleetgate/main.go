@@ -41,6 +41,7 @@ func commands() []command {
 		{"status", "show the running gateway's status", cmdStatus},
 		{"devices", "devices get ID | devices list [--state S]: read devices", cmdDevices},
 		{"events", "events tail [--since D] [--follow]: read presence events", cmdEvents},
+		{"watch", "a snapshot of every device, then every change (--cursor-file to resume)", cmdWatch},
 		{"simulate", "play a fleet of CoAP devices against a gateway", cmdSimulate},
 		{"hash-password", "print the bcrypt hash of the password on stdin, for the devices file", cmdHashPassword},
 		{"version", "print the version", cmdVersion},

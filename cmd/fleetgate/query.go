@@ -17,6 +17,7 @@ import (
 
 	"github.com/fleetgate/fleetgate/admin"
 	"github.com/fleetgate/fleetgate/configs"
+	"github.com/fleetgate/fleetgate/gateway"
 )
 
 const defaultConfigPath = configs.DefaultPath
@@ -233,15 +234,11 @@ func cmdEvents(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	q := newQueryFlags("events tail", "events tail [-c FILE] [--addr HOST:PORT] [--json] [--since D] [--follow]", stderr)
 	since := q.fs.Duration("since", 10*time.Minute, "start with the events of this long ago")
 	follow := q.fs.Bool("follow", false, "keep printing new events until interrupted")
-	poll := q.fs.Duration("poll", time.Second, "with --follow, how often to ask for new events")
 	if err := parse(q.fs, args[1:]); err != nil {
 		return err
 	}
 	if err := noArgs(q.fs); err != nil {
 		return err
-	}
-	if *poll <= 0 {
-		return fmt.Errorf("%w: --poll must be > 0", errUsage)
 	}
 	c, err := q.client()
 	if err != nil {
@@ -261,7 +258,7 @@ func cmdEvents(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		cursor = p.Cursor
 		for _, e := range p.Events {
 			if *q.json {
-				if err := enc.Encode(e); err != nil {
+				if err := enc.Encode(gateway.EnvelopeOf(e)); err != nil {
 					return err
 				}
 				continue
@@ -276,13 +273,7 @@ func cmdEvents(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		if !*follow {
 			return nil
 		}
-		t := time.NewTimer(*poll)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return nil
-		case <-t.C:
-		}
+		return tailFollow(ctx, c, cursor, *q.json, color, stdout)
 	}
 }
 

@@ -268,6 +268,11 @@ const (
 
 // fmtEvent is one line of events tail; color paints the state.
 func fmtEvent(e gateway.Event, loc *time.Location, color bool) string {
+	return fmtEnvelope(gateway.EnvelopeOf(e), loc, color)
+}
+
+// fmtEnvelope is fmtEvent of an event as the watch API sends it.
+func fmtEnvelope(e gateway.Envelope, loc *time.Location, color bool) string {
 	state := fmt.Sprintf("%-7s", e.State)
 	if color {
 		c := ansiYellow

@@ -21,6 +21,7 @@ import (
 	"github.com/fleetgate/fleetgate/admin"
 	"github.com/fleetgate/fleetgate/auth"
 	"github.com/fleetgate/fleetgate/configs"
+	"github.com/fleetgate/fleetgate/events/mqttpub"
 	"github.com/fleetgate/fleetgate/gateway"
 	"github.com/fleetgate/fleetgate/internal/identity"
 	"github.com/fleetgate/fleetgate/runner"
@@ -71,6 +72,7 @@ type gatewayProcess struct {
 	up      *uplink.Uplink
 	table   *gateway.Table
 	runner  *runner.Runner
+	pub     *mqttpub.Publisher // nil without events.mqtt.url
 	fronts  []frontEnd
 	creds   *auth.Reloadable // nil without auth.devices_file
 	cert    *certificate     // nil without listen.mqtt.tls
@@ -134,6 +136,9 @@ func (g *gatewayProcess) run(ctx context.Context) (err error) {
 			Clock: gateway.SystemClock{}, Logger: log, Registerer: reg,
 		})
 	}
+	if g.pub, err = newPublisher(cfg, g.store, fmt.Sprintf("%s/%d", cfg.Gateway.ID, g.epoch), log); err != nil {
+		return err
+	}
 	if err := g.openFrontEnds(cfg, log, reg); err != nil {
 		return err
 	}
@@ -165,6 +170,9 @@ func (g *gatewayProcess) serve(ctx context.Context, log *slog.Logger) error {
 	backs.Go(func() error { return g.up.Run(back) })
 	if g.runner != nil {
 		backs.Go(func() error { return g.runner.Run(back) })
+	}
+	if g.pub != nil {
+		backs.Go(func() error { return g.pub.Run(back) })
 	}
 	backs.Go(func() error { return g.table.RunSweep(back, sweepEvery) })
 	if g.admin != nil {
@@ -290,6 +298,9 @@ func (g *gatewayProcess) status() admin.Status {
 	}
 	if g.runner != nil {
 		st.Runner = g.runner.Status()
+	}
+	if g.pub != nil {
+		st.Publisher = g.pub.Stats()
 	}
 	return st
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/fleetgate/fleetgate/admin"
 	"github.com/fleetgate/fleetgate/configs"
@@ -47,6 +48,10 @@ func cmdRunner(ctx context.Context, args []string, _, stderr io.Writer) (err err
 		Owner: *owner, Interval: cfg.Runner.Interval.Std(), Batch: cfg.Runner.Batch,
 		LockTTL: cfg.Runner.LockTTL.Std(), Clock: gateway.SystemClock{}, Logger: log, Registerer: reg,
 	})
+	pub, err := newPublisher(cfg, store, *owner, log)
+	if err != nil {
+		return err
+	}
 	if addr := *metricsAddr; addr != "" {
 		started := time.Now()
 		srv, err := admin.Listen(admin.Options{
@@ -55,10 +60,14 @@ func cmdRunner(ctx context.Context, args []string, _, stderr io.Writer) (err err
 				return cfg.Presence.Lease.Std(), cfg.Presence.SuspectAfter.Std()
 			},
 			Status: func() admin.Status {
-				return admin.Status{
+				st := admin.Status{
 					Gateway: cfg.Gateway.ID, Version: version, StartedAt: started, Store: cfg.Store.Backend,
 					Shards: cfg.Presence.Shards, Runner: r.Status(), Adapters: []any{}, Bounds: cfg.Bounds(),
 				}
+				if pub != nil {
+					st.Publisher = pub.Stats()
+				}
+				return st
 			},
 		})
 		if err != nil {
@@ -77,5 +86,11 @@ func cmdRunner(ctx context.Context, args []string, _, stderr io.Writer) (err err
 			_ = srv.Shutdown(sctx)
 		}()
 	}
-	return r.Run(ctx)
+	if pub == nil {
+		return r.Run(ctx)
+	}
+	var g errgroup.Group
+	g.Go(func() error { return r.Run(ctx) })
+	g.Go(func() error { return pub.Run(ctx) })
+	return g.Wait()
 }

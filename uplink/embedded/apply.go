@@ -412,6 +412,7 @@ func (w *writer) commit() error {
 	if err := w.trim(); err != nil {
 		return fmt.Errorf("trim events: %w", err)
 	}
+	w.sh.root.Tx().OnCommit(w.s.wake.signal)
 	return w.sh.root.Put(keyTail, w.tail.encode())
 }
 
@@ -421,12 +422,18 @@ func (w *writer) commit() error {
 func (w *writer) trim() error {
 	budget := w.added + 1024
 	c := w.sh.ev.Cursor()
+	var last []byte
 	for k, _ := c.First(); k != nil && w.tail.count > w.s.maxLen && budget > 0; k, _ = c.First() {
+		last = append(last[:0], k...)
 		if err := c.Delete(); err != nil {
 			return err
 		}
 		w.tail.count--
 		budget--
+	}
+	if last != nil {
+		// the newest trimmed ID: readers after an older one have a gap
+		return w.sh.root.Put(keyTrimmed, last)
 	}
 	return nil
 }

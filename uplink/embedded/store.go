@@ -43,6 +43,7 @@ type Store struct {
 	now    func() time.Time
 	log    *slog.Logger
 	closed atomic.Bool
+	wake   wakeup // readers waiting for events (watch.go)
 }
 
 var _ gateway.Store = (*Store)(nil)
@@ -148,6 +149,7 @@ func (s *Store) nowMs() int64 { return s.now().UnixMilli() }
 // gateway owns it).
 func (s *Store) Close() error {
 	s.closed.Store(true)
+	s.wake.signal()
 	return nil
 }
 

@@ -98,6 +98,8 @@ type Store struct {
 	// closeFn, set by Dial, ends its background opener and closes the
 	// client it made.
 	closeFn func() error
+
+	watch watchState // the event log's readers (watch.go)
 }
 
 // shardKeys are the keys of one shard, in the order the scripts expect.
@@ -232,14 +234,16 @@ func checkMeta(ctx context.Context, c redis.UniversalClient, prefix string, shar
 // Shards is the shard count the store was opened with.
 func (s *Store) Shards() int { return s.shards }
 
-// Close closes the client of a store made by Dial (after ending its
-// background opener); a store made by Open leaves its client to the
-// caller.
+// Close closes the store's own connections: the readers' client
+// (watch.go) and, for a store made by Dial, its client (after ending
+// its background opener); a store made by Open leaves its client to
+// the caller.
 func (s *Store) Close() error {
+	err := s.watch.close()
 	if s.closeFn != nil {
-		return s.closeFn()
+		err = errors.Join(err, s.closeFn())
 	}
-	return nil
+	return err
 }
 
 // Now is the store clock: Redis TIME, or Options.Now in tests.
@@ -267,6 +271,9 @@ func (s *Store) nowArg() string {
 }
 
 func (s *Store) checkShard(op string, shard int) error {
+	if _, err := s.client(); err != nil {
+		return err
+	}
 	if shard < 0 || shard >= s.shards {
 		return fmt.Errorf("redisstore: %s: shard %d of %d: %w", op, shard, s.shards, gateway.ErrBadShard)
 	}

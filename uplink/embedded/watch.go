@@ -1,0 +1,331 @@
+package embedded
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/fleetgate/fleetgate/gateway"
+)
+
+// The event log side of the store (gateway.EventLog). On-disk additions
+// to codec.go's format:
+//
+//	store.meta     "incarnation" → 16 random hex digits, made on the
+//	               first read of a position (a new file is a new
+//	               incarnation: its log positions start over)
+//	store.shard.<n>
+//	  "trimmed"    u64 ms ‖ u64 seq: the newest event ID trimmed from ev/
+//	  "pub"        u64 lease expiry ms, then the owner's bytes (publisher)
+//	  "pubpos"     the saved publisher position "<incarnation>@<id>"
+//
+// A snapshot page is one bolt read transaction: the devices and the
+// shard's tail are of one instant. Readers waiting for events are woken
+// by the commit of every write transaction that appended one.
+
+var (
+	keyIncarnation = []byte("incarnation")
+	keyTrimmed     = []byte("trimmed")
+	keyPub         = []byte("pub")
+	keyPubPos      = []byte("pubpos")
+)
+
+// maxReadLimit caps the events of one ReadEvents call.
+const maxReadLimit = 10_000
+
+// wakeup lets readers wait for the next commit that appended events: a
+// channel closed and replaced by signal.
+type wakeup struct {
+	mu sync.Mutex
+	ch chan struct{}
+}
+
+// wait returns a channel closed by the next signal.
+func (w *wakeup) wait() <-chan struct{} {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.ch == nil {
+		w.ch = make(chan struct{})
+	}
+	return w.ch
+}
+
+func (w *wakeup) signal() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.ch != nil {
+		close(w.ch)
+		w.ch = nil
+	}
+}
+
+// incarnation reads the file's incarnation, making it on first use.
+func (s *Store) incarnation() (string, error) {
+	var inc string
+	err := s.db.View(func(tx *bolt.Tx) error {
+		if m := tx.Bucket(bucketMeta); m != nil {
+			inc = string(m.Get(keyIncarnation))
+		}
+		return nil
+	})
+	if err != nil || inc != "" {
+		return inc, err
+	}
+	err = s.db.Update(func(tx *bolt.Tx) error {
+		m := tx.Bucket(bucketMeta)
+		if m == nil {
+			return errors.New("meta bucket missing")
+		}
+		if v := m.Get(keyIncarnation); v != nil {
+			inc = string(v)
+			return nil
+		}
+		var b [8]byte
+		if _, err := rand.Read(b[:]); err != nil {
+			return err
+		}
+		inc = hex.EncodeToString(b[:])
+		return m.Put(keyIncarnation, []byte(inc))
+	})
+	return inc, err
+}
+
+// SnapshotShard reads up to limit devices of shard in device ID order,
+// from page (the first device ID to read; "" for the first), with the
+// shard's tail, in one read transaction.
+func (s *Store) SnapshotShard(ctx context.Context, shard int, page string, limit int) (gateway.SnapshotPage, error) {
+	const op = "embedded: snapshot"
+	if err := s.checkShard(ctx, shard); err != nil {
+		return gateway.SnapshotPage{}, fmt.Errorf("%s: %w", op, err)
+	}
+	if page != "" {
+		if _, err := gateway.ParseDeviceID(page); err != nil {
+			return gateway.SnapshotPage{}, fmt.Errorf("%s: bad page %q", op, page)
+		}
+	}
+	limit = min(max(limit, 0), maxListLimit)
+	inc, err := s.incarnation()
+	if err != nil {
+		return gateway.SnapshotPage{}, fmt.Errorf("%s: %w", op, err)
+	}
+	out := gateway.SnapshotPage{At: gateway.Position{Incarnation: inc}}
+	err = s.db.View(func(tx *bolt.Tx) error {
+		sh, err := openShard(tx, shard)
+		if err != nil {
+			return err
+		}
+		t, err := decodeTail(sh.root.Get(keyTail))
+		if err != nil {
+			return fmt.Errorf("shard %d tail: %w", shard, err)
+		}
+		out.At.ID = logID(t.last)
+		if limit == 0 {
+			return nil
+		}
+		c := sh.dev.Cursor()
+		k, v := c.First()
+		if page != "" {
+			k, v = c.Seek([]byte(page))
+		}
+		for ; k != nil; k, v = c.Next() {
+			if len(out.Devices) == limit {
+				out.Next = string(k)
+				return nil
+			}
+			r, err := decodeRecord(v)
+			if err != nil {
+				return fmt.Errorf("device %s: %w", k, err)
+			}
+			out.Devices = append(out.Devices, deviceInfo(gateway.DeviceID(k), &r))
+		}
+		return nil
+	})
+	if err != nil {
+		return gateway.SnapshotPage{}, fmt.Errorf("%s: %w", op, err)
+	}
+	return out, nil
+}
+
+// logID is the position of the event id: "0" before the first.
+func logID(id eventID) string {
+	if id == (eventID{}) {
+		return "0"
+	}
+	return id.String()
+}
+
+// ReadEvents reads up to limit events of shard after a position; with
+// none to read it waits up to block for a commit that appends one.
+func (s *Store) ReadEvents(ctx context.Context, shard int, after gateway.Position, limit int, block time.Duration) ([]gateway.Event, error) {
+	const op = "embedded: read events"
+	if err := s.checkShard(ctx, shard); err != nil {
+		return nil, fmt.Errorf("%s: %w", op, err)
+	}
+	from, err := parseAfter(after.ID)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", op, err)
+	}
+	if limit <= 0 {
+		limit = defaultLimit
+	}
+	limit = min(limit, maxReadLimit)
+	inc, err := s.incarnation()
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", op, err)
+	}
+	if after.Incarnation != "" && after.Incarnation != inc {
+		return nil, fmt.Errorf("%s: %w", op, &gateway.ResyncError{Shard: shard, Reason: gateway.ResyncIncarnation})
+	}
+	var timer *time.Timer
+	for {
+		woken := s.wake.wait()
+		evs, err := s.readAfter(shard, from, limit)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", op, err)
+		}
+		if len(evs) > 0 || block <= 0 {
+			return evs, nil
+		}
+		if timer == nil {
+			timer = time.NewTimer(block)
+			defer timer.Stop()
+		}
+		select {
+		case <-woken:
+		case <-timer.C:
+			return nil, nil
+		case <-ctx.Done():
+			return nil, nil
+		}
+		if s.closed.Load() {
+			return nil, fmt.Errorf("%s: %w", op, errClosed)
+		}
+	}
+}
+
+// readAfter reads up to limit events from log key from on, failing with
+// a *ResyncError when an event after from was trimmed.
+func (s *Store) readAfter(shard int, from []byte, limit int) ([]gateway.Event, error) {
+	var out []gateway.Event
+	err := s.db.View(func(tx *bolt.Tx) error {
+		sh, err := openShard(tx, shard)
+		if err != nil {
+			return err
+		}
+		if tr, ok := parseEventKey(sh.root.Get(keyTrimmed)); ok {
+			if from == nil || string(tr.key()) >= string(from) {
+				return &gateway.ResyncError{Shard: shard, Reason: gateway.ResyncTrimmed}
+			}
+		}
+		c := sh.ev.Cursor()
+		k, v := c.First()
+		if from != nil {
+			k, v = c.Seek(from)
+		}
+		for ; k != nil && len(out) < limit; k, v = c.Next() {
+			e, err := decodeEvent(shard, k, v)
+			if err != nil {
+				return fmt.Errorf("event %x: %w", k, err)
+			}
+			out = append(out, e)
+		}
+		return nil
+	})
+	return out, err
+}
+
+// AcquirePublisher takes or extends the publisher lease of shard for
+// owner until now + ttl on the store clock and returns the saved
+// position.
+func (s *Store) AcquirePublisher(ctx context.Context, shard int, owner string, ttl time.Duration) (gateway.Position, bool, error) {
+	const op = "embedded: acquire publisher"
+	if err := s.checkShard(ctx, shard); err != nil {
+		return gateway.Position{}, false, fmt.Errorf("%s: %w", op, err)
+	}
+	if owner == "" || ttl <= 0 {
+		return gateway.Position{}, false, fmt.Errorf("%s: owner %q, ttl %v: want an owner and a positive ttl", op, owner, ttl)
+	}
+	var pos gateway.Position
+	var ok bool
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		sh, err := openShard(tx, shard)
+		if err != nil {
+			return err
+		}
+		now := time.UnixMilli(s.nowMs())
+		if holder, until, held := readLock(sh.root.Get(keyPub)); held && holder != owner && until.After(now) {
+			return nil
+		}
+		ok = true
+		if v := sh.root.Get(keyPubPos); v != nil {
+			p, err := parsePosition(string(v))
+			if err != nil {
+				return err
+			}
+			pos = p
+		}
+		return sh.root.Put(keyPub, append(u64(uint64(now.Add(ttl).UnixMilli())), owner...))
+	})
+	if err != nil {
+		return gateway.Position{}, false, fmt.Errorf("%s: %w", op, err)
+	}
+	return pos, ok, nil
+}
+
+func parsePosition(v string) (gateway.Position, error) {
+	c, err := gateway.ParseCursor("v1:"+v, 1)
+	if err != nil {
+		return gateway.Position{}, fmt.Errorf("saved position: %w", err)
+	}
+	return c[0], nil
+}
+
+// SavePublisher writes owner's publisher position of shard.
+func (s *Store) SavePublisher(ctx context.Context, shard int, owner string, pos gateway.Position) error {
+	const op = "embedded: save publisher"
+	if err := s.checkShard(ctx, shard); err != nil {
+		return fmt.Errorf("%s: %w", op, err)
+	}
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		sh, err := openShard(tx, shard)
+		if err != nil {
+			return err
+		}
+		if holder, _, held := readLock(sh.root.Get(keyPub)); !held || holder != owner {
+			return fmt.Errorf("shard %d owner %s: %w", shard, owner, gateway.ErrNotHolder)
+		}
+		return sh.root.Put(keyPubPos, []byte(pos.String()))
+	})
+	if err != nil {
+		return fmt.Errorf("%s: %w", op, err)
+	}
+	return nil
+}
+
+// ReleasePublisher gives up owner's publisher lease of shard.
+func (s *Store) ReleasePublisher(ctx context.Context, shard int, owner string) error {
+	const op = "embedded: release publisher"
+	if err := s.checkShard(ctx, shard); err != nil {
+		return fmt.Errorf("%s: %w", op, err)
+	}
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		sh, err := openShard(tx, shard)
+		if err != nil {
+			return err
+		}
+		if holder, _, held := readLock(sh.root.Get(keyPub)); held && holder == owner {
+			return sh.root.Delete(keyPub)
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("%s: %w", op, err)
+	}
+	return nil
+}
