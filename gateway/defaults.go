@@ -15,5 +15,5 @@ const (
 	// gateway it does not hear before it reports them offline
 	// (docs/reliability.md explains the choice).
 	DefaultGatewayGrace = 60 * time.Second
-	DefaultMaxSessions       = 1_000_000
+	DefaultMaxSessions  = 1_000_000
 )

@@ -144,7 +144,6 @@ func tailFollow(ctx context.Context, c *admin.Client, eventsCursor string, asJSO
 	return err
 }
 
-
 // watchOutput is where fleetgate watch prints.
 type watchOutput interface {
 	wantsSnapshot() bool
