@@ -203,8 +203,8 @@ func judge(d Device, evs []Event, p Params, lags *[]time.Duration) []Finding {
 		return out
 	}
 	stop := StopTime(d)
-	if stop.IsZero() {
-		return out // never sent anything
+	if stop.IsZero() || !acked && len(evs) == 0 {
+		return out // never sent anything, or nothing the gateway took
 	}
 	if stop.Add(p.Bound).After(p.End) && !hasOfflineAfter(evs, stop, p) {
 		return out // pending: its bound has not passed
