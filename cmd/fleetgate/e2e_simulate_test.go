@@ -104,7 +104,7 @@ func TestE2ESimulateTwoGatewaysWithChurn(t *testing.T) {
 	if rep.HeartbeatsSent < 300*10 || rep.Fleet.Answered < rep.HeartbeatsSent*95/100 || rep.StoreCallsPerHeartbeat <= 0 {
 		t.Fatalf("fleet %+v, store calls/message %v: too little got through", rep.Fleet, rep.StoreCallsPerHeartbeat)
 	}
-	if rep.BoundMS != (simTiming.lease + simTiming.runnerInterval + time.Second).Milliseconds() || rep.Detection.N == 0 || rep.Detection.P99 > rep.BoundMS {
+	if rep.BoundMS != (simTiming.lease+simTiming.runnerInterval+time.Second).Milliseconds() || rep.Detection.N == 0 || rep.Detection.P99 > rep.BoundMS {
 		t.Fatalf("detection %+v, bound %d", rep.Detection, rep.BoundMS)
 	}
 	for _, s := range strings.Split(scenarios, ",") {
