@@ -25,9 +25,14 @@ var simTiming = e2eTiming{lease: 6 * time.Second, heartbeat: 2 * time.Second, re
 
 // simGateway is a gateway whose per-source limits let a fleet on one
 // loopback address through.
-func simGateway(t *testing.T, id, redisAddr string) *gatewayProc {
+func simGateway(t testing.TB, id, redisAddr string) *gatewayProc {
 	t.Helper()
-	g := newGateway(t, id, redisAddr, simTiming)
+	return simGatewayWith(t, id, redisAddr, simTiming)
+}
+
+func simGatewayWith(t testing.TB, id, redisAddr string, tm e2eTiming) *gatewayProc {
+	t.Helper()
+	g := newGateway(t, id, redisAddr, tm)
 	f, err := os.OpenFile(g.config, os.O_APPEND|os.O_WRONLY, 0)
 	if err != nil {
 		t.Fatal(err)
