@@ -24,6 +24,8 @@ type mqttConn interface {
 	disconnect()
 	// drop closes the connection without a word.
 	drop()
+	// lost is closed when the connection ends, whoever ended it.
+	lost() <-chan struct{}
 }
 
 type mqttDialer struct {
@@ -63,6 +65,8 @@ func (m mqttDialer) dial5(ctx context.Context, addr, id string) (mqttConn, error
 	return &conn5{nc: nc, c: c}, nil
 }
 
+func (c *conn5) lost() <-chan struct{} { return c.c.Done() }
+
 func (c *conn5) publish(ctx context.Context, topic string) error {
 	_, err := c.c.Publish(ctx, &paho.Publish{Topic: topic, QoS: 1, Payload: []byte("21.5")})
 	return err
@@ -87,16 +91,23 @@ func (c *conn5) wait() {
 }
 
 type conn311 struct {
-	mu sync.Mutex
-	nc net.Conn
-	c  mqtt3.Client
+	mu     sync.Mutex
+	nc     net.Conn
+	c      mqtt3.Client
+	gone   chan struct{}
+	goneMu sync.Once
 }
 
+func (c *conn311) lost() <-chan struct{} { return c.gone }
+
+func (c *conn311) end() { c.goneMu.Do(func() { close(c.gone) }) }
+
 func (m mqttDialer) dial311(addr, id string) (mqttConn, error) {
-	c := &conn311{}
+	c := &conn311{gone: make(chan struct{})}
 	o := mqtt3.NewClientOptions().AddBroker("tcp://" + addr).SetClientID(id).SetCleanSession(true).
 		SetProtocolVersion(4).SetKeepAlive(max(time.Second, m.keepAlive)).SetAutoReconnect(false).
 		SetConnectRetry(false).SetConnectTimeout(m.timeout).SetWriteTimeout(m.timeout).
+		SetConnectionLostHandler(func(mqtt3.Client, error) { c.end() }).
 		SetCustomOpenConnectionFn(func(*url.URL, mqtt3.ClientOptions) (net.Conn, error) {
 			nc, err := net.DialTimeout("tcp", addr, m.timeout)
 			if err == nil {
@@ -128,7 +139,10 @@ func (c *conn311) publish(ctx context.Context, topic string) error {
 	}
 }
 
-func (c *conn311) disconnect() { c.c.Disconnect(100) }
+func (c *conn311) disconnect() {
+	c.c.Disconnect(100)
+	c.end()
+}
 
 func (c *conn311) drop() {
 	c.mu.Lock()
@@ -139,6 +153,7 @@ func (c *conn311) drop() {
 	// the client notices the closed connection and ends itself; make
 	// sure it does not linger
 	c.c.Disconnect(0)
+	c.end()
 }
 
 // mqttDevice plays one MQTT device in its own goroutine.
@@ -219,13 +234,22 @@ func (d *mqttDevice) leave(l *link) {
 // is dropped without a word.
 func (d *mqttDevice) run(ctx context.Context, start time.Time) {
 	rng := rand.New(rand.NewPCG(d.plan.Seed, 2))
+	var links []*link
+	// wait waits until at, or until the first link is lost (a gateway
+	// restart, a dropped connection); false when the run is over.
 	wait := func(at time.Time) bool {
 		t := time.NewTimer(time.Until(at))
 		defer t.Stop()
+		var lost <-chan struct{}
+		if len(links) > 0 {
+			lost = links[0].c.lost()
+		}
 		select {
 		case <-ctx.Done():
 			return false
 		case <-t.C:
+			return true
+		case <-lost:
 			return true
 		}
 	}
@@ -246,23 +270,24 @@ func (d *mqttDevice) run(ctx context.Context, start time.Time) {
 	if !wait(start.Add(d.plan.Phase)) {
 		return
 	}
-	var links []*link
 	defer func() {
 		for _, l := range links {
 			d.drop(l)
 		}
 	}()
-	// (re)connect with a bounded retry: a refused or failed connection
-	// is counted and tried again after a heartbeat
+	// (re)connect: a refused or failed connection is counted and tried
+	// again after a backoff of 1 s, doubling up to a heartbeat, with jitter
 	connect := func(gw int) *link {
+		backoff := time.Second
 		for ctx.Err() == nil {
 			l, err := d.connect(ctx, gw)
 			if err == nil {
 				return l
 			}
-			if !wait(time.Now().Add(jitter(rng, d.stats.heartbeat))) {
+			if !sleep(ctx, jitter(rng, min(backoff, d.stats.heartbeat))) {
 				return nil
 			}
+			backoff *= 2
 		}
 		return nil
 	}
@@ -285,6 +310,21 @@ func (d *mqttDevice) run(ctx context.Context, start time.Time) {
 		}
 		if !wait(next) {
 			return
+		}
+		if l := links[0]; isClosed(l.c.lost()) && !(churn && !time.Now().Before(churnAt)) {
+			// lost under it (a gateway restart): back within a second
+			d.drop(l)
+			if !sleep(ctx, time.Duration(rng.Int64N(int64(time.Second)))) {
+				links = links[1:]
+				return
+			}
+			nl := connect(gw)
+			if nl == nil {
+				links = links[1:]
+				return
+			}
+			links[0] = nl
+			d.stats.reconnects.Add(1)
 		}
 		if churn && !time.Now().Before(churnAt) {
 			churn = false
@@ -327,7 +367,7 @@ func (d *mqttDevice) run(ctx context.Context, start time.Time) {
 					d.drop(l)
 				}
 				links = nil
-				if !wait(time.Now().Add(d.plan.Pause)) {
+				if !sleep(ctx, d.plan.Pause) {
 					return
 				}
 				l := connect(gw)
@@ -354,5 +394,26 @@ func (d *mqttDevice) run(ctx context.Context, start time.Time) {
 				}
 			}
 		}
+	}
+}
+
+// sleep waits d unless ctx ends first (false).
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+func isClosed(c <-chan struct{}) bool {
+	select {
+	case <-c:
+		return true
+	default:
+		return false
 	}
 }

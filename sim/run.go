@@ -36,8 +36,10 @@ type Options struct {
 	// default the bound plus 10 s.
 	MaxWait time.Duration
 
-	// Progress, when set, gets a live progress line every second.
-	Progress io.Writer
+	// Progress, when set, gets a live progress line every second; with
+	// ProgressLines each on its own line (for a log), else redrawn.
+	Progress      io.Writer
+	ProgressLines bool
 }
 
 func (o *Options) validate() error {
@@ -158,7 +160,7 @@ func Run(ctx context.Context, o Options) (Report, error) {
 		if res.Pending == 0 || time.Now().After(waitUntil) || ctx.Err() != nil {
 			break
 		}
-		if o.Progress != nil {
+		if o.Progress != nil && !o.ProgressLines {
 			fmt.Fprintf(o.Progress, "\rwaiting for the offline events of %d stopped devices (bound %s) ...   ", res.Pending, o.Bound())
 		}
 		select {
@@ -166,7 +168,7 @@ func Run(ctx context.Context, o Options) (Report, error) {
 		case <-time.After(500 * time.Millisecond):
 		}
 	}
-	if o.Progress != nil {
+	if o.Progress != nil && !o.ProgressLines {
 		fmt.Fprintln(o.Progress)
 	}
 	rep := newReport(o, plans, devices, events, params, res, stats.snapshot(), end.Sub(start))
@@ -201,8 +203,12 @@ func (o Options) progress(ctx context.Context, start time.Time, s *Stats) {
 		case <-t.C:
 		}
 		n := s.snapshot()
-		fmt.Fprintf(o.Progress, "\r%5.0fs/%s  sent %d  acked %d  mqtt connected %d  errors %d   ",
-			time.Since(start).Seconds(), o.Duration, n.Sent, n.Answered, n.Connected, n.SendErrors+n.ConnectErrors+n.Unanswered)
+		lead, end := "\r", "   "
+		if o.ProgressLines {
+			lead, end = time.Now().UTC().Format("15:04:05.000 "), "\n"
+		}
+		fmt.Fprintf(o.Progress, "%s%5.0fs/%s  sent %d  acked %d  mqtt connected %d  reconnects %d  errors %d%s",
+			lead, time.Since(start).Seconds(), o.Duration, n.Sent, n.Answered, n.Connected, n.Reconnects, n.SendErrors+n.ConnectErrors+n.Unanswered, end)
 	}
 }
 

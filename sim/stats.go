@@ -18,6 +18,7 @@ type Stats struct {
 	connects   atomic.Int64 // MQTT connections made
 	connectErr atomic.Int64 // MQTT connections refused or failed
 	connected  atomic.Int64 // MQTT connections open now
+	reconnects atomic.Int64 // MQTT connections lost under a device and made again
 
 	mu    sync.Mutex
 	codes map[string]int64
@@ -42,6 +43,7 @@ type Snapshot struct {
 	Connects      int64            `json:"mqtt_connects"`
 	ConnectErrors int64            `json:"mqtt_connect_errors"`
 	Connected     int64            `json:"mqtt_connected"`
+	Reconnects    int64            `json:"mqtt_reconnects"`
 	CoAPCodes     map[string]int64 `json:"coap_codes"`
 }
 
@@ -51,5 +53,5 @@ func (s *Stats) snapshot() Snapshot {
 	s.mu.Unlock()
 	return Snapshot{Sent: s.sent.Load(), Answered: s.answered.Load(), Unanswered: s.unanswered.Load(),
 		SendErrors: s.sendErrors.Load(), Connects: s.connects.Load(), ConnectErrors: s.connectErr.Load(),
-		Connected: s.connected.Load(), CoAPCodes: codes}
+		Connected: s.connected.Load(), Reconnects: s.reconnects.Load(), CoAPCodes: codes}
 }

@@ -39,6 +39,7 @@ func cmdSimulate(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	scenario := fs.String("scenario", "all", "churn: freeze, leave, roam, move, dual, storm, visit, all or none (comma-separated)")
 	prefix := fs.String("prefix", "", "device ID prefix (default sim<time>-, new each run)")
 	sockets := fs.Int("sockets", 16, "UDP sockets (source ports) the CoAP devices share")
+	progress := fs.Bool("progress", false, "print a progress line every second on stderr even when it is not a terminal")
 	topic := fs.String("topic-prefix", "devices", "auth.topic_prefix of the gateways: MQTT devices publish under <prefix>/<device>/")
 	if err := parse(fs, args); err != nil {
 		return err
@@ -89,6 +90,8 @@ func cmdSimulate(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	}
 	if isTerminal(stderr) {
 		o.Progress = stderr
+	} else if *progress {
+		o.Progress, o.ProgressLines = stderr, true
 	}
 	rep, err := sim.Run(ctx, o)
 	if err != nil {
