@@ -41,6 +41,7 @@ type pendingReq struct {
 	dev    *coapDevice
 	sess   *check.Session
 	sentAt time.Time
+	leave  bool // a DELETE: answered, but not evidence of presence
 }
 
 // coapDevice is one device's state; only the scheduler touches it,
@@ -226,7 +227,7 @@ func (f *coapFleet) send(d *coapDevice, gw int, inst string, code codes.Code, no
 	b, err := m.MarshalWithEncoder(coder.DefaultCoder)
 	if err == nil {
 		f.mu.Lock()
-		f.pending[tok] = pendingReq{dev: d, sess: s, sentAt: now}
+		f.pending[tok] = pendingReq{dev: d, sess: s, sentAt: now, leave: code == codes.DELETE}
 		f.mu.Unlock()
 		_, err = f.conns[d.conn].WriteToUDP(b, f.gws[gw])
 	}
@@ -277,7 +278,9 @@ func (f *coapFleet) read(c *net.UDPConn) {
 		f.stats.code(m.Code().String())
 		if m.Code() == codes.Changed {
 			f.stats.answered.Add(1)
-			p.dev.truth.acked(p.sess, p.sentAt)
+			if !p.leave {
+				p.dev.truth.acked(p.sess, p.sentAt)
+			}
 		}
 	}
 }

@@ -186,7 +186,9 @@ func Plan(o PlanOptions) []DevicePlan {
 			p.At = uniform(rng, d/10, d*6/10)
 		case Steady:
 		default:
-			p.At = uniform(rng, d*15/100, d*45/100)
+			// after its first heartbeat has been taken: a device that
+			// leaves before it ever sent anything would be a visit
+			p.At = max(uniform(rng, d*15/100, d*45/100), p.Phase+o.Heartbeat/2)
 		}
 	}
 	return plans
