@@ -121,6 +121,9 @@ func (f *coapFleet) run(ctx context.Context, start time.Time) {
 	for len(q) > 0 {
 		now := time.Now()
 		for len(q) > 0 && !q[0].at.After(now) {
+			if ctx.Err() != nil {
+				return // behind schedule: the run is over all the same
+			}
 			it := heap.Pop(&q).(due)
 			d := f.devs[it.dev]
 			if next, ok := f.step(d, start, now); ok {
