@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/url"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/eclipse/paho.golang/paho"
@@ -164,8 +165,7 @@ type mqttDevice struct {
 	dialer mqttDialer
 	stats  *Stats
 	topic  string
-	seq    *int64
-	seqMu  *sync.Mutex
+	seq    *atomic.Int64
 }
 
 // link is one live connection and its truth session.
@@ -174,12 +174,7 @@ type link struct {
 	sess *check.Session
 }
 
-func (d *mqttDevice) nextSession() string {
-	d.seqMu.Lock()
-	defer d.seqMu.Unlock()
-	*d.seq++
-	return fmt.Sprintf("mqtt#%d", *d.seq)
-}
+func (d *mqttDevice) nextSession() string { return fmt.Sprintf("mqtt#%d", d.seq.Add(1)) }
 
 // connect makes a new connection to gateway gw; the session's evidence
 // is the moment the CONNECT went out, once CONNACK came back.

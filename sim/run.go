@@ -7,6 +7,7 @@ import (
 	"io"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/fleetgate/fleetgate/sim/check"
@@ -52,10 +53,11 @@ func (o *Options) validate() error {
 		return errors.New("mqtt share must be within [0, 1]")
 	case len(o.CoAP) == 0 && len(o.MQTT) == 0:
 		return errors.New("no gateway: give a CoAP or an MQTT address")
-	case len(o.MQTT) == 0 && o.MQTTShare > 0 && len(o.CoAP) > 0:
-		o.MQTTShare = 0
 	case o.Source == nil:
 		return errors.New("no event source")
+	}
+	if len(o.MQTT) == 0 {
+		o.MQTTShare = 0
 	}
 	if o.Sockets < 1 {
 		o.Sockets = 16
@@ -86,15 +88,14 @@ func Run(ctx context.Context, o Options) (Report, error) {
 			return Report{}, err
 		}
 	}
-	var seq int64
-	var seqMu sync.Mutex
+	var seq atomic.Int64 // MQTT sessions, numbered across the fleet
 	var mqttDevs []*mqttDevice
 	for i, p := range plans {
 		truths[i] = &truth{id: p.ID, active: true}
 		if p.Proto.mqtt() {
 			mqttDevs = append(mqttDevs, &mqttDevice{plan: p, truth: truths[i], gws: o.MQTT, stats: stats,
 				dialer: mqttDialer{keepAlive: keepAlive(o.Heartbeat), timeout: 5 * time.Second},
-				topic:  o.Topic + "/" + p.ID + "/t", seq: &seq, seqMu: &seqMu})
+				topic:  o.Topic + "/" + p.ID + "/t", seq: &seq})
 		} else {
 			cf.add(p, truths[i])
 		}
