@@ -166,7 +166,7 @@ func Run(ctx context.Context, o Options) (Report, error) {
 		}
 		select {
 		case <-ctx.Done():
-		case <-time.After(500 * time.Millisecond):
+		case <-time.After(max(500*time.Millisecond, o.Bound()/20)):
 		}
 	}
 	if o.Progress != nil && !o.ProgressLines {

@@ -141,7 +141,8 @@ func Compare(devices []Device, events []Event, p Params) Result {
 			}
 			return a.At.Compare(b.At)
 		})
-		for _, f := range judge(d, evs, p, &lags) {
+		findings, pending := judge(d, evs, p, &lags)
+		for _, f := range findings {
 			r.ByKind[f.Kind]++
 			if len(r.Examples) < maxExamples {
 				r.Examples = append(r.Examples, f)
@@ -149,9 +150,9 @@ func Compare(devices []Device, events []Event, p Params) Result {
 		}
 		if !d.Active {
 			r.Stopped++
-			if stop := StopTime(d); !stop.IsZero() && stop.Add(p.Bound).After(p.End) && !hasOfflineAfter(evs, stop, p) {
-				r.Pending++
-			}
+		}
+		if pending {
+			r.Pending++
 		}
 	}
 	r.FalseOffline = r.ByKind[FalseOffline]
@@ -168,9 +169,10 @@ func (r Result) Failed() bool {
 	return r.FalseOffline > 0 || r.MissedOffline > 0 || r.LogViolations > 0 || r.MissedOnline > 0
 }
 
-// judge returns the findings of one device; its events are in ver order.
-// It appends the device's detection lag to lags when it has one.
-func judge(d Device, evs []Event, p Params, lags *[]time.Duration) []Finding {
+// judge returns the findings of one device, and whether its offline is
+// still to come inside the bound; its events are in ver order. It
+// appends the device's detection lag to lags when it has one.
+func judge(d Device, evs []Event, p Params, lags *[]time.Duration) (_ []Finding, pending bool) {
 	var out []Finding
 	add := func(k Kind, format string, args ...any) {
 		out = append(out, Finding{Kind: k, Device: d.ID, Detail: sprintf(format, args...)})
@@ -200,14 +202,14 @@ func judge(d Device, evs []Event, p Params, lags *[]time.Duration) []Finding {
 	}
 
 	if d.Active {
-		return out
+		return out, false
 	}
 	stop := StopTime(d)
 	if stop.IsZero() || !acked && len(evs) == 0 {
-		return out // never sent anything, or nothing the gateway took
+		return out, false // never sent anything, or nothing the gateway took
 	}
 	if stop.Add(p.Bound).After(p.End) && !hasOfflineAfter(evs, stop, p) {
-		return out // pending: its bound has not passed
+		return out, true // its bound has not passed
 	}
 	last, ok := lastEvent(evs)
 	switch {
@@ -220,7 +222,7 @@ func judge(d Device, evs []Event, p Params, lags *[]time.Duration) []Finding {
 			add(LateOffline, "stopped at %s; offline (%s) only %s later, bound %s", ms(stop), last.Reason, lag.Round(time.Millisecond), p.Bound)
 		}
 	}
-	return out
+	return out, false
 }
 
 // StopTime is when a stopped device's last session ended: the latest of

@@ -246,3 +246,23 @@ func TestPropertyCorrectLogPassesDamageIsFound(t *testing.T) {
 		}
 	})
 }
+
+// A stopped device is pending until its bound passes or its offline is
+// in; a device the gateway never answered is never waited for.
+func TestPending(t *testing.T) {
+	stopped := check.Device{ID: "d", Sessions: []check.Session{session("a", 0, 58_000, 1000)}}
+	unanswered := check.Device{ID: "u", Sessions: []check.Session{{ID: "a", LastSent: at(58_000)}}}
+	online := []check.Event{ev("d", "online", 1, 20, "connect")}
+	if r := check.Compare([]check.Device{stopped, unanswered}, online, params); r.Pending != 1 || r.Failed() {
+		t.Fatalf("before the bound: %+v", r)
+	}
+	done := append(online, ev("d", "offline", 2, 62_000, "expired"))
+	if r := check.Compare([]check.Device{stopped, unanswered}, done, params); r.Pending != 0 || r.Failed() || r.Detection.N != 1 {
+		t.Fatalf("offline in: %+v", r)
+	}
+	late := params
+	late.End = at(70_000)
+	if r := check.Compare([]check.Device{stopped, unanswered}, online, late); r.Pending != 0 || r.MissedOffline != 1 {
+		t.Fatalf("after the bound: %+v", r)
+	}
+}
