@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -153,8 +154,10 @@ func ParseInfo(info string) Counters {
 	for _, line := range strings.Split(info, "\n") {
 		line = strings.TrimSpace(line)
 		if name, rest, ok := strings.Cut(line, ":calls="); ok && strings.HasPrefix(name, "cmdstat_") {
-			n, _ := strconv.ParseInt(strings.SplitN(rest, ",", 2)[0], 10, 64)
-			c.Calls += n
+			n, err := strconv.ParseInt(strings.SplitN(rest, ",", 2)[0], 10, 64)
+			if err == nil && n > 0 {
+				c.Calls += min(n, math.MaxInt64-c.Calls) // saturates
+			}
 			continue
 		}
 		for _, k := range []string{"used_cpu_user:", "used_cpu_sys:"} {

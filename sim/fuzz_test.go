@@ -20,8 +20,8 @@ func FuzzParse(f *testing.F) {
 				}
 			}
 		}
-		if c := ParseInfo(s); c.Calls < 0 && !strings.Contains(s, "-") {
-			t.Fatalf("%q: negative calls without a minus sign", s)
+		if c := ParseInfo(s); c.Calls < 0 {
+			t.Fatalf("%q: negative calls %d", s, c.Calls)
 		}
 		fields := map[string]any{}
 		for i, kv := range strings.Split(s, ",") {
