@@ -1,24 +1,19 @@
 package main
 
 import (
-	"bytes"
 	"context"
-	"errors"
 	"fmt"
-	"net"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
-	"github.com/plgd-dev/go-coap/v3/message"
-	"github.com/plgd-dev/go-coap/v3/message/codes"
-	"github.com/plgd-dev/go-coap/v3/message/pool"
-	"github.com/plgd-dev/go-coap/v3/udp/coder"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fleetgate/fleetgate/internal/redistest"
+	"github.com/fleetgate/fleetgate/sim"
+	"github.com/fleetgate/fleetgate/sim/check"
+	"github.com/fleetgate/fleetgate/sim/naive"
 )
 
 // BenchmarkCommandsPerMessage plays 10,000 CoAP devices, each sending a
@@ -171,63 +166,33 @@ func benchGateway(b *testing.B, redisAddr string, shards int) (string, func() fl
 	return g.coapAddr, calls, g.stop
 }
 
-// simulateLoad runs `fleetgate simulate` and returns the requests sent.
+// simulateLoad plays the CoAP fleet of sim (steady devices, no churn)
+// and returns the requests sent.
 func simulateLoad(b *testing.B, addr string, devices int, every, run time.Duration) int64 {
-	var out, errb bytes.Buffer
-	code := dispatch(context.Background(), []string{"simulate", "--coap", addr, "--devices", strconv.Itoa(devices),
-		"--interval", every.String(), "--duration", run.String(), "--sockets", "64"}, &out, &errb)
-	if code != 0 {
-		b.Fatalf("simulate: %d %s", code, errb.String())
+	rep, err := sim.Run(context.Background(), sim.Options{CoAP: []string{addr}, Source: nullSource{}, Devices: devices,
+		Duration: run, Heartbeat: every, Sockets: 64, Prefix: "sim-",
+		Lease: 90 * time.Second, RenewEvery: 20 * time.Second, RunnerInterval: time.Second})
+	if err != nil {
+		b.Fatalf("simulate: %v", err)
 	}
-	var sent int64
-	if _, err := fmt.Sscanf(out.String(), "sent %d requests", &sent); err != nil {
-		b.Fatalf("simulate output %q: %v", out.String(), err)
-	}
-	b.Logf("simulate: %s", strings.TrimSpace(out.String()))
-	return sent
+	b.Logf("simulate: %d requests, %d answered, codes %v", rep.HeartbeatsSent, rep.Fleet.Answered, rep.Fleet.CoAPCodes)
+	return rep.HeartbeatsSent
 }
 
-// startNaive runs the naive design: a UDP server that answers each CoAP
-// heartbeat after one SET <device> 1 EX 90 on Redis.
+// nullSource reads nothing: the load runs only count.
+type nullSource struct{}
+
+func (nullSource) Events(context.Context, time.Time) ([]check.Event, error) { return nil, nil }
+func (nullSource) Counters(context.Context) (sim.Counters, bool, error) {
+	return sim.Counters{}, false, nil
+}
+func (nullSource) Close() error { return nil }
+
+// startNaive runs the naive design (sim/naive) with the shipped lease.
 func startNaive(b *testing.B, rc *redis.Client) (string, func()) {
-	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+	p, err := naive.Start(context.Background(), rc, 90*time.Second)
 	if err != nil {
 		b.Fatal(err)
 	}
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		buf := make([]byte, 1500)
-		for {
-			n, from, err := pc.ReadFrom(buf)
-			if errors.Is(err, net.ErrClosed) {
-				return
-			}
-			if err != nil {
-				continue
-			}
-			req := pool.NewMessage(context.Background())
-			if _, err := req.UnmarshalWithDecoder(coder.DefaultCoder, buf[:n]); err != nil {
-				continue
-			}
-			q, _ := req.Queries()
-			dev := ""
-			for _, kv := range q {
-				if v, ok := strings.CutPrefix(kv, "d="); ok {
-					dev = v
-				}
-			}
-			rc.Set(context.Background(), "naive:"+dev, "1", 90*time.Second)
-			resp := pool.NewMessage(context.Background())
-			resp.SetCode(codes.Changed)
-			resp.SetType(message.NonConfirmable)
-			resp.SetMessageID(req.MessageID())
-			resp.SetToken(req.Token())
-			if out, err := resp.MarshalWithEncoder(coder.DefaultCoder); err == nil {
-				_, _ = pc.WriteTo(out, from)
-			}
-		}
-	}()
-	return pc.LocalAddr().String(), func() { pc.Close(); wg.Wait() }
+	return p.Addr(), func() { p.Close() }
 }

@@ -280,9 +280,12 @@ func cmdEvents(ctx context.Context, args []string, stdout, stderr io.Writer) err
 // colorTerminal reports whether w is a terminal that takes colours: not
 // when piped or redirected, nor with NO_COLOR set (no-color.org).
 func colorTerminal(w io.Writer) bool {
+	return isTerminal(w) && os.Getenv("NO_COLOR") == "" && os.Getenv("TERM") != "dumb"
+}
+
+// isTerminal reports whether w is a terminal (a table updated in place,
+// a progress line; JSON lines or plain lines when piped).
+func isTerminal(w io.Writer) bool {
 	f, ok := w.(*os.File)
-	if !ok || os.Getenv("NO_COLOR") != "" || os.Getenv("TERM") == "dumb" {
-		return false
-	}
-	return isatty.IsTerminal(f.Fd())
+	return ok && isatty.IsTerminal(f.Fd())
 }

@@ -2,166 +2,133 @@ package main
 
 import (
 	"context"
-	"errors"
+	"encoding/json"
 	"fmt"
 	"io"
-	"math/rand/v2"
-	"net"
-	"sync"
-	"sync/atomic"
+	"os"
+	"strings"
 	"time"
 
-	"github.com/plgd-dev/go-coap/v3/message"
-	"github.com/plgd-dev/go-coap/v3/message/codes"
-	"github.com/plgd-dev/go-coap/v3/message/pool"
-	"github.com/plgd-dev/go-coap/v3/udp/coder"
+	"github.com/fleetgate/fleetgate/sim"
 )
 
-// cmdSimulate plays a fleet of CoAP devices against a gateway: each device
-// sends POST /hb?d=<prefix><n> every --interval (with ±10 % jitter) over
-// a shared pool of UDP sockets, and optionally DELETE /hb at the end. It
-// is how to try a gateway by hand and how the load figures are produced.
+// cmdSimulate plays a fleet of CoAP and MQTT devices, with churn, against
+// one or more gateways, reads the presence events they wrote (from Redis,
+// or from a gateway's admin API for the embedded store) and compares them
+// with what the fleet did. It exits 1 when fleetgate reported a false
+// offline, missed an offline or an online, or wrote a broken log.
 func cmdSimulate(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs, _ := newFlags("simulate", "simulate --coap HOST:PORT [--devices N] [--interval D] [--duration D]", stderr)
-	addr := fs.String("coap", "127.0.0.1:5683", "gateway CoAP UDP address")
-	devices := fs.Int("devices", 10, "number of simulated devices")
-	interval := fs.Duration("interval", 10*time.Second, "heartbeat interval of each device")
-	duration := fs.Duration("duration", 30*time.Second, "how long to run")
-	prefix := fs.String("prefix", "sim-", "device ID prefix")
-	sockets := fs.Int("sockets", 16, "UDP sockets (source ports) shared by the devices")
-	con := fs.Bool("con", false, "send confirmable (CON) instead of non-confirmable (NON) requests")
-	leave := fs.Bool("leave", false, "send DELETE /hb for every device at the end")
+	fs, _ := newFlags("simulate", "simulate (--coap HOST:PORT[,...] | --mqtt HOST:PORT[,...]) (--redis ADDR[,...] | --admin HOST:PORT) [flags]", stderr)
+	coapAddrs := fs.String("coap", "", "gateways' CoAP UDP addresses, comma-separated")
+	mqttAddrs := fs.String("mqtt", "", "gateways' MQTT TCP addresses, comma-separated")
+	redisAddrs := fs.String("redis", "", "the Redis store the gateways write (standalone, or Cluster nodes), comma-separated")
+	keyPrefix := fs.String("key-prefix", "fleetgate", "the store's key prefix (store.redis.key_prefix)")
+	adminAddr := fs.String("admin", "", "a gateway's admin API, to read the events of the embedded store")
+	devices := fs.Int("devices", 100, "number of devices")
+	mqttShare := fs.Float64("mqtt-share", 0.1, "share of the devices that speak MQTT (half MQTT 5, half 3.1.1)")
+	duration := fs.Duration("duration", 40*time.Second, "how long the fleet runs")
+	heartbeat := fs.Duration("heartbeat", 30*time.Second, "each device's heartbeat interval (±10 % jitter)")
+	lease := fs.Duration("lease", 90*time.Second, "presence.lease of the gateways, for the bounds")
+	renewEvery := fs.Duration("renew-every", 20*time.Second, "presence.renew_every of the gateways, for the bounds")
+	runnerInterval := fs.Duration("runner-interval", time.Second, "runner.interval of the gateways, for the bounds")
+	slack := fs.Duration("slack", time.Second, "processing time allowed on top of lease + runner interval")
+	tolerance := fs.Duration("tolerance", 300*time.Millisecond, "clock skew and time in flight the checker forgives")
+	maxWait := fs.Duration("max-wait", 0, "longest wait for offline events after the fleet stops (default bound + 10s)")
+	report := fs.String("report", "", "write the JSON report to this file (- for stdout)")
+	seed := fs.Uint64("seed", 1, "seed of the fleet plan (who speaks what, who churns how and when)")
+	scenario := fs.String("scenario", "all", "churn: freeze, leave, roam, move, dual, storm, visit, all or none (comma-separated)")
+	prefix := fs.String("prefix", "", "device ID prefix (default sim<time>-, new each run)")
+	sockets := fs.Int("sockets", 16, "UDP sockets (source ports) the CoAP devices share")
+	progress := fs.Bool("progress", false, "print a progress line every second on stderr even when it is not a terminal")
+	topic := fs.String("topic-prefix", "devices", "auth.topic_prefix of the gateways: MQTT devices publish under <prefix>/<device>/")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
 	if err := noArgs(fs); err != nil {
 		return err
 	}
-	if *devices < 1 || *sockets < 1 || *interval <= 0 || *duration <= 0 {
-		return fmt.Errorf("%w: --devices, --sockets, --interval and --duration must be > 0", errUsage)
-	}
-	raddr, err := net.ResolveUDPAddr("udp", *addr)
+	scen, err := sim.ParseScenarios(*scenario)
 	if err != nil {
-		return fmt.Errorf("--coap %s: %w", *addr, err)
+		return fmt.Errorf("%w: --scenario: %v", errUsage, err)
 	}
-	sim := &simulator{typ: message.NonConfirmable, codes: map[codes.Code]int{}}
-	if *con {
-		sim.typ = message.Confirmable
+	o := sim.Options{
+		CoAP: splitList(*coapAddrs), MQTT: splitList(*mqttAddrs),
+		Devices: *devices, MQTTShare: *mqttShare, Duration: *duration, Heartbeat: *heartbeat,
+		Scenarios: scen, Seed: *seed, Prefix: *prefix, Sockets: *sockets, Topic: *topic,
+		Lease: *lease, RenewEvery: *renewEvery, RunnerInterval: *runnerInterval,
+		Slack: *slack, Tolerance: *tolerance, MaxWait: *maxWait,
 	}
-	conns := make([]*net.UDPConn, *sockets)
-	for i := range conns {
-		if conns[i], err = net.DialUDP("udp", nil, raddr); err != nil {
-			return fmt.Errorf("dial %s: %w", raddr, err)
+	if o.Prefix == "" {
+		o.Prefix = fmt.Sprintf("sim%d-", time.Now().Unix()%1_000_000)
+	}
+	if len(o.CoAP) == 0 && len(o.MQTT) == 0 {
+		return fmt.Errorf("%w: give the gateways' --coap and/or --mqtt addresses", errUsage)
+	}
+	if len(o.MQTT) == 0 {
+		o.MQTTShare = 0
+	}
+	if len(o.CoAP) == 0 {
+		o.MQTTShare = 1
+	}
+	if *devices < 1 || *duration <= 0 || *heartbeat <= 0 || *lease <= 0 || *mqttShare < 0 || *mqttShare > 1 {
+		return fmt.Errorf("%w: --devices, --duration, --heartbeat and --lease must be > 0, --mqtt-share within [0, 1]", errUsage)
+	}
+	switch {
+	case *redisAddrs != "" && *adminAddr != "":
+		return fmt.Errorf("%w: --redis and --admin exclude each other", errUsage)
+	case *redisAddrs != "":
+		src, err := sim.DialRedis(ctx, splitList(*redisAddrs), *keyPrefix)
+		if err != nil {
+			return err
 		}
-		defer conns[i].Close()
+		defer src.Close()
+		o.Source = src
+	case *adminAddr != "":
+		o.Source = sim.NewAdminSource(*adminAddr)
+	default:
+		return fmt.Errorf("%w: give --redis (the store) or --admin (a gateway on the embedded store) to read the events", errUsage)
 	}
-	var readers sync.WaitGroup
-	for _, c := range conns {
-		readers.Add(1)
-		go func() { defer readers.Done(); sim.read(c) }()
+	if isTerminal(stderr) {
+		o.Progress = stderr
+	} else if *progress {
+		o.Progress, o.ProgressLines = stderr, true
 	}
-	runCtx, cancel := context.WithTimeout(ctx, *duration)
-	defer cancel()
-	start := time.Now()
-	sim.heartbeats(runCtx, conns, *devices, *prefix, *interval)
-	if *leave {
-		for n := range *devices {
-			sim.send(conns[n%len(conns)], codes.DELETE, fmt.Sprintf("d=%s%d", *prefix, n))
+	rep, err := sim.Run(ctx, o)
+	if err != nil {
+		return err
+	}
+	if *report != "" {
+		b, err := json.MarshalIndent(rep, "", "  ")
+		if err != nil {
+			return err
+		}
+		b = append(b, '\n')
+		if *report == "-" {
+			_, err = stdout.Write(b)
+		} else {
+			err = os.WriteFile(*report, b, 0o644)
+		}
+		if err != nil {
+			return fmt.Errorf("write report: %w", err)
 		}
 	}
-	// Give the last answers a moment, then stop the readers.
-	time.Sleep(500 * time.Millisecond)
-	for _, c := range conns {
-		c.Close()
+	if *report != "-" {
+		rep.WriteTable(stdout)
 	}
-	readers.Wait()
-	elapsed := time.Since(start)
-	sim.mu.Lock()
-	defer sim.mu.Unlock()
-	fmt.Fprintf(stdout, "sent %d requests in %s (%.0f/s), %d answers, %d send errors\n",
-		sim.sent.Load(), elapsed.Round(time.Millisecond), float64(sim.sent.Load())/elapsed.Seconds(), sim.answered.Load(), sim.sendErrs.Load())
-	for c, n := range sim.codes {
-		fmt.Fprintf(stdout, "  %v: %d\n", c, n)
+	if rep.Failed() {
+		return fmt.Errorf("%d false offline, %d missed offline, %d missed online, %d log violations",
+			rep.FalseOffline, rep.MissedOffline, rep.MissedOnline, rep.LogViolations)
 	}
 	return nil
 }
 
-type simulator struct {
-	typ      message.Type
-	mid      atomic.Uint32
-	sent     atomic.Int64
-	answered atomic.Int64
-	sendErrs atomic.Int64
-	mu       sync.Mutex
-	codes    map[codes.Code]int
+func splitList(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
 }
 
-// heartbeats sends every device's POST /hb at its own phase of interval
-// until ctx ends. Each round is bounded: devices due now are sent, then it
-// waits for the next due one.
-func (s *simulator) heartbeats(ctx context.Context, conns []*net.UDPConn, devices int, prefix string, interval time.Duration) {
-	next := make([]time.Time, devices)
-	now := time.Now()
-	for i := range next {
-		next[i] = now.Add(rand.N(interval))
-	}
-	tick := time.NewTicker(10 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		now := time.Now()
-		for i := range next {
-			if next[i].After(now) {
-				continue
-			}
-			s.send(conns[i%len(conns)], codes.POST, fmt.Sprintf("d=%s%d", prefix, i))
-			jitter := time.Duration(rand.Int64N(int64(interval)/5+1)) - interval/10
-			next[i] = now.Add(interval + jitter)
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
-		}
-	}
-}
-
-func (s *simulator) send(c *net.UDPConn, code codes.Code, query string) {
-	m := pool.NewMessage(context.Background())
-	mid := s.mid.Add(1)
-	m.SetType(s.typ)
-	m.SetCode(code)
-	m.SetMessageID(int32(uint16(mid)))
-	m.SetToken(message.Token{byte(mid >> 24), byte(mid >> 16), byte(mid >> 8), byte(mid)})
-	_ = m.SetPath("/hb")
-	m.AddQuery(query)
-	b, err := m.MarshalWithEncoder(coder.DefaultCoder)
-	if err == nil {
-		_, err = c.Write(b)
-	}
-	if err != nil {
-		s.sendErrs.Add(1)
-		return
-	}
-	s.sent.Add(1)
-}
-
-func (s *simulator) read(c *net.UDPConn) {
-	buf := make([]byte, 1500)
-	for {
-		n, err := c.Read(buf)
-		if err != nil {
-			if errors.Is(err, net.ErrClosed) {
-				return
-			}
-			continue
-		}
-		m := pool.NewMessage(context.Background())
-		if _, err := m.UnmarshalWithDecoder(coder.DefaultCoder, buf[:n]); err != nil {
-			continue
-		}
-		s.answered.Add(1)
-		s.mu.Lock()
-		s.codes[m.Code()]++
-		s.mu.Unlock()
-	}
-}

@@ -1,0 +1,78 @@
+package sim
+
+import (
+	"reflect"
+	"testing"
+	"time"
+)
+
+func TestPlanIsDrawnFromTheSeed(t *testing.T) {
+	o := PlanOptions{Devices: 1000, MQTTShare: 0.3, Duration: time.Minute, Heartbeat: 5 * time.Second,
+		CoAPGateways: 2, MQTTGateways: 2, Scenarios: AllScenarios, Seed: 42, Prefix: "d-"}
+	a, b := Plan(o), Plan(o)
+	if !reflect.DeepEqual(a, b) {
+		t.Fatal("the same options gave two plans")
+	}
+	o.Seed++
+	if reflect.DeepEqual(a, Plan(o)) {
+		t.Fatal("another seed gave the same plan")
+	}
+	count := map[Proto]map[Churn]int{}
+	for _, p := range a {
+		if count[p.Proto] == nil {
+			count[p.Proto] = map[Churn]int{}
+		}
+		count[p.Proto][p.Churn]++
+		switch {
+		case p.Churn == Storm && p.At != 30*time.Second:
+			t.Fatalf("%s storms at %v", p.ID, p.At)
+		case p.Churn == Visit && (p.At < 6*time.Second || p.At > 36*time.Second):
+			t.Fatalf("%s visits at %v", p.ID, p.At)
+		case p.Churn != Steady && p.Churn != Storm && p.Churn != Visit && (p.At < p.Phase+o.Heartbeat/2 || p.At > 27*time.Second+o.Heartbeat):
+			t.Fatalf("%s churns (%s) at %v, first heartbeat at %v", p.ID, p.Churn, p.At, p.Phase)
+		case p.Gateway == p.To:
+			t.Fatalf("%s moves to its own gateway", p.ID)
+		}
+	}
+	mqtt := 0
+	for _, pr := range []Proto{MQTT5, MQTT311} {
+		for _, n := range count[pr] {
+			mqtt += n
+		}
+	}
+	if mqtt != 300 {
+		t.Fatalf("%d MQTT devices, want 300", mqtt)
+	}
+	for _, c := range AllScenarios {
+		if count[CoAPNon][c]+count[CoAPCon][c] == 0 || count[MQTT5][c]+count[MQTT311][c] == 0 {
+			t.Fatalf("scenario %s missing from a protocol: %v", c, count)
+		}
+	}
+}
+
+func TestPlanLeavesOutWhatCannotHappen(t *testing.T) {
+	// one gateway per protocol: nobody can move, MQTT devices cannot
+	// hold two connections on two gateways
+	for _, p := range Plan(PlanOptions{Devices: 400, MQTTShare: 0.5, Duration: time.Minute, Heartbeat: time.Second,
+		CoAPGateways: 1, MQTTGateways: 1, Scenarios: AllScenarios, Seed: 1, Prefix: "d-"}) {
+		if p.Churn == Roam || p.Churn == Move || p.Churn == Dual && p.Proto.mqtt() {
+			t.Fatalf("%s (%s) got %s with one gateway", p.ID, p.Proto, p.Churn)
+		}
+	}
+}
+
+func TestParseScenarios(t *testing.T) {
+	got, err := ParseScenarios("storm, freeze,storm")
+	if err != nil || !reflect.DeepEqual(got, []Churn{Freeze, Storm}) {
+		t.Fatalf("got %v, %v", got, err)
+	}
+	if got, _ := ParseScenarios("all"); !reflect.DeepEqual(got, AllScenarios) {
+		t.Fatalf("all: %v", got)
+	}
+	if got, _ := ParseScenarios("none"); len(got) != 0 {
+		t.Fatalf("none: %v", got)
+	}
+	if _, err := ParseScenarios("meteor"); err == nil {
+		t.Fatal("an unknown scenario was accepted")
+	}
+}

@@ -1,0 +1,232 @@
+package sim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/fleetgate/fleetgate/sim/check"
+)
+
+// Options of a run. Lease, RenewEvery and RunnerInterval are the
+// gateways' settings: the checker judges with them.
+type Options struct {
+	CoAP, MQTT []string // gateway addresses
+	Source     Source   // where the events are read
+
+	Devices   int
+	MQTTShare float64
+	Duration  time.Duration
+	Heartbeat time.Duration
+	Scenarios []Churn
+	Seed      uint64
+	Prefix    string // device ID prefix
+	Sockets   int    // UDP sockets of the CoAP devices
+	Topic     string // MQTT topic prefix (auth.topic_prefix)
+
+	Lease, RenewEvery, RunnerInterval time.Duration
+	// Slack is the processing time added to lease + runner interval in
+	// the bound; Tolerance absorbs clock skew and time in flight.
+	Slack, Tolerance time.Duration
+	// MaxWait bounds the wait for offline events after the fleet stops;
+	// default the bound plus 10 s.
+	MaxWait time.Duration
+
+	// Progress, when set, gets a live progress line every second; with
+	// ProgressLines each on its own line (for a log), else redrawn.
+	Progress      io.Writer
+	ProgressLines bool
+}
+
+func (o *Options) validate() error {
+	switch {
+	case o.Devices < 1:
+		return errors.New("devices must be > 0")
+	case o.Duration <= 0 || o.Heartbeat <= 0 || o.Lease <= 0:
+		return errors.New("duration, heartbeat and lease must be > 0")
+	case o.MQTTShare < 0 || o.MQTTShare > 1:
+		return errors.New("mqtt share must be within [0, 1]")
+	case len(o.CoAP) == 0 && len(o.MQTT) == 0:
+		return errors.New("no gateway: give a CoAP or an MQTT address")
+	case o.Source == nil:
+		return errors.New("no event source")
+	}
+	if len(o.MQTT) == 0 {
+		o.MQTTShare = 0
+	}
+	if o.Sockets < 1 {
+		o.Sockets = 16
+	}
+	if o.Topic == "" {
+		o.Topic = "devices"
+	}
+	return nil
+}
+
+// Bound is the worst-case detection the run is judged against.
+func (o Options) Bound() time.Duration { return o.Lease + o.RunnerInterval + o.Slack }
+
+// Run plays the fleet, waits for what should follow, reads the events
+// and compares them with the truth.
+func Run(ctx context.Context, o Options) (Report, error) {
+	if err := o.validate(); err != nil {
+		return Report{}, err
+	}
+	plans := Plan(PlanOptions{Devices: o.Devices, MQTTShare: o.MQTTShare, Duration: o.Duration, Heartbeat: o.Heartbeat,
+		CoAPGateways: len(o.CoAP), MQTTGateways: len(o.MQTT), Scenarios: o.Scenarios, Seed: o.Seed, Prefix: o.Prefix})
+	stats := newStats(o.Heartbeat)
+	truths := make([]*truth, len(plans))
+	var cf *coapFleet
+	var err error
+	if len(o.CoAP) > 0 {
+		if cf, err = newCoAPFleet(o.CoAP, o.Sockets, stats); err != nil {
+			return Report{}, err
+		}
+	}
+	var seq atomic.Int64 // MQTT sessions, numbered across the fleet
+	var mqttDevs []*mqttDevice
+	for i, p := range plans {
+		truths[i] = &truth{id: p.ID, active: true}
+		if p.Proto.mqtt() {
+			mqttDevs = append(mqttDevs, &mqttDevice{plan: p, truth: truths[i], gws: o.MQTT, stats: stats,
+				dialer: mqttDialer{keepAlive: keepAlive(o.Heartbeat), timeout: 5 * time.Second},
+				topic:  o.Topic + "/" + p.ID + "/t", seq: &seq})
+		} else {
+			cf.add(p, truths[i])
+		}
+	}
+
+	before, haveCounters, err := o.Source.Counters(ctx)
+	if err != nil {
+		return Report{}, err
+	}
+	start := time.Now()
+	fleetCtx, stop := context.WithTimeout(ctx, o.Duration)
+	defer stop()
+	var wg sync.WaitGroup
+	if cf != nil {
+		wg.Add(1)
+		go func() { defer wg.Done(); cf.run(fleetCtx, start) }()
+	}
+	for _, d := range mqttDevs {
+		wg.Add(1)
+		go func() { defer wg.Done(); d.run(fleetCtx, start) }()
+	}
+	progressDone := make(chan struct{})
+	go func() {
+		defer close(progressDone)
+		o.progress(fleetCtx, start, stats)
+	}()
+	wg.Wait()
+	<-progressDone
+	if cf != nil {
+		cf.drain(time.Second)
+		cf.close()
+	}
+	end := time.Now()
+	if n := stats.snapshot(); n.Answered == 0 {
+		return Report{}, fmt.Errorf("no gateway answered any of the %d messages sent (%d connections refused or failed): are the addresses right?", n.Sent, n.ConnectErrors)
+	}
+	after, _, err := o.Source.Counters(ctx)
+	if err != nil {
+		return Report{}, err
+	}
+
+	devices := make([]check.Device, len(truths))
+	for i, t := range truths {
+		devices[i] = t.device()
+	}
+	params := check.Params{Lease: o.Lease, RenewEvery: o.RenewEvery, Bound: o.Bound(), Tolerance: o.Tolerance}
+	// Wait until every stopped device's bound has passed or its offline
+	// event is in, bounded by MaxWait.
+	maxWait := o.MaxWait
+	if maxWait <= 0 {
+		maxWait = o.Bound() + 10*time.Second
+	}
+	waitUntil := end.Add(maxWait)
+	var events []check.Event
+	var res check.Result
+	for {
+		events, err = o.Source.Events(ctx, start.Add(-time.Second))
+		if err != nil {
+			return Report{}, err
+		}
+		params.End = time.Now().Add(-o.Tolerance)
+		res = check.Compare(devices, events, params)
+		if res.Pending == 0 || time.Now().After(waitUntil) || ctx.Err() != nil {
+			break
+		}
+		if o.Progress != nil && !o.ProgressLines {
+			fmt.Fprintf(o.Progress, "\rwaiting for the offline events of %d stopped devices (bound %s) ...   ", res.Pending, o.Bound())
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(max(500*time.Millisecond, o.Bound()/20)):
+		}
+	}
+	if o.Progress != nil && !o.ProgressLines {
+		fmt.Fprintln(o.Progress)
+	}
+	rep := newReport(o, plans, devices, events, params, res, stats.snapshot(), end.Sub(start))
+	if haveCounters && rep.HeartbeatsSent > 0 {
+		rep.StoreCalls = after.Calls - before.Calls
+		rep.StoreCallsPerHeartbeat = float64(rep.StoreCalls) / float64(rep.HeartbeatsSent)
+		rep.StoreCPUMicrosPerHeartbeat = float64((after.CPU - before.CPU).Microseconds()) / float64(rep.HeartbeatsSent)
+	}
+	return rep, nil
+}
+
+// keepAlive is what MQTT devices ask for: twice their heartbeat, at
+// least 2 s (mochi's keep-alive deadline is keepalive + keepalive/2 in
+// whole seconds, so a keep-alive of 1 s gives 1 s, not 1.5 s). The
+// gateway clamps it to its heartbeat interval.
+func keepAlive(hb time.Duration) time.Duration {
+	return max(2*time.Second, (2 * hb).Round(time.Second))
+}
+
+// progress writes a live line every second until ctx ends.
+func (o Options) progress(ctx context.Context, start time.Time, s *Stats) {
+	if o.Progress == nil {
+		<-ctx.Done()
+		return
+	}
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		n := s.snapshot()
+		lead, end := "\r", "   "
+		if o.ProgressLines {
+			lead, end = time.Now().UTC().Format("15:04:05.000 "), "\n"
+		}
+		fmt.Fprintf(o.Progress, "%s%5.0fs/%s  sent %d  acked %d  mqtt connected %d  reconnects %d  errors %d%s",
+			lead, time.Since(start).Seconds(), o.Duration, n.Sent, n.Answered, n.Connected, n.Reconnects, n.SendErrors+n.ConnectErrors+n.Unanswered, end)
+	}
+}
+
+// churnOf maps device IDs to their churn.
+func churnOf(plans []DevicePlan) map[string]Churn {
+	m := make(map[string]Churn, len(plans))
+	for _, p := range plans {
+		m[p.ID] = p.Churn
+	}
+	return m
+}
+
+func scenarioNames(cs []Churn) []string {
+	out := make([]string, 0, len(cs))
+	for _, c := range cs {
+		out = append(out, c.String())
+	}
+	slices.Sort(out)
+	return out
+}

@@ -1,0 +1,89 @@
+#!/bin/bash
+# sim/scale.sh: the scale figures of docs/benchmarks.md (issue 15).
+#
+#   sim/scale.sh fleet   [COAP MQTT DURATION]  # 100,000 CoAP + 10,000 MQTT, shipped timings, 3 min
+#   sim/scale.sh restart [MQTT DURATION AT]    # 10,000 MQTT devices; the gateway restarts at AT
+#
+# One redis-server and one `fleetgate run` (Redis store, shipped timings,
+# per-source limits raised: the whole fleet comes from 127.0.0.1) on free
+# loopback ports under a temporary directory; everything is stopped at the
+# end. It prints the gateway's CPU per 1,000 devices and RSS per device
+# (from /proc), and simulate's report.
+set -euo pipefail
+mode=${1:-fleet}
+root=$(cd "$(dirname "$0")/.." && pwd)
+dir=$(mktemp -d /tmp/fleetgate-scale-XXXXXX)
+bin=$dir/fleetgate
+(cd "$root" && go build -o "$bin" ./cmd/fleetgate)
+port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+rport=$(port); cport=$(port); mport=$(port); aport=$(port)
+redis-server --port "$rport" --bind 127.0.0.1 --save "" --appendonly no --dir "$dir" --loglevel warning --logfile "$dir/redis.log" &
+rpid=$!
+gpid=
+cleanup() { [ -n "$gpid" ] && kill "$gpid" 2>/dev/null; kill "$rpid" 2>/dev/null; wait 2>/dev/null; }
+trap cleanup EXIT
+cat > "$dir/fleetgate.yaml" <<EOC
+gateway: { id: scale-1, state_dir: $dir/state }
+store:
+  backend: redis
+  redis: { addrs: ["127.0.0.1:$rport"] }
+listen:
+  coap: { udp: "127.0.0.1:$cport" }
+  mqtt: { tcp: "127.0.0.1:$mport" }
+  admin: { http: "127.0.0.1:$aport" }
+limits: { coap_requests_per_second: 1000000, mqtt_connects_per_second: 1000000, mqtt_max_clients: 200000 }
+auth: { allow_anonymous: true, devices_file: "" }
+log: { level: warn }
+EOC
+startgw() {
+	"$bin" run -c "$dir/fleetgate.yaml" >>"$dir/gateway.log" 2>&1 &
+	gpid=$!
+	for _ in $(seq 100); do curl -sf "127.0.0.1:$aport/readyz" >/dev/null && return; sleep 0.1; done
+	echo "gateway not ready" >&2; cat "$dir/gateway.log" >&2; exit 1
+}
+ticks() { awk '{print $14+$15}' "/proc/$1/stat"; }
+startgw
+hz=$(getconf CLK_TCK)
+case $mode in
+fleet)
+	coap=${2:-100000}; mqtt=${3:-10000}; duration=${4:-3m}
+	devices=$((coap + mqtt))
+	share=$(python3 -c "print($mqtt/$devices)")
+	t0=$(ticks "$gpid"); s0=$(date +%s.%N)
+	"$bin" simulate --coap "127.0.0.1:$cport" --mqtt "127.0.0.1:$mport" --redis "127.0.0.1:$rport" \
+		--devices "$devices" --mqtt-share "$share" --duration "$duration" --sockets 64 \
+		--scenario freeze,leave,dual,storm --report "$dir/report.json" --progress 2>"$dir/progress.log" || true
+	t1=$(ticks "$gpid"); s1=$(date +%s.%N)
+	rss=$(awk '/VmHWM/{print $2}' "/proc/$gpid/status")
+	python3 - "$dir/report.json" "$t0" "$t1" "$s0" "$s1" "$hz" "$devices" "$rss" <<'EOP'
+import json, sys
+r = json.load(open(sys.argv[1])); t0, t1, s0, s1, hz, n, rss = (float(x) for x in sys.argv[2:])
+cpu = (t1 - t0) / hz; wall = s1 - s0
+print(f"gateway CPU {cpu:.1f} s over {wall:.0f} s = {100*cpu/wall:.1f} % of a core; per 1,000 devices {100*cpu/wall/(n/1000):.3f} % of a core")
+print(f"gateway peak RSS {rss/1024:.0f} MiB = {rss*1024/n:.0f} B per device")
+print(f"Redis: {r['store_calls_per_heartbeat']:.3f} commands and {r['store_cpu_us_per_heartbeat']:.2f} µs CPU per device message")
+print({k: r[k] for k in ('devices','heartbeats_sent','false_offline','missed_offline','log_violations','missed_online','late_offline','pending','detection_ms','bound_ms')})
+print(r['fleet'])
+EOP
+	;;
+restart)
+	mqtt=${2:-10000}; duration=${3:-3m}; at=${4:-100}
+	"$bin" simulate --mqtt "127.0.0.1:$mport" --redis "127.0.0.1:$rport" --devices "$mqtt" --mqtt-share 1 \
+		--duration "$duration" --scenario none --report "$dir/report.json" --progress 2>"$dir/progress.log" &
+	spid=$!
+	sleep "$at"
+	echo "restart at $(date -u +%T.%N | cut -c1-12)"
+	kill -TERM "$gpid"; wait "$gpid" || true
+	startgw
+	echo "ready at $(date -u +%T.%N | cut -c1-12)"
+	wait "$spid" || true
+	python3 - "$dir/report.json" <<'EOP'
+import json, sys
+r = json.load(open(sys.argv[1]))
+print({k: r[k] for k in ('devices','heartbeats_sent','false_offline','missed_offline','log_violations','missed_online','detection_ms')})
+print(r['fleet'])
+EOP
+	;;
+esac
+echo "progress: $dir/progress.log"
+tail -n 3 "$dir/progress.log"
