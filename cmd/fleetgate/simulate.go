@@ -131,4 +131,3 @@ func splitList(s string) []string {
 	}
 	return out
 }
-
