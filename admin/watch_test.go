@@ -144,7 +144,8 @@ func TestSnapshotPagesWithOneCursor(t *testing.T) {
 	if len(on.Devices) != 5 {
 		t.Errorf("state=offline: %d devices, want 5", len(on.Devices))
 	}
-	if _, err := c.Snapshot(ctx, "", "garbage", 10); err == nil || !strings.Contains(err.Error(), "400") {
+	var ae *admin.Error
+	if _, err := c.Snapshot(ctx, "", "garbage", 10); !errors.As(err, &ae) || ae.Code != 400 {
 		t.Errorf("bad page: %v, want a 400", err)
 	}
 }
@@ -271,7 +272,8 @@ func TestWatchResync(t *testing.T) {
 	if !errors.As(err, &re) || re.Reason != gateway.ResyncTrimmed {
 		t.Errorf("Watch after a trimmed cursor = %v, want resync (trimmed)", err)
 	}
-	if err := c.Watch(ctx, "v1:nonsense", 0, func(gateway.Envelope) error { return nil }); err == nil || !strings.Contains(err.Error(), "400") {
+	var ae *admin.Error
+	if err := c.Watch(ctx, "v1:nonsense", 0, func(gateway.Envelope) error { return nil }); !errors.As(err, &ae) || ae.Code != 400 {
 		t.Errorf("Watch with a malformed cursor = %v, want 400", err)
 	}
 }
