@@ -2,7 +2,6 @@ package main
 
 import (
 	"encoding/json"
-	"flag"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -14,9 +13,6 @@ import (
 	"github.com/fleetgate/fleetgate/sim"
 )
 
-// openIssues runs the simulate scenarios that fail on today's code
-// because of a known open issue: go test ./cmd/fleetgate -run Simulate -args -open-issues
-var openIssues = flag.Bool("open-issues", false, "also run the simulate scenarios of open issues (9 item 8, 13 item 1)")
 
 // simTiming: the simulated devices send every second; the gateways ask
 // for a heartbeat every 2 s (an MQTT keep-alive of 1 s would give a
@@ -165,22 +161,17 @@ func TestSimulateUsageAndNobodyAnswers(t *testing.T) {
 	}
 }
 
-// Scenarios that fail on today's code, each because of an open issue;
-// run them with -args -open-issues.
-func TestE2ESimulateOpenIssues(t *testing.T) {
+// Moves and visits, each of which failed before its fix.
+func TestE2ESimulateMovesAndVisits(t *testing.T) {
 	for _, tc := range []struct{ scenario, issue string }{
 		// A make-before-break move with a clean goodbye on the old
-		// gateway: its leave can reach the store before the new
-		// gateway's connect and emit a false offline.
+		// gateway: its leave must not reach the store before the new
+		// gateway's connect (the leave grace).
 		{"move", "issue 9 item 8"},
-		// A visit shorter than a flush is coalesced away: no online, no
-		// offline.
+		// A visit shorter than a flush keeps its online and offline.
 		{"visit", "issue 13 item 1"},
 	} {
 		t.Run(tc.scenario, func(t *testing.T) {
-			if !*openIssues {
-				t.Skipf("fails on today's code (%s); run with -args -open-issues", tc.issue)
-			}
 			t.Parallel()
 			srv := redistest.Start(t)
 			a := simGateway(t, "gw-a", srv.Addr)
