@@ -18,7 +18,16 @@ const (
 	defaultLease       = 90 * time.Second
 	defaultRenewEvery  = 20 * time.Second
 	defaultMaxSessions = 1_000_000
+	// DefaultMaxSessionsPerDevice is limits.max_sessions_per_device.
+	DefaultMaxSessionsPerDevice = 8
 )
+
+// ErrSessionLimit refuses a new session of a device that already has
+// TableOptions.MaxSessionsPerDevice sessions on this gateway; its known
+// sessions still renew. Front ends answer CoAP 4.03 and MQTT CONNACK
+// "quota exceeded". It wraps ErrOverloaded for callers that only know
+// that one.
+var ErrSessionLimit = fmt.Errorf("too many sessions for one device: %w", ErrOverloaded)
 
 // maxKeyLen is the longest session key: device, a zero byte, session.
 const maxKeyLen = MaxDeviceIDLen + 1 + MaxSessionIDLen
@@ -39,6 +48,11 @@ type TableOptions struct {
 	// refused with ErrOverloaded (known sessions still renew). Default
 	// 1,000,000.
 	MaxSessions int
+	// MaxSessionsPerDevice is limits.max_sessions_per_device: beyond it a
+	// new session of a device is refused with ErrSessionLimit, so that one
+	// device (or one stolen key) cannot grow its central record without
+	// bound. Default DefaultMaxSessionsPerDevice.
+	MaxSessionsPerDevice int
 	// Clock is the table's time source. Default SystemClock.
 	Clock Clock
 }
@@ -91,6 +105,9 @@ type Table struct {
 	shards []tableShard
 	max    int64
 	n      atomic.Int64
+	// perDevice is MaxSessionsPerDevice; limited counts its refusals.
+	perDevice int32
+	limited   atomic.Uint64
 	timing atomic.Pointer[timing]
 	protos protocols
 }
@@ -100,6 +117,9 @@ var _ Observer = (*Table)(nil)
 type tableShard struct {
 	mu sync.Mutex
 	m  map[string]*entry
+	// devices counts the sessions of each device of the shard that has
+	// any (a device's sessions are all in its shard).
+	devices map[DeviceID]int32
 }
 
 // entry is one session. Times are nanoseconds since Table.base.
@@ -139,6 +159,9 @@ func NewTable(up Uplink, o TableOptions) *Table {
 	if o.MaxSessions <= 0 {
 		o.MaxSessions = defaultMaxSessions
 	}
+	if o.MaxSessionsPerDevice <= 0 {
+		o.MaxSessionsPerDevice = DefaultMaxSessionsPerDevice
+	}
 	if o.Clock == nil {
 		o.Clock = SystemClock{}
 	}
@@ -149,9 +172,12 @@ func NewTable(up Uplink, o TableOptions) *Table {
 		seed:   maphash.MakeSeed(),
 		shards: make([]tableShard, o.Shards),
 		max:    int64(o.MaxSessions),
+
+		perDevice: int32(min(o.MaxSessionsPerDevice, math.MaxInt32)),
 	}
 	for i := range t.shards {
 		t.shards[i].m = make(map[string]*entry)
+		t.shards[i].devices = make(map[DeviceID]int32)
 	}
 	t.timing.Store(newTiming(o.Lease, o.RenewEvery))
 	t.protos.names.Store(&[]string{""})
@@ -166,8 +192,9 @@ func (t *Table) SetTiming(lease, renewEvery time.Duration) {
 
 // Observe records ev and hands the Uplink what the throttle lets through.
 // It refuses an invalid device or session ID (ErrInvalidDeviceID,
-// ErrInvalidSessionID) and a new session beyond MaxSessions
-// (ErrOverloaded); it returns the Uplink's error, wrapped, when a write
+// ErrInvalidSessionID), a new session beyond MaxSessions
+// (ErrOverloaded) and a new session of a device beyond
+// MaxSessionsPerDevice (ErrSessionLimit, counted by SessionLimitRefusals); it returns the Uplink's error, wrapped, when a write
 // could not be enqueued (a Leave removes the session all the same; the
 // central lease then ends it). A zero ObservedAt means now on the table's
 // clock. No lock is held while the Uplink is called.
@@ -186,6 +213,7 @@ func (t *Table) Observe(ctx context.Context, ev Evidence) error {
 		sh.mu.Lock()
 		if _, ok := sh.m[string(key)]; ok {
 			delete(sh.m, string(key))
+			sh.forget(ev.Device)
 			t.n.Add(-1)
 		}
 		sh.mu.Unlock()
@@ -198,6 +226,11 @@ func (t *Table) Observe(ctx context.Context, ev Evidence) error {
 	e, ok := sh.m[string(key)]
 	switch {
 	case !ok:
+		if sh.devices[ev.Device] >= t.perDevice {
+			sh.mu.Unlock()
+			t.limited.Add(1)
+			return fmt.Errorf("observe: device %s session %s: max_sessions_per_device %d reached: %w", ev.Device, ev.Session, t.perDevice, ErrSessionLimit)
+		}
 		if t.n.Add(1) > t.max {
 			t.n.Add(-1)
 			sh.mu.Unlock()
@@ -205,6 +238,7 @@ func (t *Table) Observe(ctx context.Context, ev Evidence) error {
 		}
 		e = &entry{first: at, seen: at, proto: t.protos.index(ev.Protocol)}
 		sh.m[string(key)] = e
+		sh.devices[ev.Device]++
 	case at-e.seen >= int64(tm.lease):
 		// The local lease ran out before Sweep came by: a new session,
 		// as if it had been swept.
@@ -299,6 +333,7 @@ func (t *Table) Sweep(now time.Time) int {
 		for k, e := range sh.m {
 			if e.seen <= cutoff {
 				delete(sh.m, k)
+				sh.forget(DeviceID(k[:strings.IndexByte(k, 0)]))
 				dropped++
 			}
 		}
@@ -307,6 +342,19 @@ func (t *Table) Sweep(now time.Time) int {
 	t.n.Add(-int64(dropped))
 	return dropped
 }
+
+// forget counts one session of device less; the caller holds sh.mu.
+func (sh *tableShard) forget(device DeviceID) {
+	if n := sh.devices[device] - 1; n > 0 {
+		sh.devices[device] = n
+	} else {
+		delete(sh.devices, device)
+	}
+}
+
+// SessionLimitRefusals is the number of new sessions refused with
+// ErrSessionLimit since the table was made.
+func (t *Table) SessionLimitRefusals() uint64 { return t.limited.Load() }
 
 // Len is the number of sessions in the table.
 func (t *Table) Len() int { return int(t.n.Load()) }

@@ -34,6 +34,16 @@ var _ gateway.Credentials = pskTable(nil)
 
 func (pskTable) CheckPassword(gateway.DeviceID, []byte) error { return gateway.ErrUnauthorized }
 
+// Revision is the key of device, "" when no identity names it.
+func (p pskTable) Revision(device gateway.DeviceID) string {
+	for _, e := range p {
+		if e.device == device {
+			return string(e.key)
+		}
+	}
+	return ""
+}
+
 func (p pskTable) PSK(identity []byte) (gateway.DeviceID, []byte, error) {
 	e, ok := p[string(identity)]
 	if !ok {
