@@ -162,7 +162,10 @@ func (d *Devices) CheckPassword(id gateway.DeviceID, password []byte) error {
 		g.pad(func() error { return d.compare(d.dummy, password) })
 		return errUnauthorized
 	}
-	matched, err := g.compare(func() error { return d.compare(hash, password) })
+	matched, err := g.compare(func() error { return d.compare(hash, password) }, known)
+	if !known {
+		g.strangerDone()
+	}
 	switch {
 	case err != nil:
 		return err

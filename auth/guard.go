@@ -31,8 +31,10 @@ const (
 	slotWait = 2 * time.Second
 	// maxCached bounds the cache of verified passwords.
 	maxCached = 1 << 20
-	// maxPad bounds the padding of a refusal that did no comparison.
-	maxPad = time.Second
+	// maxPad bounds the padding of a refusal that did no comparison, and
+	// firstPad is the padding before any comparison was timed.
+	maxPad   = time.Second
+	firstPad = 100 * time.Millisecond
 )
 
 // guard makes a failed password check cost the attacker, not the fleet,
@@ -54,8 +56,12 @@ const (
 // The guard is shared by the successive devices sets of a Reloadable, so
 // that a reload keeps the cache of the devices whose entry did not change.
 type guard struct {
-	key   [32]byte
-	slots chan struct{}
+	key [32]byte
+	// slots are the comparisons of known devices at once (GOMAXPROCS);
+	// stranger is the one comparison of an unknown device at a time,
+	// never waited for, so that strangers never queue ahead of devices.
+	slots    chan struct{}
+	stranger chan struct{}
 	// now and pause are the clock and time.Sleep; tests replace them.
 	now   func() time.Time
 	pause func(time.Duration)
@@ -66,6 +72,8 @@ type guard struct {
 	tokens float64
 	last   time.Time
 	avg    time.Duration // running average of a comparison
+	// timing: a comparison is being timed for the first average.
+	timing bool
 }
 
 type verified struct {
@@ -80,12 +88,13 @@ type failure struct {
 
 func newGuard() *guard {
 	g := &guard{
-		slots:  make(chan struct{}, runtime.GOMAXPROCS(0)),
-		now:    time.Now,
-		pause:  time.Sleep,
-		ok:     make(map[gateway.DeviceID]verified),
-		fails:  make(map[gateway.DeviceID]failure),
-		tokens: unknownBurst,
+		slots:    make(chan struct{}, runtime.GOMAXPROCS(0)),
+		stranger: make(chan struct{}, 1),
+		now:      time.Now,
+		pause:    time.Sleep,
+		ok:       make(map[gateway.DeviceID]verified),
+		fails:    make(map[gateway.DeviceID]failure),
+		tokens:   unknownBurst,
 	}
 	if _, err := rand.Read(g.key[:]); err != nil {
 		panic(fmt.Sprintf("auth: no randomness for the password cache key: %v", err))
@@ -116,23 +125,33 @@ func (g *guard) cached(device gateway.DeviceID, rev string, password []byte) boo
 
 // mayCompare decides whether a check of device (known: it has a password)
 // at now may run a comparison: outside its backoff for a known device,
-// within the global budget for an unknown one.
+// within the global budget for an unknown one when its slot is free (the
+// caller then calls strangerDone after the comparison).
 func (g *guard) mayCompare(device gateway.DeviceID, known bool, now time.Time) bool {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if known {
 		return !now.Before(g.fails[device].until)
 	}
+	select {
+	case g.stranger <- struct{}{}:
+	default:
+		return false
+	}
 	if d := now.Sub(g.last); d > 0 {
 		g.tokens = min(unknownBurst, g.tokens+d.Seconds()*unknownPerSecond)
 		g.last = now
 	}
 	if g.tokens < 1 {
+		<-g.stranger
 		return false
 	}
 	g.tokens--
 	return true
 }
+
+// strangerDone frees the slot of an unknown device's comparison.
+func (g *guard) strangerDone() { <-g.stranger }
 
 // failed starts or doubles the backoff of known device at now.
 func (g *guard) failed(device gateway.DeviceID, now time.Time) {
@@ -169,8 +188,12 @@ func (g *guard) succeeded(device gateway.DeviceID, rev string, password []byte) 
 
 // compare runs cmp (a bcrypt comparison) in one of the slots, folds its
 // time into the average and reports whether it matched; it returns
-// gateway.ErrOverloaded when no slot freed up within slotWait.
-func (g *guard) compare(cmp func() error) (bool, error) {
+// gateway.ErrOverloaded when no slot freed up within slotWait. An unknown
+// device's comparison runs in its own slot, taken by mayCompare.
+func (g *guard) compare(cmp func() error, known bool) (bool, error) {
+	if !known {
+		return g.timed(cmp), nil
+	}
 	select {
 	case g.slots <- struct{}{}:
 	default:
@@ -182,10 +205,16 @@ func (g *guard) compare(cmp func() error) (bool, error) {
 			return false, fmt.Errorf("device credentials: no password check slot within %v: %w", slotWait, gateway.ErrOverloaded)
 		}
 	}
+	defer func() { <-g.slots }()
+	return g.timed(cmp), nil
+}
+
+// timed runs cmp, folds its time into the average and reports whether it
+// matched.
+func (g *guard) timed(cmp func() error) bool {
 	start := time.Now()
 	err := cmp()
 	took := time.Since(start)
-	<-g.slots
 	g.mu.Lock()
 	if g.avg == 0 {
 		g.avg = took
@@ -193,20 +222,27 @@ func (g *guard) compare(cmp func() error) (bool, error) {
 		g.avg += (took - g.avg) / 8
 	}
 	g.mu.Unlock()
-	return err == nil, nil
+	return err == nil
 }
 
-// pad waits about as long as a comparison takes, without one: calibrate
-// runs a comparison when none has been timed yet.
+// pad waits about as long as a comparison takes, without one. Before any
+// comparison was timed, the first pad times calibrate (one comparison)
+// and the others wait firstPad.
 func (g *guard) pad(calibrate func() error) {
 	g.mu.Lock()
-	avg := g.avg
-	g.mu.Unlock()
-	if avg == 0 {
-		_, _ = g.compare(calibrate)
-		return
+	avg, first := g.avg, g.avg == 0 && !g.timing
+	if first {
+		g.timing = true
 	}
-	g.pause(min(avg, maxPad))
+	g.mu.Unlock()
+	switch {
+	case first:
+		_, _ = g.compare(calibrate, true)
+	case avg == 0:
+		g.pause(firstPad)
+	default:
+		g.pause(min(avg, maxPad))
+	}
 }
 
 // carry prepares g for the devices set next: verified passwords of a

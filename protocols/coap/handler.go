@@ -28,6 +28,11 @@ const observeTimeout = time.Second
 // caller to log with the peer.
 func (s *Server) decide(ctx context.Context, method codes.Code, path string, queries []string, identity string, now time.Time) (codes.Code, string, heartbeat, error) {
 	hb, err := parseHeartbeat(method, path, queries, identity, s.allowAnon)
+	if err == nil && identity == "" && s.listed(hb.device) {
+		// Anonymous access never covers a device of the devices file: it
+		// must use its credentials (DTLS), also to renew or leave.
+		err = refuse(codes.Unauthorized, "credentials required for this device")
+	}
 	if err == nil {
 		ev := gateway.Evidence{
 			Device:     hb.device,
@@ -55,4 +60,10 @@ func (s *Server) logRefusal(code codes.Code, hb heartbeat, peer string, err erro
 	}
 	s.log.Log(s.ctx, level, "coap request refused", "code", codeLabel(code), "device", hb.device,
 		"session", hb.session, "peer", peer, "err", err)
+}
+
+// listed reports whether device is in the credentials (the devices file).
+func (s *Server) listed(device gateway.DeviceID) bool {
+	c := s.creds.Load()
+	return c != nil && c.Revision(device) != ""
 }

@@ -16,11 +16,14 @@ const (
 	reasonOverloaded      = "overloaded"
 	reasonError           = "error"
 	reasonTooSlow         = "too_slow"
+	reasonSessionLimit    = "session_limit"
+	reasonRevoked         = "revoked"
 )
 
 var refusalReasons = []string{
 	reasonInvalidClientID, reasonNotAuthorized, reasonMaxClients,
 	reasonRate, reasonOverloaded, reasonError, reasonTooSlow,
+	reasonSessionLimit, reasonRevoked,
 }
 
 // metrics are the front end's Prometheus collectors. The counters of

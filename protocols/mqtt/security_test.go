@@ -1,0 +1,228 @@
+package mqtt
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/eclipse/paho.golang/paho"
+	"github.com/mochi-mqtt/server/v2/packets"
+	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/crypto/bcrypt"
+
+	"github.com/fleetgate/fleetgate/auth"
+	"github.com/fleetgate/fleetgate/gateway"
+)
+
+// The attacks of issue 10 against the MQTT front end, each with what the
+// legitimate device experiences during it.
+
+// Attack: with allow_anonymous and a devices file, a CONNECT as the
+// listed device alpha without a password was accepted and took alpha's
+// connection over. Now it is refused, and alpha stays connected.
+func TestAnonymousCannotImpersonateListedDevice(t *testing.T) {
+	rec := &recorder{}
+	creds := newCreds(t, map[gateway.DeviceID]string{"alpha": "alpha-pw"})
+	s := startServer(t, rec, Options{Credentials: creds, AllowAnonymous: true})
+	alpha := mustConnectV5(t, s, "alpha", "alpha-pw")
+	for _, v := range []byte{4, 5} {
+		r := dialRaw(t, tcpAddr(s))
+		want := packets.ErrNotAuthorized.Code
+		if v == 4 {
+			want = packets.Err3NotAuthorized.Code
+		}
+		if code := r.connack(connectPacket(t, v, "alpha", "", 30)); code != want {
+			t.Fatalf("anonymous v%d CONNECT as alpha: %#x, want %#x", v, code, want)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := alpha.Publish(ctx, &paho.Publish{Topic: "devices/alpha/t", QoS: 1}); err != nil {
+		t.Fatalf("alpha after the attempts: %v", err)
+	}
+	select {
+	case d := <-alpha.disconnected:
+		t.Fatalf("alpha was disconnected: %+v", d)
+	default:
+	}
+	for _, ev := range rec.Evidence() {
+		if ev.Device != "alpha" || ev.Session != rec.SessionOf("alpha") {
+			t.Fatalf("evidence of another session: %+v", ev)
+		}
+	}
+	// An unlisted device is still admitted anonymously.
+	mustConnectV5(t, s, "stranger", "")
+}
+
+// discardUplink accepts every write of a session table.
+type discardUplink struct{}
+
+func (discardUplink) Enqueue(context.Context, gateway.Evidence) error { return nil }
+
+// Attack: one device's credentials open session after session (each
+// MQTT connection is one), growing its central record without bound.
+// Beyond limits.max_sessions_per_device the CONNECT gets "quota exceeded"
+// and is counted.
+func TestSessionsPerDeviceQuotaExceeded(t *testing.T) {
+	table := gateway.NewTable(discardUplink{}, gateway.TableOptions{MaxSessionsPerDevice: 3})
+	creds := newCreds(t, map[gateway.DeviceID]string{"alpha": "alpha-pw", "beta": "beta-pw"})
+	s := startServer(t, table, Options{Credentials: creds, Registerer: prometheus.NewRegistry()})
+	for i := range 3 { // each takes the previous one over: three sessions
+		mustConnectV5(t, s, "alpha", "alpha-pw")
+		if n := len(table.Sessions("alpha")); n != i+1 {
+			t.Fatalf("alpha has %d sessions, want %d", n, i+1)
+		}
+	}
+	if code := connackCode(t, s, &paho.Connect{ClientID: "alpha", CleanStart: true, Password: []byte("alpha-pw"), PasswordFlag: true}); code != packets.ErrQuotaExceeded.Code {
+		t.Fatalf("fourth session: CONNACK %#x, want quota exceeded", code)
+	}
+	r := dialRaw(t, tcpAddr(s))
+	if code := r.connack(connectPacket(t, 4, "alpha", "alpha-pw", 30)); code != packets.Err3ServerUnavailable.Code {
+		t.Fatalf("fourth session, 3.1.1: CONNACK %#x", code)
+	}
+	if n := value(t, s.metrics.refused[reasonSessionLimit]); n != 2 {
+		t.Fatalf("refused session_limit = %v, want 2", n)
+	}
+	if table.SessionLimitRefusals() != 2 {
+		t.Fatalf("table refusals %d", table.SessionLimitRefusals())
+	}
+	mustConnectV5(t, s, "beta", "beta-pw") // another device is not affected
+}
+
+// Attack: after a device was removed from the devices file and the file
+// reloaded, its open connection could still publish and its subscription
+// still delivered. A reload now disconnects the connections of removed
+// devices, of devices whose password changed, and anonymous ones whose
+// device became listed; the others stay.
+func TestReloadRevokesConnections(t *testing.T) {
+	creds := newCreds(t, map[gateway.DeviceID]string{"alpha": "a", "beta": "b", "gamma": "c"})
+	s := startServer(t, &recorder{}, Options{Credentials: creds, AllowAnonymous: true, Registerer: prometheus.NewRegistry()})
+	alpha := mustConnectV5(t, s, "alpha", "a")
+	beta := mustConnectV5(t, s, "beta", "b")
+	gamma := mustConnectV5(t, s, "gamma", "c")
+	anon := mustConnectV5(t, s, "delta", "")
+	alpha3, code, err := connectV3(t, tcpAddr(s), nil, "alpha", "a", 30*time.Second)
+	if err != nil || code != 0 {
+		t.Fatalf("3.1.1 alpha: %#x %v", code, err)
+	}
+	_ = alpha // taken over by alpha3
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := gamma.Subscribe(ctx, &paho.Subscribe{Subscriptions: []paho.SubscribeOptions{{Topic: "devices/gamma/#"}}}); err != nil {
+		t.Fatal(err)
+	}
+
+	next := bcryptCreds{"gamma": creds["gamma"]}
+	next["beta"] = newCreds(t, map[gateway.DeviceID]string{"beta": "b2"})["beta"]
+	next["delta"] = newCreds(t, map[gateway.DeviceID]string{"delta": "d"})["delta"]
+	s.SetCredentials(next)
+
+	for name, c := range map[string]*v5{"beta": beta, "delta": anon} {
+		select {
+		case d := <-c.disconnected:
+			if d.ReasonCode != packets.ErrNotAuthorized.Code {
+				t.Errorf("%s: DISCONNECT %#x, want not authorized", name, d.ReasonCode)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("%s still connected after the reload", name)
+		}
+	}
+	eventually(t, 5*time.Second, "3.1.1 alpha disconnected", func() bool { return !alpha3.IsConnectionOpen() })
+	if n := value(t, s.metrics.refused[reasonRevoked]); n != 3 {
+		t.Fatalf("revoked = %v, want 3", n)
+	}
+	// gamma, unchanged, keeps publishing to itself and receiving.
+	if _, err := gamma.Publish(ctx, &paho.Publish{Topic: "devices/gamma/t", QoS: 1, Payload: []byte("x")}); err != nil {
+		t.Fatalf("gamma after the reload: %v", err)
+	}
+	select {
+	case <-gamma.received:
+	case <-time.After(5 * time.Second):
+		t.Fatal("gamma's subscription does not deliver after the reload")
+	}
+	if code := connackCode(t, s, &paho.Connect{ClientID: "alpha", CleanStart: true, Password: []byte("a"), PasswordFlag: true}); code != packets.ErrNotAuthorized.Code {
+		t.Fatalf("removed alpha reconnects: %#x", code)
+	}
+}
+
+// Attack: two source addresses sending 20 CONNECTs/s each, with random
+// IDs and passwords, kept the real device refused with "server busy":
+// unknown IDs got a full bcrypt check each, more than the CPU can do. Now
+// (auth's guard) unknown IDs share a small budget of comparisons and the
+// others only wait, so the real device, with a password at the default
+// bcrypt cost, connects within 1 s every time during the flood.
+func TestPasswordFloodDoesNotLockOut(t *testing.T) {
+	cost := auth.DefaultCost
+	if raceEnabled {
+		cost -= 3
+	}
+	hash, err := auth.HashPassword([]byte("alpha-pw"), cost)
+	if err != nil {
+		t.Fatal(err)
+	}
+	devices, err := auth.Parse("devices.yaml", fmt.Appendf(nil, "devices:\n  - id: alpha\n    password_bcrypt: %q\n", hash))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := startServer(t, &recorder{}, Options{Credentials: devices, Registerer: prometheus.NewRegistry()})
+	addr := tcpAddr(s)
+	// The bound: 1 s, or on a slower machine (the race detector makes
+	// bcrypt ten times slower) three bare comparisons timed here.
+	start := time.Now()
+	_ = bcrypt.CompareHashAndPassword([]byte(hash), []byte("alpha-pw"))
+	bound := max(time.Second, 3*time.Since(start))
+
+	ctx, stop := context.WithTimeout(context.Background(), 4*time.Second)
+	defer stop()
+	var flood sync.WaitGroup
+	for _, src := range []string{"127.0.0.2", "127.0.0.3"} {
+		flood.Go(func() { connectFlood(ctx, t, addr, src, 20) })
+	}
+	for i := range 3 {
+		select {
+		case <-time.After(time.Second):
+		case <-ctx.Done():
+			t.Fatal("flood over before the device tried")
+		}
+		start := time.Now()
+		code := connackCode(t, s, &paho.Connect{ClientID: "alpha", KeepAlive: 30, CleanStart: true, Password: []byte("alpha-pw"), PasswordFlag: true})
+		if took := time.Since(start); code != 0 || took > bound {
+			t.Fatalf("alpha's connect %d during the flood: CONNACK %#x after %v, want 0 within %v", i, code, took, bound)
+		}
+	}
+	stop()
+	flood.Wait()
+}
+
+// connectFlood sends perSecond CONNECTs a second from source address src
+// to addr, each with a random client ID and password, until ctx ends; it
+// does not wait for the answers, as an attacker would not.
+func connectFlood(ctx context.Context, t *testing.T, addr, src string, perSecond int) {
+	tick := time.NewTicker(time.Second / time.Duration(perSecond))
+	defer tick.Stop()
+	var conns []net.Conn
+	defer func() {
+		for _, c := range conns {
+			_ = c.Close()
+		}
+	}()
+	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(src)}, Timeout: time.Second}
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		c, err := d.DialContext(ctx, "tcp", addr)
+		if err != nil {
+			continue
+		}
+		conns = append(conns, c)
+		id := fmt.Sprintf("x%08x", rand.Uint32())
+		_, _ = c.Write(connectPacket(t, 5, id, fmt.Sprintf("p%08x", rand.Uint32()), 30))
+	}
+}
