@@ -108,8 +108,8 @@ type Table struct {
 	// perDevice is MaxSessionsPerDevice; limited counts its refusals.
 	perDevice int32
 	limited   atomic.Uint64
-	timing atomic.Pointer[timing]
-	protos protocols
+	timing    atomic.Pointer[timing]
+	protos    protocols
 }
 
 var _ Observer = (*Table)(nil)
