@@ -79,7 +79,7 @@ func TestEnvNamesAreUnique(t *testing.T) {
 		}
 		seen[name] = path
 	}
-	if len(seen) != 45 {
-		t.Errorf("%d keys, want 45: %v", len(seen), configs.Keys())
+	if len(seen) != 50 {
+		t.Errorf("%d keys, want 50: %v", len(seen), configs.Keys())
 	}
 }

@@ -116,8 +116,13 @@ func (g *gatewayProcess) run(ctx context.Context) (err error) {
 	})
 	g.table = gateway.NewTable(g.up, gateway.TableOptions{
 		Lease: cfg.Presence.Lease.Std(), RenewEvery: cfg.Presence.RenewEvery.Std(),
-		MaxSessions: cfg.Presence.MaxSessions, Clock: gateway.SystemClock{},
+		MaxSessions: cfg.Presence.MaxSessions, MaxSessionsPerDevice: cfg.Limits.MaxSessionsPerDevice,
+		Clock: gateway.SystemClock{},
 	})
+	reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "fleetgate_session_limit_refusals_total",
+		Help: "New sessions refused because their device had limits.max_sessions_per_device sessions.",
+	}, func() float64 { return float64(g.table.SessionLimitRefusals()) }))
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "fleetgate_sessions",
 		Help: "Device sessions in the gateway's session table (live on this gateway).",
