@@ -59,6 +59,7 @@ func (h *presence) OnConnect(cl *mochi.Client, pk packets.Packet) error {
 	if !ok {
 		return refuse(cl, packets.ErrUnspecifiedError, packets.Err3ServerUnavailable)
 	}
+	s.pend.done(c) // CONNECT arrived
 	device, err := gateway.ParseDeviceID(pk.Connect.ClientIdentifier)
 	if err != nil {
 		s.metrics.refuse(reasonInvalidClientID)

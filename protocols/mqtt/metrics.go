@@ -18,12 +18,13 @@ const (
 	reasonTooSlow         = "too_slow"
 	reasonSessionLimit    = "session_limit"
 	reasonRevoked         = "revoked"
+	reasonPending         = "pending"
 )
 
 var refusalReasons = []string{
 	reasonInvalidClientID, reasonNotAuthorized, reasonMaxClients,
 	reasonRate, reasonOverloaded, reasonError, reasonTooSlow,
-	reasonSessionLimit, reasonRevoked,
+	reasonSessionLimit, reasonRevoked, reasonPending,
 }
 
 // metrics are the front end's Prometheus collectors. The counters of

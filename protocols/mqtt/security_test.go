@@ -2,6 +2,7 @@ package mqtt
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/fleetgate/fleetgate/auth"
 	"github.com/fleetgate/fleetgate/gateway"
+	"github.com/fleetgate/fleetgate/gateway/gatewaytest"
 )
 
 // The attacks of issue 10 against the MQTT front end, each with what the
@@ -224,5 +226,84 @@ func connectFlood(ctx context.Context, t *testing.T, addr, src string, perSecond
 		conns = append(conns, c)
 		id := fmt.Sprintf("x%08x", rand.Uint32())
 		_, _ = c.Write(connectPacket(t, 5, id, fmt.Sprintf("p%08x", rand.Uint32()), 30))
+	}
+}
+
+// silentConns opens n TCP connections from src to addr that never send
+// CONNECT; they close with the test.
+func silentConns(t *testing.T, addr, src string, n int) []net.Conn {
+	t.Helper()
+	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(src)}, Timeout: 5 * time.Second}
+	var out []net.Conn
+	for range n {
+		c, err := d.Dial("tcp", addr)
+		if err != nil {
+			t.Fatalf("dial from %s: %v", src, err)
+		}
+		t.Cleanup(func() { _ = c.Close() })
+		out = append(out, c)
+	}
+	return out
+}
+
+// closedSoon reports whether the server closes c within d.
+func closedSoon(c net.Conn, d time.Duration) bool {
+	_ = c.SetReadDeadline(time.Now().Add(d))
+	_, err := c.Read(make([]byte, 1))
+	var ne net.Error
+	return err != nil && !(errors.As(err, &ne) && ne.Timeout())
+}
+
+// Attack: connections that never send CONNECT each held a goroutine and
+// buffers for the 10 s connect timeout, without bound. Now one address
+// holds at most maxPendingPerAddr of them and all together maxPending;
+// beyond, a new connection is closed at accept and counted.
+func TestPendingConnectionsBounded(t *testing.T) {
+	s := newServer(t, &recorder{}, Options{Credentials: testCreds(t), ConnectsPerSecond: 10000, Registerer: prometheus.NewRegistry()})
+	s.pend = newPendingConns(4, 10)
+	gatewaytest.Serve(t, s)
+	addr := tcpAddr(s)
+
+	held := silentConns(t, addr, "127.0.0.2", 4)
+	if extra := silentConns(t, addr, "127.0.0.2", 1)[0]; !closedSoon(extra, 2*time.Second) {
+		t.Fatal("a fifth silent connection from one address was kept")
+	}
+	silentConns(t, addr, "127.0.0.3", 4)
+	silentConns(t, addr, "127.0.0.4", 2) // ten in all
+	if extra := silentConns(t, addr, "127.0.0.5", 1)[0]; !closedSoon(extra, 2*time.Second) {
+		t.Fatal("an eleventh silent connection was kept")
+	}
+	if closedSoon(held[0], 100*time.Millisecond) {
+		t.Fatal("a connection within the bounds was closed")
+	}
+	if n := value(t, s.metrics.refused[reasonPending]); n != 2 {
+		t.Fatalf("refused pending = %v, want 2", n)
+	}
+	// A connection that sends CONNECT no longer counts: after one of
+	// 127.0.0.2's sends it, another may wait.
+	if code := (&raw{Conn: held[0], t: t}).connack(connectPacket(t, 5, "dev-1", "secret-1", 30)); code != 0 {
+		t.Fatalf("connack %#x", code)
+	}
+	if c := silentConns(t, addr, "127.0.0.2", 1)[0]; closedSoon(c, 200*time.Millisecond) {
+		t.Fatal("the place freed by a CONNECT was not given")
+	}
+}
+
+// During a flood of silent connections from 20 addresses, each at its
+// bound, a real device connects within 1 s.
+func TestSilentConnectionFlood(t *testing.T) {
+	s := startServer(t, &recorder{}, Options{Credentials: testCreds(t), ConnectsPerSecond: 10000, Registerer: prometheus.NewRegistry()})
+	addr := tcpAddr(s)
+	for a := range 20 {
+		src := fmt.Sprintf("127.0.2.%d", a+1)
+		silentConns(t, addr, src, maxPendingPerAddr)
+		if extra := silentConns(t, addr, src, 1)[0]; !closedSoon(extra, 2*time.Second) {
+			t.Fatalf("%s: a silent connection beyond %d was kept", src, maxPendingPerAddr)
+		}
+	}
+	start := time.Now()
+	mustConnectV5(t, s, "dev-1", "secret-1")
+	if took := time.Since(start); took > time.Second {
+		t.Fatalf("real device connected after %v during the flood, want within 1 s", took)
 	}
 }

@@ -34,7 +34,9 @@
 // Limits. MaxPacketSize ends a connection that sends a larger packet;
 // MaxClients refuses further CONNECTs; ConnectsPerSecond limits TCP
 // connects per source address (excess connections are closed at accept,
-// before any CONNECT is read); MaxPendingWrites bounds the packets queued
+// before any CONNECT is read); connections that have not sent CONNECT yet
+// are bounded per source address (32) and in all (4096), beyond which a
+// new one is closed at accept; MaxPendingWrites bounds the packets queued
 // for a client, which is disconnected when it overflows. A connection
 // must finish TLS and send CONNECT within 10 s. A session left by an
 // MQTT 5 client with a session expiry interval, or by a 3.1.1 client
@@ -135,6 +137,7 @@ type Server struct {
 	creds     atomic.Pointer[credentials]
 	keepAlive atomic.Uint32 // seconds, 1..65535
 	rate      *rateLimiter
+	pend      *pendingConns
 	maxConns  int64
 	conns     atomic.Int64 // admitted connections (max_clients slots)
 	connSeq   atomic.Uint64
@@ -186,6 +189,7 @@ func New(obs gateway.Observer, o Options) (*Server, error) {
 		prefix:    o.TopicPrefix,
 		allowAnon: o.AllowAnonymous,
 		rate:      newRateLimiter(orDefault(o.ConnectsPerSecond, DefaultConnectsPerSecond)),
+		pend:      newPendingConns(maxPendingPerAddr, maxPending),
 		maxConns:  int64(orDefault(o.MaxClients, DefaultMaxClients)),
 		done:      make(chan struct{}),
 		live:      make(map[*conn]admission),
