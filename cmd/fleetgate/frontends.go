@@ -104,6 +104,16 @@ func (g *gatewayProcess) openFrontEnds(cfg configs.Config, log *slog.Logger, reg
 	return nil
 }
 
+// revoke tells the front ends that the devices file was reloaded, so that
+// they end the sessions of devices removed or whose credentials changed.
+func (g *gatewayProcess) revoke() {
+	for _, f := range g.fronts {
+		if r, ok := f.(interface{ SetCredentials(gateway.Credentials) }); ok {
+			r.SetCredentials(g.creds)
+		}
+	}
+}
+
 func (g *gatewayProcess) closeFrontEnds() {
 	for _, f := range g.fronts {
 		f.Close()

@@ -267,6 +267,7 @@ func (g *gatewayProcess) reload(log *slog.Logger) {
 			log.Error("devices file not reloaded; keeping the devices in use", "err", err)
 		} else {
 			log.Info("devices file reloaded", "path", next.Auth.DevicesFile, "devices", g.creds.Current().Len())
+			g.revoke()
 		}
 	}
 	if g.cert != nil {

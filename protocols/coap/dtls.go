@@ -58,7 +58,7 @@ func (s *Server) newDTLS(addr string, handshakeTimeout, idleTimeout time.Duratio
 	if err != nil {
 		return nil, fmt.Errorf("listen dtls %s: %w", addr, err)
 	}
-	pl := &peerListener{Listener: ln, gate: g, metrics: s.metrics, peers: make(map[*peerConn]struct{})}
+	pl := &peerListener{Listener: ln, gate: g, metrics: s.metrics, peers: make(map[*peerConn]struct{}), creds: s.credentials}
 	srv := dtls.NewServer(
 		options.WithContext(s.ctx),
 		options.WithProcessReceivedMessageFunc(s.dtlsProcessor()),
@@ -116,6 +116,8 @@ type peerListener struct {
 	metrics *metrics
 	closed  atomic.Bool
 
+	creds func() gateway.Credentials // the current ones
+
 	mu    sync.Mutex
 	peers map[*peerConn]struct{} // for revocation
 }
@@ -138,39 +140,29 @@ func (l *peerListener) AcceptWithContext(ctx context.Context) (net.Conn, error) 
 		_ = c.Close()
 		return nil, fmt.Errorf("dtls accept: unexpected connection %T from %v", c, c.RemoteAddr())
 	}
-	pc := &peerConn{Conn: dc, gated: gc, metrics: l.metrics, l: l}
+	pc := &peerConn{Conn: dc, gated: gc, metrics: l.metrics, l: l, creds: l.creds}
 	l.mu.Lock()
 	l.peers[pc] = struct{}{}
 	l.mu.Unlock()
 	return pc, nil
 }
 
-// revoke closes the DTLS sessions whose PSK identity lost its key, or
-// got another one, from old to cur (a devices file reload); it returns
-// how many.
-func (l *peerListener) revoke(old, cur gateway.Credentials) int {
+// revoke closes the DTLS sessions whose device's credentials revision
+// under cur differs from the one they shook hands with (a devices file
+// reload removed the device or changed its key); it returns how many.
+func (l *peerListener) revoke(cur gateway.Credentials) int {
 	l.mu.Lock()
-	peers := make([]*peerConn, 0, len(l.peers))
+	var revoked []*peerConn
 	for pc := range l.peers {
-		peers = append(peers, pc)
+		if pc.shook && cur.Revision(pc.device) != pc.rev {
+			revoked = append(revoked, pc)
+		}
 	}
 	l.mu.Unlock()
-	n := 0
-	for _, pc := range peers {
-		st, ok := pc.ConnectionState()
-		if !ok {
-			continue // still shaking hands: the new keys apply
-		}
-		_, newKey, err := cur.PSK(st.IdentityHint)
-		if err == nil && old != nil {
-			if _, oldKey, oerr := old.PSK(st.IdentityHint); oerr == nil && hmac.Equal(oldKey, newKey) {
-				continue
-			}
-		}
+	for _, pc := range revoked {
 		_ = pc.Close()
-		n++
 	}
-	return n
+	return len(revoked)
 }
 
 // Close stops accepting.
@@ -185,6 +177,12 @@ type peerConn struct {
 	gated   *gatedConn
 	metrics *metrics
 	l       *peerListener
+	creds   func() gateway.Credentials
+	// shook, device and rev (guarded by l.mu): the handshake's device and
+	// its credentials revision then, for revocation.
+	shook  bool
+	device gateway.DeviceID
+	rev    string
 }
 
 // Close closes the connection (and so its gatedConn).
@@ -206,6 +204,15 @@ func (c *peerConn) HandshakeContext(ctx context.Context) error {
 	if err != nil {
 		c.metrics.drop(dropHandshake)
 		return fmt.Errorf("dtls handshake: %w", err)
+	}
+	if st, ok := c.ConnectionState(); ok {
+		if cr := c.creds(); cr != nil {
+			if dev, _, err := cr.PSK(st.IdentityHint); err == nil {
+				c.l.mu.Lock()
+				c.shook, c.device, c.rev = true, dev, cr.Revision(dev)
+				c.l.mu.Unlock()
+			}
+		}
 	}
 	return nil
 }
@@ -387,4 +394,12 @@ func addrOf(a net.Addr) netip.Addr {
 		return ua.AddrPort().Addr().Unmap()
 	}
 	return netip.Addr{}
+}
+
+// credentials are the current credentials, nil without any.
+func (s *Server) credentials() gateway.Credentials {
+	if c := s.creds.Load(); c != nil {
+		return c.Credentials
+	}
+	return nil
 }

@@ -343,9 +343,10 @@ func (s *Server) SetHeartbeatInterval(d time.Duration) {
 	s.maxAge.Store(maxAgeSeconds(d))
 }
 
-// SetCredentials replaces the credentials (devices file reload): later
-// DTLS handshakes and requests use c, and the DTLS sessions of PSK
-// identities that c removed or gave another key are closed (revoked); a
+// SetCredentials replaces the credentials (devices file reload; c may be
+// the same Reloadable as before, reloaded): later DTLS handshakes and
+// requests use c, and the DTLS sessions of devices whose Revision changed
+// (removed, another key) are closed (revoked); a
 // device removed from the file also gets 4.01 on any request before that.
 // A nil c is refused with a warning.
 func (s *Server) SetCredentials(c gateway.Credentials) {
@@ -353,15 +354,11 @@ func (s *Server) SetCredentials(c gateway.Credentials) {
 		s.log.Warn("nil credentials; keeping the old ones")
 		return
 	}
-	old := s.creds.Swap(&credentials{c})
+	s.creds.Store(&credentials{c})
 	if s.dtls == nil {
 		return
 	}
-	var prev gateway.Credentials
-	if old != nil {
-		prev = old.Credentials
-	}
-	if n := s.dtls.listener.revoke(prev, c); n > 0 {
+	if n := s.dtls.listener.revoke(c); n > 0 {
 		s.log.Info("dtls sessions revoked by a devices file reload", "sessions", n)
 	}
 }
