@@ -95,6 +95,9 @@ func (g *gatewayProcess) run(ctx context.Context) (err error) {
 	}
 	log := g.log.With("gateway", cfg.Gateway.ID)
 	log.Info("starting", "version", version, "epoch", g.epoch, "store", cfg.Store.Backend, "shards", cfg.Presence.Shards)
+	for _, w := range securityWarnings(cfg) {
+		log.Warn(w)
+	}
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
