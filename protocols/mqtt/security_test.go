@@ -181,7 +181,7 @@ func TestPasswordFloodDoesNotLockOut(t *testing.T) {
 		bound *= 2
 	}
 
-	ctx, stop := context.WithTimeout(context.Background(), 4*time.Second)
+	ctx, stop := context.WithTimeout(context.Background(), 3*(time.Second+bound)+time.Second)
 	defer stop()
 	var flood sync.WaitGroup
 	for _, src := range []string{"127.0.0.2", "127.0.0.3"} {
