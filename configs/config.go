@@ -140,9 +140,13 @@ type MQTTListen struct {
 	KeyFile  string `yaml:"key_file"`
 }
 
-// AdminListen holds the admin HTTP address.
+// AdminListen holds the admin HTTP address, and optionally its bearer
+// token and TLS certificate (configs/security.go).
 type AdminListen struct {
-	HTTP string `yaml:"http"`
+	HTTP      string `yaml:"http"`
+	TokenFile string `yaml:"token_file"`
+	CertFile  string `yaml:"cert_file"`
+	KeyFile   string `yaml:"key_file"`
 }
 
 // AuthConfig says which devices may connect.

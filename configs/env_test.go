@@ -79,7 +79,7 @@ func TestEnvNamesAreUnique(t *testing.T) {
 		}
 		seen[name] = path
 	}
-	if len(seen) != 50 {
-		t.Errorf("%d keys, want 50: %v", len(seen), configs.Keys())
+	if len(seen) != 53 {
+		t.Errorf("%d keys, want 53: %v", len(seen), configs.Keys())
 	}
 }

@@ -16,6 +16,10 @@ func (c Config) validateSecurity(p *problems) {
 	if n := c.Limits.MaxSessionsPerDevice; n < 1 || n > MaxMaxSessionsPerDevice {
 		p.add("limits.max_sessions_per_device", "must be between 1 and %d, got %d", MaxMaxSessionsPerDevice, n)
 	}
+	a := c.Listen.Admin
+	if (a.CertFile == "") != (a.KeyFile == "") {
+		p.add("listen.admin.cert_file", "and listen.admin.key_file must be set together")
+	}
 	r := c.Store.Redis
 	if (r.TLSCertFile == "") != (r.TLSKeyFile == "") {
 		p.add("store.redis.tls_cert_file", "and store.redis.tls_key_file must be set together")

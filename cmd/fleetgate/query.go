@@ -47,7 +47,7 @@ func (q queryFlags) client() (*admin.Client, error) {
 	if cfg.Listen.Admin.HTTP == "" {
 		return nil, fmt.Errorf("listen.admin.http is empty in %s: the admin API is off; pass --addr", *q.config)
 	}
-	return admin.NewClient(cfg.Listen.Admin.HTTP), nil
+	return adminClient(cfg.Listen.Admin)
 }
 
 func printJSON(w io.Writer, v any) error {

@@ -141,9 +141,15 @@ func (g *gatewayProcess) run(ctx context.Context) (err error) {
 		return err
 	}
 	if cfg.Listen.Admin.HTTP != "" {
+		token, tlsConf, err := adminSecurity(cfg.Listen.Admin)
+		if err != nil {
+			g.closeFrontEnds()
+			return err
+		}
 		g.admin, err = admin.Listen(admin.Options{
 			Addr: cfg.Listen.Admin.HTTP, Store: g.store, Sessions: g.table,
 			Status: g.status, Timing: g.timing, Gatherer: reg, Logger: log,
+			Token: token, TLS: tlsConf,
 		})
 		if err != nil {
 			g.closeFrontEnds()

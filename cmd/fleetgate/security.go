@@ -2,10 +2,13 @@ package main
 
 import (
 	"crypto/tls"
+	"crypto/x509"
 	"fmt"
 	"net"
 	"os"
+	"strings"
 
+	"github.com/fleetgate/fleetgate/admin"
 	"github.com/fleetgate/fleetgate/auth"
 	"github.com/fleetgate/fleetgate/configs"
 )
@@ -24,7 +27,55 @@ func checkFiles(cfg configs.Config) error {
 			return fmt.Errorf("listen.mqtt: load certificate: %w", err)
 		}
 	}
+	if cfg.Listen.Admin.HTTP != "" {
+		if _, _, err := adminSecurity(cfg.Listen.Admin); err != nil {
+			return err
+		}
+	}
 	return nil
+}
+
+// adminSecurity loads the admin API's bearer token and TLS certificate,
+// when configured.
+func adminSecurity(a configs.AdminListen) (string, *tls.Config, error) {
+	var token string
+	if a.TokenFile != "" {
+		b, err := os.ReadFile(a.TokenFile)
+		if err != nil {
+			return "", nil, fmt.Errorf("listen.admin.token_file: %w", err)
+		}
+		if token = strings.TrimSpace(string(b)); len(token) < 16 {
+			return "", nil, fmt.Errorf("listen.admin.token_file: %s holds a token of %d bytes; want at least 16", a.TokenFile, len(token))
+		}
+	}
+	if a.CertFile == "" {
+		return token, nil, nil
+	}
+	cert, err := tls.LoadX509KeyPair(a.CertFile, a.KeyFile)
+	if err != nil {
+		return "", nil, fmt.Errorf("listen.admin: load certificate: %w", err)
+	}
+	return token, &tls.Config{MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{cert}}, nil
+}
+
+// adminClient is the query commands' client of the admin API at a, with
+// its token and, for HTTPS, its certificate as the CA.
+func adminClient(a configs.AdminListen) (*admin.Client, error) {
+	c := admin.NewClient(a.HTTP)
+	token, tlsConf, err := adminSecurity(a)
+	if err != nil {
+		return nil, err
+	}
+	if tlsConf == nil {
+		return c.WithAuth(token, nil), nil
+	}
+	pem, err := os.ReadFile(a.CertFile)
+	if err != nil {
+		return nil, fmt.Errorf("listen.admin.cert_file: %w", err)
+	}
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(pem)
+	return c.WithAuth(token, &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: pool}), nil
 }
 
 // securityWarnings lists the risky settings of cfg (docs/security.md):
@@ -32,7 +83,7 @@ func checkFiles(cfg configs.Config) error {
 // others may read, and a state directory that others may write.
 func securityWarnings(cfg configs.Config) []string {
 	var out []string
-	if a := cfg.Listen.Admin.HTTP; a != "" && !loopback(a) {
+	if a := cfg.Listen.Admin.HTTP; a != "" && !loopback(a) && cfg.Listen.Admin.TokenFile == "" {
 		out = append(out, fmt.Sprintf("listen.admin.http %s is reachable beyond this host and the admin API has no authentication: bind it to 127.0.0.1 or put it behind an authenticating proxy", a))
 	}
 	if path := cfg.Auth.DevicesFile; path != "" {

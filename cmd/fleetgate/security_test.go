@@ -33,6 +33,8 @@ func TestCheckConfigSecurity(t *testing.T) {
 	badHex := write("hex.yaml", "devices:\n  - id: a\n    psk: \"hex:zz\"\n", 0o600)
 	readable := write("readable.yaml", "devices:\n  - id: a\n    psk: \"hex:00112233445566778899aabbccddeeff\"\n", 0o644)
 	notPEM := write("cert.pem", "not a certificate", 0o600)
+	token := write("token", "0123456789abcdef0123\n", 0o600)
+	short := write("short", "secret\n", 0o600)
 	config := func(name, extra string) string {
 		return write(name, fmt.Sprintf("gateway: { state_dir: %q }\n%s", state, extra), 0o600)
 	}
@@ -48,6 +50,9 @@ func TestCheckConfigSecurity(t *testing.T) {
 		{"missing devices file", config("missing-c.yaml", "auth: { devices_file: /nonexistent/devices.yaml }\n"), 1, "no such file", ""},
 		{"bad certificate", config("tls-c.yaml", fmt.Sprintf("auth: { devices_file: %q }\nlisten: { mqtt: { tls: \"127.0.0.1:0\", cert_file: %q, key_file: %q } }\n", good, notPEM, notPEM)), 1, "listen.mqtt: load certificate", ""},
 		{"readable devices file", config("readable-c.yaml", fmt.Sprintf("auth: { devices_file: %q }\n", readable)), 0, "", "is readable by group or others (mode 0644)"},
+		{"admin beyond loopback with a token", config("admin-t.yaml", fmt.Sprintf("auth: { devices_file: %q }\nlisten: { admin: { http: \"0.0.0.0:9180\", token_file: %q } }\n", good, token)), 0, "", ""},
+		{"short admin token", config("admin-s.yaml", fmt.Sprintf("auth: { devices_file: %q }\nlisten: { admin: { token_file: %q } }\n", good, short)), 1, "holds a token of 6 bytes; want at least 16", ""},
+		{"admin certificate without key", config("admin-k.yaml", fmt.Sprintf("auth: { devices_file: %q }\nlisten: { admin: { cert_file: %q } }\n", good, notPEM)), 1, "listen.admin.cert_file: and listen.admin.key_file must be set together", ""},
 		{"admin beyond loopback", config("admin-c.yaml", fmt.Sprintf("auth: { devices_file: %q }\nlisten: { admin: { http: \"0.0.0.0:9180\" } }\n", good)), 0, "", "listen.admin.http 0.0.0.0:9180 is reachable beyond this host"},
 	}
 	for _, c := range cases {
