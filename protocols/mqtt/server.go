@@ -409,6 +409,10 @@ func (s *Server) revoke(cl *mochi.Client) {
 	s.metrics.refuse(reasonRevoked)
 	s.log.Info("connection revoked by a devices file reload", "device", cl.ID)
 	if cl.Properties.ProtocolVersion == 5 {
+		// A client that reads nothing must not hold up the reload.
+		if cl.Net.Conn != nil {
+			_ = cl.Net.Conn.SetWriteDeadline(time.Now().Add(shutdownWriteTimeout))
+		}
 		_ = s.broker.DisconnectClient(cl, packets.ErrNotAuthorized)
 		return
 	}
