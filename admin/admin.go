@@ -7,6 +7,7 @@ package admin
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -63,6 +64,11 @@ type Options struct {
 	Timing   Timing
 	Gatherer prometheus.Gatherer
 	Logger   *slog.Logger
+	// Token, when set, is the bearer token every request but the probes
+	// must carry (listen.admin.token_file); TLS, when set, serves HTTPS
+	// (listen.admin.cert_file, key_file). security.go.
+	Token string
+	TLS   *tls.Config
 }
 
 // Server serves the admin API.
@@ -85,6 +91,9 @@ func Listen(o Options) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("admin: listen %s: %w", o.Addr, err)
 	}
+	if o.TLS != nil {
+		ln = tls.NewListener(ln, o.TLS)
+	}
 	s := &Server{o: o, ln: ln, closing: make(chan struct{})}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
@@ -99,7 +108,8 @@ func Listen(o Options) (*Server, error) {
 	mux.HandleFunc("GET /v1/events", s.events)
 	mux.HandleFunc("GET /v1/snapshot", s.snapshot)
 	mux.HandleFunc("GET /v1/watch", s.watch)
-	s.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, ErrorLog: slog.NewLogLogger(o.Logger.Handler(), slog.LevelWarn)}
+	s.srv = newHTTPServer(mux, o)
+	s.srv.ErrorLog = slog.NewLogLogger(o.Logger.Handler(), slog.LevelWarn)
 	s.srv.RegisterOnShutdown(s.endStreams)
 	return s, nil
 }

@@ -19,6 +19,8 @@ type Client struct {
 	// Base is "http://127.0.0.1:9180".
 	Base string
 	HTTP *http.Client
+	// token is the bearer token sent (WithAuth).
+	token string
 }
 
 // ErrUnreachable is returned (wrapped in an *UnreachableError) when
@@ -114,6 +116,9 @@ func (c *Client) get(ctx context.Context, path string, q url.Values, v any) erro
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
 	if err != nil {
 		return err
+	}
+	if c.token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.token)
 	}
 	resp, err := c.HTTP.Do(req)
 	if err != nil {

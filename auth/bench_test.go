@@ -57,10 +57,12 @@ func BenchmarkParseFleet(b *testing.B) {
 }
 
 // BenchmarkCheckPassword reports the time of CheckPassword for a known
-// device with its password, a known device with a wrong one and an
-// unknown device, each as a ratio to a bare bcrypt comparison at the same
-// cost measured in the same run (the ceiling): all three should be ≈ 1, so
-// that the time does not tell which devices exist.
+// device with a wrong password and for an unknown device, each as a ratio
+// to a bare bcrypt comparison at the same cost measured in the same run
+// (the ceiling): both should be ≈ 1 whether the guard compared or only
+// waited, so that the time does not tell which devices exist. It also
+// reports the time of a verification answered by the cache (known device,
+// its password), which does no bcrypt work.
 func BenchmarkCheckPassword(b *testing.B) {
 	hash, err := auth.HashPassword([]byte("pw"), auth.DefaultCost)
 	if err != nil {
@@ -70,7 +72,10 @@ func BenchmarkCheckPassword(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	var known, wrong, unknown, ceiling time.Duration
+	if err := d.CheckPassword("known", []byte("pw")); err != nil {
+		b.Fatal(err)
+	}
+	var cached, wrong, unknown, ceiling time.Duration
 	for range b.N {
 		start := time.Now()
 		_ = bcrypt.CompareHashAndPassword([]byte(hash), []byte("pw"))
@@ -80,7 +85,7 @@ func BenchmarkCheckPassword(b *testing.B) {
 		if err := d.CheckPassword("known", []byte("pw")); err != nil {
 			b.Fatal(err)
 		}
-		known += time.Since(start)
+		cached += time.Since(start)
 
 		start = time.Now()
 		if d.CheckPassword("known", []byte("pv")) == nil {
@@ -95,7 +100,7 @@ func BenchmarkCheckPassword(b *testing.B) {
 		unknown += time.Since(start)
 	}
 	b.ReportMetric(float64(ceiling.Microseconds())/float64(b.N), "ceiling-µs/check")
-	b.ReportMetric(float64(known)/float64(ceiling), "known-ratio")
+	b.ReportMetric(float64(cached.Microseconds())/float64(b.N), "cached-µs/check")
 	b.ReportMetric(float64(wrong)/float64(ceiling), "wrong-ratio")
 	b.ReportMetric(float64(unknown)/float64(ceiling), "unknown-ratio")
 }

@@ -9,6 +9,8 @@
 package auth
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
@@ -46,14 +48,18 @@ type Devices struct {
 	// CheckPassword compares against when the device is unknown or has no
 	// password, so that a refusal takes the same work either way.
 	dummy []byte
-	// compare is bcrypt.CompareHashAndPassword; tests wrap it to see that
-	// every path does the bcrypt work.
+	// compare is bcrypt.CompareHashAndPassword; tests wrap it to see
+	// which paths do the bcrypt work.
 	compare func(hash, password []byte) error
+	// guard bounds the work of failed checks (guard.go); a Reloadable's
+	// sets share one.
+	guard *guard
 }
 
 type device struct {
 	psk  []byte // nil: no CoAP DTLS
 	hash []byte // nil: no MQTT password
+	rev  string // Revision: changes with psk or hash
 }
 
 // Load reads and parses the devices file at path.
@@ -75,10 +81,11 @@ func Parse(name string, data []byte) (*Devices, error) {
 	d := &Devices{
 		byID:    make(map[string]device, len(entries)),
 		compare: bcrypt.CompareHashAndPassword,
+		guard:   newGuard(),
 	}
 	costs := make(map[int]int)
 	for _, e := range entries {
-		d.byID[string(e.id)] = device{psk: e.psk, hash: e.hash}
+		d.byID[string(e.id)] = device{psk: e.psk, hash: e.hash, rev: revision(e.psk, e.hash)}
 		if e.hash != nil {
 			costs[e.cost]++
 		}
@@ -119,26 +126,62 @@ func (d *Devices) IDs() []gateway.DeviceID {
 	return ids
 }
 
+// revision is a device's Revision: a digest of its key and hash.
+func revision(psk, hash []byte) string {
+	h := sha256.New()
+	fmt.Fprintf(h, "%d:%x:%d:%x", len(psk), psk, len(hash), hash)
+	return hex.EncodeToString(h.Sum(nil)[:16])
+}
+
 // CheckPassword verifies device's MQTT password against its bcrypt hash.
 // An unknown device, a device without a password and a wrong password
-// all return the same wrapped gateway.ErrUnauthorized after the same
-// bcrypt work, so that neither the answer nor its timing tells whether the
-// device exists. A password longer than MaxPasswordLen is refused at once
-// (that depends on the password only, not on the device).
+// all return the same wrapped gateway.ErrUnauthorized after about the
+// time of a bcrypt comparison, so that neither the answer nor its timing
+// tells whether the device exists; the guard (guard.go) decides whether
+// that time is spent comparing or waiting, and a password verified before
+// is verified again from its cache. It returns a wrapped
+// gateway.ErrOverloaded when no comparison slot frees up within 2 s. A
+// password longer than MaxPasswordLen is refused at once (that depends on
+// the password only, not on the device).
 func (d *Devices) CheckPassword(id gateway.DeviceID, password []byte) error {
 	if len(password) > MaxPasswordLen {
 		return errUnauthorized
 	}
 	dev := d.byID[string(id)] // the zero device when unknown
+	g := d.guard
+	known := dev.hash != nil
+	if known && g.cached(id, dev.rev, password) {
+		return nil
+	}
 	hash := dev.hash
-	if hash == nil {
+	if !known {
 		hash = d.dummy
 	}
-	if err := d.compare(hash, password); err != nil || dev.hash == nil {
+	now := g.now()
+	if !g.mayCompare(id, known, now) {
+		g.pad(func() error { return d.compare(d.dummy, password) })
 		return errUnauthorized
 	}
+	matched, err := g.compare(func() error { return d.compare(hash, password) }, known)
+	if !known {
+		g.strangerDone()
+	}
+	switch {
+	case err != nil:
+		return err
+	case !known:
+		return errUnauthorized
+	case !matched:
+		g.failed(id, now)
+		return errUnauthorized
+	}
+	g.succeeded(id, dev.rev, password)
 	return nil
 }
+
+// Revision is gateway.Credentials' Revision: "" for a device not in the
+// set, else a digest of its key and password hash.
+func (d *Devices) Revision(id gateway.DeviceID) string { return d.byID[string(id)].rev }
 
 // PSK returns the device named by a DTLS PSK identity (the device ID's
 // bytes) and a copy of its key. An unknown identity, an identity that is

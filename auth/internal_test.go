@@ -2,18 +2,21 @@ package auth
 
 import (
 	"bytes"
-	"errors"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/fleetgate/fleetgate/gateway"
 	"golang.org/x/crypto/bcrypt"
 )
 
-// Every refusal of CheckPassword does one bcrypt comparison, against the
-// device's hash or, for an unknown device or one without a password,
-// against the dummy hash: the work does not tell which devices exist.
-func TestCheckPasswordAlwaysDoesTheBcryptWork(t *testing.T) {
+// The guard's policy (guard.go): a verified password is verified again
+// without bcrypt; a known device's failure starts a backoff in which its
+// password is not compared; unknown devices share a global budget of
+// comparisons against the dummy hash; every refusal without a comparison
+// waits the average comparison time instead, so that the time of a
+// refusal does not tell whether the device exists.
+func TestCheckPasswordGuard(t *testing.T) {
 	h, err := HashPassword([]byte("pw"), MinCost)
 	if err != nil {
 		t.Fatal(err)
@@ -23,41 +26,73 @@ func TestCheckPasswordAlwaysDoesTheBcryptWork(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	g := d.guard
+	g.now = func() time.Time { return now }
+	var paused []time.Duration
+	g.pause = func(d time.Duration) { paused = append(paused, d) }
 	var compared [][]byte
 	d.compare = func(hash, password []byte) error {
 		compared = append(compared, hash)
 		return bcrypt.CompareHashAndPassword(hash, password)
 	}
-	for _, c := range []struct {
-		device, password string
-		hash             []byte
-		ok               bool
-	}{
-		{"known", "pw", []byte(h), true},
-		{"known", "wrong", []byte(h), false},
-		{"unknown", "pw", d.dummy, false},
-		{"psk-only", "pw", d.dummy, false},
-	} {
-		compared = nil
-		err := d.CheckPassword(gateway.DeviceID(c.device), []byte(c.password))
-		if (err == nil) != c.ok {
-			t.Errorf("%s/%s: %v", c.device, c.password, err)
+	check := func(device, password string, ok bool, hashes ...[]byte) {
+		t.Helper()
+		compared, paused = nil, nil
+		err := d.CheckPassword(gateway.DeviceID(device), []byte(password))
+		if (err == nil) != ok {
+			t.Fatalf("%s/%s: %v, want ok=%v", device, password, err, ok)
 		}
-		if len(compared) != 1 || !bytes.Equal(compared[0], c.hash) {
-			t.Errorf("%s/%s compared against %q, want once against %q", c.device, c.password, compared, c.hash)
+		if len(compared) != len(hashes) || (len(hashes) == 1 && !bytes.Equal(compared[0], hashes[0])) {
+			t.Fatalf("%s/%s compared against %q, want %q", device, password, compared, hashes)
+		}
+		if !ok && len(hashes) == 0 && (len(paused) != 1 || paused[0] != g.avg || g.avg <= 0) {
+			t.Fatalf("%s/%s: refused without comparison after %v, want one pause of the average %v", device, password, paused, g.avg)
 		}
 	}
-	// The dummy is a real hash at the set's cost, so comparing with it
-	// runs bcrypt to the end instead of failing on its format.
-	if cost, err := bcrypt.Cost(d.dummy); err != nil || cost != MinCost {
-		t.Errorf("dummy cost %d, %v; want %d", cost, err, MinCost)
+	check("known", "pw", true, []byte(h))
+	check("known", "pw", true) // cached
+	check("known", "wrong", false, []byte(h))
+	check("known", "pw", true) // the cache answers in the backoff
+	check("known", "wrong", false)
+	now = now.Add(backoffMin)
+	check("known", "wrong2", false, []byte(h))
+	now = now.Add(backoffMin) // the second failure waits 2 × backoffMin
+	check("known", "wrong3", false)
+	now = now.Add(backoffMin)
+	check("known", "wrong3", false, []byte(h))
+
+	// Unknown devices: a burst, then unknownPerSecond.
+	for range unknownBurst {
+		check("unknown", "pw", false, d.dummy)
 	}
-	if !bcryptRE.Match(d.dummy) {
-		t.Errorf("dummy %q is not a well-formed bcrypt hash", d.dummy)
+	check("psk-only", "pw", false)
+	check("other", "pw", false)
+	now = now.Add(time.Second / unknownPerSecond)
+	check("other", "pw", false, d.dummy)
+	check("other", "pw", false)
+
+	// Revisions, and a reload that changes known's password forgets its
+	// verified one.
+	if d.Revision("known") == "" || d.Revision("psk-only") == "" || d.Revision("unknown") != "" {
+		t.Fatalf("revisions: %q %q %q", d.Revision("known"), d.Revision("psk-only"), d.Revision("unknown"))
 	}
-	if err := bcrypt.CompareHashAndPassword(d.dummy, []byte("pw")); !errors.Is(err, bcrypt.ErrMismatchedHashAndPassword) {
-		t.Errorf("comparing with the dummy: %v, want a mismatch after the full work", err)
+	h2, err := HashPassword([]byte("pw2"), MinCost)
+	if err != nil {
+		t.Fatal(err)
 	}
+	next, err := Parse("devices.yaml", fmt.Appendf(nil, "devices:\n  - id: known\n    password_bcrypt: %q\n", h2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	g.carry(next)
+	if next.Revision("known") == d.Revision("known") {
+		t.Fatal("a new password keeps the revision")
+	}
+	next.compare = d.compare
+	d = next
+	now = now.Add(backoffMax)
+	check("known", "pw", false, []byte(h2))
 }
 
 // The dummy hash takes the cost most devices use, so that an unknown

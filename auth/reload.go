@@ -33,12 +33,14 @@ func (r *Reloadable) Current() *Devices { return r.cur.Load() }
 
 // Reload loads the devices file at path and makes it the current set. If
 // the file cannot be read or is invalid, the current set stays in use and
-// the error says so.
+// the error says so. Passwords verified before stay verified for the
+// devices whose entry did not change.
 func (r *Reloadable) Reload(path string) error {
 	d, err := Load(path)
 	if err != nil {
 		return fmt.Errorf("devices file not reloaded, keeping the %d devices in use:\n%w", r.Current().Len(), err)
 	}
+	r.Current().guard.carry(d)
 	r.cur.Store(d)
 	return nil
 }
@@ -52,3 +54,6 @@ func (r *Reloadable) CheckPassword(id gateway.DeviceID, password []byte) error {
 func (r *Reloadable) PSK(identity []byte) (gateway.DeviceID, []byte, error) {
 	return r.Current().PSK(identity)
 }
+
+// Revision is Devices.Revision on the current set.
+func (r *Reloadable) Revision(id gateway.DeviceID) string { return r.Current().Revision(id) }

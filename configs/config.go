@@ -93,6 +93,12 @@ type RedisConfig struct {
 	Password  string   `yaml:"password"`
 	TLS       bool     `yaml:"tls"`
 	KeyPrefix string   `yaml:"key_prefix"`
+	// TLS details (configs/security.go): a private CA, the name to verify,
+	// and a client certificate; each implies tls.
+	TLSCAFile     string `yaml:"tls_ca_file"`
+	TLSServerName string `yaml:"tls_server_name"`
+	TLSCertFile   string `yaml:"tls_cert_file"`
+	TLSKeyFile    string `yaml:"tls_key_file"`
 }
 
 // UplinkConfig tunes the batcher and the bbolt outbox.
@@ -144,9 +150,13 @@ type MQTTListen struct {
 	KeyFile  string `yaml:"key_file"`
 }
 
-// AdminListen holds the admin HTTP address.
+// AdminListen holds the admin HTTP address, and optionally its bearer
+// token and TLS certificate (configs/security.go).
 type AdminListen struct {
-	HTTP string `yaml:"http"`
+	HTTP      string `yaml:"http"`
+	TokenFile string `yaml:"token_file"`
+	CertFile  string `yaml:"cert_file"`
+	KeyFile   string `yaml:"key_file"`
 }
 
 // AuthConfig says which devices may connect.
@@ -170,6 +180,9 @@ type LimitsConfig struct {
 	DTLSHandshakeTimeout  Duration `yaml:"dtls_handshake_timeout"`
 	DTLSMaxPeers          int      `yaml:"dtls_max_peers"`
 	DTLSIdleTimeout       Duration `yaml:"dtls_idle_timeout"`
+	// MaxSessionsPerDevice bounds the sessions one device holds on this
+	// gateway (configs/security.go).
+	MaxSessionsPerDevice int `yaml:"max_sessions_per_device"`
 }
 
 // PluginsConfig lists the adapter plugins to start.
@@ -222,6 +235,7 @@ func Default() Config {
 			DTLSHandshakeTimeout:  Duration(10 * time.Second),
 			DTLSMaxPeers:          4096,
 			DTLSIdleTimeout:       Duration(5 * time.Second),
+			MaxSessionsPerDevice:  DefaultMaxSessionsPerDevice,
 		},
 		Plugins: PluginsConfig{Dir: "/usr/lib/fleetgate/plugins", Adapters: []string{}},
 		Log:     LogConfig{Level: "info", Format: "text"},

@@ -71,6 +71,7 @@ func (c Config) Validate() error {
 	c.validateListen(&p)
 	c.validateAuth(&p)
 	c.validateLimits(&p)
+	c.validateSecurity(&p)
 	c.validatePlugins(&p)
 	if !oneOf(c.Log.Level, "debug", "info", "warn", "error") {
 		p.add("log.level", "must be debug, info, warn or error, got %q", c.Log.Level)

@@ -28,4 +28,10 @@ type Credentials interface {
 	CheckPassword(device DeviceID, password []byte) error
 	// PSK returns the device named by a DTLS PSK identity and its key.
 	PSK(identity []byte) (DeviceID, []byte, error)
+	// Revision is an opaque value that changes whenever device's
+	// credentials change (removed, a new key or password), and "" for a
+	// device that is not listed. A listed device must always
+	// authenticate: anonymous access never covers it. Front ends compare
+	// revisions at a reload to end the sessions of revoked devices.
+	Revision(device DeviceID) string
 }

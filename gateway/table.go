@@ -15,7 +15,16 @@ import (
 // Defaults of TableOptions (DESIGN §4 for the presence timings).
 const (
 	defaultTableShards = 64
+	// DefaultMaxSessionsPerDevice is limits.max_sessions_per_device.
+	DefaultMaxSessionsPerDevice = 8
 )
+
+// ErrSessionLimit refuses a new session of a device that already has
+// TableOptions.MaxSessionsPerDevice sessions on this gateway; its known
+// sessions still renew. Front ends answer CoAP 4.03 and MQTT CONNACK
+// "quota exceeded". It wraps ErrOverloaded for callers that only know
+// that one.
+var ErrSessionLimit = fmt.Errorf("too many sessions for one device: %w", ErrOverloaded)
 
 // maxKeyLen is the longest session key: device, a zero byte, session.
 const maxKeyLen = MaxDeviceIDLen + 1 + MaxSessionIDLen
@@ -36,6 +45,11 @@ type TableOptions struct {
 	// refused with ErrOverloaded (known sessions still renew). Default
 	// 1,000,000.
 	MaxSessions int
+	// MaxSessionsPerDevice is limits.max_sessions_per_device: beyond it a
+	// new session of a device is refused with ErrSessionLimit, so that one
+	// device (or one stolen key) cannot grow its central record without
+	// bound. Default DefaultMaxSessionsPerDevice.
+	MaxSessionsPerDevice int
 	// Clock is the table's time source. Default SystemClock.
 	Clock Clock
 }
@@ -88,8 +102,11 @@ type Table struct {
 	shards []tableShard
 	max    int64
 	n      atomic.Int64
-	timing atomic.Pointer[timing]
-	protos protocols
+	// perDevice is MaxSessionsPerDevice; limited counts its refusals.
+	perDevice int32
+	limited   atomic.Uint64
+	timing    atomic.Pointer[timing]
+	protos    protocols
 }
 
 var _ Observer = (*Table)(nil)
@@ -97,6 +114,9 @@ var _ Observer = (*Table)(nil)
 type tableShard struct {
 	mu sync.Mutex
 	m  map[string]*entry
+	// devices counts the sessions of each device of the shard that has
+	// any (a device's sessions are all in its shard).
+	devices map[DeviceID]int32
 }
 
 // entry is one session. Times are nanoseconds since Table.base.
@@ -136,6 +156,9 @@ func NewTable(up Uplink, o TableOptions) *Table {
 	if o.MaxSessions <= 0 {
 		o.MaxSessions = DefaultMaxSessions
 	}
+	if o.MaxSessionsPerDevice <= 0 {
+		o.MaxSessionsPerDevice = DefaultMaxSessionsPerDevice
+	}
 	if o.Clock == nil {
 		o.Clock = SystemClock{}
 	}
@@ -146,9 +169,12 @@ func NewTable(up Uplink, o TableOptions) *Table {
 		seed:   maphash.MakeSeed(),
 		shards: make([]tableShard, o.Shards),
 		max:    int64(o.MaxSessions),
+
+		perDevice: int32(min(o.MaxSessionsPerDevice, math.MaxInt32)),
 	}
 	for i := range t.shards {
 		t.shards[i].m = make(map[string]*entry)
+		t.shards[i].devices = make(map[DeviceID]int32)
 	}
 	t.timing.Store(newTiming(o.Lease, o.RenewEvery))
 	t.protos.names.Store(&[]string{""})
@@ -163,8 +189,9 @@ func (t *Table) SetTiming(lease, renewEvery time.Duration) {
 
 // Observe records ev and hands the Uplink what the throttle lets through.
 // It refuses an invalid device or session ID (ErrInvalidDeviceID,
-// ErrInvalidSessionID) and a new session beyond MaxSessions
-// (ErrOverloaded); it returns the Uplink's error, wrapped, when a write
+// ErrInvalidSessionID), a new session beyond MaxSessions
+// (ErrOverloaded) and a new session of a device beyond
+// MaxSessionsPerDevice (ErrSessionLimit, counted by SessionLimitRefusals); it returns the Uplink's error, wrapped, when a write
 // could not be enqueued (a Leave removes the session all the same; the
 // central lease then ends it). A zero ObservedAt means now on the table's
 // clock. No lock is held while the Uplink is called.
@@ -183,6 +210,7 @@ func (t *Table) Observe(ctx context.Context, ev Evidence) error {
 		sh.mu.Lock()
 		if _, ok := sh.m[string(key)]; ok {
 			delete(sh.m, string(key))
+			sh.forget(ev.Device)
 			t.n.Add(-1)
 		}
 		sh.mu.Unlock()
@@ -195,6 +223,11 @@ func (t *Table) Observe(ctx context.Context, ev Evidence) error {
 	e, ok := sh.m[string(key)]
 	switch {
 	case !ok:
+		if sh.devices[ev.Device] >= t.perDevice {
+			sh.mu.Unlock()
+			t.limited.Add(1)
+			return fmt.Errorf("observe: device %s session %s: max_sessions_per_device %d reached: %w", ev.Device, ev.Session, t.perDevice, ErrSessionLimit)
+		}
 		if t.n.Add(1) > t.max {
 			t.n.Add(-1)
 			sh.mu.Unlock()
@@ -202,6 +235,7 @@ func (t *Table) Observe(ctx context.Context, ev Evidence) error {
 		}
 		e = &entry{first: at, seen: at, proto: t.protos.index(ev.Protocol)}
 		sh.m[string(key)] = e
+		sh.devices[ev.Device]++
 	case at-e.seen >= int64(tm.lease):
 		// The local lease ran out before Sweep came by: a new session,
 		// as if it had been swept.
@@ -296,6 +330,7 @@ func (t *Table) Sweep(now time.Time) int {
 		for k, e := range sh.m {
 			if e.seen <= cutoff {
 				delete(sh.m, k)
+				sh.forget(DeviceID(k[:strings.IndexByte(k, 0)]))
 				dropped++
 			}
 		}
@@ -319,6 +354,19 @@ func (t *Table) RunSweep(ctx context.Context, every time.Duration) error {
 		}
 	}
 }
+
+// forget counts one session of device less; the caller holds sh.mu.
+func (sh *tableShard) forget(device DeviceID) {
+	if n := sh.devices[device] - 1; n > 0 {
+		sh.devices[device] = n
+	} else {
+		delete(sh.devices, device)
+	}
+}
+
+// SessionLimitRefusals is the number of new sessions refused with
+// ErrSessionLimit since the table was made.
+func (t *Table) SessionLimitRefusals() uint64 { return t.limited.Load() }
 
 // Len is the number of sessions in the table.
 func (t *Table) Len() int { return int(t.n.Load()) }

@@ -505,7 +505,7 @@ func TestTableConcurrent(t *testing.T) {
 	)
 	clock := clocktest.New(t0)
 	up := newRecorder(workers * rounds * 4)
-	tbl := gateway.NewTable(up, gateway.TableOptions{Shards: 4, Lease: time.Hour, RenewEvery: renew, Clock: clock})
+	tbl := gateway.NewTable(up, gateway.TableOptions{Shards: 4, Lease: time.Hour, RenewEvery: renew, MaxSessionsPerDevice: 1 << 20, Clock: clock})
 	ctx := context.Background()
 
 	var wg sync.WaitGroup
@@ -605,7 +605,7 @@ func TestTableConcurrentRefusals(t *testing.T) {
 	)
 	clock := clocktest.New(t0)
 	up := newRecorder(2)
-	tbl := gateway.NewTable(up, gateway.TableOptions{Lease: time.Hour, RenewEvery: renew, Clock: clock})
+	tbl := gateway.NewTable(up, gateway.TableOptions{Lease: time.Hour, RenewEvery: renew, MaxSessionsPerDevice: 1 << 20, Clock: clock})
 	done, cancel := context.WithCancel(context.Background())
 	cancel()
 

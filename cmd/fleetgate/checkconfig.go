@@ -12,6 +12,12 @@ func cmdCheckConfig(_ context.Context, args []string, stdout, stderr io.Writer) 
 	if err != nil {
 		return err
 	}
+	if err := checkFiles(cfg); err != nil {
+		return err
+	}
+	for _, w := range securityWarnings(cfg) {
+		fmt.Fprintf(stderr, "warning: %s\n", w)
+	}
 	out, err := cfg.Redacted().YAML()
 	if err != nil {
 		return err

@@ -51,7 +51,9 @@ func TestCLIExitCodes(t *testing.T) {
 		{"version", []string{"version"}, 0, "fleetgate ", ""},
 		{"command help", []string{"run", "--help"}, 0, "", "-config"},
 		{"bad flag", []string{"status", "--nope"}, 2, "", "flag provided but not defined"},
-		{"shipped config", []string{"check-config", "-c", filepath.Join(repo, "fleetgate.yaml")}, 0, "worst-case detection", ""},
+		// The shipped file names /etc/fleetgate/devices.yaml, which run
+		// would load: check-config fails as run would without it.
+		{"shipped config", []string{"check-config", "-c", filepath.Join(repo, "fleetgate.yaml")}, 1, "", "devices file: open /etc/fleetgate/devices.yaml"},
 		{"dev config", []string{"check-config", "-c", filepath.Join(repo, "dev.yaml")}, 0, "allow_anonymous: true", ""},
 		{"missing file", []string{"check-config", "-c", "/nonexistent/fleetgate.yaml"}, 1, "", "no such file"},
 		{"misspelt key", []string{"check-config", "-c", bad}, 1, "", bad + ":2:3"},
@@ -74,7 +76,7 @@ func TestCLIExitCodes(t *testing.T) {
 
 func TestCheckConfigRedactsSecrets(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "f.yaml")
-	if err := os.WriteFile(path, []byte("store:\n  backend: redis\n  redis: { addrs: [\"127.0.0.1:1\"], password: hunter2 }\n"), 0o600); err != nil {
+	if err := os.WriteFile(path, []byte("store:\n  backend: redis\n  redis: { addrs: [\"127.0.0.1:1\"], password: hunter2 }\nauth: { devices_file: \"\", allow_anonymous: true }\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	code, out, errs := runCLI(t, "check-config", "-c", path)

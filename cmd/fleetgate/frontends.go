@@ -23,6 +23,9 @@ type frontEnd interface {
 	Serve(ctx context.Context) error
 	Close() error
 	SetHeartbeatInterval(d time.Duration)
+	// SetCredentials hands over the devices file after a reload: later
+	// checks use it, and sessions it revokes end.
+	SetCredentials(c gateway.Credentials)
 }
 
 // openFrontEnds loads the devices file and the TLS certificate and binds
@@ -102,6 +105,17 @@ func (g *gatewayProcess) openFrontEnds(cfg configs.Config, log *slog.Logger, reg
 		log.Info("mqtt listening", "tcp", addrString(tcp), "tls", addrString(tlsAddr), "anonymous", cfg.Auth.AllowAnonymous)
 	}
 	return nil
+}
+
+// revoke tells the front ends that the devices file was reloaded, so that
+// they end the sessions of devices removed or whose credentials changed.
+func (g *gatewayProcess) revoke() {
+	if g.creds == nil {
+		return
+	}
+	for _, f := range g.fronts {
+		f.SetCredentials(g.creds)
+	}
 }
 
 func (g *gatewayProcess) closeFrontEnds() {

@@ -56,30 +56,39 @@ func (q queryFlags) set(names ...string) bool {
 // else the default admin address. It never opens the gateway's state
 // file.
 func (q queryFlags) client() (*admin.Client, error) {
-	addr, err := q.adminAddr()
+	l, err := q.adminListen()
 	if err != nil {
 		return nil, err
 	}
-	return admin.NewClient(addr), nil
+	return adminClient(l)
 }
 
+// adminAddr is the admin address client uses.
 func (q queryFlags) adminAddr() (string, error) {
-	addr := *q.addr
-	if addr == "" {
-		cfg, err := configs.Load(*q.config, os.Environ())
-		switch {
-		case err == nil:
-			addr = cfg.Listen.Admin.HTTP
-			if addr == "" {
-				return "", fmt.Errorf("listen.admin.http is empty in %s: the admin API is off; pass --addr", *q.config)
-			}
-		case !q.set("c", "config") && errors.Is(err, fs.ErrNotExist):
-			addr = configs.Default().Listen.Admin.HTTP
-		default:
-			return "", err
+	l, err := q.adminListen()
+	return l.HTTP, err
+}
+
+// adminListen is listen.admin of the configuration client finds (its
+// token and TLS too), with the address of --addr when given.
+func (q queryFlags) adminListen() (configs.AdminListen, error) {
+	cfg, err := configs.Load(*q.config, os.Environ())
+	var l configs.AdminListen
+	switch {
+	case err == nil:
+		l = cfg.Listen.Admin
+		if l.HTTP == "" && *q.addr == "" {
+			return l, fmt.Errorf("listen.admin.http is empty in %s: the admin API is off; pass --addr", *q.config)
 		}
+	case !q.set("c", "config") && errors.Is(err, fs.ErrNotExist):
+		l = configs.Default().Listen.Admin
+	case *q.addr == "":
+		return l, err
 	}
-	return addr, nil
+	if *q.addr != "" {
+		l.HTTP = *q.addr
+	}
+	return l, nil
 }
 
 // explain turns "nothing answers" into where the command looked and

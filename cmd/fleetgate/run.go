@@ -101,6 +101,9 @@ func (g *gatewayProcess) run(ctx context.Context) (err error) {
 	}
 	log := g.log.With("gateway", cfg.Gateway.ID)
 	log.Info("starting", "version", version, "epoch", g.epoch, "store", cfg.Store.Backend, "shards", cfg.Presence.Shards)
+	for _, w := range securityWarnings(cfg) {
+		log.Warn(w)
+	}
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -123,8 +126,13 @@ func (g *gatewayProcess) run(ctx context.Context) (err error) {
 	})
 	g.table = gateway.NewTable(g.up, gateway.TableOptions{
 		Lease: cfg.Presence.Lease.Std(), RenewEvery: cfg.Presence.RenewEvery.Std(),
-		MaxSessions: cfg.Presence.MaxSessions, Clock: gateway.SystemClock{},
+		MaxSessions: cfg.Presence.MaxSessions, MaxSessionsPerDevice: cfg.Limits.MaxSessionsPerDevice,
+		Clock: gateway.SystemClock{},
 	})
+	reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "fleetgate_session_limit_refusals_total",
+		Help: "New sessions refused because their device had limits.max_sessions_per_device sessions.",
+	}, func() float64 { return float64(g.table.SessionLimitRefusals()) }))
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "fleetgate_sessions",
 		Help: "Device sessions in the gateway's session table (live on this gateway).",
@@ -143,9 +151,15 @@ func (g *gatewayProcess) run(ctx context.Context) (err error) {
 		return err
 	}
 	if cfg.Listen.Admin.HTTP != "" {
+		token, tlsConf, err := adminSecurity(cfg.Listen.Admin)
+		if err != nil {
+			g.closeFrontEnds()
+			return err
+		}
 		g.admin, err = admin.Listen(admin.Options{
 			Addr: cfg.Listen.Admin.HTTP, Store: g.store, Sessions: g.table,
 			Status: g.status, Timing: g.timing, Gatherer: reg, Logger: log,
+			Token: token, TLS: tlsConf,
 		})
 		if err != nil {
 			g.closeFrontEnds()
@@ -260,6 +274,7 @@ func (g *gatewayProcess) reload(log *slog.Logger) {
 			log.Error("devices file not reloaded; keeping the devices in use", "err", err)
 		} else {
 			log.Info("devices file reloaded", "path", next.Auth.DevicesFile, "devices", g.creds.Current().Len())
+			g.revoke()
 		}
 	}
 	if g.cert != nil {

@@ -34,3 +34,8 @@ func (s *Credentials) CheckPassword(d gateway.DeviceID, password []byte) error {
 func (s *Credentials) PSK(identity []byte) (gateway.DeviceID, []byte, error) {
 	return (*s.cur.Load()).PSK(identity)
 }
+
+// Revision asks the current devices.
+func (s *Credentials) Revision(d gateway.DeviceID) string {
+	return (*s.cur.Load()).Revision(d)
+}

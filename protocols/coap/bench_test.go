@@ -156,6 +156,13 @@ var benchKey = []byte("bench device key")
 
 func (benchDevices) CheckPassword(gateway.DeviceID, []byte) error { return gateway.ErrUnauthorized }
 
+func (benchDevices) Revision(d gateway.DeviceID) string {
+	if strings.HasPrefix(string(d), "bench-") {
+		return string(benchKey)
+	}
+	return ""
+}
+
 func (benchDevices) PSK(identity []byte) (gateway.DeviceID, []byte, error) {
 	if !strings.HasPrefix(string(identity), "bench-") {
 		return "", nil, gateway.ErrUnauthorized

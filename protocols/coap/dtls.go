@@ -2,13 +2,17 @@ package coap
 
 import (
 	"context"
+	"crypto/hmac"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"io"
 	"math"
 	"net"
+	"net/netip"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	piondtls "github.com/pion/dtls/v3"
@@ -36,7 +40,7 @@ import (
 const sweepInterval = time.Second
 
 // dtlsFront is the DTLS transport: go-coap's DTLS server on a listener
-// that bounds the peers.
+// that bounds the peers (gate.go).
 type dtlsFront struct {
 	server   *dtlsServer.Server
 	listener *peerListener
@@ -45,15 +49,16 @@ type dtlsFront struct {
 // newDTLS binds the DTLS listener at addr, with PSK cipher suites only and
 // the identity checked by the credentials during the handshake.
 func (s *Server) newDTLS(addr string, handshakeTimeout, idleTimeout time.Duration, maxPeers int) (*dtlsFront, error) {
-	ln, err := coapNet.NewDTLSListener("udp", addr, coapNet.NewDTLSServerOptions(
+	g := newGate(maxPeers, handshakeTimeout, s.metrics)
+	ln, err := listenGated(addr, g, func() { s.metrics.drop(dropDTLSBusy) },
 		piondtls.WithPSK(s.psk),
 		piondtls.WithCipherSuites(piondtls.TLS_PSK_WITH_AES_128_CCM_8, piondtls.TLS_PSK_WITH_AES_128_GCM_SHA256),
 		piondtls.WithOnConnectionAttempt(s.handshakeAttempt),
-	))
+	)
 	if err != nil {
 		return nil, fmt.Errorf("listen dtls %s: %w", addr, err)
 	}
-	pl := &peerListener{DTLSListener: ln, slots: make(chan struct{}, maxPeers), metrics: s.metrics}
+	pl := &peerListener{Listener: ln, gate: g, metrics: s.metrics, peers: make(map[*peerConn]struct{}), creds: s.credentials}
 	srv := dtls.NewServer(
 		options.WithContext(s.ctx),
 		options.WithProcessReceivedMessageFunc(s.dtlsProcessor()),
@@ -69,19 +74,22 @@ func (s *Server) newDTLS(addr string, handshakeTimeout, idleTimeout time.Duratio
 }
 
 // psk is pion's PSK callback: the key of the device named by the client's
-// PSK identity. An unknown identity fails the handshake here, a wrong key
-// when the Finished messages do not verify; either way no request is
-// ever read, so it never becomes evidence.
+// PSK identity. An unknown identity gets a decoy key (an HMAC of the
+// identity under a key of this server), so that its handshake fails
+// exactly as one with a known identity and a wrong key does: the server
+// cannot verify the client's Finished and stays silent until the
+// handshake times out. An immediate alert would tell which identities
+// exist. Either way no request is ever read, so it never becomes
+// evidence.
 func (s *Server) psk(identity []byte) ([]byte, error) {
-	c := s.creds.Load()
-	if c == nil {
-		return nil, fmt.Errorf("psk: %w", gateway.ErrUnauthorized)
+	if c := s.creds.Load(); c != nil {
+		if _, key, err := c.PSK(identity); err == nil {
+			return key, nil
+		}
 	}
-	_, key, err := c.PSK(identity)
-	if err != nil {
-		return nil, fmt.Errorf("psk: %w", err)
-	}
-	return key, nil
+	m := hmac.New(sha256.New, s.decoy[:])
+	m.Write(identity)
+	return m.Sum(nil)[:16], nil
 }
 
 // errHandshakeRateLimited refuses a new DTLS peer beyond its source's rate.
@@ -99,57 +107,114 @@ func (s *Server) handshakeAttempt(peer net.Addr) error {
 	return nil
 }
 
-// peerListener holds one of its slots for each accepted DTLS peer, from
-// the handshake until the peer's connection is closed; when all are taken
-// it stops accepting, and new peers wait in pion's bounded backlog.
+// peerListener is pion's DTLS listener over the gate (gate.go): the gate
+// admits new peers and gives each a slot once the cookie round trip has
+// proven its address.
 type peerListener struct {
-	*coapNet.DTLSListener
-	slots   chan struct{}
+	net.Listener
+	gate    *gate
 	metrics *metrics
+	closed  atomic.Bool
+
+	creds func() gateway.Credentials // the current ones
+
+	mu    sync.Mutex
+	peers map[*peerConn]struct{} // for revocation
 }
 
-// AcceptWithContext waits for a free slot, then for a peer.
+// AcceptWithContext returns the next peer that the gate admitted.
 func (l *peerListener) AcceptWithContext(ctx context.Context) (net.Conn, error) {
-	select {
-	case l.slots <- struct{}{}:
-	case <-ctx.Done():
-		return nil, ctx.Err()
+	if err := ctx.Err(); err != nil {
+		return nil, err
 	}
-	c, err := l.DTLSListener.AcceptWithContext(ctx)
+	if l.closed.Load() {
+		return nil, coapNet.ErrListenerIsClosed
+	}
+	c, err := l.Listener.Accept()
 	if err != nil {
-		<-l.slots
 		return nil, err
 	}
 	dc, ok := c.(*piondtls.Conn)
-	if !ok {
-		<-l.slots
+	gc, found := l.gate.gated(c.RemoteAddr())
+	if !ok || !found {
 		_ = c.Close()
-		return nil, fmt.Errorf("dtls accept: unexpected connection type %T", c)
+		return nil, fmt.Errorf("dtls accept: unexpected connection %T from %v", c, c.RemoteAddr())
 	}
-	return &peerConn{Conn: dc, release: sync.OnceFunc(func() { <-l.slots }), metrics: l.metrics}, nil
+	pc := &peerConn{Conn: dc, gated: gc, metrics: l.metrics, l: l, creds: l.creds}
+	l.mu.Lock()
+	l.peers[pc] = struct{}{}
+	l.mu.Unlock()
+	return pc, nil
 }
 
-// peerConn is a DTLS peer holding a slot of its listener until closed.
+// revoke closes the DTLS sessions whose device's credentials revision
+// under cur differs from the one they shook hands with (a devices file
+// reload removed the device or changed its key); it returns how many.
+func (l *peerListener) revoke(cur gateway.Credentials) int {
+	l.mu.Lock()
+	var revoked []*peerConn
+	for pc := range l.peers {
+		if pc.shook && cur.Revision(pc.device) != pc.rev {
+			revoked = append(revoked, pc)
+		}
+	}
+	l.mu.Unlock()
+	for _, pc := range revoked {
+		_ = pc.Close()
+	}
+	return len(revoked)
+}
+
+// Close stops accepting.
+func (l *peerListener) Close() error {
+	l.closed.Store(true)
+	return l.Listener.Close()
+}
+
+// peerConn is a DTLS peer; its gatedConn holds its slot until closed.
 type peerConn struct {
 	*piondtls.Conn
-	release func()
+	gated   *gatedConn
 	metrics *metrics
+	l       *peerListener
+	creds   func() gateway.Credentials
+	// shook, device and rev (guarded by l.mu): the handshake's device and
+	// its credentials revision then, for revocation.
+	shook  bool
+	device gateway.DeviceID
+	rev    string
+}
+
+// Close closes the connection (and so its gatedConn).
+func (c *peerConn) Close() error {
+	c.l.mu.Lock()
+	delete(c.l.peers, c)
+	c.l.mu.Unlock()
+	return c.Conn.Close()
 }
 
 // HandshakeContext runs the handshake (go-coap bounds ctx with the
-// handshake timeout) and counts a failure.
+// handshake timeout; the gate with cookieTimeout until the cookie round
+// trip) and counts a failure.
 func (c *peerConn) HandshakeContext(ctx context.Context) error {
-	if err := c.Conn.HandshakeContext(ctx); err != nil {
+	ctx, cancel := cookieContext(ctx, c.gated)
+	defer cancel()
+	err := c.Conn.HandshakeContext(ctx)
+	c.gated.endHandshake()
+	if err != nil {
 		c.metrics.drop(dropHandshake)
 		return fmt.Errorf("dtls handshake: %w", err)
 	}
+	if st, ok := c.ConnectionState(); ok {
+		if cr := c.creds(); cr != nil {
+			if dev, _, err := cr.PSK(st.IdentityHint); err == nil {
+				c.l.mu.Lock()
+				c.shook, c.device, c.rev = true, dev, cr.Revision(dev)
+				c.l.mu.Unlock()
+			}
+		}
+	}
 	return nil
-}
-
-// Close closes the connection and frees its slot.
-func (c *peerConn) Close() error {
-	defer c.release()
-	return c.Conn.Close()
 }
 
 // sweep is go-coap's periodic runner for the DTLS server: every
@@ -321,4 +386,20 @@ func (s *Server) identity(cc *udpClient.Conn) (string, error) {
 		return "", fmt.Errorf("identity: %w", err)
 	}
 	return string(dev), nil
+}
+
+// addrOf is the IP of a UDP peer address, the zero Addr for another kind.
+func addrOf(a net.Addr) netip.Addr {
+	if ua, ok := a.(*net.UDPAddr); ok {
+		return ua.AddrPort().Addr().Unmap()
+	}
+	return netip.Addr{}
+}
+
+// credentials are the current credentials, nil without any.
+func (s *Server) credentials() gateway.Credentials {
+	if c := s.creds.Load(); c != nil {
+		return c.Credentials
+	}
+	return nil
 }

@@ -33,6 +33,11 @@ var errDeviceRate = errors.New("device request rate exceeded")
 // caller to log with the peer.
 func (s *Server) decide(ctx context.Context, method codes.Code, path string, queries []string, identity string, now time.Time) (codes.Code, string, heartbeat, error) {
 	hb, err := parseHeartbeat(method, path, queries, identity, s.allowAnon)
+	if err == nil && identity == "" && s.listed(hb.device) {
+		// Anonymous access never covers a device of the devices file: it
+		// must use its credentials (DTLS), also to renew or leave.
+		err = refuse(codes.Unauthorized, "credentials required for this device")
+	}
 	if err == nil {
 		// Per device, whichever endpoint (or DTLS session) it comes from.
 		if ok, _ := s.devices.allow(hb.device, now); !ok {
@@ -64,4 +69,10 @@ func (s *Server) logRefusal(code codes.Code, hb heartbeat, peer string, err erro
 	}
 	s.log.Log(s.ctx, level, "coap request refused", "code", codeLabel(code), "device", hb.device,
 		"session", hb.session, "peer", peer, "err", err)
+}
+
+// listed reports whether device is in the credentials (the devices file).
+func (s *Server) listed(device gateway.DeviceID) bool {
+	c := s.creds.Load()
+	return c != nil && c.Revision(device) != ""
 }

@@ -19,6 +19,9 @@ type metrics struct {
 	byCode  map[codes.Code]prometheus.Counter
 	dropped map[dropReason]prometheus.Counter
 	rcvbuf  prometheus.Gauge
+	// dtlsPeers counts the DTLS peers holding a slot (proven by the
+	// cookie round trip).
+	dtlsPeers prometheus.Gauge
 }
 
 // dropReason says why a datagram got no answer.
@@ -33,11 +36,12 @@ const (
 	dropUnexpected  dropReason = "unexpected"   // an ACK, RST or NON response: the server sends no CON
 	dropWriteError  dropReason = "write_error"  // the answer could not be sent
 	dropHandshake   dropReason = "handshake"    // a DTLS handshake failed or timed out
+	dropDTLSBusy    dropReason = "dtls_busy"    // a new DTLS peer beyond the handshakes of its address or the unproven peers
 )
 
 var dropReasons = []dropReason{
 	dropMalformed, dropOversized, dropRateLimited, dropBadOption,
-	dropUnexpected, dropWriteError, dropHandshake,
+	dropUnexpected, dropWriteError, dropHandshake, dropDTLSBusy,
 }
 
 // answeredCodes are the codes the handler answers with.
@@ -67,7 +71,14 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		Name: "fleetgate_coap_receive_buffer_bytes",
 		Help: "Receive buffer the kernel granted the CoAP UDP socket.",
 	})
+	dtlsPeers := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "fleetgate_coap_dtls_peers",
+		Help: "DTLS peers holding a peer slot: past the cookie round trip, not yet closed.",
+	})
 	var err error
+	if dtlsPeers, err = promshare.Register(reg, dtlsPeers); err != nil {
+		return nil, err
+	}
 	if evidence, err = promshare.Register(reg, evidence); err != nil {
 		return nil, err
 	}
@@ -86,6 +97,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		byCode:   make(map[codes.Code]prometheus.Counter, len(answeredCodes)),
 		dropped:  make(map[dropReason]prometheus.Counter, len(dropReasons)),
 		rcvbuf:   rcvbuf,
+
+		dtlsPeers: dtlsPeers,
 	}
 	for _, r := range dropReasons {
 		m.dropped[r] = dropped.WithLabelValues(string(r))

@@ -117,6 +117,8 @@ func errorResponse(err error) (codes.Code, string) {
 		return re.code, re.msg
 	case errors.Is(err, gateway.ErrInvalidDeviceID), errors.Is(err, gateway.ErrInvalidSessionID):
 		return codes.BadRequest, diagnostic(err.Error())
+	case errors.Is(err, gateway.ErrSessionLimit):
+		return codes.Forbidden, "too many sessions for this device"
 	case errors.Is(err, gateway.ErrOverloaded):
 		return codes.ServiceUnavailable, "overloaded, retry after Max-Age"
 	}

@@ -20,6 +20,7 @@ package coap
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -116,6 +117,8 @@ type Server struct {
 	maxAge    atomic.Uint32 // seconds
 	creds     atomic.Pointer[credentials]
 	mid       atomic.Uint32 // Message IDs of NON answers
+	// decoy keys the PSK given to unknown identities (dtls.go psk).
+	decoy [32]byte
 
 	udp  *net.UDPConn // nil without plain UDP
 	dtls *dtlsFront   // nil without DTLS
@@ -178,6 +181,9 @@ func New(obs gateway.Observer, o Options) (*Server, error) {
 	s.devices = newLimiter[gateway.DeviceID](rate)
 	if s.clock == nil {
 		s.clock = gateway.SystemClock{}
+	}
+	if _, err := rand.Read(s.decoy[:]); err != nil {
+		return nil, fmt.Errorf("coap: decoy key: %w", err)
 	}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
@@ -346,6 +352,26 @@ func (s *Server) SetHeartbeatInterval(d time.Duration) {
 		return
 	}
 	s.maxAge.Store(maxAgeSeconds(d))
+}
+
+// SetCredentials replaces the credentials (devices file reload; c may be
+// the same Reloadable as before, reloaded): later DTLS handshakes and
+// requests use c, and the DTLS sessions of devices whose Revision changed
+// (removed, another key) are closed (revoked); a
+// device removed from the file also gets 4.01 on any request before that.
+// A nil c is refused with a warning.
+func (s *Server) SetCredentials(c gateway.Credentials) {
+	if c == nil {
+		s.log.Warn("nil credentials; keeping the old ones")
+		return
+	}
+	s.creds.Store(&credentials{c})
+	if s.dtls == nil {
+		return
+	}
+	if n := s.dtls.listener.revoke(c); n > 0 {
+		s.log.Info("dtls sessions revoked by a devices file reload", "sessions", n)
+	}
 }
 
 // stop refuses new work, cancels the Observer's contexts and closes the

@@ -56,6 +56,9 @@ func (c bcryptCreds) CheckPassword(d gateway.DeviceID, password []byte) error {
 	return nil
 }
 
+// Revision is the device's hash, "" when it is not listed.
+func (c bcryptCreds) Revision(d gateway.DeviceID) string { return string(c[d]) }
+
 func (c bcryptCreds) PSK([]byte) (gateway.DeviceID, []byte, error) {
 	return "", nil, gateway.ErrUnauthorized
 }

@@ -63,6 +63,7 @@ func (h *presence) OnConnect(cl *mochi.Client, pk packets.Packet) error {
 	if !ok {
 		return refuse(cl, packets.ErrUnspecifiedError, packets.Err3ServerUnavailable)
 	}
+	s.pend.done(c) // CONNECT arrived
 	device, err := gateway.ParseDeviceID(pk.Connect.ClientIdentifier)
 	if err != nil {
 		s.metrics.refuse(reasonInvalidClientID)
@@ -81,9 +82,12 @@ func (h *presence) OnConnect(cl *mochi.Client, pk packets.Packet) error {
 	}
 	c.admitted = true // the slot is released when the connection ends
 	root := s.topicRoot(device)
-	err = s.authorize(device, pk)
+	rev, box, err := s.authorize(device, pk)
 	if err == nil && pk.Connect.WillFlag && !underRoot(pk.Connect.WillTopic, root) {
 		err = errNotAuthorized
+	}
+	if err == nil && !s.admit(c, cl, device, rev, box) {
+		err = errNotAuthorized // revoked by a reload during the check
 	}
 	if errors.Is(err, gateway.ErrOverloaded) {
 		s.metrics.refuse(reasonOverloaded)
@@ -109,6 +113,10 @@ func (h *presence) OnConnect(cl *mochi.Client, pk packets.Packet) error {
 	case errors.Is(err, gateway.ErrInvalidDeviceID):
 		s.metrics.refuse(reasonInvalidClientID)
 		return refuse(cl, packets.ErrClientIdentifierNotValid, packets.Err3ClientIdentifierNotValid)
+	case errors.Is(err, gateway.ErrSessionLimit):
+		s.metrics.refuse(reasonSessionLimit)
+		s.log.Debug("connect refused: max_sessions_per_device", "device", string(device), "err", err)
+		return refuse(cl, packets.ErrQuotaExceeded, packets.Err3ServerUnavailable)
 	case errors.Is(err, gateway.ErrOverloaded):
 		s.metrics.refuse(reasonOverloaded)
 		s.log.Debug("connect refused: overloaded", "device", string(device), "err", err)

@@ -44,6 +44,10 @@ type conn struct {
 	// persistent: the client asked for a session that outlives the
 	// connection (sleepy.go); read by a later connection of the client.
 	persistent atomic.Bool
+	// pending: the connection counts among those that have not sent
+	// CONNECT yet (from accept to OnConnect).
+	pending bool
+	ip      netip.Addr
 }
 
 // listener is a mochi listener over a bound net.Listener (TCP, or TLS on
@@ -102,8 +106,16 @@ func (l *listener) Serve(establish listeners.EstablishFn) {
 			_ = nc.Close()
 			continue
 		}
-		c := &conn{Conn: nc}
+		c := &conn{Conn: nc, ip: remoteIP(nc)}
+		if !s.pend.add(c.ip) {
+			s.metrics.refuse(reasonPending)
+			s.log.Debug("too many connections without CONNECT", "remote", nc.RemoteAddr().String())
+			_ = nc.Close()
+			continue
+		}
+		c.pending = true
 		if !l.track(c) {
+			s.pend.done(c)
 			_ = nc.Close()
 			return
 		}
@@ -114,6 +126,7 @@ func (l *listener) Serve(establish listeners.EstablishFn) {
 			if err := establish(l.id, c); err != nil {
 				s.log.Debug("connection ended", "device", string(c.device), "session", string(c.session), "remote", c.RemoteAddr().String(), "err", err)
 			}
+			s.pend.done(c)
 			s.release(c)
 		}()
 	}
@@ -256,4 +269,57 @@ func (r *rateLimiter[K]) sweep(now time.Time) {
 		}
 	}
 	r.sweepAt = max(minSweep, 2*len(r.buckets))
+}
+
+// Bounds of the connections that have not sent CONNECT yet (issue 10): a
+// socket that is silent, or slow through TLS, holds a goroutine and its
+// buffers for up to connectTimeout, so one address may hold at most
+// maxPendingPerAddr of them and all addresses together maxPending; beyond
+// them a new connection is closed at accept.
+const (
+	maxPendingPerAddr = 32
+	maxPending        = 4096
+)
+
+// pendingConns counts the connections that have not sent CONNECT yet,
+// per source address and in all.
+type pendingConns struct {
+	perAddr, total int
+
+	mu     sync.Mutex
+	n      int
+	byAddr map[netip.Addr]int
+}
+
+func newPendingConns(perAddr, total int) *pendingConns {
+	return &pendingConns{perAddr: perAddr, total: total, byAddr: make(map[netip.Addr]int)}
+}
+
+// add counts a new connection from ip, or reports false beyond a bound.
+func (p *pendingConns) add(ip netip.Addr) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.n >= p.total || p.byAddr[ip] >= p.perAddr {
+		return false
+	}
+	p.n++
+	p.byAddr[ip]++
+	return true
+}
+
+// done uncounts c once: it sent CONNECT, or ended. Only c's goroutine
+// calls it after the accept loop handed c over.
+func (p *pendingConns) done(c *conn) {
+	if !c.pending {
+		return
+	}
+	c.pending = false
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.n--
+	if k := p.byAddr[c.ip] - 1; k > 0 {
+		p.byAddr[c.ip] = k
+	} else {
+		delete(p.byAddr, c.ip)
+	}
 }

@@ -16,11 +16,15 @@ const (
 	reasonOverloaded      = "overloaded"
 	reasonError           = "error"
 	reasonTooSlow         = "too_slow"
+	reasonSessionLimit    = "session_limit"
+	reasonRevoked         = "revoked"
+	reasonPending         = "pending"
 )
 
 var refusalReasons = []string{
 	reasonInvalidClientID, reasonNotAuthorized, reasonMaxClients,
 	reasonRate, reasonOverloaded, reasonError, reasonTooSlow,
+	reasonSessionLimit, reasonRevoked, reasonPending,
 }
 
 // metrics are the front end's Prometheus collectors. The counters of

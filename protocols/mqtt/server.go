@@ -7,12 +7,20 @@
 // Admission. The client ID is the device ID: an invalid one gets CONNACK
 // "client identifier not valid" (0x85; 0x02 in 3.1.1). A device with a
 // password is checked against the Credentials; one without is admitted
-// only with AllowAnonymous. A user name, when sent, must equal the client
-// ID. Any failure, including a will topic outside the device's subtree,
-// gets "not authorized" (0x87; 0x05 in 3.1.1) and never says which part
-// was wrong. Too many clients, an overloaded gateway, or no password check
-// slot within 2 s (checks run GOMAXPROCS at once) get "server busy" (0x89;
-// 3.1.1: 0x03 "server unavailable").
+// only with AllowAnonymous, and only when the device is not listed in the
+// Credentials (a listed device must always authenticate). A user name,
+// when sent, must equal the client ID. Any failure, including a will topic
+// outside the device's subtree, gets "not authorized" (0x87; 0x05 in
+// 3.1.1) and never says which part was wrong. Too many clients, an
+// overloaded gateway, or Credentials that report gateway.ErrOverloaded
+// (no password check slot) get "server busy" (0x89; 3.1.1: 0x03 "server
+// unavailable"). A device that already has limits.max_sessions_per_device
+// sessions gets "quota exceeded" (0x97; 3.1.1: 0x03).
+//
+// Revocation. SetCredentials (a reload of the devices file) disconnects
+// every connection whose device's credentials changed or went away (MQTT
+// 5 clients get DISCONNECT "not authorized"), and anonymous ones whose
+// device became listed.
 //
 // Keep-alive. A client asking for no keep-alive or for more than the
 // heartbeat interval is held to the heartbeat interval (whole seconds,
@@ -28,7 +36,9 @@
 // CONNECTs of one device (CONNACK "connection rate exceeded", 0x9F;
 // 3.1.1: 0x03), and 250 times as many TCP connects per source address,
 // which the devices behind a NAT share (excess connections are closed at
-// accept, before any CONNECT is read); MaxPendingWrites bounds the packets queued
+// accept, before any CONNECT is read); connections that have not sent
+// CONNECT yet are bounded per source address (32) and in all (4096),
+// beyond which a new one is closed at accept; MaxPendingWrites bounds the packets queued
 // for a client, which is disconnected when it overflows. A connection
 // must finish TLS and send CONNECT within 10 s. A session left by an
 // MQTT 5 client with a session expiry interval, or by a 3.1.1 client
@@ -44,7 +54,6 @@ import (
 	"math"
 	"net"
 	"net/netip"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -80,8 +89,6 @@ const (
 	maxInflight = 256
 	// topicAliasMaximum bounds the topic aliases a client may set.
 	topicAliasMaximum = 16
-	// authWait bounds the wait for a password check slot.
-	authWait = 2 * time.Second
 	// sysTopicInterval: the $SYS topics (which no device may read) are
 	// refreshed rarely.
 	sysTopicInterval = 3600
@@ -134,12 +141,16 @@ type Server struct {
 	keepAlive atomic.Uint32                  // seconds, 1..65535
 	rate      *rateLimiter[netip.Addr]       // connects per source address
 	devRate   *rateLimiter[gateway.DeviceID] // CONNECTs per device
+	pend      *pendingConns
 	maxConns  int64
 	conns     atomic.Int64 // admitted connections (max_clients slots)
 	connSeq   atomic.Uint64
-	authSlots chan struct{} // one token per running password check
-	authWait  time.Duration
 	tcp, tls  net.Listener
+
+	// liveMu guards live: the admitted connections with the credentials
+	// revision they were admitted with, for revocation.
+	liveMu sync.Mutex
+	live   map[*conn]admission
 
 	// ctx is the context of Observe calls; cancelled by stop.
 	ctx    context.Context
@@ -183,10 +194,10 @@ func New(obs gateway.Observer, o Options) (*Server, error) {
 		allowAnon: o.AllowAnonymous,
 		rate:      newRateLimiter[netip.Addr](addressFactor * orDefault(o.ConnectsPerSecond, DefaultConnectsPerSecond)),
 		devRate:   newRateLimiter[gateway.DeviceID](orDefault(o.ConnectsPerSecond, DefaultConnectsPerSecond)),
+		pend:      newPendingConns(maxPendingPerAddr, maxPending),
 		maxConns:  int64(orDefault(o.MaxClients, DefaultMaxClients)),
-		authSlots: make(chan struct{}, runtime.GOMAXPROCS(0)),
-		authWait:  authWait,
 		done:      make(chan struct{}),
+		live:      make(map[*conn]admission),
 	}
 	if s.clock == nil {
 		s.clock = gateway.SystemClock{}
@@ -341,6 +352,81 @@ func (s *Server) SetHeartbeatInterval(d time.Duration) {
 	s.keepAlive.Store(keepAliveSeconds(d))
 }
 
+// SetCredentials replaces the device credentials for later CONNECTs
+// (SIGHUP reload of the devices file) and disconnects the connections
+// they revoke: those whose device's Revision changed (removed, new
+// password) or, for anonymous ones, became listed. nil admits only
+// anonymous devices, and only with AllowAnonymous.
+func (s *Server) SetCredentials(c gateway.Credentials) {
+	box := &credentials{c}
+	s.creds.Store(box)
+	s.liveMu.Lock()
+	var revoked []*mochi.Client
+	for _, a := range s.live {
+		if box.revision(a.device) != a.rev {
+			revoked = append(revoked, a.client)
+		}
+	}
+	s.liveMu.Unlock()
+	for _, cl := range revoked {
+		s.revoke(cl)
+	}
+}
+
+// revision is the Revision of device, "" without credentials.
+func (b *credentials) revision(device gateway.DeviceID) string {
+	if b.c == nil {
+		return ""
+	}
+	return b.c.Revision(device)
+}
+
+// admission is what a connection was admitted with.
+type admission struct {
+	client *mochi.Client
+	device gateway.DeviceID
+	rev    string
+}
+
+// admit records c as admitted for device at revision rev under the
+// credentials box, and reports false when a reload replaced box meanwhile
+// and revoked it (SetCredentials did not see c yet).
+func (s *Server) admit(c *conn, cl *mochi.Client, device gateway.DeviceID, rev string, box *credentials) bool {
+	s.liveMu.Lock()
+	s.live[c] = admission{client: cl, device: device, rev: rev}
+	s.liveMu.Unlock()
+	if cur := s.creds.Load(); cur != box && cur.revision(device) != rev {
+		return false
+	}
+	return true
+}
+
+// forget drops c from the admitted connections.
+func (s *Server) forget(c *conn) {
+	s.liveMu.Lock()
+	delete(s.live, c)
+	s.liveMu.Unlock()
+}
+
+// revoke disconnects a client whose credentials were revoked: MQTT 5
+// clients are told "not authorized" first.
+func (s *Server) revoke(cl *mochi.Client) {
+	s.metrics.refuse(reasonRevoked)
+	s.log.Info("connection revoked by a devices file reload", "device", cl.ID)
+	if cl.Properties.ProtocolVersion == 5 {
+		// A client that reads nothing must not hold up the reload.
+		if cl.Net.Conn != nil {
+			_ = cl.Net.Conn.SetWriteDeadline(time.Now().Add(shutdownWriteTimeout))
+		}
+		_ = s.broker.DisconnectClient(cl, packets.ErrNotAuthorized)
+		return
+	}
+	cl.Stop(errRevoked)
+}
+
+// errRevoked ends a connection whose credentials a reload revoked.
+var errRevoked = errors.New("credentials revoked")
+
 // stop refuses new work, cancels Observe calls and closes the broker
 // (listeners and connections); it does not wait for the goroutines.
 func (s *Server) stop() {
@@ -394,6 +480,7 @@ func (s *Server) reserve() bool {
 
 // release gives back the slot of an ended connection.
 func (s *Server) release(c *conn) {
+	s.forget(c)
 	if c.admitted {
 		c.admitted = false
 		s.conns.Add(-1)
@@ -404,41 +491,31 @@ func (s *Server) release(c *conn) {
 // errNotAuthorized refuses a CONNECT's credentials.
 var errNotAuthorized = errors.New("not authorized")
 
-// authorize checks a CONNECT's credentials for device: nil, or
-// errNotAuthorized, or gateway.ErrOverloaded when no password check slot
-// freed up within authWait. Password checks (bcrypt) run at most
-// authSlots at once: in a reconnect storm they proceed at the CPU's pace
-// and the devices that would wait longer are told "server busy" at once,
-// instead of timing out after the gateway spent the work on them.
-func (s *Server) authorize(device gateway.DeviceID, pk packets.Packet) error {
+// authorize checks a CONNECT's credentials for device, with the
+// credentials box it returns: nil, or errNotAuthorized, or
+// gateway.ErrOverloaded when the Credentials are (no password check slot:
+// the Credentials bound the bcrypt work, see auth). A device without a
+// password is admitted only with AllowAnonymous and only when it is not
+// listed: anonymous access never covers a device of the devices file.
+func (s *Server) authorize(device gateway.DeviceID, pk packets.Packet) (string, *credentials, error) {
+	box := s.creds.Load()
 	if pk.Connect.UsernameFlag && string(pk.Connect.Username) != string(device) {
-		return errNotAuthorized
+		return "", box, errNotAuthorized
 	}
-	creds := s.creds.Load().c
-	if !pk.Connect.PasswordFlag || creds == nil {
-		if s.allowAnon {
-			return nil
+	rev := box.revision(device)
+	if !pk.Connect.PasswordFlag || box.c == nil {
+		if s.allowAnon && rev == "" {
+			return "", box, nil
 		}
-		return errNotAuthorized
+		return "", box, errNotAuthorized
 	}
-	select {
-	case s.authSlots <- struct{}{}:
-	default:
-		t := time.NewTimer(s.authWait)
-		defer t.Stop()
-		select {
-		case s.authSlots <- struct{}{}:
-		case <-t.C:
-			return fmt.Errorf("password check: no slot within %v: %w", s.authWait, gateway.ErrOverloaded)
-		case <-s.done:
-			return fmt.Errorf("password check: closing: %w", gateway.ErrOverloaded)
+	if err := box.c.CheckPassword(device, pk.Connect.Password); err != nil {
+		if errors.Is(err, gateway.ErrOverloaded) {
+			return "", box, fmt.Errorf("password check: %w", err)
 		}
+		return "", box, errNotAuthorized
 	}
-	defer func() { <-s.authSlots }()
-	if creds.CheckPassword(device, pk.Connect.Password) != nil {
-		return errNotAuthorized
-	}
-	return nil
+	return rev, box, nil
 }
 
 // topicRoot is the topic subtree device owns.

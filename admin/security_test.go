@@ -1,0 +1,146 @@
+package admin_test
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"errors"
+	"math/big"
+	"net"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/fleetgate/fleetgate/admin"
+)
+
+// selfSigned returns a server TLS config for 127.0.0.1 and a client one
+// that trusts it.
+func selfSigned(t *testing.T) (server, client *tls.Config) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "admin"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)}, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, _ := x509.ParseCertificate(der)
+	pool := x509.NewCertPool()
+	pool.AddCert(cert)
+	return &tls.Config{Certificates: []tls.Certificate{{Certificate: [][]byte{der}, PrivateKey: key}}, MinVersion: tls.VersionTLS12},
+		&tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
+}
+
+func serveSecure(t *testing.T, token string, tc *tls.Config) *admin.Server {
+	t.Helper()
+	srv, err := admin.Listen(admin.Options{
+		Addr: "127.0.0.1:0", Gatherer: prometheus.NewRegistry(), Token: token, TLS: tc,
+		Status: func() admin.Status { return admin.Status{Gateway: "gw-sec"} },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve() }()
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(ctx)
+		if err := <-done; err != nil {
+			t.Errorf("Serve: %v", err)
+		}
+	})
+	return srv
+}
+
+// With a token, every path but the probes needs it, over HTTPS when
+// configured; the query client sends it.
+func TestAdminTokenAndTLS(t *testing.T) {
+	const token = "0123456789abcdef-token"
+	srvTLS, cliTLS := selfSigned(t)
+	srv := serveSecure(t, token, srvTLS)
+	base := "https://" + srv.Addr().String()
+	hc := &http.Client{Transport: &http.Transport{TLSClientConfig: cliTLS}, Timeout: 5 * time.Second}
+	get := func(path, auth string) int {
+		t.Helper()
+		req, _ := http.NewRequest(http.MethodGet, base+path, nil)
+		if auth != "" {
+			req.Header.Set("Authorization", auth)
+		}
+		resp, err := hc.Do(req)
+		if err != nil {
+			t.Fatalf("GET %s: %v", path, err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	for path, want := range map[string]int{"/healthz": 200, "/readyz": 503, "/metrics": 401, "/v1/status": 401, "/v1/devices": 401} {
+		if got := get(path, ""); got != want {
+			t.Errorf("%s without a token: %d, want %d", path, got, want)
+		}
+	}
+	for _, bad := range []string{"Bearer wrong", "Bearer " + token + "x", token, "Basic " + token} {
+		if got := get("/v1/status", bad); got != 401 {
+			t.Errorf("Authorization %q: %d, want 401", bad, got)
+		}
+	}
+	if got := get("/v1/status", "Bearer "+token); got != 200 {
+		t.Errorf("with the token: %d", got)
+	}
+	if got := get("/metrics", "Bearer "+token); got != 200 {
+		t.Errorf("/metrics with the token: %d", got)
+	}
+	// Plain HTTP on the TLS port gets nowhere.
+	if resp, err := http.Get("http://" + srv.Addr().String() + "/v1/status"); err == nil {
+		resp.Body.Close()
+		if resp.StatusCode == 200 {
+			t.Fatal("plain HTTP answered on the TLS port")
+		}
+	}
+	// The query client.
+	var st map[string]any
+	c := admin.NewClient(srv.Addr().String()).WithAuth(token, cliTLS)
+	if err := c.Status(context.Background(), &st); err != nil || st["gateway"] != "gw-sec" {
+		t.Fatalf("client with the token: %v %v", st, err)
+	}
+	var ae *admin.Error
+	if err := admin.NewClient(srv.Addr().String()).WithAuth("", cliTLS).Status(context.Background(), &st); !errors.As(err, &ae) || ae.Code != 401 {
+		t.Fatalf("client without the token: %v", err)
+	}
+}
+
+// A client that opens a connection and sends nothing is cut off by the
+// read timeouts instead of holding the connection for ever.
+func TestAdminSlowClientCutOff(t *testing.T) {
+	srv := serveSecure(t, "", nil)
+	c, err := net.Dial("tcp", srv.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.Write([]byte("GET /healthz HTTP/1.1\r\nHost: x\r\n")); err != nil { // never ends the headers
+		t.Fatal(err)
+	}
+	_ = c.SetReadDeadline(time.Now().Add(15 * time.Second))
+	start := time.Now()
+	_, err = c.Read(make([]byte, 512))
+	if took := time.Since(start); err == nil && took > 12*time.Second {
+		t.Fatalf("connection still open after %v", took)
+	}
+	if took := time.Since(start); took > 12*time.Second {
+		t.Fatalf("cut off after %v, want about the 5 s header timeout", took)
+	}
+}

@@ -1,0 +1,77 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// check-config checks what run checks besides the configuration (the
+// devices file, the TLS certificate and key) and fails as run would; it
+// warns about risky settings on stderr and still succeeds.
+func TestCheckConfigSecurity(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, body string, mode os.FileMode) string {
+		t.Helper()
+		path := filepath.Join(dir, name)
+		if err := os.WriteFile(path, []byte(body), mode); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(path, mode); err != nil {
+			t.Fatal(err)
+		}
+		return path
+	}
+	state := filepath.Join(dir, "state")
+	if err := os.Mkdir(state, 0o750); err != nil {
+		t.Fatal(err)
+	}
+	good := write("devices.yaml", "devices:\n  - id: a\n    psk: \"hex:00112233445566778899aabbccddeeff\"\n", 0o600)
+	dup := write("dup.yaml", "devices:\n  - id: a\n    psk: \"hex:00112233445566778899aabbccddeeff\"\n  - id: a\n    psk: \"hex:00112233445566778899aabbccddeeff\"\n", 0o600)
+	badHex := write("hex.yaml", "devices:\n  - id: a\n    psk: \"hex:zz\"\n", 0o600)
+	readable := write("readable.yaml", "devices:\n  - id: a\n    psk: \"hex:00112233445566778899aabbccddeeff\"\n", 0o644)
+	notPEM := write("cert.pem", "not a certificate", 0o600)
+	token := write("token", "0123456789abcdef0123\n", 0o600)
+	short := write("short", "secret\n", 0o600)
+	config := func(name, extra string) string {
+		return write(name, fmt.Sprintf("gateway: { state_dir: %q }\n%s", state, extra), 0o600)
+	}
+	cases := []struct {
+		name         string
+		cfg          string
+		code         int
+		stderr, warn string
+	}{
+		{"good", config("good.yaml", fmt.Sprintf("auth: { devices_file: %q }\n", good)), 0, "", ""},
+		{"duplicate device", config("dup-c.yaml", fmt.Sprintf("auth: { devices_file: %q }\n", dup)), 1, dup + ":4:", ""},
+		{"bad hex", config("hex-c.yaml", fmt.Sprintf("auth: { devices_file: %q }\n", badHex)), 1, badHex + ":3:", ""},
+		{"missing devices file", config("missing-c.yaml", "auth: { devices_file: /nonexistent/devices.yaml }\n"), 1, "no such file", ""},
+		{"bad certificate", config("tls-c.yaml", fmt.Sprintf("auth: { devices_file: %q }\nlisten: { mqtt: { tls: \"127.0.0.1:0\", cert_file: %q, key_file: %q } }\n", good, notPEM, notPEM)), 1, "listen.mqtt: load certificate", ""},
+		{"readable devices file", config("readable-c.yaml", fmt.Sprintf("auth: { devices_file: %q }\n", readable)), 0, "", "is readable by group or others (mode 0644)"},
+		{"admin beyond loopback with a token", config("admin-t.yaml", fmt.Sprintf("auth: { devices_file: %q }\nlisten: { admin: { http: \"0.0.0.0:9180\", token_file: %q } }\n", good, token)), 0, "", ""},
+		{"short admin token", config("admin-s.yaml", fmt.Sprintf("auth: { devices_file: %q }\nlisten: { admin: { token_file: %q } }\n", good, short)), 1, "holds a token of 6 bytes; want at least 16", ""},
+		{"admin certificate without key", config("admin-k.yaml", fmt.Sprintf("auth: { devices_file: %q }\nlisten: { admin: { cert_file: %q } }\n", good, notPEM)), 1, "listen.admin.cert_file: and listen.admin.key_file must be set together", ""},
+		{"admin beyond loopback", config("admin-c.yaml", fmt.Sprintf("auth: { devices_file: %q }\nlisten: { admin: { http: \"0.0.0.0:9180\" } }\n", good)), 0, "", "listen.admin.http 0.0.0.0:9180 is reachable beyond this host"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			code, _, errs := runCLI(t, "check-config", "-c", c.cfg)
+			if code != c.code || !strings.Contains(errs, c.stderr) || !strings.Contains(errs, c.warn) {
+				t.Fatalf("exit %d, want %d; stderr:\n%s\nwant ∋ %q and %q", code, c.code, errs, c.stderr, c.warn)
+			}
+			if c.warn == "" && strings.Contains(errs, "warning:") {
+				t.Fatalf("unexpected warning:\n%s", errs)
+			}
+		})
+	}
+	// A state directory others may write.
+	if err := os.Chmod(state, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	code, _, errs := runCLI(t, "check-config", "-c", config("state-c.yaml", fmt.Sprintf("auth: { devices_file: %q }\n", good)))
+	if code != 0 || !strings.Contains(errs, "gateway.state_dir "+state+" is writable by others (mode 0777)") {
+		t.Fatalf("exit %d; stderr:\n%s", code, errs)
+	}
+}

@@ -1,0 +1,5 @@
+//go:build !race
+
+package coap
+
+const raceEnabled = false
