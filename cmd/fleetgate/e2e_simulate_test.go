@@ -13,7 +13,6 @@ import (
 	"github.com/fleetgate/fleetgate/sim"
 )
 
-
 // simTiming: the simulated devices send every second; the gateways ask
 // for a heartbeat every 2 s (an MQTT keep-alive of 1 s would give a
 // deadline of 1 s in mochi, which rounds keepalive × 1.5 down).

@@ -16,8 +16,8 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/fleetgate/fleetgate/gateway"
-	"github.com/fleetgate/fleetgate/gateway/gatewaytest"
 	"github.com/fleetgate/fleetgate/gateway/clocktest"
+	"github.com/fleetgate/fleetgate/gateway/gatewaytest"
 )
 
 var t0 = time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
