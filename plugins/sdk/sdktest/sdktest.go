@@ -16,8 +16,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
-	"github.com/fleetgate/fleetgate/plugins/sdk"
 	pb "github.com/fleetgate/fleetgate/plugins/proto"
+	"github.com/fleetgate/fleetgate/plugins/sdk"
 )
 
 // Harness is one adapter served in-process.
