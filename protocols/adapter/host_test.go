@@ -178,6 +178,7 @@ func TestKill9RestartsKeepsSessions(t *testing.T) {
 	if st := e.status(t, "legacy"); st.Restarts != 1 || st.LastError == "" {
 		t.Fatalf("status = %+v, want one restart with the crash as last error", st)
 	}
+	waitFor(t, 5*time.Second, "the backoff timer", func() bool { return e.clock.Timers() == 1 })
 	e.clock.Advance(adapter.DefaultBackoff.Min)
 	waitFor(t, 10*time.Second, "running again", func() bool {
 		st := e.status(t, "legacy")
@@ -209,8 +210,13 @@ func TestHealthPingFailureRestarts(t *testing.T) {
 	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
-	e.clock.Advance(time.Second)
-	waitFor(t, 10*time.Second, "backoff after the failed ping", func() bool { return e.status(t, "legacy").State == adapter.StateBackoff })
+	// Each advance fires the next ping once the supervisor waits for it.
+	waitFor(t, 15*time.Second, "backoff after a failed ping", func() bool {
+		if e.clock.Timers() == 1 && e.status(t, "legacy").State == adapter.StateRunning {
+			e.clock.Advance(time.Second)
+		}
+		return e.status(t, "legacy").State == adapter.StateBackoff
+	})
 	if st := e.status(t, "legacy"); !strings.Contains(st.LastError, "health ping") {
 		t.Fatalf("status = %+v, want a health ping error", st)
 	}
