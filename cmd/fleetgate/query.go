@@ -86,7 +86,10 @@ func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 			}
 		}
 	}
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	return printAdapters(stdout, st["adapters"])
 }
 
 func cmdDevices(ctx context.Context, args []string, stdout, stderr io.Writer) error {
