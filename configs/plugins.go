@@ -43,7 +43,7 @@ type AdapterConfig struct {
 	// checks nothing.
 	SHA256 string `yaml:"sha256"`
 	// StartTimeout bounds the handshake, Configure and the first frame.
-	StartTimeout Duration `yaml:"start_timeout"`
+	StartTimeout Duration      `yaml:"start_timeout"`
 	Limits       AdapterLimits `yaml:"limits"`
 	// Config is the adapter's own settings, passed to its Configure as
 	// JSON.
