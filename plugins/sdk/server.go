@@ -115,14 +115,29 @@ type item struct {
 	at time.Time
 }
 
-// sink is the Sink of one Evidence stream.
+// sink is the Sink of one Evidence stream: a bounded queue under a mutex
+// (cheaper per item than a channel), with wake-ups for the sender.
 type sink struct {
-	queue chan item
-	ready chan struct{}
-	once  sync.Once
+	mu      sync.Mutex
+	pending []item
+	wake    chan struct{} // a signal: pending is not empty
+	space   chan struct{} // a signal: pending is below QueueSize
+	ready   chan struct{}
+	once    sync.Once
+}
+
+func newSink() *sink {
+	return &sink{wake: make(chan struct{}, 1), space: make(chan struct{}, 1), ready: make(chan struct{})}
 }
 
 func (k *sink) Ready() { k.once.Do(func() { close(k.ready) }) }
+
+func notify(c chan struct{}) {
+	select {
+	case c <- struct{}{}:
+	default:
+	}
+}
 
 func (k *sink) Send(ctx context.Context, ev Evidence) error {
 	at := ev.At
@@ -130,13 +145,48 @@ func (k *sink) Send(ctx context.Context, ev Evidence) error {
 		at = time.Now()
 	}
 	it := item{ev: &pb.Evidence{Kind: pb.Kind(ev.Kind), Device: ev.Device, Instance: ev.Instance, Metadata: ev.Metadata}, at: at}
-	select {
-	case k.queue <- it:
-		k.Ready()
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
+	k.mu.Lock()
+	for len(k.pending) >= QueueSize {
+		k.mu.Unlock()
+		select {
+		case <-k.space:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		k.mu.Lock()
 	}
+	k.pending = append(k.pending, it)
+	k.mu.Unlock()
+	notify(k.wake)
+	k.Ready()
+	return nil
+}
+
+// take removes up to MaxFrame items into a frame, aged at now.
+func (k *sink) take(frame *pb.EvidenceFrame, now time.Time) {
+	k.mu.Lock()
+	n := min(len(k.pending), MaxFrame)
+	for _, it := range k.pending[:n] {
+		it.ev.AgeUs = max(0, now.Sub(it.at).Microseconds())
+		frame.Evidence = append(frame.Evidence, it.ev)
+	}
+	rest := copy(k.pending, k.pending[n:])
+	clear(k.pending[rest:])
+	k.pending = k.pending[:rest]
+	more := rest > 0
+	k.mu.Unlock()
+	if n > 0 {
+		notify(k.space)
+	}
+	if more {
+		notify(k.wake)
+	}
+}
+
+func (k *sink) len() int {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return len(k.pending)
 }
 
 // Evidence implements the contract's Evidence stream.
@@ -170,29 +220,13 @@ func (s *Server) Evidence(_ *pb.EvidenceRequest, stream pb.Adapter_EvidenceServe
 
 	ctx, cancel := context.WithCancel(stream.Context())
 	defer cancel()
-	k := &sink{queue: make(chan item, QueueSize), ready: make(chan struct{})}
+	k := newSink()
 	runDone := make(chan error, 1)
 	go func() { runDone <- s.a.Run(WithLogger(ctx, s.log), k) }()
 
-	send := func(ready bool, first *item) error {
+	send := func(ready bool) error {
 		frame := &pb.EvidenceFrame{Ready: ready}
-		now := time.Now()
-		add := func(it item) {
-			it.ev.AgeUs = max(0, now.Sub(it.at).Microseconds())
-			frame.Evidence = append(frame.Evidence, it.ev)
-		}
-		if first != nil {
-			add(*first)
-		}
-	drain:
-		for len(frame.Evidence) < MaxFrame {
-			select {
-			case it := <-k.queue:
-				add(it)
-			default:
-				break drain
-			}
-		}
+		k.take(frame, time.Now())
 		return stream.Send(frame)
 	}
 	// finish stops Run (if it is still going), then flushes the queue.
@@ -201,8 +235,8 @@ func (s *Server) Evidence(_ *pb.EvidenceRequest, stream pb.Adapter_EvidenceServe
 		if running {
 			runErr = <-runDone
 		}
-		for len(k.queue) > 0 {
-			if err := send(false, nil); err != nil {
+		for k.len() > 0 {
+			if err := send(false); err != nil {
 				return err
 			}
 		}
@@ -228,15 +262,18 @@ func (s *Server) Evidence(_ *pb.EvidenceRequest, stream pb.Adapter_EvidenceServe
 	case <-ctx.Done():
 		return finish(nil, true)
 	}
-	if err := send(true, nil); err != nil {
+	if err := send(true); err != nil {
 		cancel()
 		<-runDone
 		return err
 	}
 	for {
 		select {
-		case it := <-k.queue:
-			if err := send(false, &it); err != nil {
+		case <-k.wake:
+			if k.len() == 0 {
+				continue
+			}
+			if err := send(false); err != nil {
 				cancel()
 				<-runDone
 				return err

@@ -215,9 +215,12 @@ type Status struct {
 	Implementation string `json:"implementation,omitempty"`
 	Version        string `json:"version,omitempty"`
 	Sessions       int    `json:"sessions"`
-	Accepted       uint64 `json:"evidence_accepted"`
-	Rejected       uint64 `json:"evidence_rejected"`
-	Dropped        uint64 `json:"evidence_dropped"`
+	// Frames counts evidence frames received: Accepted+Rejected+Dropped
+	// over Frames is the adapter's batching.
+	Frames   uint64 `json:"frames"`
+	Accepted uint64 `json:"evidence_accepted"`
+	Rejected uint64 `json:"evidence_rejected"`
+	Dropped  uint64 `json:"evidence_dropped"`
 }
 
 // States of an adapter.

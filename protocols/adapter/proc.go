@@ -42,6 +42,7 @@ type proc struct {
 
 	lim      *limiter // guarded by mu
 	sessions atomic.Int64
+	frames   atomic.Uint64
 	accepted atomic.Uint64
 	rejected atomic.Uint64
 	dropped  atomic.Uint64
@@ -81,7 +82,7 @@ func (p *proc) status() Status {
 		Name: p.spec.Name, Path: p.spec.Path, State: p.state, PID: p.pid,
 		Restarts: p.restarts, LastError: p.lastErr, Since: p.since,
 		Implementation: p.impl, Version: p.version,
-		Sessions: int(p.sessions.Load()), Accepted: p.accepted.Load(),
+		Sessions: int(p.sessions.Load()), Frames: p.frames.Load(), Accepted: p.accepted.Load(),
 		Rejected: p.rejected.Load(), Dropped: p.dropped.Load(),
 	}
 }
@@ -279,6 +280,7 @@ type limiter struct {
 // invalid items are rejected, items beyond the limits dropped, both
 // counted; the stream goes on.
 func (p *proc) accept(ctx context.Context, f *pb.EvidenceFrame) {
+	p.frames.Add(1)
 	l := p.limits()
 	now := p.h.o.Clock.Now()
 	m := p.h.metrics.of(p.spec.Name)
