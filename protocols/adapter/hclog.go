@@ -1,10 +1,12 @@
 package adapter
 
 import (
+	"bytes"
 	"context"
 	"io"
 	"log"
 	"log/slog"
+	"sync"
 
 	"github.com/hashicorp/go-hclog"
 )
@@ -126,3 +128,33 @@ func (s *slogLogger) StandardWriter(*hclog.StandardLoggerOptions) io.Writer {
 type writerFunc func([]byte) (int, error)
 
 func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
+
+// lineLogger is an io.Writer that logs each complete line at level: it
+// takes what an adapter writes to os.Stdout and os.Stderr after the
+// handshake, which go-plugin forwards over its stdio stream.
+type lineLogger struct {
+	l     *slog.Logger
+	level slog.Level
+	msg   string
+	mu    sync.Mutex
+	buf   []byte
+}
+
+func (w *lineLogger) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.buf = append(w.buf, p...)
+	for {
+		i := bytes.IndexByte(w.buf, '\n')
+		if i < 0 {
+			break
+		}
+		w.l.Log(context.Background(), w.level, w.msg, "text", string(w.buf[:i]))
+		w.buf = w.buf[i+1:]
+	}
+	if len(w.buf) > 4096 { // a line without end: log what there is
+		w.l.Log(context.Background(), w.level, w.msg, "text", string(w.buf))
+		w.buf = w.buf[:0]
+	}
+	return len(p), nil
+}

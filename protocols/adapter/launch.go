@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/exec"
 	"runtime"
@@ -90,6 +91,9 @@ func launch(spec Spec, env []string, logger *slogLogger) (*process, error) {
 			Managed:          true,
 			StartTimeout:     spec.StartTimeout,
 			Logger:           logger,
+			SyncStdout: &lineLogger{l: logger.l, level: slog.LevelWarn,
+				msg: "the adapter wrote to stdout, which is not its log; log with sdk.Logger"},
+			SyncStderr: &lineLogger{l: logger.l, level: slog.LevelInfo, msg: "adapter stderr"},
 		})
 		p, err := dispense(client, spec)
 		if err != nil {
