@@ -156,6 +156,8 @@ func handshakeError(spec Spec, err error) error {
 	switch {
 	case strings.Contains(msg, "timeout while waiting for plugin to start"):
 		return fmt.Errorf("%s did not complete the plugin handshake within start_timeout %s: is it a fleetgate adapter built with plugins/sdk? (%w)", spec.Path, spec.StartTimeout, err)
+	case strings.Contains(msg, "Failed to read any lines from plugin's stdout"):
+		return fmt.Errorf("%s exited before the plugin handshake (see its log lines above), or closed its stdout", spec.Path)
 	case strings.HasPrefix(msg, "Unrecognized remote plugin message: "):
 		line, _, _ := strings.Cut(strings.TrimPrefix(msg, "Unrecognized remote plugin message: "), "\n")
 		return fmt.Errorf("%s printed %q on stdout before the plugin handshake: stdout belongs to the handshake, an adapter must log to stderr (sdk.Logger)", spec.Path, line)
