@@ -162,9 +162,10 @@ func (k *sink) Send(ctx context.Context, ev Evidence) error {
 	return nil
 }
 
-// take removes up to MaxFrame items into a frame, aged at now.
-func (k *sink) take(frame *pb.EvidenceFrame, now time.Time) {
+// take removes up to MaxFrame items into a frame, aged now.
+func (k *sink) take(frame *pb.EvidenceFrame) {
 	k.mu.Lock()
+	now := time.Now()
 	n := min(len(k.pending), MaxFrame)
 	for _, it := range k.pending[:n] {
 		it.ev.AgeUs = max(0, now.Sub(it.at).Microseconds())
@@ -226,7 +227,7 @@ func (s *Server) Evidence(_ *pb.EvidenceRequest, stream pb.Adapter_EvidenceServe
 
 	send := func(ready bool) error {
 		frame := &pb.EvidenceFrame{Ready: ready}
-		k.take(frame, time.Now())
+		k.take(frame)
 		return stream.Send(frame)
 	}
 	// finish stops Run (if it is still going), then flushes the queue.
