@@ -107,7 +107,6 @@ func (p *proc) run() {
 			p.firstDone(errors.New("stopped"))
 			return
 		}
-		p.firstDone(err)
 		wait, failed := b.next(&crashes, started, p.h.o.Clock.Now(), p.h.o.Jitter())
 		p.mu.Lock()
 		p.restarts++
@@ -121,6 +120,7 @@ func (p *proc) run() {
 			p.setState(StateBackoff, 0, err)
 			p.log.Warn("adapter stopped; restarting after backoff", "retry_in", wait.Round(time.Millisecond), "err", err)
 		}
+		p.firstDone(err) // after the state: Apply's caller sees the backoff
 		t := p.h.o.Clock.NewTimer(wait)
 		select {
 		case <-t.C():
