@@ -5,12 +5,27 @@ PKGS    := ./...
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -X main.version=$(VERSION)
 
-.PHONY: all build run test test-faults deps vet bench fuzz clean
+.PHONY: all build plugins generate run test test-faults deps vet bench fuzz clean
 
 all: build
 
-build:
+build: plugins
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/fleetgate
+
+# The shipped adapter plugins (plugins/README.md), one executable each.
+ADAPTERS := udpline lorawan modbus
+plugins:
+	@mkdir -p bin/plugins
+	for a in $(ADAPTERS); do $(GO) build -ldflags "$(LDFLAGS)" -o bin/plugins/$$a ./plugins/$$a || exit 1; done
+
+# Regenerates plugins/proto from adapter.proto with protoc and the
+# generators pinned as tools in go.mod (a test fails when it is stale).
+generate:
+	cd plugins/proto && protoc -I . \
+	  --plugin=protoc-gen-go="$$($(GO) tool -n protoc-gen-go)" \
+	  --plugin=protoc-gen-go-grpc="$$($(GO) tool -n protoc-gen-go-grpc)" \
+	  --go_out=. --go_opt=paths=source_relative \
+	  --go-grpc_out=. --go-grpc_opt=paths=source_relative adapter.proto
 
 # Runs the gateway with the shipped development config: embedded store,
 # anonymous CoAP devices on loopback, runner on, state in ./.run.
@@ -43,6 +58,10 @@ deps:
 	  echo "installing mosquitto (tests start their own brokers on loopback)"; \
 	  if [ "$$(id -u)" != 0 ]; then echo "mosquitto missing: run 'sudo apt-get install -y mosquitto'" >&2; exit 1; fi; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mosquitto >/dev/null; }
+	@command -v protoc >/dev/null 2>&1 || { \
+	  echo "installing protobuf-compiler (the plugins/proto staleness test runs protoc)"; \
+	  if [ "$$(id -u)" != 0 ]; then echo "protoc missing: run 'sudo apt-get install -y protobuf-compiler'" >&2; exit 1; fi; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq protobuf-compiler >/dev/null; }
 
 vet:
 	test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt needed" >&2; exit 1; }

@@ -185,13 +185,6 @@ type LimitsConfig struct {
 	MaxSessionsPerDevice int `yaml:"max_sessions_per_device"`
 }
 
-// PluginsConfig lists the adapter plugins to start.
-type PluginsConfig struct {
-	Dir string `yaml:"dir"`
-	// Adapters are executable names in Dir, or absolute paths.
-	Adapters []string `yaml:"adapters"`
-}
-
 // LogConfig selects the log level (debug, info, warn, error) and format
 // (text, json).
 type LogConfig struct {
@@ -237,7 +230,7 @@ func Default() Config {
 			DTLSIdleTimeout:       Duration(5 * time.Second),
 			MaxSessionsPerDevice:  DefaultMaxSessionsPerDevice,
 		},
-		Plugins: PluginsConfig{Dir: "/usr/lib/fleetgate/plugins", Adapters: []string{}},
+		Plugins: PluginsConfig{Dir: "/usr/lib/fleetgate/plugins", Adapters: []AdapterConfig{}},
 		Log:     LogConfig{Level: "info", Format: "text"},
 	}
 }
@@ -269,11 +262,11 @@ func sanitizeID(s string) string {
 	return string(b)
 }
 
-// Redacted returns a copy of c with every secret (store.redis.password)
-// replaced by "<redacted>" when it is set, for printing.
+// Redacted returns a copy of c with every secret (store.redis.password,
+// adapter settings whose key names a secret, token or password) replaced by "<redacted>" when it is set, for printing.
 func (c Config) Redacted() Config {
 	c.Store.Redis.Addrs = slices.Clone(c.Store.Redis.Addrs)
-	c.Plugins.Adapters = slices.Clone(c.Plugins.Adapters)
+	c.Plugins.Adapters = redactAdapters(c.Plugins.Adapters)
 	if c.Store.Redis.Password != "" {
 		c.Store.Redis.Password = "<redacted>"
 	}

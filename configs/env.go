@@ -84,6 +84,8 @@ func setString(v reflect.Value, s string) error {
 			return err
 		}
 		v.Set(reflect.ValueOf(d))
+	case v.Type() == adapterListType:
+		v.Set(reflect.ValueOf(adapterNames(s)))
 	case v.Type() == stringListType:
 		list := []string{}
 		if s != "" {

@@ -107,6 +107,14 @@ func (d *decoder) value(n *yaml.Node, path string, v reflect.Value) {
 	if n.Kind == yaml.AliasNode {
 		n = n.Alias
 	}
+	switch v.Type() {
+	case settingsType:
+		d.settings(n, path, v)
+		return
+	case adapterListType:
+		d.adapterList(n, path, v)
+		return
+	}
 	if v.Kind() == reflect.Struct {
 		d.mapping(n, path, v)
 		return

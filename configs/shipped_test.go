@@ -86,7 +86,13 @@ func TestYAMLRoundTrip(t *testing.T) {
 	odd.Runner.Interval = configs.Duration(1500 * time.Millisecond)
 	odd.Uplink.FlushInterval = configs.Duration(2*time.Hour + time.Second)
 	odd.Store.Redis.Password = "p: #'\"\n x"
-	odd.Plugins.Adapters = []string{"lora", "/opt/x y/zigbee"}
+	lora := configs.DefaultAdapter("lora")
+	lora.Config = `{"listen":"127.0.0.1:8080","prefix":"lw-","secret":"s: #'x","timeouts":[1,2.5]}`
+	zigbee := configs.DefaultAdapter("zigbee")
+	zigbee.Path = "/opt/x y/zigbee"
+	zigbee.SHA256 = strings.Repeat("ab", 32)
+	zigbee.Limits = configs.AdapterLimits{MaxSessions: 10, EvidencePerSecond: 5}
+	odd.Plugins.Adapters = []configs.AdapterConfig{lora, zigbee}
 	odd.Gateway.ID = "0123"
 	for _, c := range []configs.Config{configs.Default(), dev, odd} {
 		out, err := c.YAML()

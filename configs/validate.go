@@ -240,23 +240,6 @@ func wildcard(host string) bool {
 	return host == "" || host == "0.0.0.0" || host == "::"
 }
 
-func (c Config) validatePlugins(p *problems) {
-	if len(c.Plugins.Adapters) > 0 && c.Plugins.Dir == "" {
-		p.add("plugins.dir", "must be set when plugins.adapters lists adapters")
-	}
-	seen := make(map[string]bool, len(c.Plugins.Adapters))
-	for i, a := range c.Plugins.Adapters {
-		key := fmt.Sprintf("plugins.adapters[%d]", i)
-		switch {
-		case strings.TrimSpace(a) == "":
-			p.add(key, "must name an adapter")
-		case seen[a]:
-			p.add(key, "%q is listed twice", a)
-		}
-		seen[a] = true
-	}
-}
-
 func oneOf(s string, allowed ...string) bool {
 	for _, a := range allowed {
 		if s == a {

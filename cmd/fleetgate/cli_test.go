@@ -31,7 +31,7 @@ func TestCLIExitCodes(t *testing.T) {
 		t.Fatal(err)
 	}
 	adapters := filepath.Join(t.TempDir(), "adapters.yaml")
-	if err := os.WriteFile(adapters, []byte("store: { backend: embedded }\nauth: { allow_anonymous: true }\nplugins: { adapters: [lora] }\n"), 0o600); err != nil {
+	if err := os.WriteFile(adapters, []byte("store: { backend: embedded }\nauth: { allow_anonymous: true }\nplugins: { adapters: [{ name: \"lo ra\" }] }\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	flap := filepath.Join(t.TempDir(), "flap.yaml")
@@ -61,7 +61,7 @@ func TestCLIExitCodes(t *testing.T) {
 		{"devices without verb", []string{"devices"}, 2, "", "devices get ID"},
 		{"events without verb", []string{"events"}, 2, "", "events tail"},
 		{"runner on embedded", []string{"runner", "-c", filepath.Join(repo, "dev.yaml")}, 1, "", "redis store only"},
-		{"adapter plugins", []string{"run", "-c", adapters}, 1, "", "no adapter plugin host"},
+		{"bad adapter", []string{"check-config", "-c", adapters}, 1, "", adapters + ":3:23: plugins.adapters[0]: name: \"lo ra\""},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -24,6 +24,7 @@ import (
 	"github.com/fleetgate/fleetgate/events/mqttpub"
 	"github.com/fleetgate/fleetgate/gateway"
 	"github.com/fleetgate/fleetgate/internal/identity"
+	"github.com/fleetgate/fleetgate/protocols/adapter"
 	"github.com/fleetgate/fleetgate/runner"
 	"github.com/fleetgate/fleetgate/uplink"
 )
@@ -45,11 +46,6 @@ func cmdRun(ctx context.Context, args []string, _, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	// DESIGN §4's adapter plugins have no host in this build yet: starting
-	// without them would leave their devices unable to connect, unsaid.
-	if n := len(cfg.Plugins.Adapters); n > 0 {
-		return fmt.Errorf("plugins.adapters lists %d adapter(s), but this build has no adapter plugin host; their devices could not connect (empty the list to run)", n)
-	}
 	log, level := newLogger(cfg.Log, stderr)
 	g := &gatewayProcess{path: *path, cfg: cfg, log: log, level: level}
 	return g.run(ctx)
@@ -65,18 +61,19 @@ type gatewayProcess struct {
 	mu  sync.Mutex
 	cfg configs.Config
 
-	epoch   uint64
-	started time.Time
-	store   gateway.Store
-	fatal   chan error // a part that cannot go on (a late shard mismatch)
-	up      *uplink.Uplink
-	table   *gateway.Table
-	runner  *runner.Runner
-	pub     *mqttpub.Publisher // nil without events.mqtt.url
-	fronts  []frontEnd
-	creds   *auth.Reloadable // nil without auth.devices_file
-	cert    *certificate     // nil without listen.mqtt.tls
-	admin   *admin.Server
+	epoch    uint64
+	started  time.Time
+	store    gateway.Store
+	fatal    chan error // a part that cannot go on (a late shard mismatch)
+	up       *uplink.Uplink
+	table    *gateway.Table
+	runner   *runner.Runner
+	pub      *mqttpub.Publisher // nil without events.mqtt.url
+	fronts   []frontEnd
+	adapters *adapter.Host    // also in fronts
+	creds    *auth.Reloadable // nil without auth.devices_file
+	cert     *certificate     // nil without listen.mqtt.tls
+	admin    *admin.Server
 }
 
 func (g *gatewayProcess) config() configs.Config {
@@ -148,6 +145,11 @@ func (g *gatewayProcess) run(ctx context.Context) (err error) {
 		return err
 	}
 	if err := g.openFrontEnds(cfg, log, reg); err != nil {
+		return err
+	}
+	defer cleanupAdapters()
+	if err := g.openAdapters(ctx, cfg, log, reg); err != nil {
+		g.closeFrontEnds()
 		return err
 	}
 	if cfg.Listen.Admin.HTTP != "" {
@@ -224,7 +226,7 @@ loop:
 			runErr = err
 			break loop
 		case <-hup:
-			g.reload(log)
+			g.reload(ctx, log)
 		}
 	}
 	_, _ = daemon.SdNotify(false, daemon.SdNotifyStopping)
@@ -252,7 +254,7 @@ loop:
 // reload re-reads the configuration on SIGHUP. An invalid file keeps the
 // old configuration; timings and the log level apply at once, anything
 // else (listeners, store, shards, identity) needs a restart and says so.
-func (g *gatewayProcess) reload(log *slog.Logger) {
+func (g *gatewayProcess) reload(ctx context.Context, log *slog.Logger) {
 	next, err := configs.Load(g.path, os.Environ())
 	if err != nil {
 		log.Error("reload refused; keeping the running configuration", "err", err)
@@ -282,6 +284,7 @@ func (g *gatewayProcess) reload(log *slog.Logger) {
 			log.Error("TLS certificate not reloaded; keeping the one in use", "err", err)
 		}
 	}
+	g.reloadAdapters(ctx, old, next, log)
 	if restartOnly(old) != restartOnly(next) {
 		log.Warn("reloaded; changes to listeners, store, shards, gateway, runner, limits or anonymous access take effect at the next restart")
 	}
@@ -293,6 +296,7 @@ func restartOnly(c configs.Config) string {
 	c.Presence.Lease, c.Presence.RenewEvery, c.Presence.HeartbeatInterval, c.Presence.SuspectAfter = 0, 0, 0, 0
 	c.Uplink.FlushInterval, c.Uplink.MaxBatch = 0, 0
 	c.Log.Level = ""
+	c.Plugins = configs.PluginsConfig{}
 	c.Auth.DevicesFile = ""
 	c.Listen.MQTT.CertFile, c.Listen.MQTT.KeyFile = "", ""
 	out, _ := c.YAML()
@@ -309,7 +313,7 @@ func (g *gatewayProcess) status() admin.Status {
 	st := admin.Status{
 		Gateway: cfg.Gateway.ID, Epoch: g.epoch, Version: version, StartedAt: g.started,
 		Store: cfg.Store.Backend, Shards: cfg.Presence.Shards, Sessions: g.table.Len(),
-		Uplink: g.up.Status(), Adapters: []any{}, Bounds: cfg.Bounds(),
+		Uplink: g.up.Status(), Adapters: g.adapterStatus(), Bounds: cfg.Bounds(),
 	}
 	if g.runner != nil {
 		st.Runner = g.runner.Status()

@@ -1,0 +1,301 @@
+package configs
+
+import (
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/fleetgate/fleetgate/gateway"
+)
+
+// Adapter limits checked by validation.
+const (
+	DefaultAdapterStartTimeout = 10 * time.Second
+	MaxAdapterStartTimeout     = 5 * time.Minute
+	// MaxAdapterNameLen keeps "<name>/<instance>" session IDs short.
+	MaxAdapterNameLen = 64
+)
+
+// PluginsConfig lists the adapter plugins to start.
+type PluginsConfig struct {
+	// Dir holds adapter executables named by a relative path.
+	Dir string `yaml:"dir"`
+	// Adapters are the adapters to run; SIGHUP applies a changed list.
+	Adapters []AdapterConfig `yaml:"adapters"`
+}
+
+// AdapterConfig is one entry of plugins.adapters. In the file a bare
+// name ("- udpline") stands for {name: udpline}.
+type AdapterConfig struct {
+	// Name names the adapter's sessions ("<name>/<instance>"), log lines,
+	// metrics and status: the device-ID alphabet, at most 64 bytes.
+	Name string `yaml:"name"`
+	// Path is the executable: absolute, or relative to plugins.dir; empty
+	// means Name in plugins.dir.
+	Path string `yaml:"path"`
+	// SHA256 is the executable's expected checksum (64 hex digits); empty
+	// checks nothing.
+	SHA256 string `yaml:"sha256"`
+	// StartTimeout bounds the handshake, Configure and the first frame.
+	StartTimeout Duration      `yaml:"start_timeout"`
+	Limits       AdapterLimits `yaml:"limits"`
+	// Config is the adapter's own settings, passed to its Configure as
+	// JSON.
+	Config AdapterSettings `yaml:"config"`
+}
+
+// AdapterLimits bound what one adapter can make the gateway spend; 0 is
+// unlimited.
+type AdapterLimits struct {
+	MaxSessions       int `yaml:"max_sessions"`
+	EvidencePerSecond int `yaml:"evidence_per_second"`
+}
+
+// AdapterSettings is an adapter's `config` subtree, kept as JSON (keys
+// sorted), "" when none is given.
+type AdapterSettings string
+
+// MarshalYAML renders the settings as the mapping they came from.
+func (s AdapterSettings) MarshalYAML() (any, error) {
+	if s == "" {
+		return map[string]any{}, nil
+	}
+	var v any
+	if err := json.Unmarshal([]byte(s), &v); err != nil {
+		return nil, fmt.Errorf("adapter config: %w", err)
+	}
+	return v, nil
+}
+
+// JSON returns the settings for Configure ("{}" when none).
+func (s AdapterSettings) JSON() []byte {
+	if s == "" {
+		return []byte("{}")
+	}
+	return []byte(s)
+}
+
+// DefaultAdapter returns the entry for name with every default.
+func DefaultAdapter(name string) AdapterConfig {
+	return AdapterConfig{Name: name, StartTimeout: Duration(DefaultAdapterStartTimeout)}
+}
+
+// AdapterPath resolves a's executable against dir.
+func (p PluginsConfig) AdapterPath(a AdapterConfig) string {
+	path := a.Path
+	if path == "" {
+		path = a.Name
+	}
+	if filepath.IsAbs(path) {
+		return filepath.Clean(path)
+	}
+	return filepath.Join(p.Dir, path)
+}
+
+var (
+	adapterListType = reflect.TypeFor[[]AdapterConfig]()
+	settingsType    = reflect.TypeFor[AdapterSettings]()
+)
+
+// adapterList decodes plugins.adapters: each entry a mapping (or a bare
+// name) over DefaultAdapter, checked at once so that a problem carries
+// its line.
+func (d *decoder) adapterList(n *yaml.Node, path string, v reflect.Value) {
+	if n.Kind == yaml.ScalarNode && n.ShortTag() == "!!null" {
+		v.Set(reflect.ValueOf([]AdapterConfig{}))
+		return
+	}
+	if n.Kind != yaml.SequenceNode {
+		d.errorf(n, "%s: want a list of adapters, got %s", path, describe(n))
+		return
+	}
+	list := make([]AdapterConfig, 0, len(n.Content))
+	seen := make(map[string]int)
+	for i, e := range n.Content {
+		if e.Kind == yaml.AliasNode {
+			e = e.Alias
+		}
+		key := fmt.Sprintf("%s[%d]", path, i)
+		var a AdapterConfig
+		switch {
+		case e.Kind == yaml.ScalarNode && e.ShortTag() == "!!str":
+			a = DefaultAdapter(e.Value)
+		case e.Kind == yaml.MappingNode:
+			a = DefaultAdapter("")
+			before := len(d.errs)
+			d.mapping(e, key, reflect.ValueOf(&a).Elem())
+			if len(d.errs) > before {
+				continue
+			}
+		default:
+			d.errorf(e, "%s: want an adapter (a mapping with name, or a bare name), got %s", key, describe(e))
+			continue
+		}
+		for _, problem := range a.problems() {
+			d.errorf(e, "%s: %s", key, problem)
+		}
+		if line, dup := seen[a.Name]; dup && a.Name != "" {
+			d.errorf(e, "%s: adapter name %q is already used at line %d", key, a.Name, line)
+		}
+		seen[a.Name] = e.Line
+		list = append(list, a)
+	}
+	v.Set(reflect.ValueOf(list))
+}
+
+// settings decodes an adapter's config subtree into JSON.
+func (d *decoder) settings(n *yaml.Node, path string, v reflect.Value) {
+	if n.Kind == yaml.ScalarNode && n.ShortTag() == "!!null" {
+		v.SetString("")
+		return
+	}
+	if n.Kind != yaml.MappingNode {
+		d.errorf(n, "%s: want a mapping of the adapter's settings, got %s", path, describe(n))
+		return
+	}
+	var val any
+	if err := n.Decode(&val); err != nil {
+		d.errorf(n, "%s: %v", path, err)
+		return
+	}
+	b, err := json.Marshal(val)
+	if err != nil {
+		d.errorf(n, "%s: cannot pass it to the adapter as JSON (keys must be strings): %v", path, err)
+		return
+	}
+	if string(b) == "{}" {
+		b = nil // no settings
+	}
+	v.SetString(string(b))
+}
+
+// problems checks one adapter entry on its own.
+func (a AdapterConfig) problems() []string {
+	var out []string
+	if a.Name == "" {
+		out = append(out, "name: must be set")
+	} else if _, err := gateway.ParseDeviceID(a.Name); err != nil || len(a.Name) > MaxAdapterNameLen {
+		out = append(out, fmt.Sprintf("name: %q must be 1 to %d of A-Z a-z 0-9 . _ : - (it names sessions \"<name>/<instance>\")", a.Name, MaxAdapterNameLen))
+	}
+	if a.SHA256 != "" {
+		if b, err := hex.DecodeString(a.SHA256); err != nil || len(b) != 32 {
+			out = append(out, fmt.Sprintf("sha256: %q is not 64 hex digits", a.SHA256))
+		}
+	}
+	if a.StartTimeout <= 0 || a.StartTimeout.Std() > MaxAdapterStartTimeout {
+		out = append(out, fmt.Sprintf("start_timeout: must be > 0 and <= %s, got %s", Duration(MaxAdapterStartTimeout), a.StartTimeout))
+	}
+	if a.Limits.MaxSessions < 0 {
+		out = append(out, fmt.Sprintf("limits.max_sessions: must be >= 0 (0: unlimited), got %d", a.Limits.MaxSessions))
+	}
+	if a.Limits.EvidencePerSecond < 0 {
+		out = append(out, fmt.Sprintf("limits.evidence_per_second: must be >= 0 (0: unlimited), got %d", a.Limits.EvidencePerSecond))
+	}
+	if a.Config != "" && !json.Valid([]byte(a.Config)) {
+		out = append(out, "config: not valid JSON")
+	}
+	return out
+}
+
+func (c Config) validatePlugins(p *problems) {
+	if len(c.Plugins.Adapters) == 0 {
+		return
+	}
+	if c.Plugins.Dir == "" {
+		for _, a := range c.Plugins.Adapters {
+			if !filepath.IsAbs(a.Path) {
+				p.add("plugins.dir", "must be set when an adapter's path is not absolute")
+				break
+			}
+		}
+	}
+	seen := make(map[string]bool, len(c.Plugins.Adapters))
+	for i, a := range c.Plugins.Adapters {
+		key := fmt.Sprintf("plugins.adapters[%d]", i)
+		for _, problem := range a.problems() {
+			p.add(key, "%s", problem)
+		}
+		if seen[a.Name] {
+			p.add(key, "adapter name %q is listed twice", a.Name)
+		}
+		seen[a.Name] = true
+	}
+}
+
+// adapterNames parses FLEETGATE_PLUGINS_ADAPTERS: comma-separated names,
+// each with every default.
+func adapterNames(s string) []AdapterConfig {
+	list := []AdapterConfig{}
+	if s == "" {
+		return list
+	}
+	for _, n := range strings.Split(s, ",") {
+		list = append(list, DefaultAdapter(strings.TrimSpace(n)))
+	}
+	return list
+}
+
+// secretKey reports whether a settings key names a secret.
+func secretKey(k string) bool {
+	k = strings.ToLower(k)
+	for _, s := range []string{"secret", "password", "token", "api_key", "apikey"} {
+		if strings.Contains(k, s) {
+			return true
+		}
+	}
+	return false
+}
+
+// redact replaces the values of secret-looking keys in the settings.
+func (s AdapterSettings) redact() AdapterSettings {
+	if s == "" {
+		return s
+	}
+	var v any
+	if json.Unmarshal([]byte(s), &v) != nil {
+		return s
+	}
+	var walk func(any) any
+	walk = func(x any) any {
+		switch t := x.(type) {
+		case map[string]any:
+			for k, e := range t {
+				if secretKey(k) && e != nil && e != "" {
+					t[k] = "<redacted>"
+				} else {
+					t[k] = walk(e)
+				}
+			}
+		case []any:
+			for i := range t {
+				t[i] = walk(t[i])
+			}
+		}
+		return x
+	}
+	b, err := json.Marshal(walk(v))
+	if err != nil {
+		return s
+	}
+	return AdapterSettings(b)
+}
+
+// redactAdapters returns a copy of the list with secret settings
+// redacted.
+func redactAdapters(list []AdapterConfig) []AdapterConfig {
+	if list == nil {
+		return nil
+	}
+	out := make([]AdapterConfig, len(list))
+	for i, a := range list {
+		a.Config = a.Config.redact()
+		out[i] = a
+	}
+	return out
+}

@@ -1,0 +1,293 @@
+package sdk
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	pb "github.com/fleetgate/fleetgate/plugins/proto"
+)
+
+// Batching bounds.
+const (
+	// QueueSize is how many pieces of evidence wait for a frame before
+	// Sink.Send blocks.
+	QueueSize = 8192
+	// MaxFrame is the most evidence one frame carries.
+	MaxFrame = 1000
+)
+
+// Server implements the Adapter gRPC service around an Adapter, as the
+// contract in plugins/proto says. Serve uses it; sdktest uses it
+// in-process.
+type Server struct {
+	pb.UnimplementedAdapterServer
+	info Info
+	a    Adapter
+	log  hclog.Logger
+
+	mu         sync.Mutex
+	configured bool
+	streaming  bool
+	runErr     error         // set when Run failed
+	shutdown   chan struct{} // closed by Shutdown
+	streamDone chan struct{} // closed when the open stream ends; nil when none
+}
+
+var _ pb.AdapterServer = (*Server)(nil)
+
+// NewServer returns the gRPC service of adapter a; log receives the SDK's
+// own messages and is handed to the adapter through its contexts (nil
+// discards).
+func NewServer(info Info, a Adapter, log hclog.Logger) *Server {
+	if log == nil {
+		log = hclog.NewNullLogger()
+	}
+	return &Server{info: info, a: a, log: log, shutdown: make(chan struct{})}
+}
+
+// Info implements the contract's Info.
+func (s *Server) Info(context.Context, *pb.InfoRequest) (*pb.InfoResponse, error) {
+	return &pb.InfoResponse{Name: s.info.Name, Version: s.info.Version, Protocols: s.info.Protocols}, nil
+}
+
+// Configure implements the contract's Configure.
+func (s *Server) Configure(ctx context.Context, req *pb.ConfigureRequest) (*pb.ConfigureResponse, error) {
+	s.mu.Lock()
+	if s.configured {
+		s.mu.Unlock()
+		return nil, status.Error(codes.FailedPrecondition, "already configured")
+	}
+	s.configured = true
+	s.mu.Unlock()
+	cfg := req.GetConfig()
+	if len(cfg) == 0 {
+		cfg = []byte("{}")
+	}
+	if err := s.a.Configure(WithLogger(ctx, s.log), cfg); err != nil {
+		s.mu.Lock()
+		s.configured = false
+		s.mu.Unlock()
+		return nil, status.Errorf(codes.InvalidArgument, "configure: %v", err)
+	}
+	return &pb.ConfigureResponse{}, nil
+}
+
+// Health implements the contract's Health.
+func (s *Server) Health(context.Context, *pb.HealthRequest) (*pb.HealthResponse, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.runErr != nil {
+		return nil, status.Errorf(codes.Unavailable, "run failed: %v", s.runErr)
+	}
+	return &pb.HealthResponse{Status: "ok"}, nil
+}
+
+// Shutdown implements the contract's Shutdown: it stops Run and waits
+// until the open stream has sent what was pending and ended.
+func (s *Server) Shutdown(ctx context.Context, _ *pb.ShutdownRequest) (*pb.ShutdownResponse, error) {
+	s.mu.Lock()
+	select {
+	case <-s.shutdown:
+	default:
+		close(s.shutdown)
+	}
+	done := s.streamDone
+	s.mu.Unlock()
+	if done != nil {
+		select {
+		case <-done:
+		case <-ctx.Done():
+			return nil, status.FromContextError(ctx.Err()).Err()
+		}
+	}
+	return &pb.ShutdownResponse{}, nil
+}
+
+// item is one queued piece of evidence.
+type item struct {
+	ev *pb.Evidence
+	at time.Time
+}
+
+// sink is the Sink of one Evidence stream: a bounded queue under a mutex
+// (cheaper per item than a channel), with wake-ups for the sender.
+type sink struct {
+	mu      sync.Mutex
+	pending []item
+	wake    chan struct{} // a signal: pending is not empty
+	space   chan struct{} // a signal: pending is below QueueSize
+	ready   chan struct{}
+	once    sync.Once
+}
+
+func newSink() *sink {
+	return &sink{wake: make(chan struct{}, 1), space: make(chan struct{}, 1), ready: make(chan struct{})}
+}
+
+func (k *sink) Ready() { k.once.Do(func() { close(k.ready) }) }
+
+func notify(c chan struct{}) {
+	select {
+	case c <- struct{}{}:
+	default:
+	}
+}
+
+func (k *sink) Send(ctx context.Context, ev Evidence) error {
+	at := ev.At
+	if at.IsZero() {
+		at = time.Now()
+	}
+	it := item{ev: &pb.Evidence{Kind: pb.Kind(ev.Kind), Device: ev.Device, Instance: ev.Instance, Metadata: ev.Metadata}, at: at}
+	k.mu.Lock()
+	for len(k.pending) >= QueueSize {
+		k.mu.Unlock()
+		select {
+		case <-k.space:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		k.mu.Lock()
+	}
+	k.pending = append(k.pending, it)
+	k.mu.Unlock()
+	notify(k.wake)
+	k.Ready()
+	return nil
+}
+
+// take removes up to MaxFrame items into a frame, aged now.
+func (k *sink) take(frame *pb.EvidenceFrame) {
+	k.mu.Lock()
+	now := time.Now()
+	n := min(len(k.pending), MaxFrame)
+	for _, it := range k.pending[:n] {
+		it.ev.AgeUs = max(0, now.Sub(it.at).Microseconds())
+		frame.Evidence = append(frame.Evidence, it.ev)
+	}
+	rest := copy(k.pending, k.pending[n:])
+	clear(k.pending[rest:])
+	k.pending = k.pending[:rest]
+	more := rest > 0
+	k.mu.Unlock()
+	if n > 0 {
+		notify(k.space)
+	}
+	if more {
+		notify(k.wake)
+	}
+}
+
+func (k *sink) len() int {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return len(k.pending)
+}
+
+// Evidence implements the contract's Evidence stream.
+func (s *Server) Evidence(_ *pb.EvidenceRequest, stream pb.Adapter_EvidenceServer) error {
+	s.mu.Lock()
+	switch {
+	case !s.configured:
+		s.mu.Unlock()
+		return status.Error(codes.FailedPrecondition, "evidence before configure")
+	case s.streaming:
+		s.mu.Unlock()
+		return status.Error(codes.FailedPrecondition, "an evidence stream is already open")
+	}
+	select {
+	case <-s.shutdown:
+		s.mu.Unlock()
+		return status.Error(codes.FailedPrecondition, "shut down")
+	default:
+	}
+	s.streaming = true
+	done := make(chan struct{})
+	s.streamDone = done
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		s.streaming = false
+		s.streamDone = nil
+		s.mu.Unlock()
+		close(done)
+	}()
+
+	ctx, cancel := context.WithCancel(stream.Context())
+	defer cancel()
+	k := newSink()
+	runDone := make(chan error, 1)
+	go func() { runDone <- s.a.Run(WithLogger(ctx, s.log), k) }()
+
+	send := func(ready bool) error {
+		frame := &pb.EvidenceFrame{Ready: ready}
+		k.take(frame)
+		return stream.Send(frame)
+	}
+	// finish stops Run (if it is still going), then flushes the queue.
+	finish := func(runErr error, running bool) error {
+		cancel()
+		if running {
+			runErr = <-runDone
+		}
+		for k.len() > 0 {
+			if err := send(false); err != nil {
+				return err
+			}
+		}
+		if runErr != nil && !errors.Is(runErr, context.Canceled) {
+			s.mu.Lock()
+			s.runErr = runErr
+			s.mu.Unlock()
+			s.log.Error("run failed", "error", runErr)
+			return status.Errorf(codes.Aborted, "run: %v", runErr)
+		}
+		return nil
+	}
+
+	select {
+	case <-k.ready:
+	case err := <-runDone:
+		if err == nil {
+			err = errors.New("run returned before ready")
+		}
+		return finish(err, false)
+	case <-s.shutdown:
+		return finish(nil, true)
+	case <-ctx.Done():
+		return finish(nil, true)
+	}
+	if err := send(true); err != nil {
+		cancel()
+		<-runDone
+		return err
+	}
+	for {
+		select {
+		case <-k.wake:
+			if k.len() == 0 {
+				continue
+			}
+			if err := send(false); err != nil {
+				cancel()
+				<-runDone
+				return err
+			}
+		case err := <-runDone:
+			if err == nil && ctx.Err() == nil {
+				err = errors.New("run returned while the stream was open")
+			}
+			return finish(err, false)
+		case <-s.shutdown:
+			return finish(nil, true)
+		case <-ctx.Done():
+			return finish(nil, true)
+		}
+	}
+}

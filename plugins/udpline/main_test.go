@@ -1,0 +1,139 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"strings"
+	"testing"
+
+	pb "github.com/fleetgate/fleetgate/plugins/proto"
+	"github.com/fleetgate/fleetgate/plugins/sdk"
+	"github.com/fleetgate/fleetgate/plugins/sdk/sdktest"
+)
+
+func freeUDP(t *testing.T) string {
+	t.Helper()
+	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pc.Close()
+	return pc.LocalAddr().String()
+}
+
+func send(ctx context.Context, addr, text string) error {
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "udp", addr)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	_, err = c.Write([]byte(text))
+	return err
+}
+
+func TestConformance(t *testing.T) {
+	sdktest.Conformance(t, sdktest.Suite{
+		Info: sdk.Info{Name: "udpline", Version: "test"},
+		New:  func(*testing.T) sdk.Adapter { return &adapter{} },
+		Setup: func(t *testing.T) ([]byte, func(context.Context) (sdktest.Expect, error)) {
+			addr := freeUDP(t)
+			n := 0
+			return []byte(fmt.Sprintf(`{"listen": %q}`, addr)), func(ctx context.Context) (sdktest.Expect, error) {
+				n++
+				dev := fmt.Sprintf("dev-%d", n)
+				return sdktest.Expect{Kind: pb.Kind_KIND_RENEW, Device: dev, Instance: "radio1"}, send(ctx, addr, "hb "+dev+" radio1\n")
+			}
+		},
+		BadConfig: []byte(`{"listen": "127.0.0.1:99999"}`),
+	})
+}
+
+func TestConfigureRefusesUnknownKeys(t *testing.T) {
+	err := (&adapter{}).Configure(context.Background(), []byte(`{"listen": ":1", "lisen": ":2"}`))
+	if err == nil || !strings.Contains(err.Error(), `unknown field "lisen"`) {
+		t.Fatalf("err = %v, want unknown field lisen", err)
+	}
+}
+
+// TestMalformedLinesCountedStreamGoesOn sends a datagram with good and bad
+// lines: the good ones arrive, the bad ones are counted.
+func TestMalformedLinesCountedStreamGoesOn(t *testing.T) {
+	a := &adapter{}
+	h := sdktest.Start(t, sdk.Info{Name: "udpline", Version: "test"}, a)
+	addr := freeUDP(t)
+	ctx := t.Context()
+	st, err := h.Open(ctx, []byte(fmt.Sprintf(`{"listen": %q}`, addr)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := send(ctx, addr, "hb a\r\nping b\nhb\n\nbye a x\nhb c d e\n"); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []struct {
+		kind     pb.Kind
+		dev, ins string
+	}{{pb.Kind_KIND_RENEW, "a", ""}, {pb.Kind_KIND_LEAVE, "a", "x"}} {
+		ev, err := st.Next()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ev.GetKind() != want.kind || ev.GetDevice() != want.dev || ev.GetInstance() != want.ins {
+			t.Fatalf("got %v, want %+v", ev, want)
+		}
+	}
+	if n := a.malformed.Load(); n != 3 {
+		t.Fatalf("malformed = %d, want 3", n)
+	}
+}
+
+func TestParseDatagram(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want []Line
+		bad  int
+	}{
+		{in: "hb d1", want: []Line{{Kind: sdk.Renew, Device: "d1"}}},
+		{in: "hb d1 i1\r\nbye d2\n", want: []Line{{Kind: sdk.Renew, Device: "d1", Instance: "i1"}, {Kind: sdk.Leave, Device: "d2"}}},
+		{in: "\n\n  \n", want: nil},
+		{in: "HB d1", bad: 1},
+		{in: "hb", bad: 1},
+		{in: "hb a b c", bad: 1},
+		{in: "hb " + strings.Repeat("x", 201), bad: 1},
+		{in: "hb\td1\ti1", want: []Line{{Kind: sdk.Renew, Device: "d1", Instance: "i1"}}},
+	} {
+		got := ParseDatagram([]byte(tc.in))
+		var ok []Line
+		bad := 0
+		for _, l := range got {
+			if l.Err != nil {
+				bad++
+				continue
+			}
+			ok = append(ok, l)
+		}
+		if bad != tc.bad || fmt.Sprint(ok) != fmt.Sprint(tc.want) {
+			t.Errorf("ParseDatagram(%q) = %v (%d bad), want %v (%d bad)", tc.in, ok, bad, tc.want, tc.bad)
+		}
+	}
+}
+
+func FuzzParseDatagram(f *testing.F) {
+	for _, s := range []string{"hb d1", "bye d1 i1\r\nhb d2\n", "hb", "\xff\xfe", "hb a b c d"} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		for _, l := range ParseDatagram(b) {
+			if l.Err != nil {
+				continue
+			}
+			if l.Kind != sdk.Renew && l.Kind != sdk.Leave {
+				t.Fatalf("kind %v", l.Kind)
+			}
+			if l.Device == "" || strings.ContainsAny(l.Device+l.Instance, " \t\n") || len(l.Device) > maxField {
+				t.Fatalf("bad fields %q %q", l.Device, l.Instance)
+			}
+		}
+	})
+}

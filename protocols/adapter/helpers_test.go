@@ -1,0 +1,189 @@
+package adapter_test
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/fleetgate/fleetgate/gateway"
+	"github.com/fleetgate/fleetgate/gateway/clocktest"
+	"github.com/fleetgate/fleetgate/gateway/gatewaytest"
+	"github.com/fleetgate/fleetgate/protocols/adapter"
+)
+
+// udpline is the shipped UDP line adapter, built once by TestMain.
+var udpline string
+
+func TestMain(m *testing.M) {
+	if os.Getenv(hostHelperEnv) != "" {
+		hostHelper()
+		return
+	}
+	dir, err := os.MkdirTemp("", "adapter-test")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	udpline = filepath.Join(dir, "udpline")
+	if out, err := exec.Command("go", "build", "-o", udpline, "github.com/fleetgate/fleetgate/plugins/udpline").CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "build udpline: %v\n%s", err, out)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// syncBuf is a log destination tests read.
+type syncBuf struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuf) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuf) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+type env struct {
+	host  *adapter.Host
+	rec   *gatewaytest.Recorder
+	clock *clocktest.Clock
+	logs  *syncBuf
+}
+
+// newHost returns a host with a fake clock (backoff and health pings move
+// only when the test advances it) feeding a recorder.
+func newHost(t *testing.T, mod func(*adapter.Options)) *env {
+	t.Helper()
+	e := &env{rec: &gatewaytest.Recorder{}, clock: clocktest.New(time.Unix(1_000_000, 0)), logs: &syncBuf{}}
+	o := adapter.Options{
+		Lease: time.Minute, Clock: e.clock,
+		Logger: slog.New(slog.NewTextHandler(e.logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
+		Jitter: func() float64 { return 0 },
+	}
+	if mod != nil {
+		mod(&o)
+	}
+	h, err := adapter.New(e.rec, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.host = h
+	t.Cleanup(func() {
+		h.Close()
+		if t.Failed() {
+			t.Logf("host log:\n%s", e.logs.String())
+		}
+	})
+	return e
+}
+
+func freeUDP(t testing.TB) string {
+	t.Helper()
+	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pc.Close()
+	return pc.LocalAddr().String()
+}
+
+func udpSpec(name, addr string) adapter.Spec {
+	return adapter.Spec{Name: name, Path: udpline, StartTimeout: 10 * time.Second, Config: []byte(fmt.Sprintf(`{"listen": %q}`, addr))}
+}
+
+func sendLine(t testing.TB, addr, text string) {
+	t.Helper()
+	c, err := net.Dial("udp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.Write([]byte(text)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// waitFor polls cond every 10 ms for up to limit.
+func waitFor(t testing.TB, limit time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(limit)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", limit, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func (e *env) status(t testing.TB, name string) adapter.Status {
+	t.Helper()
+	for _, s := range e.host.Status() {
+		if s.Name == name {
+			return s
+		}
+	}
+	return adapter.Status{}
+}
+
+// count is the evidence recorded for device.
+func (e *env) count(dev string, k gateway.Kind) int {
+	n := 0
+	for _, ev := range e.rec.Evidence() {
+		if string(ev.Device) == dev && ev.Kind == k {
+			n++
+		}
+	}
+	return n
+}
+
+// alive reports whether the process pid exists (and is not a zombie we
+// could reap).
+func alive(pid int) bool {
+	if pid <= 0 {
+		return false
+	}
+	if err := syscall.Kill(pid, 0); err != nil {
+		return false
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	// state is the field after the parenthesised command name.
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	return i < 0 || i+2 >= len(s) || s[i+2] != 'Z'
+}
+
+func script(t *testing.T, body string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "adapter.sh")
+	if err := os.WriteFile(p, []byte("#!/bin/sh\n"+body+"\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func ctx(t *testing.T) context.Context {
+	c, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	return c
+}

@@ -1,0 +1,289 @@
+// Package adapter is the gateway's host of adapter plugins (DESIGN §4):
+// a protocol front end beside protocols/coap and protocols/mqtt whose
+// devices speak through separate processes. Each configured adapter runs
+// under hashicorp/go-plugin (gRPC, AutoMTLS, the contract of
+// plugins/proto); the host turns its evidence frames into
+// gateway.Evidence for a gateway.Observer, with sessions named
+// "<adapter>/<instance>".
+//
+// The host supervises every adapter: one that exits, or fails its health
+// ping, is restarted with jittered exponential backoff (Backoff), and a
+// crash ends no session — the adapter's sessions keep their leases, so
+// they survive a quick restart and expire normally if it stays down.
+// Each adapter is held to its limits (sessions, evidence per second);
+// what exceeds them, and evidence with an invalid device or instance, is
+// dropped and counted while the stream stays up. No adapter outlives the
+// gateway: see launch.
+package adapter
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"reflect"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/fleetgate/fleetgate/gateway"
+)
+
+// Defaults of Options.
+const (
+	DefaultStartTimeout   = 10 * time.Second
+	DefaultHealthInterval = 10 * time.Second
+	DefaultHealthTimeout  = 5 * time.Second
+	// stopGrace bounds the Shutdown call when an adapter is stopped.
+	stopGrace = 5 * time.Second
+)
+
+// Spec is one configured adapter (plugins.adapters[i]).
+type Spec struct {
+	// Name names the adapter in sessions ("<name>/<instance>"), logs,
+	// metrics and status. It must be a valid device-ID-shaped token.
+	Name string
+	// Path is the adapter executable.
+	Path string
+	// SHA256 is the executable's expected sha256 in hex; "" checks nothing.
+	SHA256 string
+	// StartTimeout bounds the handshake, Info, Configure and the first
+	// (ready) frame; 0 means DefaultStartTimeout.
+	StartTimeout time.Duration
+	// MaxSessions bounds the adapter's live sessions; 0 is unlimited.
+	MaxSessions int
+	// EvidencePerSecond bounds the evidence taken from the adapter, with
+	// a burst of as many; 0 is unlimited.
+	EvidencePerSecond int
+	// Config is the adapter's config subtree as JSON, passed to Configure.
+	Config []byte
+}
+
+// Options configure a Host.
+type Options struct {
+	// Lease is how long a session counts against MaxSessions after its
+	// last evidence (presence.lease).
+	Lease time.Duration
+	// Clock stamps evidence and drives backoff and health pings; nil
+	// means gateway.SystemClock.
+	Clock gateway.Clock
+	// Logger receives the host's messages and the adapters' logs (under
+	// "adapter"); nil discards.
+	Logger *slog.Logger
+	// Registerer receives the host's metrics; nil registers none.
+	Registerer prometheus.Registerer
+	// HealthInterval and HealthTimeout drive the health ping; 0 means the
+	// defaults.
+	HealthInterval time.Duration
+	HealthTimeout  time.Duration
+	// Backoff is the restart policy; the zero value means DefaultBackoff.
+	Backoff Backoff
+	// Env is the adapters' environment; nil means DefaultEnv.
+	Env []string
+	// Jitter returns a number in [0, 1) for the backoff's jitter; nil
+	// means math/rand.
+	Jitter func() float64
+}
+
+// Host runs the configured adapters. Create it with New, give it the
+// adapter list with Apply (at start and at every reload), and end it with
+// Close.
+type Host struct {
+	obs     gateway.Observer
+	o       Options
+	log     *slog.Logger
+	metrics *metrics
+
+	mu     sync.Mutex
+	procs  map[string]*proc
+	closed bool
+}
+
+// New returns a Host that feeds obs.
+func New(obs gateway.Observer, o Options) (*Host, error) {
+	if obs == nil {
+		return nil, errors.New("adapter host: no observer")
+	}
+	if o.Clock == nil {
+		o.Clock = gateway.SystemClock{}
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	if o.HealthInterval <= 0 {
+		o.HealthInterval = DefaultHealthInterval
+	}
+	if o.HealthTimeout <= 0 {
+		o.HealthTimeout = DefaultHealthTimeout
+	}
+	if o.Backoff == (Backoff{}) {
+		o.Backoff = DefaultBackoff
+	}
+	if o.Env == nil {
+		o.Env = DefaultEnv
+	}
+	if o.Jitter == nil {
+		o.Jitter = rand.Float64
+	}
+	m, err := newMetrics(o.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	return &Host{obs: obs, o: o, log: o.Logger, metrics: m, procs: make(map[string]*proc)}, nil
+}
+
+// Apply makes the running adapters those of specs: new ones start,
+// removed ones stop, changed ones restart, the others are untouched. It
+// returns once every adapter it started has completed its first attempt
+// (ready, or failed and now in backoff), so that their sessions exist
+// before the gateway says it is ready; the error joins the failed first
+// attempts (they are retried with backoff all the same).
+func (h *Host) Apply(ctx context.Context, specs []Spec) error {
+	h.mu.Lock()
+	if h.closed {
+		h.mu.Unlock()
+		return errors.New("adapter host: closed")
+	}
+	want := make(map[string]Spec, len(specs))
+	for _, s := range specs {
+		if s.StartTimeout <= 0 {
+			s.StartTimeout = DefaultStartTimeout
+		}
+		want[s.Name] = s
+	}
+	var stop []*proc
+	for name, p := range h.procs {
+		if s, ok := want[name]; !ok || !reflect.DeepEqual(s, p.spec) {
+			stop = append(stop, p)
+			delete(h.procs, name)
+		}
+	}
+	var started []*proc
+	for _, s := range specs {
+		if _, ok := h.procs[s.Name]; ok {
+			continue
+		}
+		s = want[s.Name]
+		p := newProc(h, s)
+		h.procs[s.Name] = p
+		started = append(started, p)
+	}
+	h.mu.Unlock()
+
+	var wg sync.WaitGroup
+	for _, p := range stop {
+		wg.Go(func() {
+			p.stop()
+			if _, again := want[p.spec.Name]; !again {
+				h.metrics.forget(p.spec.Name)
+			}
+			h.log.Info("adapter stopped", "adapter", p.spec.Name)
+		})
+	}
+	wg.Wait()
+	var errs []error
+	for _, p := range started {
+		go p.run()
+	}
+	for _, p := range started {
+		select {
+		case <-p.first:
+			if err := p.firstErr; err != nil {
+				errs = append(errs, fmt.Errorf("adapter %s: %w", p.spec.Name, err))
+			}
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Status is one adapter as the admin API and `fleetgate status` show it.
+type Status struct {
+	Name string `json:"name"`
+	Path string `json:"path"`
+	// State is starting, running, backoff, failed or stopped.
+	State     string    `json:"state"`
+	PID       int       `json:"pid,omitempty"`
+	Restarts  int       `json:"restarts"`
+	LastError string    `json:"last_error,omitempty"`
+	Since     time.Time `json:"since"`
+	// Implementation and Version are what the adapter's Info said.
+	Implementation string `json:"implementation,omitempty"`
+	Version        string `json:"version,omitempty"`
+	Sessions       int    `json:"sessions"`
+	// Frames counts evidence frames received: Accepted+Rejected+Dropped
+	// over Frames is the adapter's batching.
+	Frames   uint64 `json:"frames"`
+	Accepted uint64 `json:"evidence_accepted"`
+	Rejected uint64 `json:"evidence_rejected"`
+	Dropped  uint64 `json:"evidence_dropped"`
+}
+
+// States of an adapter.
+const (
+	StateStarting = "starting"
+	StateRunning  = "running"
+	StateBackoff  = "backoff"
+	StateFailed   = "failed"
+	StateStopped  = "stopped"
+)
+
+// Status lists the adapters by name.
+func (h *Host) Status() []Status {
+	h.mu.Lock()
+	procs := make([]*proc, 0, len(h.procs))
+	for _, p := range h.procs {
+		procs = append(procs, p)
+	}
+	h.mu.Unlock()
+	out := make([]Status, 0, len(procs))
+	for _, p := range procs {
+		out = append(out, p.status())
+	}
+	slices.SortFunc(out, func(a, b Status) int {
+		switch {
+		case a.Name < b.Name:
+			return -1
+		case a.Name > b.Name:
+			return 1
+		}
+		return 0
+	})
+	return out
+}
+
+// Serve returns when ctx ends; the adapters run from Apply to Close. It
+// lets the host stand with the other front ends.
+func (h *Host) Serve(ctx context.Context) error {
+	<-ctx.Done()
+	return nil
+}
+
+// SetHeartbeatInterval does nothing: adapters pace their devices
+// themselves.
+func (h *Host) SetHeartbeatInterval(time.Duration) {}
+
+// SetCredentials does nothing: adapters vouch for their own devices (a
+// network server's secret, a polled address); the devices file is for
+// the CoAP and MQTT front ends.
+func (h *Host) SetCredentials(gateway.Credentials) {}
+
+// Close stops every adapter (Shutdown, then the process ends) and waits.
+// Their sessions are left to their leases.
+func (h *Host) Close() error {
+	h.mu.Lock()
+	h.closed = true
+	procs := h.procs
+	h.procs = map[string]*proc{}
+	h.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, p := range procs {
+		wg.Go(p.stop)
+	}
+	wg.Wait()
+	return nil
+}

@@ -1,0 +1,73 @@
+package adapter
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics are the host's Prometheus series, labelled by adapter.
+type metrics struct {
+	up       *prometheus.GaugeVec
+	failed   *prometheus.GaugeVec
+	restarts *prometheus.CounterVec
+	evidence *prometheus.CounterVec
+}
+
+// adapterCounters are one adapter's evidence counters.
+type adapterCounters struct {
+	accepted, rejected, dropped prometheus.Counter
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	m := &metrics{
+		up: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "fleetgate_adapter_up",
+			Help: "1 while the adapter plugin runs and streams evidence, else 0.",
+		}, []string{"adapter"}),
+		failed: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "fleetgate_adapter_failed",
+			Help: "1 while the adapter plugin is marked failed (too many crashes in the window; retried at the longest backoff).",
+		}, []string{"adapter"}),
+		restarts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "fleetgate_adapter_restarts_total",
+			Help: "Restarts of the adapter plugin after it exited, failed to start or failed its health ping.",
+		}, []string{"adapter"}),
+		evidence: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "fleetgate_adapter_evidence_total",
+			Help: "Evidence items from the adapter plugin: accepted, rejected (invalid device or instance) or dropped (beyond its limits, or refused by the gateway).",
+		}, []string{"adapter", "result"}),
+	}
+	if reg != nil {
+		for _, c := range []prometheus.Collector{m.up, m.failed, m.restarts, m.evidence} {
+			if err := reg.Register(c); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return m, nil
+}
+
+func (m *metrics) of(name string) adapterCounters {
+	return adapterCounters{
+		accepted: m.evidence.WithLabelValues(name, "accepted"),
+		rejected: m.evidence.WithLabelValues(name, "rejected"),
+		dropped:  m.evidence.WithLabelValues(name, "dropped"),
+	}
+}
+
+func (m *metrics) setState(name, state string) {
+	f := 0.0
+	if state == StateFailed {
+		f = 1
+	}
+	m.failed.WithLabelValues(name).Set(f)
+}
+
+// forget removes a removed adapter's series.
+func (m *metrics) forget(name string) {
+	m.up.DeleteLabelValues(name)
+	m.failed.DeleteLabelValues(name)
+	m.restarts.DeleteLabelValues(name)
+	for _, r := range []string{"accepted", "rejected", "dropped"} {
+		m.evidence.DeleteLabelValues(name, r)
+	}
+}

@@ -1,0 +1,353 @@
+package adapter
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/fleetgate/fleetgate/gateway"
+	pb "github.com/fleetgate/fleetgate/plugins/proto"
+)
+
+// proc supervises one adapter: it starts the process, reads its evidence
+// stream, pings it, and restarts it after a crash.
+type proc struct {
+	h    *Host
+	spec Spec
+	log  *slog.Logger
+	hlog *slogLogger
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	done   chan struct{}
+
+	first    chan struct{} // closed after the first attempt is ready or failed
+	firstErr error
+	once     sync.Once
+
+	mu       sync.Mutex
+	state    string
+	since    time.Time
+	pid      int
+	restarts int
+	lastErr  string
+	impl     string
+	version  string
+
+	lim      *limiter // guarded by mu
+	sessions atomic.Int64
+	frames   atomic.Uint64
+	accepted atomic.Uint64
+	rejected atomic.Uint64
+	dropped  atomic.Uint64
+}
+
+func newProc(h *Host, s Spec) *proc {
+	ctx, cancel := context.WithCancel(context.Background())
+	log := h.log.With("adapter", s.Name)
+	return &proc{
+		h: h, spec: s, log: log, hlog: newSlogLogger(log),
+		ctx: ctx, cancel: cancel, done: make(chan struct{}), first: make(chan struct{}),
+		state: StateStarting, since: h.o.Clock.Now(),
+	}
+}
+
+func (p *proc) setState(state string, pid int, err error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.state, p.pid, p.since = state, pid, p.h.o.Clock.Now()
+	if err != nil {
+		p.lastErr = err.Error()
+	}
+	p.h.metrics.setState(p.spec.Name, state)
+}
+
+func (p *proc) firstDone(err error) {
+	p.once.Do(func() {
+		p.firstErr = err
+		close(p.first)
+	})
+}
+
+func (p *proc) status() Status {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return Status{
+		Name: p.spec.Name, Path: p.spec.Path, State: p.state, PID: p.pid,
+		Restarts: p.restarts, LastError: p.lastErr, Since: p.since,
+		Implementation: p.impl, Version: p.version,
+		Sessions: int(p.sessions.Load()), Frames: p.frames.Load(), Accepted: p.accepted.Load(),
+		Rejected: p.rejected.Load(), Dropped: p.dropped.Load(),
+	}
+}
+
+// stop ends the supervisor and the process, and waits for both.
+func (p *proc) stop() {
+	p.cancel()
+	<-p.done
+}
+
+// run is the supervisor loop: attempt, and after a crash wait out the
+// backoff, until stop.
+func (p *proc) run() {
+	defer close(p.done)
+	defer p.setState(StateStopped, 0, nil)
+	var crashes crashLog
+	b := p.h.o.Backoff
+	for {
+		started := p.h.o.Clock.Now()
+		err := p.attempt()
+		if p.ctx.Err() != nil {
+			p.firstDone(errors.New("stopped"))
+			return
+		}
+		wait, failed := b.next(&crashes, started, p.h.o.Clock.Now(), p.h.o.Jitter())
+		p.mu.Lock()
+		p.restarts++
+		p.mu.Unlock()
+		p.h.metrics.restarts.WithLabelValues(p.spec.Name).Inc()
+		if failed {
+			p.setState(StateFailed, 0, err)
+			p.log.Error("adapter failed: too many crashes; retrying at the longest backoff",
+				"crashes", b.FailAfter, "window", b.FailWindow, "retry_in", wait.Round(time.Millisecond), "err", err)
+		} else {
+			p.setState(StateBackoff, 0, err)
+			p.log.Warn("adapter stopped; restarting after backoff", "retry_in", wait.Round(time.Millisecond), "err", err)
+		}
+		p.firstDone(err) // after the state: Apply's caller sees the backoff
+		t := p.h.o.Clock.NewTimer(wait)
+		select {
+		case <-t.C():
+		case <-p.ctx.Done():
+			t.Stop()
+			return
+		}
+	}
+}
+
+// attempt starts the adapter once and runs it until it crashes (the
+// error says how) or stop.
+func (p *proc) attempt() error {
+	p.setState(StateStarting, 0, nil)
+	s := p.spec
+	if err := checkSum(s.Path, s.SHA256); err != nil {
+		p.log.Error("adapter refused", "err", err)
+		return err
+	}
+	begin := time.Now()
+	proc, err := launch(s, p.h.o.Env, p.hlog)
+	if err != nil {
+		p.log.Error("adapter did not start", "err", err)
+		return err
+	}
+	defer proc.release()
+	ctx, cancel := context.WithCancel(p.ctx)
+	defer cancel()
+	stream, err := p.handshake(ctx, proc, begin)
+	if err != nil {
+		p.log.Error("adapter did not start", "pid", proc.pid, "err", err)
+		return err
+	}
+	p.setState(StateRunning, proc.pid, nil)
+	p.h.metrics.up.WithLabelValues(s.Name).Set(1)
+	defer p.h.metrics.up.WithLabelValues(s.Name).Set(0)
+	p.log.Info("adapter ready", "pid", proc.pid, "implementation", p.impl, "version", p.version, "startup", time.Since(begin).Round(time.Millisecond))
+	p.firstDone(nil)
+
+	recvErr := make(chan error, 1)
+	go func() { recvErr <- p.receive(ctx, stream) }()
+	for {
+		t := p.h.o.Clock.NewTimer(p.h.o.HealthInterval)
+		select {
+		case err := <-recvErr:
+			t.Stop()
+			if p.ctx.Err() != nil {
+				return nil
+			}
+			if err == nil {
+				err = errors.New("the evidence stream ended")
+			}
+			return fmt.Errorf("adapter process %d: %w", proc.pid, err)
+		case <-p.ctx.Done():
+			t.Stop()
+			p.shutdown(proc)
+			cancel()
+			<-recvErr
+			return nil
+		case <-t.C():
+			hctx, hcancel := context.WithTimeout(ctx, p.h.o.HealthTimeout)
+			_, err := proc.adapter.Health(hctx, &pb.HealthRequest{})
+			hcancel()
+			if err != nil && p.ctx.Err() == nil {
+				// It does not answer: it will not answer a graceful stop either.
+				_ = syscall.Kill(proc.pid, syscall.SIGKILL)
+				cancel()
+				<-recvErr
+				return fmt.Errorf("adapter process %d failed its health ping: %w", proc.pid, err)
+			}
+		}
+	}
+}
+
+// handshake runs Info, Configure and opens the Evidence stream, and waits
+// for its first (ready) frame, all within the start timeout from begin.
+func (p *proc) handshake(ctx context.Context, proc *process, begin time.Time) (pb.Adapter_EvidenceClient, error) {
+	s := p.spec
+	start, cancelStart := context.WithDeadline(ctx, begin.Add(s.StartTimeout))
+	defer cancelStart()
+	info, err := proc.adapter.Info(start, &pb.InfoRequest{})
+	if err != nil {
+		return nil, fmt.Errorf("info: %w", err)
+	}
+	p.mu.Lock()
+	p.impl, p.version = info.GetName(), info.GetVersion()
+	p.mu.Unlock()
+	cfg := s.Config
+	if len(cfg) == 0 {
+		cfg = []byte("{}")
+	}
+	if _, err := proc.adapter.Configure(start, &pb.ConfigureRequest{Config: cfg}); err != nil {
+		return nil, fmt.Errorf("configure: %w", err)
+	}
+	stream, err := proc.adapter.Evidence(ctx, &pb.EvidenceRequest{})
+	if err != nil {
+		return nil, fmt.Errorf("evidence stream: %w", err)
+	}
+	type first struct {
+		f   *pb.EvidenceFrame
+		err error
+	}
+	got := make(chan first, 1)
+	go func() {
+		f, err := stream.Recv()
+		got <- first{f, err}
+	}()
+	select {
+	case r := <-got:
+		if r.err != nil {
+			return nil, fmt.Errorf("evidence stream: %w", r.err)
+		}
+		if !r.f.GetReady() {
+			return nil, errors.New("the first evidence frame is not marked ready")
+		}
+		p.accept(ctx, r.f)
+		return stream, nil
+	case <-start.Done():
+		return nil, fmt.Errorf("no ready frame within start_timeout %s", s.StartTimeout)
+	}
+}
+
+// receive feeds frames to the observer until the stream ends.
+func (p *proc) receive(ctx context.Context, stream pb.Adapter_EvidenceClient) error {
+	for {
+		f, err := stream.Recv()
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				return nil
+			}
+			return err
+		}
+		if f.GetReady() {
+			p.log.Warn("adapter sent a second ready frame; ignoring its flag")
+		}
+		p.accept(ctx, f)
+	}
+}
+
+// shutdown asks the adapter to stop and flush; the caller then releases
+// the process.
+func (p *proc) shutdown(proc *process) {
+	ctx, cancel := context.WithTimeout(context.Background(), stopGrace)
+	defer cancel()
+	if _, err := proc.adapter.Shutdown(ctx, &pb.ShutdownRequest{}); err != nil {
+		p.log.Warn("adapter shutdown", "err", err)
+	}
+}
+
+// limiter state lives with the receiving goroutine (one per attempt).
+type limiter struct {
+	rate     *rate
+	sessions *sessions
+}
+
+// accept turns a frame into evidence for the observer, item by item:
+// invalid items are rejected, items beyond the limits dropped, both
+// counted; the stream goes on.
+func (p *proc) accept(ctx context.Context, f *pb.EvidenceFrame) {
+	p.frames.Add(1)
+	l := p.limits()
+	now := p.h.o.Clock.Now()
+	m := p.h.metrics.of(p.spec.Name)
+	for _, e := range f.GetEvidence() {
+		ev, err := p.evidence(e, now)
+		if err != nil {
+			p.rejected.Add(1)
+			m.rejected.Inc()
+			if p.log.Enabled(ctx, slog.LevelDebug) {
+				p.log.Debug("evidence rejected", "err", err)
+			}
+			continue
+		}
+		if !l.rate.allow(now) || !l.sessions.admit(sessionKey{ev.Device, ev.Session}, ev.Kind, now) {
+			p.dropped.Add(1)
+			m.dropped.Inc()
+			continue
+		}
+		if err := p.h.obs.Observe(ctx, ev); err != nil {
+			p.dropped.Add(1)
+			m.dropped.Inc()
+			if ctx.Err() == nil {
+				p.log.Debug("evidence refused by the gateway", "device", ev.Device, "session", ev.Session, "err", err)
+			}
+			continue
+		}
+		p.accepted.Add(1)
+		m.accepted.Inc()
+		if len(e.GetMetadata()) > 0 && p.log.Enabled(ctx, slog.LevelDebug) {
+			p.log.Debug("evidence", "device", ev.Device, "session", ev.Session, "metadata", e.GetMetadata())
+		}
+	}
+	p.sessions.Store(int64(l.sessions.len()))
+}
+
+// lim holds the limiter of the running supervisor; the limits survive a
+// restart of the adapter (so do its sessions).
+func (p *proc) limits() *limiter {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.lim == nil {
+		p.lim = &limiter{rate: newRate(p.spec.EvidencePerSecond), sessions: newSessions(p.spec.MaxSessions, p.h.o.Lease)}
+	}
+	return p.lim
+}
+
+// evidence validates one item.
+func (p *proc) evidence(e *pb.Evidence, now time.Time) (gateway.Evidence, error) {
+	dev, err := gateway.ParseDeviceID(e.GetDevice())
+	if err != nil {
+		return gateway.Evidence{}, err
+	}
+	sess, err := gateway.InstanceSessionID(p.spec.Name, e.GetInstance())
+	if err != nil {
+		return gateway.Evidence{}, err
+	}
+	var kind gateway.Kind
+	switch e.GetKind() {
+	case pb.Kind_KIND_CONNECT:
+		kind = gateway.Connect
+	case pb.Kind_KIND_RENEW:
+		kind = gateway.Renew
+	case pb.Kind_KIND_LEAVE:
+		kind = gateway.Leave
+	default:
+		return gateway.Evidence{}, fmt.Errorf("unknown evidence kind %v", e.GetKind())
+	}
+	age := time.Duration(max(0, e.GetAgeUs())) * time.Microsecond
+	return gateway.Evidence{Device: dev, Session: sess, Kind: kind, ObservedAt: now.Add(-age), Protocol: p.spec.Name}, nil
+}
