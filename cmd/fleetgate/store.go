@@ -27,9 +27,17 @@ func openStore(ctx context.Context, cfg configs.Config, db *bolt.DB, log *slog.L
 		return s, nil
 	}
 	rc := cfg.Store.Redis
+	// go-redis has one process-wide logger: its lines go through ours.
+	redisstore.UseLogger(log)
 	var tlsConfig *tls.Config
-	if rc.TLS {
-		tlsConfig = &tls.Config{MinVersion: tls.VersionTLS12}
+	if rc.TLS || rc.TLSCAFile != "" || rc.TLSServerName != "" || rc.TLSCertFile != "" {
+		var err error
+		tlsConfig, err = redisstore.TLSConfig(redisstore.TLSOptions{
+			CAFile: rc.TLSCAFile, ServerName: rc.TLSServerName, CertFile: rc.TLSCertFile, KeyFile: rc.TLSKeyFile,
+		})
+		if err != nil {
+			return nil, err
+		}
 	}
 	s, err := redisstore.Dial(ctx, redisstore.DialConfig{
 		Addrs: rc.Addrs, Username: rc.Username, Password: rc.Password, TLS: tlsConfig,
