@@ -99,6 +99,9 @@ type Uplink struct {
 	sendMu sync.Mutex
 	// announced: this process's epoch is recorded on every shard.
 	announced bool // under sendMu
+	// flushBusy and outboxBusy: the flush loop and the replay loop are
+	// inside a step (see Stalled).
+	flushBusy, outboxBusy busy
 
 	hmu      sync.Mutex
 	up       bool
@@ -258,9 +261,11 @@ func (u *Uplink) flushLoop(ctx context.Context) {
 		}
 		// A flush under way finishes (bounded by Options.Timeout) even if
 		// ctx ends meanwhile, so that shutdown does not look like an outage.
+		u.flushBusy.begin(u.clock.Now())
 		if err := u.flushOnce(context.WithoutCancel(ctx)); err != nil {
 			u.log.Error("uplink flush failed; writes stay queued", "err", err)
 		}
+		u.flushBusy.end()
 	}
 }
 

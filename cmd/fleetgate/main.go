@@ -2,8 +2,10 @@
 // subcommands of DESIGN §4. main only parses the command line and wires
 // the packages together; the work is done in them.
 //
-// Exit codes: 0 success; 1 failure (invalid configuration, a part that
-// could not start or failed while running, an API error); 2 usage error.
+// Exit codes: 0 success; 1 failure (a part that could not start or failed
+// while running, an API error); 2 usage error; 78 (EX_CONFIG) the
+// configuration file could not be read or is invalid. systemd's unit
+// lists 78 in RestartPreventExitStatus=: restarting cannot fix a config.
 package main
 
 import (
@@ -26,6 +28,17 @@ var version = "dev"
 // errUsage marks a command-line mistake (exit 2); its message is printed
 // with the command's usage.
 var errUsage = errors.New("usage")
+
+// exitConfig is the exit code of a configuration that cannot be loaded
+// (sysexits.h EX_CONFIG).
+const exitConfig = 78
+
+// configError marks an error of configs.Load (exit exitConfig); its
+// message is the loader's own.
+type configError struct{ err error }
+
+func (e configError) Error() string { return e.err.Error() }
+func (e configError) Unwrap() error { return e.err }
 
 type command struct {
 	name    string
@@ -73,6 +86,9 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		case errors.Is(err, errUsage):
 			fmt.Fprintf(stderr, "fleetgate %s: %v\n", c.name, err)
 			return 2
+		case errors.As(err, new(configError)):
+			fmt.Fprintf(stderr, "fleetgate %s: %v\n", c.name, err)
+			return exitConfig
 		default:
 			fmt.Fprintf(stderr, "fleetgate %s: %v\n", c.name, err)
 			return 1
@@ -89,7 +105,7 @@ func usage(w io.Writer) {
 		fmt.Fprintf(w, "  %-13s %s\n", c.name, c.summary)
 	}
 	fmt.Fprintln(w, "\nRun 'fleetgate <command> --help' for a command's flags.")
-	fmt.Fprintln(w, "Exit codes: 0 success, 1 failure, 2 usage error.")
+	fmt.Fprintln(w, "Exit codes: 0 success, 1 failure, 2 usage error, 78 configuration error.")
 }
 
 // newFlags returns a flag set that reports errors instead of exiting and
@@ -137,7 +153,11 @@ func parseAndLoad(fs *flag.FlagSet, args []string, path *string) (configs.Config
 	if err := noArgs(fs); err != nil {
 		return configs.Config{}, err
 	}
-	return configs.Load(*path, os.Environ())
+	cfg, err := configs.Load(*path, os.Environ())
+	if err != nil {
+		return cfg, configError{err}
+	}
+	return cfg, nil
 }
 
 func noArgs(fs *flag.FlagSet) error {
