@@ -4,8 +4,9 @@
 //
 // Exit codes: 0 success; 1 failure (a part that could not start or failed
 // while running, an API error); 2 usage error; 78 (EX_CONFIG) the
-// configuration file could not be read or is invalid. systemd's unit
-// lists 78 in RestartPreventExitStatus=: restarting cannot fix a config.
+// configuration file could not be read or is invalid; 65 (EX_DATAERR) the
+// state file was written by a newer release (a downgrade). systemd's unit
+// lists 78 and 65 in RestartPreventExitStatus=: restarting cannot fix them.
 package main
 
 import (
@@ -20,6 +21,7 @@ import (
 	"syscall"
 
 	"github.com/fleetgate/fleetgate/configs"
+	"github.com/fleetgate/fleetgate/uplink"
 )
 
 // version is set by the linker (-X main.version=...).
@@ -32,6 +34,10 @@ var errUsage = errors.New("usage")
 // exitConfig is the exit code of a configuration that cannot be loaded
 // (sysexits.h EX_CONFIG).
 const exitConfig = 78
+
+// exitNewerState is the exit code of a state file of a newer format
+// (sysexits.h EX_DATAERR).
+const exitNewerState = 65
 
 // configError marks an error of configs.Load (exit exitConfig); its
 // message is the loader's own.
@@ -89,6 +95,9 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		case errors.As(err, new(configError)):
 			fmt.Fprintf(stderr, "fleetgate %s: %v\n", c.name, err)
 			return exitConfig
+		case errors.Is(err, uplink.ErrNewerFormat):
+			fmt.Fprintf(stderr, "fleetgate %s: %v\n", c.name, err)
+			return exitNewerState
 		default:
 			fmt.Fprintf(stderr, "fleetgate %s: %v\n", c.name, err)
 			return 1
@@ -105,7 +114,7 @@ func usage(w io.Writer) {
 		fmt.Fprintf(w, "  %-13s %s\n", c.name, c.summary)
 	}
 	fmt.Fprintln(w, "\nRun 'fleetgate <command> --help' for a command's flags.")
-	fmt.Fprintln(w, "Exit codes: 0 success, 1 failure, 2 usage error, 78 configuration error.")
+	fmt.Fprintln(w, "Exit codes: 0 success, 1 failure, 2 usage error, 78 configuration error, 65 state file of a newer release.")
 }
 
 // newFlags returns a flag set that reports errors instead of exiting and

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"log/slog"
@@ -13,6 +14,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	bolt "go.etcd.io/bbolt"
 
 	"github.com/fleetgate/fleetgate/gateway"
 	"github.com/fleetgate/fleetgate/uplink"
@@ -209,5 +212,42 @@ func TestRunBadConfigExitsConfig(t *testing.T) {
 		if !errors.As(err, &ee) || ee.ExitCode() != exitConfig {
 			t.Errorf("fleetgate %v: %v, want exit %d\n%s", args, err, exitConfig, out)
 		}
+	}
+}
+
+// `fleetgate run` on a state file of a newer release (a downgrade) exits
+// 65, also in RestartPreventExitStatus=, and leaves the file as it was.
+func TestRunRefusesNewerStateFile(t *testing.T) {
+	g := newGateway(t, "gw-downgrade", "", fastTiming)
+	dir := filepath.Join(filepath.Dir(g.config), "state")
+	if err := os.MkdirAll(dir, 0o750); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, stateFile)
+	db, err := bolt.Open(path, 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = db.Update(func(tx *bolt.Tx) error {
+		b, err := tx.CreateBucket([]byte("state.format"))
+		if err != nil {
+			return err
+		}
+		return b.Put([]byte("version"), []byte{0, 0, 0, 0, 0, 0, 0, uplink.FormatVersion + 1})
+	})
+	if cerr := db.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	before, _ := os.ReadFile(path)
+	out, err := exec.Command(binary, "run", "-c", g.config).CombinedOutput()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != exitNewerState || !strings.Contains(string(out), "newer fleetgate release") {
+		t.Fatalf("run on a newer state file: %v, want exit %d\n%s", err, exitNewerState, out)
+	}
+	if after, _ := os.ReadFile(path); !bytes.Equal(before, after) {
+		t.Fatal("the refused state file changed")
 	}
 }
