@@ -5,7 +5,7 @@ PKGS    := ./...
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -X main.version=$(VERSION)
 
-.PHONY: all build run test deps vet bench fuzz clean
+.PHONY: all build run test deps vet bench fuzz clean deb rpm packages test-packages
 
 all: build
 
@@ -41,4 +41,49 @@ bench: deps
 	$(GO) test -run '^$$' -bench . -benchtime 1x -count 1 -timeout 30m $(PKGS)
 
 clean:
-	rm -rf bin .run
+	rm -rf bin .run build dist
+
+# --- Packages (systemd/nfpm.yaml): dist/fleetgate_<version>_<arch>.deb and
+# dist/fleetgate-<version>-1.<arch>.rpm for every arch in ARCHS. nfpm runs
+# as a pinned Go module, outside go.mod. The package version comes from the
+# newest v* tag (v1.2.3 -> 1.2.3, +N.gHASH past it), else
+# 0.0.0+git<commit date>.<hash>; +dirty for uncommitted changes.
+ARCHS       ?= amd64 arm64
+DIST        ?= dist
+NFPM        ?= $(GO) run github.com/goreleaser/nfpm/v2/cmd/nfpm@v2.45.2
+HOSTARCH    := $(shell $(GO) env GOARCH)
+PLUGINS     ?= bin/plugins
+PKG_VERSION ?= $(shell v=$$(git describe --tags --match 'v[0-9]*' 2>/dev/null | sed -e 's/^v//' -e 's/-\([0-9]*\)-g/+\1.g/'); \
+	[ -n "$$v" ] || v=0.0.0+git$$(git log -1 --format=%cd --date=format:%Y%m%d 2>/dev/null).$$(git rev-parse --short HEAD 2>/dev/null); \
+	git diff --quiet HEAD 2>/dev/null || v=$$v.dirty; echo $$v)
+
+# build/pkg/<arch>: the binary (static, stripped), the adapters ($(PLUGINS)/*
+# from `make plugins` for the host arch, $(PLUGINS)-<arch>/* for another)
+# and the Debian changelog.
+build/pkg/%: FORCE
+	rm -rf $@ && mkdir -p $@/plugins
+	CGO_ENABLED=0 GOOS=linux GOARCH=$* $(GO) build -trimpath -buildmode=pie -ldflags "$(LDFLAGS) -s -w" -o $@/fleetgate ./cmd/fleetgate
+	for d in $(if $(filter $*,$(HOSTARCH)),$(PLUGINS)) $(PLUGINS)-$*; do \
+	  [ -d $$d ] && find $$d -maxdepth 1 -type f -exec cp {} $@/plugins/ \; ; done; true
+	printf 'fleetgate (%s) unstable; urgency=medium\n\n  * Built from git %s.\n\n -- fleetgate maintainers <fleetgate@example.org>  %s\n' \
+	  "$(PKG_VERSION)" "$$(git rev-parse --short HEAD)" "$$(date -R -d @$$(git log -1 --format=%ct))" | gzip -9n > $@/changelog.Debian.gz
+
+deb: $(ARCHS:%=build/pkg/%)
+	mkdir -p $(DIST)
+	for a in $(ARCHS); do \
+	  ARCH=$$a VERSION=$(PKG_VERSION) STAGE=build/pkg/$$a $(NFPM) package -f systemd/nfpm.yaml -p deb -t $(DIST)/fleetgate_$(PKG_VERSION)_$$a.deb || exit 1; done
+
+rpm: $(ARCHS:%=build/pkg/%)
+	mkdir -p $(DIST)
+	for a in $(ARCHS); do \
+	  ARCH=$$a VERSION=$(PKG_VERSION) STAGE=build/pkg/$$a $(NFPM) package -f systemd/nfpm.yaml -p rpm -t $(DIST)/ || exit 1; done
+
+packages: deb rpm
+
+# The package tests (build, inspect, lintian, install/upgrade/purge in a
+# debootstrap root cached in build/rootfs): minutes, so not in `make test`.
+test-packages: deps
+	$(GO) test -count=1 -tags packages -timeout 20m -run Package -v ./systemd
+
+.PHONY: FORCE
+FORCE:
