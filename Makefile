@@ -27,6 +27,22 @@ deps:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null; }
 	@# the Debian package starts a system redis on :6379; tests never use it
 	@command -v redis-server >/dev/null
+	@# systemd/ tests: systemd-analyze and systemd-sysusers (systemd), promtool
+	@# (prometheus), and for test-packages lintian, rpm, dpkg-deb, debootstrap.
+	@missing=""; \
+	for t in systemd-analyze:systemd systemd-sysusers:systemd promtool:prometheus lintian:lintian \
+	         rpm:rpm dpkg-deb:dpkg-dev debootstrap:debootstrap chroot:coreutils; do \
+	  command -v $${t%%:*} >/dev/null 2>&1 || missing="$$missing $${t#*:}"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing$$missing"; \
+	  if [ "$$(id -u)" != 0 ]; then echo "missing:$$missing: run 'sudo apt-get install -y --no-install-recommends$$missing'" >&2; exit 1; fi; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+	    -o DPkg::Lock::Timeout=600 $$missing >/dev/null; \
+	  : "only promtool is wanted: stop the server the package may have started (:9090)"; \
+	  case "$$missing" in *prometheus*) \
+	    if [ -d /run/systemd/system ]; then systemctl disable --now prometheus.service >/dev/null 2>&1 || true; \
+	    else service prometheus stop >/dev/null 2>&1 || true; fi;; esac; \
+	fi
 
 vet:
 	test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt needed" >&2; exit 1; }
@@ -62,7 +78,7 @@ PKG_VERSION ?= $(shell v=$$(git describe --tags --match 'v[0-9]*' 2>/dev/null | 
 # and the Debian changelog.
 build/pkg/%: FORCE
 	rm -rf $@ && mkdir -p $@/plugins
-	CGO_ENABLED=0 GOOS=linux GOARCH=$* $(GO) build -trimpath -buildmode=pie -ldflags "$(LDFLAGS) -s -w" -o $@/fleetgate ./cmd/fleetgate
+	CGO_ENABLED=0 GOOS=linux GOARCH=$* $(GO) build -trimpath -buildmode=pie -ldflags "-X main.version=$(PKG_VERSION) -s -w" -o $@/fleetgate ./cmd/fleetgate
 	for d in $(if $(filter $*,$(HOSTARCH)),$(PLUGINS)) $(PLUGINS)-$*; do \
 	  [ -d $$d ] && find $$d -maxdepth 1 -type f -exec cp {} $@/plugins/ \; ; done; true
 	printf 'fleetgate (%s) unstable; urgency=medium\n\n  * Built from git %s.\n\n -- fleetgate maintainers <fleetgate@example.org>  %s\n' \
