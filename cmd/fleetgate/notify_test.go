@@ -99,18 +99,18 @@ func TestSystemdNotifyProtocol(t *testing.T) {
 	t.Parallel()
 	sock := newNotifySocket(t)
 	g := newGateway(t, "gw-notify", "", fastTiming)
-	g.env = []string{"NOTIFY_SOCKET=" + sock.path, "WATCHDOG_USEC=400000"}
+	g.env = []string{"NOTIFY_SOCKET=" + sock.path, "WATCHDOG_USEC=2000000"}
 	g.start()
 
 	ready := sock.await(t, 0, "READY=1", 10*time.Second)
 	if sock.find(0, "STOPPING=1") >= 0 {
 		t.Fatal("STOPPING=1 before any stop")
 	}
-	w := sock.await(t, ready, "WATCHDOG=1", 5*time.Second)
+	w := sock.await(t, ready, "WATCHDOG=1", 10*time.Second)
 	if !strings.Contains(sock.all()[w], "STATUS=0 sessions; uplink up; outbox 0 sessions") {
 		t.Fatalf("keep-alive without a readable status: %q", sock.all()[w])
 	}
-	sock.await(t, w+1, "WATCHDOG=1", 5*time.Second) // it keeps pinging
+	sock.await(t, w+1, "WATCHDOG=1", 10*time.Second) // it keeps pinging
 
 	g.signal(syscall.SIGHUP)
 	r := sock.await(t, ready+1, "RELOADING=1", 10*time.Second)
@@ -148,7 +148,7 @@ func TestWatchdogStopsWhileFlushStalls(t *testing.T) {
 	g := &gatewayProcess{
 		up: uplink.New(store, ob, uplink.Options{Gateway: "gw-stall", Epoch: 1, FlushInterval: 20 * time.Millisecond}),
 	}
-	w := &watchdog{every: 50 * time.Millisecond, limit: 300 * time.Millisecond, stalled: g.stalled,
+	w := &watchdog{every: 100 * time.Millisecond, limit: time.Second, stalled: g.stalled,
 		status: func() string { return "test" }, log: log}
 
 	ctx, cancel := context.WithCancel(context.Background())
@@ -175,12 +175,13 @@ func TestWatchdogStopsWhileFlushStalls(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	held := len(sock.all())
 	release := sync.OnceValue(tx.Rollback)
 	defer release() // before the loops are stopped: their final flush needs the lock
 	if err := g.up.Enqueue(ctx, ev("d2")); err != nil {
 		t.Fatal(err)
 	}
-	stalled := sock.await(t, first, "STATUS=STALLED: ", 10*time.Second)
+	stalled := sock.await(t, max(first, held), "STATUS=STALLED: ", 10*time.Second)
 	// From the stall on, no keep-alive: watch a window of 8 ping periods.
 	mark := len(sock.all())
 	deadline := time.Now().Add(8 * w.every)
