@@ -69,9 +69,11 @@ DIST        ?= dist
 NFPM        ?= $(GO) run github.com/goreleaser/nfpm/v2/cmd/nfpm@v2.45.2
 HOSTARCH    := $(shell $(GO) env GOARCH)
 PLUGINS     ?= bin/plugins
-PKG_VERSION ?= $(shell v=$$(git describe --tags --match 'v[0-9]*' 2>/dev/null | sed -e 's/^v//' -e 's/-\([0-9]*\)-g/+\1.g/'); \
+ifndef PKG_VERSION
+PKG_VERSION := $(shell v=$$(git describe --tags --match 'v[0-9]*' 2>/dev/null | sed -e 's/^v//' -e 's/-\([0-9]*\)-g/+\1.g/'); \
 	[ -n "$$v" ] || v=0.0.0+git$$(git log -1 --format=%cd --date=format:%Y%m%d 2>/dev/null).$$(git rev-parse --short HEAD 2>/dev/null); \
 	git diff --quiet HEAD 2>/dev/null || v=$$v.dirty; echo $$v)
+endif
 
 # build/pkg/<arch>: the binary (static, stripped), the adapters ($(PLUGINS)/*
 # from `make plugins` for the host arch, $(PLUGINS)-<arch>/* for another)
