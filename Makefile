@@ -84,7 +84,7 @@ build/pkg/%: FORCE
 	for d in $(if $(filter $*,$(HOSTARCH)),$(PLUGINS)) $(PLUGINS)-$*; do \
 	  [ -d $$d ] && find $$d -maxdepth 1 -type f -exec cp {} $@/plugins/ \; ; done; true
 	printf 'fleetgate (%s) unstable; urgency=medium\n\n  * Built from git %s.\n\n -- fleetgate maintainers <fleetgate@example.org>  %s\n' \
-	  "$(PKG_VERSION)" "$$(git rev-parse --short HEAD)" "$$(date -R -d @$$(git log -1 --format=%ct))" | gzip -9n > $@/changelog.Debian.gz
+	  "$(PKG_VERSION)" "$$(git rev-parse --short HEAD)" "$$(date -R -d @$$(git log -1 --format=%ct))" | gzip -9n > $@/changelog.gz
 
 deb: $(ARCHS:%=build/pkg/%)
 	mkdir -p $(DIST)
