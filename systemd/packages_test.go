@@ -4,6 +4,7 @@ package systemd
 
 import (
 	"archive/tar"
+	"bufio"
 	"bytes"
 	"debug/elf"
 	"io"
@@ -11,7 +12,9 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 )
 
@@ -165,7 +168,16 @@ func TestPackages(t *testing.T) {
 
 	t.Run("install upgrade remove purge", func(t *testing.T) {
 		makeIn(t, "deb", "ARCHS=amd64", "DIST="+dist, "PKG_VERSION=1.0.1")
-		scratchInstall(t, deb("1.0.0", "amd64"), deb("1.0.1", "amd64"))
+		// This machine's own root under a throwaway overlay: seconds, and
+		// the preinst takes the systemd-sysusers path.
+		t.Run("host overlay", func(t *testing.T) {
+			scratchInstall(t, hostOverlay(t), deb("1.0.0", "amd64"), deb("1.0.1", "amd64"))
+		})
+		// A minbase Debian root (debootstrap, cached in build/rootfs):
+		// no systemd at all, so the preinst falls back to useradd.
+		t.Run("minbase", func(t *testing.T) {
+			scratchInstall(t, minbaseRoot(t), deb("1.0.0", "amd64"), deb("1.0.1", "amd64"))
+		})
 	})
 }
 
@@ -197,16 +209,60 @@ func debFile(t *testing.T, deb, path string) []byte {
 // machine's apt sources, kept as a tarball in the build directory.
 const rootfsCache = "../build/rootfs/bookworm-minbase.tar.gz"
 
-// scratchRoot unpacks the cached root (making it first if needed) into a
-// fresh directory.
-func scratchRoot(t *testing.T) string {
+// scratch is a root file system to install packages in: enter is the
+// command prefix that runs a command inside it, files the directory
+// through which the test reads and writes its files.
+type scratch struct {
+	enter []string
+	files string
+}
+
+// minbaseRoot unpacks the cached minbase root (making it first if needed)
+// into a fresh directory.
+func minbaseRoot(t *testing.T) scratch {
 	t.Helper()
 	if _, err := os.Stat(rootfsCache); err != nil {
 		makeRootfs(t)
 	}
 	root := t.TempDir()
 	mustRun(t, "tar", "--numeric-owner", "-xzf", rootfsCache, "-C", root)
-	return root
+	return scratch{enter: []string{"chroot", root}, files: root}
+}
+
+// hostOverlay mounts this machine's root file system under a tmpfs
+// overlay in a private mount namespace, held by a sleeping process that
+// the test ends; nothing reaches the real root.
+func hostOverlay(t *testing.T) scratch {
+	t.Helper()
+	dir := t.TempDir()
+	script := `set -e
+mount -t tmpfs tmpfs "$1"
+mkdir "$1/upper" "$1/work" "$1/root"
+mount -t overlay overlay -o lowerdir=/,upperdir="$1/upper",workdir="$1/work" "$1/root"
+echo mounted
+exec sleep 600`
+	cmd := exec.Command("unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh", dir)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var errb bytes.Buffer
+	cmd.Stderr = &errb
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	line, _ := bufio.NewReader(out).ReadString('\n')
+	if line != "mounted\n" {
+		t.Fatalf("overlay of / not mounted: %s", errb.String())
+	}
+	pid := strconv.Itoa(cmd.Process.Pid)
+	root := filepath.Join(dir, "root")
+	return scratch{
+		enter: []string{"nsenter", "--mount=/proc/" + pid + "/ns/mnt", "chroot", root},
+		files: filepath.Join("/proc", pid, "root", root),
+	}
 }
 
 func makeRootfs(t *testing.T) {
@@ -255,22 +311,21 @@ func aptSource(t *testing.T) (suite, mirror string) {
 // scratchInstall installs v1 in a scratch root (no systemd running there:
 // the maintainer scripts' guards are exercised), edits the conffile,
 // upgrades to v2, removes and purges.
-func scratchInstall(t *testing.T, v1, v2 string) {
-	root := scratchRoot(t)
+func scratchInstall(t *testing.T, root scratch, v1, v2 string) {
+	at := func(p string) string { return filepath.Join(root.files, p) }
 	for _, deb := range []string{v1, v2} {
 		b, err := os.ReadFile(deb)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := os.WriteFile(filepath.Join(root, "tmp", filepath.Base(deb)), b, 0o644); err != nil {
+		if err := os.WriteFile(at("/tmp/"+filepath.Base(deb)), b, 0o644); err != nil {
 			t.Fatal(err)
 		}
 	}
 	in := func(args ...string) string {
 		t.Helper()
-		return mustRun(t, "chroot", append([]string{root}, args...)...)
+		return mustRun(t, root.enter[0], append(root.enter[1:len(root.enter):len(root.enter)], args...)...)
 	}
-	at := func(p string) string { return filepath.Join(root, p) }
 	exists := func(p string) bool { _, err := os.Lstat(at(p)); return err == nil }
 
 	in("dpkg", "-i", "/tmp/"+filepath.Base(v1))
@@ -315,7 +370,7 @@ func scratchInstall(t *testing.T, v1, v2 string) {
 		}
 	}
 	// Purged: dpkg has forgotten the package.
-	if out, err := exec.Command("chroot", root, "dpkg-query", "-W", "fleetgate").CombinedOutput(); err == nil || !strings.Contains(string(out), "no packages found") {
+	if out, err := exec.Command(root.enter[0], append(root.enter[1:len(root.enter):len(root.enter)], "dpkg-query", "-W", "fleetgate")...).CombinedOutput(); err == nil || !strings.Contains(string(out), "no packages found") {
 		t.Errorf("dpkg still knows fleetgate after purge: %v %s", err, out)
 	}
 }
