@@ -17,7 +17,8 @@ func (b *busy) end()                { b.since.Store(0) }
 
 // Stalled reports whether the runner has been inside one cycle for longer
 // than limit at now, and for how long. A runner sleeping between cycles,
-// or not running, is not stalled. The service watchdog stops its
+// or not running, is not stalled. now is on the runner's clock
+// (Options.Clock). The service watchdog stops its
 // keep-alives while this is true.
 func (r *Runner) Stalled(now time.Time, limit time.Duration) (busyFor time.Duration, stalled bool) {
 	s := r.cycleBusy.since.Load()

@@ -137,3 +137,43 @@ func TestSysusers(t *testing.T) {
 		t.Fatalf("systemd-sysusers --dry-run: %v\n%s", err, out)
 	}
 }
+
+// The maintainer scripts parse, and create the user exactly as the
+// sysusers file describes it (they run before that file is unpacked).
+func TestMaintainerScripts(t *testing.T) {
+	b, err := os.ReadFile("fleetgate.sysusers")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var line string
+	for _, l := range strings.Split(string(b), "\n") {
+		if l != "" && !strings.HasPrefix(l, "#") {
+			line = l
+		}
+	}
+	scripts, _ := filepath.Glob("deb/*")
+	rpms, _ := filepath.Glob("rpm/*.sh")
+	if len(scripts) != 4 || len(rpms) != 4 {
+		t.Fatalf("scripts %v %v, want 4 deb and 4 rpm", scripts, rpms)
+	}
+	for _, s := range append(scripts, rpms...) {
+		if out, err := run(t, "sh", "-n", s); err != nil {
+			t.Errorf("sh -n %s: %v\n%s", s, err, out)
+		}
+		text, err := os.ReadFile(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.Contains(string(text), "SYSUSER=") && !strings.Contains(string(text), "SYSUSER='"+line+"'") {
+			t.Errorf("%s creates the user differently from fleetgate.sysusers (%s)", s, line)
+		}
+		if strings.Contains(string(text), "systemctl") && !strings.Contains(string(text), "/run/systemd/system") {
+			t.Errorf("%s calls systemctl without checking that systemd runs", s)
+		}
+	}
+	for _, s := range []string{"deb/preinst", "rpm/pre.sh"} {
+		if text, _ := os.ReadFile(s); !strings.Contains(string(text), "SYSUSER=") {
+			t.Errorf("%s does not create the user", s)
+		}
+	}
+}

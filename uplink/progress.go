@@ -32,6 +32,7 @@ func (b *busy) stalledAt(now time.Time, limit time.Duration) (time.Duration, boo
 // step for longer than limit at now: "batcher" (a flush, to the store or
 // into the outbox) or "outbox" (a probe or replay round, with its outbox
 // deletions); "" when neither is. A loop waiting for work is not stalled.
+// now is on the uplink's clock (Options.Clock).
 // The service watchdog stops its keep-alives while this is not "".
 func (u *Uplink) Stalled(now time.Time, limit time.Duration) (loop string, busyFor time.Duration) {
 	if d, ok := u.flushBusy.stalledAt(now, limit); ok {
