@@ -63,7 +63,7 @@ clean:
 # dist/fleetgate-<version>-1.<arch>.rpm for every arch in ARCHS. nfpm runs
 # as a pinned Go module, outside go.mod. The package version comes from the
 # newest v* tag (v1.2.3 -> 1.2.3, +N.gHASH past it), else
-# 0.0.0+git<commit date>.<hash>; +dirty for uncommitted changes.
+# 0.0.0+git<commit date>.<hash>; .dirty appended for uncommitted changes.
 ARCHS       ?= amd64 arm64
 DIST        ?= dist
 NFPM        ?= $(GO) run github.com/goreleaser/nfpm/v2/cmd/nfpm@v2.45.2
@@ -98,8 +98,10 @@ rpm: $(ARCHS:%=build/pkg/%)
 
 packages: deb rpm
 
-# The package tests (build, inspect, lintian, install/upgrade/purge in a
-# debootstrap root cached in build/rootfs): minutes, so not in `make test`.
+# The package tests (build, inspect, lintian; install, upgrade with an
+# edited conffile, remove and purge in an overlay of this machine's root
+# and in a minbase root made once by debootstrap and cached in
+# build/rootfs): minutes, so not in `make test`.
 test-packages: deps
 	$(GO) test -count=1 -tags packages -timeout 20m -run Package -v ./systemd
 
