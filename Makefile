@@ -5,7 +5,7 @@ PKGS    := ./...
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -X main.version=$(VERSION)
 
-.PHONY: all build plugins generate run test test-faults deps vet bench fuzz clean
+.PHONY: all build plugins generate run test test-faults deps vet bench fuzz clean deb rpm packages test-packages
 
 all: build
 
@@ -62,6 +62,22 @@ deps:
 	  echo "installing protobuf-compiler (the plugins/proto staleness test runs protoc)"; \
 	  if [ "$$(id -u)" != 0 ]; then echo "protoc missing: run 'sudo apt-get install -y protobuf-compiler'" >&2; exit 1; fi; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq protobuf-compiler >/dev/null; }
+	@# systemd/ tests: systemd-analyze and systemd-sysusers (systemd), promtool
+	@# (prometheus), and for test-packages lintian, rpm, dpkg-deb, debootstrap.
+	@missing=""; \
+	for t in systemd-analyze:systemd systemd-sysusers:systemd promtool:prometheus lintian:lintian \
+	         rpm:rpm dpkg-deb:dpkg-dev debootstrap:debootstrap chroot:coreutils; do \
+	  command -v $${t%%:*} >/dev/null 2>&1 || missing="$$missing $${t#*:}"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing$$missing"; \
+	  if [ "$$(id -u)" != 0 ]; then echo "missing:$$missing: run 'sudo apt-get install -y --no-install-recommends$$missing'" >&2; exit 1; fi; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+	    -o DPkg::Lock::Timeout=600 $$missing >/dev/null; \
+	  : "only promtool is wanted: stop the server the package may have started (:9090)"; \
+	  case "$$missing" in *prometheus*) \
+	    if [ -d /run/systemd/system ]; then systemctl disable --now prometheus.service >/dev/null 2>&1 || true; \
+	    else service prometheus stop >/dev/null 2>&1 || true; fi;; esac; \
+	fi
 
 vet:
 	test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt needed" >&2; exit 1; }
@@ -100,4 +116,53 @@ bench: deps
 	$(GO) test -run '^$$' -bench . -benchtime 1x -count 1 -timeout 30m $(PKGS)
 
 clean:
-	rm -rf bin .run
+	rm -rf bin .run build dist
+
+# --- Packages (systemd/nfpm.yaml): dist/fleetgate_<version>_<arch>.deb and
+# dist/fleetgate-<version>-1.<arch>.rpm for every arch in ARCHS. nfpm runs
+# as a pinned Go module, outside go.mod. The package version comes from the
+# newest v* tag (v1.2.3 -> 1.2.3, +N.gHASH past it), else
+# 0.0.0+git<commit date>.<hash>; .dirty appended for uncommitted changes.
+ARCHS       ?= amd64 arm64
+DIST        ?= dist
+NFPM        ?= $(GO) run github.com/goreleaser/nfpm/v2/cmd/nfpm@v2.45.2
+HOSTARCH    := $(shell $(GO) env GOARCH)
+PLUGINS     ?= bin/plugins
+ifndef PKG_VERSION
+PKG_VERSION := $(shell v=$$(git describe --tags --match 'v[0-9]*' 2>/dev/null | sed -e 's/^v//' -e 's/-\([0-9]*\)-g/+\1.g/'); \
+	[ -n "$$v" ] || v=0.0.0+git$$(git log -1 --format=%cd --date=format:%Y%m%d 2>/dev/null).$$(git rev-parse --short HEAD 2>/dev/null); \
+	git diff --quiet HEAD 2>/dev/null || v=$$v.dirty; echo $$v)
+endif
+
+# build/pkg/<arch>: the binary (static, stripped), the adapters ($(PLUGINS)/*
+# from `make plugins` for the host arch, $(PLUGINS)-<arch>/* for another)
+# and the Debian changelog.
+build/pkg/%: FORCE
+	rm -rf $@ && mkdir -p $@/plugins
+	CGO_ENABLED=0 GOOS=linux GOARCH=$* $(GO) build -trimpath -buildmode=pie -ldflags "-X main.version=$(PKG_VERSION) -s -w" -o $@/fleetgate ./cmd/fleetgate
+	for d in $(if $(filter $*,$(HOSTARCH)),$(PLUGINS)) $(PLUGINS)-$*; do \
+	  [ -d $$d ] && find $$d -maxdepth 1 -type f -exec cp {} $@/plugins/ \; ; done; true
+	printf 'fleetgate (%s) unstable; urgency=medium\n\n  * Built from git %s.\n\n -- fleetgate maintainers <fleetgate@example.org>  %s\n' \
+	  "$(PKG_VERSION)" "$$(git rev-parse --short HEAD)" "$$(date -R -d @$$(git log -1 --format=%ct))" | gzip -9n > $@/changelog.gz
+
+deb: $(ARCHS:%=build/pkg/%)
+	mkdir -p $(DIST)
+	for a in $(ARCHS); do \
+	  ARCH=$$a VERSION=$(PKG_VERSION) STAGE=build/pkg/$$a $(NFPM) package -f systemd/nfpm.yaml -p deb -t $(DIST)/fleetgate_$(PKG_VERSION)_$$a.deb || exit 1; done
+
+rpm: $(ARCHS:%=build/pkg/%)
+	mkdir -p $(DIST)
+	for a in $(ARCHS); do \
+	  ARCH=$$a VERSION=$(PKG_VERSION) STAGE=build/pkg/$$a $(NFPM) package -f systemd/nfpm.yaml -p rpm -t $(DIST)/ || exit 1; done
+
+packages: deb rpm
+
+# The package tests (build, inspect, lintian; install, upgrade with an
+# edited conffile, remove and purge in an overlay of this machine's root
+# and in a minbase root made once by debootstrap and cached in
+# build/rootfs): minutes, so not in `make test`.
+test-packages: deps
+	$(GO) test -count=1 -tags packages -timeout 20m -run Package -v ./systemd
+
+.PHONY: FORCE
+FORCE:

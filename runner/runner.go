@@ -85,6 +85,8 @@ type Runner struct {
 	// so that an outage logs one warning, not one per call (Run's
 	// goroutine only).
 	outage bool
+	// cycleBusy: Run is inside a cycle (see Stalled).
+	cycleBusy busy
 
 	mu     sync.Mutex
 	status Status
@@ -149,7 +151,9 @@ func (r *Runner) Run(ctx context.Context) error {
 	defer r.releaseAll(ctx)
 	r.log.Info("runner started", "interval", r.o.Interval, "batch", r.o.Batch, "lock_ttl", r.o.LockTTL, "shards", r.store.Shards())
 	for {
+		r.cycleBusy.begin(r.o.Clock.Now())
 		wait := r.cycle(ctx)
+		r.cycleBusy.end()
 		if ctx.Err() != nil {
 			return nil
 		}

@@ -25,7 +25,9 @@ var (
 // errCorrupt marks a state file that failed its consistency check.
 var errCorrupt = errors.New("state file corrupt")
 
-// OpenDB opens (or creates) the gateway's bbolt state file at path. It
+// OpenDB opens (or creates) the gateway's bbolt state file at path,
+// migrating an older format in place and refusing a newer one with
+// ErrNewerFormat without writing to it (format.go). It
 // waits at most LockTimeout for the file lock. After an unclean stop (the
 // file was not closed with CloseDB) it checks the whole file; a file that
 // cannot be opened as a bbolt database or fails the check is renamed to
@@ -80,6 +82,10 @@ func openChecked(path string, logger *slog.Logger) (db *bolt.DB, err error) {
 			db, err = nil, fmt.Errorf("%w: open %s: panic: %v", errCorrupt, path, r)
 		}
 	}()
+	// A file of a newer format is refused before anything writes to it.
+	if err := newerFormat(path, FormatVersion); err != nil {
+		return nil, err
+	}
 	fi, statErr := os.Stat(path)
 	fresh := statErr != nil || fi.Size() == 0
 	db, err = bolt.Open(path, 0o600, &bolt.Options{Timeout: LockTimeout})
@@ -108,7 +114,13 @@ func openChecked(path string, logger *slog.Logger) (db *bolt.DB, err error) {
 		}
 		logger.Info("state file checked after an unclean stop", "path", path, "took", time.Since(start))
 	}
+	// The format migrations and the open marker commit together.
+	var from uint64
 	if err := db.Update(func(tx *bolt.Tx) error {
+		var merr error
+		if from, merr = migrate(tx, migrations, fresh); merr != nil {
+			return merr
+		}
 		b, err := tx.CreateBucketIfNotExists(bucketState)
 		if err != nil {
 			return err
@@ -117,6 +129,9 @@ func openChecked(path string, logger *slog.Logger) (db *bolt.DB, err error) {
 	}); err != nil {
 		db.Close()
 		return nil, fmt.Errorf("uplink: mark state file open: %w", err)
+	}
+	if from != FormatVersion {
+		logger.Info("state file migrated", "path", path, "from_format", from, "to_format", FormatVersion)
 	}
 	return db, nil
 }

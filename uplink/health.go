@@ -77,7 +77,9 @@ func (u *Uplink) healthLoop(ctx context.Context) {
 			u.markUp()
 		}
 		if u.ob.Len() > 0 {
+			u.outboxBusy.begin(u.clock.Now())
 			err := rp.round(ctx)
+			u.outboxBusy.end()
 			switch {
 			case ctx.Err() != nil:
 				return

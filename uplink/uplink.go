@@ -116,6 +116,9 @@ type Uplink struct {
 	// heard is when each shard last took a call of this process.
 	heard     []time.Time // under sendMu
 	keepAlive time.Duration
+	// flushBusy and outboxBusy: the flush loop and the replay loop are
+	// inside a step (see Stalled).
+	flushBusy, outboxBusy busy
 
 	hmu      sync.Mutex
 	up       bool
@@ -283,9 +286,11 @@ func (u *Uplink) flushLoop(ctx context.Context) {
 		}
 		// A flush under way finishes (bounded by Options.Timeout) even if
 		// ctx ends meanwhile, so that shutdown does not look like an outage.
+		u.flushBusy.begin(u.clock.Now())
 		if err := u.flushOnce(context.WithoutCancel(ctx), false); err != nil {
 			u.log.Error("uplink flush failed; writes stay queued", "err", err)
 		}
+		u.flushBusy.end()
 	}
 }
 

@@ -55,9 +55,9 @@ func TestCLIExitCodes(t *testing.T) {
 		// would load: check-config fails as run would without it.
 		{"shipped config", []string{"check-config", "-c", filepath.Join(repo, "fleetgate.yaml")}, 1, "", "devices file: open /etc/fleetgate/devices.yaml"},
 		{"dev config", []string{"check-config", "-c", filepath.Join(repo, "dev.yaml")}, 0, "allow_anonymous: true", ""},
-		{"missing file", []string{"check-config", "-c", "/nonexistent/fleetgate.yaml"}, 1, "", "no such file"},
-		{"misspelt key", []string{"check-config", "-c", bad}, 1, "", bad + ":2:3"},
-		{"flapping timings", []string{"check-config", "-c", flap}, 1, "", "would flap"},
+		{"missing file", []string{"check-config", "-c", "/nonexistent/fleetgate.yaml"}, exitConfig, "", "no such file"},
+		{"misspelt key", []string{"check-config", "-c", bad}, exitConfig, "", bad + ":2:3"},
+		{"flapping timings", []string{"check-config", "-c", flap}, exitConfig, "", "would flap"},
 		{"devices without verb", []string{"devices"}, 2, "", "devices get ID"},
 		{"events without verb", []string{"events"}, 2, "", "events tail"},
 		{"runner on embedded", []string{"runner", "-c", filepath.Join(repo, "dev.yaml")}, 1, "", "redis store only"},

@@ -87,6 +87,7 @@ type gatewayProc struct {
 	cmd      *exec.Cmd
 	log      *syncBuffer
 	done     chan error
+	env      []string // added to the process environment
 }
 
 type syncBuffer struct {
@@ -179,7 +180,7 @@ func (g *gatewayProc) start() {
 		g.log = &syncBuffer{}
 	}
 	g.cmd = exec.Command(binary, "run", "-c", g.config)
-	g.cmd.Env = append(os.Environ(), "FLEETGATE_LOG_FORMAT=text")
+	g.cmd.Env = append(append(os.Environ(), "FLEETGATE_LOG_FORMAT=text"), g.env...)
 	g.cmd.Stdout, g.cmd.Stderr = g.log, g.log
 	g.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := g.cmd.Start(); err != nil {

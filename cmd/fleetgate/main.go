@@ -2,8 +2,11 @@
 // subcommands of DESIGN §4. main only parses the command line and wires
 // the packages together; the work is done in them.
 //
-// Exit codes: 0 success; 1 failure (invalid configuration, a part that
-// could not start or failed while running, an API error); 2 usage error.
+// Exit codes: 0 success; 1 failure (a part that could not start or failed
+// while running, an API error); 2 usage error; 78 (EX_CONFIG) the
+// configuration file could not be read or is invalid; 65 (EX_DATAERR) the
+// state file was written by a newer release (a downgrade). systemd's unit
+// lists 78 and 65 in RestartPreventExitStatus=: restarting cannot fix them.
 package main
 
 import (
@@ -18,6 +21,7 @@ import (
 	"syscall"
 
 	"github.com/fleetgate/fleetgate/configs"
+	"github.com/fleetgate/fleetgate/uplink"
 )
 
 // version is set by the linker (-X main.version=...).
@@ -26,6 +30,21 @@ var version = "dev"
 // errUsage marks a command-line mistake (exit 2); its message is printed
 // with the command's usage.
 var errUsage = errors.New("usage")
+
+// exitConfig is the exit code of a configuration that cannot be loaded
+// (sysexits.h EX_CONFIG).
+const exitConfig = 78
+
+// exitNewerState is the exit code of a state file of a newer format
+// (sysexits.h EX_DATAERR).
+const exitNewerState = 65
+
+// configError marks an error of configs.Load (exit exitConfig); its
+// message is the loader's own.
+type configError struct{ err error }
+
+func (e configError) Error() string { return e.err.Error() }
+func (e configError) Unwrap() error { return e.err }
 
 type command struct {
 	name    string
@@ -78,6 +97,12 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		case errors.Is(err, errUsage):
 			fmt.Fprintf(stderr, "fleetgate %s: %v\n", name, err)
 			return 2
+		case errors.As(err, new(configError)):
+			fmt.Fprintf(stderr, "fleetgate %s: %v\n", c.name, err)
+			return exitConfig
+		case errors.Is(err, uplink.ErrNewerFormat):
+			fmt.Fprintf(stderr, "fleetgate %s: %v\n", c.name, err)
+			return exitNewerState
 		default:
 			fmt.Fprintf(stderr, "fleetgate %s: %v\n", name, err)
 			return 1
@@ -94,7 +119,7 @@ func usage(w io.Writer) {
 		fmt.Fprintf(w, "  %-13s %s\n", c.name, c.summary)
 	}
 	fmt.Fprintln(w, "\nRun 'fleetgate <command> --help' for a command's flags.")
-	fmt.Fprintln(w, "Exit codes: 0 success, 1 failure, 2 usage error.")
+	fmt.Fprintln(w, "Exit codes: 0 success, 1 failure, 2 usage error, 78 configuration error, 65 state file of a newer release.")
 }
 
 // newFlags returns a flag set that reports errors instead of exiting and
@@ -158,7 +183,11 @@ func parseAndLoad(fs *flag.FlagSet, args []string, path *string) (configs.Config
 	if err := noArgs(fs); err != nil {
 		return configs.Config{}, err
 	}
-	return configs.Load(*path, os.Environ())
+	cfg, err := configs.Load(*path, os.Environ())
+	if err != nil {
+		return cfg, configError{err}
+	}
+	return cfg, nil
 }
 
 func noArgs(fs *flag.FlagSet) error {

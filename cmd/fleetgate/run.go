@@ -194,6 +194,9 @@ func (g *gatewayProcess) serve(ctx context.Context, log *slog.Logger) error {
 	if g.admin != nil {
 		backs.Go(g.admin.Serve)
 	}
+	if w := g.newWatchdog(log); w != nil {
+		backs.Go(func() error { return w.run(back) })
+	}
 	for _, f := range g.fronts {
 		fronts.Go(func() error { return f.Serve(front) })
 	}
@@ -204,9 +207,7 @@ func (g *gatewayProcess) serve(ctx context.Context, log *slog.Logger) error {
 	if g.admin != nil {
 		g.admin.SetReady(true)
 	}
-	if ok, err := daemon.SdNotify(false, daemon.SdNotifyReady); ok || err != nil {
-		log.Debug("sd_notify ready", "sent", ok, "err", err)
-	}
+	sdNotify(log, daemon.SdNotifyReady+"\nSTATUS="+g.statusLine())
 	log.Info("ready")
 
 	failed := make(chan error, 1)
@@ -226,10 +227,12 @@ loop:
 			runErr = err
 			break loop
 		case <-hup:
+			sdNotify(log, daemon.SdNotifyReloading+"\n"+daemon.SdNotifyMonotonicUsec()+"\nSTATUS=reloading "+g.path)
 			g.reload(ctx, log)
+			sdNotify(log, daemon.SdNotifyReady+"\nSTATUS="+g.statusLine())
 		}
 	}
-	_, _ = daemon.SdNotify(false, daemon.SdNotifyStopping)
+	sdNotify(log, daemon.SdNotifyStopping+"\nSTATUS=stopping: final flush")
 	if g.admin != nil {
 		g.admin.SetReady(false)
 	}

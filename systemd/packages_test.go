@@ -1,0 +1,376 @@
+//go:build packages
+
+package systemd
+
+import (
+	"archive/tar"
+	"bufio"
+	"bytes"
+	"debug/elf"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+)
+
+// These tests build the packages (make deb rpm) and install them in a
+// scratch Debian root; they take minutes and run in `make test-packages`.
+
+// makeIn runs make in the repository root with args.
+func makeIn(t *testing.T, args ...string) {
+	t.Helper()
+	cmd := exec.Command("make", append([]string{"-C", ".."}, args...)...)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("make %v: %v\n%s", args, err, out)
+	}
+}
+
+func mustRun(t *testing.T, name string, args ...string) string {
+	t.Helper()
+	out, err := run(t, name, args...)
+	if err != nil {
+		t.Fatalf("%s %v: %v\n%s", name, args, err, out)
+	}
+	return out
+}
+
+// entry is one line of dpkg-deb -c or rpm -qlv: mode and owner of a path.
+type entry struct{ mode, owner string }
+
+var debLine = regexp.MustCompile(`^(\S+)\s+(\S+)\s+\d+\s+\S+\s+\S+\s+\.(/\S*)`)
+
+func debContents(t *testing.T, deb string) map[string]entry {
+	t.Helper()
+	m := map[string]entry{}
+	for _, l := range strings.Split(mustRun(t, "dpkg-deb", "-c", deb), "\n") {
+		if s := debLine.FindStringSubmatch(l); s != nil {
+			m[strings.TrimSuffix(s[3], "/")] = entry{s[1], s[2]}
+		}
+	}
+	return m
+}
+
+// The files every package holds, with their modes and owners.
+var wantFiles = map[string]entry{
+	"/usr/bin/fleetgate":                               {"-rwxr-xr-x", "root/root"},
+	"/usr/lib/fleetgate/plugins":                       {"drwxr-xr-x", "root/root"},
+	"/usr/lib/systemd/system/fleetgate.service":        {"-rw-r--r--", "root/root"},
+	"/usr/lib/systemd/system/fleetgate-runner.service": {"-rw-r--r--", "root/root"},
+	"/usr/lib/sysusers.d/fleetgate.conf":               {"-rw-r--r--", "root/root"},
+	"/etc/fleetgate":                                   {"drwxr-x---", "root/fleetgate"},
+	"/etc/fleetgate/fleetgate.yaml":                    {"-rw-r-----", "root/fleetgate"},
+	"/etc/fleetgate/devices.yaml":                      {"-rw-r-----", "root/fleetgate"},
+	"/usr/share/doc/fleetgate/operations.md":           {"-rw-r--r--", "root/root"},
+	"/usr/share/doc/fleetgate/copyright":               {"-rw-r--r--", "root/root"},
+}
+
+func TestPackages(t *testing.T) {
+	dist := t.TempDir()
+	plugins := t.TempDir()
+	// A stand-in adapter for the host arch: packaged with mode 0755.
+	if err := os.WriteFile(filepath.Join(plugins, "fleetgate-adapter-demo"), []byte("#!/bin/sh\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	makeIn(t, "deb", "rpm", "DIST="+dist, "PKG_VERSION=1.0.0", "PLUGINS="+plugins)
+	deb := func(v, arch string) string { return filepath.Join(dist, "fleetgate_"+v+"_"+arch+".deb") }
+
+	t.Run("deb info", func(t *testing.T) {
+		for _, arch := range []string{"amd64", "arm64"} {
+			info := mustRun(t, "dpkg-deb", "-I", deb("1.0.0", arch))
+			for _, want := range []string{"Package: fleetgate", "Version: 1.0.0", "Architecture: " + arch,
+				" preinst", " postinst", " prerm", " postrm", " conffiles"} {
+				if !strings.Contains(info, want) {
+					t.Errorf("%s: dpkg-deb -I lacks %q:\n%s", arch, want, info)
+				}
+			}
+			conf := mustRun(t, "dpkg-deb", "-I", deb("1.0.0", arch), "conffiles")
+			if strings.Fields(conf) == nil || strings.Join(strings.Fields(conf), " ") != "/etc/fleetgate/devices.yaml /etc/fleetgate/fleetgate.yaml" &&
+				strings.Join(strings.Fields(conf), " ") != "/etc/fleetgate/fleetgate.yaml /etc/fleetgate/devices.yaml" {
+				t.Errorf("%s: conffiles %q, want fleetgate.yaml and devices.yaml", arch, conf)
+			}
+		}
+	})
+
+	t.Run("deb contents", func(t *testing.T) {
+		for _, arch := range []string{"amd64", "arm64"} {
+			got := debContents(t, deb("1.0.0", arch))
+			for path, want := range wantFiles {
+				if got[path] != want {
+					t.Errorf("%s %s: %v, want %v", arch, path, got[path], want)
+				}
+			}
+			demo := got["/usr/lib/fleetgate/plugins/fleetgate-adapter-demo"]
+			if (arch == "amd64") != (demo == entry{"-rwxr-xr-x", "root/root"}) {
+				t.Errorf("%s: demo adapter %v (packaged for the host arch only, 0755)", arch, demo)
+			}
+			b, err := os.ReadFile("../configs/fleetgate.yaml")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if shipped := debFile(t, deb("1.0.0", arch), "./etc/fleetgate/fleetgate.yaml"); !bytes.Equal(shipped, b) {
+				t.Errorf("%s: /etc/fleetgate/fleetgate.yaml is not configs/fleetgate.yaml", arch)
+			}
+			f, err := elf.NewFile(bytes.NewReader(debFile(t, deb("1.0.0", arch), "./usr/bin/fleetgate")))
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := map[string]elf.Machine{"amd64": elf.EM_X86_64, "arm64": elf.EM_AARCH64}[arch]
+			if f.Machine != want {
+				t.Errorf("%s: /usr/bin/fleetgate is for %v, want %v", arch, f.Machine, want)
+			}
+		}
+	})
+
+	t.Run("rpm", func(t *testing.T) {
+		for arch, rarch := range map[string]string{"amd64": "x86_64", "arm64": "aarch64"} {
+			rpm := filepath.Join(dist, "fleetgate-1.0.0-1."+rarch+".rpm")
+			if q := mustRun(t, "rpm", "-qp", "--qf", "%{NAME} %{VERSION} %{ARCH}", rpm); q != "fleetgate 1.0.0 "+rarch {
+				t.Errorf("%s: rpm -qp: %q", arch, q)
+			}
+			// Modes, owners and paths, unabridged (rpm -qlv cuts names at 8 bytes).
+			got := map[string]entry{}
+			for _, l := range strings.Split(mustRun(t, "rpm", "-qp", "--qf", "[%{FILEMODES:perms} %{FILEUSERNAME} %{FILEGROUPNAME} %{FILENAMES}\n]", rpm), "\n") {
+				if f := strings.Fields(l); len(f) == 4 {
+					got[f[3]] = entry{f[0], f[1] + "/" + f[2]}
+				}
+			}
+			for path, want := range wantFiles {
+				if got[path] != want {
+					t.Errorf("%s: rpm %s: %v, want %v", arch, path, got[path], want)
+				}
+			}
+			if c := strings.Fields(mustRun(t, "rpm", "-qcp", rpm)); strings.Join(c, " ") != "/etc/fleetgate/devices.yaml /etc/fleetgate/fleetgate.yaml" {
+				t.Errorf("%s: config files %v", arch, c)
+			}
+			scripts := mustRun(t, "rpm", "-qp", "--scripts", rpm)
+			for _, s := range []string{"preinstall", "postinstall", "preuninstall", "postuninstall", "/run/systemd/system"} {
+				if !strings.Contains(scripts, s) {
+					t.Errorf("%s: rpm scripts lack %q", arch, s)
+				}
+			}
+		}
+	})
+
+	t.Run("lintian", func(t *testing.T) {
+		for _, arch := range []string{"amd64", "arm64"} {
+			out, err := run(t, "lintian", "--fail-on", "error,warning", "--display-level", ">=warning", deb("1.0.0", arch))
+			if err != nil {
+				t.Errorf("lintian %s: %v\n%s", arch, err, out)
+			}
+		}
+	})
+
+	t.Run("install upgrade remove purge", func(t *testing.T) {
+		makeIn(t, "deb", "ARCHS=amd64", "DIST="+dist, "PKG_VERSION=1.0.1")
+		// This machine's own root under a throwaway overlay: seconds, and
+		// the preinst takes the systemd-sysusers path.
+		t.Run("host overlay", func(t *testing.T) {
+			scratchInstall(t, hostOverlay(t), deb("1.0.0", "amd64"), deb("1.0.1", "amd64"))
+		})
+		// A minbase Debian root (debootstrap, cached in build/rootfs):
+		// no systemd at all, so the preinst falls back to useradd.
+		t.Run("minbase", func(t *testing.T) {
+			scratchInstall(t, minbaseRoot(t), deb("1.0.0", "amd64"), deb("1.0.1", "amd64"))
+		})
+	})
+}
+
+// debFile returns the content of path (./usr/...) in deb's data.
+func debFile(t *testing.T, deb, path string) []byte {
+	t.Helper()
+	cmd := exec.Command("dpkg-deb", "--fsys-tarfile", deb)
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("dpkg-deb --fsys-tarfile %s: %v", deb, err)
+	}
+	tr := tar.NewReader(bytes.NewReader(out))
+	for {
+		h, err := tr.Next()
+		if err != nil {
+			t.Fatalf("%s: no %s in the package (%v)", deb, path, err)
+		}
+		if h.Name == path {
+			b, err := io.ReadAll(tr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return b
+		}
+	}
+}
+
+// rootfsCache is a minbase Debian root made by debootstrap from this
+// machine's apt sources, kept as a tarball in the build directory.
+const rootfsCache = "../build/rootfs/bookworm-minbase.tar.gz"
+
+// scratch is a root file system to install packages in: enter is the
+// command prefix that runs a command inside it, files the directory
+// through which the test reads and writes its files.
+type scratch struct {
+	enter []string
+	files string
+}
+
+// minbaseRoot unpacks the cached minbase root (making it first if needed)
+// into a fresh directory.
+func minbaseRoot(t *testing.T) scratch {
+	t.Helper()
+	if _, err := os.Stat(rootfsCache); err != nil {
+		makeRootfs(t)
+	}
+	root := t.TempDir()
+	mustRun(t, "tar", "--numeric-owner", "-xzf", rootfsCache, "-C", root)
+	return scratch{enter: []string{"chroot", root}, files: root}
+}
+
+// hostOverlay mounts this machine's root file system under a tmpfs
+// overlay in a private mount namespace, held by a sleeping process that
+// the test ends; nothing reaches the real root.
+func hostOverlay(t *testing.T) scratch {
+	t.Helper()
+	dir := t.TempDir()
+	script := `set -e
+mount -t tmpfs tmpfs "$1"
+mkdir "$1/upper" "$1/work" "$1/root"
+mount -t overlay overlay -o lowerdir=/,upperdir="$1/upper",workdir="$1/work" "$1/root"
+echo mounted
+exec sleep 600`
+	cmd := exec.Command("unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh", dir)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var errb bytes.Buffer
+	cmd.Stderr = &errb
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	line, _ := bufio.NewReader(out).ReadString('\n')
+	if line != "mounted\n" {
+		t.Fatalf("overlay of / not mounted: %s", errb.String())
+	}
+	pid := strconv.Itoa(cmd.Process.Pid)
+	root := filepath.Join(dir, "root")
+	return scratch{
+		enter: []string{"nsenter", "--mount=/proc/" + pid + "/ns/mnt", "chroot", root},
+		files: filepath.Join("/proc", pid, "root", root),
+	}
+}
+
+func makeRootfs(t *testing.T) {
+	t.Helper()
+	suite, mirror := aptSource(t)
+	dir := filepath.Join(t.TempDir(), "root")
+	t.Logf("debootstrap --variant=minbase %s from %s (once; cached in %s)", suite, mirror, rootfsCache)
+	mustRun(t, "debootstrap", "--variant=minbase", suite, dir, mirror)
+	if err := os.MkdirAll(filepath.Dir(rootfsCache), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	tmp := rootfsCache + ".tmp"
+	mustRun(t, "tar", "--numeric-owner", "-czf", tmp, "-C", dir, ".")
+	if err := os.Rename(tmp, rootfsCache); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// aptSource returns this machine's release code name and first Debian
+// mirror, from /etc/os-release and the apt sources.
+func aptSource(t *testing.T) (suite, mirror string) {
+	t.Helper()
+	osr, err := os.ReadFile("/etc/os-release")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m := regexp.MustCompile(`(?m)^VERSION_CODENAME=(\S+)`).FindSubmatch(osr); m != nil {
+		suite = string(m[1])
+	}
+	files, _ := filepath.Glob("/etc/apt/sources.list.d/*.sources")
+	files = append(files, "/etc/apt/sources.list")
+	uri := regexp.MustCompile(`(?m)^(?:URIs:\s*|deb\s+(?:\[[^]]*\]\s+)?)(https?://\S+/debian)\s*$`)
+	for _, f := range files {
+		b, _ := os.ReadFile(f)
+		if m := uri.FindSubmatch(b); m != nil {
+			mirror = string(m[1])
+			break
+		}
+	}
+	if suite == "" || mirror == "" {
+		t.Fatalf("no Debian release (%q) or mirror (%q) in this machine's apt configuration", suite, mirror)
+	}
+	return suite, mirror
+}
+
+// scratchInstall installs v1 in a scratch root (no systemd running there:
+// the maintainer scripts' guards are exercised), edits the conffile,
+// upgrades to v2, removes and purges.
+func scratchInstall(t *testing.T, root scratch, v1, v2 string) {
+	at := func(p string) string { return filepath.Join(root.files, p) }
+	for _, deb := range []string{v1, v2} {
+		b, err := os.ReadFile(deb)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(at("/tmp/"+filepath.Base(deb)), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	in := func(args ...string) string {
+		t.Helper()
+		return mustRun(t, root.enter[0], append(root.enter[1:len(root.enter):len(root.enter)], args...)...)
+	}
+	exists := func(p string) bool { _, err := os.Lstat(at(p)); return err == nil }
+
+	in("dpkg", "-i", "/tmp/"+filepath.Base(v1))
+	if !strings.Contains(in("getent", "passwd", "fleetgate"), ":/var/lib/fleetgate:/usr/sbin/nologin") {
+		t.Fatal("no fleetgate system user after install")
+	}
+	if st := in("stat", "-c", "%a %U %G", "/etc/fleetgate/devices.yaml", "/etc/fleetgate", "/var/lib/fleetgate"); st != "640 root fleetgate\n750 root fleetgate\n750 fleetgate fleetgate\n" {
+		t.Errorf("modes and owners after install:\n%s", st)
+	}
+	// The service's user can read its configuration and devices file.
+	in("chroot", "--userspec=fleetgate:fleetgate", "/", "/usr/bin/fleetgate", "check-config", "-c", "/etc/fleetgate/fleetgate.yaml")
+
+	const edit = "\n# site edit: kept across upgrades\n"
+	f, err := os.OpenFile(at("/etc/fleetgate/fleetgate.yaml"), os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteString(edit); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	if err := os.WriteFile(at("/var/lib/fleetgate/fleetgate.db"), []byte("state"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	in("dpkg", "--force-confold", "-i", "/tmp/"+filepath.Base(v2))
+	if v := in("dpkg-query", "-W", "-f", "${Version}", "fleetgate"); v != "1.0.1" {
+		t.Fatalf("version %q after the upgrade, want 1.0.1", v)
+	}
+	if b, _ := os.ReadFile(at("/etc/fleetgate/fleetgate.yaml")); !strings.HasSuffix(string(b), edit) {
+		t.Fatal("the operator's edit of fleetgate.yaml was lost by the upgrade")
+	}
+
+	in("dpkg", "-r", "fleetgate")
+	if exists("/usr/bin/fleetgate") || !exists("/etc/fleetgate/fleetgate.yaml") || !exists("/var/lib/fleetgate/fleetgate.db") {
+		t.Fatal("remove: want the binary gone, the configuration and the state kept")
+	}
+	in("dpkg", "-P", "fleetgate")
+	for _, p := range []string{"/etc/fleetgate", "/var/lib/fleetgate", "/usr/lib/fleetgate"} {
+		if exists(p) {
+			t.Errorf("%s left after purge", p)
+		}
+	}
+	// Purged: dpkg has forgotten the package.
+	if out, err := exec.Command(root.enter[0], append(root.enter[1:len(root.enter):len(root.enter)], "dpkg-query", "-W", "fleetgate")...).CombinedOutput(); err == nil || !strings.Contains(string(out), "no packages found") {
+		t.Errorf("dpkg still knows fleetgate after purge: %v %s", err, out)
+	}
+}

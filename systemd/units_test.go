@@ -1,0 +1,179 @@
+package systemd
+
+import (
+	"bufio"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+var units = []string{"fleetgate.service", "fleetgate-runner.service"}
+
+// installed copies unit into a directory of its own with /usr/bin/fleetgate
+// replaced by the test's build, as systemd-analyze verify checks that
+// every command exists.
+func installed(t *testing.T, unit string) string {
+	t.Helper()
+	b, err := os.ReadFile(unit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), unit)
+	if err := os.WriteFile(path, []byte(strings.ReplaceAll(string(b), "/usr/bin/fleetgate", binary)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+func TestUnitsVerify(t *testing.T) {
+	for _, u := range units {
+		out, err := run(t, "systemd-analyze", "verify", "--man=no", installed(t, u))
+		if err != nil || strings.TrimSpace(out) != "" {
+			t.Errorf("systemd-analyze verify %s: %v\n%s", u, err, out)
+		}
+	}
+}
+
+var exposureRE = regexp.MustCompile(`Overall exposure level for \S+: ([0-9.]+)`)
+
+// Both units score at most 1.6 (nats-server's hardened unit: 1.7).
+func TestUnitsSecurityExposure(t *testing.T) {
+	for _, u := range units {
+		out, err := run(t, "systemd-analyze", "security", "--offline=yes", "--threshold=16", u)
+		if err != nil {
+			t.Errorf("systemd-analyze security --threshold=16 %s: %v\n%s", u, err, out)
+			continue
+		}
+		m := exposureRE.FindStringSubmatch(out)
+		if m == nil {
+			t.Fatalf("%s: no exposure level in:\n%s", u, out)
+		}
+		if x, _ := strconv.ParseFloat(m[1], 64); x > 1.6 {
+			t.Errorf("%s: exposure %s, want ≤ 1.6\n%s", u, m[1], out)
+		}
+	}
+}
+
+// directives reads a unit's [Service] directives (a key given twice keeps
+// every value, in order).
+func directives(t *testing.T, unit string) map[string][]string {
+	t.Helper()
+	f, err := os.Open(unit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	d := map[string][]string{}
+	section := ""
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		l := strings.TrimSpace(sc.Text())
+		switch {
+		case l == "" || strings.HasPrefix(l, "#"):
+		case strings.HasPrefix(l, "["):
+			section = l
+		default:
+			k, v, _ := strings.Cut(l, "=")
+			d[section+k] = append(d[section+k], v)
+		}
+	}
+	return d
+}
+
+// The directives the issue asks for, as the operator guide describes them.
+func TestGatewayUnitDirectives(t *testing.T) {
+	d := directives(t, "fleetgate.service")
+	want := map[string]string{
+		"Type": "notify", "NotifyAccess": "main", "WatchdogSec": "120s",
+		"Restart": "on-failure", "RestartPreventExitStatus": "78 65", "KillMode": "mixed",
+		"StateDirectory": "fleetgate", "ConfigurationDirectory": "fleetgate", "RuntimeDirectory": "fleetgate",
+		"User": "fleetgate", "LimitNOFILE": "524288", "Environment": "GODEBUG=adaptivestackstart=0",
+		"ExecStartPre":          "/usr/bin/fleetgate check-config -c /etc/fleetgate/fleetgate.yaml",
+		"ExecStart":             "/usr/bin/fleetgate run -c /etc/fleetgate/fleetgate.yaml",
+		"ExecReload":            "/bin/kill -HUP $MAINPID",
+		"CapabilityBoundingSet": "", "NoNewPrivileges": "yes", "ProtectSystem": "strict",
+		"RestrictAddressFamilies": "AF_UNIX AF_INET AF_INET6", "ProtectProc": "invisible",
+		"MemoryDenyWriteExecute": "yes", "UMask": "0077",
+	}
+	for k, v := range want {
+		if got := d["[Service]"+k]; len(got) == 0 || got[0] != v {
+			t.Errorf("%s=%q, want %q", k, got, v)
+		}
+	}
+	if got := d["[Service]SystemCallFilter"]; len(got) == 0 || got[0] != "@system-service" {
+		t.Errorf("SystemCallFilter=%q, want @system-service first", got)
+	}
+}
+
+// RestartPreventExitStatus= names the exit code the binary really uses
+// for a bad configuration, in ExecStartPre (check-config) and in run.
+func TestConfigErrorExitCodeMatchesUnit(t *testing.T) {
+	bad := filepath.Join(t.TempDir(), "bad.yaml")
+	if err := os.WriteFile(bad, []byte("presence:\n  leese: 90s\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	want, _, _ := strings.Cut(directives(t, "fleetgate.service")["[Service]RestartPreventExitStatus"][0], " ")
+	for _, cmd := range []string{"check-config", "run"} {
+		err := exec.Command(binary, cmd, "-c", bad).Run()
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || strconv.Itoa(ee.ExitCode()) != want {
+			t.Errorf("fleetgate %s with a bad config: %v, want exit %s", cmd, err, want)
+		}
+	}
+}
+
+func TestSysusers(t *testing.T) {
+	abs, err := filepath.Abs("fleetgate.sysusers")
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := run(t, "systemd-sysusers", "--dry-run", abs)
+	if err != nil || strings.Contains(out, "ignoring") || strings.Contains(out, "Failed") {
+		t.Fatalf("systemd-sysusers --dry-run: %v\n%s", err, out)
+	}
+}
+
+// The maintainer scripts parse, and create the user exactly as the
+// sysusers file describes it (they run before that file is unpacked).
+func TestMaintainerScripts(t *testing.T) {
+	b, err := os.ReadFile("fleetgate.sysusers")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var line string
+	for _, l := range strings.Split(string(b), "\n") {
+		if l != "" && !strings.HasPrefix(l, "#") {
+			line = l
+		}
+	}
+	scripts, _ := filepath.Glob("deb/*")
+	rpms, _ := filepath.Glob("rpm/*.sh")
+	if len(scripts) != 4 || len(rpms) != 4 {
+		t.Fatalf("scripts %v %v, want 4 deb and 4 rpm", scripts, rpms)
+	}
+	for _, s := range append(scripts, rpms...) {
+		if out, err := run(t, "sh", "-n", s); err != nil {
+			t.Errorf("sh -n %s: %v\n%s", s, err, out)
+		}
+		text, err := os.ReadFile(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.Contains(string(text), "SYSUSER=") && !strings.Contains(string(text), "SYSUSER='"+line+"'") {
+			t.Errorf("%s creates the user differently from fleetgate.sysusers (%s)", s, line)
+		}
+		if strings.Contains(string(text), "systemctl") && !strings.Contains(string(text), "/run/systemd/system") {
+			t.Errorf("%s calls systemctl without checking that systemd runs", s)
+		}
+	}
+	for _, s := range []string{"deb/preinst", "rpm/pre.sh"} {
+		if text, _ := os.ReadFile(s); !strings.Contains(string(text), "SYSUSER=") {
+			t.Errorf("%s does not create the user", s)
+		}
+	}
+}
