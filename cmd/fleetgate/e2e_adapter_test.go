@@ -179,7 +179,7 @@ func TestE2EAdapters(t *testing.T) {
 	})
 
 	out, err := exec.Command(binary, "status", "--addr", g.admin).CombinedOutput()
-	if err != nil || !strings.Contains(string(out), "second") || !strings.Contains(string(out), "running") || !strings.Contains(string(out), "RESTARTS") {
+	if err != nil || !strings.Contains(string(out), "second") || !strings.Contains(string(out), "running") || !strings.Contains(string(out), "restarts") {
 		t.Fatalf("fleetgate status: %v\n%s", err, out)
 	}
 
