@@ -16,7 +16,7 @@ import (
 const (
 	defaultTableShards = 64
 	// DefaultMaxSessionsPerDevice is limits.max_sessions_per_device.
-	DefaultMaxSessionsPerDevice = 8
+	DefaultMaxSessionsPerDevice = 32
 )
 
 // ErrSessionLimit refuses a new session of a device that already has
