@@ -61,7 +61,7 @@ func TestCLIExitCodes(t *testing.T) {
 		{"devices without verb", []string{"devices"}, 2, "", "devices get ID"},
 		{"events without verb", []string{"events"}, 2, "", "events tail"},
 		{"runner on embedded", []string{"runner", "-c", filepath.Join(repo, "dev.yaml")}, 1, "", "redis store only"},
-		{"bad adapter", []string{"check-config", "-c", adapters}, 1, "", adapters + ":3:23: plugins.adapters[0]: name: \"lo ra\""},
+		{"bad adapter", []string{"check-config", "-c", adapters}, 78, "", adapters + ":3:23: plugins.adapters[0]: name: \"lo ra\""},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -52,7 +52,7 @@ func TestCheckConfigSecurity(t *testing.T) {
 		{"readable devices file", config("readable-c.yaml", fmt.Sprintf("auth: { devices_file: %q }\n", readable)), 0, "", "is readable by group or others (mode 0644)"},
 		{"admin beyond loopback with a token", config("admin-t.yaml", fmt.Sprintf("auth: { devices_file: %q }\nlisten: { admin: { http: \"0.0.0.0:9180\", token_file: %q } }\n", good, token)), 0, "", ""},
 		{"short admin token", config("admin-s.yaml", fmt.Sprintf("auth: { devices_file: %q }\nlisten: { admin: { token_file: %q } }\n", good, short)), 1, "holds a token of 6 bytes; want at least 16", ""},
-		{"admin certificate without key", config("admin-k.yaml", fmt.Sprintf("auth: { devices_file: %q }\nlisten: { admin: { cert_file: %q } }\n", good, notPEM)), 1, "listen.admin.cert_file: and listen.admin.key_file must be set together", ""},
+		{"admin certificate without key", config("admin-k.yaml", fmt.Sprintf("auth: { devices_file: %q }\nlisten: { admin: { cert_file: %q } }\n", good, notPEM)), 78, "listen.admin.cert_file: and listen.admin.key_file must be set together", ""},
 		{"admin beyond loopback", config("admin-c.yaml", fmt.Sprintf("auth: { devices_file: %q }\nlisten: { admin: { http: \"0.0.0.0:9180\" } }\n", good)), 0, "", "listen.admin.http 0.0.0.0:9180 is reachable beyond this host"},
 	}
 	for _, c := range cases {
