@@ -65,14 +65,11 @@ type e2eTiming struct {
 
 var fastTiming = e2eTiming{lease: 4 * time.Second, heartbeat: time.Second, renewEvery: time.Second, flush: 100 * time.Millisecond, runnerInterval: 100 * time.Millisecond}
 
+// freeUDPPort is a port free for UDP (and TCP) on loopback, below the
+// ephemeral range (redistest.FreePort).
 func freeUDPPort(t testing.TB) int {
 	t.Helper()
-	c, err := net.ListenPacket("udp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	return c.LocalAddr().(*net.UDPAddr).Port
+	return redistest.FreePort(t)
 }
 
 // gatewayProc is one `fleetgate run` child process.

@@ -8,6 +8,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -42,14 +43,41 @@ func Binary(t testing.TB) string {
 }
 
 // FreePort returns a loopback TCP port that was free a moment ago.
+//
+// It picks below the kernel's ephemeral range (32768 and up on Linux):
+// a port the kernel handed out for :0 is soon handed to some outgoing
+// connection of another test too, which then holds it when the port's
+// server binds it ("address already in use").
 func FreePort(t testing.TB) int {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	for range 200 {
+		port := freeLow + rand.N(freeHigh-freeLow)
+		if portFree(port) {
+			return port
+		}
+	}
+	t.Fatalf("free port: none found in %d..%d", freeLow, freeHigh)
+	return 0
+}
+
+// The range FreePort picks from.
+const freeLow, freeHigh = 20000, 32700
+
+// portFree reports whether port can be bound on loopback, for TCP and UDP
+// alike (a gateway listens on both).
+func portFree(port int) bool {
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+	l, err := net.Listen("tcp", addr)
 	if err != nil {
-		t.Fatalf("free port: %v", err)
+		return false
 	}
 	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	pc, err := net.ListenPacket("udp", addr)
+	if err != nil {
+		return false
+	}
+	pc.Close()
+	return true
 }
 
 // Start runs a standalone redis-server on a free loopback port with
