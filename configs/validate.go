@@ -326,6 +326,15 @@ func (c Config) GatewayKeepAlive() time.Duration {
 	return max(min(c.Presence.Lease.Std()/6, 10*time.Second), c.Uplink.FlushInterval.Std())
 }
 
+// UplinkProbeMax is the longest wait between two probes of a store that
+// does not answer: an eighth of the lease, between 100 ms and 10 s. An
+// outage ends for a gateway only at its next probe, and one longer than
+// lease + gateway_grace reports its devices offline: the probe must come
+// well inside that.
+func (c Config) UplinkProbeMax() time.Duration {
+	return min(max(c.Presence.Lease.Std()/8, 100*time.Millisecond), 10*time.Second)
+}
+
 // GatewaySilence is how long the store may not hear a gateway on a shard
 // before the runner counts it silent: three keep-alives and a flush.
 func (c Config) GatewaySilence() time.Duration {

@@ -139,3 +139,22 @@ func TestBounds(t *testing.T) {
 		t.Fatalf("String():\n%s\nwant:\n%s", got, text)
 	}
 }
+
+// The uplink probes a down store at least every eighth of the lease
+// (bounded to 100 ms..10 s), so that an outage ends for a gateway well
+// inside lease + gateway_grace.
+func TestUplinkProbeMax(t *testing.T) {
+	for _, tc := range []struct{ lease, want time.Duration }{
+		{90 * time.Second, 10 * time.Second},
+		{40 * time.Second, 5 * time.Second},
+		{4 * time.Second, 500 * time.Millisecond},
+		{time.Second, 125 * time.Millisecond},
+		{500 * time.Millisecond, 100 * time.Millisecond},
+	} {
+		c := configs.Default()
+		c.Presence.Lease = configs.Duration(tc.lease)
+		if got := c.UplinkProbeMax(); got != tc.want {
+			t.Errorf("lease %v: probe max %v, want %v", tc.lease, got, tc.want)
+		}
+	}
+}

@@ -118,8 +118,8 @@ func (g *gatewayProcess) run(ctx context.Context) (err error) {
 	g.up = uplink.New(g.store, outbox, uplink.Options{
 		Gateway: cfg.Gateway.ID, Epoch: g.epoch,
 		Lease: cfg.Presence.Lease.Std(), FlushInterval: cfg.Uplink.FlushInterval.Std(), MaxBatch: cfg.Uplink.MaxBatch,
-		KeepAlive: cfg.GatewayKeepAlive(),
-		Clock:     gateway.SystemClock{}, Logger: log, Registerer: reg,
+		KeepAlive: cfg.GatewayKeepAlive(), ProbeMax: cfg.UplinkProbeMax(),
+		Clock: gateway.SystemClock{}, Logger: log, Registerer: reg,
 	})
 	g.table = gateway.NewTable(g.up, gateway.TableOptions{
 		Lease: cfg.Presence.Lease.Std(), RenewEvery: cfg.Presence.RenewEvery.Std(),
