@@ -116,7 +116,7 @@ func TestTakeoverIsNotALeave(t *testing.T) {
 	old := mustConnectV5(t, s, "dev-1", "secret-1")
 	first := rec.SessionOf("dev-1")
 
-	_ = mustConnectV5(t, s, "dev-1", "secret-1")
+	next := mustConnectV5(t, s, "dev-1", "secret-1")
 	second := rec.SessionOf("dev-1")
 	if second == first {
 		t.Fatalf("takeover kept session %s", first)
@@ -135,7 +135,17 @@ func TestTakeoverIsNotALeave(t *testing.T) {
 	if err != nil || code != 0 {
 		t.Fatalf("3.1.1 takeover: code %d, %v", code, err)
 	}
-	eventually(t, 5*time.Second, "second connection gone", func() bool { return s.conns.Load() == 1 })
+	select {
+	case d := <-next.disconnected:
+		if d.ReasonCode != packets.ErrSessionTakenOver.Code {
+			t.Fatalf("second connection: DISCONNECT %#x", d.ReasonCode)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("second connection not told of the 3.1.1 takeover")
+	}
+	// at most the 3.1.1 connection is left (a loaded machine may already
+	// have timed it out)
+	eventually(t, 10*time.Second, "second connection gone", func() bool { return s.conns.Load() <= 1 })
 	for _, ev := range rec.Evidence() {
 		if ev.Kind == gateway.Leave {
 			t.Fatalf("takeover made a leave: %+v", ev)
