@@ -7,7 +7,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"os"
@@ -325,87 +324,6 @@ func findInt(v any, key string) int {
 		}
 	}
 	return -1
-}
-
-// proxy is a TCP proxy between a gateway and Redis. The test cuts it
-// (every connection closed, new ones refused) and restores it, or points
-// it at another server (a failover behind a stable address).
-type proxy struct {
-	ln     net.Listener
-	mu     sync.Mutex
-	target string
-	cut    bool
-	conns  map[net.Conn]struct{}
-}
-
-func newProxy(t testing.TB, target string) *proxy {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &proxy{ln: ln, target: target, conns: map[net.Conn]struct{}{}}
-	go p.accept()
-	t.Cleanup(func() { ln.Close(); p.setCut(true) })
-	return p
-}
-
-func (p *proxy) addr() string { return p.ln.Addr().String() }
-
-func (p *proxy) accept() {
-	for {
-		c, err := p.ln.Accept()
-		if err != nil {
-			return
-		}
-		p.mu.Lock()
-		if p.cut {
-			p.mu.Unlock()
-			c.Close()
-			continue
-		}
-		up, err := net.DialTimeout("tcp", p.target, time.Second)
-		if err != nil {
-			p.mu.Unlock()
-			c.Close()
-			continue
-		}
-		p.conns[c], p.conns[up] = struct{}{}, struct{}{}
-		p.mu.Unlock()
-		go pipe(c, up)
-		go pipe(up, c)
-	}
-}
-
-func pipe(dst, src net.Conn) {
-	_, _ = io.Copy(dst, src)
-	dst.Close()
-	src.Close()
-}
-
-// setCut cuts (true) or restores (false) the link.
-func (p *proxy) setCut(v bool) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.cut = v
-	if v {
-		p.dropLocked()
-	}
-}
-
-// retarget points the proxy at target and drops every open connection.
-func (p *proxy) retarget(target string) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.target = target
-	p.dropLocked()
-}
-
-func (p *proxy) dropLocked() {
-	for c := range p.conns {
-		c.Close()
-	}
-	p.conns = map[net.Conn]struct{}{}
 }
 
 // redisCLI runs one command against addr with a short timeout.

@@ -5,8 +5,6 @@ import (
 	"cmp"
 	"context"
 	"fmt"
-	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -399,74 +397,6 @@ func checkAlternates(t *testing.T, dev string, evs []event) {
 		if e.state != want || e.ver != i+1 {
 			t.Fatalf("device %s event %d: %s ver %d, want %s ver %d (all: %+v)", dev, i, e.state, e.ver, want, i+1, evs)
 		}
-	}
-}
-
-// proxy is a TCP proxy between the gateway and Redis that a test can cut
-// (every connection closed, new ones refused) and restore.
-type proxy struct {
-	ln     net.Listener
-	target string
-	mu     sync.Mutex
-	cut    bool
-	conns  map[net.Conn]struct{}
-}
-
-func newProxy(t *testing.T, target string) *proxy {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &proxy{ln: ln, target: target, conns: map[net.Conn]struct{}{}}
-	go p.accept()
-	t.Cleanup(func() { ln.Close(); p.setCut(true) })
-	return p
-}
-
-func (p *proxy) addr() string { return p.ln.Addr().String() }
-
-func (p *proxy) accept() {
-	for {
-		c, err := p.ln.Accept()
-		if err != nil {
-			return
-		}
-		p.mu.Lock()
-		if p.cut {
-			p.mu.Unlock()
-			c.Close()
-			continue
-		}
-		up, err := net.Dial("tcp", p.target)
-		if err != nil {
-			p.mu.Unlock()
-			c.Close()
-			continue
-		}
-		p.conns[c], p.conns[up] = struct{}{}, struct{}{}
-		p.mu.Unlock()
-		go pipe(c, up)
-		go pipe(up, c)
-	}
-}
-
-func pipe(dst, src net.Conn) {
-	_, _ = io.Copy(dst, src)
-	dst.Close()
-	src.Close()
-}
-
-// setCut cuts (true) or restores (false) the link.
-func (p *proxy) setCut(v bool) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.cut = v
-	if v {
-		for c := range p.conns {
-			c.Close()
-		}
-		p.conns = map[net.Conn]struct{}{}
 	}
 }
 

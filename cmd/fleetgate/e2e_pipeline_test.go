@@ -172,10 +172,18 @@ func TestFlushIsOnePipeline(t *testing.T) {
 			return scrapeCounter(t, "http://"+g.admin+"/metrics", "fleetgate_store_calls_total") >= want
 		})
 	}
-	// settle: no flush in flight when the counts are compared
-	time.Sleep(3 * tm.flush)
-	calls := scrapeCounter(t, "http://"+g.admin+"/metrics", "fleetgate_store_calls_total")
-	runs := applyRuns(mon.snapshot())
+	// Compare once MONITOR has shown every call the uplink counted (a
+	// call in flight shows on both sides a moment apart); a call split
+	// over several runs never settles and fails below.
+	var (
+		calls float64
+		runs  [][]monitorLine
+	)
+	waitFor(t, 10*time.Second, "MONITOR caught up with the uplink's calls", func() bool {
+		calls = scrapeCounter(t, "http://"+g.admin+"/metrics", "fleetgate_store_calls_total")
+		runs = applyRuns(mon.snapshot())
+		return float64(len(runs)) >= calls
+	})
 	if float64(len(runs)) != calls {
 		for i, r := range runs {
 			t.Logf("run %d: %d calls from %s", i, len(r), r[0].client)

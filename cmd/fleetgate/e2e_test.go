@@ -96,9 +96,9 @@ func TestE2EOutageKillRestartKeepsEvidence(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t)
 	rc := srv.Client(t)
-	px := newProxy(t, srv.Addr)
+	px := redistest.NewProxy(t, srv.Addr)
 	tm := e2eTiming{lease: 10 * time.Second, heartbeat: time.Second, renewEvery: time.Second, flush: 100 * time.Millisecond, runnerInterval: 100 * time.Millisecond}
-	gw := newGateway(t, "gw-a", px.addr(), tm)
+	gw := newGateway(t, "gw-a", px.Addr(), tm)
 	gw.start()
 	addr := func() string { return gw.coapAddr }
 
@@ -112,13 +112,13 @@ func TestE2EOutageKillRestartKeepsEvidence(t *testing.T) {
 	})
 
 	outage := time.Now()
-	px.setCut(true)
+	px.SetCut(true)
 	scenario(2500 * time.Millisecond)
 	lastBrief := stopBrief() // its last 2.5 s of evidence exist only in the outbox
 	scenario(1500 * time.Millisecond)
 	gw.kill()
 	scenario(time.Second)
-	px.setCut(false)
+	px.SetCut(false)
 	gw.start()
 	scenario(2 * time.Second)
 
@@ -150,22 +150,22 @@ func TestE2EOutageLapsedEvidenceNotResurrected(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t)
 	rc := srv.Client(t)
-	px := newProxy(t, srv.Addr)
+	px := redistest.NewProxy(t, srv.Addr)
 	tm := fastTiming
-	gw := newGateway(t, "gw-a", px.addr(), tm)
+	gw := newGateway(t, "gw-a", px.Addr(), tm)
 	gw.start()
 	addr := func() string { return gw.coapAddr }
 
 	gone := device{t: t, id: "dev-gone"}
 	stop := gone.keepSending(addr, tm.heartbeat/2, time.Minute)
 	waitFor(t, 10*time.Second, "device online", func() bool { return len(eventsOf(events(t, rc, 4), gone.id)) == 1 })
-	px.setCut(true)
+	px.SetCut(true)
 	scenario(700 * time.Millisecond)
 	stop() // its last evidence is in the outbox only
 	scenario(1500 * time.Millisecond)
 	gw.kill()
 	scenario(tm.lease + time.Second) // the outbox evidence lapses meanwhile
-	px.setCut(false)
+	px.SetCut(false)
 	gw.start()
 
 	waitFor(t, tm.lease+10*time.Second, "offline event", func() bool { return len(eventsOf(events(t, rc, 4), gone.id)) >= 2 })
@@ -184,10 +184,10 @@ func TestE2EStartDuringOutage(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t)
 	rc := srv.Client(t)
-	px := newProxy(t, srv.Addr)
-	px.setCut(true)
+	px := redistest.NewProxy(t, srv.Addr)
+	px.SetCut(true)
 	tm := e2eTiming{lease: 10 * time.Second, heartbeat: time.Second, renewEvery: time.Second, flush: 100 * time.Millisecond, runnerInterval: 100 * time.Millisecond}
-	gw := newGateway(t, "gw-late", px.addr(), tm)
+	gw := newGateway(t, "gw-late", px.Addr(), tm)
 	gw.start() // ready although Redis is cut
 	d := device{t: t, id: "dev-late"}
 	d.heartbeat(gw.coapAddr)
@@ -195,7 +195,7 @@ func TestE2EStartDuringOutage(t *testing.T) {
 		code, out, _ := runCLI(t, "status", "--addr", gw.admin, "--json")
 		return code == 0 && strings.Contains(out, `"outbox_sessions": 1`)
 	})
-	px.setCut(false)
+	px.SetCut(false)
 	waitFor(t, 30*time.Second, "online after Redis answered", func() bool { return len(eventsOf(events(t, rc, 4), d.id)) == 1 })
 	if evs := eventsOf(events(t, rc, 4), d.id); evs[0].state != "online" || evs[0].reason != "replay" {
 		t.Fatalf("events %+v, want one online with reason replay", evs)

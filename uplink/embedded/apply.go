@@ -506,14 +506,8 @@ func (s *Store) AcquireShard(ctx context.Context, shard int, owner string, ttl t
 		if err != nil {
 			return err
 		}
-		now := time.UnixMilli(s.nowMs())
-		if holder, until, held := readLock(sh.root.Get(keyLock)); held && holder != owner && until.After(now) {
-			ok = false
-			return nil
-		}
-		ok = true
-		v := append(u64(uint64(now.Add(ttl).UnixMilli())), owner...)
-		return sh.root.Put(keyLock, v)
+		ok, err = s.takeLock(sh, keyLock, owner, ttl)
+		return err
 	})
 	if err != nil {
 		return false, fmt.Errorf("%s: %w", op, err)
@@ -521,9 +515,23 @@ func (s *Store) AcquireShard(ctx context.Context, shard int, owner string, ttl t
 	return ok, nil
 }
 
+// takeLock takes or extends the lease under key of sh for owner, for ttl
+// on the store clock; false when another owner holds it unexpired.
+func (s *Store) takeLock(sh shard, key []byte, owner string, ttl time.Duration) (bool, error) {
+	now := time.UnixMilli(s.nowMs())
+	if holder, until, held := readLock(sh.root.Get(key)); held && holder != owner && until.After(now) {
+		return false, nil
+	}
+	return true, sh.root.Put(key, append(u64(uint64(now.Add(ttl).UnixMilli())), owner...))
+}
+
 // ReleaseShard gives up owner's lease of shard (no-op if not held).
 func (s *Store) ReleaseShard(ctx context.Context, shard int, owner string) error {
-	const op = "embedded: release shard"
+	return s.releaseLock(ctx, "embedded: release shard", shard, keyLock, owner)
+}
+
+// releaseLock deletes the lease under key of shard if owner holds it.
+func (s *Store) releaseLock(ctx context.Context, op string, shard int, key []byte, owner string) error {
 	if err := s.checkShard(ctx, shard); err != nil {
 		return fmt.Errorf("%s: %w", op, err)
 	}
@@ -532,8 +540,8 @@ func (s *Store) ReleaseShard(ctx context.Context, shard int, owner string) error
 		if err != nil {
 			return err
 		}
-		if holder, _, held := readLock(sh.root.Get(keyLock)); held && holder == owner {
-			return sh.root.Delete(keyLock)
+		if holder, _, held := readLock(sh.root.Get(key)); held && holder == owner {
+			return sh.root.Delete(key)
 		}
 		return nil
 	})

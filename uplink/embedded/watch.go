@@ -258,11 +258,6 @@ func (s *Store) AcquirePublisher(ctx context.Context, shard int, owner string, t
 		if err != nil {
 			return err
 		}
-		now := time.UnixMilli(s.nowMs())
-		if holder, until, held := readLock(sh.root.Get(keyPub)); held && holder != owner && until.After(now) {
-			return nil
-		}
-		ok = true
 		if v := sh.root.Get(keyPubPos); v != nil {
 			p, err := parsePosition(string(v))
 			if err != nil {
@@ -270,7 +265,10 @@ func (s *Store) AcquirePublisher(ctx context.Context, shard int, owner string, t
 			}
 			pos = p
 		}
-		return sh.root.Put(keyPub, append(u64(uint64(now.Add(ttl).UnixMilli())), owner...))
+		if ok, err = s.takeLock(sh, keyPub, owner, ttl); !ok {
+			pos = gateway.Position{} // the holder's, not the caller's
+		}
+		return err
 	})
 	if err != nil {
 		return gateway.Position{}, false, fmt.Errorf("%s: %w", op, err)
@@ -310,22 +308,5 @@ func (s *Store) SavePublisher(ctx context.Context, shard int, owner string, pos 
 
 // ReleasePublisher gives up owner's publisher lease of shard.
 func (s *Store) ReleasePublisher(ctx context.Context, shard int, owner string) error {
-	const op = "embedded: release publisher"
-	if err := s.checkShard(ctx, shard); err != nil {
-		return fmt.Errorf("%s: %w", op, err)
-	}
-	err := s.db.Update(func(tx *bolt.Tx) error {
-		sh, err := openShard(tx, shard)
-		if err != nil {
-			return err
-		}
-		if holder, _, held := readLock(sh.root.Get(keyPub)); held && holder == owner {
-			return sh.root.Delete(keyPub)
-		}
-		return nil
-	})
-	if err != nil {
-		return fmt.Errorf("%s: %w", op, err)
-	}
-	return nil
+	return s.releaseLock(ctx, "embedded: release publisher", shard, keyPub, owner)
 }
