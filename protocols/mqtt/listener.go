@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/mochi-mqtt/server/v2/listeners"
+	"github.com/mochi-mqtt/server/v2/packets"
 
 	"github.com/fleetgate/fleetgate/gateway"
 )
@@ -133,11 +134,18 @@ func (l *listener) Serve(establish listeners.EstablishFn) {
 }
 
 // Close is called by mochi on shutdown: it disconnects the established
-// clients (closeClients: a DISCONNECT "server shutting down" to MQTT 5
-// clients, written within shutdownWriteTimeout so that a client that
-// reads nothing cannot hold it up), stops accepting, and closes every
-// connection still open, so that mochi's wait for its clients ends.
-func (l *listener) Close(closeClients listeners.CloseFn) {
+// clients (a DISCONNECT "server shutting down" to MQTT 5 clients, written
+// within shutdownWriteTimeout so that a client that reads nothing cannot
+// hold it up), stops accepting, and closes every connection still open,
+// so that mochi's wait for its clients ends.
+//
+// It does not call mochi's closeClients: that reads the client list with
+// Clients.GetByListener, which takes the list's read lock twice (it calls
+// Len inside). A client ending at the same moment waits for the write
+// lock in between (Clients.Delete), and Go's RWMutex then blocks the
+// second read lock behind it: shutdown hung for good (seen in CI,
+// mochi v2.7.9). disconnectClients reads the list once.
+func (l *listener) Close(_ listeners.CloseFn) {
 	l.mu.Lock()
 	if l.closed {
 		l.mu.Unlock()
@@ -150,7 +158,7 @@ func (l *listener) Close(closeClients listeners.CloseFn) {
 	}
 	l.mu.Unlock()
 
-	closeClients(l.id)
+	l.disconnectClients()
 	_ = l.ln.Close()
 
 	l.mu.Lock()
@@ -168,6 +176,18 @@ func (l *listener) Close(closeClients listeners.CloseFn) {
 	case <-done:
 	case <-time.After(handlerWaitTimeout):
 		l.srv.log.Warn("connection handlers still running after close", "listener", l.id, "waited", handlerWaitTimeout)
+	}
+}
+
+// disconnectClients sends the shutdown DISCONNECT to every client of the
+// listener that is still open (what mochi's closeListenerClients does,
+// with one read lock of the client list).
+func (l *listener) disconnectClients() {
+	b := l.srv.broker
+	for _, cl := range b.Clients.GetAll() {
+		if cl.Net.Listener == l.id && !cl.Closed() {
+			_ = b.DisconnectClient(cl, packets.ErrServerShuttingDown)
+		}
 	}
 }
 

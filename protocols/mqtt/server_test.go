@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -723,5 +724,51 @@ func TestCloseWhileConnecting(t *testing.T) {
 		for _, c := range conns {
 			c.Close()
 		}
+	}
+}
+
+// Clients that end while the server shuts down: mochi's own
+// closeListenerClients read-locks the client list twice, and a client's
+// Clients.Delete queued between the two locks hung Close for good (CI,
+// mochi v2.7.9). Each round ends 20 clients (DISCONNECT or a dropped
+// socket) at the moment Close starts.
+func TestCloseWhileClientsLeave(t *testing.T) {
+	for round := range 20 {
+		s := startServer(t, &recorder{}, Options{AllowAnonymous: true, ConnectsPerSecond: 100000})
+		disconnect := encode(t, packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Disconnect}, ProtocolVersion: 5})
+		var clients []*raw
+		for i := range 20 {
+			r := dialRaw(t, tcpAddr(s))
+			if code := r.connack(connectPacket(t, 5, fmt.Sprintf("dev-%d", i), "", 30)); code != 0 {
+				t.Fatalf("round %d: CONNACK %#x", round, code)
+			}
+			clients = append(clients, r)
+		}
+		start := make(chan struct{})
+		var wg sync.WaitGroup
+		for i, r := range clients {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-start
+				if i%2 == 0 {
+					_, _ = r.Write(disconnect)
+				}
+				_ = r.Close()
+			}()
+		}
+		closed := make(chan struct{})
+		go func() {
+			<-start
+			s.Close()
+			close(closed)
+		}()
+		close(start)
+		select {
+		case <-closed:
+		case <-time.After(20 * time.Second):
+			t.Fatalf("round %d: Close did not return in 20 s", round)
+		}
+		wg.Wait()
 	}
 }
