@@ -173,5 +173,19 @@ func newClient(ctx context.Context, cfg DialConfig) (redis.UniversalClient, erro
 		}
 		opts.IsClusterMode = strings.Contains(info, "cluster_enabled:1")
 	}
-	return redis.NewUniversalClient(opts), nil
+	if !opts.IsClusterMode && len(opts.Addrs) == 1 {
+		return redis.NewClient(opts.Simple()), nil
+	}
+	// go-redis reloads a Cluster's slot map on MOVED, but not when a
+	// master stops answering, and otherwise only every 60 s: after a
+	// master is killed and its replica promoted, every call to its shards
+	// would fail for up to a minute (seen in the fault suite). The map is
+	// one CLUSTER SLOTS, so ask for it at most every clusterReload.
+	co := opts.Cluster()
+	co.ClusterStateReloadInterval = clusterReload
+	return redis.NewClusterClient(co), nil
 }
+
+// clusterReload is how often a Cluster client refreshes its slot map
+// while it is used.
+const clusterReload = time.Second
