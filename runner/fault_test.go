@@ -206,7 +206,8 @@ func TestKilledRunnerLosesNoOfflineEvent(t *testing.T) {
 		t.Errorf("the killed runners reaped nothing: the kills did not hit a working runner")
 	}
 
-	// Every device: online ver 1, then exactly one offline ver 2.
+	// Every device: online (ver: the store time, ms), then exactly one
+	// offline, one ver more.
 	got := make(map[gateway.DeviceID][]gateway.Event)
 	for shard := range faultShards {
 		for _, ev := range readLog(t, s, shard) {
@@ -215,9 +216,9 @@ func TestKilledRunnerLosesNoOfflineEvent(t *testing.T) {
 	}
 	for _, id := range ids {
 		evs := got[id]
-		if len(evs) != 2 || evs[0].State != gateway.Online || evs[0].Ver != 1 ||
-			evs[1].State != gateway.Offline || evs[1].Ver != 2 || evs[1].Reason != gateway.ReasonExpired {
-			t.Fatalf("device %s: events %+v, want online ver 1 then one offline ver 2 (expired)", id, evs)
+		if len(evs) != 2 || evs[0].State != gateway.Online || evs[0].Ver != uint64(evs[0].At.UnixMilli()) ||
+			evs[1].State != gateway.Offline || evs[1].Ver != evs[0].Ver+1 || evs[1].Reason != gateway.ReasonExpired {
+			t.Fatalf("device %s: events %+v, want online then one offline (expired), one ver more", id, evs)
 		}
 	}
 	if len(got) != len(ids) {

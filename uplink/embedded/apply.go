@@ -237,15 +237,23 @@ func (w *writer) apply(b *gateway.Batch, wr *gateway.Write) error {
 	if err != nil {
 		return err
 	}
-	// d = now − Age + Lease, at millisecond precision.
+	// d = now − Age + Lease, at millisecond precision; obs is when the
+	// evidence was observed.
+	lease := b.Lease.Milliseconds()
 	d := time.UnixMilli(w.now).Add(b.Lease - wr.Age).UnixMilli()
+	obs := d - lease
 	r := &e.rec
+	// Evidence observed before its session's leave never brings the
+	// session back (leave tombstones; the rule of lua/record.lua).
+	if wr.Kind != gateway.Leave && r.tombed(wr.Session, obs, w.now) {
+		return nil
+	}
 	// Late but valid evidence: a connect or renew observed at or before
 	// its session's deadline extends that session even when the deadline
 	// has passed by now (an outage delayed it): no offline, no online.
 	var late gateway.SessionID
 	if wr.Kind != gateway.Leave && d > w.now {
-		if i := r.find(wr.Session); i >= 0 && r.sessions[i].deadline <= w.now && d-b.Lease.Milliseconds() <= r.sessions[i].deadline {
+		if i := r.find(wr.Session); i >= 0 && r.sessions[i].deadline <= w.now && obs <= r.sessions[i].deadline {
 			late = wr.Session
 		}
 	}
@@ -257,13 +265,22 @@ func (w *writer) apply(b *gateway.Batch, wr *gateway.Write) error {
 		if d <= w.now {
 			return nil
 		}
+		// One rule in both stores (lua/apply.lua): evidence at least as
+		// new as its session's takes the session (deadline, gateway,
+		// epoch), older evidence changes nothing of it, and the device's
+		// last writer is the write of its newest evidence.
 		first := len(r.sessions) == 0
+		newest := d >= r.deadline()
 		if i := r.find(wr.Session); i < 0 {
 			r.sessions = append(r.sessions, session{id: wr.Session, deadline: d, gw: b.Gateway, epoch: b.Epoch})
+			e.dirty = true
 		} else if d >= r.sessions[i].deadline {
 			r.sessions[i] = session{id: wr.Session, deadline: d, gw: b.Gateway, epoch: b.Epoch}
+			e.dirty = true
 		}
-		w.touch(e, b.Gateway, wr.Session)
+		if newest {
+			w.touch(e, b.Gateway, wr.Session)
+		}
 		if first {
 			reason := gateway.ReasonConnect
 			switch {
@@ -276,7 +293,14 @@ func (w *writer) apply(b *gateway.Batch, wr *gateway.Write) error {
 		}
 	case gateway.Leave:
 		i := r.find(wr.Session)
-		if i < 0 || r.sessions[i].deadline > d {
+		if !e.exists || (i >= 0 && r.sessions[i].deadline > d) {
+			return nil
+		}
+		// a leave of a session the record holds (not renewed since), or
+		// of one it no longer holds: either way its tombstone stands
+		r.entomb(wr.Session, obs, w.now-tombKeep.Milliseconds())
+		e.dirty = true
+		if i < 0 {
 			return nil
 		}
 		r.sessions = append(r.sessions[:i], r.sessions[i+1:]...)
@@ -328,11 +352,21 @@ func (w *writer) dropExpired(d gateway.DeviceID, e *entry, keep gateway.SessionI
 	return len(kept) > 0, nil
 }
 
+// nextVer is the ver of a device's next transition at now: the store
+// time in ms for its first (so that a record lost with the file starts
+// above every ver it handed out, as in the Redis store), else one more.
+func nextVer(ver uint64, now int64) uint64 {
+	if ver == 0 {
+		return uint64(now)
+	}
+	return ver + 1
+}
+
 // transition moves the device to online or offline and appends the event.
 func (w *writer) transition(d gateway.DeviceID, e *entry, online bool, reason gateway.Reason, gw string, sess gateway.SessionID, deadline int64) error {
 	r := &e.rec
 	r.online = online
-	r.ver++
+	r.ver = nextVer(r.ver, w.now)
 	r.since = w.now
 	e.exists, e.dirty = true, true
 	ev := gateway.Event{

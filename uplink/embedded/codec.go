@@ -35,9 +35,12 @@ import (
 //
 // Device record:
 //
-//	byte format (1), byte state (0 offline, 1 online), uv ver, uv since,
+//	byte format (2), byte state (0 offline, 1 online), uv ver, uv since,
 //	str last gateway, str last session, uv session count, then per
-//	session: str session ID, uv deadline, str gateway, uv epoch
+//	session: str session ID, uv deadline, str gateway, uv epoch; then
+//	uv tombstone count, then per leave tombstone: str session ID, uv the
+//	time its leave was observed. Format 1 is the same without the
+//	tombstones (read as none).
 //
 // The device's deadline is the max over its sessions; it is in exp/ iff
 // it has a session, and it has a session iff it is online.
@@ -49,7 +52,7 @@ import (
 //	str gateway, str session, uv deadline (0 unless reason expired)
 const (
 	schema       = 1
-	recordFormat = 1
+	recordFormat = 2
 	eventFormat  = 1
 )
 
@@ -88,6 +91,13 @@ type record struct {
 	gw       string
 	session  gateway.SessionID
 	sessions []session
+	tombs    []tomb
+}
+
+// tomb is a leave tombstone: session id left, its leave observed at ms.
+type tomb struct {
+	id gateway.SessionID
+	at int64
 }
 
 // deadline is the max over the live sessions, 0 when there are none.
@@ -134,6 +144,11 @@ func encodeRecord(r *record) []byte {
 		b = binary.AppendUvarint(b, uint64(s.deadline))
 		b = appendStr(b, s.gw)
 		b = binary.AppendUvarint(b, s.epoch)
+	}
+	b = binary.AppendUvarint(b, uint64(len(r.tombs)))
+	for _, t := range r.tombs {
+		b = appendStr(b, string(t.id))
+		b = binary.AppendUvarint(b, uint64(t.at))
 	}
 	return b
 }
@@ -211,7 +226,8 @@ func (d *decoder) done() error {
 
 func decodeRecord(b []byte) (record, error) {
 	d := decoder{b: b}
-	if d.byte() != recordFormat {
+	format := d.byte()
+	if format != 1 && format != recordFormat {
 		d.fail()
 	}
 	r := record{
@@ -236,6 +252,16 @@ func decodeRecord(b []byte) (record, error) {
 			gw:       d.str(),
 			epoch:    d.uvarint(),
 		})
+	}
+	if format >= 2 {
+		n := d.uvarint()
+		if n > uint64(len(d.b)) {
+			d.fail()
+			n = 0
+		}
+		for range n {
+			r.tombs = append(r.tombs, tomb{id: gateway.SessionID(d.str()), at: d.int()})
+		}
 	}
 	return r, d.done()
 }
@@ -409,4 +435,43 @@ func msTime(ms int64) time.Time {
 		return time.Time{}
 	}
 	return time.UnixMilli(ms)
+}
+
+// maxTombs bounds the leave tombstones of a record, and tombKeep is how
+// long one is kept (lua/record.lua MAX_TOMBS, TOMB_KEEP).
+const (
+	maxTombs = 8
+	tombKeep = 24 * time.Hour
+)
+
+// tombed reports whether evidence of session id observed at obs comes
+// before that session's leave, at now. A tombstone later than now (the
+// clock went back) is not held against anything.
+func (r *record) tombed(id gateway.SessionID, obs, now int64) bool {
+	for _, t := range r.tombs {
+		if t.id == id && obs < t.at && t.at <= now {
+			return true
+		}
+	}
+	return false
+}
+
+// entomb records that session id left, observed at at, and forgets the
+// tombstones observed at or before horizon (now - tombKeep) and the
+// oldest beyond maxTombs.
+func (r *record) entomb(id gateway.SessionID, at, horizon int64) {
+	kept := r.tombs[:0]
+	for _, t := range r.tombs {
+		switch {
+		case t.id == id:
+			at = max(at, t.at)
+		case t.at > horizon:
+			kept = append(kept, t)
+		}
+	}
+	kept = append(kept, tomb{id: id, at: at})
+	if n := len(kept) - maxTombs; n > 0 {
+		kept = kept[n:]
+	}
+	r.tombs = kept
 }

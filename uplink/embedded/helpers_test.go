@@ -149,11 +149,36 @@ func readLog(t testing.TB, s *Store, shard int) []gateway.Event {
 	return nil
 }
 
-// wantEvent checks the fields of e that a test decides.
-func wantEvent(t testing.TB, e gateway.Event, d gateway.DeviceID, st gateway.State, ver uint64, r gateway.Reason) {
-	t.Helper()
+// firstVer is the ver of device d's first event in shard's log.
+func (f *fixture) firstVer(shard int, d gateway.DeviceID) uint64 {
+	f.t.Helper()
+	for _, e := range f.allEvents(shard) {
+		if e.Device == d {
+			return e.Ver
+		}
+	}
+	f.t.Fatalf("no event of %s in shard %d", d, shard)
+	return 0
+}
+
+// wantEvent checks the fields of e that a test decides; n is the ordinal
+// of the device's transition (1 for its first): its ver is the ver of
+// the device's first event in the log (the store time it was written at)
+// plus n - 1.
+func (f *fixture) wantEvent(e gateway.Event, d gateway.DeviceID, st gateway.State, n uint64, r gateway.Reason) {
+	f.t.Helper()
+	ver := n
+	for _, first := range f.allEvents(e.Shard) {
+		if first.Device == d {
+			if first.Ver != uint64(first.At.UnixMilli()) {
+				f.t.Fatalf("first event %+v: ver is not the store time", first)
+			}
+			ver = first.Ver + n - 1
+			break
+		}
+	}
 	if e.Device != d || e.State != st || e.Ver != ver || e.Reason != r {
-		t.Fatalf("event %+v, want device %s state %s ver %d reason %s", e, d, st, ver, r)
+		f.t.Fatalf("event %+v, want device %s state %s ver %d reason %s", e, d, st, ver, r)
 	}
 }
 
@@ -250,11 +275,11 @@ func checkShard(sh shard, completeLog bool) error {
 		}
 		l, ok := seen[e.Device]
 		switch {
-		case ok && e.Ver != l.ver+1:
+		case ok && e.Ver != nextVer(l.ver, e.At.UnixMilli()):
 			return fmt.Errorf("device %s: ver %d after %d", e.Device, e.Ver, l.ver)
 		case ok && e.State == l.state:
 			return fmt.Errorf("device %s: %s twice (ver %d)", e.Device, e.State, e.Ver)
-		case !ok && completeLog && (e.Ver != 1 || e.State != gateway.Online):
+		case !ok && completeLog && (e.Ver != uint64(e.At.UnixMilli()) || e.State != gateway.Online):
 			return fmt.Errorf("device %s: first event %s ver %d", e.Device, e.State, e.Ver)
 		}
 		seen[e.Device] = last{e.Ver, e.State}

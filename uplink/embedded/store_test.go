@@ -22,13 +22,13 @@ func TestConnectRenewLeave(t *testing.T) {
 	if len(evs) != 1 {
 		t.Fatalf("connect: %d events, want 1", len(evs))
 	}
-	wantEvent(t, evs[0], d, gateway.Online, 1, gateway.ReasonConnect)
+	f.wantEvent(evs[0], d, gateway.Online, 1, gateway.ReasonConnect)
 	if evs[0].Gateway != "gw-a" || evs[0].Session != s || !evs[0].At.Equal(t0) || evs[0].Shard != 0 {
 		t.Fatalf("connect event %+v", evs[0])
 	}
 	info := f.device(d)
 	wantDeadline := t0.Add(lease - 2*time.Second)
-	if info.State != gateway.Online || !info.Deadline.Equal(wantDeadline) || info.Ver != 1 || !info.Since.Equal(t0) {
+	if info.State != gateway.Online || !info.Deadline.Equal(wantDeadline) || info.Ver != uint64(t0.UnixMilli()) || !info.Since.Equal(t0) {
 		t.Fatalf("after connect: %+v", info)
 	}
 	if len(info.Sessions) != 1 || info.Sessions[0].ID != s || info.Sessions[0].Gateway != "gw-a" || info.Sessions[0].Epoch != 1 {
@@ -52,12 +52,12 @@ func TestConnectRenewLeave(t *testing.T) {
 	if len(evs) != 1 {
 		t.Fatalf("leave: %d events", len(evs))
 	}
-	wantEvent(t, evs[0], d, gateway.Offline, 2, gateway.ReasonLeave)
+	f.wantEvent(evs[0], d, gateway.Offline, 2, gateway.ReasonLeave)
 	if !evs[0].Deadline.IsZero() {
 		t.Fatalf("leave event carries a deadline: %+v", evs[0])
 	}
 	info = f.device(d)
-	if info.State != gateway.Offline || !info.Deadline.IsZero() || len(info.Sessions) != 0 || info.Ver != 2 || !info.Since.Equal(t0.Add(31*time.Second)) {
+	if info.State != gateway.Offline || !info.Deadline.IsZero() || len(info.Sessions) != 0 || info.Ver != uint64(t0.UnixMilli())+1 || !info.Since.Equal(t0.Add(31*time.Second)) {
 		t.Fatalf("after leave: %+v", info)
 	}
 	// A duplicate leave finds no session.
@@ -66,7 +66,7 @@ func TestConnectRenewLeave(t *testing.T) {
 	}
 	// The record outlives the sessions: ver keeps counting.
 	evs = f.apply(0, batch("gw-b", 4, renew(d, "coap/default", 0)))
-	wantEvent(t, evs[0], d, gateway.Online, 3, gateway.ReasonRenew)
+	f.wantEvent(evs[0], d, gateway.Online, 3, gateway.ReasonRenew)
 	if info := f.device(d); info.Gateway != "gw-b" || info.Session != "coap/default" {
 		t.Fatalf("last writer %q %q", info.Gateway, info.Session)
 	}
@@ -131,7 +131,7 @@ func TestLeaveIgnoredForNewerEvidence(t *testing.T) {
 	if len(evs) != 1 {
 		t.Fatalf("leave: %+v", evs)
 	}
-	wantEvent(t, evs[0], d, gateway.Offline, 2, gateway.ReasonLeave)
+	f.wantEvent(evs[0], d, gateway.Offline, 2, gateway.ReasonLeave)
 	checkConsistent(t, f.db, 1, true)
 }
 
@@ -144,13 +144,13 @@ func TestApplyDropsExpiredFirst(t *testing.T) {
 	if len(evs) != 2 {
 		t.Fatalf("events %+v, want expired then online", evs)
 	}
-	wantEvent(t, evs[0], d, gateway.Offline, 2, gateway.ReasonExpired)
+	f.wantEvent(evs[0], d, gateway.Offline, 2, gateway.ReasonExpired)
 	if !evs[0].Deadline.Equal(t0.Add(lease)) || !evs[0].At.Equal(f.clk.Now()) || evs[0].Session != "a" || evs[0].Gateway != "gw-a" {
 		t.Fatalf("expired event %+v", evs[0])
 	}
-	wantEvent(t, evs[1], d, gateway.Online, 3, gateway.ReasonRenew)
+	f.wantEvent(evs[1], d, gateway.Online, 3, gateway.ReasonRenew)
 	info := f.device(d)
-	if len(info.Sessions) != 1 || info.Sessions[0].ID != "b" || info.Ver != 3 {
+	if len(info.Sessions) != 1 || info.Sessions[0].ID != "b" || info.Ver != f.firstVer(evs[1].Shard, d)+2 {
 		t.Fatalf("after: %+v", info)
 	}
 	// A leave of an expired session also reports the expiry only.
@@ -159,7 +159,7 @@ func TestApplyDropsExpiredFirst(t *testing.T) {
 	if len(evs) != 1 {
 		t.Fatalf("leave of an expired session: %+v", evs)
 	}
-	wantEvent(t, evs[0], d, gateway.Offline, 4, gateway.ReasonExpired)
+	f.wantEvent(evs[0], d, gateway.Offline, 4, gateway.ReasonExpired)
 	checkConsistent(t, f.db, 1, true)
 }
 
@@ -172,7 +172,7 @@ func TestReplay(t *testing.T) {
 	if len(evs) != 1 {
 		t.Fatalf("events %+v", evs)
 	}
-	wantEvent(t, evs[0], d, gateway.Online, 1, gateway.ReasonReplay)
+	f.wantEvent(evs[0], d, gateway.Online, 1, gateway.ReasonReplay)
 	f.clk.Advance(time.Second)
 	// Replaying any batch twice yields no new event.
 	for range 2 {
@@ -285,7 +285,7 @@ func TestReap(t *testing.T) {
 		t.Fatalf("first reap: %+v", res)
 	}
 	for i, e := range res.Offline {
-		wantEvent(t, e, devs[i], gateway.Offline, 2, gateway.ReasonExpired)
+		f.wantEvent(e, devs[i], gateway.Offline, 2, gateway.ReasonExpired)
 		if !e.Deadline.Equal(t0.Add(lease+time.Duration(i)*time.Second)) || !e.At.Equal(f.clk.Now()) {
 			t.Fatalf("expired event %+v", e)
 		}
@@ -297,7 +297,7 @@ func TestReap(t *testing.T) {
 	if len(res.Offline) != 1 || res.More || !res.Next.Equal(t0.Add(lease+3*time.Second)) {
 		t.Fatalf("second reap: %+v", res)
 	}
-	if info := f.device(devs[2]); info.State != gateway.Offline || info.Ver != 2 || len(info.Sessions) != 0 {
+	if info := f.device(devs[2]); info.State != gateway.Offline || info.Ver != f.firstVer(1, devs[2])+1 || len(info.Sessions) != 0 {
 		t.Fatalf("reaped device: %+v", info)
 	}
 	// A device that was reaped is not reported expired again by Apply.
@@ -329,13 +329,13 @@ func TestReopen(t *testing.T) {
 	f.apply(0, batch("gw-a", 3, connect(d, "a", 0)))
 	f.reopen()
 	info := f.device(d)
-	if info.State != gateway.Online || info.Ver != 3 || len(info.Sessions) != 1 || !info.Deadline.Equal(t0.Add(lease)) {
+	if info.State != gateway.Online || info.Ver != uint64(t0.UnixMilli())+2 || len(info.Sessions) != 1 || !info.Deadline.Equal(t0.Add(lease)) {
 		t.Fatalf("after reopen: %+v", info)
 	}
 	// Ver continues, the log continues, and the epoch is still fenced.
 	f.clk.Advance(time.Second)
 	evs := f.apply(0, batch("gw-a", 3, leave(d, "a", 0)))
-	wantEvent(t, evs[0], d, gateway.Offline, 4, gateway.ReasonLeave)
+	f.wantEvent(evs[0], d, gateway.Offline, 4, gateway.ReasonLeave)
 	if _, err := f.s.Apply(context.Background(), 0, batch("gw-a", 2, connect(d, "a", 0))); !errors.Is(err, gateway.ErrFenced) {
 		t.Fatalf("epoch after reopen: %v", err)
 	}
@@ -468,8 +468,8 @@ func TestEventsTrimmed(t *testing.T) {
 		t.Fatalf("log holds %d events, cap 5", len(log))
 	}
 	for i, e := range log {
-		if e.ID != last[7+i].ID || e.Ver != uint64(8+i) {
-			t.Fatalf("log[%d] = %s ver %d, want %s ver %d", i, e.ID, e.Ver, last[7+i].ID, 8+i)
+		if e.ID != last[7+i].ID || e.Ver != last[0].Ver+uint64(7+i) {
+			t.Fatalf("log[%d] = %s ver %d, want %s ver %d", i, e.ID, e.Ver, last[7+i].ID, last[0].Ver+uint64(7+i))
 		}
 	}
 	checkConsistent(t, f.db, 1, false)
@@ -478,7 +478,7 @@ func TestEventsTrimmed(t *testing.T) {
 	f.opts.EventsMaxLen = 2
 	f.reopen()
 	f.apply(0, batch("gw", 1, connect(d, "a", 0)))
-	if log := f.allEvents(0); len(log) != 2 || log[1].Ver != 13 {
+	if log := f.allEvents(0); len(log) != 2 || log[1].Ver != log[0].Ver+1 {
 		t.Fatalf("after lowering the cap: %+v", log)
 	}
 	checkConsistent(t, f.db, 1, false)

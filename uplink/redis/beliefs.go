@@ -7,16 +7,18 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"time"
 
 	"github.com/fleetgate/fleetgate/gateway"
 )
 
-// beliefTTL is how long a belief is used after the store confirmed it;
-// then the device's next renewal reads its record again. The scripts keep
-// invalidations for an hour (lua/reap.lua), far longer, so a belief young
-// enough to be used has never missed one.
-const beliefTTL = 10 * time.Minute
+// A belief is used for ten minutes after the store confirmed it (the
+// apply script's BELIEF_TTL); then the device's next renewal reads its
+// record again. The scripts keep invalidations for an hour (lua/reap.lua),
+// far longer, so a belief young enough to be used has never missed one.
+// Both ages are judged by the scripts on the store clock: a belief
+// carries the store time of the reply that confirmed it, and a gateway
+// whose own clock stood still (a suspended VM) cannot use one the store
+// has outlived.
 
 // beliefKey names the beliefs of one gateway process about one shard.
 type beliefKey struct {
@@ -45,7 +47,7 @@ type beliefs struct {
 
 type belief struct {
 	session gateway.SessionID
-	at      time.Duration // when the store last confirmed it (Store.localNow)
+	at      int64 // the store time (ms) of the reply that last confirmed it
 }
 
 // beliefSet holds the beliefs of every (shard, gateway, epoch) the store
@@ -115,10 +117,11 @@ func (bs *beliefSet) lockAll(batches []gateway.ShardBatch) ([]*beliefs, func()) 
 // renewals: unlapsed renewals of the session a fresh belief names, of a
 // device none of whose other writes in the batch is anything else. order
 // has a byte per write, '1' for a believed one and '0' for the others; it
-// is nil, and n 0, when none is. b may be nil.
-func (b *beliefs) believed(batch gateway.Batch, now time.Duration) (order []byte, n int) {
+// is nil, and n 0, when none is. oldest is the store time the oldest
+// belief used was confirmed at. b may be nil.
+func (b *beliefs) believed(batch gateway.Batch) (order []byte, n int, oldest int64) {
 	if b == nil || len(b.steady) == 0 {
-		return nil, 0
+		return nil, 0, 0
 	}
 	order = make([]byte, len(batch.Writes))
 	var mixed map[gateway.DeviceID]bool
@@ -127,7 +130,7 @@ func (b *beliefs) believed(batch gateway.Batch, now time.Duration) (order []byte
 		bl, found := b.steady[w.Device]
 		switch {
 		case !found:
-		case w.Kind == gateway.Renew && bl.session == w.Session && w.Age < batch.Lease && now-bl.at < beliefTTL &&
+		case w.Kind == gateway.Renew && bl.session == w.Session && w.Age < batch.Lease &&
 			strings.IndexByte(string(w.Device), '\n') < 0:
 			order[i] = '1'
 			n++
@@ -147,16 +150,23 @@ func (b *beliefs) believed(batch gateway.Batch, now time.Duration) (order []byte
 		}
 	}
 	if n == 0 {
-		return nil, 0
+		return nil, 0, 0
 	}
-	return order, n
+	for i, w := range batch.Writes {
+		if order[i] == '1' {
+			if at := b.steady[w.Device].at; oldest == 0 || at < oldest {
+				oldest = at
+			}
+		}
+	}
+	return order, n, oldest
 }
 
 // learn applies an apply call's reply: the incarnation and the status
 // pairs (device, session or "" to forget). A new incarnation voids every
 // earlier belief. The beliefs keep the batch's own strings (those the
 // session table holds), not the reply's copies.
-func (b *beliefs) learn(inc string, status []any, writes []gateway.Write, now time.Duration) {
+func (b *beliefs) learn(inc string, status []any, writes []gateway.Write, now int64) {
 	if b.inc != inc {
 		clear(b.steady)
 		b.inc = inc

@@ -292,13 +292,12 @@ func (s *Store) Apply(ctx context.Context, shard int, b gateway.Batch) (gateway.
 	}
 	bels, unlock := s.beliefs.lockAll([]gateway.ShardBatch{{Shard: shard, Batch: b}})
 	defer unlock()
-	now := s.localNow()
-	args, err := s.applyArgs(ctx, shard, b, bels[0], now)
+	args, err := s.applyArgs(ctx, shard, b, bels[0])
 	if err != nil {
 		return gateway.ApplyResult{}, err
 	}
 	res, err := s.apply.Run(ctx, c, s.keys[shard].data, args...).Slice()
-	return s.applyResult(shard, b, res, err, bels[0], now)
+	return s.applyResult(shard, b, res, err, bels[0])
 }
 
 // ApplyShards applies the batches of several shards in one pipeline of
@@ -318,12 +317,11 @@ func (s *Store) ApplyShards(ctx context.Context, batches []gateway.ShardBatch) [
 	args := make([][]any, len(batches))
 	bels, unlock := s.beliefs.lockAll(batches)
 	defer unlock()
-	now := s.localNow()
 	// Each command carries its own error (a network failure is set on
 	// all of them), so the pipeline's first error needs no reading.
 	_, _ = c.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for i, sb := range batches {
-			a, err := s.applyArgs(ctx, sb.Shard, sb.Batch, bels[i], now)
+			a, err := s.applyArgs(ctx, sb.Shard, sb.Batch, bels[i])
 			if err != nil {
 				out[i].Err = err
 				continue
@@ -341,7 +339,7 @@ func (s *Store) ApplyShards(ctx context.Context, batches []gateway.ShardBatch) [
 		if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
 			res, err = s.apply.Run(ctx, c, s.keys[sb.Shard].data, args[i]...).Slice()
 		}
-		out[i].Result, out[i].Err = s.applyResult(sb.Shard, sb.Batch, res, err, bels[i], now)
+		out[i].Result, out[i].Err = s.applyResult(sb.Shard, sb.Batch, res, err, bels[i])
 	}
 	return out
 }
@@ -357,7 +355,7 @@ func (s *Store) localNow() time.Duration {
 
 // applyArgs checks a batch and lays it out as the apply script's ARGV,
 // the writes bel allows first as believed renewals.
-func (s *Store) applyArgs(ctx context.Context, shard int, b gateway.Batch, bel *beliefs, now time.Duration) ([]any, error) {
+func (s *Store) applyArgs(ctx context.Context, shard int, b gateway.Batch, bel *beliefs) ([]any, error) {
 	if err := s.checkShard("apply", shard); err != nil {
 		return nil, err
 	}
@@ -370,15 +368,16 @@ func (s *Store) applyArgs(ctx context.Context, shard int, b gateway.Batch, bel *
 			return nil, fmt.Errorf("redisstore: apply: device %s session %s: unknown %v", w.Device, w.Session, w.Kind)
 		}
 	}
-	order, nfast := bel.believed(b, now)
-	inc, sessions, ages, devices := "", "", "", ""
+	order, nfast, oldest := bel.believed(b)
+	inc, sessions, ages, devices, beliefAt := "", "", "", "", ""
 	if bel != nil {
 		inc = bel.inc
 	}
 	if nfast > 0 {
 		sessions, ages, devices = joinSessions(b.Writes, order, nfast), packAges(b.Writes, order, nfast), joinDevices(b.Writes, order, nfast)
+		beliefAt = strconv.FormatInt(oldest, 10)
 	}
-	args := make([]any, 0, 13+4*(len(b.Writes)-nfast))
+	args := make([]any, 0, 16+4*(len(b.Writes)-nfast))
 	replay, behind := "0", "0"
 	if b.Replay {
 		replay = "1"
@@ -407,6 +406,7 @@ func (s *Store) applyArgs(ctx context.Context, shard int, b gateway.Batch, bel *
 		behind,                          // A_BEHIND
 		s.notAfter(ctx),                 // A_NOTAFTER
 		replayGrace,                     // A_GRACE
+		beliefAt,                        // A_BELIEFAT
 	)
 	// From A_WRITES on: the other writes, four arguments each.
 	for i, w := range b.Writes {
@@ -419,7 +419,7 @@ func (s *Store) applyArgs(ctx context.Context, shard int, b gateway.Batch, bel *
 
 // applyResult reads the apply script's reply (or the error of its call)
 // and updates the caller's beliefs with it.
-func (s *Store) applyResult(shard int, b gateway.Batch, res []any, err error, bel *beliefs, now time.Duration) (gateway.ApplyResult, error) {
+func (s *Store) applyResult(shard int, b gateway.Batch, res []any, err error, bel *beliefs) (gateway.ApplyResult, error) {
 	r, inc, status, err := parseApply(shard, b, res, err)
 	if err == nil {
 		s.seen(num(res[3]))
@@ -429,7 +429,7 @@ func (s *Store) applyResult(shard int, b gateway.Batch, res []any, err error, be
 			// unknown outcome, fenced or malformed: nothing believed stands
 			bel.forget()
 		} else {
-			bel.learn(inc, status, b.Writes, now)
+			bel.learn(inc, status, b.Writes, num(res[3]))
 		}
 	}
 	return r, err

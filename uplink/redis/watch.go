@@ -135,7 +135,7 @@ func parseLogPos(res []any, err error) (logPos, error) {
 // NOSCRIPT (a restarted server, a failover) runs it again with EVAL.
 func (s *Store) tx(ctx context.Context, shard int, after string, fn func(p redis.Pipeliner, eval bool)) (logPos, error) {
 	w := s.reader()
-	keys := []string{s.keys[shard].data[2], s.keys[shard].data[3]}
+	keys := []string{s.keys[shard].data[2], s.keys[shard].data[3], s.keys[shard].data[1]}
 	for _, eval := range []bool{false, true} {
 		var posCmd *redis.Cmd
 		_, err := w.c.TxPipelined(ctx, func(p redis.Pipeliner) error {

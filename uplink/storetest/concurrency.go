@@ -62,7 +62,7 @@ func checkAlternation(t *testing.T, log []gateway.Event) map[gateway.DeviceID]ga
 		if seen && prev.State == gateway.Online {
 			want = gateway.Offline
 		}
-		if ev.State != want || ev.Ver != prev.Ver+1 {
+		if ev.State != want || ev.Ver != nextVer(prev.Ver, ev.At) {
 			t.Errorf("invariant 5: %s's events go from v%d %s to %s", ev.Device, prev.Ver, prev.State, describeEvent(ev))
 		}
 		last[ev.Device] = ev

@@ -49,6 +49,9 @@ func Run(t *testing.T, open Opener) {
 		{"EventsPaging", testEventsPaging},
 		{"ListPaging", testListPaging},
 		{"ShardLock", testShardLock},
+		{"VerStartsAtStoreTime", testVerStartsAtStoreTime},
+		{"LeaveTombstone", testLeaveTombstone},
+		{"OlderEvidenceTakesNothing", testOlderEvidenceTakesNothing},
 		{"ConcurrentApply", testConcurrentApply},
 		{"ConcurrentReapAndRenew", testConcurrentReapAndRenew},
 	}
@@ -577,7 +580,7 @@ func testFencedNoExpiry(t *testing.T, open Opener) {
 		t.Errorf("fenced batch wrote events: %s", describeEvents(log))
 	}
 	info := e.device(d)
-	if info.State != gateway.Online || info.Ver != 1 || !info.Deadline.Equal(t0.Add(lease)) {
+	if info.State != gateway.Online || info.Ver != e.ver(d, 1) || !info.Deadline.Equal(t0.Add(lease)) {
 		t.Errorf("Device after a fenced batch: state %s ver %d deadline %v; want online 1 %v (the runner's to reap)",
 			info.State, info.Ver, info.Deadline, t0.Add(lease))
 	}
@@ -985,5 +988,112 @@ func testLateButValidRenewal(t *testing.T, open Opener) {
 			e2.checkEvents("evidence just after the deadline", res.Events, shard,
 				expired(d, 2, now, t1.Add(lease)), online(d, 3, reason, now, tc.gw, "s1"))
 		})
+	}
+}
+
+// testVerStartsAtStoreTime: a device's first ver is the store time in ms
+// it was written at, so that a store that loses the record (a restart
+// without persistence, FLUSHALL) starts above every ver it handed out;
+// later transitions count up by one.
+func testVerStartsAtStoreTime(t *testing.T, open Opener) {
+	e := newEnv(t, open, 1)
+	d := gateway.DeviceID("dev-1")
+	e.clock.Advance(5*time.Second + 7*time.Millisecond)
+	at := e.now()
+	res := e.apply(batch(gwA, 1, wr(d, "s1", gateway.Connect, 0)))
+	if len(res.Events) != 1 || res.Events[0].Ver != uint64(at.UnixMilli()) {
+		t.Fatalf("first event %s, want ver %d (the store time)", describeEvents(res.Events), at.UnixMilli())
+	}
+	e.clock.Advance(time.Hour)
+	res = e.apply(batch(gwA, 1, wr(d, "s1", gateway.Leave, 0)))
+	if len(res.Events) != 1 || res.Events[0].Ver != uint64(at.UnixMilli())+1 {
+		t.Fatalf("second event %s, want ver %d", describeEvents(res.Events), at.UnixMilli()+1)
+	}
+}
+
+// testLeaveTombstone: a connect or renew observed before a session's
+// leave never brings that session back, through another gateway or from
+// an outbox (issue 9 item 3); evidence observed after it does.
+func testLeaveTombstone(t *testing.T, open Opener) {
+	for _, tc := range []struct {
+		name   string
+		gw     string
+		kind   gateway.Kind
+		replay bool
+	}{
+		{"renew through the other gateway", gwA, gateway.Renew, false},
+		{"connect replayed from an outbox", gwA, gateway.Connect, true},
+		{"renew through the leaving gateway", gwB, gateway.Renew, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t, open, 1)
+			d := gateway.DeviceID("dev-1")
+			t0 := e.now()
+			e.apply(batch(gwA, 1, wr(d, "coap/default", gateway.Renew, 0)))
+			e.clock.Advance(2 * time.Second)
+			left := e.now()
+			res := e.apply(batch(gwB, 1, wr(d, "coap/default", gateway.Leave, 0)))
+			e.checkEvents("leave", res.Events, 0, leaveEvent(d, 2, left, gwB, "coap/default"))
+			e.clock.Advance(3 * time.Second)
+			// observed a millisecond before the leave
+			stale := batch(tc.gw, 1, wr(d, "coap/default", tc.kind, e.now().Sub(left)+time.Millisecond))
+			stale.Replay = tc.replay
+			res = e.apply(stale)
+			e.checkEvents("evidence observed before the leave", res.Events, 0)
+			e.checkDevice(d, offlineInfo(d, 2, left))
+			// observed after the leave: a new visit
+			now := e.now()
+			res = e.apply(batch(tc.gw, 1, wr(d, "coap/default", gateway.Renew, time.Second)))
+			e.checkEvents("evidence observed after the leave", res.Events, 0, online(d, 3, gateway.ReasonRenew, now, tc.gw, "coap/default"))
+			e.checkDevice(d, onlineInfo(d, 3, now, sess("coap/default", now.Add(lease-time.Second))))
+			_ = t0
+		})
+	}
+	t.Run("leave of a session the record does not hold", func(t *testing.T) {
+		e := newEnv(t, open, 1)
+		d := gateway.DeviceID("dev-1")
+		t0 := e.now()
+		e.apply(batch(gwA, 1, wr(d, "s1", gateway.Connect, 0)))
+		e.clock.Advance(2 * time.Second)
+		res := e.apply(batch(gwB, 1, wr(d, "s2", gateway.Leave, 0)))
+		e.checkEvents("leave of an unknown session", res.Events, 0)
+		e.clock.Advance(time.Second)
+		res = e.apply(batch(gwB, 1, wr(d, "s2", gateway.Connect, 2*time.Second)))
+		e.checkEvents("connect observed before that leave", res.Events, 0)
+		e.checkDevice(d, onlineInfo(d, 1, t0, sess("s1", t0.Add(lease))))
+	})
+}
+
+// testOlderEvidenceTakesNothing: one rule in both stores (issue 9 item
+// 9). Evidence at least as new as its session's takes the session (its
+// gateway and epoch); older evidence changes nothing of it; the device's
+// last writer is the write of its newest evidence; and an expiry names
+// the session that ran out last, with its gateway.
+func testOlderEvidenceTakesNothing(t *testing.T, open Opener) {
+	e := newEnv(t, open, 1)
+	d := gateway.DeviceID("dev-1")
+	t0 := e.now()
+	e.apply(batch(gwA, 1, wr(d, "s1", gateway.Connect, 0)))
+	e.clock.Advance(time.Second)
+	// gw-b's evidence of s1 was observed before gw-a's
+	e.apply(batch(gwB, 4, wr(d, "s1", gateway.Renew, 2*time.Second)))
+	want := onlineInfo(d, 1, t0, gateway.SessionInfo{ID: "s1", Deadline: t0.Add(lease), Gateway: gwA, Epoch: 1})
+	want.Gateway, want.Session = gwA, "s1"
+	e.checkDevice(d, want)
+	// s2 through gw-b is the newest evidence: gw-b/s2 is the last writer
+	e.apply(batch(gwB, 4, wr(d, "s2", gateway.Connect, 0)))
+	e.clock.Advance(time.Second)
+	// an older renewal of s1 through gw-a moves s1, not the last writer
+	e.apply(batch(gwA, 1, wr(d, "s1", gateway.Renew, 1500*time.Millisecond)))
+	want = onlineInfo(d, 1, t0,
+		gateway.SessionInfo{ID: "s1", Deadline: e.now().Add(lease - 1500*time.Millisecond), Gateway: gwA, Epoch: 1},
+		gateway.SessionInfo{ID: "s2", Deadline: t0.Add(time.Second + lease), Gateway: gwB, Epoch: 4})
+	want.Gateway, want.Session = gwB, "s2"
+	e.checkDevice(d, want)
+	// s2 runs out last: the expiry names it and gw-b
+	e.clock.Advance(lease)
+	res := e.reap(0, 10)
+	if len(res.Offline) != 1 || res.Offline[0].Gateway != gwB || res.Offline[0].Session != "s2" {
+		t.Fatalf("expiry %s, want one naming %s/s2", describeEvents(res.Offline), gwB)
 	}
 }

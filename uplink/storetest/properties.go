@@ -401,7 +401,7 @@ func (m *machine) check(wrote map[int][]gateway.Event) {
 			if prev.state == gateway.Online {
 				want = gateway.Offline
 			}
-			if ev.State != want || ev.Ver != prev.ver+1 {
+			if ev.State != want || ev.Ver != nextVer(prev.ver, ev.At) {
 				m.t.Fatalf("invariant 5: %s's events go from v%d %s to v%d %s", ev.Device, prev.ver, prev.state, ev.Ver, ev.State)
 			}
 			m.logged[ev.Device] = loggedState{state: ev.State, ver: ev.Ver}
@@ -481,6 +481,9 @@ type modelDevice struct {
 	// sessions holds every session with its deadline, expired ones too
 	// until a write to the device or a reap drops them.
 	sessions map[gateway.SessionID]time.Time
+	// left holds, per session that left, when its leave was observed:
+	// evidence observed before it is ignored (leave tombstones).
+	left map[gateway.SessionID]time.Time
 }
 
 func newModel() *model {
@@ -490,7 +493,7 @@ func newModel() *model {
 func (m *model) device(d gateway.DeviceID) *modelDevice {
 	md := m.devs[d]
 	if md == nil {
-		md = &modelDevice{state: gateway.Offline, sessions: map[gateway.SessionID]time.Time{}}
+		md = &modelDevice{state: gateway.Offline, sessions: map[gateway.SessionID]time.Time{}, left: map[gateway.SessionID]time.Time{}}
 		m.devs[d] = md
 	}
 	return md
@@ -507,6 +510,10 @@ func (m *model) apply(shard int, b gateway.Batch, now time.Time) (want []wantEve
 	for _, w := range b.Writes {
 		md := m.device(w.Device)
 		d := now.Add(b.Lease - w.Age)
+		obs := now.Add(-w.Age)
+		if t, ok := md.left[w.Session]; ok && w.Kind != gateway.Leave && obs.Before(t) && !t.After(now) {
+			continue
+		}
 		var late gateway.SessionID // late but valid evidence keeps its session
 		if cur, ok := md.sessions[w.Session]; ok && w.Kind != gateway.Leave && d.After(now) && !cur.After(now) && !now.Add(-w.Age).After(cur) {
 			late = w.Session
@@ -536,7 +543,13 @@ func (m *model) apply(shard int, b gateway.Batch, now time.Time) (want []wantEve
 			want = append(want, online(w.Device, md.ver, reason, now, b.Gateway, w.Session))
 		case gateway.Leave:
 			cur, ok := md.sessions[w.Session]
-			if !ok || cur.After(d) {
+			if md.ver == 0 || (ok && cur.After(d)) {
+				continue
+			}
+			if t, seen := md.left[w.Session]; !seen || obs.After(t) {
+				md.left[w.Session] = obs
+			}
+			if !ok {
 				continue
 			}
 			delete(md.sessions, w.Session)
@@ -595,7 +608,7 @@ func (md *modelDevice) live(now time.Time) []gateway.SessionID {
 
 func (md *modelDevice) transition(s gateway.State, now time.Time) {
 	md.state = s
-	md.ver++
+	md.ver = nextVer(md.ver, now)
 	md.since = now
 }
 

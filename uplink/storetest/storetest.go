@@ -279,9 +279,47 @@ func diffEvents(got []gateway.Event, shard int, want []wantEvent) string {
 
 func (e *env) checkEvents(what string, got []gateway.Event, shard int, want ...wantEvent) {
 	e.t.Helper()
+	want = slices.Clone(want)
+	for i := range want {
+		want[i].Ver = e.ver(want[i].Device, want[i].Ver)
+	}
 	if d := diffEvents(got, shard, want); d != "" {
 		e.t.Errorf("%s: %s", what, d)
 	}
+}
+
+// firstVer is the ver of a device's first event, written at at: the store
+// time in ms (gateway.Store: versions never repeat, even when a store
+// loses a device's record).
+func firstVer(at time.Time) uint64 { return uint64(at.UnixMilli()) }
+
+// nextVer is the ver of the event after one of ver (0: none) at at,
+// within one incarnation of the store.
+func nextVer(ver uint64, at time.Time) uint64 {
+	if ver == 0 {
+		return firstVer(at)
+	}
+	return ver + 1
+}
+
+// ver is the ver of device d's n-th transition (n counts from 1; 0 is
+// 0): the ver of its first event in the log, plus n - 1. The cases write
+// vers as ordinals; this is where the first one is checked to be the
+// store time it was written at.
+func (e *env) ver(d gateway.DeviceID, n uint64) uint64 {
+	e.t.Helper()
+	if n == 0 {
+		return 0
+	}
+	for _, ev := range e.log(gateway.ShardOf(d, e.shards)) {
+		if ev.Device == d {
+			if ev.Ver != firstVer(ev.At) {
+				e.t.Errorf("%s's first event has ver %d, want the store time %d", d, ev.Ver, firstVer(ev.At))
+			}
+			return ev.Ver + n - 1
+		}
+	}
+	return n
 }
 
 // checkLogged checks that the last len(evs) events of shard's log are
@@ -309,6 +347,7 @@ func sameEvent(a, b gateway.Event) bool {
 // checkDevice compares the fields of a device that the suite can predict.
 func (e *env) checkDevice(id gateway.DeviceID, want gateway.DeviceInfo) {
 	e.t.Helper()
+	want.Ver = e.ver(id, want.Ver)
 	got := e.device(id)
 	if d := diffDevice(got, want, e.now()); d != "" {
 		e.t.Errorf("Device(%s): %s", id, d)

@@ -11,7 +11,10 @@
 --   the store time after which the call is stale ("" for none: a call the
 --   caller gave up on may still run when a paused server resumes, with
 --   ages that are no longer true; it then does nothing), the grace ms of
---   a replay (below; 0 otherwise),
+--   a replay (below; 0 otherwise), the store time the oldest belief the
+--   believed renewals stand on was learned at ("" when F is 0; beliefs
+--   older than BELIEF_TTL on the store clock are not used: the reap keeps
+--   invalidations for an hour on the same clock),
 --   then from A_WRITES the other writes: device, session, kind (1 connect,
 --   2 renew, 3 leave), age ms.
 -- Returns {0, newest epoch} when fenced (nothing applied), {-1, now}
@@ -21,8 +24,9 @@
 -- now on, or "" where it must drop its belief (record.lua, "Beliefs").
 local A_GW, A_EPOCH, A_LEASE, A_REPLAY, A_NOW, A_MAXLEN = 1, 2, 3, 4, 5, 6
 local A_INC, A_NFAST, A_ORDER, A_FASTSIDS, A_FASTAGES, A_FASTDEVS = 7, 8, 9, 10, 11, 12
-local A_BEHIND, A_NOTAFTER, A_GRACE = 13, 14, 15
-local A_WRITES = 16
+local A_BEHIND, A_NOTAFTER, A_GRACE, A_BELIEFAT = 13, 14, 15, 16
+local A_WRITES = 17
+local BELIEF_TTL = 600000
 local BELIEVED = byte('1')
 local KIND_CONNECT, KIND_RENEW, KIND_LEAVE = '1', '2', '3'
 
@@ -33,7 +37,7 @@ local nowstr = string.format('%d', now)
 local notafter = tonumber(ARGV[A_NOTAFTER])
 if notafter and now > notafter then return {-1, now} end
 
-local seen = redis.call('HMGET', KEYS[4], gw, '@' .. gw, '~')
+local seen = redis.call('HMGET', KEYS[4], gw, '@' .. gw, INC, REPL)
 if seen[1] and tonumber(seen[1]) > epoch then return {0, seen[1]} end
 local gwref = tonumber(seen[2])
 if not gwref then
@@ -48,16 +52,8 @@ if seen[1] ~= ARGV[A_EPOCH] then
   -- invalidations kept for their beliefs are of no use to anyone
   redis.call('ZREMRANGEBYLEX', KEYS[5], invlo, invhi)
 end
-local inc = seen[3]
-if not inc then
-  local t = redis.call('TIME')
-  inc = t[1] .. '.' .. t[2]
-  redis.call('HSET', KEYS[4], '~', inc)
-end
--- The server's replication ID changes when it restarts (its data may be
--- an older snapshot) and when a replica takes over (it may lack the last
--- writes): beliefs learned before either are void.
-inc = inc .. '/' .. (string.match(redis.call('INFO', 'replication'), 'master_replid:(%x+)') or '')
+-- Beliefs learned in another incarnation (record.lua) are void.
+local inc = incarnation(seen[3], redis.call('HGET', KEYS[2], INC), seen[4], now)
 -- The gateway's liveness on this shard (record.lua, "Gateway liveness").
 redis.call('HSET', KEYS[4], LIVE .. gwref, nowstr .. ' ' .. ARGV[A_BEHIND])
 local status = {}
@@ -95,7 +91,7 @@ if #gone > 0 then
   end
 end
 if nfast > 0 then
-  local allbad = ARGV[A_INC] ~= inc
+  local allbad = ARGV[A_INC] ~= inc or now - (tonumber(ARGV[A_BELIEFAT]) or 0) > BELIEF_TTL
   if not allbad then
     local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, 64)
     if #due == 64 then allbad = true end
@@ -236,6 +232,101 @@ end
 local events = {1, inc, status, now}
 local function event(...) events[#events + 1] = emit(...) end
 
+-- general applies one write to device k's decoded record (rec[k]); zk is
+-- the device deadline as loaded or as renewed so far; d is the deadline
+-- the write's evidence gives (observed at d - lease).
+local function general(dev, sid, kind, d, k, zk)
+  local r = rec[k]
+  if not r and packed[k] then
+    r = decode(packed[k], zk)
+    rec[k] = r
+  end
+  local obs = d - lease
+  -- Evidence observed at or before its session's leave never brings the
+  -- session back (record.lua, "Leave tombstones").
+  if r and kind ~= KIND_LEAVE and tombed(r, sid, obs, now) then return end
+  -- Late but valid evidence: a connect or renew observed at or before
+  -- its session's deadline extends that session even when the deadline
+  -- has passed by now (an outage delayed it): no offline, no online.
+  -- A replay may be up to the gateway grace late: the outbox keeps only
+  -- a session's newest evidence, so the evidence that bridged the
+  -- outage may be gone (as for a held device, above).
+  local late
+  if r and kind ~= KIND_LEAVE and d > now then
+    for _, x in ipairs(r.sess) do
+      if x.sid == sid and x.dl <= now and obs <= x.dl + replaygrace then late = x break end
+    end
+  end
+  if r and r.on then
+    local gone = dropexpired(r, now, late)
+    if gone then
+      dirty[k] = true
+      setz(k, maxdl(r))
+      if not z[k] then
+        r.on, r.ver, r.since = false, nextver(r, now), now
+        event(dev, 'offline', r.ver, nowstr, 'expired', gwname(gone.gw), gone.sid, zk)
+      end
+    end
+  end
+  local ss, at
+  if r then
+    for j, x in ipairs(r.sess) do
+      if x.sid == sid then ss, at = x, j break end
+    end
+  end
+  local sh = shift[k] or 0
+  if kind ~= KIND_LEAVE then
+    if d <= now then return end
+    if not r then
+      r = newrecord(now)
+      rec[k] = r
+    end
+    -- One rule in both stores (uplink/embedded): evidence at least as new
+    -- as its session's takes the session (deadline, gateway, epoch); older
+    -- evidence changes nothing of it. The device's last writer is the
+    -- write of its newest evidence.
+    local dl = maxdl(r)
+    local isnewest = not dl or d >= dl - sh
+    if not ss then
+      r.sess[#r.sess + 1] = {gw = gwref, ep = epoch, dl = d, sid = sid}
+      dirty[k] = true
+    elseif d >= ss.dl - sh then
+      if d ~= ss.dl or sh ~= 0 then
+        ss.dl = d
+        -- other sessions store offsets from the device deadline
+        if #r.sess > 1 then dirty[k] = true end
+      end
+      if ss.gw ~= gwref or ss.ep ~= epoch then
+        ss.gw, ss.ep, dirty[k] = gwref, epoch, true
+      end
+    end
+    if isnewest and (r.lastgw ~= gwref or r.lastsid ~= sid) then
+      r.lastgw, r.lastsid, dirty[k] = gwref, sid, true
+    end
+    setz(k, maxdl(r))
+    if not r.on then
+      r.on, r.ver, r.since, dirty[k] = true, nextver(r, now), now, true
+      local reason = 'renew'
+      if replay then reason = 'replay' elseif kind == KIND_CONNECT then reason = 'connect' end
+      event(dev, 'online', r.ver, nowstr, reason, gw, sid)
+    end
+  elseif r and not (ss and ss.dl - sh > d) then
+    -- a leave of a session the record holds (not renewed since), or of
+    -- one it no longer holds: either way its tombstone stands
+    entomb(r, sid, obs, now - TOMB_KEEP)
+    dirty[k] = true
+    if ss then
+      table.remove(r.sess, at)
+      r.lastgw, r.lastsid = gwref, sid
+      setz(k, maxdl(r))
+      if not z[k] and r.on then
+        r.on, r.ver, r.since = false, nextver(r, now), now
+        event(dev, 'offline', r.ver, nowstr, 'leave', gw, sid)
+      end
+    end
+  end
+end
+
 for j = 1, nslow do
   local dev, sid, kind = gdev[j], gsid[j], gkind[j]
   local d = now - tonumber(gage[j]) + lease
@@ -245,77 +336,7 @@ for j = 1, nslow do
     if d > zk then z[k], moved[k] = d, true end
     kept[k] = sid
   else
-    -- zk is the deadline of the record as loaded or as renewed above.
-    local r = rec[k]
-    if not r and packed[k] then
-      r = decode(packed[k], zk)
-      rec[k] = r
-    end
-    -- Late but valid evidence: a connect or renew observed at or before
-    -- its session's deadline extends that session even when the deadline
-    -- has passed by now (an outage delayed it): no offline, no online.
-    -- A replay may be up to the gateway grace late: the outbox keeps only
-    -- a session's newest evidence, so the evidence that bridged the
-    -- outage may be gone (as for a held device, above).
-    local late
-    if r and kind ~= KIND_LEAVE and d > now then
-      for _, x in ipairs(r.sess) do
-        if x.sid == sid and x.dl <= now and d - lease <= x.dl + replaygrace then late = x break end
-      end
-    end
-    if r and r.on and dropexpired(r, now, late) then
-      dirty[k] = true
-      setz(k, maxdl(r))
-      if not z[k] then
-        r.on, r.ver, r.since = false, r.ver + 1, now
-        event(dev, 'offline', r.ver, nowstr, 'expired', gwname(r.lastgw), r.lastsid, zk)
-      end
-    end
-    local ss, at
-    if r then
-      for j, x in ipairs(r.sess) do
-        if x.sid == sid then ss, at = x, j break end
-      end
-    end
-    if kind ~= KIND_LEAVE then
-      if d > now then
-        if not r then
-          r = {on = false, ver = 0, since = now, sess = {}}
-          rec[k] = r
-        end
-        if not ss then
-          r.sess[#r.sess + 1] = {gw = gwref, ep = epoch, dl = d, sid = sid}
-          dirty[k] = true
-        else
-          if d > ss.dl or shift[k] then
-            ss.dl = d
-            -- other sessions store offsets from the device deadline
-            if #r.sess > 1 then dirty[k] = true end
-          end
-          if ss.gw ~= gwref or ss.ep ~= epoch then
-            ss.gw, ss.ep, dirty[k] = gwref, epoch, true
-          end
-        end
-        if r.lastgw ~= gwref or r.lastsid ~= sid then
-          r.lastgw, r.lastsid, dirty[k] = gwref, sid, true
-        end
-        setz(k, maxdl(r))
-        if not r.on then
-          r.on, r.ver, r.since, dirty[k] = true, r.ver + 1, now, true
-          local reason = 'renew'
-          if replay then reason = 'replay' elseif kind == KIND_CONNECT then reason = 'connect' end
-          event(dev, 'online', r.ver, nowstr, reason, gw, sid)
-        end
-      end
-    elseif ss and ss.dl - (shift[k] or 0) <= d then
-      table.remove(r.sess, at)
-      r.lastgw, r.lastsid, dirty[k] = gwref, sid, true
-      setz(k, maxdl(r))
-      if not z[k] then
-        r.on, r.ver, r.since = false, r.ver + 1, now
-        event(dev, 'offline', r.ver, nowstr, 'leave', gw, sid)
-      end
-    end
+    general(dev, sid, kind, d, k, zk)
   end
 end
 
@@ -325,6 +346,7 @@ end
 local hset, zadd, zrem, inv = {}, {}, {}, {}
 for k, dev in ipairs(devs) do
   if dirty[k] then
+    prunetombs(rec[k], now - TOMB_KEEP)
     hset[#hset + 1] = dev
     hset[#hset + 1] = encode(rec[k])
     local og = packed[k] and believer(packed[k])

@@ -1,11 +1,12 @@
 -- The position of one shard's event log (Store.SnapshotShard and
 -- Store.ReadEvents; the Go side runs it in one MULTI with the read it
 -- positions, so both see the same instant).
--- KEYS[1] {P:s}:events, KEYS[2] {P:s}:epochs (record.lua).
+-- KEYS[1] {P:s}:events, KEYS[2] {P:s}:epochs, KEYS[3] {P:s}:dev (record.lua).
 -- ARGV[1]: the position a read starts after, or "" for a snapshot.
 -- Returns {incarnation, last generated ID, first entry ID, removed}: the
--- incarnation is the "~" field of the epochs hash (created here when no
--- apply has created it yet, as apply.lua does) and the server's
+-- incarnation is the "~" token of the epochs and device hashes (created
+-- anew here when either lacks it, as record.lua's incarnation does) and
+-- the server's
 -- replication ID; removed is how many entries were ever trimmed from the
 -- stream (entries-added - length; trimming does not set
 -- max-deleted-entry-id). For a stream that does not exist: "0-0", "", 0.
@@ -13,10 +14,11 @@
 -- anything to trimming: then the counters are not read, removed is 0
 -- and the last ID "" (unknown).
 local inc = redis.call('HGET', KEYS[2], '~')
-if not inc then
+if not inc or inc ~= redis.call('HGET', KEYS[3], '~') then
   local t = redis.call('TIME')
   inc = t[1] .. '.' .. t[2]
   redis.call('HSET', KEYS[2], '~', inc)
+  redis.call('HSET', KEYS[3], '~', inc)
 end
 inc = inc .. '/' .. (string.match(redis.call('INFO', 'replication'), 'master_replid:(%x+)') or '')
 -- idlt reports whether stream ID a is before b ("<ms>-<seq>", or "0").

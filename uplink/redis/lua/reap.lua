@@ -25,6 +25,8 @@ local notafter = tonumber(ARGV[7])
 if notafter and now > notafter then return {-1, now} end
 local nowstr, nowpacked = string.format('%d', now), struct.pack('>I6', now)
 local rcall, evkey = redis.call, KEYS[3]
+local incs = rcall('HMGET', KEYS[4], INC, REPL)
+local inc = incarnation(incs[1], rcall('HGET', KEYS[2], INC), incs[2], now)
 
 -- offline turns the record of a device whose only session ran out (the
 -- common due entry) into its offline record straight from the packed
@@ -34,6 +36,9 @@ local HEAD1 = 2 + 1 + SINCE_LEN -- afterhead of a record whose ver is one byte
 local function offline(p)
   local flags, v = byte(p, 1, 2)
   if flags ~= STEADY then return nil end
+  -- a record last changed before this incarnation may need a ver jump
+  -- (nextver): the general path
+  if struct.unpack('>I6', p, afterhead(p) - SINCE_LEN) < incsince then return nil end
   if v < 127 then
     -- Fast path: one-byte ver (and ver + 1), last-session index 0, one-byte
     -- gateway ref and epoch, offset 0, and a literal sid shorter than 64
@@ -42,7 +47,11 @@ local function offline(p)
     local l, gw, ep, _, t = byte(p, HEAD1, HEAD1 + 4)
     if l == 0 and gw < 128 and ep < 128 and t < 128 and t % 2 == 0 then
       local j = HEAD1 + 4 + t / 2
-      return char(0, v + 1) .. nowpacked .. char(gw) .. sub(p, HEAD1 + 4, j), v + 1, gw, sub(p, HEAD1 + 5, j)
+      -- (nothing after the sid: a record with tombstones takes the
+      -- general path)
+      if #p == j then
+        return char(0, v + 1) .. nowpacked .. char(gw) .. sub(p, HEAD1 + 4, j), v + 1, gw, sub(p, HEAD1 + 5, j)
+      end
     end
   end
   local ver = ruvarint(p, 2)
@@ -52,7 +61,8 @@ local function offline(p)
   gw, i = ruvarint(p, i + 1)
   ep, i = ruvarint(p, i)
   -- the only session's offset from the device deadline is 0: one byte
-  sid = rsid(p, i + 1, gw, ep)
+  sid, i = rsid(p, i + 1, gw, ep)
+  if i <= #p then return nil end
   ver = ver + 1
   return char(0) .. uvarint(ver) .. nowpacked .. uvarint(gw) .. uvarint(#sid * 2) .. sid, ver, gw, sid
 end
@@ -87,9 +97,14 @@ local function live(ref)
   return v
 end
 
--- writer is the gateway ref that wrote a record last.
+-- writer is the gateway ref of the session of a record that runs out
+-- last: the gateway whose silence may be why the device is due.
 local function writer(p, deadline)
-  return owner(p) or decode(p, deadline).lastgw
+  local g = owner(p)
+  if g then return g end
+  local r = decode(p, deadline)
+  local last = newest(r)
+  return last and last.gw or r.lastgw
 end
 
 -- out[1..7] are filled in at the end; n is the last index used.
@@ -129,15 +144,16 @@ for k, dev in ipairs(devs) do
       orphans = orphans + 1
       zrem[#zrem + 1] = dev
     else
-      dropexpired(r, now)
+      local gone = dropexpired(r, now)
       local dl = maxdl(r)
       if dl then
         trimmed = trimmed + 1
         zadd[#zadd + 1] = dl
         zadd[#zadd + 1] = dev
       else
-        r.on, r.ver, r.since = false, r.ver + 1, now
-        ver, gw, sid = r.ver, r.lastgw, r.lastsid
+        r.on, r.ver, r.since = false, nextver(r, now), now
+        ver = r.ver
+        if gone then gw, sid = gone.gw, gone.sid else gw, sid = r.lastgw, r.lastsid end
       end
       hset[#hset + 1] = dev
       hset[#hset + 1] = encode(r)
@@ -184,5 +200,5 @@ if #first > 0 then
 end
 out[1], out[2], out[3], out[4], out[6] = trimmed, more, nextdl, orphans, nheld
 -- the shard's incarnation, as apply.lua reports it
-out[7] = (rcall('HGET', KEYS[4], '~') or '') .. '/' .. (string.match(rcall('INFO', 'replication'), 'master_replid:(%x+)') or '')
+out[7] = inc
 return out

@@ -4,11 +4,15 @@
 --
 -- Keys of a shard s (all in the hash slot of {P:s}):
 --   KEYS[1] {P:s}:exp     ZSET   device -> device deadline (ms, store clock)
---   KEYS[2] {P:s}:dev     HASH   device -> packed record (below)
+--   KEYS[2] {P:s}:dev     HASH   device -> packed record (below); "~" ->
+--                                the incarnation token (as in KEYS[4])
 --   KEYS[3] {P:s}:events  STREAM presence events
 --   KEYS[4] {P:s}:epochs  HASH   gw -> newest epoch; "@"..gw -> gateway ref n;
 --                                "#"..n -> gw; "#" -> last ref handed out;
---                                "~" -> incarnation (TIME when first written)
+--                                "~" -> incarnation token (TIME when first
+--                                written); "^" -> "<replid> <ms>": the
+--                                server replication ID last seen and the
+--                                store time it was first seen
 --   KEYS[5] {P:s}:inv     ZSET   "<ref>:<ms, 13 digits>:<device>", all score 0
 --                                (ranges by gateway and age): invalidated beliefs
 --   KEYS[6] {P:s}:held    HASH   device -> "<true deadline> <held until>" (ms):
@@ -29,6 +33,9 @@
 --           uvarint (device deadline - session deadline) in ms, sid
 --   sid     uvarint t: t odd is the connection form "<gw>/<epoch>/<(t-1)/2>"
 --           of the session's own gateway and epoch; t even: t/2 bytes follow
+--   then, only when the record holds leave tombstones (below):
+--           uvarint T, then T times: t48 ms the leave was observed, sid
+--           (literal form)
 -- The device deadline is the device's score in {P:s}:exp, so a single-session
 -- device stores offset 0 and a renewal that changes nothing else leaves the
 -- record untouched.
@@ -55,6 +62,60 @@
 -- minutes at most after learning it.
 
 local byte, char, sub, find = string.byte, string.char, string.sub, string.find
+
+-- Incarnation: the shard's state is one incarnation as long as its token
+-- (the "~" field, in both the epochs hash and the device hash, so that
+-- the loss of either starts a new one) and its server's replication ID
+-- stay the same. The replication ID changes when the server restarts
+-- (its data may be an older snapshot) and when a replica takes over (it
+-- may lack the last writes). incarnation() returns "<token>/<replid>" and
+-- sets incsince, the store time since which it holds.
+local INC, REPL = '~', '^'
+local incsince = 0
+local function incarnation(tok, devtok, repl, now)
+  local fresh = false
+  if not tok or tok ~= devtok then
+    local t = redis.call('TIME')
+    tok = t[1] .. '.' .. t[2]
+    redis.call('HSET', KEYS[4], INC, tok)
+    redis.call('HSET', KEYS[2], INC, tok)
+    fresh = true
+  end
+  local replid = string.match(redis.call('INFO', 'replication'), 'master_replid:(%x+)') or ''
+  local seenid, since = string.match(repl or '', '^(%x*) (%d+)$')
+  if fresh or seenid ~= replid then
+    redis.call('HSET', KEYS[4], REPL, replid .. ' ' .. string.format('%d', now))
+    incsince = now
+  else
+    incsince = tonumber(since)
+  end
+  return tok .. '/' .. replid
+end
+
+-- Versions never repeat (DESIGN §5): a new record's first ver is the store
+-- time in ms (a record lost with the shard's data, or with its hash,
+-- restarts above every ver it handed out), and a record last changed
+-- before the current incarnation began (a failover to a lagging replica
+-- may have lost its newest versions) continues from the store time when
+-- that is higher. Otherwise ver counts up by one per transition.
+local function nextver(r, now)
+  if r.since < incsince and now > r.ver then return now end
+  return r.ver + 1
+end
+
+-- newrecord is the record of a device seen for the first time at now.
+local function newrecord(now)
+  return {on = false, ver = now - 1, since = now, sess = {}, tombs = {}}
+end
+
+-- Leave tombstones: a session that left keeps, in its device's record, the
+-- store time its leave was observed, so that a connect or renew observed
+-- before it (a stale one, through another gateway or from an
+-- outbox) never brings the session back. A tombstone is kept for
+-- TOMB_KEEP (evidence is trusted for its lease at most, and no lease is
+-- that long), and at most MAX_TOMBS per record (the oldest go first).
+local MAX_TOMBS = 8
+local TOMB_KEEP = 86400000
 
 -- Gateway liveness: every apply call records, in the epochs hash under
 -- LIVE..ref, the store time of the call and whether the gateway is behind
@@ -216,7 +277,66 @@ local function decode(s, deadline)
     local ls = r.sess[lastidx + 1]
     r.lastgw, r.lastsid = ls.gw, ls.sid
   end
+  r.tombs = {}
+  if i <= #s then
+    local n
+    n, i = ruvarint(s, i)
+    for k = 1, n do
+      local t = struct.unpack('>I6', s, i)
+      local sid
+      sid, i = rsid(s, i + SINCE_LEN)
+      r.tombs[k] = {t = t, sid = sid}
+    end
+  end
   return r
+end
+
+-- tombed reports whether evidence of session sid observed at obs comes
+-- before that session's leave (evidence of the same millisecond counts
+-- in the order the store applies it, as a leave does), at now. A
+-- tombstone later than now (the store clock went back) is not held
+-- against anything.
+local function tombed(r, sid, obs, now)
+  for _, x in ipairs(r.tombs) do
+    if x.sid == sid and obs < x.t and x.t <= now then return true end
+  end
+  return false
+end
+
+-- entomb records that session sid left, observed at t, and forgets the
+-- tombstones observed at or before horizon (and the oldest beyond
+-- MAX_TOMBS).
+local function entomb(r, sid, t, horizon)
+  local kept = {}
+  for _, x in ipairs(r.tombs) do
+    if x.sid == sid then
+      if x.t > t then t = x.t end
+    elseif x.t > horizon then
+      kept[#kept + 1] = x
+    end
+  end
+  kept[#kept + 1] = {t = t, sid = sid}
+  while #kept > MAX_TOMBS do table.remove(kept, 1) end
+  r.tombs = kept
+end
+
+-- prunetombs forgets the tombstones observed at or before horizon.
+local function prunetombs(r, horizon)
+  local kept = {}
+  for _, x in ipairs(r.tombs) do
+    if x.t > horizon then kept[#kept + 1] = x end
+  end
+  r.tombs = kept
+end
+
+-- newest is the session that runs out last (the one an expiry names), or
+-- nil.
+local function newest(r)
+  local m
+  for _, ss in ipairs(r.sess) do
+    if not m or ss.dl > m.dl then m = ss end
+  end
+  return m
 end
 
 -- invalidation is the {P:s}:inv member voiding gateway ref g's belief
@@ -286,19 +406,31 @@ local function encode(r)
   for _, ss in ipairs(r.sess) do
     out[#out + 1] = uvarint(ss.gw) .. uvarint(ss.ep) .. uvarint(dd - ss.dl) .. wsid(ss.sid, ss.gw, ss.ep)
   end
+  local tombs = r.tombs
+  if tombs and #tombs > 0 then
+    out[#out + 1] = uvarint(#tombs)
+    for _, x in ipairs(tombs) do
+      out[#out + 1] = struct.pack('>I6', x.t) .. wsid(x.sid)
+    end
+  end
   return char(flags) .. table.concat(out)
 end
 
 -- dropexpired removes the sessions whose deadline is <= now, except keep
 -- (a session that late but valid evidence is about to extend; may be
--- nil), and reports whether any was removed.
+-- nil). It returns the removed session that ran out last (the one an
+-- expiry of the device names), or nil when none was removed.
 local function dropexpired(r, now, keep)
-  local kept, dropped = {}, false
+  local kept, last = {}, nil
   for _, ss in ipairs(r.sess) do
-    if ss.dl > now or ss == keep then kept[#kept + 1] = ss else dropped = true end
+    if ss.dl > now or ss == keep then
+      kept[#kept + 1] = ss
+    elseif not last or ss.dl > last.dl then
+      last = ss
+    end
   end
   r.sess = kept
-  return dropped
+  return last
 end
 
 -- emit appends an event to the shard's stream and returns it as the

@@ -27,6 +27,7 @@ local function view(dev, packed)
 end
 
 if ARGV[1] == 'get' then
+  if ARGV[2] == INC then return {} end
   local packed = redis.call('HGET', KEYS[2], ARGV[2])
   if not packed then return {} end
   return {view(ARGV[2], packed)}
@@ -41,7 +42,7 @@ for _ = 1, 16 do
   for j = skip + 1, n do
     local packed = items[2 * j]
     local on = byte(packed, 1) % 2 == 1
-    if filter == '' or (filter == 'online') == on then
+    if items[2 * j - 1] ~= INC and (filter == '' or (filter == 'online') == on) then
       out[#out + 1] = view(items[2 * j - 1], packed)
       if #out - 2 == limit then
         if j < n then
