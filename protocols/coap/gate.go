@@ -270,8 +270,18 @@ type peer struct {
 var _ net.PacketConn = (*peer)(nil)
 
 // deliver queues datagram b (the reader's buffer) for pion, with its
-// epoch-0 records numbered one up.
+// epoch-0 records numbered one up. Until the client's ClientHello is fed
+// to pion, whatever comes is a copy of it (a duplicate, a retransmission)
+// and is dropped: pion then parses the rebuilt first ClientHello before
+// any cookie-bearing one, whatever its order of reading and parsing (a
+// cookie-bearing one parsed first would stall its handshake).
 func (p *peer) deliver(b []byte) {
+	p.mu.Lock()
+	waiting := p.hello != nil
+	p.mu.Unlock()
+	if waiting {
+		return
+	}
 	shiftRecordSeqs(b, 1)
 	_, _ = p.buf.Write(b, nil) // a full queue drops, as a socket would
 }
@@ -295,14 +305,11 @@ func (p *peer) ReadFrom(b []byte) (int, net.Addr, error) {
 func (p *peer) WriteTo(b []byte, _ net.Addr) (int, error) {
 	if isHelloVerifyRequest(b) {
 		p.mu.Lock()
-		hello, dc := p.hello, p.dc
-		if dc != nil {
+		defer p.mu.Unlock()
+		if p.hello != nil && p.dc != nil {
+			setPionCookie(p.dc, p.cookie)
+			_, _ = p.buf.Write(p.hello, nil)
 			p.hello = nil
-		}
-		p.mu.Unlock()
-		if hello != nil && dc != nil {
-			setPionCookie(dc, p.cookie)
-			_, _ = p.buf.Write(hello, nil)
 		}
 		return len(b), nil
 	}
