@@ -254,7 +254,7 @@ func TestDTLSCredentialsReload(t *testing.T) {
 
 // clientHello captures the first flight of a pion DTLS client (its
 // ClientHello), to replay as a peer that never completes a handshake.
-func pionClientHello(t *testing.T) []byte {
+func pionClientHello(t testing.TB) []byte {
 	t.Helper()
 	sink, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
 	if err != nil {
