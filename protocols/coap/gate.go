@@ -174,15 +174,21 @@ func (g *gate) dispatch(from netip.AddrPort, b []byte) {
 		return
 	}
 	p, ok := g.admit(from, h, b)
-	g.mu.Unlock()
-	if !ok {
-		g.refused()
-		return
+	queued := false
+	if ok {
+		// Under g.mu, so that the listener's Close, once closing is set,
+		// finds every queued peer.
+		select {
+		case g.accept <- p:
+			queued = true
+		default:
+		}
 	}
-	select {
-	case g.accept <- p:
-	default:
+	g.mu.Unlock()
+	if !queued {
 		g.refused()
+	}
+	if ok && !queued {
 		_ = p.Close()
 	}
 }
