@@ -2,6 +2,7 @@ package coap
 
 import (
 	"context"
+	"net"
 	"os/exec"
 	"strings"
 	"testing"
@@ -25,10 +26,20 @@ func libcoapClients(t *testing.T) []string {
 }
 
 // An external DTLS client (libcoap over OpenSSL and over GnuTLS) passes
-// the gate's stateless cookie exchange and gets its heartbeat answered.
+// the gate's stateless cookie exchange and gets its heartbeat answered,
+// during a flood of ClientHellos that never return the cookie.
 func TestDTLSLibcoapClient(t *testing.T) {
 	rec := &recorder{}
 	s := startDTLS(t, rec, Options{})
+	hello := pionClientHello(t)
+	ctx, stop := context.WithCancel(context.Background())
+	flooded := make(chan int, 1)
+	go func() { flooded <- helloFlood(ctx, s.DTLSAddr().(*net.UDPAddr), hello, 10, 20*time.Millisecond) }()
+	defer func() {
+		stop()
+		t.Logf("%d ClientHellos of the flood", <-flooded)
+	}()
+	time.Sleep(500 * time.Millisecond) // the flood is under way
 	for _, client := range libcoapClients(t) {
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		start := time.Now()
