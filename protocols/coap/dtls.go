@@ -49,8 +49,7 @@ type dtlsFront struct {
 // newDTLS binds the DTLS listener at addr, with PSK cipher suites only and
 // the identity checked by the credentials during the handshake.
 func (s *Server) newDTLS(addr string, handshakeTimeout, idleTimeout time.Duration, maxPeers int) (*dtlsFront, error) {
-	g := newGate(maxPeers, handshakeTimeout, s.metrics)
-	ln, err := listenGated(addr, g, func() { s.metrics.drop(dropDTLSBusy) },
+	ln, g, err := listenGated(addr, maxPeers, s.metrics, func() { s.metrics.drop(dropDTLSBusy) }, s.clock.Now,
 		piondtls.WithPSK(s.psk),
 		piondtls.WithCipherSuites(piondtls.TLS_PSK_WITH_AES_128_CCM_8, piondtls.TLS_PSK_WITH_AES_128_GCM_SHA256),
 		piondtls.WithOnConnectionAttempt(s.handshakeAttempt),
@@ -107,9 +106,8 @@ func (s *Server) handshakeAttempt(peer net.Addr) error {
 	return nil
 }
 
-// peerListener is pion's DTLS listener over the gate (gate.go): the gate
-// admits new peers and gives each a slot once the cookie round trip has
-// proven its address.
+// peerListener is pion's DTLS listener over the gate (gate.go), which
+// admits only peers that have returned its cookie, each with a slot.
 type peerListener struct {
 	net.Listener
 	gate    *gate
@@ -135,12 +133,13 @@ func (l *peerListener) AcceptWithContext(ctx context.Context) (net.Conn, error) 
 		return nil, err
 	}
 	dc, ok := c.(*piondtls.Conn)
-	gc, found := l.gate.gated(c.RemoteAddr())
+	p, found := l.gate.peer(c.RemoteAddr())
 	if !ok || !found {
 		_ = c.Close()
 		return nil, fmt.Errorf("dtls accept: unexpected connection %T from %v", c, c.RemoteAddr())
 	}
-	pc := &peerConn{Conn: dc, gated: gc, metrics: l.metrics, l: l, creds: l.creds}
+	p.attach(dc)
+	pc := &peerConn{Conn: dc, gated: p, metrics: l.metrics, l: l, creds: l.creds}
 	l.mu.Lock()
 	l.peers[pc] = struct{}{}
 	l.mu.Unlock()
@@ -171,10 +170,10 @@ func (l *peerListener) Close() error {
 	return l.Listener.Close()
 }
 
-// peerConn is a DTLS peer; its gatedConn holds its slot until closed.
+// peerConn is a DTLS peer; its gate peer holds its slot until closed.
 type peerConn struct {
 	*piondtls.Conn
-	gated   *gatedConn
+	gated   *peer
 	metrics *metrics
 	l       *peerListener
 	creds   func() gateway.Credentials
@@ -185,7 +184,7 @@ type peerConn struct {
 	rev    string
 }
 
-// Close closes the connection (and so its gatedConn).
+// Close closes the connection (and so its gate peer).
 func (c *peerConn) Close() error {
 	c.l.mu.Lock()
 	delete(c.l.peers, c)
@@ -194,11 +193,8 @@ func (c *peerConn) Close() error {
 }
 
 // HandshakeContext runs the handshake (go-coap bounds ctx with the
-// handshake timeout; the gate with cookieTimeout until the cookie round
-// trip) and counts a failure.
+// handshake timeout) and counts a failure.
 func (c *peerConn) HandshakeContext(ctx context.Context) error {
-	ctx, cancel := cookieContext(ctx, c.gated)
-	defer cancel()
 	err := c.Conn.HandshakeContext(ctx)
 	c.gated.endHandshake()
 	if err != nil {

@@ -254,7 +254,7 @@ func TestDTLSCredentialsReload(t *testing.T) {
 
 // clientHello captures the first flight of a pion DTLS client (its
 // ClientHello), to replay as a peer that never completes a handshake.
-func clientHello(t *testing.T) []byte {
+func pionClientHello(t testing.TB) []byte {
 	t.Helper()
 	sink, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
 	if err != nil {
@@ -295,21 +295,47 @@ func clientHello(t *testing.T) []byte {
 	return buf[:n]
 }
 
+// provenHello does the cookie round trip of a client on c that then goes
+// silent: it sends ClientHello hello, and returns the HelloVerifyRequest's
+// cookie in the second ClientHello.
+func provenHello(t testing.TB, c *net.UDPConn, hello []byte) {
+	t.Helper()
+	h, err := parseClientHello(hello)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Write(hello); err != nil {
+		t.Fatal(err)
+	}
+	hvr, ok := readDatagram(t, c, 5*time.Second)
+	if !ok || !isHelloVerifyRequest(hvr) {
+		t.Fatalf("no HelloVerifyRequest: %x", hvr)
+	}
+	cookie := hvr[recordHeaderLen+handshakeHeaderLen+3:]
+	if len(cookie) != cookieLen || int(hvr[recordHeaderLen+handshakeHeaderLen+2]) != cookieLen {
+		t.Fatalf("HelloVerifyRequest %x", hvr)
+	}
+	if _, err := c.Write(withCookie(h, cookie, h.recordSeq+1)); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func TestDTLSHandshakeTimeoutFreesPeerSlot(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	const timeout = 500 * time.Millisecond
 	s := startDTLS(t, &recorder{}, Options{MaxDTLSPeers: 1, HandshakeTimeout: timeout, Registerer: reg})
 
-	// A peer that starts a handshake and goes silent takes the only slot
+	// A peer that returns the cookie and goes silent takes the only slot
 	// until the handshake timeout.
 	staller, err := net.DialUDP("udp", nil, s.DTLSAddr().(*net.UDPAddr))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer staller.Close()
-	if _, err := staller.Write(clientHello(t)); err != nil {
-		t.Fatal(err)
-	}
+	provenHello(t, staller, pionClientHello(t))
+	eventually(t, 5*time.Second, "the proven peer to take the slot", func() bool {
+		return gather(t, reg)["fleetgate_coap_dtls_peers{}"] == 1
+	})
 	eventually(t, 10*time.Second, "the stalled handshake to time out", func() bool {
 		return gather(t, reg)[`fleetgate_coap_dropped_total{reason="handshake"}`] == 1
 	})
@@ -347,7 +373,7 @@ func TestDTLSHostileDatagrams(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	hello := clientHello(t)
+	hello := pionClientHello(t)
 	garbage := hostileDatagrams(t, 99)
 	// Also mangled ClientHellos, which get past pion's accept filter.
 	for i := range 200 {

@@ -2,357 +2,439 @@ package coap
 
 import (
 	"bytes"
-	"context"
+	"crypto/rand"
 	"errors"
+	"fmt"
 	"net"
 	"net/netip"
+	"reflect"
 	"sync"
-	"sync/atomic"
 	"time"
+	"unsafe"
 
 	piondtls "github.com/pion/dtls/v3"
 	dtlsnet "github.com/pion/dtls/v3/pkg/net"
-	"github.com/pion/transport/v5/udp"
+	"github.com/pion/transport/v5/packetio"
 )
 
-// The DTLS gate (issue 10). A spoofed or silent ClientHello must not hold
-// what real devices need, so a new DTLS peer is unproven until it has
-// returned the cookie of the server's HelloVerifyRequest (RFC 6347
-// §4.2.1), which proves that it receives at its source address:
+// The DTLS gate (issue 10) owns the DTLS UDP socket and demultiplexes it
+// for pion. A datagram from an address and port without a peer is read
+// only as a ClientHello (cookie.go):
 //
-//   - an unproven peer holds no peer slot (limits.dtls_max_peers); it
-//     takes one when its ClientHello comes back with the cookie, waiting
-//     for one at most the handshake timeout;
-//   - an unproven peer that has not proven itself within cookieTimeout is
-//     dropped (not after the whole handshake timeout);
-//   - a source address has at most maxHandshakesPerAddr handshakes in
-//     flight, and all addresses together at most as many unproven peers
-//     as there are peer slots; beyond them a new peer is dropped at
-//     accept.
+//   - without a cookie that verifies, it is answered with a stateless
+//     HelloVerifyRequest and dropped: no state, no goroutine, no slot;
+//   - with one, the source has proven that it receives at its address and
+//     port. It becomes a peer if its address has fewer than
+//     maxHandshakesPerAddr handshakes in flight and a peer slot
+//     (limits.dtls_max_peers) is free; otherwise it is dropped, counted,
+//     and the client's retransmission tries again.
 //
-// pion/dtls v3 keeps the cookie exchange inside its per-peer handshake,
-// and a stateless exchange in front of it cannot be joined to pion's
-// handshake (the server's message_seq and the handshake transcript would
-// differ), so an unproven peer still costs pion's connection state and
-// one handshake goroutine, for at most cookieTimeout, within the bounds
-// above. docs/security.md has the figures.
+// pion/dtls v3 has no stateless cookie exchange of its own and always
+// starts with one (its server accepts a cookie-bearing ClientHello only as
+// message 1, after its own HelloVerifyRequest with a random cookie). So
+// the gate replays the exchange to pion: it feeds pion the client's
+// ClientHello without the cookie as message 0, swallows pion's
+// HelloVerifyRequest, sets pion's expected cookie to the client's (the
+// one write into pion's unexported state, setPionCookie), and then feeds
+// the client's ClientHello as it came. pion's transcript then holds
+// exactly the client's messages, and its ServerHello is message 1, as the
+// client expects after a HelloVerifyRequest.
 const (
-	// cookieTimeout bounds the cookie round trip: a device answers a
-	// HelloVerifyRequest at once (its retransmission timer is 1 s).
-	cookieTimeout = 2 * time.Second
 	// maxHandshakesPerAddr bounds the handshakes in flight per source IP.
 	maxHandshakesPerAddr = 4
-	// acceptBacklog is the UDP demultiplexer's queue of new peers.
+	// acceptBacklog bounds the proven peers not yet accepted.
 	acceptBacklog = 256
+	// receiveMTU is the largest datagram read.
+	receiveMTU = 8192
+	// peerBufferBytes bounds the datagrams queued for one peer.
+	peerBufferBytes = 64 << 10
 )
 
-// DTLS record and handshake framing (RFC 6347 §4.1, §4.2.2).
-const (
-	recordHeaderLen    = 13
-	handshakeHeaderLen = 12
-	contentHandshake   = 22
-	typeClientHello    = 1
-	typeHelloVerify    = 3
-)
+// pionCookieOffset is the offset of the handshake's expected cookie
+// (Conn.state.cookie) in a piondtls.Conn, checked against pion's types at
+// start: a pion release that moves it fails newGate and the tests rather
+// than writing elsewhere.
+var pionCookieOffset, errPionLayout = func() (uintptr, error) {
+	st, ok := reflect.TypeFor[piondtls.Conn]().FieldByName("state")
+	if !ok || st.Type != reflect.TypeFor[piondtls.State]() {
+		return 0, errors.New("dtls gate: pion/dtls Conn has no state of type State")
+	}
+	ck, ok := st.Type.FieldByName("cookie")
+	if !ok || ck.Type != reflect.TypeFor[[]byte]() {
+		return 0, errors.New("dtls gate: pion/dtls State has no cookie []byte")
+	}
+	return st.Offset + ck.Offset, nil
+}()
 
-// handshakeBody returns the body of the first record of datagram b when
-// it is an unfragmented epoch-0 handshake message of type typ.
-func handshakeBody(b []byte, typ byte) ([]byte, bool) {
-	if len(b) < recordHeaderLen+handshakeHeaderLen || b[0] != contentHandshake || b[3] != 0 || b[4] != 0 {
-		return nil, false
-	}
-	h := b[recordHeaderLen:]
-	if h[0] != typ {
-		return nil, false
-	}
-	n := int(h[1])<<16 | int(h[2])<<8 | int(h[3])
-	off := int(h[6])<<16 | int(h[7])<<8 | int(h[8])
-	frag := int(h[9])<<16 | int(h[10])<<8 | int(h[11])
-	body := h[handshakeHeaderLen:]
-	if off != 0 || frag != n || len(body) < n {
-		return nil, false
-	}
-	return body[:n], true
+// setPionCookie sets the cookie pion's server expects in the ClientHello
+// that follows its HelloVerifyRequest. It is called from pion's handshake
+// goroutine (in the write of that HelloVerifyRequest), the only one that
+// reads or writes the cookie.
+func setPionCookie(dc *piondtls.Conn, cookie []byte) {
+	*(*[]byte)(unsafe.Add(unsafe.Pointer(dc), pionCookieOffset)) = bytes.Clone(cookie)
 }
 
-// helloVerifyCookie is the cookie of a HelloVerifyRequest datagram.
-func helloVerifyCookie(b []byte) ([]byte, bool) {
-	body, ok := handshakeBody(b, typeHelloVerify)
-	if !ok || len(body) < 3 || len(body) < 3+int(body[2]) {
-		return nil, false
-	}
-	return body[3 : 3+int(body[2])], true
-}
-
-// clientHelloCookie is the cookie of a ClientHello datagram: client
-// version (2), random (32), session ID (1 + n), cookie (1 + n).
-func clientHelloCookie(b []byte) ([]byte, bool) {
-	body, ok := handshakeBody(b, typeClientHello)
-	if !ok || len(body) < 35 {
-		return nil, false
-	}
-	i := 35 + int(body[34])
-	if len(body) < i+1 || len(body) < i+1+int(body[i]) {
-		return nil, false
-	}
-	return body[i+1 : i+1+int(body[i])], true
-}
-
-// isClientHello is the demultiplexer's accept filter: only a ClientHello
-// makes a new peer.
-func isClientHello(b []byte) bool {
-	_, ok := handshakeBody(b, typeClientHello)
-	return ok
-}
-
-// gate bounds the DTLS peers: the slots of proven ones, and the unproven
-// ones per source address and in all.
+// gate is the DTLS socket's demultiplexer and its bounds.
 type gate struct {
-	slots       chan struct{}
-	slotWait    time.Duration
-	maxUnproven int64
-	unproven    atomic.Int64
-	metrics     *metrics
+	sock    *net.UDPConn
+	slots   chan struct{}
+	metrics *metrics
+	refused func() // counts a proven peer dropped at a bound
+	now     func() time.Time
 
-	mu     sync.Mutex
-	byAddr map[netip.Addr]int // handshakes in flight
-	// byRemote finds a peer's gatedConn from pion's connection (the
-	// demultiplexer keys peers by remote address too).
-	byRemote map[string]*gatedConn
+	accept chan *peer
+	done   chan struct{} // closed by the listener's Close
+
+	mu      sync.Mutex
+	keys    cookieKeys
+	closing bool
+	refs    int // the listener and the peers keep the socket open
+	byAddr  map[netip.Addr]int
+	peers   map[netip.AddrPort]*peer
 }
 
-func newGate(maxPeers int, slotWait time.Duration, m *metrics) *gate {
-	return &gate{
-		slots:       make(chan struct{}, maxPeers),
-		slotWait:    slotWait,
-		maxUnproven: int64(maxPeers),
-		metrics:     m,
-		byAddr:      make(map[netip.Addr]int),
-		byRemote:    make(map[string]*gatedConn),
+// newGate binds addr and starts reading it.
+func newGate(addr string, maxPeers int, m *metrics, refused func(), now func() time.Time) (*gate, error) {
+	if errPionLayout != nil {
+		return nil, errPionLayout
 	}
-}
-
-// admit registers a new unproven peer from addr, or reports false when
-// its address or all unproven peers are at their bound.
-func (g *gate) admit(addr netip.Addr) bool {
-	if g.unproven.Add(1) > g.maxUnproven {
-		g.unproven.Add(-1)
-		return false
-	}
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if g.byAddr[addr] >= maxHandshakesPerAddr {
-		g.unproven.Add(-1)
-		return false
-	}
-	g.byAddr[addr]++
-	return true
-}
-
-// handshakeDone counts one handshake of addr less.
-func (g *gate) handshakeDone(addr netip.Addr) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if n := g.byAddr[addr] - 1; n > 0 {
-		g.byAddr[addr] = n
-	} else {
-		delete(g.byAddr, addr)
-	}
-}
-
-// gatedConn is the UDP side of one DTLS peer, under pion: it watches the
-// cookie round trip and holds the peer's slot once proven.
-type gatedConn struct {
-	net.Conn
-	g    *gate
-	addr netip.Addr
-
-	mu       sync.Mutex
-	cookie   []byte // of the HelloVerifyRequest sent
-	proven   bool
-	slot     bool
-	done     bool // handshakeDone called
-	closed   bool
-	closedCh chan struct{}
-}
-
-var errNoPeerSlot = errors.New("dtls: no free peer slot")
-
-// Write notes the cookie of the HelloVerifyRequest pion sends.
-func (c *gatedConn) Write(b []byte) (int, error) {
-	if cookie, ok := helloVerifyCookie(b); ok && len(cookie) > 0 {
-		c.mu.Lock()
-		if !c.proven {
-			c.cookie = bytes.Clone(cookie)
-		}
-		c.mu.Unlock()
-	}
-	return c.Conn.Write(b)
-}
-
-// Read proves the peer when its ClientHello returns the cookie, and then
-// waits for a peer slot, at most slotWait (the peer is refused then).
-func (c *gatedConn) Read(b []byte) (int, error) {
-	n, err := c.Conn.Read(b)
-	if err != nil || n == 0 {
-		return n, err
-	}
-	c.mu.Lock()
-	if c.proven || c.cookie == nil {
-		c.mu.Unlock()
-		return n, nil
-	}
-	if cookie, ok := clientHelloCookie(b[:n]); !ok || !bytes.Equal(cookie, c.cookie) {
-		c.mu.Unlock()
-		return n, nil
-	}
-	c.proven = true
-	c.g.unproven.Add(-1)
-	c.mu.Unlock()
-
-	t := time.NewTimer(c.g.slotWait)
-	defer t.Stop()
-	select {
-	case c.g.slots <- struct{}{}:
-	case <-t.C:
-		return 0, errNoPeerSlot
-	case <-c.closedCh:
-		return 0, net.ErrClosed
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.closed {
-		<-c.g.slots
-		return 0, net.ErrClosed
-	}
-	c.slot = true
-	c.g.metrics.dtlsPeers.Inc()
-	return n, nil
-}
-
-// isProven reports whether the cookie came back.
-func (c *gatedConn) isProven() bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.proven
-}
-
-// endHandshake counts the handshake as no longer in flight.
-func (c *gatedConn) endHandshake() {
-	c.mu.Lock()
-	done := c.done
-	c.done = true
-	c.mu.Unlock()
-	if !done {
-		c.g.handshakeDone(c.addr)
-	}
-}
-
-// Close frees what the peer holds.
-func (c *gatedConn) Close() error {
-	c.endHandshake()
-	c.mu.Lock()
-	if !c.closed {
-		c.closed = true
-		close(c.closedCh)
-		if !c.proven {
-			c.g.unproven.Add(-1)
-		}
-		if c.slot {
-			<-c.g.slots
-			c.g.metrics.dtlsPeers.Dec()
-		}
-	}
-	c.mu.Unlock()
-	c.g.mu.Lock()
-	if c.g.byRemote[c.RemoteAddr().String()] == c {
-		delete(c.g.byRemote, c.RemoteAddr().String())
-	}
-	c.g.mu.Unlock()
-	return c.Conn.Close()
-}
-
-// gatedListener is the demultiplexed UDP socket under pion: each new
-// peer is admitted by the gate or closed at once.
-type gatedListener struct {
-	net.Listener // pion/transport's UDP demultiplexer
-	g            *gate
-	refused      func()
-}
-
-var _ dtlsnet.PacketListener = (*gatedListener)(nil)
-
-// Accept returns the next admitted peer.
-func (l *gatedListener) Accept() (net.PacketConn, net.Addr, error) {
-	for {
-		c, err := l.Listener.Accept()
-		if err != nil {
-			return nil, nil, err
-		}
-		addr := addrOf(c.RemoteAddr())
-		if !l.g.admit(addr) {
-			l.refused()
-			_ = c.Close()
-			continue
-		}
-		gc := &gatedConn{Conn: c, g: l.g, addr: addr, closedCh: make(chan struct{})}
-		l.g.mu.Lock()
-		l.g.byRemote[c.RemoteAddr().String()] = gc
-		l.g.mu.Unlock()
-		return dtlsnet.PacketConnFromConn(gc), c.RemoteAddr(), nil
-	}
-}
-
-// listenGated binds addr behind the gate and returns pion's DTLS listener
-// over it.
-func listenGated(addr string, g *gate, refused func(), opts ...piondtls.ServerOption) (net.Listener, error) {
 	ua, err := net.ResolveUDPAddr("udp", addr)
 	if err != nil {
 		return nil, err
 	}
-	lc := udp.ListenConfig{Backlog: acceptBacklog, AcceptFilter: isClientHello}
-	ln, err := lc.Listen("udp", ua)
+	sock, err := net.ListenUDP("udp", ua)
 	if err != nil {
 		return nil, err
 	}
-	dl, err := piondtls.NewListenerWithOptions(&gatedListener{Listener: ln, g: g, refused: refused}, opts...)
-	if err != nil {
-		_ = ln.Close()
+	g := &gate{
+		sock:    sock,
+		slots:   make(chan struct{}, maxPeers),
+		metrics: m,
+		refused: refused,
+		now:     now,
+		accept:  make(chan *peer, acceptBacklog),
+		done:    make(chan struct{}),
+		refs:    1,
+		byAddr:  make(map[netip.Addr]int),
+		peers:   make(map[netip.AddrPort]*peer),
+	}
+	if err := g.keys.rotate(now(), rand.Reader); err != nil {
+		_ = sock.Close()
 		return nil, err
 	}
-	return dl, nil
+	go g.read()
+	return g, nil
 }
 
-// gated finds the gatedConn of the peer at remote address a.
-func (g *gate) gated(a net.Addr) (*gatedConn, bool) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	gc, ok := g.byRemote[a.String()]
-	return gc, ok
-}
-
-// peers returns the gatedConns of the peers.
-func (g *gate) peers() []*gatedConn {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	out := make([]*gatedConn, 0, len(g.byRemote))
-	for _, gc := range g.byRemote {
-		out = append(out, gc)
-	}
-	return out
-}
-
-// cookieContext is ctx, cancelled after cookieTimeout unless gc is proven
-// by then.
-func cookieContext(ctx context.Context, gc *gatedConn) (context.Context, context.CancelFunc) {
-	ctx, cancel := context.WithCancel(ctx)
-	t := time.AfterFunc(cookieTimeout, func() {
-		if !gc.isProven() {
-			cancel()
+// read dispatches the socket's datagrams until it is closed.
+func (g *gate) read() {
+	buf := make([]byte, receiveMTU)
+	for {
+		n, from, err := g.sock.ReadFromUDPAddrPort(buf)
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			continue
 		}
-	})
-	return ctx, func() {
-		t.Stop()
-		cancel()
+		from = netip.AddrPortFrom(from.Addr().Unmap(), from.Port())
+		g.dispatch(from, buf[:n])
 	}
+}
+
+// dispatch hands datagram b from a peer to it, or gates it as a
+// ClientHello of a new peer.
+func (g *gate) dispatch(from netip.AddrPort, b []byte) {
+	g.mu.Lock()
+	p := g.peers[from]
+	g.mu.Unlock()
+	if p != nil {
+		p.deliver(b)
+		return
+	}
+	h, err := parseClientHello(b)
+	if err != nil {
+		return
+	}
+	g.mu.Lock()
+	if g.closing {
+		g.mu.Unlock()
+		return
+	}
+	if err := g.keys.rotate(g.now(), rand.Reader); err != nil {
+		g.mu.Unlock()
+		return
+	}
+	if !g.keys.verify(from, h) {
+		cookie := helloCookie(g.keys.cur[:], from, h)
+		g.mu.Unlock()
+		if _, err := g.sock.WriteToUDPAddrPort(helloVerifyRequest(h, cookie), from); err == nil {
+			g.metrics.helloVerify.Inc()
+		}
+		return
+	}
+	p, ok := g.admit(from, h, b)
+	queued := false
+	if ok {
+		// Under g.mu, so that the listener's Close, once closing is set,
+		// finds every queued peer.
+		select {
+		case g.accept <- p:
+			queued = true
+		default:
+		}
+	}
+	g.mu.Unlock()
+	if !queued {
+		g.refused()
+	}
+	if ok && !queued {
+		_ = p.Close()
+	}
+}
+
+// admit makes a peer of the proven ClientHello h (datagram b) from addr,
+// unless its address has maxHandshakesPerAddr handshakes in flight or no
+// peer slot is free. Called with g.mu held.
+func (g *gate) admit(from netip.AddrPort, h clientHello, b []byte) (*peer, bool) {
+	if h.recordSeq == maxRecordSeq || g.byAddr[from.Addr()] >= maxHandshakesPerAddr {
+		return nil, false
+	}
+	select {
+	case g.slots <- struct{}{}:
+	default:
+		return nil, false
+	}
+	g.byAddr[from.Addr()]++
+	g.refs++
+	g.metrics.dtlsPeers.Inc()
+	p := &peer{
+		g:      g,
+		remote: from,
+		raddr:  net.UDPAddrFromAddrPort(from),
+		buf:    packetio.NewBuffer(),
+		cookie: bytes.Clone(h.cookie),
+		// pion's epoch-0 records follow its swallowed HelloVerifyRequest:
+		// numbered above the client's ClientHello, they stay above the
+		// gate's HelloVerifyRequest, which took an earlier ClientHello's.
+		outShift: h.recordSeq,
+	}
+	p.buf.SetLimitSize(peerBufferBytes)
+	// The client's epoch-0 records are numbered one up, so that the
+	// ClientHello without cookie fed first is record 0 and older.
+	p.hello = bytes.Clone(b)
+	shiftRecordSeqs(p.hello, 1)
+	_, _ = p.buf.Write(withoutCookie(h, 0), nil)
+	g.peers[from] = p
+	return p, true
+}
+
+// peer finds the peer at remote address a.
+func (g *gate) peer(a net.Addr) (*peer, bool) {
+	ua, ok := a.(*net.UDPAddr)
+	if !ok {
+		return nil, false
+	}
+	ap := ua.AddrPort()
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	p, ok := g.peers[netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())]
+	return p, ok
+}
+
+// unref drops one reference to the socket; the last closes it.
+func (g *gate) unref() error {
+	g.mu.Lock()
+	g.refs--
+	last := g.refs == 0
+	g.mu.Unlock()
+	if last {
+		return g.sock.Close()
+	}
+	return nil
+}
+
+// peer is one DTLS peer's side of the socket: the net.PacketConn under
+// its pion connection.
+type peer struct {
+	g        *gate
+	remote   netip.AddrPort
+	raddr    *net.UDPAddr
+	buf      *packetio.Buffer
+	cookie   []byte // the client's, which pion must expect
+	outShift uint64
+
+	mu sync.Mutex
+	// hello is the client's ClientHello with the cookie, fed to pion
+	// after its HelloVerifyRequest; nil once fed.
+	hello     []byte
+	dc        *piondtls.Conn
+	handshook bool // endHandshake called
+	closed    bool
+}
+
+var _ net.PacketConn = (*peer)(nil)
+
+// deliver queues datagram b (the reader's buffer) for pion, with its
+// epoch-0 records numbered one up. Until the client's ClientHello is fed
+// to pion, whatever comes is a copy of it (a duplicate, a retransmission)
+// and is dropped: pion then parses the rebuilt first ClientHello before
+// any cookie-bearing one, whatever its order of reading and parsing (a
+// cookie-bearing one parsed first would stall its handshake).
+func (p *peer) deliver(b []byte) {
+	p.mu.Lock()
+	waiting := p.hello != nil
+	p.mu.Unlock()
+	if waiting {
+		return
+	}
+	shiftRecordSeqs(b, 1)
+	_, _ = p.buf.Write(b, nil) // a full queue drops, as a socket would
+}
+
+// attach records pion's connection of the peer.
+func (p *peer) attach(dc *piondtls.Conn) {
+	p.mu.Lock()
+	p.dc = dc
+	p.mu.Unlock()
+}
+
+// ReadFrom returns the next datagram for pion.
+func (p *peer) ReadFrom(b []byte) (int, net.Addr, error) {
+	n, _, err := p.buf.Read(b, nil)
+	return n, p.raddr, err
+}
+
+// WriteTo sends pion's datagram b to the peer. pion's HelloVerifyRequest
+// is not sent: the client had the gate's. Its write sets the cookie pion
+// expects to the client's, and feeds pion the client's ClientHello.
+func (p *peer) WriteTo(b []byte, _ net.Addr) (int, error) {
+	if isHelloVerifyRequest(b) {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		if p.hello != nil && p.dc != nil {
+			setPionCookie(p.dc, p.cookie)
+			_, _ = p.buf.Write(p.hello, nil)
+			p.hello = nil
+		}
+		return len(b), nil
+	}
+	out := b
+	if len(b) >= recordHeaderLen && b[3] == 0 && b[4] == 0 {
+		out = bytes.Clone(b)
+		shiftRecordSeqs(out, p.outShift)
+	}
+	if _, err := p.g.sock.WriteToUDPAddrPort(out, p.remote); err != nil {
+		return 0, err
+	}
+	return len(b), nil
+}
+
+// endHandshake counts the peer's handshake as no longer in flight.
+func (p *peer) endHandshake() {
+	p.mu.Lock()
+	done := p.handshook
+	p.handshook = true
+	p.mu.Unlock()
+	if done {
+		return
+	}
+	g := p.g
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if n := g.byAddr[p.remote.Addr()] - 1; n > 0 {
+		g.byAddr[p.remote.Addr()] = n
+	} else {
+		delete(g.byAddr, p.remote.Addr())
+	}
+}
+
+// Close frees what the peer holds: its slot, its handshake count, its
+// address in the demultiplexer.
+func (p *peer) Close() error {
+	p.mu.Lock()
+	closed := p.closed
+	p.closed = true
+	p.mu.Unlock()
+	if closed {
+		return nil
+	}
+	p.endHandshake()
+	g := p.g
+	g.mu.Lock()
+	if g.peers[p.remote] == p {
+		delete(g.peers, p.remote)
+	}
+	g.mu.Unlock()
+	<-g.slots
+	g.metrics.dtlsPeers.Dec()
+	_ = p.buf.Close()
+	return g.unref()
+}
+
+// LocalAddr is the socket's address.
+func (p *peer) LocalAddr() net.Addr { return p.g.sock.LocalAddr() }
+
+// SetDeadline sets the read deadline (writes do not block).
+func (p *peer) SetDeadline(t time.Time) error { return p.SetReadDeadline(t) }
+
+// SetReadDeadline bounds ReadFrom.
+func (p *peer) SetReadDeadline(t time.Time) error { return p.buf.SetReadDeadline(t) }
+
+// SetWriteDeadline does nothing: writes to the UDP socket do not block.
+func (p *peer) SetWriteDeadline(time.Time) error { return nil }
+
+// gatedListener hands pion the gate's admitted peers.
+type gatedListener struct{ g *gate }
+
+var _ dtlsnet.PacketListener = gatedListener{}
+
+// Accept returns the next admitted peer.
+func (l gatedListener) Accept() (net.PacketConn, net.Addr, error) {
+	select {
+	case p := <-l.g.accept:
+		return p, p.raddr, nil
+	case <-l.g.done:
+		return nil, nil, net.ErrClosed
+	}
+}
+
+// Close stops admitting peers; the socket stays open for the peers that
+// live until they are closed.
+func (l gatedListener) Close() error {
+	g := l.g
+	g.mu.Lock()
+	if g.closing {
+		g.mu.Unlock()
+		return nil
+	}
+	g.closing = true
+	close(g.done)
+	g.mu.Unlock()
+	for {
+		select {
+		case p := <-g.accept:
+			_ = p.Close()
+		default:
+			return g.unref()
+		}
+	}
+}
+
+// Addr is the socket's address.
+func (l gatedListener) Addr() net.Addr { return l.g.sock.LocalAddr() }
+
+// listenGated binds addr behind a gate and returns pion's DTLS listener
+// over it.
+func listenGated(addr string, maxPeers int, m *metrics, refused func(), now func() time.Time, opts ...piondtls.ServerOption) (net.Listener, *gate, error) {
+	g, err := newGate(addr, maxPeers, m, refused, now)
+	if err != nil {
+		return nil, nil, err
+	}
+	dl, err := piondtls.NewListenerWithOptions(gatedListener{g}, opts...)
+	if err != nil {
+		_ = gatedListener{g}.Close()
+		return nil, nil, fmt.Errorf("dtls listener: %w", err)
+	}
+	return dl, g, nil
 }

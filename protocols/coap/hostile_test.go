@@ -343,7 +343,7 @@ func FuzzDatagram(f *testing.F) {
 // its heap does not grow with the number of sources.
 func TestHostileSourcesBounded(t *testing.T) {
 	s := startDTLS(t, &recorder{}, Options{AllowAnonymous: true, HandshakeTimeout: 200 * time.Millisecond, MaxDTLSPeers: 32})
-	hello := clientHello(t)
+	hello := pionClientHello(t)
 	garbage := hostileDatagrams(t, 5)
 	heap := func() uint64 {
 		runtime.GC()

@@ -22,6 +22,8 @@ type metrics struct {
 	// dtlsPeers counts the DTLS peers holding a slot (proven by the
 	// cookie round trip).
 	dtlsPeers prometheus.Gauge
+	// helloVerify counts the DTLS gate's stateless HelloVerifyRequests.
+	helloVerify prometheus.Counter
 }
 
 // dropReason says why a datagram got no answer.
@@ -36,7 +38,7 @@ const (
 	dropUnexpected  dropReason = "unexpected"   // an ACK, RST or NON response: the server sends no CON
 	dropWriteError  dropReason = "write_error"  // the answer could not be sent
 	dropHandshake   dropReason = "handshake"    // a DTLS handshake failed or timed out
-	dropDTLSBusy    dropReason = "dtls_busy"    // a new DTLS peer beyond the handshakes of its address or the unproven peers
+	dropDTLSBusy    dropReason = "dtls_busy"    // a proven DTLS ClientHello beyond its address's handshakes or the peer slots
 )
 
 var dropReasons = []dropReason{
@@ -75,8 +77,15 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		Name: "fleetgate_coap_dtls_peers",
 		Help: "DTLS peers holding a peer slot: past the cookie round trip, not yet closed.",
 	})
+	helloVerify := prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "fleetgate_coap_dtls_hello_verify_total",
+		Help: "HelloVerifyRequests sent to DTLS ClientHellos without a valid cookie (stateless: no peer state).",
+	})
 	var err error
 	if dtlsPeers, err = promshare.Register(reg, dtlsPeers); err != nil {
+		return nil, err
+	}
+	if helloVerify, err = promshare.Register(reg, helloVerify); err != nil {
 		return nil, err
 	}
 	if evidence, err = promshare.Register(reg, evidence); err != nil {
@@ -98,7 +107,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		dropped:  make(map[dropReason]prometheus.Counter, len(dropReasons)),
 		rcvbuf:   rcvbuf,
 
-		dtlsPeers: dtlsPeers,
+		dtlsPeers:   dtlsPeers,
+		helloVerify: helloVerify,
 	}
 	for _, r := range dropReasons {
 		m.dropped[r] = dropped.WithLabelValues(string(r))

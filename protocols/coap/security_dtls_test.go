@@ -6,7 +6,6 @@ import (
 	"net"
 	"runtime"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -16,59 +15,49 @@ import (
 )
 
 // helloFlood sends ClientHellos from nAddrs loopback source addresses
-// (127.0.1.1, ...), each from a new port every interval, and never answers
-// a HelloVerifyRequest, until ctx ends; the sockets stay open until then.
-// It returns how many it sent.
-func helloFlood(ctx context.Context, t *testing.T, to *net.UDPAddr, hello []byte, nAddrs int, interval time.Duration) int {
-	var mu sync.Mutex
+// (127.0.1.1, ...), each from a new port every interval, from one
+// goroutine, and never answers a HelloVerifyRequest, until ctx ends; the
+// sockets stay open until then. It returns how many it sent.
+func helloFlood(ctx context.Context, to *net.UDPAddr, hello []byte, nAddrs int, interval time.Duration) int {
 	sent := 0
-	var wg sync.WaitGroup
-	for a := range nAddrs {
-		src := net.IPv4(127, 0, 1, byte(1+a))
-		wg.Go(func() {
-			tick := time.NewTicker(interval)
-			defer tick.Stop()
-			var socks []*net.UDPConn
-			defer func() {
-				for _, c := range socks {
-					_ = c.Close()
-				}
-			}()
-			for {
-				select {
-				case <-ctx.Done():
-					return
-				case <-tick.C:
-				}
-				c, err := net.DialUDP("udp", &net.UDPAddr{IP: src}, to)
-				if err != nil {
-					continue
-				}
-				socks = append(socks, c)
-				if _, err := c.Write(hello); err == nil {
-					mu.Lock()
-					sent++
-					mu.Unlock()
-				}
+	var socks []*net.UDPConn
+	defer func() {
+		for _, c := range socks {
+			_ = c.Close()
+		}
+	}()
+	tick := time.NewTicker(interval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return sent
+		case <-tick.C:
+		}
+		for a := range nAddrs {
+			c, err := net.DialUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 1, byte(1+a))}, to)
+			if err != nil {
+				continue
 			}
-		})
+			socks = append(socks, c)
+			if _, err := c.Write(hello); err == nil {
+				sent++
+			}
+		}
 	}
-	wg.Wait()
-	return sent
 }
 
-// Attack: one unanswered ClientHello held one of the peer slots for the
-// whole handshake timeout; a flood from 40 addresses filled them and
-// locked a real device out. Now a peer takes a slot only once it has
-// returned the HelloVerifyRequest's cookie, each address has at most 4
-// handshakes in flight, and an unproven peer is dropped after the cookie
-// timeout: during the flood no slot is taken, the real device shakes
-// hands within 1 s and is answered, and the goroutines stay bounded.
-func TestDTLSHelloFloodTakesNoSlot(t *testing.T) {
+// Attack: one unanswered ClientHello held a peer slot for the whole
+// handshake timeout, and later pion's state and about four goroutines for
+// 2 s; a flood from 40 addresses added 674 goroutines. Now the gate answers
+// a ClientHello without a valid cookie with a stateless
+// HelloVerifyRequest: during the flood no slot is taken, no goroutine is
+// started, and a real device shakes hands and gets 2.04 within 1 s.
+func TestDTLSHelloFloodTakesNoState(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	const addrs = 40
 	s := startDTLS(t, &recorder{}, Options{MaxDTLSPeers: 200, Registerer: reg})
-	hello := clientHello(t)
+	hello := pionClientHello(t)
 	// The bound on the real device's handshake: 1 s, or five handshakes
 	// timed here without the flood on a slower machine.
 	start := time.Now()
@@ -81,48 +70,83 @@ func TestDTLSHelloFloodTakesNoSlot(t *testing.T) {
 		bound *= 3
 	}
 	_ = dc.Close()
+	eventually(t, 5*time.Second, "the first handshake's slot to be freed", func() bool {
+		return gather(t, reg)["fleetgate_coap_dtls_peers{}"] == 0
+	})
 	interval := 50 * time.Millisecond
 	if raceEnabled {
 		interval *= 4
 	}
+	runtime.GC()
 	base := runtime.NumGoroutine()
 
 	ctx, stop := context.WithTimeout(context.Background(), 4*time.Second)
 	defer stop()
 	sent := make(chan int, 1)
-	go func() { sent <- helloFlood(ctx, t, s.DTLSAddr().(*net.UDPAddr), hello, addrs, interval) }()
+	go func() { sent <- helloFlood(ctx, s.DTLSAddr().(*net.UDPAddr), hello, addrs, interval) }()
 
-	time.Sleep(1500 * time.Millisecond) // the flood is under way: every old slot would be taken
+	// While the flood is under way (it holds every old slot within 1 s),
+	// the goroutines stay where they were: the flood's own one only.
+	peak := 0
+	for deadline := time.Now().Add(1500 * time.Millisecond); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		peak = max(peak, runtime.NumGoroutine()-base-1)
+	}
 	m := gather(t, reg)
 	if n := m["fleetgate_coap_dtls_peers{}"]; n != 0 {
 		t.Fatalf("%v peer slots taken by unanswered ClientHellos", n)
 	}
-	peak := runtime.NumGoroutine() - base
+	answered := m["fleetgate_coap_dtls_hello_verify_total{}"]
+	if answered < 100 {
+		t.Fatalf("%v HelloVerifyRequests after 1.5 s of the flood", answered)
+	}
+	// The real device: handshake and heartbeat, answered 2.04.
 	start = time.Now()
-	dc, err = handshake(t, s, "id-1", testDevices["id-1"].key, 10*time.Second)
+	cc := dialDTLS(t, s, "id-1", testDevices["id-1"].key)
+	code, err := tryRequest(cc, 5*time.Second, codes.POST)
 	took := time.Since(start)
-	if err != nil || took > bound {
-		t.Fatalf("real device during the flood: %v after %v, want a handshake within %v", err, took, bound)
-	}
-	_ = dc.Close()
-	cc := dialDTLS(t, s, "id-2", testDevices["id-2"].key)
-	if code, err := tryRequest(cc, 5*time.Second, codes.POST); err != nil || code != codes.Changed {
-		t.Fatalf("real device's heartbeat during the flood: %v %v", code, err)
-	}
-	if n := gather(t, reg)["fleetgate_coap_dtls_peers{}"]; n != 1 { // the first id-2 closed
-		t.Fatalf("%v peer slots taken, want the real device's 1", n)
+	if err != nil || code != codes.Changed || took > bound {
+		t.Fatalf("real device during the flood: %v %v after %v, want 2.04 within %v", code, err, took, bound)
 	}
 	n := <-sent
-	// At most 4 handshakes per address live for at most the cookie
-	// timeout; each costs a few goroutines (pion's and go-coap's: about
-	// four).
-	if limit := addrs * maxHandshakesPerAddr * 6; peak > limit {
-		t.Fatalf("%d goroutines more during the flood of %d ClientHellos, want at most %d", peak, n, limit)
+	m = gather(t, reg)
+	if peers := m["fleetgate_coap_dtls_peers{}"]; peers != 1 {
+		t.Fatalf("%v peer slots taken, want the real device's 1", peers)
 	}
-	if busy := gather(t, reg)[`fleetgate_coap_dropped_total{reason="dtls_busy"}`]; busy == 0 {
-		t.Fatalf("no peer refused beyond its address's handshakes (%d ClientHellos sent)", n)
+	if busy := m[`fleetgate_coap_dropped_total{reason="dtls_busy"}`]; busy != 0 {
+		t.Fatalf("%v unproven ClientHellos counted as refused peers", busy)
 	}
-	t.Logf("%d ClientHellos from %d addresses; goroutines +%d during the flood; real handshake %v", n, addrs, peak, took)
+	if peak > 4 {
+		t.Fatalf("%d goroutines more during the flood of %d ClientHellos, want none", peak, n)
+	}
+	t.Logf("%d ClientHellos from %d addresses, %v HelloVerifyRequests; goroutines +%d at the peak (%.4f per ClientHello); real device's handshake and 2.04 in %v",
+		n, addrs, m["fleetgate_coap_dtls_hello_verify_total{}"], peak, float64(peak)/float64(n), took)
+}
+
+// A source address has at most maxHandshakesPerAddr handshakes in
+// flight, even with proven ClientHellos: beyond them a peer is refused
+// and counted, and a real device from another address gets through.
+func TestDTLSHandshakesPerAddressBounded(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	s := startDTLS(t, &recorder{}, Options{Registerer: reg, HandshakeTimeout: 5 * time.Second})
+	hello := pionClientHello(t)
+	const tries = 2 * maxHandshakesPerAddr
+	for range tries {
+		c, err := net.DialUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 1, 1)}, s.DTLSAddr().(*net.UDPAddr))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		provenHello(t, c, hello)
+	}
+	eventually(t, 5*time.Second, "the refusals beyond the address's handshakes", func() bool {
+		m := gather(t, reg)
+		return m[`fleetgate_coap_dropped_total{reason="dtls_busy"}`] == tries-maxHandshakesPerAddr &&
+			m["fleetgate_coap_dtls_peers{}"] == maxHandshakesPerAddr
+	})
+	cc := dialDTLS(t, s, "id-1", testDevices["id-1"].key)
+	if code, err := tryRequest(cc, 5*time.Second, codes.POST); err != nil || code != codes.Changed {
+		t.Fatalf("real device beside the bounded address: %v %v", code, err)
+	}
 }
 
 // Attack (PSK oracle): an unknown identity got an immediate fatal alert,

@@ -85,8 +85,9 @@ type Options struct {
 	// (limits.dtls_handshake_timeout). 0 means DefaultHandshakeTimeout.
 	HandshakeTimeout time.Duration
 	// MaxDTLSPeers bounds the DTLS peers being served or in a handshake at
-	// once; more wait in pion's accept backlog (limits.dtls_max_peers).
-	// 0 means DefaultMaxDTLSPeers.
+	// once (limits.dtls_max_peers); a peer takes a slot once it has
+	// returned the gate's cookie, and beyond them it is dropped until its
+	// client retransmits. 0 means DefaultMaxDTLSPeers.
 	MaxDTLSPeers int
 	// DTLSIdleTimeout closes a DTLS session without datagrams for that
 	// long (limits.dtls_idle_timeout). 0 means DefaultDTLSIdleTimeout.
