@@ -99,6 +99,10 @@ type RedisConfig struct {
 	TLSServerName string `yaml:"tls_server_name"`
 	TLSCertFile   string `yaml:"tls_cert_file"`
 	TLSKeyFile    string `yaml:"tls_key_file"`
+	// WaitReplicas: a flush that writes events (or replays the outbox)
+	// waits until this many replicas have it before the gateway drops it
+	// from its outbox (Redis WAIT); 0 does not wait.
+	WaitReplicas int `yaml:"wait_replicas"`
 }
 
 // UplinkConfig tunes the batcher and the bbolt outbox.

@@ -79,7 +79,7 @@ func TestEnvNamesAreUnique(t *testing.T) {
 		}
 		seen[name] = path
 	}
-	if len(seen) != 65 {
-		t.Errorf("%d keys, want 65: %v", len(seen), configs.Keys())
+	if len(seen) != 66 {
+		t.Errorf("%d keys, want 66: %v", len(seen), configs.Keys())
 	}
 }

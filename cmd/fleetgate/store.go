@@ -43,7 +43,8 @@ func openStore(ctx context.Context, cfg configs.Config, db *bolt.DB, log *slog.L
 		Addrs: rc.Addrs, Username: rc.Username, Password: rc.Password, TLS: tlsConfig,
 		Options: redisstore.Options{
 			Prefix: rc.KeyPrefix, Shards: cfg.Presence.Shards, EventsMaxLen: eventsPerShard(cfg), Logger: log,
-			GatewayGrace: cfg.Presence.GatewayGrace.Std(), GatewaySilence: cfg.GatewaySilence(),
+			GatewayGrace: cfg.Presence.GatewayGrace.Std(), GatewaySilence: cfg.GatewaySilence(), GatewayLost: cfg.Presence.Lease.Std(),
+			WaitReplicas: rc.WaitReplicas,
 		},
 		Background: background,
 		OnFatal:    func(err error) { fatal <- err },

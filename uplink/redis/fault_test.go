@@ -15,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fleetgate/fleetgate/gateway"
+	"github.com/fleetgate/fleetgate/gateway/clocktest"
 	"github.com/fleetgate/fleetgate/internal/redistest"
 )
 
@@ -348,5 +349,56 @@ func waitFor(t *testing.T, limit time.Duration, what string, cond func() bool) {
 			t.Fatalf("timed out after %v waiting for %s", limit, what)
 		}
 		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// store.redis.wait_replicas: a call that writes events waits for the
+// replica; while the replica's link is cut it fails with ErrUnavailable
+// (the uplink keeps the batch in its outbox), and the replay once the
+// link is back succeeds, writing no second event. A call without events
+// does not wait.
+func TestWaitReplicas(t *testing.T) {
+	primary := redistest.Start(t)
+	link := redistest.NewProxy(t, primary.Addr)
+	replica := redistest.StartReplica(t, link.Addr())
+	c := redis.NewClient(&redis.Options{Addr: primary.Addr})
+	t.Cleanup(func() { c.Close() })
+	clock := clocktest.New(time.UnixMilli(startMs))
+	s, err := Open(t.Context(), c, Options{Prefix: uniquePrefix(), Shards: 1, Now: clock.Now,
+		WaitReplicas: 1, WaitTimeout: 300 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	ctx := t.Context()
+	waitFor(t, 10*time.Second, "the replica to sync", func() bool {
+		_, err := s.Apply(ctx, 0, batch("gw", 1, write("dev-1", "s", gateway.Connect, 0)))
+		return err == nil
+	})
+	if n, err := replica.Client(t).Exists(ctx, s.keys[0].data[2]).Result(); err != nil || n != 1 {
+		t.Fatalf("events stream on the replica after a waited call: %d %v", n, err)
+	}
+
+	link.SetCut(true)
+	connect := batch("gw", 1, write("dev-2", "s", gateway.Connect, 0))
+	if _, err := s.Apply(ctx, 0, connect); !errors.Is(err, gateway.ErrUnavailable) {
+		t.Fatalf("apply with events while the replica is cut off: %v, want ErrUnavailable", err)
+	}
+	// a renewal writes no event: no wait
+	if _, err := s.Apply(ctx, 0, batch("gw", 1, write("dev-1", "s", gateway.Renew, 0))); err != nil {
+		t.Fatalf("renewal while the replica is cut off: %v", err)
+	}
+	link.SetCut(false)
+	replay := connect
+	replay.Replay = true
+	waitFor(t, 10*time.Second, "the replay to be acknowledged", func() bool {
+		res, err := s.Apply(ctx, 0, replay)
+		if err == nil && len(res.Events) != 0 {
+			t.Fatalf("replay wrote %s", describe(res.Events))
+		}
+		return err == nil
+	})
+	if d, err := replica.Client(t).HExists(ctx, s.keys[0].data[1], "dev-2").Result(); err != nil || !d {
+		t.Fatalf("dev-2 on the replica after the replay: %v %v", d, err)
 	}
 }

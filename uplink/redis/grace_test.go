@@ -1,6 +1,8 @@
 package redisstore
 
 import (
+	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -21,7 +23,7 @@ func newGraceEnv(t *testing.T, c redis.UniversalClient) *env {
 	t.Helper()
 	clock := clocktest.New(time.UnixMilli(startMs))
 	s, err := Open(t.Context(), c, Options{Prefix: uniquePrefix(), Shards: 1, Now: clock.Now,
-		GatewayGrace: testGrace, GatewaySilence: testSilence})
+		GatewayGrace: testGrace, GatewaySilence: testSilence, GatewayLost: testLease})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -200,5 +202,61 @@ func TestGatewayGrace(t *testing.T) {
 				t.Fatalf("reap with gw-a behind: %+v, want held", r)
 			}
 		})
+	})
+}
+
+// gatewayEvents reads the gateways stream of e's store as "gw state" lines.
+func gatewayEvents(e *env) []string {
+	e.t.Helper()
+	msgs, err := e.c.XRange(e.ctx, e.store.keys[0].data[6], "-", "+").Result()
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	var out []string
+	for _, m := range msgs {
+		out = append(out, fmt.Sprint(m.Values["gateway"], " ", m.Values["state"]))
+	}
+	return out
+}
+
+// A gateway not heard for the lease gets one `lost` event, one `back`
+// event when it writes again, and nothing in between however often the
+// runner reaps; a store outage the runner saw itself counts from its end.
+func TestGatewayLostAndBack(t *testing.T) {
+	forBackends(t, func(t *testing.T, c redis.UniversalClient) {
+		e := newGraceEnv(t, c)
+		e.apply(0, leased("gw-a", false, write("dev-1", "s", gateway.Connect, 0)))
+		e.apply(0, leased("gw-b", false, write("dev-2", "s", gateway.Connect, 0)))
+		for range 3 {
+			e.clock.Advance(testLease / 2)
+			e.apply(0, leased("gw-b", false)) // gw-b keeps writing
+			e.reap(0, 10)
+		}
+		if got := gatewayEvents(e); !slices.Equal(got, []string{"gw-a lost"}) {
+			t.Fatalf("after gw-a's silence of 1.5 leases: %q, want one lost", got)
+		}
+		e.apply(0, leased("gw-a", false))
+		e.reap(0, 10)
+		e.reap(0, 10)
+		if got := gatewayEvents(e); !slices.Equal(got, []string{"gw-a lost", "gw-a back"}) {
+			t.Fatalf("after gw-a wrote again: %q, want lost then back", got)
+		}
+	})
+	t.Run("runner outage", func(t *testing.T) {
+		e := newGraceEnv(t, sharedServer().Client(t))
+		e.apply(0, leased("gw-a", false, write("dev-1", "s", gateway.Connect, 0)))
+		e.reap(0, 10)
+		// the runner cannot reach the store for longer than the lease
+		e.store.reaps[0].failed = true
+		e.clock.Advance(2 * testLease)
+		e.reap(0, 10) // the outage ends here
+		if got := gatewayEvents(e); len(got) != 0 {
+			t.Fatalf("right after the runner's own outage: %q, want none", got)
+		}
+		e.clock.Advance(testLease + time.Millisecond)
+		e.reap(0, 10)
+		if got := gatewayEvents(e); !slices.Equal(got, []string{"gw-a lost"}) {
+			t.Fatalf("a lease after the outage ended: %q, want gw-a lost", got)
+		}
 	})
 }

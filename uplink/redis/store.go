@@ -64,6 +64,21 @@ type Options struct {
 	// call on a shard (its keep-alive with a margin); a gateway not heard
 	// for longer is silent.
 	GatewaySilence time.Duration
+	// GatewayLost is how long a gateway may go unheard before the reap of
+	// shard 0 writes one `lost` event for it to the gateways stream
+	// ({P:0}:gateways), and one `back` event when it writes again: the
+	// lease (a gateway silent that long has lost its devices' evidence).
+	// Zero writes no gateway events.
+	GatewayLost time.Duration
+	// WaitReplicas is store.redis.wait_replicas: when set, a call whose
+	// batches wrote events, or replayed an outbox, waits (WAIT) until that
+	// many replicas have its writes, for at most WaitTimeout; with fewer,
+	// each such batch fails with gateway.ErrUnavailable, so that the
+	// uplink keeps it in its outbox and replays it (a replay is
+	// idempotent). A standalone server only (with its replicas): a
+	// Cluster is refused.
+	WaitReplicas int
+	WaitTimeout  time.Duration
 }
 
 // Store is a gateway.Store over Redis. A store made by Open uses the
@@ -84,6 +99,9 @@ type Store struct {
 	opened  time.Time // localNow's origin
 
 	grace, silence int64 // ms, Options.GatewayGrace and GatewaySilence
+	lostAfter      int64 // ms, Options.GatewayLost
+	waitReplicas   int
+	waitTimeout    time.Duration
 	rmu            sync.Mutex
 	reaps          []reapState // per shard
 	// clock is the last store time a reap saw and when (localNow).
@@ -166,6 +184,11 @@ func newStore(o Options) (*Store, error) {
 		reaps:  make([]reapState, o.Shards),
 	}
 	s.silence = o.GatewaySilence.Milliseconds()
+	s.lostAfter = o.GatewayLost.Milliseconds()
+	s.waitReplicas, s.waitTimeout = o.WaitReplicas, o.WaitTimeout
+	if s.waitTimeout <= 0 {
+		s.waitTimeout = callTimeout / 2
+	}
 	s.opened = time.Now()
 	if s.now != nil {
 		s.opened = s.now()
@@ -173,7 +196,7 @@ func newStore(o Options) (*Store, error) {
 	for i := 0; i < o.Shards; i++ {
 		tag := fmt.Sprintf("{%s:%d}", o.Prefix, i)
 		s.keys = append(s.keys, shardKeys{
-			data:   []string{tag + ":exp", tag + ":dev", tag + ":events", tag + ":epochs", tag + ":inv", tag + ":held"},
+			data:   []string{tag + ":exp", tag + ":dev", tag + ":events", tag + ":epochs", tag + ":inv", tag + ":held", tag + ":gateways"},
 			runner: []string{tag + ":runner"},
 		})
 	}
@@ -290,6 +313,9 @@ func (s *Store) Apply(ctx context.Context, shard int, b gateway.Batch) (gateway.
 	if err != nil {
 		return gateway.ApplyResult{}, err
 	}
+	if s.waitReplicas > 0 {
+		return s.applyShards(ctx, c, []gateway.ShardBatch{{Shard: shard, Batch: b}})[0].unpack()
+	}
 	bels, unlock := s.beliefs.lockAll([]gateway.ShardBatch{{Shard: shard, Batch: b}})
 	defer unlock()
 	args, err := s.applyArgs(ctx, shard, b, bels[0])
@@ -300,18 +326,50 @@ func (s *Store) Apply(ctx context.Context, shard int, b gateway.Batch) (gateway.
 	return s.applyResult(shard, b, res, err, bels[0])
 }
 
+func (r shardResult) unpack() (gateway.ApplyResult, error) { return r.Result, r.Err }
+
+type shardResult gateway.ShardResult
+
 // ApplyShards applies the batches of several shards in one pipeline of
 // EVALSHA calls: one round trip (one per Cluster node, in parallel). A
 // batch whose script is missing on its node (NOSCRIPT, after a restart or
 // a failover) is sent again on its own with EVAL.
 func (s *Store) ApplyShards(ctx context.Context, batches []gateway.ShardBatch) []gateway.ShardResult {
-	out := make([]gateway.ShardResult, len(batches))
 	c, err := s.client()
 	if err != nil {
+		out := make([]gateway.ShardResult, len(batches))
 		for i := range out {
 			out[i].Err = err
 		}
 		return out
+	}
+	res := s.applyShards(ctx, c, batches)
+	out := make([]gateway.ShardResult, len(res))
+	for i, r := range res {
+		out[i] = gateway.ShardResult(r)
+	}
+	return out
+}
+
+// applyShards is ApplyShards on client c; with WaitReplicas it runs on one
+// connection of c, so that WAIT counts the replicas that have its writes.
+func (s *Store) applyShards(ctx context.Context, c redis.UniversalClient, batches []gateway.ShardBatch) []shardResult {
+	out := make([]shardResult, len(batches))
+	var conn *redis.Conn
+	if s.waitReplicas > 0 {
+		sc, ok := c.(*redis.Client)
+		if !ok {
+			for i := range out {
+				out[i].Err = errors.New("redisstore: wait_replicas needs a standalone server")
+			}
+			return out
+		}
+		conn = sc.Conn()
+		defer conn.Close()
+	}
+	pipelined, run := c.Pipelined, func(keys []string, args []any) *redis.Cmd { return s.apply.Run(ctx, c, keys, args...) }
+	if conn != nil {
+		pipelined, run = conn.Pipelined, func(keys []string, args []any) *redis.Cmd { return s.apply.Run(ctx, conn, keys, args...) }
 	}
 	cmds := make([]*redis.Cmd, len(batches))
 	args := make([][]any, len(batches))
@@ -319,7 +377,7 @@ func (s *Store) ApplyShards(ctx context.Context, batches []gateway.ShardBatch) [
 	defer unlock()
 	// Each command carries its own error (a network failure is set on
 	// all of them), so the pipeline's first error needs no reading.
-	_, _ = c.Pipelined(ctx, func(p redis.Pipeliner) error {
+	_, _ = pipelined(ctx, func(p redis.Pipeliner) error {
 		for i, sb := range batches {
 			a, err := s.applyArgs(ctx, sb.Shard, sb.Batch, bels[i])
 			if err != nil {
@@ -337,11 +395,41 @@ func (s *Store) ApplyShards(ctx context.Context, batches []gateway.ShardBatch) [
 		}
 		res, err := cmds[i].Slice()
 		if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
-			res, err = s.apply.Run(ctx, c, s.keys[sb.Shard].data, args[i]...).Slice()
+			res, err = run(s.keys[sb.Shard].data, args[i]).Slice()
 		}
 		out[i].Result, out[i].Err = s.applyResult(sb.Shard, sb.Batch, res, err, bels[i])
 	}
+	if conn != nil {
+		s.waitFor(ctx, conn, batches, out)
+	}
 	return out
+}
+
+// waitFor waits until WaitReplicas replicas have the writes of conn when a
+// batch of the call wrote events or replayed an outbox; with fewer (or an
+// error), those batches fail with gateway.ErrUnavailable.
+func (s *Store) waitFor(ctx context.Context, conn *redis.Conn, batches []gateway.ShardBatch, out []shardResult) {
+	need := false
+	for i, r := range out {
+		if r.Err == nil && (len(r.Result.Events) > 0 || batches[i].Batch.Replay) {
+			need = true
+		}
+	}
+	if !need {
+		return
+	}
+	n, err := conn.Wait(ctx, s.waitReplicas, s.waitTimeout).Result()
+	if err == nil && int(n) >= s.waitReplicas {
+		return
+	}
+	if err == nil {
+		err = fmt.Errorf("%d of %d replicas acknowledged within %v", n, s.waitReplicas, s.waitTimeout)
+	}
+	for i, r := range out {
+		if r.Err == nil && (len(r.Result.Events) > 0 || batches[i].Batch.Replay) {
+			out[i] = shardResult{Err: unavailable("apply: wait for replicas", err)}
+		}
+	}
 }
 
 // localNow is the clock beliefs age by: the time since Open, on the
@@ -491,7 +579,11 @@ func (s *Store) Reap(ctx context.Context, shard int, limit int) (gateway.ReapRes
 	if st.failed {
 		since = "now"
 	}
-	res, err := s.reap.Run(ctx, c, s.keys[shard].data, limit, s.nowArg(), s.maxLen, s.grace, s.silence, since, s.notAfter(ctx)).Slice()
+	lostAfter := int64(0)
+	if shard == 0 {
+		lostAfter = s.lostAfter
+	}
+	res, err := s.reap.Run(ctx, c, s.keys[shard].data, limit, s.nowArg(), s.maxLen, s.grace, s.silence, since, s.notAfter(ctx), lostAfter).Slice()
 	if err == nil && len(res) == 2 && num(res[0]) == -1 {
 		err = fmt.Errorf("%w: stale call ran at %d, after its caller gave up", gateway.ErrUnavailable, num(res[1]))
 	}

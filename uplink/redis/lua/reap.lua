@@ -7,7 +7,9 @@
 -- tell: no gateway counts as live), and the store time after which the
 -- call is stale ("" for none): a call its caller gave up on (a timeout
 -- while the server was paused) may still run when the server resumes,
--- and must then do nothing; it returns {-1, now}.
+-- and must then do nothing; it returns {-1, now}; and how long a gateway
+-- may go unheard before it is reported lost (ms; 0: no gateway events,
+-- the caller passes it for shard 0 only).
 -- Returns one flat array:
 --   {trimmed, more (1|0), next deadline or -1, orphans, now, held,
 --    incarnation, then per offline event: id, device, ver, gw, session,
@@ -23,6 +25,7 @@ local grace, silence, since = tonumber(ARGV[4]) or 0, tonumber(ARGV[5]) or 0, to
 if ARGV[6] == 'now' then since = now + 1 end
 local notafter = tonumber(ARGV[7])
 if notafter and now > notafter then return {-1, now} end
+local lostafter = tonumber(ARGV[8]) or 0
 local nowstr, nowpacked = string.format('%d', now), struct.pack('>I6', now)
 local rcall, evkey = redis.call, KEYS[3]
 local incs = rcall('HMGET', KEYS[4], INC, REPL)
@@ -65,6 +68,47 @@ local function offline(p)
   if i <= #p then return nil end
   ver = ver + 1
   return char(0) .. uvarint(ver) .. nowpacked .. uvarint(gw) .. uvarint(#sid * 2) .. sid, ver, gw, sid
+end
+
+-- Gateway events: every gateway writes to every shard at least every
+-- keep-alive, so shard 0's liveness records tell of all of them. A gateway
+-- not heard for lostafter (counted from the end of the caller's last
+-- outage, when that is later: the runner's own outage is not the
+-- gateway's) gets one `lost` event in KEYS[7], and one `back` event when
+-- it writes again. While the caller cannot tell when its outage ended
+-- ("now"), no gateway is judged.
+local LOST = 'L'
+local gwevents = 0
+if lostafter > 0 and ARGV[6] ~= 'now' then
+  local last = tonumber(rcall('HGET', KEYS[4], '#')) or 0
+  if last > 0 then
+    local fields = {}
+    for ref = 1, last do
+      fields[#fields + 1] = LIVE .. ref
+      fields[#fields + 1] = LOST .. ref
+    end
+    local v = mcall('HMGET', KEYS[4], fields)
+    for ref = 1, last do
+      local s, lostat = v[2 * ref - 1], tonumber(v[2 * ref])
+      local at = s and tonumber(string.match(s, '^(%d+)'))
+      if at then
+        local silent = now - math.max(at, since) > lostafter
+        local state
+        if silent and not lostat then
+          state = 'lost'
+          rcall('HSET', KEYS[4], LOST .. ref, at)
+        elseif lostat and at > lostat then
+          state = 'back'
+          rcall('HDEL', KEYS[4], LOST .. ref)
+        end
+        if state then
+          rcall('XADD', KEYS[7], 'MAXLEN', '~', maxlen, '*', 'gateway', gwname(ref), 'state', state,
+            'at', nowstr, 'contact', string.format('%d', at))
+          gwevents = gwevents + 1
+        end
+      end
+    end
+  end
 end
 
 local due = {}

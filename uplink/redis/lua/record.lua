@@ -17,8 +17,11 @@
 --                                (ranges by gateway and age): invalidated beliefs
 --   KEYS[6] {P:s}:held    HASH   device -> "<true deadline> <held until>" (ms):
 --                                devices held for their gateway's grace
+--   KEYS[7] {P:s}:gateways STREAM gateway events (`lost`, `back`); only
+--                                shard 0's is written (reap.lua)
 -- and in KEYS[4] also "!"..ref -> "<contact ms> <behind 0|1>": the liveness
--- of gateway ref on this shard.
+-- of gateway ref on this shard, and on shard 0 "L"..ref -> the contact ms
+-- of a gateway reported lost (until it is back).
 --
 -- Packed record (integers: uvarint = unsigned LEB128; t48 = 6 bytes
 -- big-endian unsigned):
