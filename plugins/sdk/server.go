@@ -109,17 +109,13 @@ func (s *Server) Shutdown(ctx context.Context, _ *pb.ShutdownRequest) (*pb.Shutd
 	return &pb.ShutdownResponse{}, nil
 }
 
-// item is one queued piece of evidence.
-type item struct {
-	ev *pb.Evidence
-	at time.Time
-}
-
-// sink is the Sink of one Evidence stream: a bounded queue under a mutex
-// (cheaper per item than a channel), with wake-ups for the sender.
+// sink is the Sink of one Evidence stream: a bounded queue of evidence
+// values under a mutex (no allocation per item, cheaper than a channel),
+// with wake-ups for the sender. The sender swaps the queue out whole
+// and encodes the frame outside the lock (encodeFrame).
 type sink struct {
 	mu      sync.Mutex
-	pending []item
+	pending []Evidence    // At is set
 	wake    chan struct{} // a signal: pending is not empty
 	space   chan struct{} // a signal: pending is below QueueSize
 	ready   chan struct{}
@@ -140,12 +136,11 @@ func notify(c chan struct{}) {
 }
 
 func (k *sink) Send(ctx context.Context, ev Evidence) error {
-	at := ev.At
-	if at.IsZero() {
-		at = time.Now()
+	if ev.At.IsZero() {
+		ev.At = time.Now()
 	}
-	it := item{ev: &pb.Evidence{Kind: pb.Kind(ev.Kind), Device: ev.Device, Instance: ev.Instance, Metadata: ev.Metadata}, at: at}
 	k.mu.Lock()
+	waited := false
 	for len(k.pending) >= QueueSize {
 		k.mu.Unlock()
 		select {
@@ -153,28 +148,41 @@ func (k *sink) Send(ctx context.Context, ev Evidence) error {
 		case <-ctx.Done():
 			return ctx.Err()
 		}
+		waited = true
 		k.mu.Lock()
 	}
-	k.pending = append(k.pending, it)
+	wasEmpty := len(k.pending) == 0
+	k.pending = append(k.pending, ev)
+	room := len(k.pending) < QueueSize
 	k.mu.Unlock()
-	notify(k.wake)
+	// The sender needs a signal only when it may have found the queue
+	// empty; it signals itself while it leaves items behind (take).
+	if wasEmpty {
+		notify(k.wake)
+	}
+	if waited && room {
+		notify(k.space) // pass the space on to the next blocked Send
+	}
 	k.Ready()
 	return nil
 }
 
-// take removes up to MaxFrame items into a frame, aged now.
-func (k *sink) take(frame *pb.EvidenceFrame) {
+// take moves up to MaxFrame pending items, oldest first, into buf (whose
+// contents it replaces) and returns it. When everything pending fits in
+// one frame the queue and buf trade places: no copy.
+func (k *sink) take(buf []Evidence) []Evidence {
+	clear(buf)
 	k.mu.Lock()
-	now := time.Now()
 	n := min(len(k.pending), MaxFrame)
-	for _, it := range k.pending[:n] {
-		it.ev.AgeUs = max(0, now.Sub(it.at).Microseconds())
-		frame.Evidence = append(frame.Evidence, it.ev)
+	if n == len(k.pending) {
+		buf, k.pending = k.pending, buf[:0]
+	} else {
+		buf = append(buf[:0], k.pending[:n]...)
+		rest := copy(k.pending, k.pending[n:])
+		clear(k.pending[rest:])
+		k.pending = k.pending[:rest]
 	}
-	rest := copy(k.pending, k.pending[n:])
-	clear(k.pending[rest:])
-	k.pending = k.pending[:rest]
-	more := rest > 0
+	more := len(k.pending) > 0
 	k.mu.Unlock()
 	if n > 0 {
 		notify(k.space)
@@ -182,6 +190,7 @@ func (k *sink) take(frame *pb.EvidenceFrame) {
 	if more {
 		notify(k.wake)
 	}
+	return buf
 }
 
 func (k *sink) len() int {
@@ -225,10 +234,10 @@ func (s *Server) Evidence(_ *pb.EvidenceRequest, stream pb.Adapter_EvidenceServe
 	runDone := make(chan error, 1)
 	go func() { runDone <- s.a.Run(WithLogger(ctx, s.log), k) }()
 
+	var batch []Evidence
 	send := func(ready bool) error {
-		frame := &pb.EvidenceFrame{Ready: ready}
-		k.take(frame)
-		return stream.Send(frame)
+		batch = k.take(batch)
+		return stream.SendMsg(encodeFrame(ready, batch, time.Now()))
 	}
 	// finish stops Run (if it is still going), then flushes the queue.
 	finish := func(runErr error, running bool) error {

@@ -1,7 +1,11 @@
 package sdk
 
 import (
+	"fmt"
 	"testing"
+	"time"
+
+	"google.golang.org/protobuf/proto"
 
 	pb "github.com/fleetgate/fleetgate/plugins/proto"
 )
@@ -10,18 +14,93 @@ import (
 // MaxFrame, oldest first.
 func TestTakeFillsFrames(t *testing.T) {
 	k := newSink()
-	for range 2500 {
-		if err := k.Send(t.Context(), Evidence{Kind: Renew, Device: "d"}); err != nil {
+	for i := range 2500 {
+		if err := k.Send(t.Context(), Evidence{Kind: Renew, Device: fmt.Sprint("d-", i)}); err != nil {
 			t.Fatal(err)
 		}
 	}
 	var sizes []int
-	for k.len() > 0 {
-		f := &pb.EvidenceFrame{}
-		k.take(f)
-		sizes = append(sizes, len(f.Evidence))
+	var batch []Evidence
+	next := 0
+	for k.len() > 0 && len(sizes) < 10 {
+		batch = k.take(batch)
+		sizes = append(sizes, len(batch))
+		for _, ev := range batch {
+			if want := fmt.Sprint("d-", next); ev.Device != want {
+				t.Fatalf("item %d is %s, want %s", next, ev.Device, want)
+			}
+			next++
+		}
 	}
 	if len(sizes) != 3 || sizes[0] != MaxFrame || sizes[1] != MaxFrame || sizes[2] != 500 {
 		t.Fatalf("frame sizes %v, want [1000 1000 500]", sizes)
+	}
+}
+
+// TestEncodedFrameIsAnEvidenceFrame: the SDK's hand-encoded frame
+// decodes, as the host reads it, to the EvidenceFrame that proto would
+// have built from the same evidence, ages included.
+func TestEncodedFrameIsAnEvidenceFrame(t *testing.T) {
+	now := time.Unix(1_700_000_000, 0)
+	items := []Evidence{
+		{Kind: Renew, Device: "d-1", At: now},
+		{Kind: Connect, Device: "dev.2:x", Instance: "gw-7", At: now.Add(-1500 * time.Millisecond)},
+		{Kind: Leave, Device: "d-3", At: now.Add(time.Second)}, // in the future: age 0
+		{Kind: Renew, Device: "d-4", At: now.Add(-time.Hour), Metadata: map[string]string{"rssi": "-97", "": "empty key", "snr": ""}},
+		{Kind: Kind(99), Device: "d-5", At: now},
+		{Kind: Kind(-1), At: now},
+		{},
+	}
+	want := &pb.EvidenceFrame{Ready: true}
+	for _, ev := range items {
+		age := max(0, now.Sub(ev.At).Microseconds())
+		want.Evidence = append(want.Evidence, &pb.Evidence{Kind: pb.Kind(ev.Kind), Device: ev.Device,
+			Instance: ev.Instance, AgeUs: age, Metadata: ev.Metadata})
+	}
+	wire, err := proto.Marshal(encodeFrame(true, items, now))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := &pb.EvidenceFrame{}
+	if err := proto.Unmarshal(wire, got); err != nil {
+		t.Fatal(err)
+	}
+	if !proto.Equal(got, want) {
+		t.Fatalf("decoded %v\nwant    %v", got, want)
+	}
+	// Byte for byte what proto writes, for items without a map (whose
+	// order proto does not fix either).
+	plain := &pb.EvidenceFrame{Ready: true, Evidence: []*pb.Evidence{want.Evidence[0], want.Evidence[1], want.Evidence[4]}}
+	ref, err := proto.Marshal(plain)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mine, err := proto.Marshal(encodeFrame(true, []Evidence{items[0], items[1], items[4]}, now))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(ref) != string(mine) {
+		t.Fatalf("encoded % x\nproto   % x", mine, ref)
+	}
+}
+
+// BenchmarkSendAndEncode is the SDK's own cost per item: Send, take and
+// the frame's encoding, in full frames.
+func BenchmarkSendAndEncode(b *testing.B) {
+	k := newSink()
+	var batch []Evidence
+	ids := make([]string, MaxFrame)
+	for i := range ids {
+		ids[i] = fmt.Sprint("bench-", i)
+	}
+	b.ReportAllocs()
+	for i := range b.N {
+		_ = k.Send(b.Context(), Evidence{Kind: Renew, Device: ids[i%MaxFrame]})
+		if i%MaxFrame == MaxFrame-1 {
+			batch = k.take(batch)
+			if _, err := proto.Marshal(encodeFrame(false, batch, time.Now())); err != nil {
+				b.Fatal(err)
+			}
+		}
 	}
 }
