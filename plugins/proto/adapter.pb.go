@@ -433,64 +433,6 @@ func (x *EvidenceFrame) GetEvidence() []*Evidence {
 	return nil
 }
 
-// EncodedEvidenceFrame is an EvidenceFrame whose evidence the sender has
-// already encoded: each element of evidence is the encoding of one
-// Evidence message. Both messages have the same wire format (field 2
-// holds length-delimited Evidence messages either way), so the SDK sends
-// this one on the Evidence stream and the host reads it as an
-// EvidenceFrame; it spares the adapter one message object per item.
-type EncodedEvidenceFrame struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Ready         bool                   `protobuf:"varint,1,opt,name=ready,proto3" json:"ready,omitempty"`
-	Evidence      [][]byte               `protobuf:"bytes,2,rep,name=evidence,proto3" json:"evidence,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
-}
-
-func (x *EncodedEvidenceFrame) Reset() {
-	*x = EncodedEvidenceFrame{}
-	mi := &file_adapter_proto_msgTypes[7]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *EncodedEvidenceFrame) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*EncodedEvidenceFrame) ProtoMessage() {}
-
-func (x *EncodedEvidenceFrame) ProtoReflect() protoreflect.Message {
-	mi := &file_adapter_proto_msgTypes[7]
-	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use EncodedEvidenceFrame.ProtoReflect.Descriptor instead.
-func (*EncodedEvidenceFrame) Descriptor() ([]byte, []int) {
-	return file_adapter_proto_rawDescGZIP(), []int{7}
-}
-
-func (x *EncodedEvidenceFrame) GetReady() bool {
-	if x != nil {
-		return x.Ready
-	}
-	return false
-}
-
-func (x *EncodedEvidenceFrame) GetEvidence() [][]byte {
-	if x != nil {
-		return x.Evidence
-	}
-	return nil
-}
-
 type HealthRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -499,7 +441,7 @@ type HealthRequest struct {
 
 func (x *HealthRequest) Reset() {
 	*x = HealthRequest{}
-	mi := &file_adapter_proto_msgTypes[8]
+	mi := &file_adapter_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -511,7 +453,7 @@ func (x *HealthRequest) String() string {
 func (*HealthRequest) ProtoMessage() {}
 
 func (x *HealthRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_adapter_proto_msgTypes[8]
+	mi := &file_adapter_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -524,7 +466,7 @@ func (x *HealthRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthRequest.ProtoReflect.Descriptor instead.
 func (*HealthRequest) Descriptor() ([]byte, []int) {
-	return file_adapter_proto_rawDescGZIP(), []int{8}
+	return file_adapter_proto_rawDescGZIP(), []int{7}
 }
 
 type HealthResponse struct {
@@ -537,7 +479,7 @@ type HealthResponse struct {
 
 func (x *HealthResponse) Reset() {
 	*x = HealthResponse{}
-	mi := &file_adapter_proto_msgTypes[9]
+	mi := &file_adapter_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -549,7 +491,7 @@ func (x *HealthResponse) String() string {
 func (*HealthResponse) ProtoMessage() {}
 
 func (x *HealthResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_adapter_proto_msgTypes[9]
+	mi := &file_adapter_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -562,7 +504,7 @@ func (x *HealthResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthResponse.ProtoReflect.Descriptor instead.
 func (*HealthResponse) Descriptor() ([]byte, []int) {
-	return file_adapter_proto_rawDescGZIP(), []int{9}
+	return file_adapter_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *HealthResponse) GetStatus() string {
@@ -580,7 +522,7 @@ type ShutdownRequest struct {
 
 func (x *ShutdownRequest) Reset() {
 	*x = ShutdownRequest{}
-	mi := &file_adapter_proto_msgTypes[10]
+	mi := &file_adapter_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -592,7 +534,7 @@ func (x *ShutdownRequest) String() string {
 func (*ShutdownRequest) ProtoMessage() {}
 
 func (x *ShutdownRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_adapter_proto_msgTypes[10]
+	mi := &file_adapter_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -605,7 +547,7 @@ func (x *ShutdownRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShutdownRequest.ProtoReflect.Descriptor instead.
 func (*ShutdownRequest) Descriptor() ([]byte, []int) {
-	return file_adapter_proto_rawDescGZIP(), []int{10}
+	return file_adapter_proto_rawDescGZIP(), []int{9}
 }
 
 type ShutdownResponse struct {
@@ -616,7 +558,7 @@ type ShutdownResponse struct {
 
 func (x *ShutdownResponse) Reset() {
 	*x = ShutdownResponse{}
-	mi := &file_adapter_proto_msgTypes[11]
+	mi := &file_adapter_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -628,7 +570,7 @@ func (x *ShutdownResponse) String() string {
 func (*ShutdownResponse) ProtoMessage() {}
 
 func (x *ShutdownResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_adapter_proto_msgTypes[11]
+	mi := &file_adapter_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -641,7 +583,7 @@ func (x *ShutdownResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShutdownResponse.ProtoReflect.Descriptor instead.
 func (*ShutdownResponse) Descriptor() ([]byte, []int) {
-	return file_adapter_proto_rawDescGZIP(), []int{11}
+	return file_adapter_proto_rawDescGZIP(), []int{10}
 }
 
 var File_adapter_proto protoreflect.FileDescriptor
@@ -669,10 +611,7 @@ const file_adapter_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"a\n" +
 	"\rEvidenceFrame\x12\x14\n" +
 	"\x05ready\x18\x01 \x01(\bR\x05ready\x12:\n" +
-	"\bevidence\x18\x02 \x03(\v2\x1e.fleetgate.adapter.v1.EvidenceR\bevidence\"H\n" +
-	"\x14EncodedEvidenceFrame\x12\x14\n" +
-	"\x05ready\x18\x01 \x01(\bR\x05ready\x12\x1a\n" +
-	"\bevidence\x18\x02 \x03(\fR\bevidence\"\x0f\n" +
+	"\bevidence\x18\x02 \x03(\v2\x1e.fleetgate.adapter.v1.EvidenceR\bevidence\"\x0f\n" +
 	"\rHealthRequest\"(\n" +
 	"\x0eHealthResponse\x12\x16\n" +
 	"\x06status\x18\x01 \x01(\tR\x06status\"\x11\n" +
@@ -705,37 +644,36 @@ func file_adapter_proto_rawDescGZIP() []byte {
 }
 
 var file_adapter_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_adapter_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
+var file_adapter_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
 var file_adapter_proto_goTypes = []any{
-	(Kind)(0),                    // 0: fleetgate.adapter.v1.Kind
-	(*InfoRequest)(nil),          // 1: fleetgate.adapter.v1.InfoRequest
-	(*InfoResponse)(nil),         // 2: fleetgate.adapter.v1.InfoResponse
-	(*ConfigureRequest)(nil),     // 3: fleetgate.adapter.v1.ConfigureRequest
-	(*ConfigureResponse)(nil),    // 4: fleetgate.adapter.v1.ConfigureResponse
-	(*EvidenceRequest)(nil),      // 5: fleetgate.adapter.v1.EvidenceRequest
-	(*Evidence)(nil),             // 6: fleetgate.adapter.v1.Evidence
-	(*EvidenceFrame)(nil),        // 7: fleetgate.adapter.v1.EvidenceFrame
-	(*EncodedEvidenceFrame)(nil), // 8: fleetgate.adapter.v1.EncodedEvidenceFrame
-	(*HealthRequest)(nil),        // 9: fleetgate.adapter.v1.HealthRequest
-	(*HealthResponse)(nil),       // 10: fleetgate.adapter.v1.HealthResponse
-	(*ShutdownRequest)(nil),      // 11: fleetgate.adapter.v1.ShutdownRequest
-	(*ShutdownResponse)(nil),     // 12: fleetgate.adapter.v1.ShutdownResponse
-	nil,                          // 13: fleetgate.adapter.v1.Evidence.MetadataEntry
+	(Kind)(0),                 // 0: fleetgate.adapter.v1.Kind
+	(*InfoRequest)(nil),       // 1: fleetgate.adapter.v1.InfoRequest
+	(*InfoResponse)(nil),      // 2: fleetgate.adapter.v1.InfoResponse
+	(*ConfigureRequest)(nil),  // 3: fleetgate.adapter.v1.ConfigureRequest
+	(*ConfigureResponse)(nil), // 4: fleetgate.adapter.v1.ConfigureResponse
+	(*EvidenceRequest)(nil),   // 5: fleetgate.adapter.v1.EvidenceRequest
+	(*Evidence)(nil),          // 6: fleetgate.adapter.v1.Evidence
+	(*EvidenceFrame)(nil),     // 7: fleetgate.adapter.v1.EvidenceFrame
+	(*HealthRequest)(nil),     // 8: fleetgate.adapter.v1.HealthRequest
+	(*HealthResponse)(nil),    // 9: fleetgate.adapter.v1.HealthResponse
+	(*ShutdownRequest)(nil),   // 10: fleetgate.adapter.v1.ShutdownRequest
+	(*ShutdownResponse)(nil),  // 11: fleetgate.adapter.v1.ShutdownResponse
+	nil,                       // 12: fleetgate.adapter.v1.Evidence.MetadataEntry
 }
 var file_adapter_proto_depIdxs = []int32{
 	0,  // 0: fleetgate.adapter.v1.Evidence.kind:type_name -> fleetgate.adapter.v1.Kind
-	13, // 1: fleetgate.adapter.v1.Evidence.metadata:type_name -> fleetgate.adapter.v1.Evidence.MetadataEntry
+	12, // 1: fleetgate.adapter.v1.Evidence.metadata:type_name -> fleetgate.adapter.v1.Evidence.MetadataEntry
 	6,  // 2: fleetgate.adapter.v1.EvidenceFrame.evidence:type_name -> fleetgate.adapter.v1.Evidence
 	1,  // 3: fleetgate.adapter.v1.Adapter.Info:input_type -> fleetgate.adapter.v1.InfoRequest
 	3,  // 4: fleetgate.adapter.v1.Adapter.Configure:input_type -> fleetgate.adapter.v1.ConfigureRequest
 	5,  // 5: fleetgate.adapter.v1.Adapter.Evidence:input_type -> fleetgate.adapter.v1.EvidenceRequest
-	9,  // 6: fleetgate.adapter.v1.Adapter.Health:input_type -> fleetgate.adapter.v1.HealthRequest
-	11, // 7: fleetgate.adapter.v1.Adapter.Shutdown:input_type -> fleetgate.adapter.v1.ShutdownRequest
+	8,  // 6: fleetgate.adapter.v1.Adapter.Health:input_type -> fleetgate.adapter.v1.HealthRequest
+	10, // 7: fleetgate.adapter.v1.Adapter.Shutdown:input_type -> fleetgate.adapter.v1.ShutdownRequest
 	2,  // 8: fleetgate.adapter.v1.Adapter.Info:output_type -> fleetgate.adapter.v1.InfoResponse
 	4,  // 9: fleetgate.adapter.v1.Adapter.Configure:output_type -> fleetgate.adapter.v1.ConfigureResponse
 	7,  // 10: fleetgate.adapter.v1.Adapter.Evidence:output_type -> fleetgate.adapter.v1.EvidenceFrame
-	10, // 11: fleetgate.adapter.v1.Adapter.Health:output_type -> fleetgate.adapter.v1.HealthResponse
-	12, // 12: fleetgate.adapter.v1.Adapter.Shutdown:output_type -> fleetgate.adapter.v1.ShutdownResponse
+	9,  // 11: fleetgate.adapter.v1.Adapter.Health:output_type -> fleetgate.adapter.v1.HealthResponse
+	11, // 12: fleetgate.adapter.v1.Adapter.Shutdown:output_type -> fleetgate.adapter.v1.ShutdownResponse
 	8,  // [8:13] is the sub-list for method output_type
 	3,  // [3:8] is the sub-list for method input_type
 	3,  // [3:3] is the sub-list for extension type_name
@@ -754,7 +692,7 @@ func file_adapter_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_adapter_proto_rawDesc), len(file_adapter_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   13,
+			NumMessages:   12,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

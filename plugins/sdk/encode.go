@@ -1,14 +1,17 @@
 package sdk
 
 import (
+	"slices"
 	"time"
 
 	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/reflect/protoreflect"
 
 	pb "github.com/fleetgate/fleetgate/plugins/proto"
 )
 
-// Field numbers of pb.Evidence and of its metadata entries.
+// Field numbers of pb.Evidence, of its metadata entries and of
+// pb.EvidenceFrame.
 const (
 	fieldKind     protowire.Number = 1
 	fieldDevice   protowire.Number = 2
@@ -17,28 +20,36 @@ const (
 	fieldMetadata protowire.Number = 5
 	fieldMapKey   protowire.Number = 1
 	fieldMapValue protowire.Number = 2
+	// fieldFrameEvidence is pb.EvidenceFrame's repeated evidence.
+	fieldFrameEvidence protowire.Number = 2
 )
 
-// encodeFrame encodes items, aged at now, as one frame: each item becomes
-// the bytes of a pb.Evidence message (what proto.Marshal would write, in
-// field order) in one buffer allocated for the frame. The frame is sent
-// as a pb.EncodedEvidenceFrame, which the host reads as a
-// pb.EvidenceFrame (the same wire format).
-func encodeFrame(ready bool, items []Evidence, now time.Time) *pb.EncodedEvidenceFrame {
-	ages := make([]int64, len(items))
-	size := 0
+// encodeFrame encodes items, aged at now, as one pb.EvidenceFrame: each
+// item becomes a record of the frame's field 2 (evidence) holding the
+// bytes of a pb.Evidence message, what proto.Marshal would write (in
+// field order; map entries in map order). The records go into one buffer
+// allocated for the frame and attached to it as its raw fields, which
+// proto writes out verbatim; the host decodes them as the frame's
+// evidence. So no message is built per item. scratch is the caller's,
+// kept between frames.
+func encodeFrame(ready bool, items []Evidence, now time.Time, scratch []int64) (*pb.EvidenceFrame, []int64) {
+	scratch = slices.Grow(scratch[:0], 2*len(items)) // age, size of each item
+	total := 0
 	for i := range items {
-		ages[i] = max(0, now.Sub(items[i].At).Microseconds())
-		size += evidenceSize(&items[i], ages[i])
+		age := max(0, now.Sub(items[i].At).Microseconds())
+		n := evidenceSize(&items[i], age)
+		scratch = append(scratch, age, int64(n))
+		total += 1 + protowire.SizeBytes(n)
 	}
-	buf := make([]byte, 0, size)
-	out := make([][]byte, len(items))
+	buf := make([]byte, 0, total)
 	for i := range items {
-		start := len(buf)
-		buf = appendEvidence(buf, &items[i], ages[i])
-		out[i] = buf[start:len(buf):len(buf)]
+		buf = protowire.AppendTag(buf, fieldFrameEvidence, protowire.BytesType)
+		buf = protowire.AppendVarint(buf, uint64(scratch[2*i+1]))
+		buf = appendEvidence(buf, &items[i], scratch[2*i])
 	}
-	return &pb.EncodedEvidenceFrame{Ready: ready, Evidence: out}
+	f := &pb.EvidenceFrame{Ready: ready}
+	f.ProtoReflect().SetUnknown(protoreflect.RawFields(buf))
+	return f, scratch
 }
 
 // kindValue is the varint of a Kind as proto encodes an enum (int32).

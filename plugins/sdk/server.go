@@ -111,15 +111,19 @@ func (s *Server) Shutdown(ctx context.Context, _ *pb.ShutdownRequest) (*pb.Shutd
 
 // sink is the Sink of one Evidence stream: a bounded queue of evidence
 // values under a mutex (no allocation per item, cheaper than a channel),
-// with wake-ups for the sender. The sender swaps the queue out whole
-// and encodes the frame outside the lock (encodeFrame).
+// with wake-ups for the sender. The queue is a list of chunks of at most
+// MaxFrame items, each the content of one frame: the sender takes the
+// oldest chunk whole and encodes it outside the lock (encodeFrame), so
+// nothing is copied or shifted per item, and emptied chunks are reused.
 type sink struct {
-	mu      sync.Mutex
-	pending []Evidence    // At is set
-	wake    chan struct{} // a signal: pending is not empty
-	space   chan struct{} // a signal: pending is below QueueSize
-	ready   chan struct{}
-	once    sync.Once
+	mu     sync.Mutex
+	chunks [][]Evidence  // oldest first; only the last may be partly filled; At is set
+	queued int           // items in chunks
+	free   [][]Evidence  // emptied chunks (length 0)
+	wake   chan struct{} // a signal: the queue is not empty
+	space  chan struct{} // a signal: the queue is below QueueSize
+	ready  chan struct{}
+	once   sync.Once
 }
 
 func newSink() *sink {
@@ -141,7 +145,7 @@ func (k *sink) Send(ctx context.Context, ev Evidence) error {
 	}
 	k.mu.Lock()
 	waited := false
-	for len(k.pending) >= QueueSize {
+	for k.queued >= QueueSize {
 		k.mu.Unlock()
 		select {
 		case <-k.space:
@@ -151,9 +155,18 @@ func (k *sink) Send(ctx context.Context, ev Evidence) error {
 		waited = true
 		k.mu.Lock()
 	}
-	wasEmpty := len(k.pending) == 0
-	k.pending = append(k.pending, ev)
-	room := len(k.pending) < QueueSize
+	last := len(k.chunks) - 1
+	if last < 0 || len(k.chunks[last]) == MaxFrame {
+		var c []Evidence
+		if n := len(k.free); n > 0 {
+			c, k.free = k.free[n-1], k.free[:n-1]
+		}
+		k.chunks = append(k.chunks, c)
+		last++
+	}
+	k.chunks[last] = append(k.chunks[last], ev)
+	k.queued++
+	wasEmpty, room := k.queued == 1, k.queued < QueueSize
 	k.mu.Unlock()
 	// The sender needs a signal only when it may have found the queue
 	// empty; it signals itself while it leaves items behind (take).
@@ -167,36 +180,37 @@ func (k *sink) Send(ctx context.Context, ev Evidence) error {
 	return nil
 }
 
-// take moves up to MaxFrame pending items, oldest first, into buf (whose
-// contents it replaces) and returns it. When everything pending fits in
-// one frame the queue and buf trade places: no copy.
-func (k *sink) take(buf []Evidence) []Evidence {
-	clear(buf)
+// take returns the oldest chunk (at most MaxFrame items, oldest first;
+// empty when nothing is queued), which the caller owns until its next
+// call, when it hands back done, the chunk it got the last time.
+func (k *sink) take(done []Evidence) []Evidence {
+	clear(done)
 	k.mu.Lock()
-	n := min(len(k.pending), MaxFrame)
-	if n == len(k.pending) {
-		buf, k.pending = k.pending, buf[:0]
-	} else {
-		buf = append(buf[:0], k.pending[:n]...)
-		rest := copy(k.pending, k.pending[n:])
-		clear(k.pending[rest:])
-		k.pending = k.pending[:rest]
+	if done != nil {
+		k.free = append(k.free, done[:0])
 	}
-	more := len(k.pending) > 0
+	var c []Evidence
+	if len(k.chunks) > 0 {
+		c = k.chunks[0]
+		k.chunks[0] = nil
+		k.chunks = k.chunks[:copy(k.chunks, k.chunks[1:])]
+		k.queued -= len(c)
+	}
+	more := k.queued > 0
 	k.mu.Unlock()
-	if n > 0 {
+	if len(c) > 0 {
 		notify(k.space)
 	}
 	if more {
 		notify(k.wake)
 	}
-	return buf
+	return c
 }
 
 func (k *sink) len() int {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	return len(k.pending)
+	return k.queued
 }
 
 // Evidence implements the contract's Evidence stream.
@@ -234,10 +248,15 @@ func (s *Server) Evidence(_ *pb.EvidenceRequest, stream pb.Adapter_EvidenceServe
 	runDone := make(chan error, 1)
 	go func() { runDone <- s.a.Run(WithLogger(ctx, s.log), k) }()
 
-	var batch []Evidence
+	var (
+		batch   []Evidence
+		scratch []int64
+		frame   *pb.EvidenceFrame
+	)
 	send := func(ready bool) error {
 		batch = k.take(batch)
-		return stream.SendMsg(encodeFrame(ready, batch, time.Now()))
+		frame, scratch = encodeFrame(ready, batch, time.Now(), scratch)
+		return stream.Send(frame)
 	}
 	// finish stops Run (if it is still going), then flushes the queue.
 	finish := func(runErr error, running bool) error {
