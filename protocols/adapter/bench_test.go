@@ -21,6 +21,7 @@ import (
 
 	"github.com/fleetgate/fleetgate/gateway"
 	pb "github.com/fleetgate/fleetgate/plugins/proto"
+	"github.com/fleetgate/fleetgate/plugins/sdk"
 )
 
 // frameItems is the size of a full evidence frame (sdk.MaxFrame).
@@ -139,16 +140,21 @@ func buildAdapter(b *testing.B, pkg string) string {
 //     batching, frame encoding) under go-plugin (gRPC, AutoMTLS over a
 //     unix socket), sending renewals of 1000 devices as fast as the SDK
 //     takes them.
-//   - The ceiling: prebuilt full frames of the same 1000 renewals served
-//     by an in-process gRPC server over loopback TCP without TLS. It
-//     does no adapter-side work per item besides gRPC's marshalling.
+//   - The ceiling (plain): prebuilt full frames of the same 1000
+//     renewals served by an in-process gRPC server over loopback TCP
+//     without TLS. It does no adapter-side work per item besides gRPC's
+//     marshalling: no clock read, no queue, no batching.
+//   - For the analysis (sdk): the SDK's server running the same loop in
+//     this process on a plain gRPC stream: the plugin path without
+//     go-plugin, TLS and the second process.
 //
 // An op is opFrames frames of 1000 renewals. The plain stream runs before
-// and after the plugin and the ceiling is their mean, so that load that
+// and after the others and the ceiling is their mean, so that load that
 // comes or goes during the run weighs on both. Reported per renewal:
 // wall time of each path and plugin/plain (the throughput ratio, goal ≥
-// 0.7), CPU time of each path (the plugin's: host and adapter processes)
-// and the frames' fill.
+// 0.7); CPU time of each path (cpu-ns: the plugin's host and adapter
+// processes together; adapter-cpu-ns: the adapter's share; plain- and
+// sdk-cpu-ns: this process, both ends); the frames' fill.
 func BenchmarkRenewalsThroughPlugin(b *testing.B) {
 	path := buildAdapter(b, "github.com/fleetgate/fleetgate/protocols/adapter/testdata/benchadapter")
 	frames := b.N * opFrames
@@ -174,7 +180,9 @@ func BenchmarkRenewalsThroughPlugin(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer conn.Close()
-	plainRun := func() (wall, cpu time.Duration) {
+	// run measures one stream into a host: from warm pieces of evidence
+	// to warm+items, wall and CPU time of this process.
+	run := func(open func(context.Context) pb.Adapter_EvidenceClient) (wall, cpu time.Duration) {
 		obs := newTableObserver(warm, warm+items)
 		host, err := New(obs, Options{Lease: 90 * time.Second})
 		if err != nil {
@@ -183,15 +191,50 @@ func BenchmarkRenewalsThroughPlugin(b *testing.B) {
 		p := newProc(host, Spec{Name: "bench"})
 		sctx, cancel := context.WithCancel(ctx)
 		defer cancel()
-		stream, err := pb.NewAdapterClient(conn).Evidence(sctx, &pb.EvidenceRequest{})
-		if err != nil {
-			b.Fatal(err)
-		}
+		stream := open(sctx)
 		go func() { _ = p.receive(sctx, stream) }()
 		<-obs.warmed
 		start, cpu0 := time.Now(), processCPU(b)
 		<-obs.done
 		return time.Since(start), processCPU(b) - cpu0
+	}
+	plainRun := func() (wall, cpu time.Duration) {
+		return run(func(sctx context.Context) pb.Adapter_EvidenceClient {
+			stream, err := pb.NewAdapterClient(conn).Evidence(sctx, &pb.EvidenceRequest{})
+			if err != nil {
+				b.Fatal(err)
+			}
+			return stream
+		})
+	}
+	// sdkRun: the SDK's server and the benchadapter's loop in this process,
+	// on a plain gRPC stream over loopback TCP (no go-plugin, no TLS, no
+	// second process): what the SDK costs by itself.
+	sdkRun := func() (wall, cpu time.Duration) {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			b.Fatal(err)
+		}
+		gs := grpc.NewServer()
+		pb.RegisterAdapterServer(gs, sdk.NewServer(sdk.Info{Name: "renewer", Version: "1"}, &renewer{items: warm + items}, nil))
+		go func() { _ = gs.Serve(ln) }()
+		defer gs.Stop()
+		conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer conn.Close()
+		return run(func(sctx context.Context) pb.Adapter_EvidenceClient {
+			c := pb.NewAdapterClient(conn)
+			if _, err := c.Configure(sctx, &pb.ConfigureRequest{}); err != nil {
+				b.Fatal(err)
+			}
+			stream, err := c.Evidence(sctx, &pb.EvidenceRequest{})
+			if err != nil {
+				b.Fatal(err)
+			}
+			return stream
+		})
 	}
 
 	b.ResetTimer()
@@ -220,6 +263,7 @@ func BenchmarkRenewalsThroughPlugin(b *testing.B) {
 	hostCPU, adapterCPU := processCPU(b)-hostCPU0, childCPU(b, pid)-adapterCPU0
 	pluginFrames := h.Status()[0].Frames
 
+	sdkWall, sdkCPU := sdkRun()
 	plainWall2, plainCPU2 := plainRun()
 	b.StopTimer()
 
@@ -231,9 +275,35 @@ func BenchmarkRenewalsThroughPlugin(b *testing.B) {
 	b.ReportMetric(per(hostCPU+adapterCPU), "cpu-ns/renewal")
 	b.ReportMetric(per(adapterCPU), "adapter-cpu-ns/renewal")
 	b.ReportMetric(per((plainCPU1+plainCPU2)/2), "plain-cpu-ns/renewal")
+	b.ReportMetric(per(sdkWall), "sdk-ns/renewal")
+	b.ReportMetric(per(sdkCPU), "sdk-cpu-ns/renewal")
 	if pluginFrames > 0 {
 		b.ReportMetric(float64(warm+items)/float64(pluginFrames), "renewals/frame")
 	}
+}
+
+// renewer is the benchadapter's loop (testdata/benchadapter) as an
+// sdk.Adapter in this process: once its stream opens it sends items
+// renewals of 1000 devices as fast as the SDK takes them, then idles.
+type renewer struct{ items int64 }
+
+var _ sdk.Adapter = (*renewer)(nil)
+
+func (r *renewer) Configure(context.Context, []byte) error { return nil }
+
+func (r *renewer) Run(ctx context.Context, sink sdk.Sink) error {
+	sink.Ready()
+	ids := make([]string, frameItems)
+	for i := range ids {
+		ids[i] = "bench-" + strconv.Itoa(i)
+	}
+	for i := range r.items {
+		if err := sink.Send(ctx, sdk.Evidence{Kind: sdk.Renew, Device: ids[i%frameItems]}); err != nil {
+			return nil
+		}
+	}
+	<-ctx.Done()
+	return nil
 }
 
 // frameServer streams the same frame frames times on each stream.
