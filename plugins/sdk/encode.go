@@ -43,8 +43,8 @@ func encodeFrame(ready bool, items []Evidence, now time.Time, scratch []int64) (
 	}
 	buf := make([]byte, 0, total)
 	for i := range items {
-		buf = protowire.AppendTag(buf, fieldFrameEvidence, protowire.BytesType)
-		buf = protowire.AppendVarint(buf, uint64(scratch[2*i+1]))
+		buf = appendTag(buf, fieldFrameEvidence, protowire.BytesType)
+		buf = appendVarint(buf, uint64(scratch[2*i+1]))
 		buf = appendEvidence(buf, &items[i], scratch[2*i])
 	}
 	f := &pb.EvidenceFrame{Ready: ready}
@@ -83,34 +83,49 @@ func entrySize(k, v string) int {
 	return 2 + protowire.SizeBytes(len(k)) + protowire.SizeBytes(len(v))
 }
 
+// appendVarint is protowire.AppendVarint with the one-byte case inline
+// (tags, kinds and string lengths below 128).
+func appendVarint(b []byte, v uint64) []byte {
+	if v < 0x80 {
+		return append(b, byte(v))
+	}
+	return protowire.AppendVarint(b, v)
+}
+
+func appendTag(b []byte, num protowire.Number, typ protowire.Type) []byte {
+	return appendVarint(b, uint64(protowire.EncodeTag(num, typ)))
+}
+
+func appendString(b []byte, num protowire.Number, s string) []byte {
+	b = appendTag(b, num, protowire.BytesType)
+	b = appendVarint(b, uint64(len(s)))
+	return append(b, s...)
+}
+
 // appendEvidence appends the pb.Evidence encoding of ev aged age (µs).
 func appendEvidence(b []byte, ev *Evidence, age int64) []byte {
 	if pb.Kind(ev.Kind) != 0 {
-		b = protowire.AppendTag(b, fieldKind, protowire.VarintType)
-		b = protowire.AppendVarint(b, kindValue(ev.Kind))
+		b = appendTag(b, fieldKind, protowire.VarintType)
+		b = appendVarint(b, kindValue(ev.Kind))
 	}
 	if ev.Device != "" {
-		b = protowire.AppendTag(b, fieldDevice, protowire.BytesType)
-		b = protowire.AppendString(b, ev.Device)
+		b = appendString(b, fieldDevice, ev.Device)
 	}
 	if ev.Instance != "" {
-		b = protowire.AppendTag(b, fieldInstance, protowire.BytesType)
-		b = protowire.AppendString(b, ev.Instance)
+		b = appendString(b, fieldInstance, ev.Instance)
 	}
 	if age != 0 {
-		b = protowire.AppendTag(b, fieldAge, protowire.VarintType)
-		b = protowire.AppendVarint(b, uint64(age))
+		b = appendTag(b, fieldAge, protowire.VarintType)
+		b = appendVarint(b, uint64(age))
 	}
 	if len(ev.Metadata) == 0 {
 		return b
 	}
 	for k, v := range ev.Metadata {
-		b = protowire.AppendTag(b, fieldMetadata, protowire.BytesType)
-		b = protowire.AppendVarint(b, uint64(entrySize(k, v)))
-		b = protowire.AppendTag(b, fieldMapKey, protowire.BytesType)
-		b = protowire.AppendString(b, k)
-		b = protowire.AppendTag(b, fieldMapValue, protowire.BytesType)
-		b = protowire.AppendString(b, v)
+		b = appendTag(b, fieldMetadata, protowire.BytesType)
+		b = appendVarint(b, uint64(entrySize(k, v)))
+		b = appendString(b, fieldMapKey, k)
+		b = appendString(b, fieldMapValue, v)
 	}
 	return b
 }
