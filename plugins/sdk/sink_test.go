@@ -122,3 +122,69 @@ func BenchmarkSendAndEncode(b *testing.B) {
 }
 
 func first(f *pb.EvidenceFrame, _ []int64) *pb.EvidenceFrame { return f }
+
+// TestConcurrentSendersBeyondTheQueue: several goroutines send more than
+// QueueSize between them while a slow consumer takes frames; every item
+// arrives once, each sender's in order, no frame exceeds MaxFrame, and
+// no Send stays blocked.
+func TestConcurrentSendersBeyondTheQueue(t *testing.T) {
+	const senders, each = 4, 5000
+	k := newSink()
+	errs := make(chan error, senders)
+	for s := range senders {
+		go func() {
+			for i := range each {
+				if err := k.Send(t.Context(), Evidence{Kind: Renew, Device: fmt.Sprintf("s%d-%d", s, i)}); err != nil {
+					errs <- err
+					return
+				}
+			}
+			errs <- nil
+		}()
+	}
+	next := make([]int, senders)
+	got, done := 0, 0
+	var batch []Evidence
+	deadline := time.Now().Add(20 * time.Second)
+	for got < senders*each {
+		if time.Now().After(deadline) {
+			t.Fatalf("got %d of %d items before the deadline", got, senders*each)
+		}
+		select {
+		case err := <-errs:
+			if err != nil {
+				t.Fatal(err)
+			}
+			done++
+		case <-k.wake:
+		case <-time.After(100 * time.Millisecond):
+		}
+		batch = k.take(batch)
+		if len(batch) > MaxFrame {
+			t.Fatalf("a frame of %d items", len(batch))
+		}
+		for _, ev := range batch {
+			var s, i int
+			if _, err := fmt.Sscanf(ev.Device, "s%d-%d", &s, &i); err != nil || i != next[s] {
+				t.Fatalf("got %s, want s%d-%d", ev.Device, s, next[s])
+			}
+			next[s]++
+			got++
+		}
+		time.Sleep(time.Millisecond) // a slow consumer: the queue fills
+	}
+	for done < senders {
+		select {
+		case err := <-errs:
+			if err != nil {
+				t.Fatal(err)
+			}
+			done++
+		case <-time.After(5 * time.Second):
+			t.Fatal("a sender did not return")
+		}
+	}
+	if n := k.len(); n != 0 {
+		t.Fatalf("%d items left in the queue", n)
+	}
+}
