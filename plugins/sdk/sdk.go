@@ -61,7 +61,9 @@ type Evidence struct {
 	Instance string
 	// At is when the device did it; zero means when Send is called.
 	At time.Time
-	// Metadata is informational (the host logs it at debug level).
+	// Metadata is informational (the host logs it at debug level). The
+	// SDK reads the map when it encodes the frame, after Send has
+	// returned: do not change it after Send.
 	Metadata map[string]string
 }
 

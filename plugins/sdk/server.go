@@ -109,21 +109,21 @@ func (s *Server) Shutdown(ctx context.Context, _ *pb.ShutdownRequest) (*pb.Shutd
 	return &pb.ShutdownResponse{}, nil
 }
 
-// item is one queued piece of evidence.
-type item struct {
-	ev *pb.Evidence
-	at time.Time
-}
-
-// sink is the Sink of one Evidence stream: a bounded queue under a mutex
-// (cheaper per item than a channel), with wake-ups for the sender.
+// sink is the Sink of one Evidence stream: a bounded queue of evidence
+// values under a mutex (no allocation per item, cheaper than a channel),
+// with wake-ups for the sender. The queue is a list of chunks of at most
+// MaxFrame items, each the content of one frame: the sender takes the
+// oldest chunk whole and encodes it outside the lock (encodeFrame), so
+// nothing is copied or shifted per item, and emptied chunks are reused.
 type sink struct {
-	mu      sync.Mutex
-	pending []item
-	wake    chan struct{} // a signal: pending is not empty
-	space   chan struct{} // a signal: pending is below QueueSize
-	ready   chan struct{}
-	once    sync.Once
+	mu     sync.Mutex
+	chunks [][]Evidence  // oldest first; only the last may be partly filled; At is set
+	queued int           // items in chunks
+	free   [][]Evidence  // emptied chunks (length 0)
+	wake   chan struct{} // a signal: the queue is not empty
+	space  chan struct{} // a signal: the queue is below QueueSize
+	ready  chan struct{}
+	once   sync.Once
 }
 
 func newSink() *sink {
@@ -140,54 +140,77 @@ func notify(c chan struct{}) {
 }
 
 func (k *sink) Send(ctx context.Context, ev Evidence) error {
-	at := ev.At
-	if at.IsZero() {
-		at = time.Now()
+	if ev.At.IsZero() {
+		ev.At = time.Now()
 	}
-	it := item{ev: &pb.Evidence{Kind: pb.Kind(ev.Kind), Device: ev.Device, Instance: ev.Instance, Metadata: ev.Metadata}, at: at}
 	k.mu.Lock()
-	for len(k.pending) >= QueueSize {
+	waited := false
+	for k.queued >= QueueSize {
 		k.mu.Unlock()
 		select {
 		case <-k.space:
 		case <-ctx.Done():
 			return ctx.Err()
 		}
+		waited = true
 		k.mu.Lock()
 	}
-	k.pending = append(k.pending, it)
+	last := len(k.chunks) - 1
+	if last < 0 || len(k.chunks[last]) == MaxFrame {
+		var c []Evidence
+		if n := len(k.free); n > 0 {
+			c, k.free = k.free[n-1], k.free[:n-1]
+		}
+		k.chunks = append(k.chunks, c)
+		last++
+	}
+	k.chunks[last] = append(k.chunks[last], ev)
+	k.queued++
+	wasEmpty, room := k.queued == 1, k.queued < QueueSize
 	k.mu.Unlock()
-	notify(k.wake)
+	// The sender needs a signal only when it may have found the queue
+	// empty; it signals itself while it leaves items behind (take).
+	if wasEmpty {
+		notify(k.wake)
+	}
+	if waited && room {
+		notify(k.space) // pass the space on to the next blocked Send
+	}
 	k.Ready()
 	return nil
 }
 
-// take removes up to MaxFrame items into a frame, aged now.
-func (k *sink) take(frame *pb.EvidenceFrame) {
+// take returns the oldest chunk (at most MaxFrame items, oldest first;
+// empty when nothing is queued), which the caller owns until its next
+// call, when it hands back done, the chunk it got the last time.
+func (k *sink) take(done []Evidence) []Evidence {
+	clear(done)
 	k.mu.Lock()
-	now := time.Now()
-	n := min(len(k.pending), MaxFrame)
-	for _, it := range k.pending[:n] {
-		it.ev.AgeUs = max(0, now.Sub(it.at).Microseconds())
-		frame.Evidence = append(frame.Evidence, it.ev)
+	if done != nil {
+		k.free = append(k.free, done[:0])
 	}
-	rest := copy(k.pending, k.pending[n:])
-	clear(k.pending[rest:])
-	k.pending = k.pending[:rest]
-	more := rest > 0
+	var c []Evidence
+	if len(k.chunks) > 0 {
+		c = k.chunks[0]
+		k.chunks[0] = nil
+		k.chunks = k.chunks[:copy(k.chunks, k.chunks[1:])]
+		k.queued -= len(c)
+	}
+	more := k.queued > 0
 	k.mu.Unlock()
-	if n > 0 {
+	if len(c) > 0 {
 		notify(k.space)
 	}
 	if more {
 		notify(k.wake)
 	}
+	return c
 }
 
 func (k *sink) len() int {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	return len(k.pending)
+	return k.queued
 }
 
 // Evidence implements the contract's Evidence stream.
@@ -225,9 +248,14 @@ func (s *Server) Evidence(_ *pb.EvidenceRequest, stream pb.Adapter_EvidenceServe
 	runDone := make(chan error, 1)
 	go func() { runDone <- s.a.Run(WithLogger(ctx, s.log), k) }()
 
+	var (
+		batch   []Evidence
+		scratch []int64
+		frame   *pb.EvidenceFrame
+	)
 	send := func(ready bool) error {
-		frame := &pb.EvidenceFrame{Ready: ready}
-		k.take(frame)
+		batch = k.take(batch)
+		frame, scratch = encodeFrame(ready, batch, time.Now(), scratch)
 		return stream.Send(frame)
 	}
 	// finish stops Run (if it is still going), then flushes the queue.

@@ -5,11 +5,14 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strconv"
+	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -18,10 +21,20 @@ import (
 
 	"github.com/fleetgate/fleetgate/gateway"
 	pb "github.com/fleetgate/fleetgate/plugins/proto"
+	"github.com/fleetgate/fleetgate/plugins/sdk"
 )
 
 // frameItems is the size of a full evidence frame (sdk.MaxFrame).
 const frameItems = 1000
+
+// Renewal benchmark shape: an op is opFrames full frames, and warmFrames
+// frames go through each path before its clock starts, so that the
+// sessions exist (their connects are not renewals) and both ends are warm
+// (heap, gRPC flow-control windows) when it is measured.
+const (
+	opFrames   = 10
+	warmFrames = 20
+)
 
 // counter is an Observer that counts and signals when it reaches want.
 type counter struct {
@@ -37,6 +50,75 @@ func (c *counter) Observe(context.Context, gateway.Evidence) error {
 	return nil
 }
 
+// discardUplink takes the table's central writes and forgets them: the
+// benchmark measures the gateway up to the uplink's queue.
+type discardUplink struct{ n atomic.Int64 }
+
+var _ gateway.Uplink = (*discardUplink)(nil)
+
+func (u *discardUplink) Enqueue(context.Context, gateway.Evidence) error {
+	u.n.Add(1)
+	return nil
+}
+
+// tableObserver is the observer `fleetgate run` gives the host, a
+// gateway.Table (shipped presence timings), counted: warmed closes after
+// warm pieces of evidence, done after want.
+type tableObserver struct {
+	table        *gateway.Table
+	n            atomic.Int64
+	warm, want   int64
+	warmed, done chan struct{}
+}
+
+func newTableObserver(warm, want int64) *tableObserver {
+	t := gateway.NewTable(&discardUplink{}, gateway.TableOptions{Lease: 90 * time.Second, RenewEvery: 20 * time.Second})
+	return &tableObserver{table: t, warm: warm, want: want, warmed: make(chan struct{}), done: make(chan struct{})}
+}
+
+func (o *tableObserver) Observe(ctx context.Context, ev gateway.Evidence) error {
+	err := o.table.Observe(ctx, ev)
+	switch o.n.Add(1) {
+	case o.warm:
+		close(o.warmed)
+	case o.want:
+		close(o.done)
+	}
+	return err
+}
+
+// processCPU is the CPU time this process has used.
+func processCPU(b *testing.B) time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		b.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// childCPU is the CPU time process pid has used: the sum over its
+// threads of the scheduler's run time (nanoseconds, unlike
+// /proc/pid/stat's clock ticks).
+func childCPU(b *testing.B, pid int) time.Duration {
+	tasks, err := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/schedstat", pid))
+	if err != nil || len(tasks) == 0 {
+		b.Fatalf("threads of %d: %v", pid, err)
+	}
+	var total time.Duration
+	for _, t := range tasks {
+		raw, err := os.ReadFile(t)
+		if err != nil {
+			continue // the thread ended
+		}
+		ns, err := strconv.ParseInt(strings.Fields(string(raw))[0], 10, 64)
+		if err != nil {
+			b.Fatalf("%s: %v", t, err)
+		}
+		total += time.Duration(ns)
+	}
+	return total
+}
+
 func buildAdapter(b *testing.B, pkg string) string {
 	b.Helper()
 	out := filepath.Join(b.TempDir(), filepath.Base(pkg))
@@ -47,20 +129,40 @@ func buildAdapter(b *testing.B, pkg string) string {
 }
 
 // BenchmarkRenewalsThroughPlugin measures renewals from one adapter
-// process through the plugin boundary (go-plugin, AutoMTLS over a unix
-// socket, SDK batching), and as its ceiling the same full frames sent
-// over a plain in-process gRPC stream on loopback TCP; both feed the
-// host's frame acceptance (validation, limits, Observe). One op is one
-// frame of 1000 renewals. Reported: ns/renewal of each and
-// plugin/plain, the ratio of their throughputs (goal ≥ 0.7).
+// process through the plugin boundary against the same frames on a plain
+// gRPC stream, both into the host as `fleetgate run` wires it: the
+// host's receive loop and frame acceptance (decoding, ID checks, limits)
+// feeding a gateway.Table (the session table's Observe with the shipped
+// lease and renew_every; its central writes go to an uplink queue that
+// discards them).
+//
+//   - Through the plugin: the benchadapter process (plugins/sdk: Send,
+//     batching, frame encoding) under go-plugin (gRPC, AutoMTLS over a
+//     unix socket), sending renewals of 1000 devices as fast as the SDK
+//     takes them.
+//   - The ceiling (plain): prebuilt full frames of the same 1000
+//     renewals served by an in-process gRPC server over loopback TCP
+//     without TLS. It does no adapter-side work per item besides gRPC's
+//     marshalling: no clock read, no queue, no batching.
+//   - For the analysis (sdk): the SDK's server running the same loop in
+//     this process on a plain gRPC stream: the plugin path without
+//     go-plugin, TLS and the second process.
+//
+// An op is opFrames frames of 1000 renewals. The plain stream runs before
+// and after the others and the ceiling is their mean, so that load that
+// comes or goes during the run weighs on both. Reported per renewal:
+// wall time of each path and plugin/plain (the throughput ratio, goal ≥
+// 0.7); CPU time of each path (cpu-ns: the plugin's host and adapter
+// processes together; adapter-cpu-ns: the adapter's share; plain- and
+// sdk-cpu-ns: this process, both ends); the frames' fill.
 func BenchmarkRenewalsThroughPlugin(b *testing.B) {
 	path := buildAdapter(b, "github.com/fleetgate/fleetgate/protocols/adapter/testdata/benchadapter")
-	items := int64(b.N) * frameItems
+	frames := b.N * opFrames
+	warm := int64(warmFrames) * frameItems
+	items := int64(frames) * frameItems
+	ctx := b.Context()
 
-	// Ceiling: a plain gRPC stream of prebuilt full frames.
-	plainObs := &counter{want: items, done: make(chan struct{})}
-	plainHost, _ := New(plainObs, Options{Lease: time.Minute})
-	plainProc := newProc(plainHost, Spec{Name: "plain"})
+	// The ceiling's server: the same full frames on a plain stream.
 	frame := &pb.EvidenceFrame{}
 	for i := range frameItems {
 		frame.Evidence = append(frame.Evidence, &pb.Evidence{Kind: pb.Kind_KIND_RENEW, Device: "bench-" + strconv.Itoa(i)})
@@ -70,7 +172,7 @@ func BenchmarkRenewalsThroughPlugin(b *testing.B) {
 		b.Fatal(err)
 	}
 	gs := grpc.NewServer()
-	pb.RegisterAdapterServer(gs, &frameServer{frame: frame, frames: b.N})
+	pb.RegisterAdapterServer(gs, &frameServer{frame: frame, frames: warmFrames + frames})
 	go func() { _ = gs.Serve(ln) }()
 	defer gs.Stop()
 	conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
@@ -78,50 +180,133 @@ func BenchmarkRenewalsThroughPlugin(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer conn.Close()
-
-	b.ResetTimer()
-	plainStart := time.Now()
-	stream, err := pb.NewAdapterClient(conn).Evidence(b.Context(), &pb.EvidenceRequest{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	for range b.N {
-		f, err := stream.Recv()
+	// run measures one stream into a host: from warm pieces of evidence
+	// to warm+items, wall and CPU time of this process.
+	run := func(open func(context.Context) pb.Adapter_EvidenceClient) (wall, cpu time.Duration) {
+		obs := newTableObserver(warm, warm+items)
+		host, err := New(obs, Options{Lease: 90 * time.Second})
 		if err != nil {
 			b.Fatal(err)
 		}
-		plainProc.accept(b.Context(), f)
+		p := newProc(host, Spec{Name: "bench"})
+		sctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		stream := open(sctx)
+		go func() { _ = p.receive(sctx, stream) }()
+		<-obs.warmed
+		start, cpu0 := time.Now(), processCPU(b)
+		<-obs.done
+		return time.Since(start), processCPU(b) - cpu0
 	}
-	<-plainObs.done
-	plain := time.Since(plainStart)
+	plainRun := func() (wall, cpu time.Duration) {
+		return run(func(sctx context.Context) pb.Adapter_EvidenceClient {
+			stream, err := pb.NewAdapterClient(conn).Evidence(sctx, &pb.EvidenceRequest{})
+			if err != nil {
+				b.Fatal(err)
+			}
+			return stream
+		})
+	}
+	// sdkRun: the SDK's server and the benchadapter's loop in this process,
+	// on a plain gRPC stream over loopback TCP (no go-plugin, no TLS, no
+	// second process): what the SDK costs by itself.
+	sdkRun := func() (wall, cpu time.Duration) {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			b.Fatal(err)
+		}
+		gs := grpc.NewServer()
+		pb.RegisterAdapterServer(gs, sdk.NewServer(sdk.Info{Name: "renewer", Version: "1"}, &renewer{items: warm + items}, nil))
+		go func() { _ = gs.Serve(ln) }()
+		defer gs.Stop()
+		conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer conn.Close()
+		return run(func(sctx context.Context) pb.Adapter_EvidenceClient {
+			c := pb.NewAdapterClient(conn)
+			if _, err := c.Configure(sctx, &pb.ConfigureRequest{}); err != nil {
+				b.Fatal(err)
+			}
+			stream, err := c.Evidence(sctx, &pb.EvidenceRequest{})
+			if err != nil {
+				b.Fatal(err)
+			}
+			return stream
+		})
+	}
 
-	// Through the plugin: the adapter sends b.N*1000 renewals at once.
-	obs := &counter{want: items, done: make(chan struct{})}
-	h, err := New(obs, Options{Lease: time.Minute, Logger: slog.New(slog.DiscardHandler)})
+	b.ResetTimer()
+	plainWall1, plainCPU1 := plainRun()
+
+	// Through the plugin: the adapter sends all its renewals at once.
+	obs := newTableObserver(warm, warm+items)
+	h, err := New(obs, Options{Lease: 90 * time.Second, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer h.Close()
-	start := time.Now()
-	if err := h.Apply(b.Context(), []Spec{{Name: "bench", Path: path, StartTimeout: 30 * time.Second,
-		Config: fmt.Appendf(nil, `{"items": %d}`, items)}}); err != nil {
+	if err := h.Apply(ctx, []Spec{{Name: "bench", Path: path, StartTimeout: 30 * time.Second,
+		Config: fmt.Appendf(nil, `{"items": %d}`, warm+items)}}); err != nil {
 		b.Fatal(err)
 	}
-	ready := time.Now()
+	st := h.Status()
+	if len(st) != 1 || st[0].PID == 0 {
+		b.Fatalf("status %+v, want one running adapter", st)
+	}
+	pid := st[0].PID
+	<-obs.warmed
+	start, hostCPU0, adapterCPU0 := time.Now(), processCPU(b), childCPU(b, pid)
 	<-obs.done
-	plugin := time.Since(ready)
-	b.StopTimer()
-	_ = start
+	plugin := time.Since(start)
+	hostCPU, adapterCPU := processCPU(b)-hostCPU0, childCPU(b, pid)-adapterCPU0
+	pluginFrames := h.Status()[0].Frames
 
-	b.ReportMetric(float64(plugin.Nanoseconds())/float64(items), "ns/renewal")
-	b.ReportMetric(float64(plain.Nanoseconds())/float64(items), "plain-ns/renewal")
+	sdkWall, sdkCPU := sdkRun()
+	plainWall2, plainCPU2 := plainRun()
+	b.StopTimer()
+
+	per := func(d time.Duration) float64 { return float64(d.Nanoseconds()) / float64(items) }
+	plain := (plainWall1 + plainWall2) / 2
+	b.ReportMetric(per(plugin), "ns/renewal")
+	b.ReportMetric(per(plain), "plain-ns/renewal")
 	b.ReportMetric(float64(plain)/float64(plugin), "plugin/plain")
-	if st := h.Status(); len(st) == 1 && st[0].Frames > 0 {
-		b.ReportMetric(float64(items)/float64(st[0].Frames), "renewals/frame")
+	b.ReportMetric(per(hostCPU+adapterCPU), "cpu-ns/renewal")
+	b.ReportMetric(per(adapterCPU), "adapter-cpu-ns/renewal")
+	b.ReportMetric(per((plainCPU1+plainCPU2)/2), "plain-cpu-ns/renewal")
+	b.ReportMetric(per(sdkWall), "sdk-ns/renewal")
+	b.ReportMetric(per(sdkCPU), "sdk-cpu-ns/renewal")
+	if pluginFrames > 0 {
+		b.ReportMetric(float64(warm+items)/float64(pluginFrames), "renewals/frame")
 	}
 }
 
-// frameServer streams the same frame frames times.
+// renewer is the benchadapter's loop (testdata/benchadapter) as an
+// sdk.Adapter in this process: once its stream opens it sends items
+// renewals of 1000 devices as fast as the SDK takes them, then idles.
+type renewer struct{ items int64 }
+
+var _ sdk.Adapter = (*renewer)(nil)
+
+func (r *renewer) Configure(context.Context, []byte) error { return nil }
+
+func (r *renewer) Run(ctx context.Context, sink sdk.Sink) error {
+	sink.Ready()
+	ids := make([]string, frameItems)
+	for i := range ids {
+		ids[i] = "bench-" + strconv.Itoa(i)
+	}
+	for i := range r.items {
+		if err := sink.Send(ctx, sdk.Evidence{Kind: sdk.Renew, Device: ids[i%frameItems]}); err != nil {
+			return nil
+		}
+	}
+	<-ctx.Done()
+	return nil
+}
+
+// frameServer streams the same frame frames times on each stream.
 type frameServer struct {
 	pb.UnimplementedAdapterServer
 	frame  *pb.EvidenceFrame

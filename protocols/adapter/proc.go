@@ -274,44 +274,73 @@ func (p *proc) shutdown(proc *process) {
 type limiter struct {
 	rate     *rate
 	sessions *sessions
+	// ids caches the session ID of each instance name seen (at most
+	// maxCachedInstances), so that an item does not build its
+	// "<adapter>/<instance>" string again.
+	ids map[string]gateway.SessionID
+}
+
+// maxCachedInstances bounds limiter.ids; further instances are named
+// item by item.
+const maxCachedInstances = 1024
+
+// session returns the session ID of instance for adapter name.
+func (l *limiter) session(name, instance string) (gateway.SessionID, error) {
+	if id, ok := l.ids[instance]; ok {
+		return id, nil
+	}
+	id, err := gateway.InstanceSessionID(name, instance)
+	if err == nil && len(l.ids) < maxCachedInstances {
+		l.ids[instance] = id
+	}
+	return id, err
 }
 
 // accept turns a frame into evidence for the observer, item by item:
 // invalid items are rejected, items beyond the limits dropped, both
-// counted; the stream goes on.
+// counted (once per frame); the stream goes on.
 func (p *proc) accept(ctx context.Context, f *pb.EvidenceFrame) {
 	p.frames.Add(1)
 	l := p.limits()
 	now := p.h.o.Clock.Now()
-	m := p.h.metrics.of(p.spec.Name)
+	var accepted, rejected, dropped uint64
 	for _, e := range f.GetEvidence() {
-		ev, err := p.evidence(e, now)
+		ev, err := p.evidence(l, e, now)
 		if err != nil {
-			p.rejected.Add(1)
-			m.rejected.Inc()
+			rejected++
 			if p.log.Enabled(ctx, slog.LevelDebug) {
 				p.log.Debug("evidence rejected", "err", err)
 			}
 			continue
 		}
 		if !l.rate.allow(now) || !l.sessions.admit(sessionKey{ev.Device, ev.Session}, ev.Kind, now) {
-			p.dropped.Add(1)
-			m.dropped.Inc()
+			dropped++
 			continue
 		}
 		if err := p.h.obs.Observe(ctx, ev); err != nil {
-			p.dropped.Add(1)
-			m.dropped.Inc()
+			dropped++
 			if ctx.Err() == nil {
 				p.log.Debug("evidence refused by the gateway", "device", ev.Device, "session", ev.Session, "err", err)
 			}
 			continue
 		}
-		p.accepted.Add(1)
-		m.accepted.Inc()
+		accepted++
 		if len(e.GetMetadata()) > 0 && p.log.Enabled(ctx, slog.LevelDebug) {
 			p.log.Debug("evidence", "device", ev.Device, "session", ev.Session, "metadata", e.GetMetadata())
 		}
+	}
+	m := p.h.metrics.of(p.spec.Name)
+	if accepted > 0 {
+		p.accepted.Add(accepted)
+		m.accepted.Add(float64(accepted))
+	}
+	if rejected > 0 {
+		p.rejected.Add(rejected)
+		m.rejected.Add(float64(rejected))
+	}
+	if dropped > 0 {
+		p.dropped.Add(dropped)
+		m.dropped.Add(float64(dropped))
 	}
 	p.sessions.Store(int64(l.sessions.len()))
 }
@@ -322,18 +351,19 @@ func (p *proc) limits() *limiter {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.lim == nil {
-		p.lim = &limiter{rate: newRate(p.spec.EvidencePerSecond), sessions: newSessions(p.spec.MaxSessions, p.h.o.Lease)}
+		p.lim = &limiter{rate: newRate(p.spec.EvidencePerSecond), sessions: newSessions(p.spec.MaxSessions, p.h.o.Lease),
+			ids: make(map[string]gateway.SessionID)}
 	}
 	return p.lim
 }
 
 // evidence validates one item.
-func (p *proc) evidence(e *pb.Evidence, now time.Time) (gateway.Evidence, error) {
+func (p *proc) evidence(l *limiter, e *pb.Evidence, now time.Time) (gateway.Evidence, error) {
 	dev, err := gateway.ParseDeviceID(e.GetDevice())
 	if err != nil {
 		return gateway.Evidence{}, err
 	}
-	sess, err := gateway.InstanceSessionID(p.spec.Name, e.GetInstance())
+	sess, err := l.session(p.spec.Name, e.GetInstance())
 	if err != nil {
 		return gateway.Evidence{}, err
 	}

@@ -1,0 +1,131 @@
+package sdk
+
+import (
+	"slices"
+	"time"
+
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/reflect/protoreflect"
+
+	pb "github.com/fleetgate/fleetgate/plugins/proto"
+)
+
+// Field numbers of pb.Evidence, of its metadata entries and of
+// pb.EvidenceFrame.
+const (
+	fieldKind     protowire.Number = 1
+	fieldDevice   protowire.Number = 2
+	fieldInstance protowire.Number = 3
+	fieldAge      protowire.Number = 4
+	fieldMetadata protowire.Number = 5
+	fieldMapKey   protowire.Number = 1
+	fieldMapValue protowire.Number = 2
+	// fieldFrameEvidence is pb.EvidenceFrame's repeated evidence.
+	fieldFrameEvidence protowire.Number = 2
+)
+
+// encodeFrame encodes items, aged at now, as one pb.EvidenceFrame: each
+// item becomes a record of the frame's field 2 (evidence) holding the
+// bytes of a pb.Evidence message, what proto.Marshal would write (in
+// field order; map entries in map order). The records go into one buffer
+// allocated for the frame and attached to it as its raw fields, which
+// proto writes out verbatim; the host decodes them as the frame's
+// evidence. So no message is built per item. scratch is the caller's,
+// kept between frames.
+func encodeFrame(ready bool, items []Evidence, now time.Time, scratch []int64) (*pb.EvidenceFrame, []int64) {
+	scratch = slices.Grow(scratch[:0], 2*len(items)) // age, size of each item
+	total := 0
+	for i := range items {
+		age := max(0, now.Sub(items[i].At).Microseconds())
+		n := evidenceSize(&items[i], age)
+		scratch = append(scratch, age, int64(n))
+		total += 1 + protowire.SizeBytes(n)
+	}
+	buf := make([]byte, 0, total)
+	for i := range items {
+		buf = appendTag(buf, fieldFrameEvidence, protowire.BytesType)
+		buf = appendVarint(buf, uint64(scratch[2*i+1]))
+		buf = appendEvidence(buf, &items[i], scratch[2*i])
+	}
+	f := &pb.EvidenceFrame{Ready: ready}
+	f.ProtoReflect().SetUnknown(protoreflect.RawFields(buf))
+	return f, scratch
+}
+
+// kindValue is the varint of a Kind as proto encodes an enum (int32).
+func kindValue(k Kind) uint64 { return uint64(int64(pb.Kind(k))) }
+
+// evidenceSize is the length of appendEvidence's output for ev.
+func evidenceSize(ev *Evidence, age int64) int {
+	n := 0
+	if pb.Kind(ev.Kind) != 0 {
+		n += 1 + protowire.SizeVarint(kindValue(ev.Kind))
+	}
+	if ev.Device != "" {
+		n += 1 + protowire.SizeBytes(len(ev.Device))
+	}
+	if ev.Instance != "" {
+		n += 1 + protowire.SizeBytes(len(ev.Instance))
+	}
+	if age != 0 {
+		n += 1 + protowire.SizeVarint(uint64(age))
+	}
+	if len(ev.Metadata) == 0 {
+		return n
+	}
+	for k, v := range ev.Metadata {
+		n += 1 + protowire.SizeBytes(entrySize(k, v))
+	}
+	return n
+}
+
+func entrySize(k, v string) int {
+	return 2 + protowire.SizeBytes(len(k)) + protowire.SizeBytes(len(v))
+}
+
+// appendVarint is protowire.AppendVarint with the one-byte case inline
+// (tags, kinds and string lengths below 128).
+func appendVarint(b []byte, v uint64) []byte {
+	if v < 0x80 {
+		return append(b, byte(v))
+	}
+	return protowire.AppendVarint(b, v)
+}
+
+func appendTag(b []byte, num protowire.Number, typ protowire.Type) []byte {
+	return appendVarint(b, uint64(protowire.EncodeTag(num, typ)))
+}
+
+func appendString(b []byte, num protowire.Number, s string) []byte {
+	b = appendTag(b, num, protowire.BytesType)
+	b = appendVarint(b, uint64(len(s)))
+	return append(b, s...)
+}
+
+// appendEvidence appends the pb.Evidence encoding of ev aged age (µs).
+func appendEvidence(b []byte, ev *Evidence, age int64) []byte {
+	if pb.Kind(ev.Kind) != 0 {
+		b = appendTag(b, fieldKind, protowire.VarintType)
+		b = appendVarint(b, kindValue(ev.Kind))
+	}
+	if ev.Device != "" {
+		b = appendString(b, fieldDevice, ev.Device)
+	}
+	if ev.Instance != "" {
+		b = appendString(b, fieldInstance, ev.Instance)
+	}
+	if age != 0 {
+		b = appendTag(b, fieldAge, protowire.VarintType)
+		b = appendVarint(b, uint64(age))
+	}
+	if len(ev.Metadata) == 0 {
+		return b
+	}
+	for k, v := range ev.Metadata {
+		b = appendTag(b, fieldMetadata, protowire.BytesType)
+		b = appendVarint(b, uint64(entrySize(k, v)))
+		b = appendString(b, fieldMapKey, k)
+		b = appendString(b, fieldMapValue, v)
+	}
+	return b
+}
