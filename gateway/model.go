@@ -126,13 +126,25 @@ type Batch struct {
 	// has caught up, the store's runner holds (does not reap) the devices
 	// it wrote last (gateway grace).
 	Behind bool
-	Writes []Write
+	// Restore marks renewals that re-send this gateway's live sessions of
+	// a shard after the store lost or replaced its state there
+	// (ApplyResult.Reset): a renewal that finds no record creates it
+	// online without an event (consumers saw the device online before the
+	// loss; its next event has a ver above every lost one); otherwise it
+	// is a renewal.
+	Restore bool
+	Writes  []Write
 }
 
 // ApplyResult reports what a batch changed.
 type ApplyResult struct {
 	// Events are the transitions the batch wrote, in log order.
 	Events []Event
+	// Reset says that the shard's state is not the one this gateway
+	// process wrote to before (a restart without persistence, FLUSHALL, a
+	// failover to a replica): records may be gone or older, so the caller
+	// re-sends the live sessions it holds for the shard (Batch.Restore).
+	Reset bool
 }
 
 // ReapResult reports one bounded reap call on one shard.

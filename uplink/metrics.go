@@ -14,6 +14,7 @@ type metrics struct {
 	flushSeconds prometheus.Histogram
 	dropped      *prometheus.CounterVec // outbox drops by reason
 	refused      *prometheus.CounterVec // writes the store refused, by reason
+	restored     prometheus.Counter
 }
 
 func newMetrics(u *Uplink, reg prometheus.Registerer) *metrics {
@@ -43,6 +44,10 @@ func newMetrics(u *Uplink, reg prometheus.Registerer) *metrics {
 			Name: "fleetgate_outbox_dropped_total",
 			Help: "Writes dropped from the outbox: overflow (oldest entries over outbox_max_sessions) or lapsed (lease ran out before replay).",
 		}, []string{"reason"}),
+		restored: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "fleetgate_uplink_restored_sessions_total",
+			Help: "Live sessions re-sent to the central store after it lost or replaced a shard's state (a restart without persistence, FLUSHALL, a failover).",
+		}),
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "fleetgate_uplink_refused_total",
 			Help: "Writes the central store refused and that were dropped: fenced (a newer process of this gateway exists) or rejected (a bug: bad or wrong shard).",
@@ -60,7 +65,7 @@ func newMetrics(u *Uplink, reg prometheus.Registerer) *metrics {
 	if reg == nil {
 		return m
 	}
-	reg.MustRegister(m.written, m.flushes, m.calls, m.flushErrors, m.flushSeconds, m.dropped, m.refused,
+	reg.MustRegister(m.written, m.flushes, m.calls, m.flushErrors, m.flushSeconds, m.dropped, m.refused, m.restored,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "fleetgate_outbox_sessions",
 			Help: "Sessions buffered in the outbox.",

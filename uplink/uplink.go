@@ -79,6 +79,15 @@ type Options struct {
 	// every shard (gateway liveness, see gateway.Batch.Behind). Default
 	// DefaultKeepAlive.
 	KeepAlive time.Duration
+	// Sessions calls fn for each live session of this gateway (the session
+	// table's Range) until fn returns false. After a store call answers
+	// that a shard's state was lost or replaced (gateway.ApplyResult.Reset)
+	// the uplink re-sends those of that shard as a restore
+	// (gateway.Batch.Restore), so that the store knows again every device
+	// this gateway holds: none is reported online twice, and one that
+	// stopped just before the loss still gets its offline. Nil re-sends
+	// nothing.
+	Sessions func(fn func(gateway.SessionView) bool)
 
 	Clock      gateway.Clock
 	Logger     *slog.Logger
@@ -119,6 +128,7 @@ type Uplink struct {
 	// flushBusy and outboxBusy: the flush loop and the replay loop are
 	// inside a step (see Stalled).
 	flushBusy, outboxBusy busy
+	sessions              func(fn func(gateway.SessionView) bool)
 
 	hmu      sync.Mutex
 	up       bool
@@ -176,6 +186,7 @@ func New(store gateway.Store, ob *Outbox, o Options) *Uplink {
 		probeMax:      o.ProbeMax,
 		queueLimitOpt: o.QueueLimit,
 		keepAlive:     o.KeepAlive,
+		sessions:      o.Sessions,
 		kick:          make(chan struct{}, 1),
 		wake:          make(chan struct{}, 1),
 		up:            true,
@@ -422,6 +433,7 @@ func (u *Uplink) write(ctx context.Context, t timing, replay bool, ws []shardWri
 	if len(batches) == 0 {
 		return nil
 	}
+	parent := ctx
 	ctx, cancel := context.WithTimeout(ctx, u.timeout)
 	defer cancel()
 	start := time.Now()
@@ -435,10 +447,14 @@ func (u *Uplink) write(ctx context.Context, t timing, replay bool, ws []shardWri
 		}
 	}
 	errs := make([]error, len(batches))
+	var reset []int
 	for i, r := range results {
 		sb := batches[i]
 		u.m.flushes.Inc()
 		u.m.flushSeconds.Observe(took)
+		if r.Err == nil && r.Result.Reset {
+			reset = append(reset, sb.Shard)
+		}
 		if r.Err == nil {
 			u.heard[sb.Shard] = now
 			for _, w := range sb.Batch.Writes {
@@ -455,7 +471,54 @@ func (u *Uplink) write(ctx context.Context, t timing, replay bool, ws []shardWri
 	if !u.announced && !slices.ContainsFunc(errs, func(err error) bool { return err != nil }) {
 		u.announced = true
 	}
+	if len(reset) > 0 {
+		u.restoreShards(parent, t, reset)
+	}
 	return errs[:len(ws)]
+}
+
+// restoreShards re-sends this gateway's live sessions of the shards whose state
+// the store lost or replaced (Options.Sessions), as renewals of their
+// newest evidence in restore batches of at most MaxBatch writes. It is
+// best effort: a failed call is logged, and the sessions' next renewals
+// write them anyway. Called with sendMu held.
+func (u *Uplink) restoreShards(ctx context.Context, t timing, shards []int) {
+	if u.sessions == nil {
+		return
+	}
+	want := make([]bool, u.shards)
+	for _, s := range shards {
+		want[s] = true
+	}
+	now := u.clock.Now()
+	per := make(map[int][]gateway.Write)
+	n := 0
+	u.sessions(func(v gateway.SessionView) bool {
+		s := gateway.ShardOf(v.Device, u.shards)
+		if age := now.Sub(v.LastSeen); want[s] && age < t.lease {
+			per[s] = append(per[s], gateway.Write{Device: v.Device, Session: v.Session, Kind: gateway.Renew, Age: max(age, 0)})
+			n++
+		}
+		return true
+	})
+	u.log.Warn("store lost or replaced this gateway's shards: restoring their live sessions", "shards", shards, "sessions", n)
+	for s, ws := range per {
+		for len(ws) > 0 {
+			k := min(len(ws), t.maxBatch)
+			b := u.batch(t, false, u.ob.Len() > 0, ws[:k])
+			b.Restore = true
+			cctx, cancel := context.WithTimeout(ctx, u.timeout)
+			r := u.store.ApplyShards(cctx, []gateway.ShardBatch{{Shard: s, Batch: b}})
+			cancel()
+			u.m.calls.Inc()
+			if len(r) == 1 && r[0].Err != nil {
+				u.log.Warn("restore failed", "shard", s, "sessions", k, "err", r[0].Err)
+			} else {
+				u.m.restored.Add(float64(k))
+			}
+			ws = ws[k:]
+		}
+	}
 }
 
 // batch is a batch of this process with writes.

@@ -119,7 +119,8 @@ func (g *gatewayProcess) run(ctx context.Context) (err error) {
 		Gateway: cfg.Gateway.ID, Epoch: g.epoch,
 		Lease: cfg.Presence.Lease.Std(), FlushInterval: cfg.Uplink.FlushInterval.Std(), MaxBatch: cfg.Uplink.MaxBatch,
 		KeepAlive: cfg.GatewayKeepAlive(), ProbeMax: cfg.UplinkProbeMax(),
-		Clock: gateway.SystemClock{}, Logger: log, Registerer: reg,
+		Sessions: func(fn func(gateway.SessionView) bool) { g.table.Range(fn) },
+		Clock:    gateway.SystemClock{}, Logger: log, Registerer: reg,
 	})
 	g.table = gateway.NewTable(g.up, gateway.TableOptions{
 		Lease: cfg.Presence.Lease.Std(), RenewEvery: cfg.Presence.RenewEvery.Std(),

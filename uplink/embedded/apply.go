@@ -281,6 +281,13 @@ func (w *writer) apply(b *gateway.Batch, wr *gateway.Write) error {
 		if newest {
 			w.touch(e, b.Gateway, wr.Session)
 		}
+		if first && b.Restore && !e.exists {
+			// a restore of a record the store lost: online, no event, a
+			// ver above the lost ones for the next (gateway.Batch.Restore)
+			r.online, r.ver, r.since = true, uint64(w.now), w.now
+			e.exists, e.dirty = true, true
+			return nil
+		}
 		if first {
 			reason := gateway.ReasonConnect
 			switch {

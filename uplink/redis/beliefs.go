@@ -43,6 +43,10 @@ type beliefs struct {
 	mu     sync.Mutex
 	inc    string // the incarnation of the shard's state they were learned in
 	steady map[gateway.DeviceID]belief
+	// seen is the incarnation of the last successful call, kept across
+	// forget (the calls of an outage fail): a reply of another one means
+	// the shard's state was lost or replaced (ApplyResult.Reset).
+	seen string
 }
 
 type belief struct {
@@ -166,13 +170,15 @@ func (b *beliefs) believed(batch gateway.Batch) (order []byte, n int, oldest int
 // pairs (device, session or "" to forget). A new incarnation voids every
 // earlier belief. The beliefs keep the batch's own strings (those the
 // session table holds), not the reply's copies.
-func (b *beliefs) learn(inc string, status []any, writes []gateway.Write, now int64) {
+func (b *beliefs) learn(inc string, status []any, writes []gateway.Write, now int64) (reset bool) {
+	reset = b.seen != "" && b.seen != inc
+	b.seen = inc
 	if b.inc != inc {
 		clear(b.steady)
 		b.inc = inc
 	}
 	if len(status) == 0 {
-		return
+		return reset
 	}
 	own := make(map[gateway.DeviceID]gateway.Write, len(writes))
 	for _, w := range writes {
@@ -195,6 +201,7 @@ func (b *beliefs) learn(inc string, status []any, writes []gateway.Write, now in
 		}
 		b.steady[dev] = bl
 	}
+	return reset
 }
 
 // forget drops every belief: after a call whose outcome is unknown (an

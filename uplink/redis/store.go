@@ -457,17 +457,20 @@ func (s *Store) applyArgs(ctx context.Context, shard int, b gateway.Batch, bel *
 		}
 	}
 	order, nfast, oldest := bel.believed(b)
-	inc, sessions, ages, devices, beliefAt := "", "", "", "", ""
+	inc, sessions, ages, devices, beliefAt, seen := "", "", "", "", "", ""
 	if bel != nil {
-		inc = bel.inc
+		inc, seen = bel.inc, bel.seen
 	}
 	if nfast > 0 {
 		sessions, ages, devices = joinSessions(b.Writes, order, nfast), packAges(b.Writes, order, nfast), joinDevices(b.Writes, order, nfast)
 		beliefAt = strconv.FormatInt(oldest, 10)
 	}
-	args := make([]any, 0, 16+4*(len(b.Writes)-nfast))
+	args := make([]any, 0, 17+4*(len(b.Writes)-nfast))
 	replay, behind := "0", "0"
-	if b.Replay {
+	switch {
+	case b.Restore:
+		replay = "2"
+	case b.Replay:
 		replay = "1"
 	}
 	if b.Behind {
@@ -495,6 +498,7 @@ func (s *Store) applyArgs(ctx context.Context, shard int, b gateway.Batch, bel *
 		s.notAfter(ctx),                 // A_NOTAFTER
 		replayGrace,                     // A_GRACE
 		beliefAt,                        // A_BELIEFAT
+		seen,                            // A_SEEN
 	)
 	// From A_WRITES on: the other writes, four arguments each.
 	for i, w := range b.Writes {
@@ -517,7 +521,7 @@ func (s *Store) applyResult(shard int, b gateway.Batch, res []any, err error, be
 			// unknown outcome, fenced or malformed: nothing believed stands
 			bel.forget()
 		} else {
-			bel.learn(inc, status, b.Writes, num(res[3]))
+			r.Reset = bel.learn(inc, status, b.Writes, num(res[3]))
 		}
 	}
 	return r, err

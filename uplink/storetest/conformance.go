@@ -52,6 +52,7 @@ func Run(t *testing.T, open Opener) {
 		{"VerStartsAtStoreTime", testVerStartsAtStoreTime},
 		{"LeaveTombstone", testLeaveTombstone},
 		{"OlderEvidenceTakesNothing", testOlderEvidenceTakesNothing},
+		{"RestoreOfALostRecord", testRestore},
 		{"ConcurrentApply", testConcurrentApply},
 		{"ConcurrentReapAndRenew", testConcurrentReapAndRenew},
 	}
@@ -1095,5 +1096,31 @@ func testOlderEvidenceTakesNothing(t *testing.T, open Opener) {
 	res := e.reap(0, 10)
 	if len(res.Offline) != 1 || res.Offline[0].Gateway != gwB || res.Offline[0].Session != "s2" {
 		t.Fatalf("expiry %s, want one naming %s/s2", describeEvents(res.Offline), gwB)
+	}
+}
+
+// testRestore: a restore (a gateway re-sending its live sessions after
+// the store lost its state, gateway.Batch.Restore) creates a record it
+// finds missing online without an event, with a ver that the next event
+// counts on from; where the record exists it is a renewal.
+func testRestore(t *testing.T, open Opener) {
+	e := newEnv(t, open, 1)
+	lost, known := gateway.DeviceID("dev-lost"), gateway.DeviceID("dev-known")
+	e.apply(batch(gwA, 1, wr(known, "s1", gateway.Connect, 0)))
+	e.apply(batch(gwA, 1, wr(known, "s1", gateway.Leave, 0)))
+	e.clock.Advance(time.Second)
+	at := e.now()
+	b := batch(gwA, 1, wr(lost, "s1", gateway.Renew, 400*time.Millisecond), wr(known, "s1", gateway.Renew, 0))
+	b.Restore = true
+	res := e.apply(b)
+	e.checkEvents("restore", res.Events, 0, online(known, 3, gateway.ReasonRenew, at, gwA, "s1"))
+	info := e.device(lost)
+	if info.State != gateway.Online || info.Ver != uint64(at.UnixMilli()) || !info.Deadline.Equal(at.Add(lease-400*time.Millisecond)) {
+		t.Fatalf("restored device %+v, want online at ver %d until %v", info, at.UnixMilli(), at.Add(lease-400*time.Millisecond))
+	}
+	e.clock.Advance(time.Second)
+	res = e.apply(batch(gwA, 1, wr(lost, "s1", gateway.Leave, 0)))
+	if len(res.Events) != 1 || res.Events[0].State != gateway.Offline || res.Events[0].Ver != uint64(at.UnixMilli())+1 {
+		t.Fatalf("leave of the restored device wrote %s, want offline at ver %d", describeEvents(res.Events), at.UnixMilli()+1)
 	}
 }

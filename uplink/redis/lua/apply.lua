@@ -1,7 +1,8 @@
 -- Apply one batch of writes of one shard, atomically (Store.Apply).
 -- KEYS: exp, dev, events, epochs, inv (record.lua).
 -- ARGV, built by Store.applyArgs in this order (the A_ positions):
---   gw, epoch, lease ms, replay (1|0), now ms or "", events maxlen,
+--   gw, epoch, lease ms, replay (1 replay, 2 restore, 0 neither: see
+--   gateway.Batch), now ms or "", events maxlen,
 --   the incarnation the caller's beliefs were learned in ("" for none),
 --   the number F of believed renewals, the batch order (one byte per
 --   write, BELIEVED for a believed renewal, "0" for another write; ""
@@ -14,7 +15,9 @@
 --   a replay (below; 0 otherwise), the store time the oldest belief the
 --   believed renewals stand on was learned at ("" when F is 0; beliefs
 --   older than BELIEF_TTL on the store clock are not used: the reap keeps
---   invalidations for an hour on the same clock),
+--   invalidations for an hour on the same clock), the incarnation of the
+--   caller's last successful call ("" for none: a new process, or a
+--   caller without beliefs),
 --   then from A_WRITES the other writes: device, session, kind (1 connect,
 --   2 renew, 3 leave), age ms.
 -- Returns {0, newest epoch} when fenced (nothing applied), {-1, now}
@@ -24,14 +27,15 @@
 -- now on, or "" where it must drop its belief (record.lua, "Beliefs").
 local A_GW, A_EPOCH, A_LEASE, A_REPLAY, A_NOW, A_MAXLEN = 1, 2, 3, 4, 5, 6
 local A_INC, A_NFAST, A_ORDER, A_FASTSIDS, A_FASTAGES, A_FASTDEVS = 7, 8, 9, 10, 11, 12
-local A_BEHIND, A_NOTAFTER, A_GRACE, A_BELIEFAT = 13, 14, 15, 16
-local A_WRITES = 17
+local A_BEHIND, A_NOTAFTER, A_GRACE, A_BELIEFAT, A_SEEN = 13, 14, 15, 16, 17
+local A_WRITES = 18
 local BELIEF_TTL = 600000
 local BELIEVED = byte('1')
 local KIND_CONNECT, KIND_RENEW, KIND_LEAVE = '1', '2', '3'
 
 local gw, epoch, lease = ARGV[A_GW], tonumber(ARGV[A_EPOCH]), tonumber(ARGV[A_LEASE])
-local replay, now, maxlen = ARGV[A_REPLAY] == '1', clock(ARGV[A_NOW]), ARGV[A_MAXLEN]
+local replay, restore = ARGV[A_REPLAY] == '1', ARGV[A_REPLAY] == '2'
+local now, maxlen = clock(ARGV[A_NOW]), ARGV[A_MAXLEN]
 local replaygrace = tonumber(ARGV[A_GRACE]) or 0
 local nowstr = string.format('%d', now)
 local notafter = tonumber(ARGV[A_NOTAFTER])
@@ -54,6 +58,11 @@ if seen[1] ~= ARGV[A_EPOCH] then
 end
 -- Beliefs learned in another incarnation (record.lua) are void.
 local inc = incarnation(seen[3], redis.call('HGET', KEYS[2], INC), seen[4], now)
+-- The caller last wrote to another incarnation: the shard's state was lost
+-- or replaced since, and its renewals restore what it holds (as a
+-- restore batch does, gateway.Batch.Restore): the caller re-sends its
+-- other live sessions (ApplyResult.Reset).
+if ARGV[A_SEEN] ~= '' and ARGV[A_SEEN] ~= inc then restore = true end
 -- The gateway's liveness on this shard (record.lua, "Gateway liveness").
 redis.call('HSET', KEYS[4], LIVE .. gwref, nowstr .. ' ' .. ARGV[A_BEHIND])
 local status = {}
@@ -277,7 +286,8 @@ local function general(dev, sid, kind, d, k, zk)
   local sh = shift[k] or 0
   if kind ~= KIND_LEAVE then
     if d <= now then return end
-    if not r then
+    local created = not r
+    if created then
       r = newrecord(now)
       rec[k] = r
     end
@@ -304,7 +314,11 @@ local function general(dev, sid, kind, d, k, zk)
       r.lastgw, r.lastsid, dirty[k] = gwref, sid, true
     end
     setz(k, maxdl(r))
-    if not r.on then
+    if not r.on and restore and created and kind == KIND_RENEW then
+      -- a restore of a record the store lost: online, no event, a ver
+      -- above the lost ones for the next (gateway.Batch.Restore)
+      r.on, r.ver, r.since, dirty[k] = true, now, now, true
+    elseif not r.on then
       r.on, r.ver, r.since, dirty[k] = true, nextver(r, now), now, true
       local reason = 'renew'
       if replay then reason = 'replay' elseif kind == KIND_CONNECT then reason = 'connect' end

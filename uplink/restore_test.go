@@ -1,0 +1,74 @@
+package uplink
+
+import (
+	"testing"
+	"time"
+
+	"github.com/fleetgate/fleetgate/gateway"
+	"github.com/fleetgate/fleetgate/internal/redistest"
+)
+
+// After Redis loses its data (FLUSHALL here; a restart without
+// persistence is the same), the gateway's next call learns it
+// (ApplyResult.Reset) and restores every live session of its table on
+// the shards concerned: a device that keeps renewing is not reported
+// online a second time, and one that stopped just before the loss is
+// known again, so its offline still comes.
+func TestRestoreAfterStoreLostItsData(t *testing.T) {
+	srv := redistest.Start(t)
+	var table *gateway.Table
+	e := newEnv(t, Options{Lease: 30 * time.Second, FlushInterval: time.Second, KeepAlive: time.Second,
+		Sessions: func(fn func(gateway.SessionView) bool) { table.Range(fn) }}, OutboxOptions{}, redisStore(t, srv))
+	table = gateway.NewTable(e.u, gateway.TableOptions{Lease: 30 * time.Second, RenewEvery: 5 * time.Second, Clock: e.clock})
+	ctx := t.Context()
+	devs := []gateway.DeviceID{"keeps-1", "keeps-2", "stopped-1", "stopped-2", "stopped-3"}
+	for _, d := range devs {
+		if err := table.Observe(ctx, gateway.Evidence{Device: d, Session: "coap/default", Kind: gateway.Renew, ObservedAt: e.clock.Now()}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := e.u.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if evs := allEvents(t, e.store); len(evs) != len(devs) {
+		t.Fatalf("before the loss: %d events, want %d", len(evs), len(devs))
+	}
+	if err := srv.Client(t).FlushAll(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	// the devices that keep sending renew (past renew_every, so the table
+	// forwards it); the others have stopped
+	e.clock.Advance(6 * time.Second)
+	for _, d := range devs[:2] {
+		if err := table.Observe(ctx, gateway.Evidence{Device: d, Session: "coap/default", Kind: gateway.Renew, ObservedAt: e.clock.Now()}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := e.u.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// the keep-alive reaches the shards without renewals
+	e.clock.Advance(2 * time.Second)
+	if err := e.u.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if evs := allEvents(t, e.store); len(evs) != 0 {
+		t.Fatalf("after the loss: events %+v, want none", evs)
+	}
+	// each restored from its own newest evidence: the stopped ones' 6 s
+	// older than the others' (the store runs on Redis time, ages on the
+	// test clock)
+	deadline := map[gateway.DeviceID]time.Time{}
+	for _, d := range devs {
+		info, err := e.store.Device(ctx, d)
+		if err != nil || info.State != gateway.Online {
+			t.Fatalf("%s after the loss: %+v %v, want online again", d, info, err)
+		}
+		deadline[d] = info.Deadline
+	}
+	for _, d := range devs[2:] {
+		if gap := deadline["keeps-1"].Sub(deadline[d]); gap < 5500*time.Millisecond || gap > 6500*time.Millisecond {
+			t.Errorf("%s deadline %v, %v before keeps-1's; want about 6 s (its own newest evidence)", d, deadline[d], gap)
+		}
+	}
+}
