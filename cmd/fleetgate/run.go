@@ -194,7 +194,7 @@ func (g *gatewayProcess) serve(ctx context.Context, log *slog.Logger) error {
 	if g.admin != nil {
 		backs.Go(g.admin.Serve)
 	}
-	if w := g.newWatchdog(log); w != nil {
+	if w := newWatchdog(log, g.stalled, g.statusLine); w != nil {
 		backs.Go(func() error { return w.run(back) })
 	}
 	for _, f := range g.fronts {
