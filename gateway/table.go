@@ -371,6 +371,50 @@ func (t *Table) SessionLimitRefusals() uint64 { return t.limited.Load() }
 // Len is the number of sessions in the table.
 func (t *Table) Len() int { return int(t.n.Load()) }
 
+// DeviceCounts counts a table's devices by state (Table.Devices).
+type DeviceCounts struct {
+	Online, Suspect int
+}
+
+// Devices counts the devices with a session in the table at now, by the
+// state DeriveState gives the local deadline (the newest LastSeen of the
+// device's sessions plus the lease): online when some session was seen
+// within suspectAfter, suspect when none was but the lease has not run
+// out. A device whose sessions' local leases all ran out is counted
+// nowhere: the next Sweep drops it, and its offline state is the store's
+// to tell. It scans the table a shard at a time under the shard's lock.
+func (t *Table) Devices(now time.Time, suspectAfter time.Duration) DeviceCounts {
+	lease := t.timing.Load().lease
+	var c DeviceCounts
+	count := func(seen int64) {
+		switch DeriveState(now, t.at(seen).Add(lease), lease, suspectAfter) {
+		case Online:
+			c.Online++
+		case Suspect:
+			c.Suspect++
+		}
+	}
+	newest := map[DeviceID]int64{} // devices with several sessions
+	for i := range t.shards {
+		sh := &t.shards[i]
+		sh.mu.Lock()
+		for k, e := range sh.m {
+			dev := DeviceID(k[:strings.IndexByte(k, 0)])
+			if sh.devices[dev] == 1 {
+				count(e.seen)
+			} else if seen, ok := newest[dev]; !ok || e.seen > seen {
+				newest[dev] = e.seen
+			}
+		}
+		sh.mu.Unlock()
+		for _, seen := range newest {
+			count(seen)
+		}
+		clear(newest)
+	}
+	return c
+}
+
 // Sessions returns the sessions of device, ordered by session ID. It scans
 // the device's shard (Len/Shards sessions) under its lock.
 func (t *Table) Sessions(device DeviceID) []SessionView {

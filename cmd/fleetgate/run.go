@@ -134,6 +134,7 @@ func (g *gatewayProcess) run(ctx context.Context) (err error) {
 		Name: "fleetgate_sessions",
 		Help: "Device sessions in the gateway's session table (live on this gateway).",
 	}, func() float64 { return float64(g.table.Len()) }))
+	reg.MustRegister(newDeviceStates(g.table, g.timing))
 	if cfg.Runner.Enabled {
 		g.runner = runner.New(g.store, runner.Options{
 			Owner: fmt.Sprintf("%s/%d", cfg.Gateway.ID, g.epoch), Interval: cfg.Runner.Interval.Std(),
