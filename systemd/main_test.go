@@ -7,11 +7,12 @@ import (
 	"github.com/fleetgate/fleetgate/internal/buildtest"
 )
 
-// binary is the fleetgate binary built once by TestMain.
-var binary string
+// binary is the fleetgate binary and udpline the shipped UDP line
+// adapter, built once by TestMain.
+var binary, udpline string
 
 func TestMain(m *testing.M) {
-	buildtest.Main(m, map[string]*string{"../cmd/fleetgate": &binary})
+	buildtest.Main(m, map[string]*string{"../cmd/fleetgate": &binary, "../plugins/udpline": &udpline})
 }
 
 // run runs a command and returns its combined output; a failure to start

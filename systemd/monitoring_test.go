@@ -107,7 +107,7 @@ func metricNames(exprs []string) []string {
 
 // Every metric the dashboard and the alerts query is exported by the
 // /metrics of a running gateway (embedded store, runner on, CoAP and
-// MQTT listening).
+// MQTT listening, the shipped udpline adapter running).
 func TestDashboardAndAlertsQueryExportedMetrics(t *testing.T) {
 	var exprs []string
 	for _, p := range readDashboard(t).Panels {
@@ -174,7 +174,10 @@ listen:
   mqtt: { tcp: "127.0.0.1:%d" }
   admin: { http: %q }
 auth: { allow_anonymous: true, devices_file: "" }
-`, filepath.Join(dir, "state"), freePort(t, "udp"), freePort(t, "tcp"), admin)
+plugins:
+  adapters:
+    - { name: line, path: %q, config: { listen: "127.0.0.1:%d" } }
+`, filepath.Join(dir, "state"), freePort(t, "udp"), freePort(t, "tcp"), admin, udpline, freePort(t, "udp"))
 	path := filepath.Join(dir, "fleetgate.yaml")
 	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
@@ -200,12 +203,13 @@ auth: { allow_anonymous: true, devices_file: "" }
 		if err == nil {
 			body, err = io.ReadAll(resp.Body)
 			resp.Body.Close()
-			if err == nil && resp.StatusCode == http.StatusOK && strings.Contains(string(body), "fleetgate_runner_") {
+			if err == nil && resp.StatusCode == http.StatusOK && strings.Contains(string(body), "fleetgate_runner_") &&
+				strings.Contains(string(body), `fleetgate_adapter_up{adapter="line"} 1`) {
 				break
 			}
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("no /metrics with the runner's metrics at %s within 30s: %v", admin, err)
+			t.Fatalf("no /metrics with the runner's and the running adapter's metrics at %s within 30s: %v", admin, err)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}

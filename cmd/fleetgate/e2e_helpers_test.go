@@ -29,11 +29,12 @@ import (
 	"github.com/fleetgate/fleetgate/internal/redistest"
 )
 
-// binary is the fleetgate binary built once by TestMain.
-var binary string
+// binary is the fleetgate binary and udpline the shipped UDP line
+// adapter, built once by TestMain.
+var binary, udpline string
 
 func TestMain(m *testing.M) {
-	buildtest.Main(m, map[string]*string{".": &binary})
+	buildtest.Main(m, map[string]*string{".": &binary, "../../plugins/udpline": &udpline})
 }
 
 // e2eTiming is short enough for tests and passes the flap rule:
