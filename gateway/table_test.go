@@ -334,6 +334,33 @@ func TestTableDevicesByState(t *testing.T) {
 	}
 }
 
+// A device counts once however its sessions come and go.
+func TestTableDevicesSessionsComeAndGo(t *testing.T) {
+	f := newFixture(t, gateway.TableOptions{Shards: 1}, 64)
+	want := func(at time.Duration, online, suspect int) {
+		t.Helper()
+		if got := f.tbl.Devices(t0.Add(at), 45*time.Second); got != (gateway.DeviceCounts{Online: online, Suspect: suspect}) {
+			t.Fatalf("Devices at +%v = %+v, want %d online, %d suspect", at, got, online, suspect)
+		}
+	}
+	f.mustObserve("dev-1", "coap/a", gateway.Renew, 0)
+	f.mustObserve("dev-1", "coap/b", gateway.Renew, 0)
+	f.mustObserve("dev-2", "coap/a", gateway.Renew, 0)
+	want(0, 2, 0)
+	f.mustObserve("dev-1", "coap/b", gateway.Leave, time.Second)
+	want(time.Second, 2, 0)
+	f.mustObserve("dev-1", "coap/c", gateway.Renew, 2*time.Second)
+	f.mustObserve("dev-1", "coap/d", gateway.Renew, 2*time.Second)
+	want(2*time.Second, 2, 0)
+	f.mustObserve("dev-1", "coap/a", gateway.Leave, 3*time.Second)
+	f.mustObserve("dev-1", "coap/c", gateway.Leave, 3*time.Second)
+	want(46*time.Second, 1, 1) // dev-1 by coap/d (+2s), dev-2 suspect
+	if n := f.tbl.Sweep(t0.Add(90 * time.Second)); n != 1 {
+		t.Fatalf("Sweep dropped %d, want dev-2's session", n)
+	}
+	want(90*time.Second, 0, 1)
+}
+
 func TestTableLocalLeaseRunOutWithoutSweep(t *testing.T) {
 	f := newFixture(t, gateway.TableOptions{}, 16)
 	f.mustObserve("dev-1", "coap/default", gateway.Renew, 0)

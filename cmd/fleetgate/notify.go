@@ -49,7 +49,10 @@ func (g *gatewayProcess) statusLine() string {
 	if !st.Up {
 		uplink = "DOWN since " + st.Since.Format(time.TimeOnly)
 	}
-	line := fmt.Sprintf("%d sessions; uplink %s; outbox %d sessions", g.table.Len(), uplink, st.OutboxSessions)
+	_, suspectAfter := g.timing()
+	dev := g.table.Devices(time.Now(), suspectAfter)
+	line := fmt.Sprintf("%d devices online, %d suspect; %d sessions; uplink %s; outbox %d sessions",
+		dev.Online, dev.Suspect, g.table.Len(), uplink, st.OutboxSessions)
 	if st.OutboxSessions > 0 {
 		line += fmt.Sprintf(" (oldest %s)", st.OutboxOldest.Round(time.Second))
 	}
