@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"os/exec"
-	"path/filepath"
 	"runtime"
 	"strconv"
 	"sync/atomic"
@@ -17,6 +15,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/fleetgate/fleetgate/gateway"
+	"github.com/fleetgate/fleetgate/internal/buildtest"
 	pb "github.com/fleetgate/fleetgate/plugins/proto"
 )
 
@@ -39,9 +38,9 @@ func (c *counter) Observe(context.Context, gateway.Evidence) error {
 
 func buildAdapter(b *testing.B, pkg string) string {
 	b.Helper()
-	out := filepath.Join(b.TempDir(), filepath.Base(pkg))
-	if o, err := exec.Command("go", "build", "-o", out, pkg).CombinedOutput(); err != nil {
-		b.Fatalf("build %s: %v\n%s", pkg, err, o)
+	var out string
+	if err := buildtest.Build(b.TempDir(), map[string]*string{pkg: &out}); err != nil {
+		b.Fatal(err)
 	}
 	return out
 }
