@@ -47,6 +47,11 @@ type dashboard struct {
 			} `json:"datasource"`
 		} `json:"targets"`
 	} `json:"panels"`
+	Templating struct {
+		List []struct {
+			Definition string `json:"definition"`
+		} `json:"list"`
+	} `json:"templating"`
 }
 
 func readDashboard(t *testing.T) dashboard {
@@ -105,15 +110,20 @@ func metricNames(exprs []string) []string {
 	return out
 }
 
-// Every metric the dashboard and the alerts query is exported by the
-// /metrics of a running gateway (embedded store, runner on, CoAP and
-// MQTT listening, the shipped udpline adapter running).
+// Every metric the dashboard (its panels and its variables) and the
+// alerts query is exported by the /metrics of a running gateway (embedded
+// store, runner on, CoAP and MQTT listening, the shipped udpline adapter
+// running).
 func TestDashboardAndAlertsQueryExportedMetrics(t *testing.T) {
 	var exprs []string
-	for _, p := range readDashboard(t).Panels {
+	d := readDashboard(t)
+	for _, p := range d.Panels {
 		for _, q := range p.Targets {
 			exprs = append(exprs, q.Expr)
 		}
+	}
+	for _, v := range d.Templating.List {
+		exprs = append(exprs, v.Definition)
 	}
 	alerts, err := os.ReadFile(alertsFile)
 	if err != nil {
