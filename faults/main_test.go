@@ -5,9 +5,9 @@ package faults
 import (
 	"fmt"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"testing"
+
+	"github.com/fleetgate/fleetgate/internal/buildtest"
 )
 
 // binary is the fleetgate binary, built once by TestMain.
@@ -24,11 +24,8 @@ func run(m *testing.M) int {
 		return 1
 	}
 	defer os.RemoveAll(dir)
-	binary = filepath.Join(dir, "fleetgate")
-	build := exec.Command("go", "build", "-o", binary, "../cmd/fleetgate")
-	build.Stdout, build.Stderr = os.Stderr, os.Stderr
-	if err := build.Run(); err != nil {
-		fmt.Fprintln(os.Stderr, "build fleetgate:", err)
+	if err := buildtest.Build(dir, map[string]*string{"../cmd/fleetgate": &binary}); err != nil {
+		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
 	if knownKeys, err = probeKeys(binary, dir, issue9Keys(fast)); err != nil {

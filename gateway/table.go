@@ -117,6 +117,9 @@ type tableShard struct {
 	// devices counts the sessions of each device of the shard that has
 	// any (a device's sessions are all in its shard).
 	devices map[DeviceID]int32
+	// multi holds the devices of the shard with more than one session
+	// (few: Devices looks only those up).
+	multi map[DeviceID]struct{}
 }
 
 // entry is one session. Times are nanoseconds since Table.base.
@@ -175,6 +178,7 @@ func NewTable(up Uplink, o TableOptions) *Table {
 	for i := range t.shards {
 		t.shards[i].m = make(map[string]*entry)
 		t.shards[i].devices = make(map[DeviceID]int32)
+		t.shards[i].multi = make(map[DeviceID]struct{})
 	}
 	t.timing.Store(newTiming(o.Lease, o.RenewEvery))
 	t.protos.names.Store(&[]string{""})
@@ -223,7 +227,8 @@ func (t *Table) Observe(ctx context.Context, ev Evidence) error {
 	e, ok := sh.m[string(key)]
 	switch {
 	case !ok:
-		if sh.devices[ev.Device] >= t.perDevice {
+		have := sh.devices[ev.Device]
+		if have >= t.perDevice {
 			sh.mu.Unlock()
 			t.limited.Add(1)
 			return fmt.Errorf("observe: device %s session %s: max_sessions_per_device %d reached: %w", ev.Device, ev.Session, t.perDevice, ErrSessionLimit)
@@ -235,7 +240,10 @@ func (t *Table) Observe(ctx context.Context, ev Evidence) error {
 		}
 		e = &entry{first: at, seen: at, proto: t.protos.index(ev.Protocol)}
 		sh.m[string(key)] = e
-		sh.devices[ev.Device]++
+		sh.devices[ev.Device] = have + 1
+		if have == 1 {
+			sh.multi[ev.Device] = struct{}{}
+		}
 	case at-e.seen >= int64(tm.lease):
 		// The local lease ran out before Sweep came by: a new session,
 		// as if it had been swept.
@@ -359,6 +367,9 @@ func (t *Table) RunSweep(ctx context.Context, every time.Duration) error {
 func (sh *tableShard) forget(device DeviceID) {
 	if n := sh.devices[device] - 1; n > 0 {
 		sh.devices[device] = n
+		if n == 1 {
+			delete(sh.multi, device)
+		}
 	} else {
 		delete(sh.devices, device)
 	}
@@ -370,6 +381,61 @@ func (t *Table) SessionLimitRefusals() uint64 { return t.limited.Load() }
 
 // Len is the number of sessions in the table.
 func (t *Table) Len() int { return int(t.n.Load()) }
+
+// DeviceCounts counts a table's devices by state (Table.Devices).
+type DeviceCounts struct {
+	Online, Suspect int
+}
+
+// Devices counts the devices with a session in the table at now, by the
+// state DeriveState gives the local deadline (the newest LastSeen of the
+// device's sessions plus the lease): online when some session was seen
+// within suspectAfter, suspect when none was but the lease has not run
+// out. A device whose sessions' local leases all ran out is counted
+// nowhere: the next Sweep drops it, and its offline state is the store's
+// to tell. It scans the table a shard at a time under the shard's lock;
+// only the sessions of devices with several are looked up by device.
+func (t *Table) Devices(now time.Time, suspectAfter time.Duration) DeviceCounts {
+	n := t.offset(now)
+	// DeriveState on the offsets: offline when seen + lease ≤ now,
+	// suspect when now − seen ≥ suspectAfter.
+	live, fresh := n-int64(t.timing.Load().lease), n-int64(suspectAfter)
+	var c DeviceCounts
+	count := func(seen int64) {
+		switch {
+		case seen <= live:
+		case seen <= fresh:
+			c.Suspect++
+		default:
+			c.Online++
+		}
+	}
+	newest := map[DeviceID]int64{} // of the devices with several sessions
+	for i := range t.shards {
+		sh := &t.shards[i]
+		sh.mu.Lock()
+		if len(sh.multi) == 0 {
+			for _, e := range sh.m {
+				count(e.seen)
+			}
+		} else {
+			for k, e := range sh.m {
+				dev := DeviceID(k[:strings.IndexByte(k, 0)])
+				if _, several := sh.multi[dev]; !several {
+					count(e.seen)
+				} else if seen, ok := newest[dev]; !ok || e.seen > seen {
+					newest[dev] = e.seen
+				}
+			}
+		}
+		sh.mu.Unlock()
+		for _, seen := range newest {
+			count(seen)
+		}
+		clear(newest)
+	}
+	return c
+}
 
 // Sessions returns the sessions of device, ordered by session ID. It scans
 // the device's shard (Len/Shards sessions) under its lock.

@@ -173,3 +173,58 @@ func BenchmarkTableObserve(b *testing.B) {
 	b.ReportMetric(ceiling, "ceiling-ns/renewal")
 	b.ReportMetric(perObserve/ceiling, "ratio")
 }
+
+// BenchmarkTableDevices counts the devices of a table of 1,000,000
+// devices by state (one scrape of fleetgate_devices, or one STATUS=
+// line), each with one session, or every tenth with a second one (looked
+// up by device), next to the ceiling measured in the same run: one pass
+// over a plain map of as many entries. ratio = Devices / ceiling.
+func BenchmarkTableDevices(b *testing.B) {
+	const n = 1_000_000
+	for _, every := range []int{0, 10} {
+		name := "one-session"
+		if every > 0 {
+			name = fmt.Sprintf("every-%dth-two", every)
+		}
+		b.Run(name, func(b *testing.B) {
+			evs := fleet(n)
+			for i := 0; every > 0 && i < n; i += every {
+				second := evs[i]
+				second.Session = "coap/second"
+				evs = append(evs, second)
+			}
+			ctx := context.Background()
+			tbl := gateway.NewTable(&sink{}, gateway.TableOptions{MaxSessions: 2 * n, Clock: clocktest.New(t0)})
+			plain := make(map[string]*plainEntry, len(evs))
+			for _, ev := range evs {
+				if err := tbl.Observe(ctx, ev); err != nil {
+					b.Fatal(err)
+				}
+				plain[string(ev.Device)+"\x00"+string(ev.Session)] = &plainEntry{}
+			}
+			now := t0.Add(10 * time.Second)
+			b.ResetTimer()
+			var table, ceiling time.Duration
+			for range b.N {
+				start := time.Now()
+				c := tbl.Devices(now, 45*time.Second)
+				table += time.Since(start)
+				if c.Online != n {
+					b.Fatalf("counts %+v, want %d online", c, n)
+				}
+				start = time.Now()
+				var sum int64
+				for _, e := range plain {
+					sum += e.a
+				}
+				ceiling += time.Since(start)
+				if sum != 0 {
+					b.Fatal(sum)
+				}
+			}
+			b.ReportMetric(float64(table.Microseconds())/1e3/float64(b.N), "ms/count")
+			b.ReportMetric(float64(ceiling.Microseconds())/1e3/float64(b.N), "ceiling-ms")
+			b.ReportMetric(float64(table)/float64(ceiling), "ratio")
+		})
+	}
+}

@@ -301,6 +301,66 @@ func TestTableSweep(t *testing.T) {
 	f.expect(w("dev-1 coap/default", gateway.Connect, 100*s))
 }
 
+// Devices counts each device once, by its newest session: online within
+// suspect_after of it, suspect until the lease runs out, then nowhere.
+func TestTableDevicesByState(t *testing.T) {
+	f := newFixture(t, gateway.TableOptions{Shards: 2}, 64)
+	const s = time.Second
+	const suspectAfter = 45 * s
+	f.mustObserve("dev-1", "coap/default", gateway.Renew, 0)
+	f.mustObserve("dev-2", "coap/a", gateway.Renew, 0)
+	f.mustObserve("dev-3", "coap/b", gateway.Renew, 0)
+	f.mustObserve("dev-3", "coap/a", gateway.Renew, 10*s)
+	f.mustObserve("dev-2", "coap/b", gateway.Renew, 30*s) // the newest session decides
+	f.mustObserve("dev-4", "mqtt/1", gateway.Renew, 44*s)
+	for _, c := range []struct {
+		at   time.Duration
+		want gateway.DeviceCounts
+	}{
+		{45*s - time.Nanosecond, gateway.DeviceCounts{Online: 4}},
+		{50 * s, gateway.DeviceCounts{Online: 3, Suspect: 1}}, // dev-1: 45s since its evidence
+		{55 * s, gateway.DeviceCounts{Online: 2, Suspect: 2}}, // dev-3: 45s since its newest
+		{75 * s, gateway.DeviceCounts{Online: 1, Suspect: 3}}, // dev-2: 45s since its newest
+		{89 * s, gateway.DeviceCounts{Suspect: 4}},            // dev-4
+		{90 * s, gateway.DeviceCounts{Suspect: 3}},            // dev-1's lease ran out
+		{100*s - time.Nanosecond, gateway.DeviceCounts{Suspect: 3}},
+		{100 * s, gateway.DeviceCounts{Suspect: 2}}, // dev-3's newest ran out
+		{120 * s, gateway.DeviceCounts{Suspect: 1}},
+		{140 * s, gateway.DeviceCounts{}},
+	} {
+		if got := f.tbl.Devices(t0.Add(c.at), suspectAfter); got != c.want {
+			t.Errorf("Devices at +%v = %+v, want %+v", c.at, got, c.want)
+		}
+	}
+}
+
+// A device counts once however its sessions come and go.
+func TestTableDevicesSessionsComeAndGo(t *testing.T) {
+	f := newFixture(t, gateway.TableOptions{Shards: 1}, 64)
+	want := func(at time.Duration, online, suspect int) {
+		t.Helper()
+		if got := f.tbl.Devices(t0.Add(at), 45*time.Second); got != (gateway.DeviceCounts{Online: online, Suspect: suspect}) {
+			t.Fatalf("Devices at +%v = %+v, want %d online, %d suspect", at, got, online, suspect)
+		}
+	}
+	f.mustObserve("dev-1", "coap/a", gateway.Renew, 0)
+	f.mustObserve("dev-1", "coap/b", gateway.Renew, 0)
+	f.mustObserve("dev-2", "coap/a", gateway.Renew, 0)
+	want(0, 2, 0)
+	f.mustObserve("dev-1", "coap/b", gateway.Leave, time.Second)
+	want(time.Second, 2, 0)
+	f.mustObserve("dev-1", "coap/c", gateway.Renew, 2*time.Second)
+	f.mustObserve("dev-1", "coap/d", gateway.Renew, 2*time.Second)
+	want(2*time.Second, 2, 0)
+	f.mustObserve("dev-1", "coap/a", gateway.Leave, 3*time.Second)
+	f.mustObserve("dev-1", "coap/c", gateway.Leave, 3*time.Second)
+	want(46*time.Second, 1, 1) // dev-1 by coap/d (+2s), dev-2 suspect
+	if n := f.tbl.Sweep(t0.Add(90 * time.Second)); n != 1 {
+		t.Fatalf("Sweep dropped %d, want dev-2's session", n)
+	}
+	want(90*time.Second, 0, 1)
+}
+
 func TestTableLocalLeaseRunOutWithoutSweep(t *testing.T) {
 	f := newFixture(t, gateway.TableOptions{}, 16)
 	f.mustObserve("dev-1", "coap/default", gateway.Renew, 0)

@@ -1,32 +1,18 @@
 package systemd
 
 import (
-	"fmt"
-	"os"
 	"os/exec"
-	"path/filepath"
 	"testing"
+
+	"github.com/fleetgate/fleetgate/internal/buildtest"
 )
 
-// binary is the fleetgate binary built once by TestMain.
-var binary string
+// binary is the fleetgate binary and udpline the shipped UDP line
+// adapter, built once by TestMain.
+var binary, udpline string
 
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "fleetgate-systemd-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	binary = filepath.Join(dir, "fleetgate")
-	build := exec.Command("go", "build", "-o", binary, "../cmd/fleetgate")
-	build.Stdout, build.Stderr = os.Stderr, os.Stderr
-	if err := build.Run(); err != nil {
-		fmt.Fprintln(os.Stderr, "build fleetgate:", err)
-		os.Exit(1)
-	}
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
+	buildtest.Main(m, map[string]*string{"../cmd/fleetgate": &binary, "../plugins/udpline": &udpline})
 }
 
 // run runs a command and returns its combined output; a failure to start

@@ -47,6 +47,11 @@ type dashboard struct {
 			} `json:"datasource"`
 		} `json:"targets"`
 	} `json:"panels"`
+	Templating struct {
+		List []struct {
+			Definition string `json:"definition"`
+		} `json:"list"`
+	} `json:"templating"`
 }
 
 func readDashboard(t *testing.T) dashboard {
@@ -105,15 +110,20 @@ func metricNames(exprs []string) []string {
 	return out
 }
 
-// Every metric the dashboard and the alerts query is exported by the
-// /metrics of a running gateway (embedded store, runner on, CoAP and
-// MQTT listening).
+// Every metric the dashboard (its panels and its variables) and the
+// alerts query is exported by the /metrics of a running gateway (embedded
+// store, runner on, CoAP and MQTT listening, the shipped udpline adapter
+// running).
 func TestDashboardAndAlertsQueryExportedMetrics(t *testing.T) {
 	var exprs []string
-	for _, p := range readDashboard(t).Panels {
+	d := readDashboard(t)
+	for _, p := range d.Panels {
 		for _, q := range p.Targets {
 			exprs = append(exprs, q.Expr)
 		}
+	}
+	for _, v := range d.Templating.List {
+		exprs = append(exprs, v.Definition)
 	}
 	alerts, err := os.ReadFile(alertsFile)
 	if err != nil {
@@ -174,7 +184,10 @@ listen:
   mqtt: { tcp: "127.0.0.1:%d" }
   admin: { http: %q }
 auth: { allow_anonymous: true, devices_file: "" }
-`, filepath.Join(dir, "state"), freePort(t, "udp"), freePort(t, "tcp"), admin)
+plugins:
+  adapters:
+    - { name: line, path: %q, config: { listen: "127.0.0.1:%d" } }
+`, filepath.Join(dir, "state"), freePort(t, "udp"), freePort(t, "tcp"), admin, udpline, freePort(t, "udp"))
 	path := filepath.Join(dir, "fleetgate.yaml")
 	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
@@ -200,12 +213,13 @@ auth: { allow_anonymous: true, devices_file: "" }
 		if err == nil {
 			body, err = io.ReadAll(resp.Body)
 			resp.Body.Close()
-			if err == nil && resp.StatusCode == http.StatusOK && strings.Contains(string(body), "fleetgate_runner_") {
+			if err == nil && resp.StatusCode == http.StatusOK && strings.Contains(string(body), "fleetgate_runner_") &&
+				strings.Contains(string(body), `fleetgate_adapter_up{adapter="line"} 1`) {
 				break
 			}
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("no /metrics with the runner's metrics at %s within 30s: %v", admin, err)
+			t.Fatalf("no /metrics with the runner's and the running adapter's metrics at %s within 30s: %v", admin, err)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}

@@ -110,6 +110,22 @@ func TestGatewayUnitDirectives(t *testing.T) {
 	}
 }
 
+// The runner-only unit speaks sd_notify with a watchdog like the gateway's
+// (cmd/fleetgate's TestRunnerSystemdNotify checks the binary's side).
+func TestRunnerUnitDirectives(t *testing.T) {
+	d := directives(t, "fleetgate-runner.service")
+	want := map[string]string{
+		"Type": "notify", "NotifyAccess": "main", "WatchdogSec": "120s", "WatchdogSignal": "SIGABRT",
+		"Restart": "on-failure", "RestartPreventExitStatus": "78", "KillMode": "mixed", "User": "fleetgate",
+		"ExecStart": "/usr/bin/fleetgate runner -c /etc/fleetgate/fleetgate.yaml --metrics 127.0.0.1:9181",
+	}
+	for k, v := range want {
+		if got := d["[Service]"+k]; len(got) == 0 || got[0] != v {
+			t.Errorf("%s=%q, want %q", k, got, v)
+		}
+	}
+}
+
 // RestartPreventExitStatus= names the exit code the binary really uses
 // for a bad configuration, in ExecStartPre (check-config) and in run.
 func TestConfigErrorExitCodeMatchesUnit(t *testing.T) {

@@ -25,28 +25,16 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fleetgate/fleetgate/gateway"
+	"github.com/fleetgate/fleetgate/internal/buildtest"
 	"github.com/fleetgate/fleetgate/internal/redistest"
 )
 
-// binary is the fleetgate binary built once by TestMain.
-var binary string
+// binary is the fleetgate binary and udpline the shipped UDP line
+// adapter, built once by TestMain.
+var binary, udpline string
 
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "fleetgate-e2e-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	binary = filepath.Join(dir, "fleetgate")
-	build := exec.Command("go", "build", "-o", binary, ".")
-	build.Stdout, build.Stderr = os.Stderr, os.Stderr
-	if err := build.Run(); err != nil {
-		fmt.Fprintln(os.Stderr, "build fleetgate:", err)
-		os.Exit(1)
-	}
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
+	buildtest.Main(m, map[string]*string{".": &binary, "../../plugins/udpline": &udpline})
 }
 
 // e2eTiming is short enough for tests and passes the flap rule:

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/coreos/go-systemd/v22/daemon"
+
+	"github.com/fleetgate/fleetgate/runner"
 )
 
 // The service manager protocol (sd_notify) of `fleetgate run` under
@@ -22,6 +24,11 @@ import (
 //     gateway is stuck in one step (see gatewayProcess.stalled), so that
 //     systemd restarts a gateway whose batcher, outbox writer or runner
 //     hangs.
+//
+// `fleetgate runner` (systemd/fleetgate-runner.service) speaks the same
+// protocol without the reload: READY=1 once the store answers and the
+// admin API (with --metrics) listens, STOPPING=1 when shutdown begins,
+// and WATCHDOG=1 only while the runner is not stuck in one cycle.
 //
 // Every call passes unsetEnvironment=false: true would unset NOTIFY_SOCKET
 // and silently drop every later message. Without NOTIFY_SOCKET (not under
@@ -42,7 +49,10 @@ func (g *gatewayProcess) statusLine() string {
 	if !st.Up {
 		uplink = "DOWN since " + st.Since.Format(time.TimeOnly)
 	}
-	line := fmt.Sprintf("%d sessions; uplink %s; outbox %d sessions", g.table.Len(), uplink, st.OutboxSessions)
+	_, suspectAfter := g.timing()
+	dev := g.table.Devices(time.Now(), suspectAfter)
+	line := fmt.Sprintf("%d devices online, %d suspect; %d sessions; uplink %s; outbox %d sessions",
+		dev.Online, dev.Suspect, g.table.Len(), uplink, st.OutboxSessions)
 	if st.OutboxSessions > 0 {
 		line += fmt.Sprintf(" (oldest %s)", st.OutboxOldest.Round(time.Second))
 	}
@@ -56,18 +66,31 @@ func (g *gatewayProcess) stalled(now time.Time, limit time.Duration) string {
 		return fmt.Sprintf("uplink %s loop stuck in one step for %s", loop, d.Round(time.Millisecond))
 	}
 	if g.runner != nil {
-		if d, ok := g.runner.Stalled(now, limit); ok {
-			return fmt.Sprintf("runner stuck in one cycle for %s", d.Round(time.Millisecond))
-		}
+		return runnerStalled(g.runner, now, limit)
 	}
 	return ""
+}
+
+// runnerStalled says how long r has been stuck in one cycle, "" when it
+// has not been for longer than limit at now.
+func runnerStalled(r *runner.Runner, now time.Time, limit time.Duration) string {
+	if d, ok := r.Stalled(now, limit); ok {
+		return fmt.Sprintf("runner stuck in one cycle for %s", d.Round(time.Millisecond))
+	}
+	return ""
+}
+
+// runnerStatusLine is the STATUS= text of `fleetgate runner`.
+func runnerStatusLine(st runner.Status, shards int) string {
+	return fmt.Sprintf("runner: %d of %d shards held; %d offline events reaped; %d of %d reap calls failed",
+		len(st.Shards), shards, st.Reaped, st.ReapErrors, st.ReapCalls)
 }
 
 // newWatchdog returns the keep-alive loop for systemd's watchdog
 // (WATCHDOG_USEC, set by WatchdogSec=), or nil when there is none. A loop
 // busy in one step for longer than the whole watchdog interval counts as
 // stalled; every step is bounded far below the shipped WatchdogSec.
-func (g *gatewayProcess) newWatchdog(log *slog.Logger) *watchdog {
+func newWatchdog(log *slog.Logger, stalled func(now time.Time, limit time.Duration) string, status func() string) *watchdog {
 	interval, err := daemon.SdWatchdogEnabled(false)
 	if err != nil {
 		log.Warn("systemd watchdog settings unreadable; running without keep-alives", "err", err)
@@ -77,13 +100,7 @@ func (g *gatewayProcess) newWatchdog(log *slog.Logger) *watchdog {
 		return nil
 	}
 	log.Info("systemd watchdog on", "interval", interval)
-	return &watchdog{
-		every:   interval / 2,
-		limit:   interval,
-		stalled: g.stalled,
-		status:  g.statusLine,
-		log:     log,
-	}
+	return &watchdog{every: interval / 2, limit: interval, stalled: stalled, status: status, log: log}
 }
 
 // watchdog sends WATCHDOG=1 (with a fresh STATUS=) every `every` while
@@ -111,7 +128,7 @@ func (w *watchdog) run(ctx context.Context) error {
 				w.log.Warn("watchdog: every loop makes progress again; keep-alives resumed")
 			}
 		case was == "":
-			w.log.Error("watchdog: keep-alives stopped; systemd restarts the gateway unless the loop recovers", "reason", why)
+			w.log.Error("watchdog: keep-alives stopped; systemd restarts the process unless the loop recovers", "reason", why)
 			sdNotify(w.log, "STATUS=STALLED: "+why)
 		}
 		was = why

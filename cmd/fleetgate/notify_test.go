@@ -107,7 +107,7 @@ func TestSystemdNotifyProtocol(t *testing.T) {
 		t.Fatal("STOPPING=1 before any stop")
 	}
 	w := sock.await(t, ready, "WATCHDOG=1", 10*time.Second)
-	if !strings.Contains(sock.all()[w], "STATUS=0 sessions; uplink up; outbox 0 sessions") {
+	if !strings.Contains(sock.all()[w], "STATUS=0 devices online, 0 suspect; 0 sessions; uplink up; outbox 0 sessions") {
 		t.Fatalf("keep-alive without a readable status: %q", sock.all()[w])
 	}
 	sock.await(t, w+1, "WATCHDOG=1", 10*time.Second) // it keeps pinging

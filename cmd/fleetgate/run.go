@@ -135,6 +135,7 @@ func (g *gatewayProcess) run(ctx context.Context) (err error) {
 		Name: "fleetgate_sessions",
 		Help: "Device sessions in the gateway's session table (live on this gateway).",
 	}, func() float64 { return float64(g.table.Len()) }))
+	reg.MustRegister(newDeviceStates(g.table, g.timing))
 	if cfg.Runner.Enabled {
 		g.runner = runner.New(g.store, runner.Options{
 			Owner: fmt.Sprintf("%s/%d", cfg.Gateway.ID, g.epoch), Interval: cfg.Runner.Interval.Std(),
@@ -195,7 +196,7 @@ func (g *gatewayProcess) serve(ctx context.Context, log *slog.Logger) error {
 	if g.admin != nil {
 		backs.Go(g.admin.Serve)
 	}
-	if w := g.newWatchdog(log); w != nil {
+	if w := newWatchdog(log, g.stalled, g.statusLine); w != nil {
 		backs.Go(func() error { return w.run(back) })
 	}
 	for _, f := range g.fronts {

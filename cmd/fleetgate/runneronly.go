@@ -8,6 +8,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/coreos/go-systemd/v22/daemon"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"golang.org/x/sync/errgroup"
@@ -86,11 +87,20 @@ func cmdRunner(ctx context.Context, args []string, _, stderr io.Writer) (err err
 			_ = srv.Shutdown(sctx)
 		}()
 	}
-	if pub == nil {
-		return r.Run(ctx)
-	}
+	status := func() string { return runnerStatusLine(r.Status(), store.Shards()) }
 	var g errgroup.Group
 	g.Go(func() error { return r.Run(ctx) })
-	g.Go(func() error { return pub.Run(ctx) })
+	if pub != nil {
+		g.Go(func() error { return pub.Run(ctx) })
+	}
+	stalled := func(now time.Time, limit time.Duration) string { return runnerStalled(r, now, limit) }
+	if w := newWatchdog(log, stalled, status); w != nil {
+		g.Go(func() error { return w.run(ctx) })
+	}
+	sdNotify(log, daemon.SdNotifyReady+"\nSTATUS="+status())
+	stopping := context.AfterFunc(ctx, func() {
+		sdNotify(log, daemon.SdNotifyStopping+"\nSTATUS=stopping: releasing the shard leases")
+	})
+	defer stopping()
 	return g.Wait()
 }

@@ -36,21 +36,7 @@ func TestRunnerCommand(t *testing.T) {
 	}
 
 	metrics := fmt.Sprintf("127.0.0.1:%d", redistest.FreePort(t))
-	cmd := exec.Command(binary, "runner", "-c", cfg, "--metrics", metrics)
-	out := &syncBuffer{}
-	cmd.Stdout, cmd.Stderr = out, out
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		if t.Failed() {
-			t.Logf("runner log:\n%s", out)
-		}
-	})
+	r := startRunner(t, cfg, []string{"--metrics", metrics})
 
 	waitFor(t, 15*time.Second, "offline event written by the runner process", func() bool {
 		evs := eventsOf(events(t, rc, 4), string(d))
@@ -65,15 +51,102 @@ func TestRunnerCommand(t *testing.T) {
 		resp.Body.Close()
 		return strings.Contains(string(body), "fleetgate_runner_reaped_total 1")
 	})
-	if err := cmd.Process.Signal(os.Interrupt); err != nil {
+	r.stop(os.Interrupt)
+}
+
+// runnerProc is one `fleetgate runner` child process.
+type runnerProc struct {
+	t    *testing.T
+	cmd  *exec.Cmd
+	done chan error
+}
+
+// startRunner starts `fleetgate runner -c cfg args...` with env added to
+// its environment; the test's end kills it and, on failure, logs its
+// output.
+func startRunner(t *testing.T, cfg string, args []string, env ...string) *runnerProc {
+	t.Helper()
+	cmd := exec.Command(binary, append([]string{"runner", "-c", cfg}, args...)...)
+	cmd.Env = append(os.Environ(), env...)
+	out := &syncBuffer{}
+	cmd.Stdout, cmd.Stderr = out, out
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
+	r := &runnerProc{t: t, cmd: cmd, done: make(chan error, 1)}
+	go func() { r.done <- cmd.Wait() }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		if t.Failed() {
+			t.Logf("runner log:\n%s", out)
+		}
+	})
+	return r
+}
+
+// stop sends sig and expects a clean exit within 15 s.
+func (r *runnerProc) stop(sig os.Signal) {
+	r.t.Helper()
+	if err := r.cmd.Process.Signal(sig); err != nil {
+		r.t.Fatal(err)
+	}
 	select {
-	case err := <-done:
+	case err := <-r.done:
 		if err != nil {
-			t.Fatalf("runner exited with %v after SIGINT", err)
+			r.t.Fatalf("runner exited with %v after %v", err, sig)
 		}
 	case <-time.After(15 * time.Second):
-		t.Fatal("runner did not stop within 15s of SIGINT")
+		r.t.Fatalf("runner did not stop within 15s of %v", sig)
 	}
+}
+
+// `fleetgate runner` under a service manager: READY=1 with a STATUS= line
+// once it runs, WATCHDOG=1 at half WATCHDOG_USEC while its cycles end,
+// none while a cycle is stuck (the store stopped with SIGSTOP: every
+// call waits for its timeout), again once the store answers, and
+// STOPPING=1 at SIGTERM.
+func TestRunnerSystemdNotify(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	cfg := newGateway(t, "gw-rn", srv.Addr, fastTiming).config
+	sock := newNotifySocket(t)
+	r := startRunner(t, cfg, nil, "NOTIFY_SOCKET="+sock.path, "WATCHDOG_USEC=1000000")
+
+	ready := sock.await(t, 0, "READY=1", 15*time.Second)
+	if !strings.Contains(sock.all()[ready], "STATUS=runner: ") {
+		t.Fatalf("READY=1 without a readable status: %q", sock.all()[ready])
+	}
+	waitFor(t, 10*time.Second, "a keep-alive once the runner holds its shards", func() bool {
+		for _, m := range sock.all()[ready:] {
+			if strings.HasPrefix(m, "WATCHDOG=1\n") && strings.Contains(m, "STATUS=runner: 4 of 4 shards held") {
+				return true
+			}
+		}
+		return false
+	})
+
+	srv.Signal(syscall.SIGSTOP)
+	t.Cleanup(func() { srv.Signal(syscall.SIGCONT) })
+	mark := len(sock.all())
+	stalled := sock.await(t, mark, "STATUS=STALLED: ", 10*time.Second)
+	if !strings.Contains(sock.all()[stalled], "runner stuck in one cycle") {
+		t.Errorf("stall status names no loop: %q", sock.all()[stalled])
+	}
+	// A stuck call lasts at least 2 s, the cycle one per shard: watch 4 s,
+	// eight ping periods.
+	deadline := time.Now().Add(4 * time.Second)
+	for time.Now().Before(deadline) {
+		if i := sock.find(stalled, "WATCHDOG=1"); i >= 0 {
+			t.Fatalf("WATCHDOG=1 sent while the runner was stuck: %q", sock.all()[stalled:])
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	srv.Signal(syscall.SIGCONT)
+	sock.await(t, len(sock.all()), "WATCHDOG=1", 20*time.Second)
+	if sock.find(0, "STOPPING=1") >= 0 {
+		t.Fatal("STOPPING=1 before any stop")
+	}
+	r.stop(syscall.SIGTERM)
+	sock.await(t, stalled, "STOPPING=1", time.Second)
 }

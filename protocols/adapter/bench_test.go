@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strconv"
@@ -20,6 +19,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/fleetgate/fleetgate/gateway"
+	"github.com/fleetgate/fleetgate/internal/buildtest"
 	pb "github.com/fleetgate/fleetgate/plugins/proto"
 	"github.com/fleetgate/fleetgate/plugins/sdk"
 )
@@ -121,9 +121,9 @@ func childCPU(b *testing.B, pid int) time.Duration {
 
 func buildAdapter(b *testing.B, pkg string) string {
 	b.Helper()
-	out := filepath.Join(b.TempDir(), filepath.Base(pkg))
-	if o, err := exec.Command("go", "build", "-o", out, pkg).CombinedOutput(); err != nil {
-		b.Fatalf("build %s: %v\n%s", pkg, err, o)
+	var out string
+	if err := buildtest.Build(b.TempDir(), map[string]*string{pkg: &out}); err != nil {
+		b.Fatal(err)
 	}
 	return out
 }

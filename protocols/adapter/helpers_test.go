@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -17,6 +16,7 @@ import (
 	"github.com/fleetgate/fleetgate/gateway"
 	"github.com/fleetgate/fleetgate/gateway/clocktest"
 	"github.com/fleetgate/fleetgate/gateway/gatewaytest"
+	"github.com/fleetgate/fleetgate/internal/buildtest"
 	"github.com/fleetgate/fleetgate/protocols/adapter"
 )
 
@@ -28,19 +28,7 @@ func TestMain(m *testing.M) {
 		hostHelper()
 		return
 	}
-	dir, err := os.MkdirTemp("", "adapter-test")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	udpline = filepath.Join(dir, "udpline")
-	if out, err := exec.Command("go", "build", "-o", udpline, "github.com/fleetgate/fleetgate/plugins/udpline").CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "build udpline: %v\n%s", err, out)
-		os.Exit(1)
-	}
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
+	buildtest.Main(m, map[string]*string{"github.com/fleetgate/fleetgate/plugins/udpline": &udpline})
 }
 
 // syncBuf is a log destination tests read.

@@ -46,6 +46,16 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	return m, nil
 }
 
+// start creates every series of an adapter at zero (up 0 until it runs),
+// so that a dashboard shows it from its first attempt and the first
+// restart counts in increase() and rate().
+func (m *metrics) start(name string) {
+	m.up.WithLabelValues(name).Set(0)
+	m.failed.WithLabelValues(name).Set(0)
+	m.restarts.WithLabelValues(name).Add(0)
+	m.of(name)
+}
+
 func (m *metrics) of(name string) adapterCounters {
 	return adapterCounters{
 		accepted: m.evidence.WithLabelValues(name, "accepted"),

@@ -51,6 +51,7 @@ type proc struct {
 func newProc(h *Host, s Spec) *proc {
 	ctx, cancel := context.WithCancel(context.Background())
 	log := h.log.With("adapter", s.Name)
+	h.metrics.start(s.Name)
 	return &proc{
 		h: h, spec: s, log: log, hlog: newSlogLogger(log),
 		ctx: ctx, cancel: cancel, done: make(chan struct{}), first: make(chan struct{}),

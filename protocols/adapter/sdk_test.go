@@ -1,14 +1,13 @@
 package adapter_test
 
 import (
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/fleetgate/fleetgate/gateway"
+	"github.com/fleetgate/fleetgate/internal/buildtest"
 	"github.com/fleetgate/fleetgate/protocols/adapter"
 )
 
@@ -17,9 +16,9 @@ import (
 // and with fmt (os.Stdout, which go-plugin forwards: logged as a
 // warning); the plugin channel is intact and the adapter works.
 func TestSDKRefusesStdoutWrites(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "noisy")
-	if out, err := exec.Command("go", "build", "-o", path, "github.com/fleetgate/fleetgate/protocols/adapter/testdata/noisyadapter").CombinedOutput(); err != nil {
-		t.Fatalf("build: %v\n%s", err, out)
+	var path string
+	if err := buildtest.Build(t.TempDir(), map[string]*string{"github.com/fleetgate/fleetgate/protocols/adapter/testdata/noisyadapter": &path}); err != nil {
+		t.Fatal(err)
 	}
 	e := newHost(t, nil)
 	if err := e.host.Apply(ctx(t), []adapter.Spec{{Name: "noisy", Path: path, StartTimeout: 10 * time.Second}}); err != nil {

@@ -1,0 +1,6 @@
+// Command hello prints its name: the executable buildtest's test builds.
+package main
+
+import "fmt"
+
+func main() { fmt.Println("hello") }
