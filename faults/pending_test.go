@@ -12,9 +12,7 @@ import (
 // Delete a line when its fix lands; FAULTS_ALL=1 runs every
 // scenario regardless.
 var pending = map[string]string{
-	"TestRedisFlushAll":            "waits for issue 9 items 5 (versions that never repeat) and 2 (grace after an incarnation change; offline of devices whose record was lost)",
-	"TestFailoverToLaggingReplica": "waits for issue 9 items 5 (versions that never repeat after a failover to a lagging replica) and 2 (gateway grace)",
-	"TestOutboxReplayAfterReboot":  "waits for issue 9 items 4 (outbox ages on CLOCK_BOOTTIME + boot ID, FLEETGATE_TEST_BOOT_ID honoured) and 2 (gateway grace)",
+	"TestOutboxReplayAfterReboot": "waits for issue 9 items 4 (outbox ages on CLOCK_BOOTTIME + boot ID, FLEETGATE_TEST_BOOT_ID honoured) and 2 (gateway grace)",
 }
 
 // issue9Keys are configuration keys issue 9 adds, with the value the

@@ -187,7 +187,13 @@ func TestRedisFlushAll(t *testing.T) {
 // Failover to a real replica that lags: its replication link is cut for
 // a second and a half (while offline and leave events are written), then
 // the primary is killed -9, the replica promoted (REPLICAOF NO ONE) and
-// the gateways' address (a proxy) pointed at it.
+// the gateways' address (a proxy) pointed at it. The gateways run with
+// store.redis.wait_replicas: 1, and the consumer reads the replica: with
+// asynchronous replication, events read from a primary that dies before
+// its replica has them are lost with it (a consumer that reads the
+// primary sees them twice, before and after the replay); with the wait,
+// no acknowledged transition is lost, and the replica's log is the one
+// history.
 func TestFailoverToLaggingReplica(t *testing.T) {
 	skipPending(t)
 	t.Parallel()
@@ -195,8 +201,15 @@ func TestFailoverToLaggingReplica(t *testing.T) {
 	replLink := redistest.NewProxy(t, primary.Addr)
 	replica := redistest.StartReplica(t, replLink.Addr())
 	front := redistest.NewProxy(t, primary.Addr)
-	gws := startGateways(t, []string{front.Addr()}, []string{front.Addr()})
-	r := newRig(t, newCollector(t, primary.Addr), gws...)
+	var gws []*gatewayProc
+	for _, id := range []string{"gw-a", "gw-b"} {
+		g := newGateway(t, id, []string{front.Addr()})
+		g.cfg.Extra["store.redis.wait_replicas"] = 1
+		g.writeConfig()
+		g.start()
+		gws = append(gws, g)
+	}
+	r := newRig(t, newCollector(t, replica.Addr), gws...)
 	lag := 1500 * time.Millisecond
 	// Silent stops whose offline falls inside the lag, leaves inside it,
 	// and stops after the failover.
