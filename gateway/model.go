@@ -130,8 +130,10 @@ type Batch struct {
 	// a shard after the store lost or replaced its state there
 	// (ApplyResult.Reset): a renewal that finds no record creates it
 	// online without an event (consumers saw the device online before the
-	// loss; its next event has a ver above every lost one); otherwise it
-	// is a renewal.
+	// loss; its next event has a ver above every lost one); one that finds
+	// its session expired extends it without an event, however late (the
+	// renewals that bridged the gap were acknowledged by the lost state);
+	// otherwise it is a renewal.
 	Restore bool
 	Writes  []Write
 }

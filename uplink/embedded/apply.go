@@ -253,7 +253,8 @@ func (w *writer) apply(b *gateway.Batch, wr *gateway.Write) error {
 	// has passed by now (an outage delayed it): no offline, no online.
 	var late gateway.SessionID
 	if wr.Kind != gateway.Leave && d > w.now {
-		if i := r.find(wr.Session); i >= 0 && r.sessions[i].deadline <= w.now && obs <= r.sessions[i].deadline {
+		// (a restore may be any late: see lua/apply.lua)
+		if i := r.find(wr.Session); i >= 0 && r.sessions[i].deadline <= w.now && (b.Restore || obs <= r.sessions[i].deadline) {
 			late = wr.Session
 		}
 	}

@@ -259,11 +259,13 @@ local function general(dev, sid, kind, d, k, zk)
   -- has passed by now (an outage delayed it): no offline, no online.
   -- A replay may be up to the gateway grace late: the outbox keeps only
   -- a session's newest evidence, so the evidence that bridged the
-  -- outage may be gone (as for a held device, above).
+  -- outage may be gone (as for a held device, above). A restore may be
+  -- any late: the renewals that bridged the gap were acknowledged by the
+  -- state that was lost (a failover to a replica that lacked them).
   local late
   if r and kind ~= KIND_LEAVE and d > now then
     for _, x in ipairs(r.sess) do
-      if x.sid == sid and x.dl <= now and obs <= x.dl + replaygrace then late = x break end
+      if x.sid == sid and x.dl <= now and (restore or obs <= x.dl + replaygrace) then late = x break end
     end
   end
   if r and r.on then
