@@ -104,13 +104,25 @@ type Event struct {
 // Write is one session write of a batch. Age is now − observed_at on the
 // sending gateway's monotonic clock, computed just before the batch is
 // sent; the store turns it into a deadline with its own clock
-// (deadline = store_now − Age + Batch.Lease), so skew between gateway and
+// (deadline = store_now − Age + lease), so skew between gateway and
 // store never moves a deadline.
 type Write struct {
 	Device  DeviceID
 	Session SessionID
 	Kind    Kind
 	Age     time.Duration
+	// Lease is the lease in force when the evidence was observed (it
+	// travels with the evidence through the queue and the outbox, so a
+	// reload changes nothing already observed); 0 means Batch.Lease.
+	Lease time.Duration
+}
+
+// LeaseOr is the write's lease: its own, else the batch's lease def.
+func (w Write) LeaseOr(def time.Duration) time.Duration {
+	if w.Lease > 0 {
+		return w.Lease
+	}
+	return def
 }
 
 // Batch is the unit of Store.Apply: writes for devices of one shard, from
@@ -118,7 +130,8 @@ type Write struct {
 type Batch struct {
 	Gateway string
 	Epoch   uint64
-	Lease   time.Duration
+	// Lease is the lease of every write that carries none (Write.Lease).
+	Lease time.Duration
 	// Replay marks writes replayed from the outbox: an online event they
 	// cause carries ReasonReplay.
 	Replay bool

@@ -104,6 +104,9 @@ func (s *Store) checkBatch(shard int, b *gateway.Batch) error {
 		if w.Session == "" {
 			return fmt.Errorf("write %d: device %s: empty session", i, w.Device)
 		}
+		if w.Lease < 0 {
+			return fmt.Errorf("write %d: device %s: lease %v negative", i, w.Device, w.Lease)
+		}
 	}
 	return nil
 }
@@ -237,15 +240,17 @@ func (w *writer) apply(b *gateway.Batch, wr *gateway.Write) error {
 	if err != nil {
 		return err
 	}
-	// d = now − Age + Lease, at millisecond precision.
-	d := time.UnixMilli(w.now).Add(b.Lease - wr.Age).UnixMilli()
+	// d = now − Age + Lease (the write's, else the batch's), at
+	// millisecond precision.
+	lease := wr.LeaseOr(b.Lease)
+	d := time.UnixMilli(w.now).Add(lease - wr.Age).UnixMilli()
 	r := &e.rec
 	// Late but valid evidence: a connect or renew observed at or before
 	// its session's deadline extends that session even when the deadline
 	// has passed by now (an outage delayed it): no offline, no online.
 	var late gateway.SessionID
 	if wr.Kind != gateway.Leave && d > w.now {
-		if i := r.find(wr.Session); i >= 0 && r.sessions[i].deadline <= w.now && d-b.Lease.Milliseconds() <= r.sessions[i].deadline {
+		if i := r.find(wr.Session); i >= 0 && r.sessions[i].deadline <= w.now && d-lease.Milliseconds() <= r.sessions[i].deadline {
 			late = wr.Session
 		}
 	}

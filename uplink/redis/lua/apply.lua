@@ -12,8 +12,10 @@
 --   caller gave up on may still run when a paused server resumes, with
 --   ages that are no longer true; it then does nothing), the grace ms of
 --   a replay (below; 0 otherwise),
---   then from A_WRITES the other writes: device, session, kind (1 connect,
---   2 renew, 3 leave), age ms.
+--   then from A_WRITES the other writes, W_ARGS arguments each: device,
+--   session, kind (1 connect, 2 renew, 3 leave), age ms, lease ms (the
+--   write's own: the lease in force when its evidence was observed;
+--   believed renewals use the batch's lease).
 -- Returns {0, newest epoch} when fenced (nothing applied), {-1, now}
 -- when stale (nothing applied), else {1, incarnation, status, now,
 -- events...}: status is a flat list of
@@ -23,6 +25,7 @@ local A_GW, A_EPOCH, A_LEASE, A_REPLAY, A_NOW, A_MAXLEN = 1, 2, 3, 4, 5, 6
 local A_INC, A_NFAST, A_ORDER, A_FASTSIDS, A_FASTAGES, A_FASTDEVS = 7, 8, 9, 10, 11, 12
 local A_BEHIND, A_NOTAFTER, A_GRACE = 13, 14, 15
 local A_WRITES = 16
+local W_ARGS = 5
 local BELIEVED = byte('1')
 local KIND_CONNECT, KIND_RENEW, KIND_LEAVE = '1', '2', '3'
 
@@ -73,7 +76,7 @@ if ARGV[A_NFAST] == '0' and #ARGV < A_WRITES then return {1, inc, status, now} e
 -- many devices are due to tell) join the general writes below.
 local nfast, order = tonumber(ARGV[A_NFAST]), ARGV[A_ORDER]
 local first = A_WRITES
-local slow, nslow, fastdev = {}, (#ARGV - first + 1) / 4, {}
+local slow, nslow, fastdev = {}, (#ARGV - first + 1) / W_ARGS, {}
 local function fastage(f)
   local b1, b2, b3, b4 = byte(ARGV[A_FASTAGES], 4 * f - 3, 4 * f)
   return ((b1 * 256 + b2) * 256 + b3) * 256 + b4
@@ -156,8 +159,8 @@ if nfast > 0 then
 end
 if nslow == 0 then return {1, inc, status, now} end
 -- The general writes in batch order: the believed renewals sent back above
--- (as renewals) and the others: device, session, kind, age ms.
-local gdev, gsid, gkind, gage = {}, {}, {}, {}
+-- (as renewals) and the others: device, session, kind, age ms, lease ms.
+local gdev, gsid, gkind, gage, glease = {}, {}, {}, {}, {}
 local fastsids
 local f, oi, j = 1, first, 0
 for p = 1, nfast > 0 and #order or nslow do
@@ -168,13 +171,13 @@ for p = 1, nfast > 0 and #order or nslow do
         for sid in string.gmatch(ARGV[A_FASTSIDS], '[^\n]+') do fastsids[#fastsids + 1] = sid end
       end
       j = j + 1
-      gdev[j], gsid[j], gkind[j], gage[j] = fastdev[f], fastsids[f], KIND_RENEW, fastage(f)
+      gdev[j], gsid[j], gkind[j], gage[j], glease[j] = fastdev[f], fastsids[f], KIND_RENEW, fastage(f), lease
     end
     f = f + 1
   else
     j = j + 1
-    gdev[j], gsid[j], gkind[j], gage[j] = ARGV[oi], ARGV[oi + 1], ARGV[oi + 2], ARGV[oi + 3]
-    oi = oi + 4
+    gdev[j], gsid[j], gkind[j], gage[j], glease[j] = ARGV[oi], ARGV[oi + 1], ARGV[oi + 2], ARGV[oi + 3], tonumber(ARGV[oi + 4])
+    oi = oi + W_ARGS
   end
 end
 
@@ -237,8 +240,8 @@ local events = {1, inc, status, now}
 local function event(...) events[#events + 1] = emit(...) end
 
 for j = 1, nslow do
-  local dev, sid, kind = gdev[j], gsid[j], gkind[j]
-  local d = now - tonumber(gage[j]) + lease
+  local dev, sid, kind, wlease = gdev[j], gsid[j], gkind[j], glease[j]
+  local d = now - tonumber(gage[j]) + wlease
   local k = idx[dev]
   local zk = z[k]
   if kind ~= KIND_LEAVE and d > now and zk and zk > now and not shift[k] and not rec[k] and packed[k] and renewsonly(packed[k], sid) then
@@ -260,7 +263,7 @@ for j = 1, nslow do
     local late
     if r and kind ~= KIND_LEAVE and d > now then
       for _, x in ipairs(r.sess) do
-        if x.sid == sid and x.dl <= now and d - lease <= x.dl + replaygrace then late = x break end
+        if x.sid == sid and x.dl <= now and d - wlease <= x.dl + replaygrace then late = x break end
       end
     end
     if r and r.on and dropexpired(r, now, late) then
