@@ -17,7 +17,6 @@ var pending = map[string]string{
 	"TestFailoverToLaggingReplica":            "waits for issue 9 items 5 (versions that never repeat after a failover to a lagging replica) and 2 (gateway grace)",
 	"TestClusterMasterKilled":                 "waits for issue 9 Tests (gateways and runner follow a Cluster failover: go-redis reloads slots every 60 s) and item 2 (gateway grace)",
 	"TestLeaveThroughBThenStaleRenewThroughA": "waits for issue 9 item 3 (leave tombstone)",
-	"TestOutboxReplayAfterReboot":             "waits for issue 9 items 4 (outbox ages on CLOCK_BOOTTIME + boot ID, FLEETGATE_TEST_BOOT_ID honoured) and 2 (gateway grace)",
 }
 
 // issue9Keys are configuration keys issue 9 adds, with the value the

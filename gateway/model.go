@@ -40,6 +40,13 @@ type Evidence struct {
 	// Protocol names the front end ("coap", "mqtt", an adapter name); it is
 	// used for metrics only.
 	Protocol string
+	// Lease is the lease this evidence holds the session for: 0 for the
+	// configured presence.lease, or what the front end granted (a CoAP
+	// device's longer lease within presence.max_lease, an MQTT
+	// connection's lease from before a reload). The session table and the
+	// uplink fill in 0 with the lease in force when the evidence is
+	// observed, and it then travels with the evidence to the store.
+	Lease time.Duration
 }
 
 // State is a device's presence state.

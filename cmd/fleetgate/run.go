@@ -111,7 +111,14 @@ func (g *gatewayProcess) run(ctx context.Context) (err error) {
 	}
 	defer func() { err = errors.Join(err, g.store.Close()) }()
 
-	outbox, err := uplink.OpenOutbox(db, uplink.OutboxOptions{MaxSessions: cfg.Uplink.OutboxMaxSessions, Logger: log})
+	boot, err := uplink.NewSystemBoot(configs.TestBootID(os.Environ()))
+	if err != nil {
+		return err
+	}
+	outbox, err := uplink.OpenOutbox(db, uplink.OutboxOptions{
+		MaxSessions: cfg.Uplink.OutboxMaxSessions, Logger: log,
+		Clock: gateway.SystemClock{}, Boot: boot,
+	})
 	if err != nil {
 		return err
 	}
