@@ -82,8 +82,8 @@ func TestEnvNamesAreUnique(t *testing.T) {
 		}
 		seen[name] = path
 	}
-	if len(seen) != 65 {
-		t.Errorf("%d keys, want 65: %v", len(seen), configs.Keys())
+	if len(seen) != 66 {
+		t.Errorf("%d keys, want 66: %v", len(seen), configs.Keys())
 	}
 }
 
