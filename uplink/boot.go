@@ -3,15 +3,11 @@ package uplink
 import (
 	"encoding/hex"
 	"fmt"
-	"os"
 	"strings"
 	"time"
 
 	"github.com/fleetgate/fleetgate/gateway"
 )
-
-// bootIDPath is where Linux names the current boot.
-const bootIDPath = "/proc/sys/kernel/random/boot_id"
 
 // ParseBootID reads a boot ID in the form of /proc/sys/kernel/random/boot_id
 // (a UUID: 32 hex digits, dashes allowed anywhere).
@@ -40,11 +36,10 @@ var _ gateway.BootClock = (*SystemBoot)(nil)
 func NewSystemBoot(override string) (*SystemBoot, error) {
 	s := override
 	if s == "" {
-		b, err := os.ReadFile(bootIDPath)
-		if err != nil {
+		var err error
+		if s, err = systemBootID(); err != nil {
 			return nil, fmt.Errorf("uplink: boot ID: %w", err)
 		}
-		s = string(b)
 	}
 	id, err := ParseBootID(s)
 	if err != nil {

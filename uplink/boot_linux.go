@@ -1,10 +1,17 @@
 package uplink
 
 import (
+	"os"
 	"time"
 
 	"golang.org/x/sys/unix"
 )
+
+// systemBootID reads the name Linux gives the current boot.
+func systemBootID() (string, error) {
+	b, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	return string(b), err
+}
 
 // bootTime reads CLOCK_BOOTTIME: the time since boot, suspend included;
 // it never steps.
