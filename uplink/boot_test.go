@@ -138,3 +138,33 @@ func TestLeaseTravelsWithEvidence(t *testing.T) {
 		}
 	})
 }
+
+func TestSystemBoot(t *testing.T) {
+	for _, bad := range []string{"", "1234", "00000000-0000-0000-0000-000000000000", "zz000000-0000-4000-8000-000000000001"} {
+		if _, err := ParseBootID(bad); err == nil {
+			t.Errorf("ParseBootID(%q) accepted", bad)
+		}
+	}
+	b, err := NewSystemBoot("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	id1, s1, err := b.Boot()
+	if err != nil || id1 == (gateway.BootID{}) || s1 <= 0 {
+		t.Fatalf("Boot() = %x, %v, %v", id1, s1, err)
+	}
+	id2, s2, err := b.Boot()
+	if err != nil || id2 != id1 || s2 < s1 {
+		t.Fatalf("second Boot() = %x, %v, %v after %x, %v", id2, s2, err, id1, s1)
+	}
+	o, err := NewSystemBoot("00000000-0000-4000-8000-000000000002\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if id, _, _ := o.Boot(); id != (gateway.BootID{6: 0x40, 8: 0x80, 15: 2}) {
+		t.Fatalf("overridden boot ID %x", id)
+	}
+	if _, err := NewSystemBoot("reboot"); err == nil {
+		t.Fatal("a malformed override accepted")
+	}
+}
