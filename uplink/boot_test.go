@@ -168,3 +168,35 @@ func TestSystemBoot(t *testing.T) {
 		t.Fatal("a malformed override accepted")
 	}
 }
+
+// TestRecordReadable: when an entry's age is known, and what it is.
+func TestRecordReadable(t *testing.T) {
+	now := t0.Add(time.Hour)
+	since := 2 * time.Hour // the boot began at t0 - 1h
+	other := gateway.BootID{0: 0xb0, 15: 9}
+	for _, tc := range []struct {
+		name string
+		boot gateway.BootID
+		at   time.Time     // as stored: since boot, or wall clock with a zero boot
+		age  time.Duration // -1: unknown
+	}{
+		{"this boot", testBoot, onBoot(since - 10*time.Second), 10 * time.Second},
+		{"this boot, observed now", testBoot, onBoot(since), 0},
+		{"this boot, ahead of the boot clock", testBoot, onBoot(since + time.Millisecond), -1},
+		{"another boot", other, onBoot(time.Minute), -1},
+		{"format 1, inside this boot", gateway.BootID{}, now.Add(-10 * time.Second), 10 * time.Second},
+		{"format 1, in the future", gateway.BootID{}, now.Add(time.Second), -1},
+		{"format 1, before this boot", gateway.BootID{}, now.Add(-since - time.Second), -1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := record{item: item{slot: slot{kind: gateway.Renew, at: tc.at}}, boot: tc.boot}
+			ok := r.readable(now, testBoot, since)
+			if ok != (tc.age >= 0) {
+				t.Fatalf("readable = %v, want %v", ok, tc.age >= 0)
+			}
+			if ok && !r.at.Equal(now.Add(-tc.age)) {
+				t.Fatalf("observed at %v, want %v (age %v)", r.at, now.Add(-tc.age), tc.age)
+			}
+		})
+	}
+}
