@@ -74,6 +74,11 @@ type PresenceConfig struct {
 	// offline when it comes back; those of a gateway that stays lost are,
 	// with reason gateway_lost. 0 turns holds off.
 	GatewayGrace Duration `yaml:"gateway_grace"`
+	// MaxLease is the longest lease a CoAP device may ask for per request
+	// (POST /hb?...&l=<seconds>), for sleep cycles longer than the
+	// heartbeat; it is answered with a Max-Age to match. 0 (the default)
+	// allows none longer than lease.
+	MaxLease Duration `yaml:"max_lease"`
 	// MaxSessions caps the gateway's session table: new sessions beyond it
 	// are refused.
 	MaxSessions int `yaml:"max_sessions"`

@@ -6,12 +6,30 @@ import (
 	"reflect"
 	"strconv"
 	"strings"
+
+	"github.com/fleetgate/fleetgate/uplink"
 )
 
 // EnvPrefix starts every environment override: FLEETGATE_<SECTION>_<KEY>,
 // the key's path upper-cased with dots as underscores
 // (FLEETGATE_STORE_REDIS_ADDRS for store.redis.addrs).
 const EnvPrefix = "FLEETGATE_"
+
+// TestBootIDEnv overrides the boot ID the outbox keys its entries' ages
+// on (/proc/sys/kernel/random/boot_id), so that a test can simulate a
+// reboot. It is a test hook, not a configuration key: Load checks its
+// form and otherwise ignores it; TestBootID reads it.
+const TestBootIDEnv = EnvPrefix + "TEST_BOOT_ID"
+
+// TestBootID returns the value of TestBootIDEnv in env ("" when unset).
+func TestBootID(env []string) string {
+	for _, kv := range env {
+		if name, val, ok := strings.Cut(kv, "="); ok && name == TestBootIDEnv {
+			return val
+		}
+	}
+	return ""
+}
 
 // leaf is one settable key of Config.
 type leaf struct {
@@ -59,6 +77,12 @@ func applyEnv(c *Config, env []string) error {
 	for _, kv := range env {
 		name, val, ok := strings.Cut(kv, "=")
 		if !ok || !strings.HasPrefix(name, EnvPrefix) {
+			continue
+		}
+		if name == TestBootIDEnv {
+			if _, err := uplink.ParseBootID(val); err != nil {
+				errs = append(errs, fmt.Errorf("environment %s (a test hook): %w", name, err))
+			}
 			continue
 		}
 		l, ok := byName[name]

@@ -23,6 +23,7 @@ func TestEnvOverrides(t *testing.T) {
 		"FLEETGATE_RUNNER_BATCH=50",
 		"FLEETGATE_PLUGINS_ADAPTERS=",
 		"FLEETGATE_LOG_FORMAT=json",
+		"FLEETGATE_TEST_BOOT_ID=0d4b1f4c-21e6-4d7b-9a5e-2f0c1e6b8a11",
 		"HOME=/root",
 		"NOT_AN_ASSIGNMENT",
 	}
@@ -55,6 +56,7 @@ func TestEnvErrors(t *testing.T) {
 		"FLEETGATE_AUTH_ALLOW_ANONYMOUS=yes please",
 		"FLEETGATE_STORE=redis",
 		"FLEETGATE_CONFIG=/etc/x.yaml",
+		"FLEETGATE_TEST_BOOT_ID=reboot",
 	})
 	want := strings.Join([]string{
 		`environment FLEETGATE_PRESENCE_LEESE: no such configuration key (did you mean "FLEETGATE_PRESENCE_LEASE"?)`,
@@ -63,6 +65,7 @@ func TestEnvErrors(t *testing.T) {
 		`environment FLEETGATE_AUTH_ALLOW_ANONYMOUS (auth.allow_anonymous): want true or false, got "yes please"`,
 		`environment FLEETGATE_STORE: no such configuration key`,
 		`environment FLEETGATE_CONFIG: no such configuration key`,
+		`environment FLEETGATE_TEST_BOOT_ID (a test hook): boot ID "reboot": want 32 hex digits`,
 	}, "\n")
 	if err == nil || err.Error() != want {
 		t.Fatalf("error:\n%v\nwant:\n%s", err, want)
@@ -79,7 +82,17 @@ func TestEnvNamesAreUnique(t *testing.T) {
 		}
 		seen[name] = path
 	}
-	if len(seen) != 66 {
-		t.Errorf("%d keys, want 66: %v", len(seen), configs.Keys())
+	if len(seen) != 67 {
+		t.Errorf("%d keys, want 67: %v", len(seen), configs.Keys())
+	}
+}
+
+func TestTestBootID(t *testing.T) {
+	env := []string{"HOME=/root", "FLEETGATE_TEST_BOOT_ID=00000000-0000-4000-8000-000000000002"}
+	if got := configs.TestBootID(env); got != "00000000-0000-4000-8000-000000000002" {
+		t.Errorf("TestBootID = %q", got)
+	}
+	if got := configs.TestBootID(env[:1]); got != "" {
+		t.Errorf("TestBootID without the variable = %q, want empty", got)
 	}
 }

@@ -19,6 +19,10 @@ const (
 	MinHeartbeat     = time.Second         // CoAP Max-Age and MQTT keep-alive count seconds
 	MaxHeartbeat     = 65535 * time.Second // MQTT keep-alive is 16 bits of seconds
 	heartbeatsInside = 2                   // a lease must survive one lost heartbeat
+	// MaxMaxLease bounds presence.max_lease: a week of sleep is far more
+	// than any heartbeat, and a lease that long already hides a dead
+	// device for as long.
+	MaxMaxLease = 7 * 24 * time.Hour
 )
 
 // problems collects validation errors, each prefixed by its key.
@@ -94,6 +98,10 @@ func (c Config) validatePresence(p *problems) {
 	p.atLeast("presence.max_sessions", pr.MaxSessions, 1)
 	if pr.GatewayGrace < 0 {
 		p.add("presence.gateway_grace", "must not be negative, got %s", pr.GatewayGrace)
+	}
+	if pr.MaxLease != 0 && (pr.MaxLease < pr.Lease || pr.MaxLease.Std() > MaxMaxLease) {
+		p.add("presence.max_lease", "must be 0 (no lease longer than presence.lease) or between presence.lease (%s) and %s, got %s",
+			pr.Lease, Duration(MaxMaxLease), pr.MaxLease)
 	}
 	if hb && (pr.HeartbeatInterval.Std() < MinHeartbeat || pr.HeartbeatInterval.Std() > MaxHeartbeat) {
 		p.add("presence.heartbeat_interval", "must be between %s and %s (devices are told it in whole seconds), got %s",
@@ -285,12 +293,24 @@ type Bounds struct {
 	// 2 × heartbeat_interval: the slack left after one lost heartbeat.
 	// Validate refuses a negative margin (the flap rule).
 	HeartbeatMargin Duration `json:"heartbeat_margin" yaml:"heartbeat_margin"`
+	// MaxLease is the longest lease a device may ask for: max_lease, or
+	// lease when it is 0. MaxLeaseHeartbeat is the Max-Age such a device
+	// is answered with (MaxLease − (lease − heartbeat_interval)), and
+	// WorstCaseDetectionMaxLease = MaxLease + runner.interval its
+	// worst-case detection.
+	MaxLease                   Duration `json:"max_lease" yaml:"max_lease"`
+	MaxLeaseHeartbeat          Duration `json:"max_lease_heartbeat" yaml:"max_lease_heartbeat"`
+	WorstCaseDetectionMaxLease Duration `json:"worst_case_detection_max_lease" yaml:"worst_case_detection_max_lease"`
 }
 
 // Bounds derives the presence timings of c.
 func (c Config) Bounds() Bounds {
 	pr := c.Presence
+	tm := c.Timing()
 	return Bounds{
+		MaxLease:                      Duration(tm.Grant(tm.MaxLease)),
+		MaxLeaseHeartbeat:             Duration(tm.HeartbeatFor(tm.Grant(tm.MaxLease))),
+		WorstCaseDetectionMaxLease:    Duration(tm.Grant(tm.MaxLease)) + c.Runner.Interval,
 		Suspect:                       pr.SuspectAfter,
 		EarliestOffline:               pr.Lease - pr.RenewEvery,
 		WorstCaseDetection:            pr.Lease + c.Runner.Interval,
@@ -316,12 +336,21 @@ func (b Bounds) String() string {
 		{"  of a lost gateway", b.WorstCaseDetectionLostGateway, "lease + gateway_grace + runner.interval, for devices of a gateway the store does not hear"},
 		{"offline after a leave", b.Leave, "3 x uplink.flush_interval (the leave grace, then a flush)"},
 		{"heartbeat margin", b.HeartbeatMargin, "lease - renew_every - uplink.flush_interval - 2 x heartbeat_interval"},
+		{"longest device lease", b.MaxLease, "presence.max_lease (CoAP l=), lease when 0"},
+		{"  heartbeat asked", b.MaxLeaseHeartbeat, "its Max-Age: longest device lease - (lease - heartbeat_interval)"},
+		{"  worst-case detection", b.WorstCaseDetectionMaxLease, "longest device lease + runner.interval after its last evidence"},
 	}
 	var sb strings.Builder
 	for _, r := range rows {
 		fmt.Fprintf(&sb, "%-24s %-8s %s\n", r.name, r.d, r.why)
 	}
 	return sb.String()
+}
+
+// Timing is the presence timing the front ends answer devices with.
+func (c Config) Timing() gateway.Timing {
+	pr := c.Presence
+	return gateway.Timing{Lease: pr.Lease.Std(), HeartbeatInterval: pr.HeartbeatInterval.Std(), MaxLease: pr.MaxLease.Std()}
 }
 
 // GatewayKeepAlive is the longest a gateway leaves a store shard without

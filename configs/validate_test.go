@@ -48,6 +48,15 @@ func TestValidate(t *testing.T) {
 			c.Presence.Lease = sec(200000)
 			c.Presence.SuspectAfter = sec(100000)
 		}, "presence.heartbeat_interval: must be between 1s and 18h12m15s (devices are told it in whole seconds), got 18h12m16s"},
+		{"max_lease off", func(c *configs.Config) { c.Presence.MaxLease = 0 }, ""},
+		{"max_lease equal to lease", func(c *configs.Config) { c.Presence.MaxLease = sec(90) }, ""},
+		{"max_lease a week", func(c *configs.Config) { c.Presence.MaxLease = sec(7 * 86400) }, ""},
+		{"max_lease below lease", func(c *configs.Config) { c.Presence.MaxLease = sec(60) },
+			"presence.max_lease: must be 0 (no lease longer than presence.lease) or between presence.lease (90s) and 168h, got 1m"},
+		{"max_lease beyond a week", func(c *configs.Config) { c.Presence.MaxLease = sec(7*86400 + 1) },
+			"presence.max_lease: must be 0 (no lease longer than presence.lease) or between presence.lease (90s) and 168h, got 168h0m1s"},
+		{"max_lease negative", func(c *configs.Config) { c.Presence.MaxLease = sec(-1) },
+			"presence.max_lease: must be 0 (no lease longer than presence.lease) or between presence.lease (90s) and 168h, got -1s"},
 		{"runner batch bounds", func(c *configs.Config) { c.Runner.Batch = 0 },
 			"runner.batch: must be between 1 and 10000, got 0"},
 		{"runner batch max", func(c *configs.Config) { c.Runner.Batch = 10000 }, ""},
@@ -123,6 +132,9 @@ func TestBounds(t *testing.T) {
 		WorstCaseDetectionLostGateway: sec(151),
 		Leave:                         sec(3),
 		HeartbeatMargin:               sec(9),
+		MaxLease:                      sec(90),
+		MaxLeaseHeartbeat:             sec(30),
+		WorstCaseDetectionMaxLease:    sec(91),
 	}
 	if b != want {
 		t.Fatalf("bounds %+v, want %+v", b, want)
@@ -134,9 +146,18 @@ func TestBounds(t *testing.T) {
 		"  after runner failover  96s      + runner.lock_ttl when a runner dies holding a shard\n" +
 		"  of a lost gateway      151s     lease + gateway_grace + runner.interval, for devices of a gateway the store does not hear\n" +
 		"offline after a leave    3s       3 x uplink.flush_interval (the leave grace, then a flush)\n" +
-		"heartbeat margin         9s       lease - renew_every - uplink.flush_interval - 2 x heartbeat_interval\n"
+		"heartbeat margin         9s       lease - renew_every - uplink.flush_interval - 2 x heartbeat_interval\n" +
+		"longest device lease     90s      presence.max_lease (CoAP l=), lease when 0\n" +
+		"  heartbeat asked        30s      its Max-Age: longest device lease - (lease - heartbeat_interval)\n" +
+		"  worst-case detection   91s      longest device lease + runner.interval after its last evidence\n"
 	if got := b.String(); got != text {
 		t.Fatalf("String():\n%s\nwant:\n%s", got, text)
+	}
+	// A device may ask for up to a day.
+	c := configs.Default()
+	c.Presence.MaxLease = configs.Duration(24 * time.Hour)
+	if b := c.Bounds(); b.MaxLease != sec(86400) || b.MaxLeaseHeartbeat != sec(86400-60) || b.WorstCaseDetectionMaxLease != sec(86401) {
+		t.Fatalf("bounds with max_lease 24h: %+v", b)
 	}
 }
 

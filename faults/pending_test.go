@@ -11,9 +11,7 @@ import (
 // issue-9 item it waits for (docs/reliability.md has what they measured).
 // Delete a line when its fix lands; FAULTS_ALL=1 runs every
 // scenario regardless.
-var pending = map[string]string{
-	"TestOutboxReplayAfterReboot": "waits for issue 9 items 4 (outbox ages on CLOCK_BOOTTIME + boot ID, FLEETGATE_TEST_BOOT_ID honoured) and 2 (gateway grace)",
-}
+var pending = map[string]string{}
 
 // issue9Keys are configuration keys issue 9 adds, with the value the
 // scenarios are designed for. TestMain writes each into every gateway's

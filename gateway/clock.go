@@ -29,3 +29,17 @@ type sysTimer struct{ t *time.Timer }
 
 func (s sysTimer) C() <-chan time.Time { return s.t.C }
 func (s sysTimer) Stop() bool          { return s.t.Stop() }
+
+// BootID names one boot of the machine (/proc/sys/kernel/random/boot_id).
+// The zero BootID names none.
+type BootID [16]byte
+
+// BootClock reads a clock that never steps and counts from the machine's
+// boot (Linux CLOCK_BOOTTIME, which also counts suspend), with the boot
+// it counts from. Two readings are comparable only within one boot: the
+// uplink keeps its outbox's observation times on it, so that their ages
+// survive wall-clock steps and a reboot is recognised. The test clock
+// (clocktest) implements it.
+type BootClock interface {
+	Boot() (BootID, time.Duration, error)
+}

@@ -1,6 +1,9 @@
 package gateway
 
-import "context"
+import (
+	"context"
+	"time"
+)
 
 // Observer takes evidence from a protocol front end (the session table
 // implements it). An error means the evidence was refused: ErrInvalidDeviceID
@@ -34,4 +37,28 @@ type Credentials interface {
 	// authenticate: anonymous access never covers it. Front ends compare
 	// revisions at a reload to end the sessions of revoked devices.
 	Revision(device DeviceID) string
+}
+
+// Timing is the presence timing the front ends answer devices with
+// (presence.lease, heartbeat_interval and max_lease); a reload hands the
+// new one to every front end.
+type Timing struct {
+	Lease, HeartbeatInterval time.Duration
+	// MaxLease is the longest lease a device may ask for (CoAP "l="); at
+	// most Lease means none longer.
+	MaxLease time.Duration
+}
+
+// Grant is the lease a device that asked for asked gets: Lease when it
+// asked for no more, else asked up to MaxLease.
+func (t Timing) Grant(asked time.Duration) time.Duration {
+	return min(max(asked, t.Lease), max(t.MaxLease, t.Lease))
+}
+
+// HeartbeatFor is the heartbeat interval to ask of a device whose
+// lease is lease: one that leaves the same margin before the lease ends
+// as HeartbeatInterval leaves before Lease (HeartbeatInterval itself for
+// Lease).
+func (t Timing) HeartbeatFor(lease time.Duration) time.Duration {
+	return lease - (t.Lease - t.HeartbeatInterval)
 }

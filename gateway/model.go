@@ -40,6 +40,13 @@ type Evidence struct {
 	// Protocol names the front end ("coap", "mqtt", an adapter name); it is
 	// used for metrics only.
 	Protocol string
+	// Lease is the lease this evidence holds the session for: 0 for the
+	// configured presence.lease, or what the front end granted (a CoAP
+	// device's longer lease within presence.max_lease, an MQTT
+	// connection's lease from before a reload). The session table and the
+	// uplink fill in 0 with the lease in force when the evidence is
+	// observed, and it then travels with the evidence to the store.
+	Lease time.Duration
 }
 
 // State is a device's presence state.
@@ -104,13 +111,25 @@ type Event struct {
 // Write is one session write of a batch. Age is now − observed_at on the
 // sending gateway's monotonic clock, computed just before the batch is
 // sent; the store turns it into a deadline with its own clock
-// (deadline = store_now − Age + Batch.Lease), so skew between gateway and
+// (deadline = store_now − Age + lease), so skew between gateway and
 // store never moves a deadline.
 type Write struct {
 	Device  DeviceID
 	Session SessionID
 	Kind    Kind
 	Age     time.Duration
+	// Lease is the lease in force when the evidence was observed (it
+	// travels with the evidence through the queue and the outbox, so a
+	// reload changes nothing already observed); 0 means Batch.Lease.
+	Lease time.Duration
+}
+
+// LeaseOr is the write's lease: its own, else the batch's lease def.
+func (w Write) LeaseOr(def time.Duration) time.Duration {
+	if w.Lease > 0 {
+		return w.Lease
+	}
+	return def
 }
 
 // Batch is the unit of Store.Apply: writes for devices of one shard, from
@@ -118,7 +137,8 @@ type Write struct {
 type Batch struct {
 	Gateway string
 	Epoch   uint64
-	Lease   time.Duration
+	// Lease is the lease of every write that carries none (Write.Lease).
+	Lease time.Duration
 	// Replay marks writes replayed from the outbox: an online event they
 	// cause carries ReasonReplay.
 	Replay bool

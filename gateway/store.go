@@ -49,6 +49,8 @@ var (
 //     and the device was online, an offline event is written (reason
 //     expired, Deadline = the old device deadline, At = now), exactly as
 //     the runner would have.
+//   - Lease is the write's own lease, or Batch.Lease when it carries
+//     none (Write.LeaseOr); a write with a negative lease is refused.
 //   - Connect and Renew compute d = now − Age + Lease. If d ≤ now the
 //     evidence has lapsed and is ignored (never resurrected). Otherwise the
 //     session's deadline becomes max(old, d), created if absent; if it is

@@ -71,14 +71,26 @@ type SessionView struct {
 // central write was observed. It implements Observer and applies the
 // throttle of DESIGN §2 to decide what goes to the Uplink:
 //
+//   - Every piece of evidence holds its session for a lease: its own
+//     (Evidence.Lease, what the front end granted), else Lease; the
+//     evidence goes to the Uplink with it, so a reload changes nothing
+//     already observed.
 //   - The first evidence of a session is sent as Connect, whatever its
 //     kind, and so is any Connect. A session whose local lease ran out
-//     (not seen for Lease) is new again.
+//     (no evidence whose lease reaches now) is new again.
 //   - A Renew is sent only when it moves the central deadline forward by
-//     at least RenewEvery (ObservedAt − LastSent ≥ RenewEvery); otherwise
-//     it only refreshes LastSeen.
+//     at least RenewEvery (ObservedAt + its lease ≥ the deadline of the
+//     newest write sent + RenewEvery); otherwise it only refreshes
+//     LastSeen.
 //   - A Leave removes the session and is always sent, even for a session
-//     the table does not hold: the store decides.
+//     the table does not hold: the store decides. It carries a lease
+//     that reaches at least the deadline of the session's newest write
+//     sent, so that the store never takes that write for newer evidence
+//     than the leave.
+//
+// A reload (SetTiming) applies to evidence observed after it; a session
+// keeps the deadlines of the evidence it has, so a shorter lease never
+// ends a session early, locally or centrally.
 //
 // A write the Uplink refuses is not counted as sent: the session's next
 // evidence goes through the throttle against the last write that was
@@ -90,7 +102,7 @@ type SessionView struct {
 // at least once per RenewEvery + heartbeat_interval.
 //
 // Each session costs one map entry keyed by device, a zero byte and
-// session, pointing at a 32-byte record of three times and a protocol
+// session, pointing at a 48-byte record of five times and a protocol
 // index (docs/benchmarks.md has the figures); MaxSessions bounds the
 // total. Times are kept as offsets from the table's creation on its clock,
 // so they follow the monotonic clock when the evidence carries it.
@@ -125,9 +137,13 @@ type tableShard struct {
 // entry is one session. Times are nanoseconds since Table.base.
 type entry struct {
 	first, seen int64
-	// sent is the time of the newest write handed to the uplink, valid
-	// when sentOK.
-	sent int64
+	// dl is the session's local deadline: the latest observation + lease
+	// of its evidence.
+	dl int64
+	// sent is the time of the newest write handed to the uplink and
+	// sentDL the latest deadline (observation + lease) of those writes,
+	// valid when sentOK.
+	sent, sentDL int64
 	// seq counts sends and inflight those not finished, so that a refused
 	// send undoes only itself and never restores the time of another
 	// send that may be refused too.
@@ -210,9 +226,17 @@ func (t *Table) Observe(ctx context.Context, ev Evidence) error {
 	key := append(append(append(buf[:0], ev.Device...), 0), ev.Session...)
 	sh := t.shard(ev.Device)
 
+	tm := t.timing.Load()
+	if ev.Lease <= 0 {
+		ev.Lease = tm.lease
+	}
+	at := t.offset(ev.ObservedAt)
 	if ev.Kind == Leave {
 		sh.mu.Lock()
-		if _, ok := sh.m[string(key)]; ok {
+		if e, ok := sh.m[string(key)]; ok {
+			if e.sentOK {
+				ev.Lease = max(ev.Lease, time.Duration(e.sentDL-at))
+			}
 			delete(sh.m, string(key))
 			sh.forget(ev.Device)
 			t.n.Add(-1)
@@ -221,8 +245,7 @@ func (t *Table) Observe(ctx context.Context, ev Evidence) error {
 		return t.send(ctx, ev)
 	}
 
-	tm := t.timing.Load()
-	at := t.offset(ev.ObservedAt)
+	dl := at + int64(ev.Lease)
 	sh.mu.Lock()
 	e, ok := sh.m[string(key)]
 	switch {
@@ -238,21 +261,21 @@ func (t *Table) Observe(ctx context.Context, ev Evidence) error {
 			sh.mu.Unlock()
 			return fmt.Errorf("observe: device %s session %s: max_sessions %d reached: %w", ev.Device, ev.Session, t.max, ErrOverloaded)
 		}
-		e = &entry{first: at, seen: at, proto: t.protos.index(ev.Protocol)}
+		e = &entry{first: at, seen: at, dl: dl, proto: t.protos.index(ev.Protocol)}
 		sh.m[string(key)] = e
 		sh.devices[ev.Device] = have + 1
 		if have == 1 {
 			sh.multi[ev.Device] = struct{}{}
 		}
-	case at-e.seen >= int64(tm.lease):
+	case at >= e.dl:
 		// The local lease ran out before Sweep came by: a new session,
 		// as if it had been swept.
-		e = &entry{first: at, seen: at, proto: t.protos.index(ev.Protocol)}
+		e = &entry{first: at, seen: at, dl: dl, proto: t.protos.index(ev.Protocol)}
 		sh.m[string(key)] = e
 	default:
-		e.seen = max(e.seen, at)
+		e.seen, e.dl = max(e.seen, at), max(e.dl, dl)
 	}
-	kind, send := decide(e, ev.Kind, at, tm.renewEvery)
+	kind, send := decide(e, ev.Kind, at, dl, tm.renewEvery)
 	if !send {
 		sh.mu.Unlock()
 		return nil
@@ -261,11 +284,12 @@ func (t *Table) Observe(ctx context.Context, ev Evidence) error {
 	// it, and remember what to restore if the Uplink refuses it: the
 	// previous state is known to be accepted only if no other send was
 	// in flight.
-	prevSent, prevOK, prevSure := e.sent, e.sentOK, e.inflight == 0
+	prevSent, prevDL, prevOK, prevSure := e.sent, e.sentDL, e.sentOK, e.inflight == 0
 	if e.sentOK {
-		e.sent = max(e.sent, at) // a reordered, older connect does not move it back
+		// a reordered, older connect does not move them back
+		e.sent, e.sentDL = max(e.sent, at), max(e.sentDL, dl)
 	} else {
-		e.sent = at
+		e.sent, e.sentDL = at, dl
 	}
 	e.sentOK = true
 	e.seq++
@@ -279,7 +303,7 @@ func (t *Table) Observe(ctx context.Context, ev Evidence) error {
 	e.inflight--
 	if err != nil && e.seq == seq {
 		if prevSure {
-			e.sent, e.sentOK = prevSent, prevOK
+			e.sent, e.sentDL, e.sentOK = prevSent, prevDL, prevOK
 		} else {
 			// The previous state came from a send that may be refused
 			// too: send a connect next time.
@@ -291,12 +315,13 @@ func (t *Table) Observe(ctx context.Context, ev Evidence) error {
 }
 
 // decide applies the throttle to evidence of kind k (Connect or Renew)
-// observed at offset at for e, and says what to send, if anything.
-func decide(e *entry, k Kind, at int64, renewEvery time.Duration) (Kind, bool) {
+// observed at offset at, holding its session until dl, for e, and says
+// what to send, if anything.
+func decide(e *entry, k Kind, at, dl int64, renewEvery time.Duration) (Kind, bool) {
 	switch {
 	case !e.sentOK || k == Connect:
 		return Connect, true
-	case at-e.sent >= int64(renewEvery):
+	case dl-e.sentDL >= int64(renewEvery):
 		return Renew, true
 	}
 	return 0, false
@@ -326,17 +351,17 @@ func checkEvidence(ev Evidence) error {
 	return fmt.Errorf("evidence kind %v is not connect, renew or leave", ev.Kind)
 }
 
-// Sweep drops the sessions whose local lease ran out at now (now −
-// LastSeen ≥ Lease) and returns how many. It sends nothing: the central
-// lease of each session ends on its own.
+// Sweep drops the sessions whose local lease ran out at now (no
+// evidence whose lease reaches past now) and returns how many. It sends
+// nothing: the central lease of each session ends on its own.
 func (t *Table) Sweep(now time.Time) int {
-	cutoff := t.offset(now) - int64(t.timing.Load().lease)
+	cutoff := t.offset(now)
 	dropped := 0
 	for i := range t.shards {
 		sh := &t.shards[i]
 		sh.mu.Lock()
 		for k, e := range sh.m {
-			if e.seen <= cutoff {
+			if e.dl <= cutoff {
 				delete(sh.m, k)
 				sh.forget(DeviceID(k[:strings.IndexByte(k, 0)]))
 				dropped++

@@ -377,21 +377,26 @@ func TestTableLocalLeaseRunOutWithoutSweep(t *testing.T) {
 func TestTableSetTiming(t *testing.T) {
 	f := newFixture(t, gateway.TableOptions{}, 16)
 	const s = time.Second
-	f.mustObserve("dev-1", "coap/default", gateway.Renew, 0)
+	f.mustObserve("dev-1", "coap/default", gateway.Renew, 0) // lease 90s: deadline 90s
 	f.tbl.SetTiming(30*s, 5*s)
+	// Under lease 30s a renewal moves the deadline only from 60s on.
 	f.mustObserve("dev-1", "coap/default", gateway.Renew, 4*s)
-	f.mustObserve("dev-1", "coap/default", gateway.Renew, 5*s)
-	f.expect(w("dev-1 coap/default", gateway.Connect, 0), w("dev-1 coap/default", gateway.Renew, 5*s))
-	if n := f.tbl.Sweep(t0.Add(35 * s)); n != 1 {
-		t.Fatalf("Sweep with lease 30s dropped %d, want 1", n)
+	f.mustObserve("dev-1", "coap/default", gateway.Renew, 64*s)
+	f.mustObserve("dev-1", "coap/default", gateway.Renew, 65*s)
+	f.expect(w("dev-1 coap/default", gateway.Connect, 0), w("dev-1 coap/default", gateway.Renew, 65*s))
+	if n := f.tbl.Sweep(t0.Add(94 * s)); n != 0 {
+		t.Fatalf("Sweep at 94s dropped %d, want 0 (evidence at 65s holds it to 95s)", n)
+	}
+	if n := f.tbl.Sweep(t0.Add(95 * s)); n != 1 {
+		t.Fatalf("Sweep at 95s dropped %d, want 1", n)
 	}
 	// Zero values go back to the defaults (90s, 20s).
 	f.tbl.SetTiming(0, 0)
-	f.mustObserve("dev-1", "coap/default", gateway.Renew, 40*s)
-	f.mustObserve("dev-1", "coap/default", gateway.Renew, 59*s)
-	f.mustObserve("dev-1", "coap/default", gateway.Renew, 60*s)
-	f.expect(w("dev-1 coap/default", gateway.Connect, 40*s), w("dev-1 coap/default", gateway.Renew, 60*s))
-	if n := f.tbl.Sweep(t0.Add(149 * s)); n != 0 {
+	f.mustObserve("dev-1", "coap/default", gateway.Renew, 100*s)
+	f.mustObserve("dev-1", "coap/default", gateway.Renew, 119*s)
+	f.mustObserve("dev-1", "coap/default", gateway.Renew, 120*s)
+	f.expect(w("dev-1 coap/default", gateway.Connect, 100*s), w("dev-1 coap/default", gateway.Renew, 120*s))
+	if n := f.tbl.Sweep(t0.Add(209 * s)); n != 0 {
 		t.Fatalf("Sweep with lease 90s dropped %d, want 0", n)
 	}
 }

@@ -37,13 +37,24 @@ type slot struct {
 	// kindFirst: kind was observed before leave (a visit) and is sent
 	// first; otherwise the leave is sent first.
 	kindFirst bool
+	// kindLease and leaveLease are the leases the writes were observed
+	// under (gateway.Write.Lease; 0 in an outbox entry of a release that
+	// did not keep them: the batch's lease).
+	kindLease, leaveLease time.Duration
 }
 
-// add folds one piece of evidence into the slot.
-func (s *slot) add(k gateway.Kind, at time.Time) {
+// add folds one piece of evidence, observed at under lease, into the slot.
+// Merging two pieces of the same kind keeps the newer observation and
+// the later of their deadlines (observation + lease).
+func (s *slot) add(k gateway.Kind, at time.Time, lease time.Duration) {
 	if k == gateway.Leave {
 		if !s.leave.IsZero() && !at.After(s.leave) {
 			return // an older (or the same) leave: the pending one covers it
+		}
+		if s.leave.IsZero() {
+			s.leaveLease = lease
+		} else {
+			_, s.leaveLease = widen(s.leave, s.leaveLease, at, lease)
 		}
 		s.leave = at
 		s.kindFirst = s.kind != 0 && !s.at.After(at)
@@ -52,21 +63,32 @@ func (s *slot) add(k gateway.Kind, at time.Time) {
 	before := !s.leave.IsZero() && at.Before(s.leave)
 	switch {
 	case s.kind == 0:
-		s.kind, s.at, s.kindFirst = k, at, before
+		s.kind, s.at, s.kindLease, s.kindFirst = k, at, lease, before
 	case s.leave.IsZero() || before == s.kindFirst:
 		// Same side of the leave (or no leave): one write.
 		s.kind = sticky(s.kind, k)
-		if at.After(s.at) {
-			s.at = at
-		}
+		s.at, s.kindLease = widen(s.at, s.kindLease, at, lease)
 	case !before:
 		// After the leave while the pending kind was before it: the new
 		// visit replaces the old one, sent after the leave.
-		s.kind, s.at, s.kindFirst = sticky(s.kind, k), at, false
+		s.kind, s.at, s.kindLease, s.kindFirst = sticky(s.kind, k), at, lease, false
 	default:
 		// Before the leave while the pending kind is after it: the leave
 		// supersedes it.
 	}
+}
+
+// widen merges two observations with their leases into the later
+// observation, with a lease that reaches the later of the two deadlines.
+// A zero lease (unknown: the batch's) stays unknown.
+func widen(a time.Time, la time.Duration, b time.Time, lb time.Duration) (time.Time, time.Duration) {
+	if b.After(a) {
+		a, la, b, lb = b, lb, a, la
+	}
+	if la == 0 || lb == 0 {
+		return a, la
+	}
+	return a, max(la, b.Add(lb).Sub(a))
 }
 
 // sticky is the kind of two merged connects or renews: a connect stays a
@@ -81,13 +103,13 @@ func sticky(a, b gateway.Kind) gateway.Kind {
 // merge folds every write of o into s, in o's order.
 func (s *slot) merge(o slot) {
 	if o.kind != 0 && o.kindFirst {
-		s.add(o.kind, o.at)
+		s.add(o.kind, o.at, o.kindLease)
 	}
 	if !o.leave.IsZero() {
-		s.add(gateway.Leave, o.leave)
+		s.add(gateway.Leave, o.leave, o.leaveLease)
 	}
 	if o.kind != 0 && !o.kindFirst {
-		s.add(o.kind, o.at)
+		s.add(o.kind, o.at, o.kindLease)
 	}
 }
 
@@ -138,12 +160,12 @@ type timedWrite struct {
 func appendWrites(dst []timedWrite, items []item) []timedWrite {
 	start := len(dst)
 	for _, it := range items {
-		kind := timedWrite{it.at, gateway.Write{Device: it.device, Session: it.session, Kind: it.kind}}
+		kind := timedWrite{it.at, gateway.Write{Device: it.device, Session: it.session, Kind: it.kind, Lease: it.kindLease}}
 		if it.kind != 0 && it.kindFirst {
 			dst = append(dst, kind)
 		}
 		if !it.leave.IsZero() {
-			dst = append(dst, timedWrite{it.leave, gateway.Write{Device: it.device, Session: it.session, Kind: gateway.Leave}})
+			dst = append(dst, timedWrite{it.leave, gateway.Write{Device: it.device, Session: it.session, Kind: gateway.Leave, Lease: it.leaveLease}})
 		}
 		if it.kind != 0 && !it.kindFirst {
 			dst = append(dst, kind)
@@ -194,7 +216,7 @@ func (q *queue) tryAdd(ev gateway.Evidence, limit int) (ok bool, space <-chan st
 		q.order = append(q.order, k)
 	}
 	next := *s
-	next.add(ev.Kind, ev.ObservedAt)
+	next.add(ev.Kind, ev.ObservedAt, ev.Lease)
 	grew := next.n() - s.n()
 	if found && grew > 0 && q.n+grew > limit {
 		return false, q.space

@@ -62,7 +62,7 @@ func TestSlotCoalescing(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			var s slot
 			for _, e := range c.in {
-				s.add(e.k, at(e.sec))
+				s.add(e.k, at(e.sec), 0)
 			}
 			got := slotWrites(s)
 			if len(got) != len(c.want) || s.n() != len(c.want) {
@@ -83,9 +83,9 @@ func TestSlotCoalescing(t *testing.T) {
 			var a, b slot
 			for i, e := range c.in {
 				if i < len(c.in)/2 {
-					a.add(e.k, at(e.sec))
+					a.add(e.k, at(e.sec), 0)
 				} else {
-					b.add(e.k, at(e.sec))
+					b.add(e.k, at(e.sec), 0)
 				}
 			}
 			a.merge(b)
@@ -231,7 +231,7 @@ func TestCoalescingKeepsStoreOutcome(t *testing.T) {
 				fullOn++
 			}
 			full = next
-			s.add(k, at(times[i]))
+			s.add(k, at(times[i]), 0)
 		}
 		writes := slotWrites(s)
 		if len(writes) > 2 {
@@ -255,7 +255,7 @@ func TestCoalescingKeepsStoreOutcome(t *testing.T) {
 			rt.Fatalf("session opened %d times by every write, %d times by the coalesced writes %v", fullOn, coalescedOn, writes)
 		}
 		// The outbox keeps the same writes.
-		r, err := decodeRecord([]byte("d\x00s"), encodeRecord(s, 1))
+		r, err := decodeRecord([]byte("d\x00s"), encodeRecord(s, testBoot, 1))
 		if s.n() > 0 {
 			if err != nil {
 				rt.Fatalf("decode: %v", err)

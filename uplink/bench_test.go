@@ -68,7 +68,7 @@ func BenchmarkOutboxReplay100k(b *testing.B) {
 		}
 		putStart := time.Now()
 		for j := 0; j < sessions; j += 10_000 {
-			if _, err := ob.put(items[j : j+10_000]); err != nil {
+			if _, _, err := ob.put(items[j : j+10_000]); err != nil {
 				b.Fatal(err)
 			}
 		}

@@ -30,7 +30,7 @@ func fillStateFile(t *testing.T, path string, n int) (copyPath string) {
 	for i := range items {
 		items[i] = item{key{gateway.DeviceID("dev-" + strings.Repeat("x", i%50)), gateway.SessionID("s/" + string(rune('a'+i%26)))}, slot{kind: gateway.Renew, at: at(i)}}
 	}
-	if _, err := ob.put(items); err != nil {
+	if _, _, err := ob.put(items); err != nil {
 		t.Fatal(err)
 	}
 	copyPath = path + ".copy"

@@ -37,11 +37,13 @@ type migration struct {
 // to == i+2. To change the format of the epoch, the outbox or the
 // embedded store, append a migration here (e.g. {2, "outbox entries v2",
 // migrateOutboxV2}); FormatVersion follows.
-var migrations = []migration{}
+var migrations = []migration{
+	{2, "outbox entries on the boot clock, with their leases", migrateOutboxV2},
+}
 
 // FormatVersion is the state file format this binary writes and the
 // newest it reads: 1 + len(migrations) (checked by a test).
-const FormatVersion = 1
+const FormatVersion = 2
 
 // ErrNewerFormat is returned by OpenDB for a state file written by a
 // newer release than this binary; the file is left untouched.

@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -86,7 +87,7 @@ func TestStateFileV1OutboxReplayed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ob, err := OpenOutbox(db, OutboxOptions{Logger: testLogger(t)})
+	ob, err := OpenOutbox(db, OutboxOptions{Logger: testLogger(t), Clock: clock})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -156,7 +157,7 @@ func TestStateFileNewerFormatRefusedUnchanged(t *testing.T) {
 			db.Close()
 			t.Fatalf("clean=%v: a file of format %d was opened", clean, FormatVersion+1)
 		}
-		if !errors.Is(err, ErrNewerFormat) || !bytes.Contains([]byte(err.Error()), []byte("format version 2, this binary reads up to 1")) {
+		if !errors.Is(err, ErrNewerFormat) || !bytes.Contains([]byte(err.Error()), []byte(fmt.Sprintf("format version %d, this binary reads up to %d", FormatVersion+1, FormatVersion))) {
 			t.Fatalf("clean=%v: error %q, want ErrNewerFormat naming both versions", clean, err)
 		}
 		after, err := os.ReadFile(path)

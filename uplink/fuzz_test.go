@@ -11,12 +11,12 @@ import (
 // what it reads encodes back to the same writes.
 func FuzzDecodeRecord(f *testing.F) {
 	var visit, back slot
-	visit.add(gateway.Connect, t0)
-	visit.add(gateway.Leave, t0)
-	back.add(gateway.Leave, t0)
-	back.add(gateway.Renew, at(1))
-	f.Add([]byte("dev-1\x00coap/default"), encodeRecord(visit, 1))
-	f.Add([]byte("dev-1\x00gw/7/1"), encodeRecord(back, 2))
+	visit.add(gateway.Connect, t0, 0)
+	visit.add(gateway.Leave, t0, 0)
+	back.add(gateway.Leave, t0, 0)
+	back.add(gateway.Renew, at(1), 0)
+	f.Add([]byte("dev-1\x00coap/default"), encodeRecord(visit, testBoot, 1))
+	f.Add([]byte("dev-1\x00gw/7/1"), encodeRecord(back, testBoot, 2))
 	f.Add([]byte("dev-1"), []byte{1})
 	f.Fuzz(func(t *testing.T, sk, v []byte) {
 		r, err := decodeRecord(sk, v)
@@ -26,7 +26,7 @@ func FuzzDecodeRecord(f *testing.F) {
 		if r.n() == 0 {
 			t.Fatalf("record without writes read from %x", v)
 		}
-		again, err := decodeRecord(sk, encodeRecord(r.slot, r.seq))
+		again, err := decodeRecord(sk, encodeRecord(r.slot, testBoot, r.seq))
 		if err != nil {
 			t.Fatalf("re-encoded record unreadable: %v", err)
 		}

@@ -122,7 +122,7 @@ func newEnv(t *testing.T, o Options, ob OutboxOptions, open func(db *bolt.DB, c 
 	}
 	t.Cleanup(func() { db.Close() })
 	e.db = db
-	ob.Logger = testLogger(t)
+	ob.Logger, ob.Clock = testLogger(t), e.clock
 	if e.ob, err = OpenOutbox(db, ob); err != nil {
 		t.Fatal(err)
 	}
@@ -293,4 +293,17 @@ func metricValue(t testing.TB, reg *prometheus.Registry, name, labelName, labelV
 	}
 	t.Fatalf("no series %s{%s=%q}", name, labelName, labelValue)
 	return 0
+}
+
+// testBoot is the boot the tests' records are written in.
+var testBoot = clocktest.DefaultBoot
+
+// wallBoot returns a test clock at start whose boot began at the Unix
+// epoch: times since its boot, as the outbox keeps them, equal its
+// wall-clock times, so that tests can compare stored entries with them
+// (entries must be observed before start).
+func wallBoot(start time.Time) *clocktest.Clock {
+	c := clocktest.New(start)
+	c.Reboot(testBoot, start.Sub(time.Unix(0, 0)))
+	return c
 }

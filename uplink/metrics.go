@@ -42,7 +42,7 @@ func newMetrics(u *Uplink, reg prometheus.Registerer) *metrics {
 		}),
 		dropped: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "fleetgate_outbox_dropped_total",
-			Help: "Writes dropped from the outbox: overflow (oldest entries over outbox_max_sessions) or lapsed (lease ran out before replay).",
+			Help: "Writes dropped from the outbox: overflow (oldest entries over outbox_max_sessions), lapsed (lease ran out before replay) or unknown_age (observed before a reboot, or ahead of the boot clock).",
 		}, []string{"reason"}),
 		restored: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "fleetgate_uplink_restored_sessions_total",
@@ -56,7 +56,7 @@ func newMetrics(u *Uplink, reg prometheus.Registerer) *metrics {
 	for _, k := range []gateway.Kind{gateway.Connect, gateway.Renew, gateway.Leave} {
 		m.written.WithLabelValues(k.String())
 	}
-	for _, r := range []string{reasonOverflow, reasonLapsed} {
+	for _, r := range []string{reasonOverflow, reasonLapsed, reasonUnknownAge} {
 		m.dropped.WithLabelValues(r)
 	}
 	for _, r := range []string{reasonFenced, reasonRejected} {
@@ -92,8 +92,9 @@ func newMetrics(u *Uplink, reg prometheus.Registerer) *metrics {
 }
 
 const (
-	reasonOverflow = "overflow"
-	reasonLapsed   = "lapsed"
-	reasonFenced   = "fenced"
-	reasonRejected = "rejected"
+	reasonOverflow   = "overflow"
+	reasonLapsed     = "lapsed"
+	reasonUnknownAge = "unknown_age"
+	reasonFenced     = "fenced"
+	reasonRejected   = "rejected"
 )

@@ -16,12 +16,20 @@ import (
 // The outbox's buckets in the gateway's state file.
 //
 // outbox.sessions maps a session key (device 0x00 session) to its record:
-// the coalesced evidence with wall-clock observation times (unix ms, the
-// monotonic clock does not survive a restart) and the record's sequence
-// number. outbox.bytime maps (first observation ms, sequence), both big
-// endian, to the session key: a cursor over it yields the oldest entries
-// first, and a session's entry is found directly by its key, so both
-// replay and per-session coalescing are cheap.
+// the coalesced evidence with its observation times on CLOCK_BOOTTIME and
+// the boot they belong to (gateway.BootClock: the monotonic clock does not
+// survive a restart, and the wall clock steps), the lease each write was
+// observed under, and the record's sequence number. outbox.bytime maps
+// (first observation ms, sequence), both big endian, to the session key:
+// a cursor over it yields the oldest entries first, and a session's entry
+// is found directly by its key, so both replay and per-session coalescing
+// are cheap.
+//
+// An entry whose age cannot be known, because it was observed in another
+// boot or its time is ahead of the boot clock, is never replayed: it is
+// dropped and counted (reason unknown_age). Its lease may not have run
+// out, but nothing bounds how old it is, and replaying it as fresh could
+// resurrect a device (docs/reliability.md).
 var (
 	bucketSessions = []byte("outbox.sessions")
 	bucketByTime   = []byte("outbox.bytime")
@@ -31,14 +39,19 @@ var (
 // is not set (DESIGN §4, uplink.outbox_max_sessions).
 const DefaultOutboxMaxSessions = 1_000_000
 
-const recordVersion = 1
-
 // OutboxOptions configure an Outbox.
 type OutboxOptions struct {
 	// MaxSessions bounds the entries (one per session); over it the oldest
 	// entries are dropped and counted. Default DefaultOutboxMaxSessions.
 	MaxSessions int
 	Logger      *slog.Logger
+	// Clock is the clock of the evidence put in and of the records read
+	// back (the uplink's); default gateway.SystemClock.
+	Clock gateway.Clock
+	// Boot is the clock entries are kept on: default Clock when it is a
+	// gateway.BootClock (the test clock), else the system's
+	// CLOCK_BOOTTIME and boot ID (NewSystemBoot).
+	Boot gateway.BootClock
 }
 
 // Outbox buffers, in the gateway's bbolt file, the writes that could not
@@ -46,21 +59,29 @@ type OutboxOptions struct {
 // once the store answers. Every change is one committed (fsynced)
 // transaction, so an entry that was acknowledged survives kill -9.
 type Outbox struct {
-	db  *bolt.DB
-	max int
-	log *slog.Logger
+	db    *bolt.DB
+	max   int
+	log   *slog.Logger
+	clock gateway.Clock
+	boot  gateway.BootClock
 
 	wmu sync.Mutex // serializes put and remove with their size bookkeeping
 
 	mu     sync.Mutex
 	n      int       // entries
-	oldest time.Time // first observation of the oldest entry; zero when empty
+	oldest time.Time // first observation of the oldest entry (boot clock); zero when empty
 }
 
-// record is one outbox entry as read back.
+// record is one outbox entry as read back: its times are on the boot
+// clock of boot (wall-clock times when boot is zero: an entry of a
+// release that kept no boot), or on Outbox.clock once readable turned
+// them.
 type record struct {
 	item
-	seq uint64
+	boot gateway.BootID
+	seq  uint64
+	// own is the entry's own time index key, from its times as stored.
+	own []byte
 	// tk is the time index key the entry was found under; it differs from
 	// the entry's own key only when the index held a dangling key (after
 	// an unreadable entry was overwritten).
@@ -76,7 +97,21 @@ func OpenOutbox(db *bolt.DB, o OutboxOptions) (*Outbox, error) {
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
-	ob := &Outbox{db: db, max: o.MaxSessions, log: o.Logger}
+	if o.Clock == nil {
+		o.Clock = gateway.SystemClock{}
+	}
+	if o.Boot == nil {
+		if b, ok := o.Clock.(gateway.BootClock); ok {
+			o.Boot = b
+		} else {
+			b, err := NewSystemBoot("")
+			if err != nil {
+				return nil, fmt.Errorf("uplink: open outbox: %w", err)
+			}
+			o.Boot = b
+		}
+	}
+	ob := &Outbox{db: db, max: o.MaxSessions, log: o.Logger, clock: o.Clock, boot: o.Boot}
 	err := db.Update(func(tx *bolt.Tx) error {
 		sb, err := tx.CreateBucketIfNotExists(bucketSessions)
 		if err != nil {
@@ -149,18 +184,91 @@ func (o *Outbox) Len() int {
 	return o.n
 }
 
-// Oldest is the wall-clock observation time of the oldest entry's oldest
-// write, zero when the outbox is empty.
+// Oldest is the observation time of the oldest entry's oldest write, on
+// the outbox's clock; zero when the outbox is empty.
 func (o *Outbox) Oldest() time.Time {
 	o.mu.Lock()
-	defer o.mu.Unlock()
-	return o.oldest
+	oldest := o.oldest
+	o.mu.Unlock()
+	if oldest.IsZero() {
+		return time.Time{}
+	}
+	_, since, err := o.boot.Boot()
+	if err != nil {
+		return time.Time{}
+	}
+	return o.clock.Now().Add(-(since - bootDur(oldest)))
 }
 
-// put stores items in one transaction, each coalesced with the entry its
-// session may already have, then drops the oldest entries over the bound.
-// It returns the writes dropped that way.
-func (o *Outbox) put(items []item) (evicted int, err error) {
+// onBoot is a time since boot as the time.Time records hold.
+func onBoot(since time.Duration) time.Time { return time.Unix(0, int64(since)) }
+
+// bootDur is the time since boot a record's time.Time holds.
+func bootDur(t time.Time) time.Duration { return time.Duration(t.UnixNano()) }
+
+// toBoot turns the times of items, on the outbox's clock, into times
+// since boot, read with now and since (one reading of both clocks).
+func toBoot(items []item, now time.Time, since time.Duration) []item {
+	out := make([]item, len(items))
+	for i, it := range items {
+		if it.kind != 0 {
+			it.at = onBoot(since - now.Sub(it.at))
+		}
+		if !it.leave.IsZero() {
+			it.leave = onBoot(since - now.Sub(it.leave))
+		}
+		out[i] = it
+	}
+	return out
+}
+
+// readable turns a record's times into times on the outbox's clock, read
+// with now, the current boot and since (one reading). It reports false
+// when the record's age is unknown: observed in another boot, or ahead of
+// the boot clock. An entry of a release that kept no boot (zero boot,
+// wall-clock times) is read on the wall clock when that puts it inside
+// this boot and not in the future, and is unknown otherwise.
+func (r *record) readable(now time.Time, boot gateway.BootID, since time.Duration) bool {
+	age := func(t time.Time) (time.Duration, bool) {
+		var a time.Duration
+		if r.boot == (gateway.BootID{}) {
+			a = now.Sub(t)
+		} else {
+			a = since - bootDur(t)
+		}
+		return a, a >= 0 && a <= since
+	}
+	if r.boot != boot && r.boot != (gateway.BootID{}) {
+		return false
+	}
+	if r.kind != 0 {
+		a, ok := age(r.at)
+		if !ok {
+			return false
+		}
+		r.at = now.Add(-a)
+	}
+	if !r.leave.IsZero() {
+		a, ok := age(r.leave)
+		if !ok {
+			return false
+		}
+		r.leave = now.Add(-a)
+	}
+	r.boot = boot
+	return true
+}
+
+// put stores items, observed on the outbox's clock, in one transaction,
+// each coalesced with the entry its session may already have, then drops
+// the oldest entries over the bound. It returns the writes dropped that
+// way (evicted) and those of entries of unknown age it replaced.
+func (o *Outbox) put(items []item) (evicted, unknown int, err error) {
+	boot, since, err := o.boot.Boot()
+	if err != nil {
+		return 0, 0, fmt.Errorf("uplink: outbox put: %w", err)
+	}
+	items = toBoot(items, o.clock.Now(), since)
 	o.wmu.Lock()
 	defer o.wmu.Unlock()
 	var (
@@ -169,7 +277,7 @@ func (o *Outbox) put(items []item) (evicted int, err error) {
 	)
 	err = o.db.Update(func(tx *bolt.Tx) error {
 		sb, tb := tx.Bucket(bucketSessions), tx.Bucket(bucketByTime)
-		added, evicted = 0, 0
+		added, evicted, unknown = 0, 0, 0
 		for _, it := range items {
 			sk := sessionKey(it.key)
 			s := it.slot
@@ -187,6 +295,11 @@ func (o *Outbox) put(items []item) (evicted int, err error) {
 				if err := tb.Delete(timeKey(old.slot.first(), old.seq)); err != nil {
 					return err
 				}
+				if old.boot != boot || bootDur(old.first()) > since {
+					// Of unknown age: the new evidence replaces it.
+					unknown += old.n()
+					break
+				}
 				old.merge(s)
 				s = old.slot
 			}
@@ -194,7 +307,7 @@ func (o *Outbox) put(items []item) (evicted int, err error) {
 			if err != nil {
 				return err
 			}
-			if err := sb.Put(sk, encodeRecord(s, seq)); err != nil {
+			if err := sb.Put(sk, encodeRecord(s, boot, seq)); err != nil {
 				return err
 			}
 			if err := tb.Put(timeKey(s.first(), seq), sk); err != nil {
@@ -222,17 +335,23 @@ func (o *Outbox) put(items []item) (evicted int, err error) {
 		return nil
 	})
 	if err != nil {
-		return 0, fmt.Errorf("uplink: outbox put: %w", err)
+		return 0, 0, fmt.Errorf("uplink: outbox put: %w", err)
 	}
 	o.setSize(added, oldest)
-	return evicted, nil
+	return evicted, unknown, nil
 }
 
 // oldestRecords reads entries oldest first for one replay round: per
 // shard at most maxWrites writes, scanning at most scan entries besides
-// those whose sequence number is in skip (being deleted). Entries that
-// cannot be decoded are returned as bad, to be removed.
-func (o *Outbox) oldestRecords(shards, maxWrites, scan int, skip map[uint64]bool) (perShard [][]record, bad [][]byte, err error) {
+// those whose sequence number is in skip (being deleted), with their
+// times on the outbox's clock. Entries of unknown age are returned as
+// unknown, and entries that cannot be decoded as bad, to be removed.
+func (o *Outbox) oldestRecords(shards, maxWrites, scan int, skip map[uint64]bool) (perShard [][]record, unknown []record, bad [][]byte, err error) {
+	boot, since, err := o.boot.Boot()
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("uplink: outbox read: %w", err)
+	}
+	now := o.clock.Now()
 	perShard = make([][]record, shards)
 	writes := make([]int, shards)
 	full := 0
@@ -251,6 +370,10 @@ func (o *Outbox) oldestRecords(shards, maxWrites, scan int, skip map[uint64]bool
 				continue
 			}
 			r.tk = bytes.Clone(tk)
+			if !r.readable(now, boot, since) {
+				unknown = append(unknown, r)
+				continue
+			}
 			sh := gateway.ShardOf(r.device, shards)
 			if writes[sh] == maxWrites {
 				continue
@@ -269,14 +392,15 @@ func (o *Outbox) oldestRecords(shards, maxWrites, scan int, skip map[uint64]bool
 		return nil
 	})
 	if err != nil {
-		return nil, nil, fmt.Errorf("uplink: outbox read: %w", err)
+		return nil, nil, nil, fmt.Errorf("uplink: outbox read: %w", err)
 	}
-	return perShard, bad, nil
+	return perShard, unknown, bad, nil
 }
 
-// remove deletes, in one transaction, the entries recs were read from,
-// unless an entry was replaced since (newer evidence was put for its
-// session), and the time index keys in bad with their entries.
+// remove deletes, in one transaction, the entries recs were read from
+// (by oldestRecords, or with their times as stored), unless an entry was
+// replaced since (newer evidence was put for its session), and the time
+// index keys in bad with their entries.
 func (o *Outbox) remove(recs []record, bad [][]byte) error {
 	if len(recs) == 0 && len(bad) == 0 {
 		return nil
@@ -299,7 +423,10 @@ func (o *Outbox) remove(recs []record, bad [][]byte) error {
 			if err := sb.Delete(sk); err != nil {
 				return err
 			}
-			own := timeKey(r.first(), r.seq)
+			own := r.own
+			if own == nil {
+				own = timeKey(r.first(), r.seq)
+			}
 			if err := tb.Delete(own); err != nil {
 				return err
 			}
@@ -376,12 +503,17 @@ func timeOf(tk []byte) time.Time {
 	return time.UnixMilli(int64(binary.BigEndian.Uint64(tk[:8])))
 }
 
-// A record is: version (1 byte), seq (8), kind (1, 0 for none), at ms (8),
-// leave (1), leave ms (8); integers big endian. The leave byte is 0 for
-// none, 1 for a leave sent before the kind (the only value the first
-// gateways wrote, so their records read the same), 2 for a leave sent
-// after it (a visit, slot.kindFirst; the times, in ms, may tie).
-const recordLen = 27
+// A record (format 2) is: version (1 byte), seq (8), kind (1, 0 for
+// none), at (8), leave (1), leave time (8), boot ID (16), kind lease (8),
+// leave lease (8); integers big endian, times in ns since boot (of a
+// format-1 entry migrated, with a zero boot ID: unix ns on the wall
+// clock), leases in ns (0: the batch's). The leave byte is 0 for none, 1
+// for a leave sent before the kind, 2 for a leave sent after it (a
+// visit, slot.kindFirst; the times may tie).
+const (
+	recordVersion = 2
+	recordLen     = 59
+)
 
 const (
 	leaveNone  = 0
@@ -389,21 +521,24 @@ const (
 	leaveAfter = 2
 )
 
-func encodeRecord(s slot, seq uint64) []byte {
+func encodeRecord(s slot, boot gateway.BootID, seq uint64) []byte {
 	b := make([]byte, recordLen)
 	b[0] = recordVersion
 	binary.BigEndian.PutUint64(b[1:], seq)
 	b[9] = byte(s.kind)
 	if s.kind != 0 {
-		binary.BigEndian.PutUint64(b[10:], uint64(s.at.UnixMilli()))
+		binary.BigEndian.PutUint64(b[10:], uint64(s.at.UnixNano()))
+		binary.BigEndian.PutUint64(b[43:], uint64(s.kindLease))
 	}
 	if !s.leave.IsZero() {
 		b[18] = leaveFirst
 		if s.kind != 0 && s.kindFirst {
 			b[18] = leaveAfter
 		}
-		binary.BigEndian.PutUint64(b[19:], uint64(s.leave.UnixMilli()))
+		binary.BigEndian.PutUint64(b[19:], uint64(s.leave.UnixNano()))
+		binary.BigEndian.PutUint64(b[51:], uint64(s.leaveLease))
 	}
+	copy(b[27:43], boot[:])
 	return b
 }
 
@@ -425,20 +560,87 @@ func decodeRecord(sk, v []byte) (record, error) {
 	}
 	r.key = key{d, s}
 	r.seq = binary.BigEndian.Uint64(v[1:])
+	copy(r.boot[:], v[27:43])
+	lease := func(off int) (time.Duration, error) {
+		l := time.Duration(binary.BigEndian.Uint64(v[off:]))
+		if l < 0 {
+			return 0, fmt.Errorf("%w: lease %v", errBadRecord, l)
+		}
+		return l, nil
+	}
 	switch k := gateway.Kind(v[9]); k {
 	case 0:
 	case gateway.Connect, gateway.Renew:
 		r.kind = k
-		r.at = time.UnixMilli(int64(binary.BigEndian.Uint64(v[10:])))
+		r.at = time.Unix(0, int64(binary.BigEndian.Uint64(v[10:])))
+		if r.kindLease, err = lease(43); err != nil {
+			return r, err
+		}
 	default:
 		return r, fmt.Errorf("%w: kind %d", errBadRecord, k)
 	}
 	if v[18] != leaveNone {
-		r.leave = time.UnixMilli(int64(binary.BigEndian.Uint64(v[19:])))
+		r.leave = time.Unix(0, int64(binary.BigEndian.Uint64(v[19:])))
 		r.kindFirst = v[18] == leaveAfter && r.kind != 0
+		if r.leaveLease, err = lease(51); err != nil {
+			return r, err
+		}
 	}
 	if r.n() == 0 {
 		return r, fmt.Errorf("%w: no writes", errBadRecord)
 	}
+	r.own = timeKey(r.first(), r.seq)
 	return r, nil
+}
+
+// migrateOutboxV2 rewrites the outbox entries of format 1 (wall-clock
+// times in ms, no boot, no lease) in format 2 with a zero boot ID: their
+// times stay on the wall clock (readable decides whether they can be
+// aged) and their writes take the batch's lease. Their time index keys
+// (first observation in ms) do not change. An entry that cannot be read
+// is left as it is, to be removed as unreadable.
+func migrateOutboxV2(tx *bolt.Tx) error {
+	sb := tx.Bucket(bucketSessions)
+	if sb == nil {
+		return nil
+	}
+	type kv struct{ k, v []byte }
+	var out []kv
+	err := sb.ForEach(func(k, v []byte) error {
+		if s, seq, ok := decodeV1(v); ok {
+			out = append(out, kv{bytes.Clone(k), encodeRecord(s, gateway.BootID{}, seq)})
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	for _, e := range out {
+		if err := sb.Put(e.k, e.v); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// decodeV1 reads a record of format 1: version 1 (1 byte), seq (8), kind
+// (1, 0 for none), at ms (8), leave (1: 0 none, 1 before the kind, 2 after
+// it), leave ms (8), wall-clock unix ms; ok is false when it is not one.
+func decodeV1(v []byte) (s slot, seq uint64, ok bool) {
+	if len(v) != 27 || v[0] != 1 || v[18] > leaveAfter {
+		return s, 0, false
+	}
+	switch kind := gateway.Kind(v[9]); kind {
+	case 0:
+	case gateway.Connect, gateway.Renew:
+		s.kind = kind
+		s.at = time.UnixMilli(int64(binary.BigEndian.Uint64(v[10:])))
+	default:
+		return s, 0, false
+	}
+	if v[18] != leaveNone {
+		s.leave = time.UnixMilli(int64(binary.BigEndian.Uint64(v[19:])))
+		s.kindFirst = v[18] == leaveAfter && s.kind != 0
+	}
+	return s, binary.BigEndian.Uint64(v[1:]), s.n() > 0
 }

@@ -30,7 +30,7 @@ func TestOutboxMatchesModel(t *testing.T) {
 		}
 		defer db.Close()
 		maxSessions := rapid.IntRange(1, 6).Draw(rt, "max sessions")
-		ob, err := OpenOutbox(db, OutboxOptions{MaxSessions: maxSessions})
+		ob, err := OpenOutbox(db, OutboxOptions{MaxSessions: maxSessions, Clock: wallBoot(t0.Add(time.Hour))})
 		if err != nil {
 			rt.Fatal(err)
 		}
@@ -43,10 +43,10 @@ func TestOutboxMatchesModel(t *testing.T) {
 				k := key{gateway.DeviceID(fmt.Sprintf("d%d", rapid.IntRange(0, 7).Draw(rt, "device"))), "s"}
 				clock += rapid.IntRange(0, 3).Draw(rt, "step")
 				var s slot
-				s.add(rapid.SampledFrom([]gateway.Kind{gateway.Connect, gateway.Renew, gateway.Leave}).Draw(rt, "kind"), at(clock))
+				s.add(rapid.SampledFrom([]gateway.Kind{gateway.Connect, gateway.Renew, gateway.Leave}).Draw(rt, "kind"), at(clock), 0)
 				items = append(items, item{k, s})
 			}
-			evicted, err := ob.put(items)
+			evicted, _, err := ob.put(items)
 			if err != nil {
 				rt.Fatal(err)
 			}
@@ -137,7 +137,7 @@ func TestOutboxHealsUnreadableEntries(t *testing.T) {
 		{key{"dev-b", "s"}, slot{kind: gateway.Renew, at: t0.Add(-2 * time.Second)}},
 		{key{"dev-c", "s"}, slot{kind: gateway.Renew, at: t0.Add(-time.Second)}},
 	}
-	if _, err := e.ob.put(items); err != nil {
+	if _, _, err := e.ob.put(items); err != nil {
 		t.Fatal(err)
 	}
 	err := e.db.Update(func(tx *bolt.Tx) error {
@@ -152,7 +152,7 @@ func TestOutboxHealsUnreadableEntries(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.ob.put([]item{{key{"dev-a", "s"}, slot{kind: gateway.Connect, at: t0}}}); err != nil {
+	if _, _, err := e.ob.put([]item{{key{"dev-a", "s"}, slot{kind: gateway.Connect, at: t0}}}); err != nil {
 		t.Fatal(err)
 	}
 	if e.ob.Len() != 3 {

@@ -59,7 +59,7 @@ func (r *replayer) round(ctx context.Context) error {
 	if r.prev != nil {
 		skip = r.prev.skip
 	}
-	perShard, bad, err := u.ob.oldestRecords(u.shards, replayChunks*t.maxBatch, replayChunks*t.maxBatch*u.shards, skip)
+	perShard, unknown, bad, err := u.ob.oldestRecords(u.shards, replayChunks*t.maxBatch, replayChunks*t.maxBatch*u.shards, skip)
 	if err != nil {
 		return err
 	}
@@ -68,16 +68,21 @@ func (r *replayer) round(ctx context.Context) error {
 		chunked [][]chunk
 		gone    []record // entries to delete
 		lapsed  int      // lapsed writes of gone
+		unaged  int      // writes of unknown age (of unknown)
 	)
+	for _, rec := range unknown {
+		gone = append(gone, rec)
+		unaged += rec.n()
+	}
 	for shard, recs := range perShard {
 		var chunks []chunk
 		c := chunk{shard: shard}
 		for _, rec := range recs {
 			live := rec.item
-			if !live.leave.IsZero() && now.Sub(live.leave) >= t.lease {
+			if !live.leave.IsZero() && now.Sub(live.leave) >= cmp.Or(live.leaveLease, t.lease) {
 				live.leave = time.Time{}
 			}
-			if live.kind != 0 && now.Sub(live.at) >= t.lease {
+			if live.kind != 0 && now.Sub(live.at) >= cmp.Or(live.kindLease, t.lease) {
 				live.kind, live.at = 0, time.Time{}
 			}
 			if live.n() == 0 {
@@ -134,6 +139,7 @@ func (r *replayer) round(ctx context.Context) error {
 		u.lapsed.Add(uint64(lapsed))
 		u.m.dropped.WithLabelValues(reasonLapsed).Add(float64(lapsed))
 	}
+	u.countUnknownAge(unaged)
 	if len(gone) == 0 && len(bad) == 0 {
 		return first
 	}

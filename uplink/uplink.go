@@ -136,8 +136,10 @@ type Uplink struct {
 	lastErr  error
 	lapsed   atomic.Uint64
 	overflow atomic.Uint64
-	fenced   atomic.Uint64
-	rejected atomic.Uint64
+	// unknownAge counts outbox writes dropped for an unknown age.
+	unknownAge atomic.Uint64
+	fenced     atomic.Uint64
+	rejected   atomic.Uint64
 }
 
 type timing struct {
@@ -252,6 +254,11 @@ func (u *Uplink) Enqueue(ctx context.Context, ev gateway.Evidence) error {
 		return fmt.Errorf("uplink: enqueue %s/%s: unknown evidence %v", ev.Device, ev.Session, ev.Kind)
 	}
 	q := u.queues[gateway.ShardOf(ev.Device, u.shards)]
+	if ev.Lease <= 0 {
+		// The lease in force now travels with the evidence: a reload
+		// changes nothing already queued or buffered.
+		ev.Lease = u.timing().lease
+	}
 	for {
 		t := u.timing()
 		ok, space := q.tryAdd(ev, t.queueLimit)
@@ -560,10 +567,11 @@ func (u *Uplink) refused(err error, shard, writes int) bool {
 
 // buffer puts items into the outbox and wakes the health loop.
 func (u *Uplink) buffer(items []item) error {
-	evicted, err := u.ob.put(items)
+	evicted, unknown, err := u.ob.put(items)
 	if err != nil {
 		return err
 	}
+	u.countUnknownAge(unknown)
 	if evicted > 0 {
 		u.overflow.Add(uint64(evicted))
 		u.m.dropped.WithLabelValues(reasonOverflow).Add(float64(evicted))
@@ -571,6 +579,18 @@ func (u *Uplink) buffer(items []item) error {
 	}
 	u.signal(u.wake)
 	return nil
+}
+
+// countUnknownAge counts outbox writes dropped because their age is
+// unknown (observed in another boot, or ahead of the boot clock).
+func (u *Uplink) countUnknownAge(writes int) {
+	if writes == 0 {
+		return
+	}
+	u.unknownAge.Add(uint64(writes))
+	u.m.dropped.WithLabelValues(reasonUnknownAge).Add(float64(writes))
+	u.log.Warn("outbox: dropped entries of unknown age (observed before a reboot, or ahead of the boot clock); they are never replayed as fresh",
+		"writes", writes)
 }
 
 // restore puts items that could be neither sent nor buffered back into
@@ -616,6 +636,9 @@ type Dropped struct {
 	Overflow uint64 `json:"overflow"`
 	// Lapsed: outbox evidence whose lease ran out before it was replayed.
 	Lapsed uint64 `json:"lapsed"`
+	// UnknownAge: outbox evidence whose age could not be known (observed
+	// before a reboot, or ahead of the boot clock); never replayed.
+	UnknownAge uint64 `json:"unknown_age"`
 	// Fenced: refused by the store because a newer epoch of this gateway
 	// exists.
 	Fenced uint64 `json:"fenced"`
@@ -635,10 +658,11 @@ func (u *Uplink) Status() Status {
 	s.OutboxOldest = u.outboxOldest()
 	s.Pending = u.pending()
 	s.Dropped = Dropped{
-		Overflow: u.overflow.Load(),
-		Lapsed:   u.lapsed.Load(),
-		Fenced:   u.fenced.Load(),
-		Rejected: u.rejected.Load(),
+		Overflow:   u.overflow.Load(),
+		Lapsed:     u.lapsed.Load(),
+		UnknownAge: u.unknownAge.Load(),
+		Fenced:     u.fenced.Load(),
+		Rejected:   u.rejected.Load(),
 	}
 	return s
 }

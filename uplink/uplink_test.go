@@ -168,7 +168,7 @@ func TestBufferedSessionNotOvertakenByNewEvidence(t *testing.T) {
 	// process sees the device leave before the replay. The leave must not
 	// reach the store before the older connect.
 	u, e := newEmbeddedUplink(t, Options{})
-	if _, err := e.ob.put([]item{{key{"dev-a", "coap/default"}, slot{kind: gateway.Connect, at: t0.Add(-10 * time.Second)}}}); err != nil {
+	if _, _, err := e.ob.put([]item{{key{"dev-a", "coap/default"}, slot{kind: gateway.Connect, at: t0.Add(-10 * time.Second)}}}); err != nil {
 		t.Fatal(err)
 	}
 	mustEnqueue(t, u, evidence("dev-a", gateway.Leave, t0.Add(-time.Second)))
@@ -196,15 +196,16 @@ func TestBufferedSessionNotOvertakenByNewEvidence(t *testing.T) {
 
 func TestOutboxCoalescesAndEvictsOldest(t *testing.T) {
 	_, e := newEmbeddedUplink(t, Options{})
-	ob, err := OpenOutbox(e.db, OutboxOptions{MaxSessions: 5})
+	e.clock.Advance(time.Minute) // every entry is observed before now
+	ob, err := OpenOutbox(e.db, OutboxOptions{MaxSessions: 5, Clock: e.clock})
 	if err != nil {
 		t.Fatal(err)
 	}
 	put := func(d string, k gateway.Kind, sec int) int {
 		t.Helper()
 		var s slot
-		s.add(k, at(sec))
-		n, err := ob.put([]item{{key{gateway.DeviceID(d), "s"}, s}})
+		s.add(k, at(sec), 0)
+		n, _, err := ob.put([]item{{key{gateway.DeviceID(d), "s"}, s}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -221,7 +222,7 @@ func TestOutboxCoalescesAndEvictsOldest(t *testing.T) {
 	if n := put("d5", gateway.Connect, 11); n != 1 {
 		t.Fatalf("evicted %d writes, want 1", n)
 	}
-	perShard, bad, err := ob.oldestRecords(1, 100, 100, nil)
+	perShard, _, bad, err := ob.oldestRecords(1, 100, 100, nil)
 	if err != nil || len(bad) != 0 {
 		t.Fatal(err, bad)
 	}
@@ -234,7 +235,7 @@ func TestOutboxCoalescesAndEvictsOldest(t *testing.T) {
 		t.Fatalf("entries oldest first %v, want %s", got, want)
 	}
 	// Reopening recounts the same state from the file.
-	again, err := OpenOutbox(e.db, OutboxOptions{MaxSessions: 5})
+	again, err := OpenOutbox(e.db, OutboxOptions{MaxSessions: 5, Clock: e.clock})
 	if err != nil || again.Len() != 5 || !again.Oldest().Equal(at(2)) {
 		t.Fatalf("reopened: len %d oldest %v err %v", again.Len(), again.Oldest(), err)
 	}
@@ -243,14 +244,14 @@ func TestOutboxCoalescesAndEvictsOldest(t *testing.T) {
 func TestReplayRemovesOnlyUnchangedEntries(t *testing.T) {
 	_, e := newEmbeddedUplink(t, Options{})
 	k := key{"d", "s"}
-	if _, err := e.ob.put([]item{{k, slot{kind: gateway.Renew, at: at(1)}}}); err != nil {
+	if _, _, err := e.ob.put([]item{{k, slot{kind: gateway.Renew, at: at(1)}}}); err != nil {
 		t.Fatal(err)
 	}
-	perShard, _, err := e.ob.oldestRecords(1, 10, 10, nil)
+	perShard, _, _, err := e.ob.oldestRecords(1, 10, 10, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.ob.put([]item{{k, slot{kind: gateway.Renew, at: at(2)}}}); err != nil {
+	if _, _, err := e.ob.put([]item{{k, slot{kind: gateway.Renew, at: at(2)}}}); err != nil {
 		t.Fatal(err)
 	}
 	if err := e.ob.remove(perShard[0], nil); err != nil {
@@ -263,11 +264,12 @@ func TestReplayRemovesOnlyUnchangedEntries(t *testing.T) {
 
 func TestOpenOutboxRebuildsDamagedIndex(t *testing.T) {
 	_, e := newEmbeddedUplink(t, Options{})
+	e.clock.Advance(time.Minute) // every entry is observed before now
 	var items []item
 	for i, d := range []gateway.DeviceID{"a", "b", "c"} {
 		items = append(items, item{key{d, "s"}, slot{kind: gateway.Renew, at: at(i)}})
 	}
-	if _, err := e.ob.put(items); err != nil {
+	if _, _, err := e.ob.put(items); err != nil {
 		t.Fatal(err)
 	}
 	err := e.db.Update(func(tx *bolt.Tx) error {
@@ -281,17 +283,17 @@ func TestOpenOutboxRebuildsDamagedIndex(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ob, err := OpenOutbox(e.db, OutboxOptions{Logger: testLogger(t)})
+	ob, err := OpenOutbox(e.db, OutboxOptions{Logger: testLogger(t), Clock: e.clock})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if ob.Len() != 2 || !ob.Oldest().Equal(at(0)) {
 		t.Fatalf("rebuilt outbox: len %d oldest %v, want 2 and %v", ob.Len(), ob.Oldest(), at(0))
 	}
-	if _, err := ob.put([]item{{key{"d", "s"}, slot{kind: gateway.Renew, at: at(0)}}}); err != nil {
+	if _, _, err := ob.put([]item{{key{"d", "s"}, slot{kind: gateway.Renew, at: at(0)}}}); err != nil {
 		t.Fatal(err)
 	}
-	perShard, bad, err := ob.oldestRecords(1, 10, 10, nil)
+	perShard, _, bad, err := ob.oldestRecords(1, 10, 10, nil)
 	if err != nil || len(bad) != 0 {
 		t.Fatal(err, bad)
 	}

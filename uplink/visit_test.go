@@ -70,10 +70,10 @@ func TestVisitWithinOneFlush(t *testing.T) {
 			// gateway that could not reach the store wrote it) is replayed
 			// as a visit.
 			var visit slot
-			visit.add(gateway.Connect, ms(20))
-			visit.add(gateway.Renew, ms(21))
-			visit.add(gateway.Leave, ms(21))
-			if _, err := e.ob.put([]item{{key{"later", "coap/default"}, visit}}); err != nil {
+			visit.add(gateway.Connect, ms(20), 0)
+			visit.add(gateway.Renew, ms(21), 0)
+			visit.add(gateway.Leave, ms(21), 0)
+			if _, _, err := e.ob.put([]item{{key{"later", "coap/default"}, visit}}); err != nil {
 				t.Fatal(err)
 			}
 			e.run()
@@ -132,22 +132,25 @@ func TestOutboxRecordFormats(t *testing.T) {
 	old = append(old, be64(ms+5)...)
 	old = append(old, 1)
 	old = append(old, be64(ms+3)...)
-	r, err := decodeRecord([]byte("d\x00s"), old)
-	if err != nil {
-		t.Fatal(err)
+	s1, seq, ok := decodeV1(old)
+	if !ok {
+		t.Fatal("format-1 record not read")
 	}
-	if got := slotWrites(r.slot); len(got) != 2 || got[0].k != gateway.Leave || got[1].k != gateway.Connect || r.seq != 7 {
-		t.Fatalf("old record reads as %v (seq %d), want leave then connect (seq 7)", got, r.seq)
+	if got := slotWrites(s1); len(got) != 2 || got[0].k != gateway.Leave || got[1].k != gateway.Connect || seq != 7 {
+		t.Fatalf("old record reads as %v (seq %d), want leave then connect (seq 7)", got, seq)
+	}
+	if _, err := decodeRecord([]byte("d\x00s"), old); err == nil {
+		t.Fatal("a format-1 record read as a format-2 one")
 	}
 
 	var v slot
-	v.add(gateway.Connect, t0.Add(100*time.Microsecond))
-	v.add(gateway.Leave, t0.Add(200*time.Microsecond))
-	b := encodeRecord(v, 8)
+	v.add(gateway.Connect, t0.Add(100*time.Microsecond), 0)
+	v.add(gateway.Leave, t0.Add(200*time.Microsecond), 0)
+	b := encodeRecord(v, testBoot, 8)
 	if b[18] != leaveAfter {
 		t.Fatalf("visit encoded with leave byte %d, want %d", b[18], leaveAfter)
 	}
-	r, err = decodeRecord([]byte("d\x00s"), b)
+	r, err := decodeRecord([]byte("d\x00s"), b)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"net"
 	"sync/atomic"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -22,7 +21,8 @@ import (
 type frontEnd interface {
 	Serve(ctx context.Context) error
 	Close() error
-	SetHeartbeatInterval(d time.Duration)
+	// SetTiming takes the presence timing of a reload.
+	SetTiming(t gateway.Timing)
 	// SetCredentials hands over the devices file after a reload: later
 	// checks use it, and sessions it revokes end.
 	SetCredentials(c gateway.Credentials)
@@ -45,7 +45,7 @@ func (g *gatewayProcess) openFrontEnds(cfg configs.Config, log *slog.Logger, reg
 		log.Warn("no auth.devices_file and auth.allow_anonymous is off: no device can connect")
 	}
 	l := cfg.Limits
-	heartbeat := cfg.Presence.HeartbeatInterval.Std()
+	heartbeat, lease := cfg.Presence.HeartbeatInterval.Std(), cfg.Presence.Lease.Std()
 	if cfg.Listen.CoAP.UDP != "" || cfg.Listen.CoAP.DTLS != "" {
 		s, err := coap.New(g.table, coap.Options{
 			Addr:              cfg.Listen.CoAP.UDP,
@@ -53,6 +53,8 @@ func (g *gatewayProcess) openFrontEnds(cfg configs.Config, log *slog.Logger, reg
 			Credentials:       creds,
 			AllowAnonymous:    cfg.Auth.AllowAnonymous,
 			HeartbeatInterval: heartbeat,
+			Lease:             lease,
+			MaxLease:          cfg.Presence.MaxLease.Std(),
 			MaxMessageSize:    l.CoAPMaxMessageSize,
 			RequestsPerSecond: l.CoAPRequestsPerSecond,
 			HandshakeTimeout:  l.DTLSHandshakeTimeout.Std(),
@@ -88,6 +90,7 @@ func (g *gatewayProcess) openFrontEnds(cfg configs.Config, log *slog.Logger, reg
 			Credentials:       creds,
 			TopicPrefix:       cfg.Auth.TopicPrefix,
 			HeartbeatInterval: heartbeat,
+			Lease:             lease,
 			MaxPacketSize:     l.MQTTMaxPacketSize,
 			MaxClients:        l.MQTTMaxClients,
 			ConnectsPerSecond: l.MQTTConnectsPerSecond,

@@ -111,7 +111,14 @@ func (g *gatewayProcess) run(ctx context.Context) (err error) {
 	}
 	defer func() { err = errors.Join(err, g.store.Close()) }()
 
-	outbox, err := uplink.OpenOutbox(db, uplink.OutboxOptions{MaxSessions: cfg.Uplink.OutboxMaxSessions, Logger: log})
+	boot, err := uplink.NewSystemBoot(configs.TestBootID(os.Environ()))
+	if err != nil {
+		return err
+	}
+	outbox, err := uplink.OpenOutbox(db, uplink.OutboxOptions{
+		MaxSessions: cfg.Uplink.OutboxMaxSessions, Logger: log,
+		Clock: gateway.SystemClock{}, Boot: boot,
+	})
 	if err != nil {
 		return err
 	}
@@ -274,7 +281,7 @@ func (g *gatewayProcess) reload(ctx context.Context, log *slog.Logger) {
 	g.table.SetTiming(p.Lease.Std(), p.RenewEvery.Std())
 	g.up.SetTiming(p.Lease.Std(), next.Uplink.FlushInterval.Std(), next.Uplink.MaxBatch)
 	for _, f := range g.fronts {
-		f.SetHeartbeatInterval(p.HeartbeatInterval.Std())
+		f.SetTiming(next.Timing())
 	}
 	if g.creds != nil && next.Auth.DevicesFile != "" {
 		if err := g.creds.Reload(next.Auth.DevicesFile); err != nil {
@@ -293,12 +300,13 @@ func (g *gatewayProcess) reload(ctx context.Context, log *slog.Logger) {
 	if restartOnly(old) != restartOnly(next) {
 		log.Warn("reloaded; changes to listeners, store, shards, gateway, runner, limits or anonymous access take effect at the next restart")
 	}
-	log.Info("configuration reloaded", "lease", p.Lease, "renew_every", p.RenewEvery, "heartbeat_interval", p.HeartbeatInterval)
+	log.Info("configuration reloaded", "lease", p.Lease, "renew_every", p.RenewEvery, "heartbeat_interval", p.HeartbeatInterval, "max_lease", p.MaxLease)
 }
 
 // restartOnly is the part of the configuration a reload cannot apply.
 func restartOnly(c configs.Config) string {
 	c.Presence.Lease, c.Presence.RenewEvery, c.Presence.HeartbeatInterval, c.Presence.SuspectAfter = 0, 0, 0, 0
+	c.Presence.MaxLease = 0
 	c.Uplink.FlushInterval, c.Uplink.MaxBatch = 0, 0
 	c.Log.Level = ""
 	c.Plugins = configs.PluginsConfig{}

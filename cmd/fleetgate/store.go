@@ -48,6 +48,7 @@ func openStore(ctx context.Context, cfg configs.Config, db *bolt.DB, log *slog.L
 		},
 		Background: background,
 		OnFatal:    func(err error) { fatal <- err },
+		RetryMax:   cfg.UplinkProbeMax(),
 	})
 	if err != nil {
 		return nil, err

@@ -15,12 +15,40 @@ type Clock struct {
 	mu     sync.Mutex
 	now    time.Time
 	timers []*timer
+	// boot and booted: the boot Boot names and when it began.
+	boot   gateway.BootID
+	booted time.Time
 }
 
-var _ gateway.Clock = (*Clock)(nil)
+var (
+	_ gateway.Clock     = (*Clock)(nil)
+	_ gateway.BootClock = (*Clock)(nil)
+)
 
-// New returns a clock standing at start.
-func New(start time.Time) *Clock { return &Clock{now: start} }
+// DefaultBoot is the boot a new Clock is in.
+var DefaultBoot = gateway.BootID{0: 0xb0, 15: 1}
+
+// New returns a clock standing at start, in boot DefaultBoot, booted an
+// hour before start.
+func New(start time.Time) *Clock {
+	return &Clock{now: start, boot: DefaultBoot, booted: start.Add(-time.Hour)}
+}
+
+// Boot returns the clock's boot and the time since that boot began: it
+// moves with Now, and changes only with Reboot.
+func (c *Clock) Boot() (gateway.BootID, time.Duration, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.boot, c.now.Sub(c.booted), nil
+}
+
+// Reboot puts the clock in boot id, begun since ago; Now does not move
+// (as the wall clock of a machine that rebooted).
+func (c *Clock) Reboot(id gateway.BootID, since time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.boot, c.booted = id, c.now.Add(-since)
+}
 
 // Now returns the clock's time.
 func (c *Clock) Now() time.Time {

@@ -263,9 +263,8 @@ func (h *Host) Serve(ctx context.Context) error {
 	return nil
 }
 
-// SetHeartbeatInterval does nothing: adapters pace their devices
-// themselves.
-func (h *Host) SetHeartbeatInterval(time.Duration) {}
+// SetTiming does nothing: adapters pace their devices themselves.
+func (h *Host) SetTiming(gateway.Timing) {}
 
 // SetCredentials does nothing: adapters vouch for their own devices (a
 // network server's secret, a polled address); the devices file is for

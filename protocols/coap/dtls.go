@@ -335,14 +335,14 @@ func (s *Server) answerDTLS(r *pool.Message, cc *udpClient.Conn, now time.Time) 
 		return codes.BadRequest, "malformed Uri-Query", uintOption{}
 	}
 	ctx, cancel := context.WithTimeout(s.ctx, observeTimeout)
-	code, diag, hb, err := s.decide(ctx, r.Code(), path, queries, device, now)
+	code, diag, maxAge, hb, err := s.decide(ctx, r.Code(), path, queries, device, now)
 	cancel()
 	if err != nil {
 		s.logRefusal(code, hb, peer.String(), err)
 	}
 	switch code {
 	case codes.Changed:
-		return code, diag, uintOption{message.MaxAge, s.maxAge.Load()}
+		return code, diag, uintOption{message.MaxAge, maxAge}
 	case codes.ServiceUnavailable:
 		return code, diag, uintOption{message.MaxAge, retryAfterSeconds}
 	}

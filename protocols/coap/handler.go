@@ -28,10 +28,13 @@ var errDeviceRate = errors.New("device request rate exceeded")
 
 // decide turns a request (method, Uri-Path, Uri-Query options, and the
 // device the transport authenticated, "" for none) into evidence for the
-// Observer, which gets ctx (bounded by about observeTimeout), and returns the code and diagnostic payload to answer with.
+// Observer, which gets ctx (bounded by about observeTimeout), and returns
+// the code and diagnostic payload to answer with, and the Max-Age of a
+// 2.04: the heartbeat interval that fits the lease the device was
+// granted (gateway.Timing.HeartbeatFor).
 // A refusal also returns why (err) and what was understood (hb), for the
 // caller to log with the peer.
-func (s *Server) decide(ctx context.Context, method codes.Code, path string, queries []string, identity string, now time.Time) (codes.Code, string, heartbeat, error) {
+func (s *Server) decide(ctx context.Context, method codes.Code, path string, queries []string, identity string, now time.Time) (codes.Code, string, uint32, heartbeat, error) {
 	hb, err := parseHeartbeat(method, path, queries, identity, s.allowAnon)
 	if err == nil && identity == "" && s.listed(hb.device) {
 		// Anonymous access never covers a device of the devices file: it
@@ -41,7 +44,12 @@ func (s *Server) decide(ctx context.Context, method codes.Code, path string, que
 	if err == nil {
 		// Per device, whichever endpoint (or DTLS session) it comes from.
 		if ok, _ := s.devices.allow(hb.device, now); !ok {
-			return codes.TooManyRequests, "too many requests, retry after Max-Age", hb, errDeviceRate
+			return codes.TooManyRequests, "too many requests, retry after Max-Age", 0, hb, errDeviceRate
+		}
+		tm := s.timing.Load()
+		var granted time.Duration // 0: presence.lease
+		if hb.lease > 0 {
+			granted = tm.Grant(hb.lease)
 		}
 		ev := gateway.Evidence{
 			Device:     hb.device,
@@ -49,15 +57,16 @@ func (s *Server) decide(ctx context.Context, method codes.Code, path string, que
 			Kind:       hb.kind,
 			ObservedAt: now,
 			Protocol:   "coap",
+			Lease:      granted,
 		}
 		if err = s.obs.Observe(ctx, ev); err == nil {
 			s.metrics.accepted(hb.kind)
-			return codes.Changed, "", hb, nil
+			return codes.Changed, "", maxAgeSeconds(tm.HeartbeatFor(tm.Grant(granted))), hb, nil
 		}
 		err = fmt.Errorf("observe: %w", err)
 	}
 	code, diag := errorResponse(err)
-	return code, diag, hb, err
+	return code, diag, 0, hb, err
 }
 
 // logRefusal logs a refused request: at debug level when the device is

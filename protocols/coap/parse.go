@@ -3,7 +3,9 @@ package coap
 import (
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
+	"time"
 
 	"github.com/plgd-dev/go-coap/v3/message/codes"
 
@@ -23,7 +25,13 @@ type heartbeat struct {
 	device  gateway.DeviceID
 	session gateway.SessionID
 	kind    gateway.Kind
+	// lease is the lease a renewal asks for (l=<seconds>); 0 for none.
+	lease time.Duration
 }
+
+// maxLeaseDigits bounds the digits of l=: more than a lease can be
+// (presence.max_lease is at most a week) but no overflow.
+const maxLeaseDigits = 9
 
 // requestError refuses a request with a CoAP error code and a short
 // diagnostic for the device.
@@ -42,8 +50,11 @@ func refuse(code codes.Code, format string, args ...any) error {
 // /hb is a renewal, DELETE /hb a leave. The device is identity (the DTLS
 // PSK identity) when there is one, else the query d=<device> when
 // anonymous devices are allowed; s=<instance> names the session
-// ("coap/<instance>", "coap/default" without it). Queries other than d
-// and s are ignored so that devices can send more later.
+// ("coap/<instance>", "coap/default" without it); l=<seconds> asks for a
+// longer lease for this renewal (a whole number of seconds, 1 or more;
+// the server grants it up to presence.max_lease and ignores it on a
+// leave). Queries other than d, s and l are ignored so that devices can
+// send more later.
 //
 // A refusal is a *requestError (4.01, 4.03, 4.04, 4.05, or 4.00 for a
 // malformed query) or wraps gateway.ErrInvalidDeviceID or
@@ -62,8 +73,8 @@ func parseHeartbeat(method codes.Code, path string, queries []string, identity s
 		return heartbeat{}, refuse(codes.MethodNotAllowed, "%s allows POST and DELETE", HeartbeatPath)
 	}
 
-	var device, instance string
-	var haveDevice, haveInstance bool
+	var device, instance, lease string
+	var haveDevice, haveInstance, haveLease bool
 	for _, q := range queries {
 		key, value, _ := strings.Cut(q, "=")
 		switch key {
@@ -77,6 +88,21 @@ func parseHeartbeat(method codes.Code, path string, queries []string, identity s
 				return heartbeat{}, refuse(codes.BadRequest, "query s= given twice")
 			}
 			instance, haveInstance = value, true
+		case "l":
+			if haveLease {
+				return heartbeat{}, refuse(codes.BadRequest, "query l= given twice")
+			}
+			lease, haveLease = value, true
+		}
+	}
+	var asked time.Duration
+	if haveLease {
+		n, err := strconv.ParseUint(lease, 10, 32)
+		if err != nil || n == 0 || len(lease) > maxLeaseDigits {
+			return heartbeat{}, refuse(codes.BadRequest, "query l=<seconds> wants a whole number of seconds from 1 to %d digits", maxLeaseDigits)
+		}
+		if kind == gateway.Renew {
+			asked = time.Duration(n) * time.Second
 		}
 	}
 
@@ -104,7 +130,7 @@ func parseHeartbeat(method codes.Code, path string, queries []string, identity s
 	if err != nil {
 		return heartbeat{}, fmt.Errorf("s=: %w", err)
 	}
-	return heartbeat{device: dev, session: sess, kind: kind}, nil
+	return heartbeat{device: dev, session: sess, kind: kind, lease: asked}, nil
 }
 
 // errorResponse maps a refusal from parseHeartbeat or the Observer to the

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 	"unicode/utf8"
 
 	"github.com/plgd-dev/go-coap/v3/message/codes"
@@ -48,6 +49,23 @@ func TestParseHeartbeat(t *testing.T) {
 		{name: "instance twice", method: codes.POST, path: "/hb", queries: []string{"d=a", "s=1", "s=1"}, allowAnon: true,
 			code: codes.BadRequest},
 		{name: "key without value", method: codes.POST, path: "/hb", queries: []string{"d"}, allowAnon: true, code: codes.BadRequest},
+		{name: "lease asked", method: codes.POST, path: "/hb", queries: []string{"d=a", "l=3600"}, allowAnon: true,
+			want: heartbeat{device: "a", session: "coap/default", kind: gateway.Renew, lease: time.Hour}},
+		{name: "lease of one second", method: codes.POST, path: "/hb", queries: []string{"l=1", "d=a"}, allowAnon: true,
+			want: heartbeat{device: "a", session: "coap/default", kind: gateway.Renew, lease: time.Second}},
+		{name: "lease on a leave is ignored", method: codes.DELETE, path: "/hb", queries: []string{"d=a", "l=3600"}, allowAnon: true,
+			want: heartbeat{device: "a", session: "coap/default", kind: gateway.Leave}},
+		{name: "lease largest", method: codes.POST, path: "/hb", queries: []string{"d=a", "l=999999999"}, allowAnon: true,
+			want: heartbeat{device: "a", session: "coap/default", kind: gateway.Renew, lease: 999999999 * time.Second}},
+		{name: "lease too many digits", method: codes.POST, path: "/hb", queries: []string{"d=a", "l=0000000001"}, allowAnon: true,
+			code: codes.BadRequest},
+		{name: "lease zero", method: codes.POST, path: "/hb", queries: []string{"d=a", "l=0"}, allowAnon: true, code: codes.BadRequest},
+		{name: "lease empty", method: codes.POST, path: "/hb", queries: []string{"d=a", "l="}, allowAnon: true, code: codes.BadRequest},
+		{name: "lease negative", method: codes.POST, path: "/hb", queries: []string{"d=a", "l=-5"}, allowAnon: true, code: codes.BadRequest},
+		{name: "lease with unit", method: codes.POST, path: "/hb", queries: []string{"d=a", "l=60s"}, allowAnon: true, code: codes.BadRequest},
+		{name: "lease with sign", method: codes.POST, path: "/hb", queries: []string{"d=a", "l=+60"}, allowAnon: true, code: codes.BadRequest},
+		{name: "lease twice", method: codes.POST, path: "/hb", queries: []string{"d=a", "l=60", "l=60"}, allowAnon: true,
+			code: codes.BadRequest},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -99,6 +117,11 @@ func FuzzParseHeartbeat(f *testing.F) {
 	f.Add(uint8(codes.POST), "/hb", "d=bad id", "", true)
 	f.Add(uint8(codes.POST), "/hb", "", "psk-dev", false)
 	f.Add(uint8(codes.GET), "/hb/x", "s=", "", true)
+	f.Add(uint8(codes.POST), "/hb", "d=dev-1&l=3600", "", true)
+	f.Add(uint8(codes.DELETE), "/hb", "l=60&d=dev-1", "", true)
+	f.Add(uint8(codes.POST), "/hb", "d=dev-1&l=0", "", true)
+	f.Add(uint8(codes.POST), "/hb", "l=4294967296", "psk-dev", false)
+	f.Add(uint8(codes.POST), "/hb", "d=dev-1&l=1&l=2", "", true)
 	f.Fuzz(func(t *testing.T, method uint8, path, query, identity string, allowAnon bool) {
 		var queries []string
 		if query != "" {
@@ -138,6 +161,12 @@ func FuzzParseHeartbeat(f *testing.F) {
 		}
 		if _, err := gateway.ParseSessionID(string(hb.session)); err != nil || !strings.HasPrefix(string(hb.session), "coap/") {
 			t.Fatalf("accepted session %q: %v", hb.session, err)
+		}
+		if hb.lease < 0 || hb.lease%time.Second != 0 || hb.lease > 999999999*time.Second || (hb.lease != 0 && hb.kind != gateway.Renew) {
+			t.Fatalf("accepted lease %v of a %v", hb.lease, hb.kind)
+		}
+		if hb.lease != 0 && !strings.Contains("&"+query+"&", fmt.Sprintf("&l=%d&", hb.lease/time.Second)) {
+			t.Fatalf("lease %v is not the l= of %q", hb.lease, query)
 		}
 		if identity != "" {
 			if string(hb.device) != identity {

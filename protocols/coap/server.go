@@ -69,6 +69,11 @@ type Options struct {
 	// HeartbeatInterval is the Max-Age of a 2.04 answer, in whole
 	// seconds rounded up; it must be positive.
 	HeartbeatInterval time.Duration
+	// Lease (presence.lease, default gateway.DefaultLease) and MaxLease
+	// (presence.max_lease): a device may ask for a lease up to MaxLease
+	// per request (l=<seconds>) and is answered with a Max-Age to match
+	// (gateway.Timing).
+	Lease, MaxLease time.Duration
 	// MaxMessageSize bounds a CoAP message in bytes
 	// (limits.coap_max_message_size); a request beyond it gets 4.13,
 	// anything else beyond it is dropped. 0 means DefaultMaxMessageSize.
@@ -115,7 +120,7 @@ type Server struct {
 	limit     *limiter[netip.Addr]
 	endpoints *limiter[netip.AddrPort]
 	devices   *limiter[gateway.DeviceID]
-	maxAge    atomic.Uint32 // seconds
+	timing    atomic.Pointer[gateway.Timing]
 	creds     atomic.Pointer[credentials]
 	mid       atomic.Uint32 // Message IDs of NON answers
 	// decoy keys the PSK given to unknown identities (dtls.go psk).
@@ -190,7 +195,10 @@ func New(obs gateway.Observer, o Options) (*Server, error) {
 		s.log = slog.New(slog.DiscardHandler)
 	}
 	s.log = s.log.With("component", "coap")
-	s.maxAge.Store(maxAgeSeconds(o.HeartbeatInterval))
+	if o.Lease <= 0 {
+		o.Lease = gateway.DefaultLease
+	}
+	s.timing.Store(&gateway.Timing{Lease: o.Lease, HeartbeatInterval: o.HeartbeatInterval, MaxLease: o.MaxLease})
 	if o.Credentials != nil {
 		s.creds.Store(&credentials{o.Credentials})
 	}
@@ -345,14 +353,18 @@ func (s *Server) Close() error {
 	return nil
 }
 
-// SetHeartbeatInterval changes the Max-Age of later 2.04 answers (config
-// reload). A non-positive d is refused with a warning.
-func (s *Server) SetHeartbeatInterval(d time.Duration) {
-	if d <= 0 {
-		s.log.Warn("heartbeat interval must be positive; keeping the old one", "interval", d)
+// SetTiming takes the presence timing of a config reload: later
+// requests are granted leases and answered Max-Ages by it. A device
+// learns the new heartbeat interval from its next answer; the evidence it
+// sent before keeps its lease (it travels with the evidence), so a
+// shorter lease or heartbeat flaps no device. A non-positive interval or
+// lease is refused with a warning.
+func (s *Server) SetTiming(t gateway.Timing) {
+	if t.HeartbeatInterval <= 0 || t.Lease <= 0 {
+		s.log.Warn("heartbeat interval and lease must be positive; keeping the old ones", "interval", t.HeartbeatInterval, "lease", t.Lease)
 		return
 	}
-	s.maxAge.Store(maxAgeSeconds(d))
+	s.timing.Store(&t)
 }
 
 // SetCredentials replaces the credentials (devices file reload; c may be

@@ -315,16 +315,55 @@ func TestManyConcurrentClients(t *testing.T) {
 	}
 }
 
-func TestSetHeartbeatInterval(t *testing.T) {
+func TestSetTiming(t *testing.T) {
 	s := startServer(t, &recorder{}, Options{AllowAnonymous: true, HeartbeatInterval: 30 * time.Second})
 	cc := dial(t, s)
-	s.SetHeartbeatInterval(45*time.Second + time.Millisecond)
+	s.SetTiming(gateway.Timing{Lease: 90 * time.Second, HeartbeatInterval: 45*time.Second + time.Millisecond})
 	if r := request(t, cc, message.Confirmable, codes.POST, "/hb", "d=dev-1"); r.maxAge != 46 {
 		t.Fatalf("Max-Age %d after reload, want 46", r.maxAge)
 	}
-	s.SetHeartbeatInterval(0)
+	s.SetTiming(gateway.Timing{Lease: 90 * time.Second})
 	if r := request(t, cc, message.Confirmable, codes.POST, "/hb", "d=dev-1"); r.maxAge != 46 {
 		t.Fatalf("Max-Age %d after a refused reload, want 46", r.maxAge)
+	}
+}
+
+// TestLeaseAsked: a device asks for a lease per request (l=<seconds>); it
+// is granted within [lease, max_lease], carried in the evidence, and
+// answered with the Max-Age that fits it: the granted lease minus (lease
+// − heartbeat_interval). A reload changes the bounds of later requests.
+func TestLeaseAsked(t *testing.T) {
+	const s = time.Second
+	rec := &recorder{}
+	srv := startServer(t, rec, Options{AllowAnonymous: true, HeartbeatInterval: 30 * s, Lease: 90 * s, MaxLease: time.Hour})
+	cc := dial(t, srv)
+	for _, tc := range []struct {
+		query  string
+		lease  time.Duration // in the evidence (0: presence.lease)
+		maxAge int64
+	}{
+		{"d=dev-1", 0, 30},
+		{"d=dev-1&l=600", 600 * s, 540},
+		{"d=dev-1&l=7200", time.Hour, 3540},
+		{"d=dev-1&l=10", 90 * s, 30},
+		{"d=dev-1&l=3600&s=radio", time.Hour, 3540},
+	} {
+		rec.Take()
+		r := request(t, cc, message.Confirmable, codes.POST, "/hb", strings.Split(tc.query, "&")...)
+		evs := rec.Take()
+		if r.code != codes.Changed || r.maxAge != tc.maxAge || len(evs) != 1 || evs[0].Lease != tc.lease {
+			t.Errorf("%s: %v Max-Age %d, evidence %+v; want 2.04 Max-Age %d and lease %v", tc.query, r.code, r.maxAge, evs, tc.maxAge, tc.lease)
+		}
+	}
+	if r := request(t, cc, message.Confirmable, codes.POST, "/hb", "d=dev-1", "l=soon"); r.code != codes.BadRequest {
+		t.Errorf("l=soon: %v, want 4.00", r.code)
+	}
+	// max_lease 0 (off): no lease longer than presence.lease.
+	srv.SetTiming(gateway.Timing{Lease: 60 * s, HeartbeatInterval: 20 * s})
+	rec.Take()
+	r := request(t, cc, message.Confirmable, codes.POST, "/hb", "d=dev-1", "l=600")
+	if evs := rec.Take(); r.maxAge != 20 || len(evs) != 1 || evs[0].Lease != 60*s {
+		t.Errorf("l=600 with max_lease off: Max-Age %d, evidence %+v; want 20 and lease 60s", r.maxAge, evs)
 	}
 }
 

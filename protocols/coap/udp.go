@@ -207,11 +207,11 @@ func (s *Server) handle(w *worker, src netip.AddrPort, b []byte) []byte {
 			queries = append(queries, string(o.Value))
 		}
 	}
-	code, diag, hb, err := s.decide(w.observeContext(s.ctx), m.Code, path, queries, "", now)
+	code, diag, maxAge, hb, err := s.decide(w.observeContext(s.ctx), m.Code, path, queries, "", now)
 	if err != nil {
 		s.logRefusal(code, hb, src.String(), err)
 	}
-	return s.encodeAnswer(w, &m, code, diag)
+	return s.encodeAnswer(w, &m, code, diag, maxAge)
 }
 
 // unknownCritical returns the first option of opts that is critical (odd
@@ -244,7 +244,7 @@ func isHeartbeatPath(opts message.Options) bool {
 // of a CON, a NON for a NON. A code the request's No-Response option
 // (RFC 7967) suppresses leaves a NON unanswered and a CON with an empty
 // ACK.
-func (s *Server) encodeAnswer(w *worker, r *message.Message, code codes.Code, diag string) []byte {
+func (s *Server) encodeAnswer(w *worker, r *message.Message, code codes.Code, diag string, maxAge uint32) []byte {
 	if suppressed(r.Options, code) {
 		s.metrics.answered(code)
 		if r.Type == message.NonConfirmable {
@@ -255,7 +255,7 @@ func (s *Server) encodeAnswer(w *worker, r *message.Message, code codes.Code, di
 	h := header{typ: r.Type, mid: uint16(r.MessageID), token: r.Token, ok: true}
 	switch code {
 	case codes.Changed:
-		return s.encodeResponse(w, h, code, "", message.MaxAge, s.maxAge.Load())
+		return s.encodeResponse(w, h, code, "", message.MaxAge, maxAge)
 	case codes.ServiceUnavailable:
 		return s.encodeResponse(w, h, code, diag, message.MaxAge, retryAfterSeconds)
 	case codes.TooManyRequests:

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"strings"
+	"time"
 
 	mochi "github.com/mochi-mqtt/server/v2"
 	"github.com/mochi-mqtt/server/v2/packets"
@@ -100,14 +101,16 @@ func (h *presence) OnConnect(cl *mochi.Client, pk packets.Packet) error {
 		return refuse(cl, packets.ErrNotAuthorized, packets.Err3NotAuthorized)
 	}
 
+	c.keepAlive, c.lease = pk.Connect.Keepalive, time.Duration(s.lease.Load())
 	if ka := uint16(s.keepAlive.Load()); pk.Connect.Keepalive == 0 || pk.Connect.Keepalive > ka {
 		cl.State.Keepalive = ka
 		cl.State.ServerKeepalive = true // sent as Server Keep Alive to MQTT 5 clients
+		c.keepAlive = ka
 	}
 
 	persistent := persistentSession(cl, pk)
 	session := s.sessionFor(persistent)
-	err = s.observe(device, session, gateway.Connect)
+	err = s.observe(device, session, gateway.Connect, 0)
 	switch {
 	case err == nil:
 	case errors.Is(err, gateway.ErrInvalidDeviceID):
@@ -178,7 +181,7 @@ func (h *presence) OnPacketRead(cl *mochi.Client, pk packets.Packet) (packets.Pa
 		c.leaving = true // the Leave is sent once the connection has ended
 		return pk, nil
 	}
-	if err := h.srv.observe(c.device, c.session, gateway.Renew); err != nil {
+	if err := h.srv.observe(c.device, c.session, gateway.Renew, h.srv.leaseOf(c)); err != nil {
 		h.srv.log.Debug("renew refused", "device", string(c.device), "session", string(c.session), "err", err)
 	}
 	return pk, nil
@@ -191,7 +194,7 @@ func (h *presence) OnDisconnect(cl *mochi.Client, _ error, _ bool) {
 	if !ok || !c.leaving || c.session == "" {
 		return
 	}
-	if err := h.srv.observe(c.device, c.session, gateway.Leave); err != nil {
+	if err := h.srv.observe(c.device, c.session, gateway.Leave, h.srv.leaseOf(c)); err != nil {
 		h.srv.log.Debug("leave refused", "device", string(c.device), "session", string(c.session), "err", err)
 	}
 }

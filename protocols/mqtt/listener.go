@@ -48,7 +48,11 @@ type conn struct {
 	// pending: the connection counts among those that have not sent
 	// CONNECT yet (from accept to OnConnect).
 	pending bool
-	ip      netip.Addr
+	// keepAlive (seconds) and lease are what CONNECT was granted: the
+	// keep-alive after the clamp and the lease in force (Server.leaseOf).
+	keepAlive uint16
+	lease     time.Duration
+	ip        netip.Addr
 }
 
 // listener is a mochi listener over a bound net.Listener (TCP, or TLS on

@@ -113,6 +113,9 @@ type Options struct {
 	TopicPrefix string
 	// HeartbeatInterval is the keep-alive clamp; it must be positive.
 	HeartbeatInterval time.Duration
+	// Lease is presence.lease, the lease a connection is admitted under
+	// (see leaseOf); default gateway.DefaultLease.
+	Lease time.Duration
 	// Limits; zero means the Default… constant, negative is an error.
 	MaxPacketSize, MaxClients, ConnectsPerSecond, MaxPendingWrites int
 	// Clock stamps evidence and drives the connect rate limit; nil means
@@ -139,6 +142,7 @@ type Server struct {
 	allowAnon bool
 	creds     atomic.Pointer[credentials]
 	keepAlive atomic.Uint32                  // seconds, 1..65535
+	lease     atomic.Int64                   // presence.lease in force
 	rate      *rateLimiter[netip.Addr]       // connects per source address
 	devRate   *rateLimiter[gateway.DeviceID] // CONNECTs per device
 	pend      *pendingConns
@@ -208,6 +212,10 @@ func New(obs gateway.Observer, o Options) (*Server, error) {
 	s.log = s.log.With("component", "mqtt")
 	s.creds.Store(&credentials{o.Credentials})
 	s.keepAlive.Store(keepAliveSeconds(o.HeartbeatInterval))
+	if o.Lease <= 0 {
+		o.Lease = gateway.DefaultLease
+	}
+	s.lease.Store(int64(o.Lease))
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 
 	caps := mochi.NewDefaultServerCapabilities()
@@ -342,14 +350,31 @@ func (s *Server) Close() error {
 	return nil
 }
 
-// SetHeartbeatInterval changes the keep-alive clamp of later CONNECTs
-// (config reload). A non-positive d is refused with a warning.
-func (s *Server) SetHeartbeatInterval(d time.Duration) {
-	if d <= 0 {
-		s.log.Warn("heartbeat interval must be positive; keeping the old one", "interval", d)
+// SetTiming takes the presence timing of a config reload: the
+// keep-alive clamp of later CONNECTs and the lease in force. A
+// connection admitted before keeps pinging at the keep-alive it was
+// granted; while that exceeds the new clamp its evidence keeps the lease
+// it was admitted under, if longer (leaseOf), until the client
+// reconnects, so a shorter heartbeat or lease never flaps it. A
+// non-positive interval or lease is refused with a warning.
+func (s *Server) SetTiming(t gateway.Timing) {
+	if t.HeartbeatInterval <= 0 || t.Lease <= 0 {
+		s.log.Warn("heartbeat interval and lease must be positive; keeping the old ones", "interval", t.HeartbeatInterval, "lease", t.Lease)
 		return
 	}
-	s.keepAlive.Store(keepAliveSeconds(d))
+	s.keepAlive.Store(keepAliveSeconds(t.HeartbeatInterval))
+	s.lease.Store(int64(t.Lease))
+}
+
+// leaseOf is the lease the evidence of connection c holds its session
+// for: 0 (the lease in force) while c's keep-alive is within the clamp
+// in force, else the longer of the lease c was admitted under and the
+// one in force.
+func (s *Server) leaseOf(c *conn) time.Duration {
+	if uint32(c.keepAlive) <= s.keepAlive.Load() {
+		return 0
+	}
+	return max(c.lease, time.Duration(s.lease.Load()))
 }
 
 // SetCredentials replaces the device credentials for later CONNECTs
@@ -527,13 +552,14 @@ func (s *Server) topicRoot(device gateway.DeviceID) string {
 }
 
 // observe hands one piece of evidence to the Observer and counts it.
-func (s *Server) observe(d gateway.DeviceID, sess gateway.SessionID, k gateway.Kind) error {
+func (s *Server) observe(d gateway.DeviceID, sess gateway.SessionID, k gateway.Kind, lease time.Duration) error {
 	err := s.obs.Observe(s.ctx, gateway.Evidence{
 		Device:     d,
 		Session:    sess,
 		Kind:       k,
 		ObservedAt: s.clock.Now(),
 		Protocol:   "mqtt",
+		Lease:      lease,
 	})
 	if err == nil {
 		s.metrics.accepted(k)

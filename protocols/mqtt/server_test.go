@@ -233,8 +233,8 @@ func TestKeepAliveClamp(t *testing.T) {
 		}
 	}
 	// A reload changes the clamp of later connects.
-	s.SetHeartbeatInterval(2500 * time.Millisecond)
-	s.SetHeartbeatInterval(0) // refused, keeps 3 s
+	s.SetTiming(gateway.Timing{Lease: 90 * time.Second, HeartbeatInterval: 2500 * time.Millisecond})
+	s.SetTiming(gateway.Timing{Lease: 90 * time.Second}) // refused, keeps 3 s
 	_, ack, err := connectV5(t, tcpAddr(s), nil, &paho.Connect{ClientID: "dev-1", KeepAlive: 60, CleanStart: true, Password: []byte("secret-1"), PasswordFlag: true})
 	if err != nil || ack.Properties.ServerKeepAlive == nil || *ack.Properties.ServerKeepAlive != 3 {
 		t.Fatalf("after reload: %v %v", err, ack)

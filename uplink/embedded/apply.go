@@ -104,6 +104,9 @@ func (s *Store) checkBatch(shard int, b *gateway.Batch) error {
 		if w.Session == "" {
 			return fmt.Errorf("write %d: device %s: empty session", i, w.Device)
 		}
+		if w.Lease < 0 {
+			return fmt.Errorf("write %d: device %s: lease %v negative", i, w.Device, w.Lease)
+		}
 	}
 	return nil
 }
@@ -237,11 +240,11 @@ func (w *writer) apply(b *gateway.Batch, wr *gateway.Write) error {
 	if err != nil {
 		return err
 	}
-	// d = now − Age + Lease, at millisecond precision; obs is when the
-	// evidence was observed.
-	lease := b.Lease.Milliseconds()
-	d := time.UnixMilli(w.now).Add(b.Lease - wr.Age).UnixMilli()
-	obs := d - lease
+	// d = now − Age + Lease (the write's, else the batch's), at
+	// millisecond precision; obs is when the evidence was observed.
+	lease := wr.LeaseOr(b.Lease)
+	d := time.UnixMilli(w.now).Add(lease - wr.Age).UnixMilli()
+	obs := d - lease.Milliseconds()
 	r := &e.rec
 	// Evidence observed before its session's leave never brings the
 	// session back (leave tombstones; the rule of lua/record.lua).

@@ -118,8 +118,10 @@ func (bs *beliefSet) lockAll(batches []gateway.ShardBatch) ([]*beliefs, func()) 
 }
 
 // believed marks the writes of a batch the script may take as believed
-// renewals: unlapsed renewals of the session a fresh belief names, of a
-// device none of whose other writes in the batch is anything else. order
+// renewals: unlapsed renewals of the session a fresh belief names, under
+// the batch's lease, of a device none of whose other writes in the batch
+// is anything else (a renewal with a lease of its own takes the general
+// path of the script, which reads each write's lease). order
 // has a byte per write, '1' for a believed one and '0' for the others; it
 // is nil, and n 0, when none is. oldest is the store time the oldest
 // belief used was confirmed at. b may be nil.
@@ -134,7 +136,8 @@ func (b *beliefs) believed(batch gateway.Batch) (order []byte, n int, oldest int
 		bl, found := b.steady[w.Device]
 		switch {
 		case !found:
-		case w.Kind == gateway.Renew && bl.session == w.Session && w.Age < batch.Lease &&
+		case w.Kind == gateway.Renew && bl.session == w.Session && w.LeaseOr(batch.Lease) == batch.Lease &&
+			w.Age < batch.Lease &&
 			strings.IndexByte(string(w.Device), '\n') < 0:
 			order[i] = '1'
 			n++

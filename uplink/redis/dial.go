@@ -21,9 +21,10 @@ const (
 	// DefaultFirstAttempt bounds Dial's first attempt when Background is
 	// set.
 	DefaultFirstAttempt = 5 * time.Second
-	// retryMin and retryMax bound the jittered backoff between attempts.
-	retryMin = 100 * time.Millisecond
-	retryMax = 10 * time.Second
+	// retryMin and DefaultRetryMax bound the jittered backoff between
+	// attempts.
+	retryMin        = 100 * time.Millisecond
+	DefaultRetryMax = 10 * time.Second
 	// callTimeout bounds every command: a flush that cannot reach Redis
 	// should fail within a couple of seconds and go to the outbox, and a
 	// hung Cluster node should not hold the runner's other shards long.
@@ -52,10 +53,15 @@ type DialConfig struct {
 	Background   bool
 	FirstAttempt time.Duration
 	OnFatal      func(error)
+	// RetryMax caps the backoff between attempts (default
+	// DefaultRetryMax): a gateway started during an outage reaches the
+	// store at most about that long after it answers again, so it must
+	// be well inside lease + gateway grace (the uplink's probe bound).
+	RetryMax time.Duration
 }
 
 // Dial connects to Redis and opens the store, which owns its client:
-// Close closes it. It retries with jittered backoff (100 ms to 10 s)
+// Close closes it. It retries with jittered backoff (100 ms to RetryMax)
 // until Redis answers once (the P:meta check needs the server), the shard
 // layout mismatches (gateway.ErrShardMismatch, final), or ctx ends; with
 // Background it returns after the first attempt (see DialConfig).
@@ -121,7 +127,11 @@ func Dial(ctx context.Context, cfg DialConfig) (*Store, error) {
 // retry calls attempt with jittered backoff until it succeeds, the shard
 // layout mismatches, or ctx ends.
 func (s *Store) retry(ctx context.Context, cfg DialConfig) (redis.UniversalClient, error) {
-	backoff := retryMin
+	backoff, most := retryMin, cfg.RetryMax
+	if most <= 0 {
+		most = DefaultRetryMax
+	}
+	backoff = min(backoff, most)
 	for n := 1; ; n++ {
 		c, err := s.attempt(ctx, cfg)
 		if err == nil || errors.Is(err, gateway.ErrShardMismatch) {
@@ -135,7 +145,7 @@ func (s *Store) retry(ctx context.Context, cfg DialConfig) (redis.UniversalClien
 			return nil, fmt.Errorf("redisstore: dial: %w (last error: %v)", ctx.Err(), err)
 		case <-t.C:
 		}
-		backoff = min(2*backoff, retryMax)
+		backoff = min(2*backoff, most)
 	}
 }
 

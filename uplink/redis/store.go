@@ -441,6 +441,10 @@ func (s *Store) localNow() time.Duration {
 	return time.Since(s.opened)
 }
 
+// writeArgs is the number of apply.lua arguments per general write
+// (W_ARGS there): device, session, kind, age ms, lease ms.
+const writeArgs = 5
+
 // applyArgs checks a batch and lays it out as the apply script's ARGV,
 // the writes bel allows first as believed renewals.
 func (s *Store) applyArgs(ctx context.Context, shard int, b gateway.Batch, bel *beliefs) ([]any, error) {
@@ -455,6 +459,9 @@ func (s *Store) applyArgs(ctx context.Context, shard int, b gateway.Batch, bel *
 		if w.Kind < gateway.Connect || w.Kind > gateway.Leave {
 			return nil, fmt.Errorf("redisstore: apply: device %s session %s: unknown %v", w.Device, w.Session, w.Kind)
 		}
+		if w.Lease < 0 {
+			return nil, fmt.Errorf("redisstore: apply: device %s session %s: lease %v negative", w.Device, w.Session, w.Lease)
+		}
 	}
 	order, nfast, oldest := bel.believed(b)
 	inc, sessions, ages, devices, beliefAt, seen := "", "", "", "", "", ""
@@ -465,7 +472,7 @@ func (s *Store) applyArgs(ctx context.Context, shard int, b gateway.Batch, bel *
 		sessions, ages, devices = joinSessions(b.Writes, order, nfast), packAges(b.Writes, order, nfast), joinDevices(b.Writes, order, nfast)
 		beliefAt = strconv.FormatInt(oldest, 10)
 	}
-	args := make([]any, 0, 17+4*(len(b.Writes)-nfast))
+	args := make([]any, 0, 17+writeArgs*(len(b.Writes)-nfast))
 	replay, behind := "0", "0"
 	switch {
 	case b.Restore:
@@ -500,10 +507,11 @@ func (s *Store) applyArgs(ctx context.Context, shard int, b gateway.Batch, bel *
 		beliefAt,                        // A_BELIEFAT
 		seen,                            // A_SEEN
 	)
-	// From A_WRITES on: the other writes, four arguments each.
+	// From A_WRITES on: the other writes, writeArgs arguments each.
 	for i, w := range b.Writes {
 		if nfast == 0 || order[i] == '0' {
-			args = append(args, string(w.Device), string(w.Session), int(w.Kind), max(0, w.Age.Milliseconds()))
+			args = append(args, string(w.Device), string(w.Session), int(w.Kind), max(0, w.Age.Milliseconds()),
+				w.LeaseOr(b.Lease).Milliseconds())
 		}
 	}
 	return args, nil

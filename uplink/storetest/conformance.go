@@ -34,6 +34,7 @@ func Run(t *testing.T, open Opener) {
 		{"RenewAfterDeadlineBeforeReap", testRenewAfterDeadline},
 		{"LeaveAfterDeadlineBeforeReap", testLeaveAfterDeadline},
 		{"LateButValidRenewal", testLateButValidRenewal},
+		{"PerWriteLease", testPerWriteLease},
 		{"ExpiryOfOneSessionKeepsAnother", testExpiryKeepsOther},
 		{"Reap", testReap},
 		{"ReapKeepsDeviceWithLiveSession", testReapKeepsLive},

@@ -18,8 +18,10 @@
 --   invalidations for an hour on the same clock), the incarnation of the
 --   caller's last successful call ("" for none: a new process, or a
 --   caller without beliefs),
---   then from A_WRITES the other writes: device, session, kind (1 connect,
---   2 renew, 3 leave), age ms.
+--   then from A_WRITES the other writes, W_ARGS arguments each: device,
+--   session, kind (1 connect, 2 renew, 3 leave), age ms, lease ms (the
+--   write's own: the lease in force when its evidence was observed;
+--   believed renewals use the batch's lease).
 -- Returns {0, newest epoch} when fenced (nothing applied), {-1, now}
 -- when stale (nothing applied), else {1, incarnation, status, now,
 -- events...}: status is a flat list of
@@ -30,6 +32,7 @@ local A_INC, A_NFAST, A_ORDER, A_FASTSIDS, A_FASTAGES, A_FASTDEVS = 7, 8, 9, 10,
 local A_BEHIND, A_NOTAFTER, A_GRACE, A_BELIEFAT, A_SEEN = 13, 14, 15, 16, 17
 local A_WRITES = 18
 local BELIEF_TTL = 600000
+local W_ARGS = 5
 local BELIEVED = byte('1')
 local KIND_CONNECT, KIND_RENEW, KIND_LEAVE = '1', '2', '3'
 
@@ -78,7 +81,7 @@ if ARGV[A_NFAST] == '0' and #ARGV < A_WRITES then return {1, inc, status, now} e
 -- many devices are due to tell) join the general writes below.
 local nfast, order = tonumber(ARGV[A_NFAST]), ARGV[A_ORDER]
 local first = A_WRITES
-local slow, nslow, fastdev = {}, (#ARGV - first + 1) / 4, {}
+local slow, nslow, fastdev = {}, (#ARGV - first + 1) / W_ARGS, {}
 local function fastage(f)
   local b1, b2, b3, b4 = byte(ARGV[A_FASTAGES], 4 * f - 3, 4 * f)
   return ((b1 * 256 + b2) * 256 + b3) * 256 + b4
@@ -161,8 +164,8 @@ if nfast > 0 then
 end
 if nslow == 0 then return {1, inc, status, now} end
 -- The general writes in batch order: the believed renewals sent back above
--- (as renewals) and the others: device, session, kind, age ms.
-local gdev, gsid, gkind, gage = {}, {}, {}, {}
+-- (as renewals) and the others: device, session, kind, age ms, lease ms.
+local gdev, gsid, gkind, gage, glease = {}, {}, {}, {}, {}
 local fastsids
 local f, oi, j = 1, first, 0
 for p = 1, nfast > 0 and #order or nslow do
@@ -173,13 +176,13 @@ for p = 1, nfast > 0 and #order or nslow do
         for sid in string.gmatch(ARGV[A_FASTSIDS], '[^\n]+') do fastsids[#fastsids + 1] = sid end
       end
       j = j + 1
-      gdev[j], gsid[j], gkind[j], gage[j] = fastdev[f], fastsids[f], KIND_RENEW, fastage(f)
+      gdev[j], gsid[j], gkind[j], gage[j], glease[j] = fastdev[f], fastsids[f], KIND_RENEW, fastage(f), lease
     end
     f = f + 1
   else
     j = j + 1
-    gdev[j], gsid[j], gkind[j], gage[j] = ARGV[oi], ARGV[oi + 1], ARGV[oi + 2], ARGV[oi + 3]
-    oi = oi + 4
+    gdev[j], gsid[j], gkind[j], gage[j], glease[j] = ARGV[oi], ARGV[oi + 1], ARGV[oi + 2], ARGV[oi + 3], tonumber(ARGV[oi + 4])
+    oi = oi + W_ARGS
   end
 end
 
@@ -243,14 +246,14 @@ local function event(...) events[#events + 1] = emit(...) end
 
 -- general applies one write to device k's decoded record (rec[k]); zk is
 -- the device deadline as loaded or as renewed so far; d is the deadline
--- the write's evidence gives (observed at d - lease).
-local function general(dev, sid, kind, d, k, zk)
+-- the write's evidence gives (observed at d - wlease, its lease).
+local function general(dev, sid, kind, d, k, zk, wlease)
   local r = rec[k]
   if not r and packed[k] then
     r = decode(packed[k], zk)
     rec[k] = r
   end
-  local obs = d - lease
+  local obs = d - wlease
   -- Evidence observed at or before its session's leave never brings the
   -- session back (record.lua, "Leave tombstones").
   if r and kind ~= KIND_LEAVE and tombed(r, sid, obs, now) then return end
@@ -344,15 +347,15 @@ local function general(dev, sid, kind, d, k, zk)
 end
 
 for j = 1, nslow do
-  local dev, sid, kind = gdev[j], gsid[j], gkind[j]
-  local d = now - tonumber(gage[j]) + lease
+  local dev, sid, kind, wlease = gdev[j], gsid[j], gkind[j], glease[j]
+  local d = now - tonumber(gage[j]) + wlease
   local k = idx[dev]
   local zk = z[k]
   if kind ~= KIND_LEAVE and d > now and zk and zk > now and not shift[k] and not rec[k] and packed[k] and renewsonly(packed[k], sid) then
     if d > zk then z[k], moved[k] = d, true end
     kept[k] = sid
   else
-    general(dev, sid, kind, d, k, zk)
+    general(dev, sid, kind, d, k, zk, wlease)
   end
 end
 
