@@ -64,6 +64,9 @@ type SessionView struct {
 	// LastSent is the ObservedAt of the newest write the uplink accepted
 	// (or is being handed); zero when there is none the table is sure of.
 	LastSent time.Time
+	// Deadline is the session's local deadline: the latest observation
+	// plus the lease of its evidence.
+	Deadline time.Time
 }
 
 // Table is the gateway's session table: every session seen on this
@@ -518,6 +521,7 @@ func (t *Table) view(k string, e *entry) SessionView {
 		Protocol:  t.protos.name(e.proto),
 		FirstSeen: t.at(e.first),
 		LastSeen:  t.at(e.seen),
+		Deadline:  t.at(e.dl),
 	}
 	if e.sentOK {
 		v.LastSent = t.at(e.sent)

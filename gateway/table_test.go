@@ -160,7 +160,7 @@ func TestTableConnectRenewLeave(t *testing.T) {
 	got := f.tbl.Sessions("dev-1")
 	want := []gateway.SessionView{{
 		Device: "dev-1", Session: "coap/default", Protocol: "coap",
-		FirstSeen: t0, LastSeen: t0.Add(30 * s), LastSent: t0.Add(20 * s),
+		FirstSeen: t0, LastSeen: t0.Add(30 * s), LastSent: t0.Add(20 * s), Deadline: t0.Add(30*s + 90*s),
 	}}
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("Sessions:\n got %+v\nwant %+v", got, want)

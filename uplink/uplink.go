@@ -502,8 +502,11 @@ func (u *Uplink) restoreShards(ctx context.Context, t timing, shards []int) {
 	n := 0
 	u.sessions(func(v gateway.SessionView) bool {
 		s := gateway.ShardOf(v.Device, u.shards)
-		if age := now.Sub(v.LastSeen); want[s] && age < t.lease {
-			per[s] = append(per[s], gateway.Write{Device: v.Device, Session: v.Session, Kind: gateway.Renew, Age: max(age, 0)})
+		// its newest evidence, with the lease that holds it until the
+		// session's deadline
+		if want[s] && v.Deadline.After(now) {
+			per[s] = append(per[s], gateway.Write{Device: v.Device, Session: v.Session, Kind: gateway.Renew,
+				Age: max(now.Sub(v.LastSeen), 0), Lease: v.Deadline.Sub(v.LastSeen)})
 			n++
 		}
 		return true
