@@ -276,6 +276,9 @@ func (w *writer) apply(b *gateway.Batch, wr *gateway.Write) error {
 		first := len(r.sessions) == 0
 		newest := d >= r.deadline()
 		if i := r.find(wr.Session); i < 0 {
+			if len(r.sessions) >= gateway.MaxStoreSessions {
+				return nil
+			}
 			r.sessions = append(r.sessions, session{id: wr.Session, deadline: d, gw: b.Gateway, epoch: b.Epoch})
 			e.dirty = true
 		} else if d >= r.sessions[i].deadline {

@@ -54,6 +54,7 @@ func Run(t *testing.T, open Opener) {
 		{"LeaveTombstone", testLeaveTombstone},
 		{"OlderEvidenceTakesNothing", testOlderEvidenceTakesNothing},
 		{"RestoreOfALostRecord", testRestore},
+		{"SessionsPerDeviceBounded", testStoreSessionCap},
 		{"ConcurrentApply", testConcurrentApply},
 		{"ConcurrentReapAndRenew", testConcurrentReapAndRenew},
 	}
@@ -1130,5 +1131,36 @@ func testRestore(t *testing.T, open Opener) {
 	res = e.apply(batch(gwA, 1, wr(lost, "s1", gateway.Leave, 0)))
 	if len(res.Events) != 1 || res.Events[0].State != gateway.Offline || res.Events[0].Ver != uint64(at.UnixMilli())+1 {
 		t.Fatalf("leave of the restored device wrote %s, want offline at ver %d", describeEvents(res.Events), at.UnixMilli()+1)
+	}
+}
+
+// testStoreSessionCap: a device holds at most gateway.MaxStoreSessions
+// sessions in the store, however many gateways write them (issue 10: no
+// device can make a script call slow for the others); a new session
+// beyond is ignored, the device's known sessions still renew, and a leave
+// frees a place.
+func testStoreSessionCap(t *testing.T, open Opener) {
+	e := newEnv(t, open, 1)
+	d := gateway.DeviceID("dev-many")
+	var ws []gateway.Write
+	for i := range gateway.MaxStoreSessions + 1 {
+		ws = append(ws, wr(d, gateway.SessionID(fmt.Sprintf("s%d", i)), gateway.Connect, 0))
+	}
+	half := gateway.MaxStoreSessions / 2
+	e.apply(batch(gwA, 1, ws[:half]...))
+	e.apply(batch(gwB, 1, ws[half:]...))
+	last := ws[gateway.MaxStoreSessions].Session
+	if info := e.device(d); len(info.Sessions) != gateway.MaxStoreSessions || slices.ContainsFunc(info.Sessions, func(s gateway.SessionInfo) bool { return s.ID == last }) {
+		t.Fatalf("%d sessions, want %d without %s", len(info.Sessions), gateway.MaxStoreSessions, last)
+	}
+	e.clock.Advance(time.Second)
+	e.apply(batch(gwA, 1, wr(d, "s0", gateway.Renew, 0), wr(d, "s1", gateway.Leave, 0)))
+	e.apply(batch(gwB, 1, wr(d, last, gateway.Connect, 0)))
+	info := e.device(d)
+	has := func(id gateway.SessionID) bool {
+		return slices.ContainsFunc(info.Sessions, func(s gateway.SessionInfo) bool { return s.ID == id })
+	}
+	if len(info.Sessions) != gateway.MaxStoreSessions || !has(last) || has("s1") || !info.Deadline.Equal(e.now().Add(lease)) {
+		t.Fatalf("after a leave: %d sessions (has %s: %v, s1: %v), deadline %v", len(info.Sessions), last, has(last), has("s1"), info.Deadline)
 	}
 }

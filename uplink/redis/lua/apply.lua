@@ -303,6 +303,7 @@ local function general(dev, sid, kind, d, k, zk, wlease)
     local dl = maxdl(r)
     local isnewest = not dl or d >= dl - sh
     if not ss then
+      if #r.sess >= MAX_SESSIONS then return end
       r.sess[#r.sess + 1] = {gw = gwref, ep = epoch, dl = d, sid = sid}
       dirty[k] = true
     elseif d >= ss.dl - sh then

@@ -118,6 +118,13 @@ end
 -- TOMB_KEEP (evidence is trusted for its lease at most, and no lease is
 -- that long), and at most MAX_TOMBS per record (the oldest go first).
 local MAX_TOMBS = 8
+
+-- A device holds at most MAX_SESSIONS sessions in the store, however many
+-- gateways it reaches (each bounds its own at limits.max_sessions_per_device,
+-- default 32): a connect or renew of a new session beyond it is ignored, so
+-- a script's work stays bounded by the sessions of its batch's devices
+-- (gateway.MaxStoreSessions).
+local MAX_SESSIONS = 256
 local TOMB_KEEP = 86400000
 
 -- Gateway liveness: every apply call records, in the epochs hash under
