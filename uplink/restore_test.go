@@ -4,8 +4,12 @@ import (
 	"testing"
 	"time"
 
+	bolt "go.etcd.io/bbolt"
+
 	"github.com/fleetgate/fleetgate/gateway"
+	"github.com/fleetgate/fleetgate/gateway/clocktest"
 	"github.com/fleetgate/fleetgate/internal/redistest"
+	redisstore "github.com/fleetgate/fleetgate/uplink/redis"
 )
 
 // After Redis loses its data (FLUSHALL here; a restart without
@@ -18,10 +22,19 @@ func TestRestoreAfterStoreLostItsData(t *testing.T) {
 	srv := redistest.Start(t)
 	var table *gateway.Table
 	e := newEnv(t, Options{Lease: 30 * time.Second, FlushInterval: time.Second, KeepAlive: time.Second,
-		Sessions: func(fn func(gateway.SessionView) bool) { table.Range(fn) }}, OutboxOptions{}, redisStore(t, srv))
+		Sessions: func(fn func(gateway.SessionView) bool) { table.Range(fn) }}, OutboxOptions{},
+		func(_ *bolt.DB, c *clocktest.Clock) gateway.Store {
+			// on the test clock, as the ages are
+			s, err := redisstore.Open(t.Context(), redisClient(t, srv.Addr), redisstore.Options{
+				Prefix: "up", Shards: testShards, Now: c.Now, Logger: testLogger(t)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return s
+		})
 	table = gateway.NewTable(e.u, gateway.TableOptions{Lease: 30 * time.Second, RenewEvery: 5 * time.Second, Clock: e.clock})
 	ctx := t.Context()
-	devs := []gateway.DeviceID{"keeps-1", "keeps-2", "stopped-1", "stopped-2", "stopped-3"}
+	devs := []gateway.DeviceID{"keeps-1", "keeps-2", "stopped-1", "stopped-2", "stopped-3", "leaves"}
 	for _, d := range devs {
 		if err := table.Observe(ctx, gateway.Evidence{Device: d, Session: "coap/default", Kind: gateway.Renew, ObservedAt: e.clock.Now()}); err != nil {
 			t.Fatal(err)
@@ -44,20 +57,36 @@ func TestRestoreAfterStoreLostItsData(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := e.u.Flush(ctx); err != nil {
+	// one leaves; its leave waits in the queue (the leave grace, which a
+	// timed flush keeps) when the loss is found, and is gone from the
+	// table
+	if err := table.Observe(ctx, gateway.Evidence{Device: "leaves", Session: "coap/default", Kind: gateway.Leave, ObservedAt: e.clock.Now()}); err != nil {
 		t.Fatal(err)
+	}
+	if err := e.u.flushOnce(ctx, false); err != nil {
+		t.Fatal(err)
+	}
+	if p := e.u.Status().Pending; p != 1 {
+		t.Fatalf("pending %d after the timed flush, want the leave", p)
 	}
 	// the keep-alive reaches the shards without renewals
 	e.clock.Advance(2 * time.Second)
 	if err := e.u.Flush(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if evs := allEvents(t, e.store); len(evs) != 0 {
-		t.Fatalf("after the loss: events %+v, want none", evs)
+	// past the leave grace the leave finds its restored session: its
+	// offline, the only event after the loss
+	e.clock.Advance(3 * time.Second)
+	if err := e.u.Flush(ctx); err != nil {
+		t.Fatal(err)
 	}
+	evs := allEvents(t, e.store)
+	if len(evs) != 1 || evs[0].Device != "leaves" || evs[0].Reason != gateway.ReasonLeave {
+		t.Fatalf("after the loss: events %+v, want the leave's offline only", evs)
+	}
+	devs = devs[:5]
 	// each restored from its own newest evidence: the stopped ones' 6 s
-	// older than the others' (the store runs on Redis time, ages on the
-	// test clock)
+	// older than the others'
 	deadline := map[gateway.DeviceID]time.Time{}
 	for _, d := range devs {
 		info, err := e.store.Device(ctx, d)
@@ -67,8 +96,8 @@ func TestRestoreAfterStoreLostItsData(t *testing.T) {
 		deadline[d] = info.Deadline
 	}
 	for _, d := range devs[2:] {
-		if gap := deadline["keeps-1"].Sub(deadline[d]); gap < 5500*time.Millisecond || gap > 6500*time.Millisecond {
-			t.Errorf("%s deadline %v, %v before keeps-1's; want about 6 s (its own newest evidence)", d, deadline[d], gap)
+		if gap := deadline["keeps-1"].Sub(deadline[d]); gap != 6*time.Second {
+			t.Errorf("%s deadline %v, %v before keeps-1's; want 6 s (its own newest evidence)", d, deadline[d], gap)
 		}
 	}
 }

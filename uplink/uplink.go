@@ -484,11 +484,15 @@ func (u *Uplink) write(ctx context.Context, t timing, replay bool, ws []shardWri
 	return errs[:len(ws)]
 }
 
-// restoreShards re-sends this gateway's live sessions of the shards whose state
-// the store lost or replaced (Options.Sessions), as renewals of their
-// newest evidence in restore batches of at most MaxBatch writes. It is
-// best effort: a failed call is logged, and the sessions' next renewals
-// write them anyway. Called with sendMu held.
+// restoreShards re-sends this gateway's live sessions of the shards whose
+// state the store lost or replaced (Options.Sessions), as renewals of
+// their newest evidence in restore batches of at most MaxBatch writes.
+// A session with a connect still queued is left out: that connect, not a
+// silent restore, must bring it online. A session whose leave is queued
+// (it is gone from the table) is restored from the leave's observation,
+// so that the leave still finds it and writes its offline. It is best
+// effort: a failed call is logged, and the sessions' next renewals write
+// them anyway. Called with sendMu held.
 func (u *Uplink) restoreShards(ctx context.Context, t timing, shards []int) {
 	if u.sessions == nil {
 		return
@@ -500,11 +504,27 @@ func (u *Uplink) restoreShards(ctx context.Context, t timing, shards []int) {
 	now := u.clock.Now()
 	per := make(map[int][]gateway.Write)
 	n := 0
+	queued := make(map[key]slot)
+	for _, s := range shards {
+		q := u.queues[s]
+		q.mu.Lock()
+		for k, sl := range q.slots {
+			queued[k] = *sl
+			if sl.kind != gateway.Connect && !sl.leave.IsZero() && now.Sub(sl.leave) < t.lease {
+				lease := cmp.Or(sl.leaveLease, t.lease)
+				per[s] = append(per[s], gateway.Write{Device: k.device, Session: k.session, Kind: gateway.Renew,
+					Age: max(now.Sub(sl.leave), 0), Lease: lease})
+				n++
+			}
+		}
+		q.mu.Unlock()
+	}
 	u.sessions(func(v gateway.SessionView) bool {
 		s := gateway.ShardOf(v.Device, u.shards)
+		sl, isQueued := queued[key{v.Device, v.Session}]
 		// its newest evidence, with the lease that holds it until the
 		// session's deadline
-		if want[s] && v.Deadline.After(now) {
+		if want[s] && v.Deadline.After(now) && !(isQueued && (sl.kind == gateway.Connect || !sl.leave.IsZero())) {
 			per[s] = append(per[s], gateway.Write{Device: v.Device, Session: v.Session, Kind: gateway.Renew,
 				Age: max(now.Sub(v.LastSeen), 0), Lease: v.Deadline.Sub(v.LastSeen)})
 			n++

@@ -330,6 +330,14 @@ local function general(dev, sid, kind, d, k, zk, wlease)
       if replay then reason = 'replay' elseif kind == KIND_CONNECT then reason = 'connect' end
       event(dev, 'online', r.ver, nowstr, reason, gw, sid)
     end
+  elseif not r and restore then
+    -- a leave of a session the lost state held (the caller wrote it
+    -- there): its offline, with a ver above the lost ones
+    r = newrecord(now)
+    rec[k] = r
+    entomb(r, sid, obs, now - TOMB_KEEP)
+    r.lastgw, r.lastsid, r.ver, dirty[k] = gwref, sid, now, true
+    event(dev, 'offline', r.ver, nowstr, 'leave', gw, sid)
   elseif r and not (ss and ss.dl - sh > d) then
     -- a leave of a session the record holds (not renewed since), or of
     -- one it no longer holds: either way its tombstone stands
