@@ -141,6 +141,11 @@ func (b *beliefs) believed(batch gateway.Batch) (order []byte, n int, oldest int
 			strings.IndexByte(string(w.Device), '\n') < 0:
 			order[i] = '1'
 			n++
+			// (a write demoted below may count here too: oldest is then
+			// older than it needs to be, never younger)
+			if oldest == 0 || bl.at < oldest {
+				oldest = bl.at
+			}
 		default:
 			if mixed == nil {
 				mixed = make(map[gateway.DeviceID]bool)
@@ -158,13 +163,6 @@ func (b *beliefs) believed(batch gateway.Batch) (order []byte, n int, oldest int
 	}
 	if n == 0 {
 		return nil, 0, 0
-	}
-	for i, w := range batch.Writes {
-		if order[i] == '1' {
-			if at := b.steady[w.Device].at; oldest == 0 || at < oldest {
-				oldest = at
-			}
-		}
 	}
 	return order, n, oldest
 }
