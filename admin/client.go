@@ -64,18 +64,24 @@ func (c *Client) Device(ctx context.Context, id string) (json.RawMessage, error)
 // Devices reads one page of /v1/devices.
 func (c *Client) Devices(ctx context.Context, state, cursor string, limit int) (DevicePage, error) {
 	var p DevicePage
+	err := c.get(ctx, "/v1/devices", pageQuery(state, "cursor", cursor, limit), &p)
+	return p, err
+}
+
+// pageQuery is the query of a paged listing: the state filter, the
+// position under key, and the page size, each when set.
+func pageQuery(state, key, pos string, limit int) url.Values {
 	q := url.Values{}
 	if state != "" {
 		q.Set("state", state)
 	}
-	if cursor != "" {
-		q.Set("cursor", cursor)
+	if pos != "" {
+		q.Set(key, pos)
 	}
 	if limit > 0 {
 		q.Set("limit", strconv.Itoa(limit))
 	}
-	err := c.get(ctx, "/v1/devices", q, &p)
-	return p, err
+	return q
 }
 
 // Events reads one page of /v1/events: after cursor, or (cursor "")

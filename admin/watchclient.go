@@ -10,7 +10,6 @@ import (
 	"io"
 	"net/http"
 	"net/url"
-	"strconv"
 	"sync/atomic"
 	"time"
 
@@ -33,17 +32,7 @@ func (e *ErrResync) Unwrap() error { return gateway.ErrResyncRequired }
 // Snapshot reads one page of /v1/snapshot (page "" for the first).
 func (c *Client) Snapshot(ctx context.Context, state, page string, limit int) (SnapshotBody, error) {
 	var b SnapshotBody
-	q := url.Values{}
-	if state != "" {
-		q.Set("state", state)
-	}
-	if page != "" {
-		q.Set("page", page)
-	}
-	if limit > 0 {
-		q.Set("limit", strconv.Itoa(limit))
-	}
-	err := c.get(ctx, "/v1/snapshot", q, &b)
+	err := c.get(ctx, "/v1/snapshot", pageQuery(state, "page", page, limit), &b)
 	return b, err
 }
 

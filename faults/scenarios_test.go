@@ -115,9 +115,21 @@ func (r *rig) finish() result {
 // startGateways starts gateways gw-a, gw-b, ... on the given Redis
 // addresses (one list per gateway).
 func startGateways(t *testing.T, addrs ...[]string) []*gatewayProc {
+	return startGatewaysWith(t, nil, addrs...)
+}
+
+// startGatewaysWith is startGateways with configuration keys set on every
+// gateway.
+func startGatewaysWith(t *testing.T, extra map[string]any, addrs ...[]string) []*gatewayProc {
 	var gws []*gatewayProc
 	for i, a := range addrs {
 		g := newGateway(t, "gw-"+string(rune('a'+i)), a)
+		if len(extra) > 0 {
+			for k, v := range extra {
+				g.cfg.Extra[k] = v
+			}
+			g.writeConfig()
+		}
 		g.start()
 		gws = append(gws, g)
 	}
@@ -201,14 +213,7 @@ func TestFailoverToLaggingReplica(t *testing.T) {
 	replLink := redistest.NewProxy(t, primary.Addr)
 	replica := redistest.StartReplica(t, replLink.Addr())
 	front := redistest.NewProxy(t, primary.Addr)
-	var gws []*gatewayProc
-	for _, id := range []string{"gw-a", "gw-b"} {
-		g := newGateway(t, id, []string{front.Addr()})
-		g.cfg.Extra["store.redis.wait_replicas"] = 1
-		g.writeConfig()
-		g.start()
-		gws = append(gws, g)
-	}
+	gws := startGatewaysWith(t, map[string]any{"store.redis.wait_replicas": 1}, []string{front.Addr()}, []string{front.Addr()})
 	r := newRig(t, newCollector(t, replica.Addr), gws...)
 	lag := 1500 * time.Millisecond
 	// Silent stops whose offline falls inside the lag, leaves inside it,

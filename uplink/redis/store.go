@@ -314,7 +314,8 @@ func (s *Store) Apply(ctx context.Context, shard int, b gateway.Batch) (gateway.
 		return gateway.ApplyResult{}, err
 	}
 	if s.waitReplicas > 0 {
-		return s.applyShards(ctx, c, []gateway.ShardBatch{{Shard: shard, Batch: b}})[0].unpack()
+		r := s.applyShards(ctx, c, []gateway.ShardBatch{{Shard: shard, Batch: b}})[0]
+		return r.Result, r.Err
 	}
 	bels, unlock := s.beliefs.lockAll([]gateway.ShardBatch{{Shard: shard, Batch: b}})
 	defer unlock()
@@ -325,10 +326,6 @@ func (s *Store) Apply(ctx context.Context, shard int, b gateway.Batch) (gateway.
 	res, err := s.apply.Run(ctx, c, s.keys[shard].data, args...).Slice()
 	return s.applyResult(shard, b, res, err, bels[0])
 }
-
-func (r shardResult) unpack() (gateway.ApplyResult, error) { return r.Result, r.Err }
-
-type shardResult gateway.ShardResult
 
 // ApplyShards applies the batches of several shards in one pipeline of
 // EVALSHA calls: one round trip (one per Cluster node, in parallel). A
@@ -343,18 +340,13 @@ func (s *Store) ApplyShards(ctx context.Context, batches []gateway.ShardBatch) [
 		}
 		return out
 	}
-	res := s.applyShards(ctx, c, batches)
-	out := make([]gateway.ShardResult, len(res))
-	for i, r := range res {
-		out[i] = gateway.ShardResult(r)
-	}
-	return out
+	return s.applyShards(ctx, c, batches)
 }
 
 // applyShards is ApplyShards on client c; with WaitReplicas it runs on one
 // connection of c, so that WAIT counts the replicas that have its writes.
-func (s *Store) applyShards(ctx context.Context, c redis.UniversalClient, batches []gateway.ShardBatch) []shardResult {
-	out := make([]shardResult, len(batches))
+func (s *Store) applyShards(ctx context.Context, c redis.UniversalClient, batches []gateway.ShardBatch) []gateway.ShardResult {
+	out := make([]gateway.ShardResult, len(batches))
 	var conn *redis.Conn
 	if s.waitReplicas > 0 {
 		sc, ok := c.(*redis.Client)
@@ -408,7 +400,7 @@ func (s *Store) applyShards(ctx context.Context, c redis.UniversalClient, batche
 // waitFor waits until WaitReplicas replicas have the writes of conn when a
 // batch of the call wrote events or replayed an outbox; with fewer (or an
 // error), those batches fail with gateway.ErrUnavailable.
-func (s *Store) waitFor(ctx context.Context, conn *redis.Conn, batches []gateway.ShardBatch, out []shardResult) {
+func (s *Store) waitFor(ctx context.Context, conn *redis.Conn, batches []gateway.ShardBatch, out []gateway.ShardResult) {
 	need := false
 	for i, r := range out {
 		if r.Err == nil && (len(r.Result.Events) > 0 || batches[i].Batch.Replay) {
@@ -427,7 +419,7 @@ func (s *Store) waitFor(ctx context.Context, conn *redis.Conn, batches []gateway
 	}
 	for i, r := range out {
 		if r.Err == nil && (len(r.Result.Events) > 0 || batches[i].Batch.Replay) {
-			out[i] = shardResult{Err: unavailable("apply: wait for replicas", err)}
+			out[i] = gateway.ShardResult{Err: unavailable("apply: wait for replicas", err)}
 		}
 	}
 }

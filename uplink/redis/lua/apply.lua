@@ -335,13 +335,13 @@ local function general(dev, sid, kind, d, k, zk, wlease)
     -- there): its offline, with a ver above the lost ones
     r = newrecord(now)
     rec[k] = r
-    entomb(r, sid, obs, now - TOMB_KEEP)
+    entomb(r, sid, obs)
     r.lastgw, r.lastsid, r.ver, dirty[k] = gwref, sid, now, true
     event(dev, 'offline', r.ver, nowstr, 'leave', gw, sid)
   elseif r and not (ss and ss.dl - sh > d) then
     -- a leave of a session the record holds (not renewed since), or of
     -- one it no longer holds: either way its tombstone stands
-    entomb(r, sid, obs, now - TOMB_KEEP)
+    entomb(r, sid, obs)
     dirty[k] = true
     if ss then
       table.remove(r.sess, at)

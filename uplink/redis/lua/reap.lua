@@ -35,28 +35,11 @@ local inc = incarnation(incs[1], rcall('HGET', KEYS[2], INC), incs[2], now)
 -- common due entry) into its offline record straight from the packed
 -- bytes; it returns nil for other records, which take the general path.
 -- Returns the new record, its ver, the gateway ref and the session id.
-local HEAD1 = 2 + 1 + SINCE_LEN -- afterhead of a record whose ver is one byte
 local function offline(p)
-  local flags, v = byte(p, 1, 2)
-  if flags ~= STEADY then return nil end
+  if byte(p, 1) ~= STEADY then return nil end
   -- a record last changed before this incarnation may need a ver jump
   -- (nextver): the general path
   if struct.unpack('>I6', p, afterhead(p) - SINCE_LEN) < incsince then return nil end
-  if v < 127 then
-    -- Fast path: one-byte ver (and ver + 1), last-session index 0, one-byte
-    -- gateway ref and epoch, offset 0, and a literal sid shorter than 64
-    -- bytes: from HEAD1 on the bytes are 0, gw, ep, 0, 2 * #sid, sid. The
-    -- offline record keeps the gateway ref and the sid's literal bytes.
-    local l, gw, ep, _, t = byte(p, HEAD1, HEAD1 + 4)
-    if l == 0 and gw < 128 and ep < 128 and t < 128 and t % 2 == 0 then
-      local j = HEAD1 + 4 + t / 2
-      -- (nothing after the sid: a record with tombstones takes the
-      -- general path)
-      if #p == j then
-        return char(0, v + 1) .. nowpacked .. char(gw) .. sub(p, HEAD1 + 4, j), v + 1, gw, sub(p, HEAD1 + 5, j)
-      end
-    end
-  end
   local ver = ruvarint(p, 2)
   local i = afterhead(p)
   if byte(p, i) ~= 0 then return nil end

@@ -313,15 +313,15 @@ local function tombed(r, sid, obs, now)
   return false
 end
 
--- entomb records that session sid left, observed at t, and forgets the
--- tombstones observed at or before horizon (and the oldest beyond
--- MAX_TOMBS).
-local function entomb(r, sid, t, horizon)
+-- entomb records that session sid left, observed at t (the oldest
+-- tombstones beyond MAX_TOMBS go; the write-back prunes those past
+-- TOMB_KEEP, prunetombs).
+local function entomb(r, sid, t)
   local kept = {}
   for _, x in ipairs(r.tombs) do
     if x.sid == sid then
       if x.t > t then t = x.t end
-    elseif x.t > horizon then
+    else
       kept[#kept + 1] = x
     end
   end
