@@ -724,6 +724,22 @@ func (s *Store) Device(ctx context.Context, id gateway.DeviceID) (gateway.Device
 }
 
 // parseView reads a device view of view.lua.
+// parseScan reads the view script's "scan" reply: the HSCAN cursor to
+// resume at, the items of its step to pass over, and the devices.
+func parseScan(res []any) (cursor string, skip int, devs []gateway.DeviceInfo, err error) {
+	if len(res) < 2 {
+		return "", 0, nil, errors.New("short reply")
+	}
+	for _, v := range res[2:] {
+		d, err := parseView(v)
+		if err != nil {
+			return "", 0, nil, err
+		}
+		devs = append(devs, d)
+	}
+	return str(res[0]), int(num(res[1])), devs, nil
+}
+
 func parseView(v any) (gateway.DeviceInfo, error) {
 	f, ok := v.([]any)
 	if !ok || len(f) != 8 {
@@ -766,6 +782,16 @@ type listCursor struct {
 
 func (c listCursor) String() string { return fmt.Sprintf("%d.%s.%d", c.shard, c.cursor, c.skip) }
 
+// checkScanCursor accepts a position of view.lua's scan: an HSCAN cursor,
+// or "lp" (inside a listpack's one step).
+func checkScanCursor(c string) error {
+	if c == "lp" {
+		return nil
+	}
+	_, err := strconv.ParseUint(c, 10, 64)
+	return err
+}
+
 func parseListCursor(s string, shards int) (listCursor, error) {
 	if s == "" {
 		return listCursor{cursor: "0"}, nil
@@ -773,7 +799,7 @@ func parseListCursor(s string, shards int) (listCursor, error) {
 	p := strings.Split(s, ".")
 	if len(p) == 3 {
 		shard, err1 := strconv.Atoi(p[0])
-		_, err2 := strconv.ParseUint(p[1], 10, 64)
+		err2 := checkScanCursor(p[1])
 		skip, err3 := strconv.Atoi(p[2])
 		if err1 == nil && err2 == nil && err3 == nil && shard >= 0 && shard < shards && skip >= 0 {
 			return listCursor{shard: shard, cursor: p[1], skip: skip}, nil
@@ -829,17 +855,12 @@ func (s *Store) List(ctx context.Context, q gateway.ListQuery) (gateway.ListPage
 		if err != nil {
 			return gateway.ListPage{}, unavailable("list", err)
 		}
-		if len(res) < 2 {
-			return gateway.ListPage{}, fmt.Errorf("redisstore: list: short reply")
+		var devs []gateway.DeviceInfo
+		cur.cursor, cur.skip, devs, err = parseScan(res)
+		if err != nil {
+			return gateway.ListPage{}, fmt.Errorf("redisstore: list: %w", err)
 		}
-		for _, v := range res[2:] {
-			d, err := parseView(v)
-			if err != nil {
-				return gateway.ListPage{}, fmt.Errorf("redisstore: list: %w", err)
-			}
-			page.Devices = append(page.Devices, d)
-		}
-		cur.cursor, cur.skip = str(res[0]), int(num(res[1]))
+		page.Devices = append(page.Devices, devs...)
 		if cur.cursor == "0" && cur.skip == 0 {
 			if cur.shard+1 == s.shards {
 				return page, nil

@@ -161,7 +161,7 @@ func (s *Store) tx(ctx context.Context, shard int, after string, fn func(p redis
 
 // SnapshotShard reads a page of shard's devices (view.lua's scan, the
 // paging of List) and the shard's position in one MULTI. The page token
-// is "<HSCAN cursor>.<skip>".
+// is "<view.lua scan cursor>.<skip>".
 func (s *Store) SnapshotShard(ctx context.Context, shard int, page string, limit int) (gateway.SnapshotPage, error) {
 	if err := s.checkShard("snapshot", shard); err != nil {
 		return gateway.SnapshotPage{}, err
@@ -170,7 +170,7 @@ func (s *Store) SnapshotShard(ctx context.Context, shard int, page string, limit
 	if page != "" {
 		c, k, ok := strings.Cut(page, ".")
 		n, err := strconv.Atoi(k)
-		if _, err2 := strconv.ParseUint(c, 10, 64); !ok || err != nil || err2 != nil || n < 0 {
+		if err2 := checkScanCursor(c); !ok || err != nil || err2 != nil || n < 0 {
 			return gateway.SnapshotPage{}, fmt.Errorf("redisstore: snapshot: bad page %q", page)
 		}
 		cursor, skip = c, n
@@ -199,18 +199,13 @@ func (s *Store) SnapshotShard(ctx context.Context, shard int, page string, limit
 	if err != nil {
 		return gateway.SnapshotPage{}, unavailable("snapshot", err)
 	}
-	if len(res) < 2 {
-		return gateway.SnapshotPage{}, fmt.Errorf("redisstore: snapshot: short reply")
+	c, k, devs, err := parseScan(res)
+	if err != nil {
+		return gateway.SnapshotPage{}, fmt.Errorf("redisstore: snapshot: %w", err)
 	}
-	for _, v := range res[2:] {
-		d, err := parseView(v)
-		if err != nil {
-			return gateway.SnapshotPage{}, fmt.Errorf("redisstore: snapshot: %w", err)
-		}
-		out.Devices = append(out.Devices, d)
-	}
-	if c, k := str(res[0]), num(res[1]); c != "0" || k != 0 {
-		out.Next = c + "." + strconv.FormatInt(k, 10)
+	out.Devices = devs
+	if c != "0" || k != 0 {
+		out.Next = c + "." + strconv.Itoa(k)
 	}
 	return out, nil
 }

@@ -86,11 +86,14 @@ local function incarnation(tok, devtok, repl, now)
   end
   local replid = string.match(redis.call('INFO', 'replication'), 'master_replid:(%x+)') or ''
   local seenid, since = string.match(repl or '', '^(%x*) (%d+)$')
-  if fresh or seenid ~= replid then
+  incsince = tonumber(since)
+  -- The incarnation began no later than any call that runs in it: a call
+  -- whose now is earlier (a caller's clock, Store Options.Now, read
+  -- before a later one's call ran) moves the start back, or a record it
+  -- writes would count as older than the incarnation (nextver).
+  if fresh or seenid ~= replid or now < incsince then
     redis.call('HSET', KEYS[4], REPL, replid .. ' ' .. string.format('%d', now))
     incsince = now
-  else
-    incsince = tonumber(since)
   end
   return tok .. '/' .. replid
 end

@@ -8,7 +8,13 @@
 -- deadline or -1, {session, deadline, gw, epoch, ...}}.
 -- "get" returns {view} or {}; "scan" returns {cursor, skip, views...}: the
 -- HSCAN cursor to resume at and how many items of its step to pass over;
--- cursor "0" with skip 0 means the shard is done.
+-- cursor "0" with skip 0 means the shard is done. A small hash is a
+-- listpack, which HSCAN returns whole in one step in insertion order; a
+-- page that stops inside it resumes at cursor LISTPACK. A hash becomes a
+-- hash table when it grows (or a record outgrows a listpack value), and
+-- its steps then hold other items: a page resuming at LISTPACK then starts
+-- the shard again (a device may be returned twice, none is missed).
+local LISTPACK = 'lp'
 
 local function view(dev, packed)
   local dl = false
@@ -34,6 +40,12 @@ if ARGV[1] == 'get' then
 end
 
 local cursor, skip, limit, filter, count = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5], ARGV[6]
+local encoding = redis.call('OBJECT', 'ENCODING', KEYS[2])
+local listpack = encoding == 'listpack' or encoding == 'ziplist'
+if cursor == LISTPACK then
+  cursor = '0'
+  if not listpack then skip = 0 end
+end
 local out = {'0', 0}
 for _ = 1, 16 do
   local res = redis.call('HSCAN', KEYS[2], cursor, 'COUNT', count)
@@ -47,6 +59,7 @@ for _ = 1, 16 do
       if #out - 2 == limit then
         if j < n then
           out[1], out[2] = cursor, j
+          if listpack then out[1] = LISTPACK end
         else
           out[1] = res[1]
         end
