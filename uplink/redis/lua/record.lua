@@ -380,12 +380,19 @@ local function believer(p)
 end
 
 -- steadysid is the session of a decoded record that is steady for gateway
--- ref g and epoch e (online, that one session, the last one), or nil.
+-- ref g and epoch e (online, that one session, the last one, without a
+-- leave tombstone), or nil.
 local function steadysid(r, g, e)
   if not r.on or #r.sess ~= 1 then return nil end
   local ss = r.sess[1]
-  if ss.gw == g and ss.ep == e and r.lastgw == g and r.lastsid == ss.sid then return ss.sid end
-  return nil
+  if ss.gw ~= g or ss.ep ~= e or r.lastgw ~= g or r.lastsid ~= ss.sid then return nil end
+  -- a believed renewal is not read against the record: none while the
+  -- session has a leave tombstone (evidence older than the leave must
+  -- meet it)
+  for _, x in ipairs(r.tombs) do
+    if x.sid == ss.sid then return nil end
+  end
+  return ss.sid
 end
 
 -- maxdl is the device deadline: the latest session deadline, or false.
