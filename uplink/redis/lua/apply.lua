@@ -60,7 +60,7 @@ if seen[1] ~= ARGV[A_EPOCH] then
   redis.call('ZREMRANGEBYLEX', KEYS[5], invlo, invhi)
 end
 -- Beliefs learned in another incarnation (record.lua) are void.
-local inc = incarnation(seen[3], redis.call('HGET', KEYS[2], INC), seen[4], now)
+local inc = incarnation(seen[3], redis.call('HGET', KEYS[2], INC), seen[4], now, ARGV[A_NOW] ~= '')
 -- The caller last wrote to another incarnation: the shard's state was lost
 -- or replaced since, and its renewals restore what it holds (as a
 -- restore batch does, gateway.Batch.Restore): the caller re-sends its

@@ -29,7 +29,7 @@ local lostafter = tonumber(ARGV[8]) or 0
 local nowstr, nowpacked = string.format('%d', now), struct.pack('>I6', now)
 local rcall, evkey = redis.call, KEYS[3]
 local incs = rcall('HMGET', KEYS[4], INC, REPL)
-local inc = incarnation(incs[1], rcall('HGET', KEYS[2], INC), incs[2], now)
+local inc = incarnation(incs[1], rcall('HGET', KEYS[2], INC), incs[2], now, ARGV[2] ~= '')
 
 -- offline turns the record of a device whose only session ran out (the
 -- common due entry) into its offline record straight from the packed

@@ -75,7 +75,14 @@ local byte, char, sub, find = string.byte, string.char, string.sub, string.find
 -- sets incsince, the store time since which it holds.
 local INC, REPL = '~', '^'
 local incsince = 0
-local function incarnation(tok, devtok, repl, now)
+--
+-- givenclock says that now is the caller's clock (Store Options.Now)
+-- rather than the server's TIME: callers read it before their calls run,
+-- so a call may run with a now earlier than one that ran before it. Then
+-- the incarnation's start moves back to that now, or a record the call
+-- writes would count as older than the incarnation (nextver). TIME, read
+-- inside the script, runs in the order the calls do.
+local function incarnation(tok, devtok, repl, now, givenclock)
   local fresh = false
   if not tok or tok ~= devtok then
     local t = redis.call('TIME')
@@ -87,11 +94,7 @@ local function incarnation(tok, devtok, repl, now)
   local replid = string.match(redis.call('INFO', 'replication'), 'master_replid:(%x+)') or ''
   local seenid, since = string.match(repl or '', '^(%x*) (%d+)$')
   incsince = tonumber(since)
-  -- The incarnation began no later than any call that runs in it: a call
-  -- whose now is earlier (a caller's clock, Store Options.Now, read
-  -- before a later one's call ran) moves the start back, or a record it
-  -- writes would count as older than the incarnation (nextver).
-  if fresh or seenid ~= replid or now < incsince then
+  if fresh or seenid ~= replid or (givenclock and now < incsince) then
     redis.call('HSET', KEYS[4], REPL, replid .. ' ' .. string.format('%d', now))
     incsince = now
   end
