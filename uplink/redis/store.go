@@ -104,11 +104,8 @@ type Store struct {
 	waitTimeout    time.Duration
 	rmu            sync.Mutex
 	reaps          []reapState // per shard
-	// clock is the last store time a reap saw and when (localNow).
-	clock struct {
-		store int64
-		local time.Duration
-	}
+	// clock estimates the store's clock from the script replies (clock.go).
+	clock storeClock
 
 	// ready is closed once c is set and P:meta checked; until then every
 	// call fails with gateway.ErrUnavailable (Dial with Background).
@@ -323,8 +320,9 @@ func (s *Store) Apply(ctx context.Context, shard int, b gateway.Batch) (gateway.
 	if err != nil {
 		return gateway.ApplyResult{}, err
 	}
+	sent := s.localNow()
 	res, err := s.apply.Run(ctx, c, s.keys[shard].data, args...).Slice()
-	return s.applyResult(shard, b, res, err, bels[0])
+	return s.applyResult(shard, b, res, err, bels[0], sent)
 }
 
 // ApplyShards applies the batches of several shards in one pipeline of
@@ -367,6 +365,7 @@ func (s *Store) applyShards(ctx context.Context, c redis.UniversalClient, batche
 	args := make([][]any, len(batches))
 	bels, unlock := s.beliefs.lockAll(batches)
 	defer unlock()
+	sent := s.localNow()
 	// Each command carries its own error (a network failure is set on
 	// all of them), so the pipeline's first error needs no reading.
 	_, _ = pipelined(ctx, func(p redis.Pipeliner) error {
@@ -389,7 +388,7 @@ func (s *Store) applyShards(ctx context.Context, c redis.UniversalClient, batche
 		if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
 			res, err = run(s.keys[sb.Shard].data, args[i]).Slice()
 		}
-		out[i].Result, out[i].Err = s.applyResult(sb.Shard, sb.Batch, res, err, bels[i])
+		out[i].Result, out[i].Err = s.applyResult(sb.Shard, sb.Batch, res, err, bels[i], sent)
 	}
 	if conn != nil {
 		s.waitFor(ctx, conn, batches, out)
@@ -510,11 +509,12 @@ func (s *Store) applyArgs(ctx context.Context, shard int, b gateway.Batch, bel *
 }
 
 // applyResult reads the apply script's reply (or the error of its call)
-// and updates the caller's beliefs with it.
-func (s *Store) applyResult(shard int, b gateway.Batch, res []any, err error, bel *beliefs) (gateway.ApplyResult, error) {
+// and updates the caller's beliefs and the store clock with it; sent is
+// when the call was sent (localNow).
+func (s *Store) applyResult(shard int, b gateway.Batch, res []any, err error, bel *beliefs, sent time.Duration) (gateway.ApplyResult, error) {
 	r, inc, status, err := parseApply(shard, b, res, err)
-	if err == nil {
-		s.seen(num(res[3]))
+	if now, ok := applyNow(res); ok {
+		s.seen(now, sent)
 	}
 	if bel != nil {
 		if err != nil {
@@ -525,6 +525,21 @@ func (s *Store) applyResult(shard int, b gateway.Batch, res []any, err error, be
 		}
 	}
 	return r, err
+}
+
+// applyNow is the store time an apply reply names: a stale call's too, so
+// that the next call is judged on the store's clock.
+func applyNow(res []any) (int64, bool) {
+	if len(res) == 0 {
+		return 0, false
+	}
+	switch n, _ := res[0].(int64); {
+	case n == 1 && len(res) >= 4:
+		return num(res[3]), true
+	case n == -1 && len(res) == 2:
+		return num(res[1]), true
+	}
+	return 0, false
 }
 
 // parseApply reads the apply script's reply {1, incarnation, status,
@@ -587,8 +602,10 @@ func (s *Store) Reap(ctx context.Context, shard int, limit int) (gateway.ReapRes
 	if shard == 0 {
 		lostAfter = s.lostAfter
 	}
+	sent := s.localNow()
 	res, err := s.reap.Run(ctx, c, s.keys[shard].data, limit, s.nowArg(), s.maxLen, s.grace, s.silence, since, s.notAfter(ctx), lostAfter).Slice()
 	if err == nil && len(res) == 2 && num(res[0]) == -1 {
+		s.seen(num(res[1]), sent)
 		err = fmt.Errorf("%w: stale call ran at %d, after its caller gave up", gateway.ErrUnavailable, num(res[1]))
 	}
 	if err != nil {
@@ -608,7 +625,7 @@ func (s *Store) Reap(ctx context.Context, shard int, limit int) (gateway.ReapRes
 		s.log.Warn("reap removed due entries without an online record", "shard", shard, "count", orphans)
 	}
 	now := num(res[4])
-	s.seen(now)
+	s.seen(now, sent)
 	held, _ := res[5].(int64)
 	inc := str(res[6])
 	s.rmu.Lock()
@@ -985,29 +1002,30 @@ func (s *Store) ReleaseShard(ctx context.Context, shard int, owner string) error
 const staleAfter = callTimeout + time.Second
 
 // notAfter is the store time after which a call sent now is stale ("" when
-// the store's clock has not been seen yet): the last store time seen plus
-// the local time since, plus staleAfter (or less, by ctx's deadline).
+// the store's clock has not been seen yet): the store's clock as estimated
+// now, plus staleAfter (or less, by ctx's deadline).
 func (s *Store) notAfter(ctx context.Context) string {
 	if s.now != nil {
 		// a test clock jumps while calls are in flight: no call is stale
-		return ""
-	}
-	s.rmu.Lock()
-	defer s.rmu.Unlock()
-	if s.clock.store == 0 {
 		return ""
 	}
 	wait := staleAfter
 	if dl, ok := ctx.Deadline(); ok {
 		wait = min(wait, time.Until(dl)+time.Second)
 	}
-	elapsed := s.localNow() - s.clock.local
-	return strconv.FormatInt(s.clock.store+(elapsed+wait).Milliseconds(), 10)
-}
-
-// seen records a store time a script call returned.
-func (s *Store) seen(now int64) {
 	s.rmu.Lock()
 	defer s.rmu.Unlock()
-	s.clock.store, s.clock.local = now, s.localNow()
+	ms, ok := s.clock.notAfter(s.localNow(), wait)
+	if !ok {
+		return ""
+	}
+	return strconv.FormatInt(ms, 10)
+}
+
+// seen records the store time now that a script call sent at local time
+// sent (localNow) returned, stale or not.
+func (s *Store) seen(now int64, sent time.Duration) {
+	s.rmu.Lock()
+	defer s.rmu.Unlock()
+	s.clock.observe(now, sent, s.localNow())
 }

@@ -1,0 +1,45 @@
+package redisstore
+
+import "time"
+
+// storeClock estimates the store's clock (ms since the Unix epoch, Redis
+// TIME) from this process's local clock, for the deadline a script call
+// carries (A_NOTAFTER): a call that runs after it is refused as stale.
+//
+// Each reply that names the store time s of its run bounds the offset
+// s − local: a call sent at local time t0 and answered at t1 ran between
+// them, so the offset lies in [s − t1, s − t0]. The estimate is the
+// largest lower bound seen, so a reply that comes back late (a pipeline
+// that also waited for a dead Cluster node, a starved process) never
+// pulls it back: taking each reply's time as "now" did, and then every
+// later call was refused as stale, their replies were not read, and the
+// store stayed unreachable for good. An observation whose upper bound is
+// below the estimate means the store's clock went back (a failover to a
+// node behind it): the estimate restarts from that observation.
+//
+// A zero storeClock knows nothing; the zero value is ready to use. It is
+// not safe for concurrent use (Store guards it with rmu).
+type storeClock struct {
+	known  bool
+	offset time.Duration // store ms minus local time: a lower bound
+}
+
+// observe records the store time store (ms) of a call sent at local time
+// sent and answered at recv.
+func (c *storeClock) observe(store int64, sent, recv time.Duration) {
+	at := time.Duration(store) * time.Millisecond
+	lo, hi := at-recv, at-sent
+	if !c.known || lo > c.offset || hi < c.offset {
+		c.known, c.offset = true, lo
+	}
+}
+
+// notAfter is the store time (ms) after which a call sent at local time
+// now, which its caller waits on for wait, is stale; ok is false while no
+// store time has been seen.
+func (c *storeClock) notAfter(now, wait time.Duration) (ms int64, ok bool) {
+	if !c.known {
+		return 0, false
+	}
+	return (now + c.offset + wait).Milliseconds(), true
+}

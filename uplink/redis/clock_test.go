@@ -1,0 +1,92 @@
+package redisstore
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/fleetgate/fleetgate/gateway"
+)
+
+func TestStoreClockEstimate(t *testing.T) {
+	const s = time.Second
+	ms := func(d time.Duration) int64 { return d.Milliseconds() }
+	var c storeClock
+	if _, ok := c.notAfter(0, s); ok {
+		t.Fatal("a clock that saw nothing gave a deadline")
+	}
+	// Store time 100 s, sent at local 10 s, answered at 10.1 s.
+	c.observe(ms(100*s), 10*s, 10*s+100*time.Millisecond)
+	if got, _ := c.notAfter(20*s, 2*s); got != ms(111*s+900*time.Millisecond) {
+		t.Fatalf("after one reply: %d", got)
+	}
+	// A reply that comes back 5 s late (it ran at local 11 s) does not
+	// pull the estimate back.
+	c.observe(ms(101*s), 11*s, 16*s)
+	if got, _ := c.notAfter(20*s, 2*s); got != ms(111*s+900*time.Millisecond) {
+		t.Fatalf("after a late reply: %d", got)
+	}
+	// A tighter reply raises it.
+	c.observe(ms(110*s+50*time.Millisecond), 20*s, 20*s)
+	if got, _ := c.notAfter(20*s, 2*s); got != ms(112*s+50*time.Millisecond) {
+		t.Fatalf("after a tighter reply: %d", got)
+	}
+	// The store's clock went back 30 s (a failover to a node behind):
+	// the estimate follows it.
+	c.observe(ms(81*s), 21*s, 21*s+10*time.Millisecond)
+	if got, _ := c.notAfter(21*s+10*time.Millisecond, 0); got != ms(81*s) {
+		t.Fatalf("after the store's clock went back: %d", got)
+	}
+}
+
+// TestLateReplyDoesNotMakeCallsStale: a reply read long after its call
+// ran (here: a store time 10 s old) once set the store clock, every later
+// call then left with a deadline in the store's past and was refused as
+// stale, and the refusals did not correct the clock: the gateway buffered
+// its writes for good (seen in a Cluster failover under load). Now the
+// late reply does not lower the estimate, and a stale reply corrects it.
+func TestLateReplyDoesNotMakeCallsStale(t *testing.T) {
+	forBackends(t, func(t *testing.T, c redis.UniversalClient) {
+		s, err := Open(t.Context(), c, Options{Prefix: uniquePrefix(), Shards: 2})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close()
+		dev := devicesIn(t, 2, 1, 1, "late")[0]
+		b := gateway.Batch{Gateway: "gw", Epoch: 1, Lease: 10 * time.Second,
+			Writes: []gateway.Write{write(dev, "coap/x", gateway.Connect, 0)}}
+		if _, err := s.Apply(t.Context(), 1, b); err != nil {
+			t.Fatal(err)
+		}
+		now, err := s.Now(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		// A reply of a call that ran 10 s ago, read now.
+		s.seen(now.Add(-10*time.Second).UnixMilli(), s.localNow()-10*time.Second-time.Millisecond)
+		b.Writes[0].Kind = gateway.Renew
+		for i := range 3 {
+			if _, err := s.Apply(t.Context(), 1, b); err != nil {
+				t.Fatalf("apply %d after a late reply: %v", i, err)
+			}
+			if _, err := s.Reap(t.Context(), 1, 10); err != nil {
+				t.Fatalf("reap %d after a late reply: %v", i, err)
+			}
+		}
+
+		// Force the estimate 10 s behind (as the old code kept it): one
+		// call is refused as stale, and its reply puts the clock right.
+		s.rmu.Lock()
+		s.clock.offset -= 10 * time.Second
+		s.rmu.Unlock()
+		_, err = s.Apply(t.Context(), 1, b)
+		if !errors.Is(err, gateway.ErrUnavailable) {
+			t.Fatalf("apply with a clock 10 s behind: %v, want a stale call", err)
+		}
+		if _, err := s.Apply(t.Context(), 1, b); err != nil {
+			t.Fatalf("apply after a stale reply: %v", err)
+		}
+	})
+}
