@@ -167,10 +167,17 @@ func (s *Store) attempt(ctx context.Context, cfg DialConfig) (redis.UniversalCli
 // the single one is a Cluster node (INFO cluster says cluster_enabled:1),
 // else a standalone client.
 func newClient(ctx context.Context, cfg DialConfig) (redis.UniversalClient, error) {
+	// One dial per attempt: go-redis dials 5 times, 100 ms apart, before
+	// a command fails, and a Cluster pipeline tries a node up to 4 times.
+	// A killed master then held every flush for 3.3 s, the healthy
+	// shards' writes with it (their commands ran, the call did not
+	// return), and the evidence queued behind it outlived its lease. The
+	// uplink retries on its own (probe, outbox); refused dials must fail
+	// fast.
 	opts := &redis.UniversalOptions{
 		Addrs: cfg.Addrs, Username: cfg.Username, Password: cfg.Password, TLSConfig: cfg.TLS,
 		DialTimeout: callTimeout, ReadTimeout: callTimeout, WriteTimeout: callTimeout, MaxRetries: 1,
-		ContextTimeoutEnabled: true,
+		DialerRetries: 1, ContextTimeoutEnabled: true,
 	}
 	if len(cfg.Addrs) == 1 {
 		probe := redis.NewClient(opts.Simple())
