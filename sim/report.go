@@ -59,6 +59,7 @@ type ReportParams struct {
 	Lease          string   `json:"lease"`
 	RenewEvery     string   `json:"renew_every"`
 	RunnerInterval string   `json:"runner_interval"`
+	FlushInterval  string   `json:"flush_interval"`
 	Slack          string   `json:"slack"`
 	Tolerance      string   `json:"tolerance"`
 	Seed           uint64   `json:"seed"`
@@ -73,7 +74,7 @@ func newReport(o Options, plans []DevicePlan, devices []check.Device, events []c
 		Detection: res.Detection, BoundMS: res.BoundMS, Events: res.Events, Stopped: res.Stopped, Fleet: s, Sample: res.Examples,
 		Params: ReportParams{CoAP: o.CoAP, MQTT: o.MQTT, MQTTShare: o.MQTTShare, Duration: o.Duration.String(), Ran: ran.Round(time.Millisecond).String(),
 			Heartbeat: o.Heartbeat.String(), Lease: o.Lease.String(), RenewEvery: o.RenewEvery.String(),
-			RunnerInterval: o.RunnerInterval.String(), Slack: o.Slack.String(), Tolerance: o.Tolerance.String(),
+			RunnerInterval: o.RunnerInterval.String(), FlushInterval: o.FlushInterval.String(), Slack: o.Slack.String(), Tolerance: o.Tolerance.String(),
 			Seed: o.Seed, Prefix: o.Prefix, Scenarios: scenarioNames(o.Scenarios)},
 	}
 	churns := churnOf(plans)

@@ -68,7 +68,7 @@ if [ "$mode" = accept ]; then
 	status=0
 	"$bin" simulate --coap "127.0.0.1:$ca,127.0.0.1:$cb" --mqtt "127.0.0.1:$ma,127.0.0.1:$mb" --redis "127.0.0.1:$rport" \
 		--devices "$devices" --mqtt-share 0.3 --duration "$duration" --heartbeat 1s --lease 6s --renew-every 1s \
-		--runner-interval 100ms --seed "$seed" --scenario "$scenarios" --report "$dir/report.json" \
+		--runner-interval 100ms --flush-interval 100ms --seed "$seed" --scenario "$scenarios" --report "$dir/report.json" \
 		--progress 2>"$dir/progress.log" || status=$?
 	echo "report: $dir/report.json; exit status $status"
 	exit "$status"

@@ -31,7 +31,7 @@ func BenchmarkSimulateSideBySide(b *testing.B) {
 		opts := func(addr string, src sim.Source, prefix string) sim.Options {
 			return sim.Options{CoAP: []string{addr}, Source: src, Devices: devices, Duration: run, Heartbeat: every,
 				Scenarios: []sim.Churn{sim.Freeze, sim.Leave, sim.Storm}, Seed: 3, Prefix: prefix, Sockets: 64,
-				Lease: tm.lease, RenewEvery: tm.renewEvery, RunnerInterval: tm.runnerInterval,
+				Lease: tm.lease, RenewEvery: tm.renewEvery, RunnerInterval: tm.runnerInterval, FlushInterval: tm.flush,
 				Slack: time.Second, Tolerance: 300 * time.Millisecond}
 		}
 		var reps []sim.Report

@@ -48,6 +48,7 @@ func runSimulate(t *testing.T, args ...string) (int, string, sim.Report) {
 	report := filepath.Join(t.TempDir(), "report.json")
 	args = append([]string{"simulate", "--heartbeat", "1s", "--lease", simTiming.lease.String(),
 		"--renew-every", simTiming.renewEvery.String(), "--runner-interval", simTiming.runnerInterval.String(),
+		"--flush-interval", simTiming.flush.String(),
 		"--report", report}, args...)
 	cmd := exec.Command(binary, args...)
 	out, err := cmd.CombinedOutput()
