@@ -3,6 +3,8 @@ package sim
 import (
 	"fmt"
 	"io"
+	"maps"
+	"slices"
 	"text/tabwriter"
 	"time"
 
@@ -106,6 +108,9 @@ func (r Report) WriteTable(w io.Writer) {
 	fmt.Fprintf(tw, "messages sent\t%d\t(%d acknowledged, %d CoAP unanswered, %d send errors)\n", r.HeartbeatsSent, r.Fleet.Answered, r.Fleet.Unanswered, r.Fleet.SendErrors)
 	if r.Fleet.Connects+r.Fleet.ConnectErrors > 0 {
 		fmt.Fprintf(tw, "mqtt connects\t%d\t(%d failed)\n", r.Fleet.Connects, r.Fleet.ConnectErrors)
+		for _, k := range slices.Sorted(maps.Keys(r.Fleet.ConnectErrorKinds)) {
+			fmt.Fprintf(tw, "\t%d\t%s\n", r.Fleet.ConnectErrorKinds[k], k)
+		}
 	}
 	fmt.Fprintf(tw, "events read\t%d\t\n", r.Events)
 	fmt.Fprintf(tw, "false offline\t%d\t%s\n", r.FalseOffline, mark(r.FalseOffline))

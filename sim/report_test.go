@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"regexp"
 	"strings"
 	"testing"
@@ -102,5 +104,27 @@ func TestProgressLine(t *testing.T) {
 				t.Fatalf("terminal: %q", out)
 			}
 		})
+	}
+}
+
+// Connect errors are counted by message, at most maxErrorKinds of them
+// (the rest as "other"), and listed under the summary's MQTT connects.
+func TestConnectErrorKinds(t *testing.T) {
+	s := newStats(time.Second)
+	s.connectError(errors.New("connack 137 Server busy"))
+	s.connectError(errors.New("connack 137 Server busy"))
+	for i := range maxErrorKinds + 2 {
+		s.connectError(fmt.Errorf("dial tcp 127.0.0.1:%d: connect: connection refused", 1000+i))
+	}
+	n := s.snapshot()
+	if n.ConnectErrors != maxErrorKinds+4 || len(n.ConnectErrorKinds) != maxErrorKinds+1 ||
+		n.ConnectErrorKinds["connack 137 Server busy"] != 2 || n.ConnectErrorKinds["other"] != 3 {
+		t.Fatalf("snapshot %d errors, kinds %v", n.ConnectErrors, n.ConnectErrorKinds)
+	}
+	var b bytes.Buffer
+	Report{Devices: 1, Fleet: n}.WriteTable(&b)
+	if !regexp.MustCompile(`(?m)^mqtt connects +0 +\(12 failed\)\n +2 +connack 137 Server busy$`).MatchString(b.String()) ||
+		!regexp.MustCompile(`(?m)^ +3 +other$`).MatchString(b.String()) {
+		t.Fatalf("table:\n%s", b.String())
 	}
 }
