@@ -118,7 +118,7 @@ test-faults: deps
 # the side-by-side markers of $(BENCH_DOC) (BENCH_DOC= : nowhere).
 BENCH_DOC ?= docs/benchmarks.md
 bench: deps
-	FLEETGATE_BENCH_DOC=$(BENCH_DOC) $(GO) test -run '^$$' -bench . -benchtime 1x -count 1 -timeout 30m $(PKGS)
+	BENCH_DOC=$(BENCH_DOC) $(GO) test -run '^$$' -bench . -benchtime 1x -count 1 -timeout 30m $(PKGS)
 
 clean:
 	rm -rf bin .run build dist

@@ -21,7 +21,7 @@ import (
 // notifications) on the same redis-server, then the naive design once
 // more with its notification subscriber cut for 4 s while the frozen
 // devices expire. The checker judges all three with the same bound.
-// With FLEETGATE_BENCH_DOC set (`make bench`: docs/benchmarks.md) it writes
+// With BENCH_DOC set (`make bench`: docs/benchmarks.md) it writes
 // the table, with the date, commit, load and command, between the
 // side-by-side markers of that file.
 func BenchmarkSimulateSideBySide(b *testing.B) {

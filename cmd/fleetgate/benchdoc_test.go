@@ -15,7 +15,10 @@ import (
 // benchDocEnv names the Markdown file a benchmark writes its table into
 // (`make bench` sets docs/benchmarks.md). A relative path is taken from the
 // module root, not from the package directory the test binary runs in.
-const benchDocEnv = "FLEETGATE_BENCH_DOC"
+// The name has no FLEETGATE_ prefix: the gateways the benchmarks start
+// inherit the environment and refuse FLEETGATE_ names that are no
+// configuration key.
+const benchDocEnv = "BENCH_DOC"
 
 // The marker lines around BenchmarkSimulateSideBySide's block in
 // docs/benchmarks.md.
@@ -122,7 +125,7 @@ func loadAverage() string {
 	return "unknown"
 }
 
-// sideBySideDoc is the file named by FLEETGATE_BENCH_DOC ("" without the
+// sideBySideDoc is the file named by BENCH_DOC ("" without the
 // variable), as given and as a path from the package directory. It fails
 // the benchmark at once, not after the run, when the file cannot take the
 // block.
