@@ -111,9 +111,14 @@ test-faults: deps
 	$(GO) test -tags faults -count=1 -parallel 2 -timeout 15m -v ./faults/
 
 # Benchmarks with their ceilings measured in the same run; figures go to
-# docs/benchmarks.md.
+# docs/benchmarks.md. go test runs the packages' benchmarks one package at a
+# time, each benchmark once (1x); -timeout bounds each package (cmd/fleetgate
+# takes about 7 minutes: 2 × 160 s of CommandsPerMessage, 90 s of
+# SimulateSideBySide). BenchmarkSimulateSideBySide writes its table between
+# the side-by-side markers of $(BENCH_DOC) (BENCH_DOC= : nowhere).
+BENCH_DOC ?= docs/benchmarks.md
 bench: deps
-	$(GO) test -run '^$$' -bench . -benchtime 1x -count 1 -timeout 30m $(PKGS)
+	BENCH_DOC=$(BENCH_DOC) $(GO) test -run '^$$' -bench . -benchtime 1x -count 1 -timeout 30m $(PKGS)
 
 clean:
 	rm -rf bin .run build dist

@@ -185,7 +185,7 @@ func (d *mqttDevice) connect(ctx context.Context, gw int) (*link, error) {
 	c, err := d.dialer.dial(ctx, d.plan.Proto, d.gws[gw], d.plan.ID)
 	d.stats.sent.Add(1)
 	if err != nil {
-		d.stats.connectErr.Add(1)
+		d.stats.connectError(err)
 		return nil, err
 	}
 	d.stats.connects.Add(1)

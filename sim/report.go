@@ -3,6 +3,8 @@ package sim
 import (
 	"fmt"
 	"io"
+	"maps"
+	"slices"
 	"text/tabwriter"
 	"time"
 
@@ -59,6 +61,7 @@ type ReportParams struct {
 	Lease          string   `json:"lease"`
 	RenewEvery     string   `json:"renew_every"`
 	RunnerInterval string   `json:"runner_interval"`
+	FlushInterval  string   `json:"flush_interval"`
 	Slack          string   `json:"slack"`
 	Tolerance      string   `json:"tolerance"`
 	Seed           uint64   `json:"seed"`
@@ -73,7 +76,7 @@ func newReport(o Options, plans []DevicePlan, devices []check.Device, events []c
 		Detection: res.Detection, BoundMS: res.BoundMS, Events: res.Events, Stopped: res.Stopped, Fleet: s, Sample: res.Examples,
 		Params: ReportParams{CoAP: o.CoAP, MQTT: o.MQTT, MQTTShare: o.MQTTShare, Duration: o.Duration.String(), Ran: ran.Round(time.Millisecond).String(),
 			Heartbeat: o.Heartbeat.String(), Lease: o.Lease.String(), RenewEvery: o.RenewEvery.String(),
-			RunnerInterval: o.RunnerInterval.String(), Slack: o.Slack.String(), Tolerance: o.Tolerance.String(),
+			RunnerInterval: o.RunnerInterval.String(), FlushInterval: o.FlushInterval.String(), Slack: o.Slack.String(), Tolerance: o.Tolerance.String(),
 			Seed: o.Seed, Prefix: o.Prefix, Scenarios: scenarioNames(o.Scenarios)},
 	}
 	churns := churnOf(plans)
@@ -105,6 +108,9 @@ func (r Report) WriteTable(w io.Writer) {
 	fmt.Fprintf(tw, "messages sent\t%d\t(%d acknowledged, %d CoAP unanswered, %d send errors)\n", r.HeartbeatsSent, r.Fleet.Answered, r.Fleet.Unanswered, r.Fleet.SendErrors)
 	if r.Fleet.Connects+r.Fleet.ConnectErrors > 0 {
 		fmt.Fprintf(tw, "mqtt connects\t%d\t(%d failed)\n", r.Fleet.Connects, r.Fleet.ConnectErrors)
+		for _, k := range slices.Sorted(maps.Keys(r.Fleet.ConnectErrorKinds)) {
+			fmt.Fprintf(tw, "\t%d\t%s\n", r.Fleet.ConnectErrorKinds[k], k)
+		}
 	}
 	fmt.Fprintf(tw, "events read\t%d\t\n", r.Events)
 	fmt.Fprintf(tw, "false offline\t%d\t%s\n", r.FalseOffline, mark(r.FalseOffline))

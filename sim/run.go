@@ -30,6 +30,10 @@ type Options struct {
 	Topic     string // MQTT topic prefix (auth.topic_prefix)
 
 	Lease, RenewEvery, RunnerInterval time.Duration
+	// FlushInterval is the gateways' uplink.flush_interval: an online
+	// event may come up to FlushInterval + Slack after a device's first
+	// acknowledged evidence.
+	FlushInterval time.Duration
 	// Slack is the processing time added to lease + runner interval in
 	// the bound; Tolerance absorbs clock skew and time in flight.
 	Slack, Tolerance time.Duration
@@ -141,9 +145,11 @@ func Run(ctx context.Context, o Options) (Report, error) {
 	for i, t := range truths {
 		devices[i] = t.device()
 	}
-	params := check.Params{Lease: o.Lease, RenewEvery: o.RenewEvery, Bound: o.Bound(), Tolerance: o.Tolerance}
+	params := check.Params{Lease: o.Lease, RenewEvery: o.RenewEvery, Bound: o.Bound(), Tolerance: o.Tolerance,
+		OnlineBound: o.FlushInterval + o.Slack}
 	// Wait until every stopped device's bound has passed or its offline
-	// event is in, bounded by MaxWait.
+	// event is in, and every online event is in or overdue, bounded by
+	// MaxWait.
 	maxWait := o.MaxWait
 	if maxWait <= 0 {
 		maxWait = o.Bound() + 10*time.Second
@@ -162,7 +168,7 @@ func Run(ctx context.Context, o Options) (Report, error) {
 			break
 		}
 		if o.Progress != nil && !o.ProgressLines {
-			fmt.Fprintf(o.Progress, "\rwaiting for the offline events of %d stopped devices (bound %s) ...   ", res.Pending, o.Bound())
+			fmt.Fprintf(o.Progress, "\rwaiting for the events of %d devices (offline bound %s) ...   ", res.Pending, o.Bound())
 		}
 		select {
 		case <-ctx.Done():

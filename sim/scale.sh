@@ -1,14 +1,19 @@
 #!/bin/bash
-# sim/scale.sh: the scale figures of docs/benchmarks.md (issue 15).
+# sim/scale.sh: the simulator's figures of docs/benchmarks.md (issue 15).
 #
 #   sim/scale.sh fleet   [COAP MQTT DURATION]  # 100,000 CoAP + 10,000 MQTT, shipped timings, 3 min
 #   sim/scale.sh restart [MQTT DURATION AT]    # 10,000 MQTT devices; the gateway restarts at AT
+#   sim/scale.sh accept  [DEVICES DURATION SEED SCENARIOS]
+#                        # the issue's acceptance run: 2 gateways, 1,000 devices, all churn, 40 s
 #
 # One redis-server and one `fleetgate run` (Redis store, shipped timings,
 # per-source limits raised: the whole fleet comes from 127.0.0.1) on free
 # loopback ports under a temporary directory; everything is stopped at the
 # end. It prints the gateway's CPU per 1,000 devices and RSS per device
-# (from /proc), and simulate's report.
+# (from /proc), and simulate's report. `accept` runs two gateways instead,
+# with the end-to-end tests' timings (lease 6 s, heartbeat 2 s,
+# renew_every 1 s, flush and runner 100 ms), and exits with simulate's
+# status.
 set -euo pipefail
 mode=${1:-fleet}
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -16,17 +21,25 @@ dir=$(mktemp -d /tmp/fleetgate-scale-XXXXXX)
 bin=$dir/fleetgate
 (cd "$root" && go build -o "$bin" ./cmd/fleetgate)
 port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-rport=$(port); cport=$(port); mport=$(port); aport=$(port)
+udpport() { python3 -c 'import socket; s=socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+rport=$(port)
 redis-server --port "$rport" --bind 127.0.0.1 --save "" --appendonly no --dir "$dir" --loglevel warning --logfile "$dir/redis.log" &
 rpid=$!
-gpid=
-cleanup() { [ -n "$gpid" ] && kill "$gpid" 2>/dev/null; kill "$rpid" 2>/dev/null; wait 2>/dev/null; }
+gpids=()
+cleanup() { for p in "${gpids[@]}"; do kill "$p" 2>/dev/null || true; done; kill "$rpid" 2>/dev/null; wait 2>/dev/null; }
 trap cleanup EXIT
-cat > "$dir/fleetgate.yaml" <<EOC
-gateway: { id: scale-1, state_dir: $dir/state }
+# gwconf NAME PRESENCE UPLINK RUNNER: writes $dir/NAME.yaml on new ports
+# and sets cport, mport and aport to them.
+gwconf() {
+	cport=$(udpport); mport=$(port); aport=$(port)
+	cat > "$dir/$1.yaml" <<EOC
+gateway: { id: $1, state_dir: $dir/$1 }
+presence: { $2 }
 store:
   backend: redis
   redis: { addrs: ["127.0.0.1:$rport"] }
+uplink: { $3 }
+runner: { $4 }
 listen:
   coap: { udp: "127.0.0.1:$cport" }
   mqtt: { tcp: "127.0.0.1:$mport" }
@@ -35,14 +48,34 @@ limits: { coap_requests_per_second: 1000000, mqtt_connects_per_second: 1000000, 
 auth: { allow_anonymous: true, devices_file: "" }
 log: { level: warn }
 EOC
-startgw() {
-	"$bin" run -c "$dir/fleetgate.yaml" >>"$dir/gateway.log" 2>&1 &
-	gpid=$!
-	for _ in $(seq 100); do curl -sf "127.0.0.1:$aport/readyz" >/dev/null && return; sleep 0.1; done
-	echo "gateway not ready" >&2; cat "$dir/gateway.log" >&2; exit 1
 }
+# startgw NAME ADMINPORT: starts the gateway of $dir/NAME.yaml, sets gpid
+# and waits (at most 10 s) for it to be ready.
+startgw() {
+	"$bin" run -c "$dir/$1.yaml" >>"$dir/$1.log" 2>&1 &
+	gpid=$!
+	gpids+=("$gpid")
+	for _ in $(seq 100); do curl -sf "127.0.0.1:$2/readyz" >/dev/null && return; sleep 0.1; done
+	echo "gateway $1 not ready" >&2; cat "$dir/$1.log" >&2; exit 1
+}
+if [ "$mode" = accept ]; then
+	devices=${2:-1000}; duration=${3:-40s}; seed=${4:-1}; scenarios=${5:-all}
+	timing='lease: 6s, heartbeat_interval: 2s, renew_every: 1s, suspect_after: 3s, shards: 4, gateway_grace: 3s'
+	gwconf accept-a "$timing" 'flush_interval: 100ms, max_batch: 1000' 'enabled: true, interval: 100ms, batch: 500, lock_ttl: 1s'
+	ca=$cport ma=$mport; startgw accept-a "$aport"
+	gwconf accept-b "$timing" 'flush_interval: 100ms, max_batch: 1000' 'enabled: true, interval: 100ms, batch: 500, lock_ttl: 1s'
+	cb=$cport mb=$mport; startgw accept-b "$aport"
+	status=0
+	"$bin" simulate --coap "127.0.0.1:$ca,127.0.0.1:$cb" --mqtt "127.0.0.1:$ma,127.0.0.1:$mb" --redis "127.0.0.1:$rport" \
+		--devices "$devices" --mqtt-share 0.3 --duration "$duration" --heartbeat 1s --lease 6s --renew-every 1s \
+		--runner-interval 100ms --flush-interval 100ms --seed "$seed" --scenario "$scenarios" --report "$dir/report.json" \
+		--progress 2>"$dir/progress.log" || status=$?
+	echo "report: $dir/report.json; exit status $status"
+	exit "$status"
+fi
+gwconf scale-1 'lease: 90s' 'flush_interval: 1s' 'enabled: true'
 ticks() { awk '{print $14+$15}' "/proc/$1/stat"; }
-startgw
+startgw scale-1 "$aport"
 hz=$(getconf CLK_TCK)
 case $mode in
 fleet)
@@ -74,7 +107,7 @@ restart)
 	sleep "$at"
 	echo "restart at $(date -u +%T.%N | cut -c1-12)"
 	kill -TERM "$gpid"; wait "$gpid" || true
-	startgw
+	startgw scale-1 "$aport"
 	echo "ready at $(date -u +%T.%N | cut -c1-12)"
 	wait "$spid" || true
 	python3 - "$dir/report.json" <<'EOP'

@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -47,6 +48,7 @@ func runSimulate(t *testing.T, args ...string) (int, string, sim.Report) {
 	report := filepath.Join(t.TempDir(), "report.json")
 	args = append([]string{"simulate", "--heartbeat", "1s", "--lease", simTiming.lease.String(),
 		"--renew-every", simTiming.renewEvery.String(), "--runner-interval", simTiming.runnerInterval.String(),
+		"--flush-interval", simTiming.flush.String(),
 		"--report", report}, args...)
 	cmd := exec.Command(binary, args...)
 	out, err := cmd.CombinedOutput()
@@ -157,6 +159,26 @@ func TestSimulateUsageAndNobodyAnswers(t *testing.T) {
 		"--duration", "1s", "--heartbeat", "200ms", "--scenario", "none")
 	if code != 1 || !strings.Contains(errOut, "no gateway answered") {
 		t.Fatalf("exit %d, %q: want 1 and no gateway answered", code, errOut)
+	}
+}
+
+// A run whose report counts a missed offline exits 1 and says FAIL: the
+// simulator is told a lease of 2 s (bound 3.1 s) while the gateway holds
+// 6 s, so every frozen device's offline comes after the bound.
+func TestE2ESimulateExitsOneOnMissedOffline(t *testing.T) {
+	t.Parallel()
+	g := simGateway(t, "gw-m", "")
+	g.start()
+	code, out, rep := runSimulate(t, "--coap", g.coapAddr, "--admin", g.admin, "--devices", "20",
+		"--duration", "4s", "--scenario", "freeze", "--lease", "2s", "--max-wait", "5s")
+	t.Logf("simulate:\n%s", out)
+	if code != 1 || rep.MissedOffline == 0 || rep.FalseOffline != 0 || rep.LogViolations != 0 {
+		t.Fatalf("exit %d, report %+v: want 1 with missed offline only", code, rep)
+	}
+	for _, want := range []string{"missed offline", "FAIL", "fleetgate simulate: 0 false offline, " + strconv.Itoa(rep.MissedOffline) + " missed offline"} {
+		if !strings.Contains(out, want) {
+			t.Fatalf("output lacks %q:\n%s", want, out)
+		}
 	}
 }
 

@@ -61,7 +61,7 @@ func commands() []command {
 		{"devices", "devices get ID | devices list [--state S]: read devices", cmdDevices},
 		{"events", "events tail [--since D] [--follow]: read presence events", cmdEvents},
 		{"watch", "a snapshot of every device, then every change (--cursor-file to resume)", cmdWatch},
-		{"simulate", "play a fleet of CoAP devices against a gateway", cmdSimulate},
+		{"simulate", "play a CoAP and MQTT fleet with churn against gateways and check the events they wrote", cmdSimulate},
 		{"hash-password", "print the bcrypt hash of the password on stdin, for the devices file", cmdHashPassword},
 		{"version", "print the version", cmdVersion},
 	}

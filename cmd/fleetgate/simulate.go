@@ -31,6 +31,7 @@ func cmdSimulate(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	lease := fs.Duration("lease", 90*time.Second, "presence.lease of the gateways, for the bounds")
 	renewEvery := fs.Duration("renew-every", 20*time.Second, "presence.renew_every of the gateways, for the bounds")
 	runnerInterval := fs.Duration("runner-interval", time.Second, "runner.interval of the gateways, for the bounds")
+	flushInterval := fs.Duration("flush-interval", time.Second, "uplink.flush_interval of the gateways: how long an online event may lag a device's first message")
 	slack := fs.Duration("slack", time.Second, "processing time allowed on top of lease + runner interval")
 	tolerance := fs.Duration("tolerance", 300*time.Millisecond, "clock skew and time in flight the checker forgives")
 	maxWait := fs.Duration("max-wait", 0, "longest wait for offline events after the fleet stops (default bound + 10s)")
@@ -55,7 +56,7 @@ func cmdSimulate(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		CoAP: splitList(*coapAddrs), MQTT: splitList(*mqttAddrs),
 		Devices: *devices, MQTTShare: *mqttShare, Duration: *duration, Heartbeat: *heartbeat,
 		Scenarios: scen, Seed: *seed, Prefix: *prefix, Sockets: *sockets, Topic: *topic,
-		Lease: *lease, RenewEvery: *renewEvery, RunnerInterval: *runnerInterval,
+		Lease: *lease, RenewEvery: *renewEvery, RunnerInterval: *runnerInterval, FlushInterval: *flushInterval,
 		Slack: *slack, Tolerance: *tolerance, MaxWait: *maxWait,
 	}
 	if o.Prefix == "" {

@@ -61,6 +61,11 @@ type Params struct {
 	// Tolerance absorbs the skew between the simulator's clock and the
 	// store's and the time a message spends in flight.
 	Tolerance time.Duration
+	// OnlineBound is how long a device's online event may take after
+	// its first acknowledged evidence (the gateways' flush interval and
+	// processing): a device without one whose first evidence is younger
+	// than OnlineBound at End is pending, not missed online.
+	OnlineBound time.Duration
 	// End is when the log was last read: a device whose bound ends after
 	// it is pending, not missed.
 	End time.Time
@@ -78,7 +83,8 @@ type Result struct {
 	// LateOffline counts the missed offline events that did come, but
 	// after the bound (they are part of MissedOffline).
 	LateOffline int `json:"late_offline"`
-	// Pending counts stopped devices whose bound had not passed at End.
+	// Pending counts stopped devices whose bound had not passed at End,
+	// and devices whose online event may still come.
 	Pending   int          `json:"pending"`
 	Stopped   int          `json:"stopped"`
 	Detection Percentiles  `json:"detection_ms"`
@@ -169,9 +175,10 @@ func (r Result) Failed() bool {
 	return r.FalseOffline > 0 || r.MissedOffline > 0 || r.LogViolations > 0 || r.MissedOnline > 0
 }
 
-// judge returns the findings of one device, and whether its offline is
-// still to come inside the bound; its events are in ver order. It
-// appends the device's detection lag to lags when it has one.
+// judge returns the findings of one device, and whether its online or
+// offline event is still to come inside its bound; its events are in
+// ver order. It appends the device's detection lag to lags when it has
+// one.
 func judge(d Device, evs []Event, p Params, lags *[]time.Duration) (_ []Finding, pending bool) {
 	var out []Finding
 	add := func(k Kind, format string, args ...any) {
@@ -189,16 +196,22 @@ func judge(d Device, evs []Event, p Params, lags *[]time.Duration) (_ []Finding,
 		}
 	}
 
-	acked := false
+	var first time.Time // the first acknowledged evidence
 	for _, s := range d.Sessions {
-		acked = acked || len(s.Evidence) > 0
+		if len(s.Evidence) > 0 && (first.IsZero() || s.Evidence[0].Before(first)) {
+			first = s.Evidence[0]
+		}
 	}
+	acked := !first.IsZero()
 	online := false
 	for _, e := range evs {
 		online = online || e.State == "online"
 	}
 	if acked && !online {
-		add(MissedOnline, "evidence acknowledged but no online event")
+		if first.Add(p.OnlineBound).After(p.End) {
+			return out, true // its online may still be on its way
+		}
+		add(MissedOnline, "evidence acknowledged at %s but no online event", ms(first))
 	}
 
 	if d.Active {

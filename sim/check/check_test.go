@@ -266,3 +266,27 @@ func TestPending(t *testing.T) {
 		t.Fatalf("after the bound: %+v", r)
 	}
 }
+
+// A device whose online event has not come is pending while its first
+// evidence is younger than OnlineBound (a connect in the gateway's last
+// flush interval when the log was read), then missed online.
+func TestPendingOnline(t *testing.T) {
+	fresh := check.Device{ID: "f", Active: true, Sessions: []check.Session{session("mqtt#1", 59_500, 59_500, 1000)}}
+	p := params
+	p.OnlineBound = time.Second
+	if r := check.Compare([]check.Device{fresh}, nil, p); r.Pending != 1 || r.MissedOnline != 0 || r.Failed() {
+		t.Fatalf("inside the online bound: %+v", r)
+	}
+	if r := check.Compare([]check.Device{fresh}, []check.Event{ev("f", "online", 1, 59_900, "connect")}, p); r.Pending != 0 || r.Failed() {
+		t.Fatalf("online in: %+v", r)
+	}
+	p.End = at(60_600)
+	if r := check.Compare([]check.Device{fresh}, nil, p); r.Pending != 0 || r.MissedOnline != 1 {
+		t.Fatalf("after the online bound: %+v", r)
+	}
+	p.OnlineBound = 0
+	p.End = at(60_000)
+	if r := check.Compare([]check.Device{fresh}, nil, p); r.Pending != 0 || r.MissedOnline != 1 {
+		t.Fatalf("no online bound: %+v", r)
+	}
+}
