@@ -10,10 +10,13 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/fleetgate/fleetgate/gateway"
 	"github.com/fleetgate/fleetgate/internal/redistest"
+	"github.com/fleetgate/fleetgate/runner"
 	"github.com/fleetgate/fleetgate/sim"
 	"github.com/fleetgate/fleetgate/sim/check"
 	"github.com/fleetgate/fleetgate/sim/naive"
+	"github.com/fleetgate/fleetgate/uplink"
 )
 
 // BenchmarkCommandsPerMessage plays 10,000 CoAP devices, each sending a
@@ -159,7 +162,8 @@ func commandCalls(info string) (int64, string) {
 // shard count on Redis and returns its CoAP address, a reader of its uplink store
 // calls, and a clean stop (SIGTERM).
 func benchGateway(b *testing.B, redisAddr string, shards int) (string, func() float64, func()) {
-	shipped := e2eTiming{lease: 90 * time.Second, heartbeat: 30 * time.Second, renewEvery: 20 * time.Second, flush: time.Second, runnerInterval: time.Second, shards: shards}
+	shipped := e2eTiming{lease: gateway.DefaultLease, heartbeat: gateway.DefaultHeartbeatInterval, renewEvery: gateway.DefaultRenewEvery,
+		flush: uplink.DefaultFlushInterval, runnerInterval: runner.DefaultInterval, shards: shards}
 	g := newGateway(b, "gw-bench", redisAddr, shipped)
 	g.start()
 	calls := func() float64 { return scrapeCounter(b, "http://"+g.admin+"/metrics", "fleetgate_store_calls_total") }
@@ -171,7 +175,7 @@ func benchGateway(b *testing.B, redisAddr string, shards int) (string, func() fl
 func simulateLoad(b *testing.B, addr string, devices int, every, run time.Duration) int64 {
 	rep, err := sim.Run(context.Background(), sim.Options{CoAP: []string{addr}, Source: nullSource{}, Devices: devices,
 		Duration: run, Heartbeat: every, Sockets: 64, Prefix: "sim-",
-		Lease: 90 * time.Second, RenewEvery: 20 * time.Second, RunnerInterval: time.Second})
+		Lease: gateway.DefaultLease, RenewEvery: gateway.DefaultRenewEvery, RunnerInterval: runner.DefaultInterval})
 	if err != nil {
 		b.Fatalf("simulate: %v", err)
 	}
@@ -190,7 +194,7 @@ func (nullSource) Close() error { return nil }
 
 // startNaive runs the naive design (sim/naive) with the shipped lease.
 func startNaive(b *testing.B, rc *redis.Client) (string, func()) {
-	p, err := naive.Start(context.Background(), rc, 90*time.Second)
+	p, err := naive.Start(context.Background(), rc, gateway.DefaultLease)
 	if err != nil {
 		b.Fatal(err)
 	}
