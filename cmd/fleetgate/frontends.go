@@ -29,6 +29,11 @@ type frontEnd interface {
 	SetCredentials(c gateway.Credentials)
 }
 
+var (
+	_ frontEnd = (*coap.Server)(nil)
+	_ frontEnd = (*mqtt.Server)(nil)
+)
+
 // openFrontEnds loads the devices file and the TLS certificate and binds
 // the configured CoAP and MQTT listeners.
 func (g *gatewayProcess) openFrontEnds(cfg configs.Config, log *slog.Logger, reg prometheus.Registerer) error {
