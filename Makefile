@@ -33,9 +33,12 @@ run: build
 	mkdir -p .run
 	FLEETGATE_GATEWAY_STATE_DIR=$(CURDIR)/.run ./$(BIN) run -c configs/dev.yaml
 
-# Installs what the tests need and is missing (redis-server and redis-cli,
-# mosquitto-clients, libcoap3-bin's coap-client, mosquitto and
-# mosquitto_passwd; as root through apt-get); `make test` runs it first.
+# Installs what the tests need and is missing, as root through apt-get:
+# redis-server and redis-cli, mosquitto-clients, libcoap3-bin's
+# coap-client, mosquitto and mosquitto_passwd, protoc; for systemd/ and
+# test-packages also systemd, prometheus (promtool), lintian, rpm,
+# dpkg-dev and debootstrap. The test, fuzz, bench and package targets run
+# it first.
 deps:
 	@command -v redis-server >/dev/null 2>&1 && command -v redis-cli >/dev/null 2>&1 || { \
 	  echo "installing redis-server (tests start their own servers on loopback)"; \

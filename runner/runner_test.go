@@ -3,6 +3,7 @@ package runner
 import (
 	"context"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -157,7 +158,7 @@ func sleeps(t *testing.T, clk *clocktest.Clock, r *Runner, d time.Duration) {
 
 func TestSleepsUntilEarliestDeadlineLeaseRoundOrInterval(t *testing.T) {
 	clk := clocktest.New(t0)
-	s := openEmbedded(t, openBolt(t), 1, clk)
+	s := &nowCounter{Store: openEmbedded(t, openBolt(t), 1, clk)}
 	connect(t, s, []gateway.DeviceID{"soon"}, 10*time.Second)
 	connect(t, s, []gateway.DeviceID{"later"}, 30*time.Second)
 
@@ -182,6 +183,23 @@ func TestSleepsUntilEarliestDeadlineLeaseRoundOrInterval(t *testing.T) {
 	if st := r.Status(); st.Reaped != 2 || len(st.Shards) != 1 {
 		t.Fatalf("status %+v", st)
 	}
+	// the sleeps are timed with the store time each reap returned
+	if n := s.nows.Load(); n != 0 {
+		t.Fatalf("the runner read the store's clock %d times, want 0 (ReapResult.Now)", n)
+	}
+}
+
+// nowCounter counts the calls of a real store's Now.
+type nowCounter struct {
+	gateway.Store
+	nows atomic.Int64
+}
+
+var _ gateway.Store = (*nowCounter)(nil)
+
+func (c *nowCounter) Now(ctx context.Context) (time.Time, error) {
+	c.nows.Add(1)
+	return c.Store.Now(ctx)
 }
 
 func TestRunnersShareShardsAndTakeOverADeadOne(t *testing.T) {

@@ -21,15 +21,15 @@ func newMetrics(u *Uplink, reg prometheus.Registerer) *metrics {
 	m := &metrics{
 		written: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "fleetgate_renewals_written_total",
-			Help: "Session writes the central store acknowledged (flushed or replayed), by kind.",
+			Help: "Session writes the central store acknowledged (flushed, replayed or restored), by kind.",
 		}, []string{"kind"}),
 		flushes: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "fleetgate_flushes_total",
-			Help: "Batches sent to the central store (one store call per shard and batch, flushes and outbox replay).",
+			Help: "Batches sent to the central store (one per shard in each store call: flushes, outbox replay and restores).",
 		}),
 		calls: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "fleetgate_store_calls_total",
-			Help: "Store calls of the uplink: one per flush or replay step, carrying a batch for each shard that has writes (one round trip with Redis).",
+			Help: "Store calls of the uplink: one per flush, replay step or restore round, carrying a batch for each shard that has writes (one round trip with Redis).",
 		}),
 		flushErrors: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "fleetgate_flush_errors_total",

@@ -123,7 +123,7 @@ func (r *replayer) round(ctx context.Context) error {
 		if len(ws) == 0 {
 			break
 		}
-		for i, err := range u.write(ctx, t, true, ws) {
+		for i, err := range u.write(ctx, t, replayWrite, ws) {
 			c := chunked[jobs[i]][k]
 			if err != nil {
 				failed[jobs[i]] = true

@@ -1,6 +1,8 @@
 package uplink
 
 import (
+	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -98,6 +100,78 @@ func TestRestoreAfterStoreLostItsData(t *testing.T) {
 	for _, d := range devs[2:] {
 		if gap := deadline["keeps-1"].Sub(deadline[d]); gap != 6*time.Second {
 			t.Errorf("%s deadline %v, %v before keeps-1's; want 6 s (its own newest evidence)", d, deadline[d], gap)
+		}
+	}
+}
+
+// A restore goes through the uplink's one write path: the lost shards'
+// sessions go in one store call per round (here one: two sessions on
+// each of the testShards shards), counted by the same metrics as a
+// flush (store calls, batches, writes by kind).
+func TestRestoreIsOneCallPerRound(t *testing.T) {
+	srv := redistest.Start(t)
+	var table *gateway.Table
+	e := newEnv(t, Options{Lease: 30 * time.Second, FlushInterval: time.Second, KeepAlive: time.Second,
+		Sessions: func(fn func(gateway.SessionView) bool) { table.Range(fn) }}, OutboxOptions{},
+		func(_ *bolt.DB, c *clocktest.Clock) gateway.Store {
+			s, err := redisstore.Open(t.Context(), redisClient(t, srv.Addr), redisstore.Options{
+				Prefix: "up", Shards: testShards, Now: c.Now, Logger: testLogger(t)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return s
+		})
+	table = gateway.NewTable(e.u, gateway.TableOptions{Lease: 30 * time.Second, RenewEvery: 5 * time.Second, Clock: e.clock})
+	ctx := t.Context()
+	const perShard = 2
+	count := make([]int, testShards)
+	for i := 0; i < 1000 && slices.Min(count) < perShard; i++ {
+		d := gateway.DeviceID(fmt.Sprintf("dev-%d", i))
+		if s := gateway.ShardOf(d, testShards); count[s] < perShard {
+			count[s]++
+			if err := table.Observe(ctx, gateway.Evidence{Device: d, Session: "coap/default", Kind: gateway.Renew, ObservedAt: e.clock.Now()}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if slices.Min(count) < perShard {
+		t.Fatalf("devices per shard %v", count)
+	}
+	if err := e.u.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Client(t).FlushAll(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	metric := func(name, label, value string) float64 { return metricValue(t, e.reg, name, label, value) }
+	calls0, batches0 := metric("fleetgate_store_calls_total", "", ""), metric("fleetgate_flushes_total", "", "")
+	renews0, trips0 := metric("fleetgate_renewals_written_total", "kind", "renew"), e.store.RoundTrips()
+	// nothing queued: the keep-alive learns the loss on every shard
+	e.clock.Advance(2 * time.Second)
+	if err := e.u.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	want := float64(perShard * testShards)
+	if got := metric("fleetgate_uplink_restored_sessions_total", "", ""); got != want {
+		t.Fatalf("restored %v sessions, want %v", got, want)
+	}
+	if trips := e.store.RoundTrips() - trips0; trips != 2 {
+		t.Errorf("%d store calls for the keep-alive and the restore, want 2 (the restore of %d shards in one)", trips, testShards)
+	}
+	if calls := metric("fleetgate_store_calls_total", "", "") - calls0; calls != 2 {
+		t.Errorf("fleetgate_store_calls_total +%v, want +2", calls)
+	}
+	if b := metric("fleetgate_flushes_total", "", "") - batches0; b != 2*testShards {
+		t.Errorf("fleetgate_flushes_total +%v, want +%d (a keep-alive and a restore batch per shard)", b, 2*testShards)
+	}
+	if r := metric("fleetgate_renewals_written_total", "kind", "renew") - renews0; r != want {
+		t.Errorf("renewals written +%v, want the %v restored", r, want)
+	}
+	var devs []gateway.DeviceID
+	table.Range(func(v gateway.SessionView) bool { devs = append(devs, v.Device); return true })
+	for _, d := range devs {
+		if info, err := e.store.Device(ctx, d); err != nil || info.State != gateway.Online {
+			t.Errorf("%s after the restore: %+v %v, want online", d, info, err)
 		}
 	}
 }

@@ -357,7 +357,7 @@ func (u *Uplink) flushOnce(ctx context.Context, force bool) error {
 	}
 	if total == 0 {
 		if !toOutbox && u.keepAliveDue() {
-			u.write(ctx, t, false, nil)
+			u.write(ctx, t, flushWrite, nil)
 		}
 		return nil
 	}
@@ -376,7 +376,7 @@ func (u *Uplink) flushOnce(ctx context.Context, force bool) error {
 			}
 		}
 		var first error
-		for i, err := range u.write(ctx, t, false, ws) {
+		for i, err := range u.write(ctx, t, flushWrite, ws) {
 			if err != nil {
 				failed = append(failed, items[i]...)
 				first = cmp.Or(first, err)
@@ -407,12 +407,23 @@ type shardWrites struct {
 	tws   []timedWrite
 }
 
-// write is the uplink's one way to the store, for flushes and outbox
-// replays alike: one batch per element of ws, in one Store.ApplyShards
-// call (one round trip with the Redis store), ages computed just before
-// it. It returns, per element, nil when the store applied the batch or
-// refused it for good (dropped, logged and counted: see refused), else
-// the error of a store that did not take it. Called with sendMu held.
+// writeKind says what a write call carries.
+type writeKind int
+
+const (
+	flushWrite   writeKind = iota // queued writes, or none (keep-alive, epoch announcement)
+	replayWrite                   // outbox entries (gateway.Batch.Replay)
+	restoreWrite                  // live sessions of lost shards (gateway.Batch.Restore)
+)
+
+// write is the uplink's one way to the store, for flushes, outbox
+// replays and restores alike: one batch per element of ws, in one
+// Store.ApplyShards call (one round trip with the Redis store), ages
+// computed just before it, counted by one set of metrics. It returns,
+// per element, nil when the store applied the batch or, but for a
+// restore, refused it for good (dropped, logged and counted: see
+// refused), else the error of a store that did not take it. Called with
+// sendMu held.
 //
 // The call also carries an empty batch for each shard ws leaves out that
 // has not heard from this process for KeepAlive (gateway liveness), and
@@ -421,12 +432,18 @@ type shardWrites struct {
 // delayed batch of an older process of this gateway would still be
 // accepted on a shard this process has not written to yet (invariant 3).
 // Every batch says whether the outbox still holds writes (Behind).
-func (u *Uplink) write(ctx context.Context, t timing, replay bool, ws []shardWrites) []error {
+//
+// A shard whose state the store lost or replaced (ApplyResult.Reset)
+// gets its live sessions restored (restoreShards) unless the call was
+// itself a restore: the next calls' renewals write what is left.
+func (u *Uplink) write(ctx context.Context, t timing, kind writeKind, ws []shardWrites) []error {
 	now := u.clock.Now()
 	behind := u.ob.Len() > 0
 	batches := make([]gateway.ShardBatch, 0, len(ws))
 	for _, w := range ws {
-		batches = append(batches, gateway.ShardBatch{Shard: w.shard, Batch: u.batch(t, replay, behind, withAges(w.tws, now))})
+		b := u.batch(t, kind == replayWrite, behind, withAges(w.tws, now))
+		b.Restore = kind == restoreWrite
+		batches = append(batches, gateway.ShardBatch{Shard: w.shard, Batch: b})
 	}
 	has := make([]bool, u.shards)
 	for _, w := range ws {
@@ -471,14 +488,15 @@ func (u *Uplink) write(ctx context.Context, t timing, replay bool, ws []shardWri
 		}
 		u.m.flushErrors.Inc()
 		err := fmt.Errorf("uplink: apply shard %d: %w", sb.Shard, r.Err)
-		if !u.refused(err, sb.Shard, len(sb.Batch.Writes)) {
+		// a refused restore is reported too: no session of it was restored
+		if !u.refused(err, sb.Shard, len(sb.Batch.Writes)) || kind == restoreWrite {
 			errs[i] = err
 		}
 	}
 	if !u.announced && !slices.ContainsFunc(errs, func(err error) bool { return err != nil }) {
 		u.announced = true
 	}
-	if len(reset) > 0 {
+	if len(reset) > 0 && kind != restoreWrite {
 		u.restoreShards(parent, t, reset)
 	}
 	return errs[:len(ws)]
@@ -486,13 +504,15 @@ func (u *Uplink) write(ctx context.Context, t timing, replay bool, ws []shardWri
 
 // restoreShards re-sends this gateway's live sessions of the shards whose
 // state the store lost or replaced (Options.Sessions), as renewals of
-// their newest evidence in restore batches of at most MaxBatch writes.
+// their newest evidence in restore batches of at most MaxBatch writes:
+// round k writes the k-th batch of every shard, all in one write call.
 // A session with a connect still queued is left out: that connect, not a
 // silent restore, must bring it online. A session whose leave is queued
 // (it is gone from the table) is restored from the leave's observation,
 // so that the leave still finds it and writes its offline. It is best
-// effort: a failed call is logged, and the sessions' next renewals write
-// them anyway. Called with sendMu held.
+// effort: a failed batch is logged and its shard's later batches are not
+// sent, and the sessions' next renewals write them anyway. Called with
+// sendMu held.
 func (u *Uplink) restoreShards(ctx context.Context, t timing, shards []int) {
 	if u.sessions == nil {
 		return
@@ -502,7 +522,7 @@ func (u *Uplink) restoreShards(ctx context.Context, t timing, shards []int) {
 		want[s] = true
 	}
 	now := u.clock.Now()
-	per := make(map[int][]gateway.Write)
+	per := make(map[int][]timedWrite)
 	n := 0
 	queued := make(map[key]slot)
 	for _, s := range shards {
@@ -512,8 +532,7 @@ func (u *Uplink) restoreShards(ctx context.Context, t timing, shards []int) {
 			queued[k] = *sl
 			if sl.kind != gateway.Connect && !sl.leave.IsZero() && now.Sub(sl.leave) < t.lease {
 				lease := cmp.Or(sl.leaveLease, t.lease)
-				per[s] = append(per[s], gateway.Write{Device: k.device, Session: k.session, Kind: gateway.Renew,
-					Age: max(now.Sub(sl.leave), 0), Lease: lease})
+				per[s] = append(per[s], timedWrite{sl.leave, gateway.Write{Device: k.device, Session: k.session, Kind: gateway.Renew, Lease: lease}})
 				n++
 			}
 		}
@@ -525,28 +544,32 @@ func (u *Uplink) restoreShards(ctx context.Context, t timing, shards []int) {
 		// its newest evidence, with the lease that holds it until the
 		// session's deadline
 		if want[s] && v.Deadline.After(now) && !(isQueued && (sl.kind == gateway.Connect || !sl.leave.IsZero())) {
-			per[s] = append(per[s], gateway.Write{Device: v.Device, Session: v.Session, Kind: gateway.Renew,
-				Age: max(now.Sub(v.LastSeen), 0), Lease: v.Deadline.Sub(v.LastSeen)})
+			per[s] = append(per[s], timedWrite{v.LastSeen, gateway.Write{Device: v.Device, Session: v.Session, Kind: gateway.Renew,
+				Lease: v.Deadline.Sub(v.LastSeen)}})
 			n++
 		}
 		return true
 	})
 	u.log.Warn("store lost or replaced this gateway's shards: restoring their live sessions", "shards", shards, "sessions", n)
-	for s, ws := range per {
-		for len(ws) > 0 {
-			k := min(len(ws), t.maxBatch)
-			b := u.batch(t, false, u.ob.Len() > 0, ws[:k])
-			b.Restore = true
-			cctx, cancel := context.WithTimeout(ctx, u.timeout)
-			r := u.store.ApplyShards(cctx, []gateway.ShardBatch{{Shard: s, Batch: b}})
-			cancel()
-			u.m.calls.Inc()
-			if len(r) == 1 && r[0].Err != nil {
-				u.log.Warn("restore failed", "shard", s, "sessions", k, "err", r[0].Err)
-			} else {
-				u.m.restored.Add(float64(k))
+	for len(per) > 0 {
+		var ws []shardWrites
+		for s, tws := range per {
+			k := min(len(tws), t.maxBatch)
+			ws = append(ws, shardWrites{shard: s, tws: tws[:k]})
+		}
+		for i, err := range u.write(ctx, t, restoreWrite, ws) {
+			w := ws[i]
+			if err != nil {
+				u.log.Warn("restore failed", "shard", w.shard, "sessions", len(w.tws), "err", err)
+				delete(per, w.shard)
+				continue
 			}
-			ws = ws[k:]
+			u.m.restored.Add(float64(len(w.tws)))
+			if rest := per[w.shard][len(w.tws):]; len(rest) > 0 {
+				per[w.shard] = rest
+			} else {
+				delete(per, w.shard)
+			}
 		}
 	}
 }

@@ -10,10 +10,13 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/fleetgate/fleetgate/gateway"
 	"github.com/fleetgate/fleetgate/internal/redistest"
+	"github.com/fleetgate/fleetgate/runner"
 	"github.com/fleetgate/fleetgate/sim"
 	"github.com/fleetgate/fleetgate/sim/check"
 	"github.com/fleetgate/fleetgate/sim/naive"
+	"github.com/fleetgate/fleetgate/uplink"
 )
 
 // BenchmarkCommandsPerMessage plays 10,000 CoAP devices, each sending a
@@ -25,9 +28,13 @@ import (
 // executed (INFO commandstats, script internals included) and, in a
 // second run of each without MONITOR, Redis CPU (utime + stime from /proc).
 // It also reports, from the server side, the round trips per flush of
-// fleetgate: the runs of apply script calls in MONITOR (one pipeline
-// arrives as one run, see applyRuns) per uplink store call
-// (fleetgate_store_calls_total); 1.0 means every flush is one pipeline.
+// fleetgate: the pipelines of apply script calls in MONITOR (see
+// pipelines: one connection's calls, the parts Redis read of a large
+// pipeline joined) per uplink store call (fleetgate_store_calls_total);
+// 1.0 means every flush is one pipeline. monitor-runs/flush counts the
+// runs with nothing in between instead (applyRuns), which splits a
+// pipeline larger than Redis's 16 KB read when the runner's commands run
+// between its parts.
 func BenchmarkCommandsPerMessage(b *testing.B) {
 	// 16 is the shipped shard count; 4 is the count of the figures
 	// measured before (docs/benchmarks.md), kept to compare with them.
@@ -62,13 +69,14 @@ func benchCommandsPerMessage(b *testing.B, shards int) {
 		b.ReportMetric(fg.perMessage()/nv.perMessage(), "x-naive-cmds")
 		b.ReportMetric(float64(fg.executed)/float64(fg.messages), "executed-cmds/msg")
 		b.ReportMetric(fg.cpuPerMessage()/nv.cpuPerMessage(), "x-naive-cpu")
-		b.ReportMetric(float64(fg.runs)/fg.calls, "round-trips/flush")
-		b.ReportMetric(float64(fg.applies)/float64(fg.runs), "script-calls/round-trip")
+		b.ReportMetric(float64(fg.pipes)/fg.calls, "round-trips/flush")
+		b.ReportMetric(float64(fg.runs)/fg.calls, "monitor-runs/flush")
+		b.ReportMetric(float64(fg.applies)/float64(fg.pipes), "script-calls/round-trip")
 		for i, l := range []load{fg, nv} {
 			b.Logf("%s: %d messages, %d client commands, %d executed (%s), %d Redis CPU ticks in the run without MONITOR",
 				[]string{"fleetgate", "naive"}[i], l.messages, l.commands, l.executed, l.breakdown, l.ticks)
 		}
-		b.Logf("fleetgate: %v uplink store calls, %d runs of apply script calls on the server, %d apply calls", fg.calls, fg.runs, fg.applies)
+		b.Logf("fleetgate: %v uplink store calls, %d pipelines and %d runs of apply script calls on the server, %d apply calls", fg.calls, fg.pipes, fg.runs, fg.applies)
 	}
 }
 
@@ -82,10 +90,11 @@ func btoi(v bool) int {
 type load struct {
 	messages, commands, executed, ticks int64
 	breakdown                           string
-	// calls is the uplink's store calls; runs the runs of apply script
-	// calls seen by MONITOR, applies those calls (fleetgate only).
-	calls         float64
-	runs, applies int
+	// calls is the uplink's store calls; pipes and runs the pipelines
+	// and runs of apply script calls seen by MONITOR, applies those calls
+	// (fleetgate only), all up to one moment no call was in flight.
+	calls                float64
+	pipes, runs, applies int
 }
 
 func (l load) perMessage() float64    { return float64(l.commands) / float64(l.messages) }
@@ -111,7 +120,24 @@ func measure(b *testing.B, srv *redistest.Server, monitor bool, start func() (st
 		b.Fatal(err)
 	}
 	msgs := simulateLoad(b, addr, devices, every, run)
-	ncalls := calls()
+	// the calls and MONITOR's lines at a moment no call is in flight (the
+	// counter the same before and after the snapshot), before the stop's
+	// last flush
+	var (
+		ncalls float64
+		upTo   []monitorLine
+	)
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		before := calls()
+		if mon != nil {
+			upTo = mon.snapshot()
+		}
+		ncalls = calls()
+		if before == ncalls || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 	stop()
 	t1, _ := redistest.ProcStat(srv.Pid())
 	info, err := rc.Info(ctx, "commandstats").Result()
@@ -130,10 +156,10 @@ func measure(b *testing.B, srv *redistest.Server, monitor bool, start func() (st
 				l.commands++
 			}
 		}
-		runs := applyRuns(lines)
-		l.runs = len(runs)
-		for _, r := range runs {
-			l.applies += len(r)
+		pipes := pipelines(upTo)
+		l.pipes, l.runs = len(pipes), len(applyRuns(upTo))
+		for _, p := range pipes {
+			l.applies += len(p)
 		}
 	}
 	return l
@@ -159,7 +185,8 @@ func commandCalls(info string) (int64, string) {
 // shard count on Redis and returns its CoAP address, a reader of its uplink store
 // calls, and a clean stop (SIGTERM).
 func benchGateway(b *testing.B, redisAddr string, shards int) (string, func() float64, func()) {
-	shipped := e2eTiming{lease: 90 * time.Second, heartbeat: 30 * time.Second, renewEvery: 20 * time.Second, flush: time.Second, runnerInterval: time.Second, shards: shards}
+	shipped := e2eTiming{lease: gateway.DefaultLease, heartbeat: gateway.DefaultHeartbeatInterval, renewEvery: gateway.DefaultRenewEvery,
+		flush: uplink.DefaultFlushInterval, runnerInterval: runner.DefaultInterval, shards: shards}
 	g := newGateway(b, "gw-bench", redisAddr, shipped)
 	g.start()
 	calls := func() float64 { return scrapeCounter(b, "http://"+g.admin+"/metrics", "fleetgate_store_calls_total") }
@@ -171,7 +198,7 @@ func benchGateway(b *testing.B, redisAddr string, shards int) (string, func() fl
 func simulateLoad(b *testing.B, addr string, devices int, every, run time.Duration) int64 {
 	rep, err := sim.Run(context.Background(), sim.Options{CoAP: []string{addr}, Source: nullSource{}, Devices: devices,
 		Duration: run, Heartbeat: every, Sockets: 64, Prefix: "sim-",
-		Lease: 90 * time.Second, RenewEvery: 20 * time.Second, RunnerInterval: time.Second})
+		Lease: gateway.DefaultLease, RenewEvery: gateway.DefaultRenewEvery, RunnerInterval: runner.DefaultInterval})
 	if err != nil {
 		b.Fatalf("simulate: %v", err)
 	}
@@ -190,7 +217,7 @@ func (nullSource) Close() error { return nil }
 
 // startNaive runs the naive design (sim/naive) with the shipped lease.
 func startNaive(b *testing.B, rc *redis.Client) (string, func()) {
-	p, err := naive.Start(context.Background(), rc, 90*time.Second)
+	p, err := naive.Start(context.Background(), rc, gateway.DefaultLease)
 	if err != nil {
 		b.Fatal(err)
 	}

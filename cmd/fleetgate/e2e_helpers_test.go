@@ -124,6 +124,7 @@ log: { level: debug }
 	}
 	t.Cleanup(func() {
 		g.kill()
+		checkLogKeys(t, "gateway "+id, g.logs())
 		if t.Failed() {
 			t.Logf("gateway %s log:\n%s", id, g.logs())
 		}

@@ -4,14 +4,18 @@ import (
 	"bufio"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/fleetgate/fleetgate/gateway"
 	"github.com/fleetgate/fleetgate/internal/redistest"
@@ -23,6 +27,7 @@ type monitorLine struct {
 	client string
 	name   string
 	args   int
+	key    string // an EVAL or EVALSHA's first key
 }
 
 // monitorLog records every command a redis-server runs, from MONITOR.
@@ -33,7 +38,7 @@ type monitorLog struct {
 	done  chan struct{}
 }
 
-var monitorRE = regexp.MustCompile(`^\+\d+\.\d+ \[\d+ ([^\]]+)\] "([A-Za-z]+)"`)
+var monitorRE = regexp.MustCompile(`^\+\d+\.\d+ \[\d+ ([^\]]+)\] "([A-Za-z]+)"(?: "[^"]*" "[1-9]\d*" "([^"]*)")?`)
 
 func startMonitor(t testing.TB, addr string) *monitorLog {
 	t.Helper()
@@ -54,7 +59,7 @@ func startMonitor(t testing.TB, addr string) *monitorLog {
 			if f == nil {
 				continue
 			}
-			l := monitorLine{client: f[1], name: strings.ToUpper(f[2]), args: strings.Count(sc.Text(), `" "`) + 1}
+			l := monitorLine{client: f[1], name: strings.ToUpper(f[2]), args: strings.Count(sc.Text(), `" "`) + 1, key: f[3]}
 			m.mu.Lock()
 			m.lines = append(m.lines, l)
 			m.mu.Unlock()
@@ -80,8 +85,12 @@ func (m *monitorLog) snapshot() []monitorLine {
 // client that Redis ran one after the other, with nothing but the
 // scripts' own commands in between. A pipeline that arrives in one read
 // is one run.
+//
+// A pipeline larger than Redis's read (16 KB) is read in parts, and the
+// commands of other clients run between them, so it may count as
+// several runs: the runs are an upper bound of the round trips, exact
+// for small pipelines (see pipelines).
 func applyRuns(lines []monitorLine) [][]monitorLine {
-	const applyMinArgs = 20 // EVALSHA sha 5 keys..5 + 12 header arguments
 	var runs [][]monitorLine
 	var cur []monitorLine
 	flush := func() {
@@ -93,7 +102,7 @@ func applyRuns(lines []monitorLine) [][]monitorLine {
 	for _, l := range lines {
 		switch {
 		case l.client == "lua":
-		case (l.name == "EVALSHA" || l.name == "EVAL") && l.args >= applyMinArgs:
+		case isApply(l):
 			if len(cur) > 0 && cur[0].client != l.client {
 				flush()
 			}
@@ -104,6 +113,49 @@ func applyRuns(lines []monitorLine) [][]monitorLine {
 	}
 	flush()
 	return runs
+}
+
+// isApply tells the apply script calls (EVALSHA or EVAL with the apply
+// script's many arguments; a reap has 11) from other commands.
+func isApply(l monitorLine) bool {
+	const applyMinArgs = 20 // EVALSHA sha 5 keys..5 + 12 header arguments
+	return (l.name == "EVALSHA" || l.name == "EVAL") && l.args >= applyMinArgs
+}
+
+// pipelines groups the apply script calls into the pipelines they came
+// in, joining the parts of a pipeline that Redis read in several reads:
+// a client's apply calls belong together, whatever other clients ran
+// between them, until that client runs another command or an apply call
+// on a shard (its first key) already in the group, which starts the next
+// store call. Two calls of one connection with nothing else from it in
+// between and no shard in common count as one, so this is a lower bound
+// of the round trips, and applyRuns an upper one.
+func pipelines(lines []monitorLine) [][]monitorLine {
+	open := map[string][]monitorLine{} // by client
+	var out [][]monitorLine
+	end := func(client string) {
+		if g := open[client]; len(g) > 0 {
+			out = append(out, g)
+		}
+		delete(open, client)
+	}
+	for _, l := range lines {
+		switch {
+		case l.client == "lua":
+		case isApply(l):
+			if slices.ContainsFunc(open[l.client], func(o monitorLine) bool { return o.key == l.key }) {
+				end(l.client)
+			}
+			open[l.client] = append(open[l.client], l)
+		default:
+			end(l.client)
+		}
+	}
+	clients := slices.Sorted(maps.Keys(open))
+	for _, c := range clients {
+		end(c)
+	}
+	return out
 }
 
 // scrapeCounter reads one counter from a Prometheus text exposition.
@@ -204,4 +256,81 @@ func TestFlushIsOnePipeline(t *testing.T) {
 		t.Fatalf("first flush: %d script calls in its pipeline, want %d (every shard: writes or the epoch)", n, shards)
 	}
 	t.Logf("%d flushes, each one pipeline; first %d calls, then %d and %d", len(runs), len(runs[0]), len(runs[1]), len(runs[2]))
+}
+
+// What MONITOR shows of large pipelines, against a real server: a
+// pipeline of 16 apply-sized calls, 62 KB, is read by Redis in parts
+// with another client's commands run between them, so applyRuns may
+// count it as several runs; pipelines joins the parts into one group of
+// 16 per pipeline.
+func TestMonitorJoinsTheReadsOfAPipeline(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	ctx := t.Context()
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr, PoolSize: 1})
+	t.Cleanup(func() { c.Close() })
+	other := srv.Client(t)
+	sc := redis.NewScript("return 1")
+	if err := sc.Load(ctx, c).Err(); err != nil {
+		t.Fatal(err)
+	}
+	stop := make(chan struct{})
+	busy := make(chan struct{})
+	go func() {
+		defer close(busy)
+		for i := 0; i < 1_000_000; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			other.Get(ctx, "x")
+		}
+	}()
+	defer func() { close(stop); <-busy }()
+	arg := strings.Repeat("a", 200) // 16 calls × 20 args: 62 KB
+	call := func(r redis.Scripter, shard int) {
+		args := make([]any, 20)
+		for i := range args {
+			args[i] = arg
+		}
+		sc.EvalSha(ctx, r, []string{fmt.Sprintf("{p:%d}:exp", shard)}, args...)
+	}
+	const n = 20
+	mon := startMonitor(t, srv.Addr)
+	time.Sleep(100 * time.Millisecond) // MONITOR is on before the first call
+	for range n {
+		p := c.Pipeline()
+		for s := range 16 {
+			call(p, s)
+		}
+		if _, err := p.Exec(ctx); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	var runs, piped [][]monitorLine
+	waitFor(t, 10*time.Second, "MONITOR shows every call", func() bool {
+		lines := mon.snapshot()
+		runs, piped = applyRuns(lines), pipelines(lines)
+		calls := 0
+		for _, l := range lines {
+			if isApply(l) {
+				calls++
+			}
+		}
+		return calls == n*16
+	})
+	if len(piped) != n {
+		t.Errorf("pipelines: %d groups, want the %d pipelines", len(piped), n)
+	}
+	for i, g := range piped {
+		if len(g) != 16 {
+			t.Errorf("pipeline %d: %d calls, want 16", i, len(g))
+		}
+	}
+	if len(runs) < n {
+		t.Errorf("applyRuns: %d runs, fewer than the %d pipelines", len(runs), n)
+	}
+	t.Logf("%d pipelines of 16 calls (62 KB), another client busy: %d runs (applyRuns), %d pipelines", n, len(runs), len(piped))
 }

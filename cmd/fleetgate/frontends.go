@@ -24,9 +24,15 @@ type frontEnd interface {
 	// SetTiming takes the presence timing of a reload.
 	SetTiming(t gateway.Timing)
 	// SetCredentials hands over the devices file after a reload: later
-	// checks use it, and sessions it revokes end.
+	// checks use it, and sessions it revokes end (both servers: nil is
+	// refused).
 	SetCredentials(c gateway.Credentials)
 }
+
+var (
+	_ frontEnd = (*coap.Server)(nil)
+	_ frontEnd = (*mqtt.Server)(nil)
+)
 
 // openFrontEnds loads the devices file and the TLS certificate and binds
 // the configured CoAP and MQTT listeners.

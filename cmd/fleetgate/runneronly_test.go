@@ -78,6 +78,7 @@ func startRunner(t *testing.T, cfg string, args []string, env ...string) *runner
 	go func() { r.done <- cmd.Wait() }()
 	t.Cleanup(func() {
 		_ = cmd.Process.Kill()
+		checkLogKeys(t, "runner", out.String())
 		if t.Failed() {
 			t.Logf("runner log:\n%s", out)
 		}

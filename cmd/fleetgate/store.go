@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"crypto/tls"
 	"log/slog"
 
 	bolt "go.etcd.io/bbolt"
@@ -29,18 +28,12 @@ func openStore(ctx context.Context, cfg configs.Config, db *bolt.DB, log *slog.L
 	rc := cfg.Store.Redis
 	// go-redis has one process-wide logger: its lines go through ours.
 	redisstore.UseLogger(log)
-	var tlsConfig *tls.Config
+	var tlsOptions *redisstore.TLSOptions
 	if rc.TLS || rc.TLSCAFile != "" || rc.TLSServerName != "" || rc.TLSCertFile != "" {
-		var err error
-		tlsConfig, err = redisstore.TLSConfig(redisstore.TLSOptions{
-			CAFile: rc.TLSCAFile, ServerName: rc.TLSServerName, CertFile: rc.TLSCertFile, KeyFile: rc.TLSKeyFile,
-		})
-		if err != nil {
-			return nil, err
-		}
+		tlsOptions = &redisstore.TLSOptions{CAFile: rc.TLSCAFile, ServerName: rc.TLSServerName, CertFile: rc.TLSCertFile, KeyFile: rc.TLSKeyFile}
 	}
 	s, err := redisstore.Dial(ctx, redisstore.DialConfig{
-		Addrs: rc.Addrs, Username: rc.Username, Password: rc.Password, TLS: tlsConfig,
+		Addrs: rc.Addrs, Username: rc.Username, Password: rc.Password, TLS: tlsOptions,
 		Options: redisstore.Options{
 			Prefix: rc.KeyPrefix, Shards: cfg.Presence.Shards, EventsMaxLen: eventsPerShard(cfg), Logger: log,
 			GatewayGrace: cfg.Presence.GatewayGrace.Std(), GatewaySilence: cfg.GatewaySilence(), GatewayLost: cfg.Presence.Lease.Std(),

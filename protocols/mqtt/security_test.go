@@ -149,6 +149,18 @@ func TestReloadRevokesConnections(t *testing.T) {
 	if code := connackCode(t, s, &paho.Connect{ClientID: "alpha", CleanStart: true, Password: []byte("a"), PasswordFlag: true}); code != packets.ErrNotAuthorized.Code {
 		t.Fatalf("removed alpha reconnects: %#x", code)
 	}
+	// nil is refused (as by the CoAP server): the reloaded credentials
+	// stay, and revoke nothing more
+	s.SetCredentials(nil)
+	if _, err := gamma.Publish(ctx, &paho.Publish{Topic: "devices/gamma/t", QoS: 1, Payload: []byte("y")}); err != nil {
+		t.Fatalf("gamma after SetCredentials(nil): %v", err)
+	}
+	if n := value(t, s.metrics.refused[reasonRevoked]); n != 3 {
+		t.Fatalf("revoked = %v after SetCredentials(nil), want 3", n)
+	}
+	if code := connackCode(t, s, &paho.Connect{ClientID: "beta", CleanStart: true, Password: []byte("b2"), PasswordFlag: true}); code != 0 {
+		t.Fatalf("beta with its reloaded password after SetCredentials(nil): %#x", code)
+	}
 }
 
 // Attack: two source addresses sending 20 CONNECTs/s each, with random

@@ -378,11 +378,16 @@ func (s *Server) leaseOf(c *conn) time.Duration {
 }
 
 // SetCredentials replaces the device credentials for later CONNECTs
-// (SIGHUP reload of the devices file) and disconnects the connections
-// they revoke: those whose device's Revision changed (removed, new
-// password) or, for anonymous ones, became listed. nil admits only
-// anonymous devices, and only with AllowAnonymous.
+// (SIGHUP reload of the devices file; c may be the same Reloadable as
+// before, reloaded) and disconnects the connections they revoke: those
+// whose device's Revision changed (removed, new password) or, for
+// anonymous ones, became listed. A nil c is refused with a warning, as
+// the CoAP server does.
 func (s *Server) SetCredentials(c gateway.Credentials) {
+	if c == nil {
+		s.log.Warn("nil credentials; keeping the old ones")
+		return
+	}
 	box := &credentials{c}
 	s.creds.Store(box)
 	s.liveMu.Lock()

@@ -53,7 +53,8 @@ func (s *Store) ApplyShards(ctx context.Context, batches []gateway.ShardBatch) [
 				if !errors.Is(err, gateway.ErrFenced) {
 					return err
 				}
-				s.log.Warn("batch fenced", "gateway", sb.Batch.Gateway, "epoch", sb.Batch.Epoch, "shard", sb.Shard)
+				// "writer": the caller's logger names its own gateway
+				s.log.Warn("batch fenced", "writer", sb.Batch.Gateway, "epoch", sb.Batch.Epoch, "shard", sb.Shard)
 				out[i].Err = fmt.Errorf("%s: %w", op, err)
 				continue
 			}

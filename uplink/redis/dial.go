@@ -40,8 +40,12 @@ type DialConfig struct {
 	// asks it with INFO cluster); several are Cluster seed nodes.
 	Addrs              []string
 	Username, Password string
-	// TLS, when set, is used for every connection.
-	TLS *tls.Config
+	// TLS, when set, turns TLS on for every connection (TLSConfig builds
+	// it; a file that cannot be used is an error of Dial's, naming its
+	// store.redis key).
+	TLS *TLSOptions
+	// tls is what TLSConfig built from TLS.
+	tls *tls.Config
 
 	Options
 
@@ -68,6 +72,12 @@ type DialConfig struct {
 func Dial(ctx context.Context, cfg DialConfig) (*Store, error) {
 	if len(cfg.Addrs) == 0 {
 		return nil, errors.New("redisstore: dial: no address")
+	}
+	if cfg.TLS != nil {
+		var err error
+		if cfg.tls, err = TLSConfig(*cfg.TLS); err != nil {
+			return nil, err
+		}
 	}
 	s, err := newStore(cfg.Options)
 	if err != nil {
@@ -175,7 +185,7 @@ func newClient(ctx context.Context, cfg DialConfig) (redis.UniversalClient, erro
 	// uplink retries on its own (probe, outbox); refused dials must fail
 	// fast.
 	opts := &redis.UniversalOptions{
-		Addrs: cfg.Addrs, Username: cfg.Username, Password: cfg.Password, TLSConfig: cfg.TLS,
+		Addrs: cfg.Addrs, Username: cfg.Username, Password: cfg.Password, TLSConfig: cfg.tls,
 		DialTimeout: callTimeout, ReadTimeout: callTimeout, WriteTimeout: callTimeout, MaxRetries: 1,
 		DialerRetries: 1, ContextTimeoutEnabled: true,
 	}

@@ -603,7 +603,17 @@ func (s *Store) Reap(ctx context.Context, shard int, limit int) (gateway.ReapRes
 		lostAfter = s.lostAfter
 	}
 	sent := s.localNow()
-	res, err := s.reap.Run(ctx, c, s.keys[shard].data, limit, s.nowArg(), s.maxLen, s.grace, s.silence, since, s.notAfter(ctx), lostAfter).Slice()
+	res, err := s.reap.Run(ctx, c, s.keys[shard].data,
+		// in the order of reap.lua's R_ positions
+		limit,           // R_LIMIT
+		s.nowArg(),      // R_NOW
+		s.maxLen,        // R_MAXLEN
+		s.grace,         // R_GRACE
+		s.silence,       // R_SILENCE
+		since,           // R_SINCE
+		s.notAfter(ctx), // R_NOTAFTER
+		lostAfter,       // R_LOSTAFTER
+	).Slice()
 	if err == nil && len(res) == 2 && num(res[0]) == -1 {
 		s.seen(num(res[1]), sent)
 		err = fmt.Errorf("%w: stale call ran at %d, after its caller gave up", gateway.ErrUnavailable, num(res[1]))

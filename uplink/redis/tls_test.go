@@ -1,6 +1,7 @@
 package redisstore_test
 
 import (
+	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -8,6 +9,7 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"fmt"
 	"math/big"
 	"net"
 	"os"
@@ -16,6 +18,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fleetgate/fleetgate/gateway"
+	"github.com/fleetgate/fleetgate/internal/redistest"
 	redisstore "github.com/fleetgate/fleetgate/uplink/redis"
 )
 
@@ -24,6 +28,7 @@ import (
 type pki struct {
 	dir                       string
 	caFile, certFile, keyFile string
+	serverCert, serverKey     string // the server's, for redis-server
 	server                    tls.Certificate
 	caPool                    *x509.CertPool
 }
@@ -61,6 +66,12 @@ func newPKI(t *testing.T) pki {
 	}
 	srvDER, srvKey := leaf(2, x509.ExtKeyUsageServerAuth, "redis.internal")
 	p.server = tls.Certificate{Certificate: [][]byte{srvDER}, PrivateKey: srvKey}
+	p.serverCert = p.write(t, "server.pem", "CERTIFICATE", srvDER)
+	srvKeyDER, err := x509.MarshalECPrivateKey(srvKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.serverKey = p.write(t, "server.key", "EC PRIVATE KEY", srvKeyDER)
 	cliDER, cliKey := leaf(3, x509.ExtKeyUsageClientAuth)
 	p.certFile = p.write(t, "client.pem", "CERTIFICATE", cliDER)
 	keyDER, err := x509.MarshalECPrivateKey(cliKey)
@@ -194,5 +205,46 @@ func TestTLSConfigErrors(t *testing.T) {
 		if err == nil || !strings.HasPrefix(err.Error(), c.want) {
 			t.Errorf("%+v: %v, want %q", c.o, err, c.want)
 		}
+	}
+}
+
+// Dial turns TLS on from the store.redis tls_ keys' options: against a
+// redis-server that serves only TLS and requires a client certificate of
+// the CA it opens the store and writes; without them it never reaches
+// the store; a file it cannot use fails Dial at once, naming its key.
+func TestDialTLS(t *testing.T) {
+	p := newPKI(t)
+	tlsAddr := fmt.Sprintf("127.0.0.1:%d", redistest.FreePort(t))
+	_, port, _ := net.SplitHostPort(tlsAddr)
+	redistest.Start(t, "--tls-port", port, "--tls-cert-file", p.serverCert, "--tls-key-file", p.serverKey,
+		"--tls-ca-cert-file", p.caFile, "--tls-auth-clients", "yes")
+	ctx := t.Context()
+	opts := &redisstore.TLSOptions{CAFile: p.caFile, ServerName: "redis.internal", CertFile: p.certFile, KeyFile: p.keyFile}
+	s, err := redisstore.Dial(ctx, redisstore.DialConfig{Addrs: []string{tlsAddr}, TLS: opts,
+		Options: redisstore.Options{Prefix: "tls", Shards: 1}})
+	if err != nil {
+		t.Fatalf("dial over TLS: %v", err)
+	}
+	defer s.Close()
+	b := gateway.Batch{Gateway: "gw-a", Epoch: 1, Lease: time.Minute,
+		Writes: []gateway.Write{{Device: "dev-1", Session: "s", Kind: gateway.Connect}}}
+	if _, err := s.Apply(ctx, 0, b); err != nil {
+		t.Fatalf("apply over TLS: %v", err)
+	}
+	if d, err := s.Device(ctx, "dev-1"); err != nil || d.State != gateway.Online {
+		t.Fatalf("device over TLS: %+v %v", d, err)
+	}
+
+	plain, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	if _, err := redisstore.Dial(plain, redisstore.DialConfig{Addrs: []string{tlsAddr},
+		Options: redisstore.Options{Prefix: "tls", Shards: 1}}); err == nil {
+		t.Fatal("a dial without TLS reached the TLS-only server")
+	}
+	bad := *opts
+	bad.CAFile = filepath.Join(p.dir, "missing.pem")
+	if _, err := redisstore.Dial(ctx, redisstore.DialConfig{Addrs: []string{tlsAddr}, TLS: &bad,
+		Options: redisstore.Options{Prefix: "tls", Shards: 1}}); err == nil || !strings.HasPrefix(err.Error(), "store.redis.tls_ca_file: open") {
+		t.Fatalf("dial with a missing CA file: %v", err)
 	}
 }

@@ -224,21 +224,20 @@ local function setz(k, v)
 end
 
 -- The steady state is a renewal of a device's only session by the gateway
--- that wrote it last: its record is 7 (online, last = session 0, one
--- session), ver, since, 0, then tails[sid] below, and the renewal moves
+-- that wrote it last: its record is STEADY (online, last = session 0,
+-- one session), ver, since, 0, then tails[sid] below, and the renewal moves
 -- the device deadline only, leaving the record as it is.
 local tailhead = uvarint(gwref) .. uvarint(epoch) .. char(0)
 local tails = {}
 local function renewsonly(p, sid)
-  if byte(p, 1) ~= STEADY then return false end
-  local i = afterhead(p)
-  if byte(p, i) ~= 0 then return false end
+  local i = steadyref(p)
+  if not i then return false end
   local tail = tails[sid]
   if not tail then
     tail = tailhead .. wsid(sid, gwref, epoch)
     tails[sid] = tail
   end
-  return #p == i + #tail and find(p, tail, i + 1, true) == i + 1
+  return #p == i - 1 + #tail and find(p, tail, i, true) == i
 end
 
 local events = {1, inc, status, now}

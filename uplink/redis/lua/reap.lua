@@ -1,6 +1,7 @@
 -- Reap at most limit due entries of one shard, atomically (Store.Reap).
 -- KEYS: exp, dev, events, epochs, inv (record.lua).
--- ARGV: limit, now ms or "", events maxlen, the gateway grace ms (0: no
+-- ARGV, built by Store.Reap in this order (the R_ positions):
+--   limit, now ms or "", events maxlen, the gateway grace ms (0: no
 -- holds), the longest silence of a live gateway ms, and the store time
 -- since which a gateway must have been heard to count as live (ms; the
 -- end of the caller's last outage, 0 for none, "now" while it cannot
@@ -20,36 +21,39 @@
 -- gateway is still not heard. orphans counts due entries without an
 -- online record (removed, no event); held the devices held this call
 -- (record.lua, "Held devices").
-local limit, now, maxlen = tonumber(ARGV[1]), clock(ARGV[2]), ARGV[3]
-local grace, silence, since = tonumber(ARGV[4]) or 0, tonumber(ARGV[5]) or 0, tonumber(ARGV[6]) or 0
-if ARGV[6] == 'now' then since = now + 1 end
-local notafter = tonumber(ARGV[7])
+local R_LIMIT, R_NOW, R_MAXLEN, R_GRACE, R_SILENCE, R_SINCE, R_NOTAFTER, R_LOSTAFTER = 1, 2, 3, 4, 5, 6, 7, 8
+local limit, now, maxlen = tonumber(ARGV[R_LIMIT]), clock(ARGV[R_NOW]), ARGV[R_MAXLEN]
+local grace, silence = tonumber(ARGV[R_GRACE]) or 0, tonumber(ARGV[R_SILENCE]) or 0
+local since, nosince = tonumber(ARGV[R_SINCE]) or 0, ARGV[R_SINCE] == 'now'
+if nosince then since = now + 1 end
+local notafter = tonumber(ARGV[R_NOTAFTER])
 if notafter and now > notafter then return {-1, now} end
-local lostafter = tonumber(ARGV[8]) or 0
+local lostafter = tonumber(ARGV[R_LOSTAFTER]) or 0
 local nowstr, nowpacked = string.format('%d', now), struct.pack('>I6', now)
 local rcall, evkey = redis.call, KEYS[3]
 local incs = rcall('HMGET', KEYS[4], INC, REPL)
-local inc = incarnation(incs[1], rcall('HGET', KEYS[2], INC), incs[2], now, ARGV[2] ~= '')
+local inc = incarnation(incs[1], rcall('HGET', KEYS[2], INC), incs[2], now, ARGV[R_NOW] ~= '')
 
 -- offline turns the record of a device whose only session ran out (the
 -- common due entry) into its offline record straight from the packed
 -- bytes; it returns nil for other records, which take the general path.
 -- Returns the new record, its ver, the gateway ref and the session id.
 local function offline(p)
-  if byte(p, 1) ~= STEADY then return nil end
+  local i = steadyref(p)
+  if not i then return nil end
   -- a record last changed before this incarnation may need a ver jump
-  -- (nextver): the general path
-  if struct.unpack('>I6', p, afterhead(p) - SINCE_LEN) < incsince then return nil end
+  -- (nextver): the general path (since ends the head, before the index 0)
+  if struct.unpack('>I6', p, i - 1 - SINCE_LEN) < incsince then return nil end
   local ver = ruvarint(p, 2)
-  local i = afterhead(p)
-  if byte(p, i) ~= 0 then return nil end
   local gw, ep, sid
-  gw, i = ruvarint(p, i + 1)
+  gw, i = ruvarint(p, i)
   ep, i = ruvarint(p, i)
   -- the only session's offset from the device deadline is 0: one byte
   sid, i = rsid(p, i + 1, gw, ep)
   if i <= #p then return nil end
   ver = ver + 1
+  -- flags 0 (offline, last given as a gateway ref and a literal sid, no
+  -- session), ver, since, last
   return char(0) .. uvarint(ver) .. nowpacked .. uvarint(gw) .. uvarint(#sid * 2) .. sid, ver, gw, sid
 end
 
@@ -62,7 +66,7 @@ end
 -- ("now"), no gateway is judged.
 local LOST = 'L'
 local gwevents = 0
-if lostafter > 0 and ARGV[6] ~= 'now' then
+if lostafter > 0 and not nosince then
   local last = tonumber(rcall('HGET', KEYS[4], '#')) or 0
   if last > 0 then
     local fields = {}
@@ -150,7 +154,7 @@ for k, dev in ipairs(devs) do
   end
   local rec, ver, gw, sid, reason = nil, nil, nil, nil, 'expired'
   local held = false
-  if p and byte(p, 1) % (2 * F_ONLINE) >= F_ONLINE and (grace > 0 or ending) and not live(writer(p, tonumber(old))) then
+  if p and isonline(p) and (grace > 0 or ending) and not live(writer(p, tonumber(old))) then
     if ending then
       reason = 'gateway_lost'
     else

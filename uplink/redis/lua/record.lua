@@ -154,9 +154,9 @@ local function heldfields(s)
   return tonumber(a), tonumber(b)
 end
 
--- The packed record's head, decoded here and in the few byte-level fast
--- paths below (owner, believer, renewsonly, reap's offline) with these
--- names: the flags byte, then ver (uvarint), then since (SINCE_LEN bytes).
+-- The packed record's head, decoded here (decode, and for the byte-level
+-- fast paths isonline, steadyref, owner and believer) with these names:
+-- the flags byte, then ver (uvarint), then since (SINCE_LEN bytes).
 local F_ONLINE = 1      -- flags bit 0
 local F_LASTREF = 2     -- flags bit 1: last is an index into the sessions
 local F_COUNT = 4       -- the session count is flags / F_COUNT (bits 2..7)
@@ -172,6 +172,27 @@ local function afterhead(p)
   local i = 2
   while byte(p, i) >= 128 do i = i + 1 end
   return i + 1 + SINCE_LEN
+end
+
+-- hasflag reports whether flags has bit f (F_ONLINE or F_LASTREF) set.
+local function hasflag(flags, f)
+  return flags % (2 * f) >= f
+end
+
+-- isonline reports whether a packed record is online.
+local function isonline(p)
+  return hasflag(byte(p, 1), F_ONLINE)
+end
+
+-- steadyref is the index of the gateway ref of a steady record's only
+-- session, which is the last one (flags STEADY, then after the head the
+-- last-session index 0), or nil for any other record. The session's
+-- epoch, offset and sid follow the ref (see the format above).
+local function steadyref(p)
+  if byte(p, 1) ~= STEADY then return nil end
+  local i = afterhead(p)
+  if byte(p, i) ~= 0 then return nil end
+  return i + 1
 end
 
 local function uvarint(n)
@@ -259,8 +280,8 @@ end
 --   {on, ver, since, lastgw, lastsid, sess = {{gw, ep, dl, sid}...}}
 local function decode(s, deadline)
   local flags = byte(s, 1)
-  local r = {on = flags % (2 * F_ONLINE) >= F_ONLINE, sess = {}}
-  local isref = flags % (2 * F_LASTREF) >= F_LASTREF
+  local r = {on = hasflag(flags, F_ONLINE), sess = {}}
+  local isref = hasflag(flags, F_LASTREF)
   local count = math.floor(flags / F_COUNT)
   local i = 2
   r.ver, i = ruvarint(s, i)
@@ -361,14 +382,12 @@ local function invalidation(g, now, dev)
   return g .. ':' .. string.format('%013d', now) .. ':' .. dev
 end
 
--- owner is the gateway ref of a steady record's session (its flags are 7:
+-- owner is the gateway ref of a steady record's session (flags STEADY:
 -- online, one session, the last one), or nil.
 local function owner(p)
-  if byte(p, 1) ~= STEADY then return nil end
-  local i = afterhead(p)
-  -- the last session is session 0, whose gateway ref comes next
-  if byte(p, i) ~= 0 then return nil end
-  return (ruvarint(p, i + 1))
+  local i = steadyref(p)
+  if not i then return nil end
+  return (ruvarint(p, i))
 end
 
 -- believer is the gateway ref that may hold a belief about a record: the

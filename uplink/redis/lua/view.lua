@@ -18,7 +18,7 @@ local LISTPACK = 'lp'
 
 local function view(dev, packed)
   local dl = false
-  if byte(packed, 1) % 2 == 1 then
+  if isonline(packed) then
     dl = tonumber(redis.call('ZSCORE', KEYS[1], dev))
   end
   local r = decode(packed, dl)
@@ -53,7 +53,7 @@ for _ = 1, 16 do
   local n = #items / 2
   for j = skip + 1, n do
     local packed = items[2 * j]
-    local on = byte(packed, 1) % 2 == 1
+    local on = isonline(packed)
     if items[2 * j - 1] ~= INC and (filter == '' or (filter == 'online') == on) then
       out[#out + 1] = view(items[2 * j - 1], packed)
       if #out - 2 == limit then
