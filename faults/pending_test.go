@@ -11,9 +11,7 @@ import (
 // issue-9 item it waits for (docs/reliability.md has what they measured).
 // Delete a line when its fix lands; FAULTS_ALL=1 runs every
 // scenario regardless.
-var pending = map[string]string{
-	"TestClusterMasterKilled": "flaky: at the end of the session 4 of 11 runs had 1 to 11 false offlines (and in two, 5 and 6 missed) on shards the killed master did not hold, while the gateways' outbox drained; the cause is not found (docs/reliability.md)",
-}
+var pending = map[string]string{}
 
 // issue9Keys are configuration keys issue 9 adds, with the value the
 // scenarios are designed for. TestMain writes each into every gateway's
