@@ -21,20 +21,7 @@ import (
 // online a second time, and one that stopped just before the loss is
 // known again, so its offline still comes.
 func TestRestoreAfterStoreLostItsData(t *testing.T) {
-	srv := redistest.Start(t)
-	var table *gateway.Table
-	e := newEnv(t, Options{Lease: 30 * time.Second, FlushInterval: time.Second, KeepAlive: time.Second,
-		Sessions: func(fn func(gateway.SessionView) bool) { table.Range(fn) }}, OutboxOptions{},
-		func(_ *bolt.DB, c *clocktest.Clock) gateway.Store {
-			// on the test clock, as the ages are
-			s, err := redisstore.Open(t.Context(), redisClient(t, srv.Addr), redisstore.Options{
-				Prefix: "up", Shards: testShards, Now: c.Now, Logger: testLogger(t)})
-			if err != nil {
-				t.Fatal(err)
-			}
-			return s
-		})
-	table = gateway.NewTable(e.u, gateway.TableOptions{Lease: 30 * time.Second, RenewEvery: 5 * time.Second, Clock: e.clock})
+	srv, e, table := restoreEnv(t)
 	ctx := t.Context()
 	devs := []gateway.DeviceID{"keeps-1", "keeps-2", "stopped-1", "stopped-2", "stopped-3", "leaves"}
 	for _, d := range devs {
@@ -109,19 +96,7 @@ func TestRestoreAfterStoreLostItsData(t *testing.T) {
 // each of the testShards shards), counted by the same metrics as a
 // flush (store calls, batches, writes by kind).
 func TestRestoreIsOneCallPerRound(t *testing.T) {
-	srv := redistest.Start(t)
-	var table *gateway.Table
-	e := newEnv(t, Options{Lease: 30 * time.Second, FlushInterval: time.Second, KeepAlive: time.Second,
-		Sessions: func(fn func(gateway.SessionView) bool) { table.Range(fn) }}, OutboxOptions{},
-		func(_ *bolt.DB, c *clocktest.Clock) gateway.Store {
-			s, err := redisstore.Open(t.Context(), redisClient(t, srv.Addr), redisstore.Options{
-				Prefix: "up", Shards: testShards, Now: c.Now, Logger: testLogger(t)})
-			if err != nil {
-				t.Fatal(err)
-			}
-			return s
-		})
-	table = gateway.NewTable(e.u, gateway.TableOptions{Lease: 30 * time.Second, RenewEvery: 5 * time.Second, Clock: e.clock})
+	srv, e, table := restoreEnv(t)
 	ctx := t.Context()
 	const perShard = 2
 	count := make([]int, testShards)
@@ -174,4 +149,23 @@ func TestRestoreIsOneCallPerRound(t *testing.T) {
 			t.Errorf("%s after the restore: %+v %v, want online", d, info, err)
 		}
 	}
+}
+
+// restoreEnv is an uplink on a fresh redis-server (on the test clock, as
+// the ages are) with a session table whose sessions it restores.
+func restoreEnv(t *testing.T) (*redistest.Server, *env, *gateway.Table) {
+	srv := redistest.Start(t)
+	var table *gateway.Table
+	e := newEnv(t, Options{Lease: 30 * time.Second, FlushInterval: time.Second, KeepAlive: time.Second,
+		Sessions: func(fn func(gateway.SessionView) bool) { table.Range(fn) }}, OutboxOptions{},
+		func(_ *bolt.DB, c *clocktest.Clock) gateway.Store {
+			s, err := redisstore.Open(t.Context(), redisClient(t, srv.Addr), redisstore.Options{
+				Prefix: "up", Shards: testShards, Now: c.Now, Logger: testLogger(t)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return s
+		})
+	table = gateway.NewTable(e.u, gateway.TableOptions{Lease: 30 * time.Second, RenewEvery: 5 * time.Second, Clock: e.clock})
+	return srv, e, table
 }
