@@ -132,7 +132,8 @@ func parseLogPos(res []any, err error) (logPos, error) {
 }
 
 // tx runs fn's commands after the position script in one MULTI; a
-// NOSCRIPT (a restarted server, a failover) runs it again with EVAL.
+// NOSCRIPT of either script (a restarted server, a failover) runs it
+// again with EVAL.
 func (s *Store) tx(ctx context.Context, shard int, after string, fn func(p redis.Pipeliner, eval bool)) (logPos, error) {
 	w := s.reader()
 	keys := []string{s.keys[shard].data[2], s.keys[shard].data[3], s.keys[shard].data[1]}
@@ -147,14 +148,15 @@ func (s *Store) tx(ctx context.Context, shard int, after string, fn func(p redis
 			fn(p, eval)
 			return nil
 		})
-		if err != nil && !errors.Is(err, redis.Nil) && !redis.HasErrorPrefix(err, "NOSCRIPT") {
-			return logPos{}, err
-		}
-		res, perr := posCmd.Slice()
-		if perr != nil && redis.HasErrorPrefix(perr, "NOSCRIPT") && !eval {
+		// the first failed command's error: the position script's, or
+		// fn's (a view.lua not loaded while position.lua is)
+		if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") && !eval {
 			continue
 		}
-		return parseLogPos(res, perr)
+		if err != nil && !errors.Is(err, redis.Nil) {
+			return logPos{}, err
+		}
+		return parseLogPos(posCmd.Slice())
 	}
 	return logPos{}, errors.New("position: NOSCRIPT after EVAL")
 }
