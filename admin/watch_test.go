@@ -283,8 +283,10 @@ func TestWatchResync(t *testing.T) {
 
 // TestSnapshotPlusWatchProperty: a fleet of writers changes devices
 // while a consumer takes a snapshot through the API and watches from its
-// cursor. Every event it keeps is the next ver of its device, and once
-// the writers are done its view equals the store's.
+// cursor. Every event it keeps is the next ver of its device and flips
+// the state it held (a device's first is online), so its view is at
+// every point a state of the store's history; once the writers are
+// done its view equals the store's.
 func TestSnapshotPlusWatchProperty(t *testing.T) {
 	rapid.Check(t, func(rt *rapid.T) {
 		store, c := watchServer(t, 0)
@@ -334,6 +336,11 @@ func TestSnapshotPlusWatchProperty(t *testing.T) {
 				}
 				if k.ver != 0 && e.Ver != k.ver+1 {
 					return fmt.Errorf("device %s: ver %d after %d: a gap", e.Device, e.Ver, k.ver)
+				}
+				// at every point the view is a state the device was in:
+				// each event applied is the transition out of the state held
+				if (k.ver != 0 && e.State == k.state) || (k.ver == 0 && e.State != gateway.Online) {
+					return fmt.Errorf("device %s: %s ver %d applied to %s ver %d: not a transition", e.Device, e.State, e.Ver, k.state, k.ver)
 				}
 				view[e.Device] = known{e.State, e.Ver}
 				return nil
