@@ -281,6 +281,50 @@ func TestWatchResync(t *testing.T) {
 	}
 }
 
+// A stream whose position is trimmed away while it runs (the consumer
+// fell a whole log behind) ends with a resync message, which the client
+// returns as ErrResync.
+func TestWatchResyncMidStream(t *testing.T) {
+	store, c := watchServer(t, 10)
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	cursor, err := c.SnapshotAll(ctx, func(gateway.Envelope) {})
+	if err != nil {
+		t.Fatal(err)
+	}
+	connect(t, store, "gw", "first")
+	streaming := make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		n := 0
+		done <- c.Watch(ctx, cursor, 0, func(gateway.Envelope) error {
+			if n++; n == 1 {
+				close(streaming)
+			}
+			return nil
+		})
+	}()
+	select {
+	case <-streaming:
+	case err := <-done:
+		t.Fatalf("Watch ended before its first event: %v", err)
+	case <-ctx.Done():
+		t.Fatal("no first event within 20s")
+	}
+	// one transaction a shard: each shard's log is trimmed past the
+	// stream's position before its reader wakes
+	connect(t, store, "gw", ids("m", 200)...)
+	select {
+	case err := <-done:
+		var re *admin.ErrResync
+		if !errors.As(err, &re) || re.Reason != gateway.ResyncTrimmed || !errors.Is(err, gateway.ErrResyncRequired) {
+			t.Errorf("Watch trimmed mid-stream = %v, want a resync (trimmed)", err)
+		}
+	case <-ctx.Done():
+		t.Fatal("the stream did not end within 20s of its position being trimmed")
+	}
+}
+
 // TestSnapshotPlusWatchProperty: a fleet of writers changes devices
 // while a consumer takes a snapshot through the API and watches from its
 // cursor. Every event it keeps is the next ver of its device and flips
