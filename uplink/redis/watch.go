@@ -1,11 +1,13 @@
 package redisstore
 
 import (
+	"cmp"
 	"context"
 	_ "embed"
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -25,10 +27,17 @@ import (
 // writes need. Each read is one MULTI on the shard's slot: the position
 // script (lua/position.lua: incarnation, last generated ID, first ID,
 // how many were trimmed) and the read itself (an XREAD COUNT, or a view.lua scan page), so
-// the position and what was read are of one instant. A reader with
-// nothing to read then waits in XREAD BLOCK on the shard's stream alone:
-// a Cluster refuses a command over keys of several slots (CROSSSLOT), so
-// each waiting shard holds one connection of the node that owns it.
+// the position and what was read are of one instant.
+//
+// A consumer with nothing to read waits with WaitEvents. On a standalone
+// server that is one XREAD BLOCK over every shard's stream, so an idle
+// consumer holds one connection. A Cluster refuses a command over keys of
+// several slots (CROSSSLOT), and each shard's stream has its own hash
+// tag, so there a wait is one XREAD BLOCK per shard, each on a connection
+// of the node that owns the shard; the first that returns ends the
+// others with CLIENT UNBLOCK. The waits a store serves at once are
+// capped (Options.WatchWaits): one more fails at once with
+// gateway.ErrBusy instead of waiting for a pooled connection.
 
 var (
 	//go:embed lua/position.lua
@@ -38,9 +47,16 @@ var (
 )
 
 const (
-	// watchPoolSize is the connection pool of the readers' client: each
-	// reader waiting in XREAD BLOCK holds one connection.
+	// watchPoolSize is the least connection pool of the readers' client.
 	watchPoolSize = 256
+	// readMargin is the connections of the readers' pool left to the
+	// checked reads (ReadEvents, snapshots) beside the waits.
+	readMargin = 32
+	// defaultWatchWaits is Options.WatchWaits of a standalone server
+	// (each wait holds one connection) and of a Cluster (each holds one
+	// connection per shard).
+	defaultWatchWaits        = watchPoolSize - readMargin
+	defaultClusterWatchWaits = 64
 	// maxReadLimit caps the events of one ReadEvents call.
 	maxReadLimit = 10_000
 )
@@ -53,6 +69,13 @@ type watchState struct {
 	owned bool
 	pos   *redis.Script
 	pub   *redis.Script
+	// waits holds a token per wait in progress (WaitEvents).
+	waits chan struct{}
+	// cluster: a wait is one XREAD BLOCK per shard.
+	cluster bool
+	// streams is each shard's stream key, shardOf the way back.
+	streams []string
+	shardOf map[string]int
 }
 
 // reader returns the readers' client, making it on first use.
@@ -63,18 +86,30 @@ func (s *Store) reader() *watchState {
 		w.pub = redis.NewScript(publisherLua)
 		w.mu.Lock()
 		defer w.mu.Unlock()
+		w.shardOf = make(map[string]int, s.shards)
+		for i := range s.shards {
+			w.streams = append(w.streams, s.keys[i].data[2])
+			w.shardOf[s.keys[i].data[2]] = i
+		}
+		waits := s.watchWaits
 		switch c := s.c.(type) {
 		case *redis.Client:
+			waits = cmp.Or(waits, defaultWatchWaits)
 			o := *c.Options()
-			o.PoolSize = max(o.PoolSize, watchPoolSize)
+			o.PoolSize = max(o.PoolSize, watchPoolSize, waits+readMargin)
 			w.c, w.owned = redis.NewClient(&o), true
 		case *redis.ClusterClient:
+			// a node may own every shard: its pool holds a connection
+			// per shard for every wait
+			waits = cmp.Or(waits, defaultClusterWatchWaits)
 			o := *c.Options()
-			o.PoolSize = max(o.PoolSize, watchPoolSize)
-			w.c, w.owned = redis.NewClusterClient(&o), true
+			o.PoolSize = max(o.PoolSize, watchPoolSize, waits*s.shards+readMargin)
+			w.c, w.owned, w.cluster = redis.NewClusterClient(&o), true, true
 		default:
+			waits = cmp.Or(waits, defaultWatchWaits)
 			w.c = s.c
 		}
+		w.waits = make(chan struct{}, waits)
 	})
 	return w
 }
@@ -246,6 +281,148 @@ func (s *Store) ReadEvents(ctx context.Context, shard int, after gateway.Positio
 		block = 0
 	}
 	return nil, nil
+}
+
+// WaitEvents waits up to block for an event after one of the positions:
+// one XREAD BLOCK over every shard's stream (a Cluster: one per shard,
+// waitEach), naming the shards it returned entries of.
+func (s *Store) WaitEvents(ctx context.Context, after []gateway.Position, block time.Duration) ([]int, error) {
+	if _, err := s.client(); err != nil {
+		return nil, err
+	}
+	if len(after) != s.shards {
+		return nil, fmt.Errorf("redisstore: wait events: %d positions, the store has %d shards", len(after), s.shards)
+	}
+	ids := make([]string, len(after))
+	for i, p := range after {
+		if p.ID != "0" && !validStreamID(p.ID) {
+			return nil, fmt.Errorf("redisstore: wait events: shard %d: position %q is not <ms>-<seq>", i, p.ID)
+		}
+		ids[i] = p.ID
+	}
+	w := s.reader()
+	select {
+	case w.waits <- struct{}{}:
+		defer func() { <-w.waits }()
+	default:
+		return nil, fmt.Errorf("redisstore: wait events: %w: %d waits in progress, the most this store serves (store.redis: one connection per wait, one per shard in a Cluster)", gateway.ErrBusy, cap(w.waits))
+	}
+	if w.cluster {
+		return s.waitEach(ctx, w, ids, block)
+	}
+	args := &redis.XReadArgs{Streams: append(slices.Clone(w.streams), ids...), Count: 1, Block: -1}
+	if block > 0 {
+		args.Block = max(block, time.Millisecond)
+	}
+	streams, err := w.c.XRead(ctx, args).Result()
+	switch {
+	case errors.Is(err, redis.Nil), err != nil && ctx.Err() != nil:
+		return nil, nil
+	case err != nil:
+		return nil, unavailable("wait events", err)
+	}
+	return w.named(streams), nil
+}
+
+// named is the shards of the streams an XREAD returned entries of, in
+// ascending order.
+func (w *watchState) named(streams []redis.XStream) []int {
+	var out []int
+	for _, st := range streams {
+		if i, ok := w.shardOf[st.Stream]; ok && len(st.Messages) > 0 {
+			out = append(out, i)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// waitEach is a Cluster's wait: one XREAD BLOCK per shard, each on a
+// connection of its node taken for the wait; the first that returns
+// entries (or fails) ends the others with CLIENT UNBLOCK, so that no
+// connection stays blocked past the wait.
+func (s *Store) waitEach(ctx context.Context, w *watchState, ids []string, block time.Duration) ([]int, error) {
+	cc := w.c.(*redis.ClusterClient)
+	type waiter struct {
+		node *redis.Client
+		conn *redis.Conn
+		id   int64
+	}
+	ws := make([]waiter, len(ids))
+	defer func() {
+		for _, x := range ws {
+			if x.conn != nil {
+				x.conn.Close()
+			}
+		}
+	}()
+	for i := range ids {
+		node, err := cc.MasterForKey(ctx, w.streams[i])
+		if err != nil {
+			return nil, unavailable("wait events", err)
+		}
+		conn := node.Conn()
+		id, err := conn.ClientID(ctx).Result()
+		ws[i] = waiter{node: node, conn: conn, id: id}
+		if err != nil {
+			return nil, unavailable("wait events", err)
+		}
+	}
+	type result struct {
+		shard int
+		named bool
+		err   error
+	}
+	results := make(chan result, len(ids))
+	for i := range ids {
+		go func() {
+			args := &redis.XReadArgs{Streams: []string{w.streams[i], ids[i]}, Count: 1, Block: -1}
+			if block > 0 {
+				args.Block = max(block, time.Millisecond)
+			}
+			streams, err := ws[i].conn.XRead(ctx, args).Result()
+			if errors.Is(err, redis.Nil) {
+				err = nil
+			}
+			results <- result{shard: i, named: len(w.named(streams)) > 0, err: err}
+		}()
+	}
+	// an XREAD sent after its CLIENT UNBLOCK would wait the whole block:
+	// the unblocking repeats until every XREAD returned
+	var out []int
+	var first error
+	returned := make([]bool, len(ids))
+	var tick <-chan time.Time
+	for left := len(ids); left > 0; {
+		select {
+		case r := <-results:
+			left--
+			returned[r.shard] = true
+			if r.named {
+				out = append(out, r.shard)
+			}
+			if r.err != nil && first == nil && ctx.Err() == nil {
+				first = r.err
+			}
+			if tick != nil || (!r.named && r.err == nil) {
+				continue
+			}
+			t := time.NewTicker(50 * time.Millisecond)
+			defer t.Stop()
+			tick = t.C
+		case <-tick:
+		}
+		for j, x := range ws {
+			if !returned[j] && tick != nil {
+				x.node.ClientUnblock(context.WithoutCancel(ctx), x.id)
+			}
+		}
+	}
+	if first != nil && len(out) == 0 {
+		return nil, unavailable("wait events", first)
+	}
+	slices.Sort(out)
+	return out, nil
 }
 
 // readOnce is one MULTI of the position script and XREAD COUNT limit.
