@@ -34,6 +34,12 @@ func watchServer(t *testing.T, maxLen int64) (*embedded.Store, *admin.Client) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return store, serveAdmin(t, store)
+}
+
+// serveAdmin is an admin server over store, shut down at cleanup.
+func serveAdmin(t *testing.T, store gateway.Store) *admin.Client {
+	t.Helper()
 	srv, err := admin.Listen(admin.Options{
 		Addr: "127.0.0.1:0", Store: store, Gatherer: prometheus.NewRegistry(),
 		Status: func() admin.Status { return admin.Status{} },
@@ -54,7 +60,7 @@ func watchServer(t *testing.T, maxLen int64) (*embedded.Store, *admin.Client) {
 			t.Errorf("Serve: %v", err)
 		}
 	})
-	return store, admin.NewClient(srv.Addr().String())
+	return admin.NewClient(srv.Addr().String())
 }
 
 // fataler is what write needs of a testing.T or a rapid.T.
