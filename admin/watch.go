@@ -241,7 +241,17 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request) {
 		}
 		pending[i] = len(first[i]) == watchBatch
 	}
-	go readShards(ctx, st, slices.Clone(cur), pending, keepAlive, reads)
+	// the stream's reads end with it (a wait in Redis is unblocked), so
+	// that none outlives the request
+	readDone := make(chan struct{})
+	go func() {
+		defer close(readDone)
+		readShards(ctx, st, slices.Clone(cur), pending, keepAlive, reads)
+	}()
+	defer func() {
+		cancel()
+		<-readDone
+	}()
 	if !sw.flush() {
 		return
 	}

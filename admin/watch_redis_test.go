@@ -44,14 +44,17 @@ func redisClients(t *testing.T, rc *redis.Client) (total, blocked int) {
 }
 
 // idleStreams opens n watch streams at the current position; each hands
-// its events to its channel. They end at cleanup.
-func idleStreams(t *testing.T, c *admin.Client, n int) []chan gateway.Envelope {
+// its events to its channel. They end with stop, or at cleanup.
+func idleStreams(t *testing.T, c *admin.Client, n int) (got []chan gateway.Envelope, stop func()) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
-	t.Cleanup(wg.Wait)
-	t.Cleanup(cancel)
-	got := make([]chan gateway.Envelope, n)
+	stop = func() {
+		cancel()
+		wg.Wait()
+	}
+	t.Cleanup(stop)
+	got = make([]chan gateway.Envelope, n)
 	for i := range got {
 		got[i] = make(chan gateway.Envelope, 16)
 		wg.Go(func() {
@@ -67,7 +70,7 @@ func idleStreams(t *testing.T, c *admin.Client, n int) []chan gateway.Envelope {
 			}
 		})
 	}
-	return got
+	return got, stop
 }
 
 // waitBlocked waits up to 20s for want XREADs blocked on the nodes, and
@@ -103,7 +106,7 @@ func TestIdleWatchStreamsOneConnectionEach(t *testing.T) {
 	t.Cleanup(func() { store.Close() })
 	c := serveAdmin(t, store)
 	base, _ := redisClients(t, rc)
-	got := idleStreams(t, c, n)
+	got, _ := idleStreams(t, c, n)
 	total, blocked := waitBlocked(t, n, rc)
 	t.Logf("%d idle streams: %d connections (%d before), %d blocked in XREAD", n, total, base, blocked)
 	if blocked != n {
@@ -154,7 +157,9 @@ func busyAnswer(t *testing.T, c *admin.Client) {
 
 // TestWatchStreamsOverTheCapGet503: a store that serves 3 waits at once
 // (redisstore Options.WatchWaits) holds 3 idle streams and refuses the
-// fourth with a 503, at once (it waited for a pooled connection).
+// fourth with a 503, at once (it waited for a pooled connection); once
+// the streams end their waits are given back at once, not at the end of
+// their blocking reads.
 func TestWatchStreamsOverTheCapGet503(t *testing.T) {
 	srv := redistest.Start(t)
 	rc := srv.Client(t)
@@ -164,11 +169,25 @@ func TestWatchStreamsOverTheCapGet503(t *testing.T) {
 	}
 	t.Cleanup(func() { store.Close() })
 	c := serveAdmin(t, store)
-	got := idleStreams(t, c, 3)
+	got, stop := idleStreams(t, c, 3)
 	if _, blocked := waitBlocked(t, 3, rc); blocked != 3 {
 		t.Fatalf("%d XREADs blocked for 3 idle streams, want 3", blocked)
 	}
 	busyAnswer(t, c)
+	// streams whose clients left give their waits back within a second
+	// (the keep-alive is a minute): new streams are served
+	stop()
+	deadline := time.Now().Add(time.Second)
+	for _, b := redisClients(t, rc); b != 0; _, b = redisClients(t, rc) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d XREADs still blocked 1s after their streams ended", b)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	got, _ = idleStreams(t, c, 3)
+	if _, blocked := waitBlocked(t, 3, rc); blocked != 3 {
+		t.Fatalf("%d XREADs blocked for 3 new idle streams, want 3", blocked)
+	}
 	ev := connect(t, store, "gw", "cap-dev")[0]
 	for i, ch := range got {
 		select {
@@ -205,7 +224,7 @@ func TestClusterIdleWatchStreams(t *testing.T) {
 	}
 	c := serveAdmin(t, store)
 	begin := time.Now()
-	got := idleStreams(t, c, streams)
+	got, _ := idleStreams(t, c, streams)
 	total, blocked := waitBlocked(t, streams*shards, nodes...)
 	t.Logf("%d idle streams: %d connections on the 3 masters, %d blocked in XREAD, after %v", streams, total, blocked, time.Since(begin))
 	if blocked != streams*shards {

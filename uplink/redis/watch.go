@@ -35,7 +35,9 @@ import (
 // several slots (CROSSSLOT), and each shard's stream has its own hash
 // tag, so there a wait is one XREAD BLOCK per shard, each on a connection
 // of the node that owns the shard; the first that returns ends the
-// others with CLIENT UNBLOCK. The waits a store serves at once are
+// others with CLIENT UNBLOCK, as the end of the caller's context ends
+// them all (go-redis does not end a blocked command with its context).
+// The waits a store serves at once are
 // capped (Options.WatchWaits): one more fails at once with
 // gateway.ErrBusy instead of waiting for a pooled connection.
 
@@ -71,8 +73,6 @@ type watchState struct {
 	pub   *redis.Script
 	// waits holds a token per wait in progress (WaitEvents).
 	waits chan struct{}
-	// cluster: a wait is one XREAD BLOCK per shard.
-	cluster bool
 	// streams is each shard's stream key, shardOf the way back.
 	streams []string
 	shardOf map[string]int
@@ -104,7 +104,7 @@ func (s *Store) reader() *watchState {
 			waits = cmp.Or(waits, defaultClusterWatchWaits)
 			o := *c.Options()
 			o.PoolSize = max(o.PoolSize, watchPoolSize, waits*s.shards+readMargin)
-			w.c, w.owned, w.cluster = redis.NewClusterClient(&o), true, true
+			w.c, w.owned = redis.NewClusterClient(&o), true
 		default:
 			waits = cmp.Or(waits, defaultWatchWaits)
 			w.c = s.c
@@ -284,8 +284,8 @@ func (s *Store) ReadEvents(ctx context.Context, shard int, after gateway.Positio
 }
 
 // WaitEvents waits up to block for an event after one of the positions:
-// one XREAD BLOCK over every shard's stream (a Cluster: one per shard,
-// waitEach), naming the shards it returned entries of.
+// one XREAD BLOCK over every shard's stream (a Cluster: one per shard),
+// naming the shards it returned entries of.
 func (s *Store) WaitEvents(ctx context.Context, after []gateway.Position, block time.Duration) ([]int, error) {
 	if _, err := s.client(); err != nil {
 		return nil, err
@@ -305,27 +305,132 @@ func (s *Store) WaitEvents(ctx context.Context, after []gateway.Position, block 
 	case w.waits <- struct{}{}:
 		defer func() { <-w.waits }()
 	default:
-		return nil, fmt.Errorf("redisstore: wait events: %w: %d waits in progress, the most this store serves (store.redis: one connection per wait, one per shard in a Cluster)", gateway.ErrBusy, cap(w.waits))
+		return nil, fmt.Errorf("redisstore: wait events: %w: %d waits in progress, the most this store serves (a wait holds one connection, one per shard on a Cluster)", gateway.ErrBusy, cap(w.waits))
 	}
-	if w.cluster {
-		return s.waitEach(ctx, w, ids, block)
+	var xs []xwait
+	defer func() {
+		for _, x := range xs {
+			x.conn.Close()
+		}
+	}()
+	add := func(node *redis.Client, streams []string) error {
+		conn := node.Conn()
+		id, err := conn.ClientID(ctx).Result()
+		xs = append(xs, xwait{node: node, conn: conn, id: id, streams: streams})
+		return err
 	}
-	args := &redis.XReadArgs{Streams: append(slices.Clone(w.streams), ids...), Count: 1, Block: -1}
-	if block > 0 {
-		args.Block = max(block, time.Millisecond)
+	switch c := w.c.(type) {
+	case *redis.ClusterClient:
+		for i, key := range w.streams {
+			node, err := c.MasterForKey(ctx, key)
+			if err == nil {
+				err = add(node, []string{key, ids[i]})
+			}
+			if err != nil {
+				return nil, s.waitFailed(ctx, err)
+			}
+		}
+	case *redis.Client:
+		if err := add(c, append(slices.Clone(w.streams), ids...)); err != nil {
+			return nil, s.waitFailed(ctx, err)
+		}
+	default:
+		return nil, fmt.Errorf("redisstore: wait events: a client %T: want a *redis.Client or a *redis.ClusterClient", w.c)
 	}
-	streams, err := w.c.XRead(ctx, args).Result()
-	switch {
-	case errors.Is(err, redis.Nil), err != nil && ctx.Err() != nil:
-		return nil, nil
-	case err != nil:
-		return nil, unavailable("wait events", err)
+	named, err := w.waitAll(ctx, xs, block)
+	if err != nil {
+		return nil, s.waitFailed(ctx, err)
 	}
-	return w.named(streams), nil
+	return named, nil
 }
 
-// named is the shards of the streams an XREAD returned entries of, in
-// ascending order.
+// waitFailed is WaitEvents' error: none when ctx ended.
+func (s *Store) waitFailed(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return nil
+	}
+	return unavailable("wait events", err)
+}
+
+// xwait is one XREAD BLOCK of a wait, on a connection of its node taken
+// for the wait, whose client ID lets CLIENT UNBLOCK end it.
+type xwait struct {
+	node    *redis.Client
+	conn    *redis.Conn
+	id      int64
+	streams []string // XREAD's STREAMS arguments: keys, then IDs
+}
+
+// waitAll runs the XREADs and names the shards they returned entries of.
+// The first that returns entries or fails, or the end of ctx, ends the
+// others with CLIENT UNBLOCK, so that no connection stays blocked past
+// the wait. An XREAD that reaches the server after its CLIENT UNBLOCK
+// would wait the whole block, so the unblocking repeats every 50ms until
+// every XREAD returned.
+func (w *watchState) waitAll(ctx context.Context, xs []xwait, block time.Duration) ([]int, error) {
+	type result struct {
+		i     int
+		named []int
+		err   error
+	}
+	results := make(chan result, len(xs))
+	for i, x := range xs {
+		go func() {
+			args := &redis.XReadArgs{Streams: x.streams, Count: 1, Block: -1}
+			if block > 0 {
+				args.Block = max(block, time.Millisecond)
+			}
+			streams, err := x.conn.XRead(context.WithoutCancel(ctx), args).Result()
+			if errors.Is(err, redis.Nil) {
+				err = nil
+			}
+			results <- result{i: i, named: w.named(streams), err: err}
+		}()
+	}
+	var out []int
+	var first error
+	returned := make([]bool, len(xs))
+	done := ctx.Done()
+	var tick <-chan time.Time
+	for left := len(xs); left > 0; {
+		select {
+		case r := <-results:
+			left--
+			returned[r.i] = true
+			out = append(out, r.named...)
+			if r.err != nil && first == nil {
+				first = r.err
+			}
+			if tick != nil || (len(r.named) == 0 && r.err == nil) {
+				continue
+			}
+		case <-done:
+			done = nil
+			if tick != nil {
+				continue
+			}
+		case <-tick:
+		}
+		if tick == nil {
+			t := time.NewTicker(50 * time.Millisecond)
+			defer t.Stop()
+			tick = t.C
+		}
+		for i, x := range xs {
+			if !returned[i] {
+				// a connection no longer blocked ignores it
+				x.node.ClientUnblock(context.WithoutCancel(ctx), x.id)
+			}
+		}
+	}
+	if first != nil && len(out) == 0 {
+		return nil, first
+	}
+	slices.Sort(out)
+	return out, nil
+}
+
+// named is the shards of the streams an XREAD returned entries of.
 func (w *watchState) named(streams []redis.XStream) []int {
 	var out []int
 	for _, st := range streams {
@@ -333,96 +438,7 @@ func (w *watchState) named(streams []redis.XStream) []int {
 			out = append(out, i)
 		}
 	}
-	slices.Sort(out)
 	return out
-}
-
-// waitEach is a Cluster's wait: one XREAD BLOCK per shard, each on a
-// connection of its node taken for the wait; the first that returns
-// entries (or fails) ends the others with CLIENT UNBLOCK, so that no
-// connection stays blocked past the wait.
-func (s *Store) waitEach(ctx context.Context, w *watchState, ids []string, block time.Duration) ([]int, error) {
-	cc := w.c.(*redis.ClusterClient)
-	type waiter struct {
-		node *redis.Client
-		conn *redis.Conn
-		id   int64
-	}
-	ws := make([]waiter, len(ids))
-	defer func() {
-		for _, x := range ws {
-			if x.conn != nil {
-				x.conn.Close()
-			}
-		}
-	}()
-	for i := range ids {
-		node, err := cc.MasterForKey(ctx, w.streams[i])
-		if err != nil {
-			return nil, unavailable("wait events", err)
-		}
-		conn := node.Conn()
-		id, err := conn.ClientID(ctx).Result()
-		ws[i] = waiter{node: node, conn: conn, id: id}
-		if err != nil {
-			return nil, unavailable("wait events", err)
-		}
-	}
-	type result struct {
-		shard int
-		named bool
-		err   error
-	}
-	results := make(chan result, len(ids))
-	for i := range ids {
-		go func() {
-			args := &redis.XReadArgs{Streams: []string{w.streams[i], ids[i]}, Count: 1, Block: -1}
-			if block > 0 {
-				args.Block = max(block, time.Millisecond)
-			}
-			streams, err := ws[i].conn.XRead(ctx, args).Result()
-			if errors.Is(err, redis.Nil) {
-				err = nil
-			}
-			results <- result{shard: i, named: len(w.named(streams)) > 0, err: err}
-		}()
-	}
-	// an XREAD sent after its CLIENT UNBLOCK would wait the whole block:
-	// the unblocking repeats until every XREAD returned
-	var out []int
-	var first error
-	returned := make([]bool, len(ids))
-	var tick <-chan time.Time
-	for left := len(ids); left > 0; {
-		select {
-		case r := <-results:
-			left--
-			returned[r.shard] = true
-			if r.named {
-				out = append(out, r.shard)
-			}
-			if r.err != nil && first == nil && ctx.Err() == nil {
-				first = r.err
-			}
-			if tick != nil || (!r.named && r.err == nil) {
-				continue
-			}
-			t := time.NewTicker(50 * time.Millisecond)
-			defer t.Stop()
-			tick = t.C
-		case <-tick:
-		}
-		for j, x := range ws {
-			if !returned[j] && tick != nil {
-				x.node.ClientUnblock(context.WithoutCancel(ctx), x.id)
-			}
-		}
-	}
-	if first != nil && len(out) == 0 {
-		return nil, unavailable("wait events", first)
-	}
-	slices.Sort(out)
-	return out, nil
 }
 
 // readOnce is one MULTI of the position script and XREAD COUNT limit.

@@ -304,19 +304,28 @@ func testWaitEvents(t *testing.T, open Opener) {
 	if ready := e.wait(e.ctx, past, 0); len(ready) != 1 || ready[0] != 1 {
 		t.Errorf("WaitEvents past shard 2's event = %v, want [1]", ready)
 	}
-	// a cancelled context returns at once
-	ctx, cancel := context.WithCancel(e.ctx)
-	cancel()
-	done := make(chan struct{})
+	// the end of the context ends a wait, before it starts or during it
 	idle := e.cursorOf()
-	go func() {
-		defer close(done)
-		e.store.WaitEvents(ctx, idle, 10*time.Second)
-	}()
-	select {
-	case <-done:
-	case <-time.After(5 * time.Second):
-		t.Fatal("WaitEvents with a cancelled context still waiting after 5s")
+	for _, after := range []time.Duration{0, 100 * time.Millisecond} {
+		ctx, cancel := context.WithCancel(e.ctx)
+		if after == 0 {
+			cancel()
+		}
+		done := make(chan []int)
+		go func() {
+			ready, _ := e.store.WaitEvents(ctx, idle, 10*time.Second)
+			done <- ready
+		}()
+		time.Sleep(after)
+		cancel()
+		select {
+		case ready := <-done:
+			if len(ready) != 0 {
+				t.Errorf("WaitEvents ended by its context = %v, want none", ready)
+			}
+		case <-time.After(3 * time.Second):
+			t.Fatalf("WaitEvents still waiting 3s after its context ended (%v into the wait)", after)
+		}
 	}
 	if _, err := e.store.WaitEvents(e.ctx, cur[:2], 0); err == nil {
 		t.Errorf("WaitEvents with 2 positions of 3 shards: no error")
