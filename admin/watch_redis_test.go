@@ -246,6 +246,9 @@ func TestClusterIdleWatchStreams(t *testing.T) {
 	// past its wait (each stream waits again, once)
 	time.Sleep(500 * time.Millisecond)
 	if _, b := waitBlocked(t, streams*shards, nodes...); b != streams*shards {
+		for i, n := range cl.Nodes {
+			t.Logf("node %d %s: %s", i, n.Addr, n.Log())
+		}
 		t.Errorf("%d XREADs blocked after the event, want %d", b, streams*shards)
 	}
 }

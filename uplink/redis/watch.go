@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -37,9 +38,9 @@ import (
 // of the node that owns the shard; the first that returns ends the
 // others with CLIENT UNBLOCK, as the end of the caller's context ends
 // them all (go-redis does not end a blocked command with its context).
-// The waits a store serves at once are
-// capped (Options.WatchWaits): one more fails at once with
-// gateway.ErrBusy instead of waiting for a pooled connection.
+// The waits a store serves at once are capped (Options.WatchWaits): one
+// more fails at once with gateway.ErrBusy instead of waiting for a pooled
+// connection.
 
 var (
 	//go:embed lua/position.lua
@@ -307,33 +308,18 @@ func (s *Store) WaitEvents(ctx context.Context, after []gateway.Position, block 
 	default:
 		return nil, fmt.Errorf("redisstore: wait events: %w: %d waits in progress, the most this store serves (a wait holds one connection, one per shard on a Cluster)", gateway.ErrBusy, cap(w.waits))
 	}
-	var xs []xwait
-	defer func() {
-		for _, x := range xs {
-			x.conn.Close()
-		}
-	}()
-	add := func(node *redis.Client, streams []string) error {
-		conn := node.Conn()
-		id, err := conn.ClientID(ctx).Result()
-		xs = append(xs, xwait{node: node, conn: conn, id: id, streams: streams})
-		return err
-	}
+	var xs []*xwait
 	switch c := w.c.(type) {
 	case *redis.ClusterClient:
 		for i, key := range w.streams {
 			node, err := c.MasterForKey(ctx, key)
-			if err == nil {
-				err = add(node, []string{key, ids[i]})
-			}
 			if err != nil {
 				return nil, s.waitFailed(ctx, err)
 			}
+			xs = append(xs, &xwait{node: node, streams: []string{key, ids[i]}})
 		}
 	case *redis.Client:
-		if err := add(c, append(slices.Clone(w.streams), ids...)); err != nil {
-			return nil, s.waitFailed(ctx, err)
-		}
+		xs = append(xs, &xwait{node: c, streams: append(slices.Clone(w.streams), ids...)})
 	default:
 		return nil, fmt.Errorf("redisstore: wait events: a client %T: want a *redis.Client or a *redis.ClusterClient", w.c)
 	}
@@ -353,12 +339,12 @@ func (s *Store) waitFailed(ctx context.Context, err error) error {
 }
 
 // xwait is one XREAD BLOCK of a wait, on a connection of its node taken
-// for the wait, whose client ID lets CLIENT UNBLOCK end it.
+// for the wait, whose client ID (read first) lets CLIENT UNBLOCK end it.
 type xwait struct {
 	node    *redis.Client
-	conn    *redis.Conn
-	id      int64
-	streams []string // XREAD's STREAMS arguments: keys, then IDs
+	streams []string     // XREAD's STREAMS arguments: keys, then IDs
+	conn    *redis.Conn  // set by the XREAD's goroutine
+	id      atomic.Int64 // the connection's client ID, 0 until known
 }
 
 // waitAll runs the XREADs and names the shards they returned entries of.
@@ -367,7 +353,7 @@ type xwait struct {
 // the wait. An XREAD that reaches the server after its CLIENT UNBLOCK
 // would wait the whole block, so the unblocking repeats every 50ms until
 // every XREAD returned.
-func (w *watchState) waitAll(ctx context.Context, xs []xwait, block time.Duration) ([]int, error) {
+func (w *watchState) waitAll(ctx context.Context, xs []*xwait, block time.Duration) ([]int, error) {
 	type result struct {
 		i     int
 		named []int
@@ -376,6 +362,13 @@ func (w *watchState) waitAll(ctx context.Context, xs []xwait, block time.Duratio
 	results := make(chan result, len(xs))
 	for i, x := range xs {
 		go func() {
+			x.conn = x.node.Conn()
+			id, err := x.conn.ClientID(ctx).Result()
+			if err != nil {
+				results <- result{i: i, err: err}
+				return
+			}
+			x.id.Store(id)
 			args := &redis.XReadArgs{Streams: x.streams, Count: 1, Block: -1}
 			if block > 0 {
 				args.Block = max(block, time.Millisecond)
@@ -387,6 +380,14 @@ func (w *watchState) waitAll(ctx context.Context, xs []xwait, block time.Duratio
 			results <- result{i: i, named: w.named(streams), err: err}
 		}()
 	}
+	// The connections go back to the pool once every XREAD returned: a
+	// CLIENT UNBLOCK sent to one already back could end the XREAD of
+	// another wait that took it, leaving that wait blind to a shard.
+	defer func() {
+		for _, x := range xs {
+			x.conn.Close()
+		}
+	}()
 	var out []int
 	var first error
 	returned := make([]bool, len(xs))
@@ -417,9 +418,9 @@ func (w *watchState) waitAll(ctx context.Context, xs []xwait, block time.Duratio
 			tick = t.C
 		}
 		for i, x := range xs {
-			if !returned[i] {
+			if id := x.id.Load(); id != 0 && !returned[i] {
 				// a connection no longer blocked ignores it
-				x.node.ClientUnblock(context.WithoutCancel(ctx), x.id)
+				x.node.ClientUnblock(context.WithoutCancel(ctx), id)
 			}
 		}
 	}
