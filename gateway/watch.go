@@ -202,7 +202,8 @@ type EventLog interface {
 	// consumer holds as few store connections as the store allows (the
 	// Redis store: one for a standalone server, one per shard in a
 	// Cluster); a store that cannot hold another wait fails at once with
-	// ErrBusy.
+	// ErrBusy, with block 0 too (a caller asks so before it commits to
+	// waiting; a wait of block 0 takes no place of the others).
 	WaitEvents(ctx context.Context, after []Position, block time.Duration) ([]int, error)
 	// AcquirePublisher takes or extends the publisher lease of shard for
 	// owner (expiring after ttl on the store clock) and returns the

@@ -302,11 +302,19 @@ func (s *Store) WaitEvents(ctx context.Context, after []gateway.Position, block 
 		ids[i] = p.ID
 	}
 	w := s.reader()
-	select {
-	case w.waits <- struct{}{}:
-		defer func() { <-w.waits }()
-	default:
-		return nil, fmt.Errorf("redisstore: wait events: %w: %d waits in progress, the most this store serves (a wait holds one connection, one per shard on a Cluster)", gateway.ErrBusy, cap(w.waits))
+	busy := fmt.Errorf("redisstore: wait events: %w: %d waits in progress, the most this store serves (a wait holds one connection, one per shard on a Cluster)", gateway.ErrBusy, cap(w.waits))
+	// a wait of block 0 holds its connections no longer than a read:
+	// it takes no slot (an admission check must not fail a wait)
+	if block <= 0 && len(w.waits) == cap(w.waits) {
+		return nil, busy
+	}
+	if block > 0 {
+		select {
+		case w.waits <- struct{}{}:
+			defer func() { <-w.waits }()
+		default:
+			return nil, busy
+		}
 	}
 	var xs []*xwait
 	switch c := w.c.(type) {

@@ -1,6 +1,7 @@
 package redisstore
 
 import (
+	"context"
 	"errors"
 	"log/slog"
 	"testing"
@@ -97,4 +98,62 @@ func TestRestartIsANewIncarnation(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestWaitEventsCap: a store serving 2 waits at once (WatchWaits) fails
+// a third at once with gateway.ErrBusy (one of block 0 too: the watch
+// API asks so before a stream starts), and serves one again when the
+// waits ended, which they do at the end of their context.
+func TestWaitEventsCap(t *testing.T) {
+	forBackends(t, func(t *testing.T, c redis.UniversalClient) {
+		s, err := Open(t.Context(), c, Options{Prefix: uniquePrefix(), Shards: 4, WatchWaits: 2})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		cur := make([]gateway.Position, 4)
+		for i := range cur {
+			p, err := s.SnapshotShard(t.Context(), i, "", 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cur[i] = p.At
+		}
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		ended := make(chan error, 2)
+		for range 2 {
+			go func() {
+				_, err := s.WaitEvents(ctx, cur, time.Minute)
+				ended <- err
+			}()
+		}
+		// the third, once both waits hold their slots: ErrBusy
+		for deadline := time.Now().Add(5 * time.Second); len(s.reader().waits) < 2; time.Sleep(5 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%d waits in progress after 5s, want 2", len(s.reader().waits))
+			}
+		}
+		begin := time.Now()
+		if _, err := s.WaitEvents(t.Context(), cur, time.Minute); !errors.Is(err, gateway.ErrBusy) || time.Since(begin) > time.Second {
+			t.Errorf("a third wait beside two = %v after %v, want ErrBusy at once", err, time.Since(begin))
+		}
+		if _, err := s.WaitEvents(t.Context(), cur, 0); !errors.Is(err, gateway.ErrBusy) {
+			t.Errorf("a wait of block 0 beside two = %v, want ErrBusy", err)
+		}
+		cancel()
+		for range 2 {
+			select {
+			case err := <-ended:
+				if err != nil {
+					t.Errorf("wait ended by its context: %v, want none", err)
+				}
+			case <-time.After(3 * time.Second):
+				t.Fatal("a wait still running 3s after its context ended")
+			}
+		}
+		if _, err := s.WaitEvents(t.Context(), cur, 0); err != nil {
+			t.Errorf("a wait after the others ended: %v", err)
+		}
+	})
 }
