@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -143,7 +144,8 @@ func currentCursor(ctx context.Context, st gateway.Store) (gateway.Cursor, error
 // (http.Server.Shutdown waits for requests but does not cancel them).
 func (s *Server) endStreams() { s.closeOnce.Do(func() { close(s.closing) }) }
 
-// shardRead is what one shard's reader hands the stream writer.
+// shardRead is what the reader hands the stream writer: a batch of one
+// shard, or the error that ends the stream (shard -1: a failed wait).
 type shardRead struct {
 	shard int
 	evs   []gateway.Event
@@ -206,6 +208,17 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
+	// Is the store able to hold this stream's wait? One that cannot
+	// (every reader connection taken) gets a plain 503.
+	if _, err := st.WaitEvents(r.Context(), cur, 0); err != nil {
+		if errors.Is(err, gateway.ErrBusy) {
+			w.Header().Set("Retry-After", "5")
+			writeError(w, http.StatusServiceUnavailable, err)
+			return
+		}
+		writeError(w, http.StatusBadGateway, err)
+		return
+	}
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
 	reads := make(chan shardRead, shards)
@@ -221,12 +234,24 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request) {
 	for i, p := range cur {
 		sw.pos[i] = p.String()
 	}
+	pending := make([]bool, shards)
 	for i := range shards {
 		if !sw.events(cur, i, first[i]) {
 			return
 		}
-		go readShard(ctx, st, i, cur[i], keepAlive, reads)
+		pending[i] = len(first[i]) == watchBatch
 	}
+	// the stream's reads end with it (a wait in Redis is unblocked), so
+	// that none outlives the request
+	readDone := make(chan struct{})
+	go func() {
+		defer close(readDone)
+		readShards(ctx, st, slices.Clone(cur), pending, keepAlive, reads)
+	}()
+	defer func() {
+		cancel()
+		<-readDone
+	}()
 	if !sw.flush() {
 		return
 	}
@@ -264,25 +289,65 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// readShard reads shard from pos on, handing each batch to the writer
-// (empty after waiting wait): one batch waits in out while the next is
-// read, so memory per stream stays bounded and reads overlap writes.
-func readShard(ctx context.Context, st gateway.Store, shard int, pos gateway.Position, wait time.Duration, out chan<- shardRead) {
-	for {
-		evs, err := st.ReadEvents(ctx, shard, pos, watchBatch, wait)
-		if ctx.Err() != nil {
-			return
-		}
+// readShards reads every shard from pos on, handing each batch to the
+// writer. The shards with events pending (the last batch was full) are
+// read in turn; with none pending, one WaitEvents over every position
+// waits up to wait and names the shards to read, so that an idle stream
+// holds one wait of the store (one Redis connection on a standalone
+// server). A wait that names none is followed by a read of every shard:
+// ReadEvents checks each position (a store restarted or failed over
+// shows there), so that a stream learns it within wait. One batch per
+// shard waits in out while the next is read, so memory per stream stays
+// bounded and reads overlap writes.
+func readShards(ctx context.Context, st gateway.Store, pos gateway.Cursor, pending []bool, wait time.Duration, out chan<- shardRead) {
+	send := func(rd shardRead) bool {
 		select {
-		case out <- shardRead{shard: shard, evs: evs, err: err}:
+		case out <- rd:
+			return true
 		case <-ctx.Done():
-			return
+			return false
 		}
-		if err != nil {
-			return
+	}
+	all := make([]int, len(pos))
+	for i := range all {
+		all[i] = i
+	}
+	for {
+		var ready []int
+		for i, p := range pending {
+			if p {
+				ready = append(ready, i)
+			}
 		}
-		if len(evs) > 0 {
-			pos.ID = evs[len(evs)-1].ID
+		if len(ready) == 0 {
+			named, err := st.WaitEvents(ctx, pos, wait)
+			if ctx.Err() != nil {
+				return
+			}
+			if err != nil {
+				send(shardRead{shard: -1, err: err})
+				return
+			}
+			ready = named
+			if len(ready) == 0 {
+				ready = all
+			}
+		}
+		for _, i := range ready {
+			evs, err := st.ReadEvents(ctx, i, pos[i], watchBatch, 0)
+			if ctx.Err() != nil {
+				return
+			}
+			if (err != nil || len(evs) > 0) && !send(shardRead{shard: i, evs: evs, err: err}) {
+				return
+			}
+			if err != nil {
+				return
+			}
+			pending[i] = len(evs) == watchBatch
+			if len(evs) > 0 {
+				pos[i].ID = evs[len(evs)-1].ID
+			}
 		}
 	}
 }

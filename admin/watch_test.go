@@ -34,6 +34,12 @@ func watchServer(t *testing.T, maxLen int64) (*embedded.Store, *admin.Client) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return store, serveAdmin(t, store)
+}
+
+// serveAdmin is an admin server over store, shut down at cleanup.
+func serveAdmin(t *testing.T, store gateway.Store) *admin.Client {
+	t.Helper()
 	srv, err := admin.Listen(admin.Options{
 		Addr: "127.0.0.1:0", Store: store, Gatherer: prometheus.NewRegistry(),
 		Status: func() admin.Status { return admin.Status{} },
@@ -54,7 +60,7 @@ func watchServer(t *testing.T, maxLen int64) (*embedded.Store, *admin.Client) {
 			t.Errorf("Serve: %v", err)
 		}
 	})
-	return store, admin.NewClient(srv.Addr().String())
+	return admin.NewClient(srv.Addr().String())
 }
 
 // fataler is what write needs of a testing.T or a rapid.T.
@@ -281,10 +287,56 @@ func TestWatchResync(t *testing.T) {
 	}
 }
 
+// A stream whose position is trimmed away while it runs (the consumer
+// fell a whole log behind) ends with a resync message, which the client
+// returns as ErrResync.
+func TestWatchResyncMidStream(t *testing.T) {
+	store, c := watchServer(t, 10)
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	cursor, err := c.SnapshotAll(ctx, func(gateway.Envelope) {})
+	if err != nil {
+		t.Fatal(err)
+	}
+	connect(t, store, "gw", "first")
+	streaming := make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		n := 0
+		done <- c.Watch(ctx, cursor, 0, func(gateway.Envelope) error {
+			if n++; n == 1 {
+				close(streaming)
+			}
+			return nil
+		})
+	}()
+	select {
+	case <-streaming:
+	case err := <-done:
+		t.Fatalf("Watch ended before its first event: %v", err)
+	case <-ctx.Done():
+		t.Fatal("no first event within 20s")
+	}
+	// one transaction a shard: each shard's log is trimmed past the
+	// stream's position before its reader wakes
+	connect(t, store, "gw", ids("m", 200)...)
+	select {
+	case err := <-done:
+		var re *admin.ErrResync
+		if !errors.As(err, &re) || re.Reason != gateway.ResyncTrimmed || !errors.Is(err, gateway.ErrResyncRequired) {
+			t.Errorf("Watch trimmed mid-stream = %v, want a resync (trimmed)", err)
+		}
+	case <-ctx.Done():
+		t.Fatal("the stream did not end within 20s of its position being trimmed")
+	}
+}
+
 // TestSnapshotPlusWatchProperty: a fleet of writers changes devices
 // while a consumer takes a snapshot through the API and watches from its
-// cursor. Every event it keeps is the next ver of its device, and once
-// the writers are done its view equals the store's.
+// cursor. Every event it keeps is the next ver of its device and flips
+// the state it held (a device's first is online), so its view is at
+// every point a state of the store's history; once the writers are
+// done its view equals the store's.
 func TestSnapshotPlusWatchProperty(t *testing.T) {
 	rapid.Check(t, func(rt *rapid.T) {
 		store, c := watchServer(t, 0)
@@ -334,6 +386,11 @@ func TestSnapshotPlusWatchProperty(t *testing.T) {
 				}
 				if k.ver != 0 && e.Ver != k.ver+1 {
 					return fmt.Errorf("device %s: ver %d after %d: a gap", e.Device, e.Ver, k.ver)
+				}
+				// at every point the view is a state the device was in:
+				// each event applied is the transition out of the state held
+				if (k.ver != 0 && e.State == k.state) || (k.ver == 0 && e.State != gateway.Online) {
+					return fmt.Errorf("device %s: %s ver %d applied to %s ver %d: not a transition", e.Device, e.State, e.Ver, k.state, k.ver)
 				}
 				view[e.Device] = known{e.State, e.Ver}
 				return nil

@@ -11,7 +11,9 @@ import (
 type EventsMQTTConfig struct {
 	// URL is mqtt://host:port, or mqtts://host:port for TLS.
 	URL string `yaml:"url"`
-	// ClientID is the MQTT client ID; empty means "fleetgate-<gateway.id>".
+	// ClientID is the MQTT client ID; empty means
+	// "fleetgate-<gateway.id>-<pid>" (unique per process, as the broker
+	// needs: a gateway and a runner may share one configuration).
 	ClientID string `yaml:"client_id"`
 	Username string `yaml:"username"`
 	Password string `yaml:"password"`

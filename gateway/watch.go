@@ -35,6 +35,11 @@ func (e *ResyncError) Error() string {
 
 func (e *ResyncError) Unwrap() error { return ErrResyncRequired }
 
+// ErrBusy: the store serves no more concurrent waits (WaitEvents) now:
+// every connection its readers may hold is taken. Nothing was read; the
+// caller answers 503 and the consumer retries later.
+var ErrBusy = errors.New("store busy: too many waiting readers")
+
 // ErrNotHolder: a publisher cursor write by an owner that does not hold
 // the shard's publisher lock; nothing was written.
 var ErrNotHolder = errors.New("publisher lock not held")
@@ -184,6 +189,22 @@ type EventLog interface {
 	// whatever incarnation the shard is in (by ID alone). The Redis store reads on connections of its own, so
 	// that waiting readers never hold the devices' write path.
 	ReadEvents(ctx context.Context, shard int, after Position, limit int, block time.Duration) ([]Event, error)
+	// WaitEvents waits up to block (0: not at all) until a shard has an
+	// event after its position in after (one per shard, indexed by
+	// shard), and returns those shards in ascending order: none when
+	// block passed or ctx ended first (ctx's error is not returned). It
+	// only says where to read: the caller reads each shard named with
+	// ReadEvents, which checks the position. A position of another
+	// incarnation may go unnoticed until an event comes, so a caller
+	// whose wait named no shard checks its positions with ReadEvents
+	// before waiting again. A shard whose events after the position were
+	// trimmed is named. One wait covers every shard, so that an idle
+	// consumer holds as few store connections as the store allows (the
+	// Redis store: one for a standalone server, one per shard in a
+	// Cluster); a store that cannot hold another wait fails at once with
+	// ErrBusy, with block 0 too (a caller asks so before it commits to
+	// waiting; a wait of block 0 takes no place of the others).
+	WaitEvents(ctx context.Context, after []Position, block time.Duration) ([]int, error)
 	// AcquirePublisher takes or extends the publisher lease of shard for
 	// owner (expiring after ttl on the store clock) and returns the
 	// shard's saved publisher position (zero Position when none was

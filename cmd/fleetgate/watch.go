@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/fleetgate/fleetgate/admin"
@@ -46,7 +47,11 @@ func cmdWatch(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	var out watchOutput = &jsonOutput{enc: json.NewEncoder(stdout)}
 	if !*q.json && isTerminal(stdout) {
-		out = newTableOutput(stdout)
+		t := newTableOutput(stdout)
+		out = t
+		rctx, stopRedraw := context.WithCancel(ctx)
+		defer stopRedraw()
+		go t.redrawLoop(rctx)
 	}
 	cursor := ""
 	if *cursorFile != "" {
@@ -172,13 +177,16 @@ func (o *jsonOutput) flush() error                   { return o.err }
 func (o *jsonOutput) reset()                         {}
 
 // tableOutput keeps every device's state and redraws a summary and the
-// most recently changed devices in place.
+// most recently changed devices in place, at most every redrawEvery:
+// a change that comes sooner is drawn by redrawLoop.
 type tableOutput struct {
+	mu      sync.Mutex
 	w       io.Writer
 	devices map[gateway.DeviceID]gateway.Envelope
 	recent  []gateway.DeviceID
 	events  int
 	drawn   time.Time
+	dirty   bool // changed since drawn
 }
 
 func newTableOutput(w io.Writer) *tableOutput {
@@ -187,14 +195,22 @@ func newTableOutput(w io.Writer) *tableOutput {
 
 func (o *tableOutput) wantsSnapshot() bool { return true }
 
-func (o *tableOutput) device(e gateway.Envelope) { o.devices[e.Device] = e }
+func (o *tableOutput) device(e gateway.Envelope) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.devices[e.Device] = e
+	o.dirty = true
+}
 
 func (o *tableOutput) event(e gateway.Envelope) error {
+	o.mu.Lock()
+	defer o.mu.Unlock()
 	if e.Ver <= o.devices[e.Device].Ver {
 		return nil // already in the snapshot
 	}
 	o.devices[e.Device] = e
 	o.events++
+	o.dirty = true
 	o.recent = append(slices.DeleteFunc(o.recent, func(d gateway.DeviceID) bool { return d == e.Device }), e.Device)
 	if len(o.recent) > tableRows {
 		o.recent = o.recent[len(o.recent)-tableRows:]
@@ -202,16 +218,50 @@ func (o *tableOutput) event(e gateway.Envelope) error {
 	if time.Since(o.drawn) < redrawEvery {
 		return nil
 	}
-	return o.flush()
+	return o.draw()
 }
 
 func (o *tableOutput) reset() {
+	o.mu.Lock()
+	defer o.mu.Unlock()
 	clear(o.devices)
 	o.recent = nil
+	o.dirty = true
 }
 
 func (o *tableOutput) flush() error {
-	o.drawn = time.Now()
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.draw()
+}
+
+// redrawLoop draws the changes event held back (within redrawEvery of
+// the last drawing) until ctx ends; a failed write ends it (the next
+// event reports it).
+func (o *tableOutput) redrawLoop(ctx context.Context) {
+	t := time.NewTicker(redrawEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		o.mu.Lock()
+		var err error
+		if o.dirty {
+			err = o.draw()
+		}
+		o.mu.Unlock()
+		if err != nil {
+			return
+		}
+	}
+}
+
+// draw writes the table; o.mu is held.
+func (o *tableOutput) draw() error {
+	o.drawn, o.dirty = time.Now(), false
 	online := 0
 	for _, e := range o.devices {
 		if e.State == gateway.Online {

@@ -2,13 +2,23 @@ package main
 
 import (
 	"context"
+	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	bolt "go.etcd.io/bbolt"
+	"golang.org/x/sys/unix"
+
+	"github.com/fleetgate/fleetgate/admin"
+	"github.com/fleetgate/fleetgate/gateway"
 	"github.com/fleetgate/fleetgate/internal/redistest"
+	"github.com/fleetgate/fleetgate/uplink/embedded"
 )
 
 // runBackground runs `fleetgate args...` in the background until the returned
@@ -84,4 +94,105 @@ func TestWatchCommand(t *testing.T) {
 	device{t: t, id: "dev-d"}.heartbeat(gw.coapAddr)
 	waitFor(t, 10*time.Second, "dev-d followed", func() bool { return strings.Contains(tail.String(), `"device":"dev-d"`) })
 	stop3()
+}
+
+// openPTY opens a pseudo-terminal: what fleetgate watch writes to tty
+// can be read from pt.
+func openPTY(t *testing.T) (pt, tty *os.File) {
+	t.Helper()
+	pt, err := os.OpenFile("/dev/ptmx", os.O_RDWR|syscall.O_NOCTTY, 0)
+	if err != nil {
+		t.Fatalf("open /dev/ptmx: %v", err)
+	}
+	t.Cleanup(func() { pt.Close() })
+	if err := unix.IoctlSetPointerInt(int(pt.Fd()), unix.TIOCSPTLCK, 0); err != nil {
+		t.Fatalf("unlock pty: %v", err)
+	}
+	n, err := unix.IoctlGetInt(int(pt.Fd()), unix.TIOCGPTN)
+	if err != nil {
+		t.Fatalf("pty number: %v", err)
+	}
+	tty, err = os.OpenFile(fmt.Sprintf("/dev/pts/%d", n), os.O_RDWR|syscall.O_NOCTTY, 0)
+	if err != nil {
+		t.Fatalf("open the pty's terminal: %v", err)
+	}
+	t.Cleanup(func() { tty.Close() })
+	return pt, tty
+}
+
+// On a terminal fleetgate watch shows a table updated in place: the
+// snapshot's counts, then each change, the latest device first.
+func TestWatchTableOnTerminal(t *testing.T) {
+	t.Parallel()
+	db, err := bolt.Open(filepath.Join(t.TempDir(), "state.db"), 0o600, &bolt.Options{NoSync: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	store, err := embedded.Open(db, embedded.Options{Shards: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := admin.Listen(admin.Options{Addr: "127.0.0.1:0", Store: store, Gatherer: prometheus.NewRegistry(),
+		Status: func() admin.Status { return admin.Status{} },
+		Timing: func() (time.Duration, time.Duration) { return time.Hour, time.Hour }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = srv.Serve() }()
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(ctx)
+	})
+	write := func(kind gateway.Kind, devs ...gateway.DeviceID) {
+		t.Helper()
+		for _, d := range devs {
+			b := gateway.Batch{Gateway: "gw-t", Epoch: 1, Lease: time.Hour, Writes: []gateway.Write{{Device: d, Session: "s", Kind: kind}}}
+			if _, err := store.Apply(context.Background(), gateway.ShardOf(d, 4), b); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	write(gateway.Connect, "tty-a", "tty-b")
+	write(gateway.Leave, "tty-b")
+
+	pt, tty := openPTY(t)
+	screen := &syncBuffer{}
+	go func() { _, _ = io.Copy(screen, pt) }() // ends when the test closes pt
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan int, 1)
+	go func() { done <- dispatch(ctx, []string{"watch", "--addr", srv.Addr().String()}, tty, io.Discard) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case code := <-done:
+			if code != 0 {
+				t.Errorf("fleetgate watch: exit %d", code)
+			}
+		case <-time.After(10 * time.Second):
+			t.Errorf("fleetgate watch did not end within 10s of its context")
+		}
+	})
+	waitFor(t, 10*time.Second, "the snapshot's counts in the table", func() bool {
+		return strings.Contains(screen.String(), "devices 2  online 1  offline 1  events 0")
+	})
+	// the last drawing, without any event after it to trigger one
+	lastTable := func() string {
+		s := screen.String()
+		return s[max(0, strings.LastIndex(s, "\x1b[H\x1b[2J")):]
+	}
+	write(gateway.Connect, "tty-b")
+	waitFor(t, 10*time.Second, "tty-b's change in the table", func() bool {
+		return strings.Contains(lastTable(), "devices 2  online 2  offline 0  events 1")
+	})
+	write(gateway.Connect, "tty-c")
+	waitFor(t, 10*time.Second, "tty-c's change in the table, above tty-b's", func() bool {
+		last := lastTable()
+		c, b := strings.Index(last, "tty-c "), strings.Index(last, "tty-b ")
+		return strings.Contains(last, "devices 3  online 3  offline 0  events 2") && c > 0 && b > c
+	})
+	if s := screen.String(); strings.Contains(s, `{"device"`) {
+		t.Errorf("a terminal got JSON lines:\n%s", s)
+	}
 }

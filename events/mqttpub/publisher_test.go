@@ -448,3 +448,50 @@ func TestOfflineDelayDampsFlaps(t *testing.T) {
 		t.Errorf("Damped = %d, want 2", s.Damped)
 	}
 }
+
+// A Redis restart (data kept by the AOF, but a new incarnation) while
+// the publisher runs: its position cannot be served any more, so it
+// publishes the shards' snapshot again on the presence topics, then
+// goes on with the events written after the restart.
+func TestRedisRestartRepublishesSnapshot(t *testing.T) {
+	srv := redistest.Start(t, "--appendonly", "yes", "--appendfsync", "always")
+	b := startBroker(t, false)
+	store := redisStore(t, srv, uniquePrefix())
+	devs := devices("i", 20)
+	apply(t, store, gateway.Connect, devs...)
+	sub := subscribe(t, b, "fg", "#")
+	runPublisher(t, store, b, mqttpub.Options{TopicPrefix: "fg", RetainState: true})
+	want := storeStates(t, store)
+	sub.await(t, 20*time.Second, "presence before the restart", func(m []received) bool { return equalStates(latestPresence(m), want) })
+	snapshots := func(m []received) int {
+		n := 0
+		for _, x := range m {
+			if x.env.Reason == gateway.ReasonSnapshot {
+				n++
+			}
+		}
+		return n
+	}
+	before := snapshots(sub.snapshot())
+
+	srv.Restart()
+	// nothing but the publisher reads the store until it has published
+	// the snapshot again (a List or Device would load the scripts a
+	// snapshot page needs)
+	ping := srv.Client(t)
+	deadline := time.Now().Add(10 * time.Second)
+	for ping.Ping(t.Context()).Err() != nil {
+		if time.Now().After(deadline) {
+			t.Fatal("redis not back within 10s of its restart")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	apply(t, store, gateway.Leave, devs[:5]...)
+	sub.await(t, 30*time.Second, "the snapshot published again", func(m []received) bool {
+		return snapshots(m) >= before+len(devs)
+	})
+	want = storeStates(t, store)
+	sub.await(t, 20*time.Second, "presence equal to the store after the restart", func(m []received) bool {
+		return equalStates(latestPresence(m), want)
+	})
+}

@@ -209,6 +209,89 @@ func (s *Store) ReadEvents(ctx context.Context, shard int, after gateway.Positio
 	}
 }
 
+// WaitEvents waits up to block for a commit that appends an event after
+// one of the positions, and names the shards with events after theirs
+// (or whose position ReadEvents would refuse: trimmed past, or of
+// another incarnation).
+func (s *Store) WaitEvents(ctx context.Context, after []gateway.Position, block time.Duration) ([]int, error) {
+	const op = "embedded: wait events"
+	if err := s.ready(ctx); err != nil {
+		return nil, fmt.Errorf("%s: %w", op, err)
+	}
+	if len(after) != s.shards {
+		return nil, fmt.Errorf("%s: %d positions, the store has %d shards", op, len(after), s.shards)
+	}
+	from := make([][]byte, len(after))
+	for i, p := range after {
+		k, err := parseAfter(p.ID)
+		if err != nil {
+			return nil, fmt.Errorf("%s: shard %d: %w", op, i, err)
+		}
+		from[i] = k
+	}
+	inc, err := s.incarnation()
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", op, err)
+	}
+	var timer *time.Timer
+	for {
+		woken := s.wake.wait()
+		ready, err := s.shardsWithNews(after, from, inc)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", op, err)
+		}
+		if len(ready) > 0 || block <= 0 {
+			return ready, nil
+		}
+		if timer == nil {
+			timer = time.NewTimer(block)
+			defer timer.Stop()
+		}
+		select {
+		case <-woken:
+		case <-timer.C:
+			return nil, nil
+		case <-ctx.Done():
+			return nil, nil
+		}
+		if s.closed.Load() {
+			return nil, fmt.Errorf("%s: %w", op, errClosed)
+		}
+	}
+}
+
+// shardsWithNews names the shards that have an event after from (log
+// keys), were trimmed past it, or whose position is not of inc.
+func (s *Store) shardsWithNews(after []gateway.Position, from [][]byte, inc string) ([]int, error) {
+	var out []int
+	err := s.db.View(func(tx *bolt.Tx) error {
+		for i := range after {
+			if after[i].Incarnation != "" && after[i].Incarnation != inc {
+				out = append(out, i)
+				continue
+			}
+			sh, err := openShard(tx, i)
+			if err != nil {
+				return err
+			}
+			if tr, ok := parseEventKey(sh.root.Get(keyTrimmed)); ok && (from[i] == nil || string(tr.key()) >= string(from[i])) {
+				out = append(out, i)
+				continue
+			}
+			c := sh.ev.Cursor()
+			k, _ := c.First()
+			if from[i] != nil {
+				k, _ = c.Seek(from[i])
+			}
+			if k != nil {
+				out = append(out, i)
+			}
+		}
+		return nil
+	})
+	return out, err
+}
+
 // readAfter reads up to limit events from log key from on, failing with
 // a *ResyncError when an event after from was trimmed.
 func (s *Store) readAfter(shard int, from []byte, limit int) ([]gateway.Event, error) {

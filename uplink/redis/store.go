@@ -79,6 +79,12 @@ type Options struct {
 	// Cluster is refused.
 	WaitReplicas int
 	WaitTimeout  time.Duration
+	// WatchWaits caps the waits (WaitEvents: idle watch streams) the
+	// store serves at once; one more fails at once with gateway.ErrBusy.
+	// The readers' connection pool is sized to hold them: one connection
+	// per wait on a standalone server (default 224), one per shard on a
+	// Cluster node (default 64 waits).
+	WatchWaits int
 }
 
 // Store is a gateway.Store over Redis. A store made by Open uses the
@@ -102,6 +108,7 @@ type Store struct {
 	lostAfter      int64 // ms, Options.GatewayLost
 	waitReplicas   int
 	waitTimeout    time.Duration
+	watchWaits     int // Options.WatchWaits
 	rmu            sync.Mutex
 	reaps          []reapState // per shard
 	// clock estimates the store's clock from the script replies (clock.go).
@@ -183,6 +190,7 @@ func newStore(o Options) (*Store, error) {
 	s.silence = o.GatewaySilence.Milliseconds()
 	s.lostAfter = o.GatewayLost.Milliseconds()
 	s.waitReplicas, s.waitTimeout = o.WaitReplicas, o.WaitTimeout
+	s.watchWaits = max(o.WatchWaits, 0)
 	if s.waitTimeout <= 0 {
 		s.waitTimeout = callTimeout / 2
 	}

@@ -1,14 +1,17 @@
 package redisstore
 
 import (
+	"cmp"
 	"context"
 	_ "embed"
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -25,10 +28,19 @@ import (
 // writes need. Each read is one MULTI on the shard's slot: the position
 // script (lua/position.lua: incarnation, last generated ID, first ID,
 // how many were trimmed) and the read itself (an XREAD COUNT, or a view.lua scan page), so
-// the position and what was read are of one instant. A reader with
-// nothing to read then waits in XREAD BLOCK on the shard's stream alone:
-// a Cluster refuses a command over keys of several slots (CROSSSLOT), so
-// each waiting shard holds one connection of the node that owns it.
+// the position and what was read are of one instant.
+//
+// A consumer with nothing to read waits with WaitEvents. On a standalone
+// server that is one XREAD BLOCK over every shard's stream, so an idle
+// consumer holds one connection. A Cluster refuses a command over keys of
+// several slots (CROSSSLOT), and each shard's stream has its own hash
+// tag, so there a wait is one XREAD BLOCK per shard, each on a connection
+// of the node that owns the shard; the first that returns ends the
+// others with CLIENT UNBLOCK, as the end of the caller's context ends
+// them all (go-redis does not end a blocked command with its context).
+// The waits a store serves at once are capped (Options.WatchWaits): one
+// more fails at once with gateway.ErrBusy instead of waiting for a pooled
+// connection.
 
 var (
 	//go:embed lua/position.lua
@@ -38,9 +50,16 @@ var (
 )
 
 const (
-	// watchPoolSize is the connection pool of the readers' client: each
-	// reader waiting in XREAD BLOCK holds one connection.
+	// watchPoolSize is the least connection pool of the readers' client.
 	watchPoolSize = 256
+	// readMargin is the connections of the readers' pool left to the
+	// checked reads (ReadEvents, snapshots) beside the waits.
+	readMargin = 32
+	// defaultWatchWaits is Options.WatchWaits of a standalone server
+	// (each wait holds one connection) and of a Cluster (each holds one
+	// connection per shard).
+	defaultWatchWaits        = watchPoolSize - readMargin
+	defaultClusterWatchWaits = 64
 	// maxReadLimit caps the events of one ReadEvents call.
 	maxReadLimit = 10_000
 )
@@ -53,6 +72,11 @@ type watchState struct {
 	owned bool
 	pos   *redis.Script
 	pub   *redis.Script
+	// waits holds a token per wait in progress (WaitEvents).
+	waits chan struct{}
+	// streams is each shard's stream key, shardOf the way back.
+	streams []string
+	shardOf map[string]int
 }
 
 // reader returns the readers' client, making it on first use.
@@ -63,18 +87,30 @@ func (s *Store) reader() *watchState {
 		w.pub = redis.NewScript(publisherLua)
 		w.mu.Lock()
 		defer w.mu.Unlock()
+		w.shardOf = make(map[string]int, s.shards)
+		for i := range s.shards {
+			w.streams = append(w.streams, s.keys[i].data[2])
+			w.shardOf[s.keys[i].data[2]] = i
+		}
+		waits := s.watchWaits
 		switch c := s.c.(type) {
 		case *redis.Client:
+			waits = cmp.Or(waits, defaultWatchWaits)
 			o := *c.Options()
-			o.PoolSize = max(o.PoolSize, watchPoolSize)
+			o.PoolSize = max(o.PoolSize, watchPoolSize, waits+readMargin)
 			w.c, w.owned = redis.NewClient(&o), true
 		case *redis.ClusterClient:
+			// a node may own every shard: its pool holds a connection
+			// per shard for every wait
+			waits = cmp.Or(waits, defaultClusterWatchWaits)
 			o := *c.Options()
-			o.PoolSize = max(o.PoolSize, watchPoolSize)
+			o.PoolSize = max(o.PoolSize, watchPoolSize, waits*s.shards+readMargin)
 			w.c, w.owned = redis.NewClusterClient(&o), true
 		default:
+			waits = cmp.Or(waits, defaultWatchWaits)
 			w.c = s.c
 		}
+		w.waits = make(chan struct{}, waits)
 	})
 	return w
 }
@@ -132,7 +168,8 @@ func parseLogPos(res []any, err error) (logPos, error) {
 }
 
 // tx runs fn's commands after the position script in one MULTI; a
-// NOSCRIPT (a restarted server, a failover) runs it again with EVAL.
+// NOSCRIPT of either script (a restarted server, a failover) runs it
+// again with EVAL.
 func (s *Store) tx(ctx context.Context, shard int, after string, fn func(p redis.Pipeliner, eval bool)) (logPos, error) {
 	w := s.reader()
 	keys := []string{s.keys[shard].data[2], s.keys[shard].data[3], s.keys[shard].data[1]}
@@ -147,14 +184,15 @@ func (s *Store) tx(ctx context.Context, shard int, after string, fn func(p redis
 			fn(p, eval)
 			return nil
 		})
-		if err != nil && !errors.Is(err, redis.Nil) && !redis.HasErrorPrefix(err, "NOSCRIPT") {
-			return logPos{}, err
-		}
-		res, perr := posCmd.Slice()
-		if perr != nil && redis.HasErrorPrefix(perr, "NOSCRIPT") && !eval {
+		// the first failed command's error: the position script's, or
+		// fn's (a view.lua not loaded while position.lua is)
+		if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") && !eval {
 			continue
 		}
-		return parseLogPos(res, perr)
+		if err != nil && !errors.Is(err, redis.Nil) {
+			return logPos{}, err
+		}
+		return parseLogPos(posCmd.Slice())
 	}
 	return logPos{}, errors.New("position: NOSCRIPT after EVAL")
 }
@@ -244,6 +282,172 @@ func (s *Store) ReadEvents(ctx context.Context, shard int, after gateway.Positio
 		block = 0
 	}
 	return nil, nil
+}
+
+// WaitEvents waits up to block for an event after one of the positions:
+// one XREAD BLOCK over every shard's stream (a Cluster: one per shard),
+// naming the shards it returned entries of.
+func (s *Store) WaitEvents(ctx context.Context, after []gateway.Position, block time.Duration) ([]int, error) {
+	if _, err := s.client(); err != nil {
+		return nil, err
+	}
+	if len(after) != s.shards {
+		return nil, fmt.Errorf("redisstore: wait events: %d positions, the store has %d shards", len(after), s.shards)
+	}
+	ids := make([]string, len(after))
+	for i, p := range after {
+		if p.ID != "0" && !validStreamID(p.ID) {
+			return nil, fmt.Errorf("redisstore: wait events: shard %d: position %q is not <ms>-<seq>", i, p.ID)
+		}
+		ids[i] = p.ID
+	}
+	w := s.reader()
+	busy := fmt.Errorf("redisstore: wait events: %w: %d waits in progress, the most this store serves (a wait holds one connection, one per shard on a Cluster)", gateway.ErrBusy, cap(w.waits))
+	// a wait of block 0 holds its connections no longer than a read:
+	// it takes no slot (an admission check must not fail a wait)
+	if block <= 0 && len(w.waits) == cap(w.waits) {
+		return nil, busy
+	}
+	if block > 0 {
+		select {
+		case w.waits <- struct{}{}:
+			defer func() { <-w.waits }()
+		default:
+			return nil, busy
+		}
+	}
+	var xs []*xwait
+	switch c := w.c.(type) {
+	case *redis.ClusterClient:
+		for i, key := range w.streams {
+			node, err := c.MasterForKey(ctx, key)
+			if err != nil {
+				return nil, s.waitFailed(ctx, err)
+			}
+			xs = append(xs, &xwait{node: node, streams: []string{key, ids[i]}})
+		}
+	case *redis.Client:
+		xs = append(xs, &xwait{node: c, streams: append(slices.Clone(w.streams), ids...)})
+	default:
+		return nil, fmt.Errorf("redisstore: wait events: a client %T: want a *redis.Client or a *redis.ClusterClient", w.c)
+	}
+	named, err := w.waitAll(ctx, xs, block)
+	if err != nil {
+		return nil, s.waitFailed(ctx, err)
+	}
+	return named, nil
+}
+
+// waitFailed is WaitEvents' error: none when ctx ended.
+func (s *Store) waitFailed(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return nil
+	}
+	return unavailable("wait events", err)
+}
+
+// xwait is one XREAD BLOCK of a wait, on a connection of its node taken
+// for the wait, whose client ID (read first) lets CLIENT UNBLOCK end it.
+type xwait struct {
+	node    *redis.Client
+	streams []string     // XREAD's STREAMS arguments: keys, then IDs
+	conn    *redis.Conn  // set by the XREAD's goroutine
+	id      atomic.Int64 // the connection's client ID, 0 until known
+}
+
+// waitAll runs the XREADs and names the shards they returned entries of.
+// The first that returns entries or fails, or the end of ctx, ends the
+// others with CLIENT UNBLOCK, so that no connection stays blocked past
+// the wait. An XREAD that reaches the server after its CLIENT UNBLOCK
+// would wait the whole block, so the unblocking repeats every 50ms until
+// every XREAD returned.
+func (w *watchState) waitAll(ctx context.Context, xs []*xwait, block time.Duration) ([]int, error) {
+	type result struct {
+		i     int
+		named []int
+		err   error
+	}
+	results := make(chan result, len(xs))
+	for i, x := range xs {
+		go func() {
+			x.conn = x.node.Conn()
+			id, err := x.conn.ClientID(ctx).Result()
+			if err != nil {
+				results <- result{i: i, err: err}
+				return
+			}
+			x.id.Store(id)
+			args := &redis.XReadArgs{Streams: x.streams, Count: 1, Block: -1}
+			if block > 0 {
+				args.Block = max(block, time.Millisecond)
+			}
+			streams, err := x.conn.XRead(context.WithoutCancel(ctx), args).Result()
+			if errors.Is(err, redis.Nil) {
+				err = nil
+			}
+			results <- result{i: i, named: w.named(streams), err: err}
+		}()
+	}
+	// The connections go back to the pool once every XREAD returned: a
+	// CLIENT UNBLOCK sent to one already back could end the XREAD of
+	// another wait that took it, leaving that wait blind to a shard.
+	defer func() {
+		for _, x := range xs {
+			x.conn.Close()
+		}
+	}()
+	var out []int
+	var first error
+	returned := make([]bool, len(xs))
+	done := ctx.Done()
+	var tick <-chan time.Time
+	for left := len(xs); left > 0; {
+		select {
+		case r := <-results:
+			left--
+			returned[r.i] = true
+			out = append(out, r.named...)
+			if r.err != nil && first == nil {
+				first = r.err
+			}
+			if tick != nil || (len(r.named) == 0 && r.err == nil) {
+				continue
+			}
+		case <-done:
+			done = nil
+			if tick != nil {
+				continue
+			}
+		case <-tick:
+		}
+		if tick == nil {
+			t := time.NewTicker(50 * time.Millisecond)
+			defer t.Stop()
+			tick = t.C
+		}
+		for i, x := range xs {
+			if id := x.id.Load(); id != 0 && !returned[i] {
+				// a connection no longer blocked ignores it
+				x.node.ClientUnblock(context.WithoutCancel(ctx), id)
+			}
+		}
+	}
+	if first != nil && len(out) == 0 {
+		return nil, first
+	}
+	slices.Sort(out)
+	return out, nil
+}
+
+// named is the shards of the streams an XREAD returned entries of.
+func (w *watchState) named(streams []redis.XStream) []int {
+	var out []int
+	for _, st := range streams {
+		if i, ok := w.shardOf[st.Stream]; ok && len(st.Messages) > 0 {
+			out = append(out, i)
+		}
+	}
+	return out
 }
 
 // readOnce is one MULTI of the position script and XREAD COUNT limit.

@@ -1,6 +1,8 @@
 package redisstore
 
 import (
+	"context"
+	"errors"
 	"log/slog"
 	"testing"
 	"time"
@@ -8,6 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fleetgate/fleetgate/gateway"
+	"github.com/fleetgate/fleetgate/internal/redistest"
 	"github.com/fleetgate/fleetgate/uplink/storetest"
 )
 
@@ -39,4 +42,118 @@ func watchOpener(c redis.UniversalClient) storetest.WatchOpener {
 		})
 		return s
 	}
+}
+
+// A restarted Redis is a new incarnation, whether its data went with it
+// (persistence off) or came back from the AOF (the replication ID is
+// new, and writes the AOF had not yet synced may be lost): a position
+// of the old incarnation is refused with a resync, and a cursor taken
+// after the restart is served.
+func TestRestartIsANewIncarnation(t *testing.T) {
+	for _, aof := range []bool{false, true} {
+		t.Run(map[bool]string{false: "data lost", true: "aof"}[aof], func(t *testing.T) {
+			var extra []string
+			if aof {
+				extra = []string{"--appendonly", "yes", "--appendfsync", "always"}
+			}
+			srv := redistest.Start(t, extra...)
+			c := redis.NewClient(&redis.Options{Addr: srv.Addr, MaxRetries: 1, DialTimeout: 200 * time.Millisecond})
+			t.Cleanup(func() { c.Close() })
+			e := newEnv(t, c, 1)
+			dev := devicesIn(t, 1, 0, 1, "inc")[0]
+			e.apply(0, batch("gw", 1, write(dev, "s", gateway.Connect, 0)))
+			before, err := e.store.SnapshotShard(e.ctx, 0, "", 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if evs, err := e.store.ReadEvents(e.ctx, 0, gateway.Position{Incarnation: before.At.Incarnation, ID: "0"}, 10, 0); err != nil || len(evs) != 1 {
+				t.Fatalf("ReadEvents before the restart: %d events, %v", len(evs), err)
+			}
+
+			srv.Restart()
+			var re *gateway.ResyncError
+			deadline := time.Now().Add(5 * time.Second)
+			for {
+				_, err = e.store.ReadEvents(e.ctx, 0, before.At, 10, 0)
+				if !errors.Is(err, gateway.ErrUnavailable) || time.Now().After(deadline) {
+					break
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			if !errors.As(err, &re) || re.Reason != gateway.ResyncIncarnation {
+				t.Fatalf("ReadEvents after a restart from a position before it = %v, want a resync (incarnation)", err)
+			}
+			after, err := e.store.SnapshotShard(e.ctx, 0, "", 10)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if after.At.Incarnation == before.At.Incarnation {
+				t.Fatalf("incarnation %s unchanged by the restart", after.At.Incarnation)
+			}
+			if kept := len(after.Devices) == 1; kept != aof {
+				t.Errorf("after the restart the snapshot holds %d devices (aof %v)", len(after.Devices), aof)
+			}
+			if _, err := e.store.ReadEvents(e.ctx, 0, after.At, 10, 0); err != nil {
+				t.Errorf("ReadEvents from the new incarnation's position: %v", err)
+			}
+		})
+	}
+}
+
+// TestWaitEventsCap: a store serving 2 waits at once (WatchWaits) fails
+// a third at once with gateway.ErrBusy (one of block 0 too: the watch
+// API asks so before a stream starts), and serves one again when the
+// waits ended, which they do at the end of their context.
+func TestWaitEventsCap(t *testing.T) {
+	forBackends(t, func(t *testing.T, c redis.UniversalClient) {
+		s, err := Open(t.Context(), c, Options{Prefix: uniquePrefix(), Shards: 4, WatchWaits: 2})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		cur := make([]gateway.Position, 4)
+		for i := range cur {
+			p, err := s.SnapshotShard(t.Context(), i, "", 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cur[i] = p.At
+		}
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		ended := make(chan error, 2)
+		for range 2 {
+			go func() {
+				_, err := s.WaitEvents(ctx, cur, time.Minute)
+				ended <- err
+			}()
+		}
+		// the third, once both waits hold their slots: ErrBusy
+		for deadline := time.Now().Add(5 * time.Second); len(s.reader().waits) < 2; time.Sleep(5 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%d waits in progress after 5s, want 2", len(s.reader().waits))
+			}
+		}
+		begin := time.Now()
+		if _, err := s.WaitEvents(t.Context(), cur, time.Minute); !errors.Is(err, gateway.ErrBusy) || time.Since(begin) > time.Second {
+			t.Errorf("a third wait beside two = %v after %v, want ErrBusy at once", err, time.Since(begin))
+		}
+		if _, err := s.WaitEvents(t.Context(), cur, 0); !errors.Is(err, gateway.ErrBusy) {
+			t.Errorf("a wait of block 0 beside two = %v, want ErrBusy", err)
+		}
+		cancel()
+		for range 2 {
+			select {
+			case err := <-ended:
+				if err != nil {
+					t.Errorf("wait ended by its context: %v, want none", err)
+				}
+			case <-time.After(3 * time.Second):
+				t.Fatal("a wait still running 3s after its context ended")
+			}
+		}
+		if _, err := s.WaitEvents(t.Context(), cur, 0); err != nil {
+			t.Errorf("a wait after the others ended: %v", err)
+		}
+	})
 }

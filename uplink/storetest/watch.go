@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -35,6 +36,7 @@ func RunWatch(t *testing.T, open WatchOpener) {
 		{"SnapshotPaging", testSnapshotPaging},
 		{"ReadAfterPosition", testReadAfterPosition},
 		{"ReadWaits", testReadWaits},
+		{"WaitEvents", testWaitEvents},
 		{"ForeignIncarnation", testForeignIncarnation},
 		{"PublisherLease", testPublisherLease},
 	}
@@ -247,6 +249,92 @@ func testReadWaits(t *testing.T, open Opener) {
 	}
 }
 
+// wait calls WaitEvents and fails the test on an error.
+func (e *env) wait(ctx context.Context, after gateway.Cursor, block time.Duration) []int {
+	e.t.Helper()
+	got, err := e.store.WaitEvents(ctx, after, block)
+	if err != nil {
+		e.t.Fatalf("WaitEvents(%v, %v): %v", after, block, err)
+	}
+	return got
+}
+
+func testWaitEvents(t *testing.T, open Opener) {
+	e := newEnv(t, open, 3)
+	d1 := devicesIn(t, 3, 1, 1, "await")[0]
+	d2 := devicesIn(t, 3, 2, 1, "await")[0]
+	cur := e.cursorOf()
+	if got := e.wait(e.ctx, cur, 0); len(got) != 0 {
+		t.Errorf("WaitEvents(block 0) of idle shards = %v, want none", got)
+	}
+	// nothing comes: the wait ends empty after block
+	begin := time.Now()
+	if got := e.wait(e.ctx, cur, 50*time.Millisecond); len(got) != 0 {
+		t.Fatalf("WaitEvents = %v, want none", got)
+	}
+	if el := time.Since(begin); el < 40*time.Millisecond {
+		t.Errorf("WaitEvents returned after %v, want it to wait about 50ms", el)
+	}
+	// a write to one shard during the wait ends it, naming that shard
+	got := make(chan []int, 1)
+	go func() {
+		ready, err := e.store.WaitEvents(e.ctx, cur, 10*time.Second)
+		if err != nil {
+			t.Errorf("WaitEvents: %v", err)
+		}
+		got <- ready
+	}()
+	res := e.apply(batch("gw", 1, wr(d2, "s", gateway.Connect, 0)))
+	select {
+	case ready := <-got:
+		if len(ready) != 1 || ready[0] != 2 {
+			t.Errorf("waiting WaitEvents = %v, want shard 2", ready)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("WaitEvents not woken by a write within 5s")
+	}
+	// events waiting in several shards: all named at once, ascending
+	e.apply(batch("gw", 1, wr(d1, "s", gateway.Connect, 0)))
+	if ready := e.wait(e.ctx, cur, 10*time.Second); len(ready) != 2 || ready[0] != 1 || ready[1] != 2 {
+		t.Errorf("WaitEvents with events in shards 1 and 2 = %v, want [1 2]", ready)
+	}
+	// a position at the last event of its shard has no news
+	past := slices.Clone(cur)
+	past[2].ID = res.Events[0].ID
+	if ready := e.wait(e.ctx, past, 0); len(ready) != 1 || ready[0] != 1 {
+		t.Errorf("WaitEvents past shard 2's event = %v, want [1]", ready)
+	}
+	// the end of the context ends a wait, before it starts or during it
+	idle := e.cursorOf()
+	for _, after := range []time.Duration{0, 100 * time.Millisecond} {
+		ctx, cancel := context.WithCancel(e.ctx)
+		if after == 0 {
+			cancel()
+		}
+		done := make(chan []int)
+		go func() {
+			ready, _ := e.store.WaitEvents(ctx, idle, 10*time.Second)
+			done <- ready
+		}()
+		time.Sleep(after)
+		cancel()
+		select {
+		case ready := <-done:
+			if len(ready) != 0 {
+				t.Errorf("WaitEvents ended by its context = %v, want none", ready)
+			}
+		case <-time.After(3 * time.Second):
+			t.Fatalf("WaitEvents still waiting 3s after its context ended (%v into the wait)", after)
+		}
+	}
+	if _, err := e.store.WaitEvents(e.ctx, cur[:2], 0); err == nil {
+		t.Errorf("WaitEvents with 2 positions of 3 shards: no error")
+	}
+	if _, err := e.store.WaitEvents(e.ctx, gateway.Cursor{cur[0], cur[1], {ID: "x-1"}}, 0); err == nil {
+		t.Errorf("WaitEvents after a malformed ID: no error")
+	}
+}
+
 func testForeignIncarnation(t *testing.T, open Opener) {
 	e := newEnv(t, open, 1)
 	cur := e.cursorOf()
@@ -283,6 +371,11 @@ func testTrimmedPosition(t *testing.T, open WatchOpener) {
 		if !errors.As(err, &re) || re.Reason != gateway.ResyncTrimmed {
 			t.Errorf("ReadEvents after %s, trimmed past: %v, want a ResyncError (trimmed)", after.ID, err)
 		}
+	}
+	// a wait names a shard trimmed past its position, for ReadEvents to
+	// tell
+	if ready, err := e.store.WaitEvents(e.ctx, gateway.Cursor{start}, 0); err != nil || len(ready) != 1 || ready[0] != 0 {
+		t.Errorf("WaitEvents after a trimmed position = %v, %v; want shard 0", ready, err)
 	}
 	// the log's tail is still served
 	tail := gateway.Position{Incarnation: start.Incarnation, ID: res.Events[298].ID}
