@@ -182,31 +182,14 @@ func (s *Store) ReadEvents(ctx context.Context, shard int, after gateway.Positio
 	if after.Incarnation != "" && after.Incarnation != inc {
 		return nil, fmt.Errorf("%s: %w", op, &gateway.ResyncError{Shard: shard, Reason: gateway.ResyncIncarnation})
 	}
-	var timer *time.Timer
-	for {
-		woken := s.wake.wait()
+	evs, err := untilCommit(ctx, s, block, func() ([]gateway.Event, bool, error) {
 		evs, err := s.readAfter(shard, from, limit)
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", op, err)
-		}
-		if len(evs) > 0 || block <= 0 {
-			return evs, nil
-		}
-		if timer == nil {
-			timer = time.NewTimer(block)
-			defer timer.Stop()
-		}
-		select {
-		case <-woken:
-		case <-timer.C:
-			return nil, nil
-		case <-ctx.Done():
-			return nil, nil
-		}
-		if s.closed.Load() {
-			return nil, fmt.Errorf("%s: %w", op, errClosed)
-		}
+		return evs, len(evs) > 0, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", op, err)
 	}
+	return evs, nil
 }
 
 // WaitEvents waits up to block for a commit that appends an event after
@@ -233,15 +216,27 @@ func (s *Store) WaitEvents(ctx context.Context, after []gateway.Position, block 
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", op, err)
 	}
+	ready, err := untilCommit(ctx, s, block, func() ([]int, bool, error) {
+		ready, err := s.shardsWithNews(after, from, inc)
+		return ready, len(ready) > 0, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", op, err)
+	}
+	return ready, nil
+}
+
+// untilCommit calls check, then again after each commit of the store,
+// until check says done or fails, block has passed or ctx ended (then
+// the zero T and no error); block ≤ 0 checks once.
+func untilCommit[T any](ctx context.Context, s *Store, block time.Duration, check func() (T, bool, error)) (T, error) {
+	var zero T
 	var timer *time.Timer
 	for {
 		woken := s.wake.wait()
-		ready, err := s.shardsWithNews(after, from, inc)
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", op, err)
-		}
-		if len(ready) > 0 || block <= 0 {
-			return ready, nil
+		v, done, err := check()
+		if err != nil || done || block <= 0 {
+			return v, err
 		}
 		if timer == nil {
 			timer = time.NewTimer(block)
@@ -250,12 +245,12 @@ func (s *Store) WaitEvents(ctx context.Context, after []gateway.Position, block 
 		select {
 		case <-woken:
 		case <-timer.C:
-			return nil, nil
+			return zero, nil
 		case <-ctx.Done():
-			return nil, nil
+			return zero, nil
 		}
 		if s.closed.Load() {
-			return nil, fmt.Errorf("%s: %w", op, errClosed)
+			return zero, errClosed
 		}
 	}
 }
