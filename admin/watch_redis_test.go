@@ -189,16 +189,7 @@ func TestWatchStreamsOverTheCapGet503(t *testing.T) {
 		t.Fatalf("%d XREADs blocked for 3 new idle streams, want 3", blocked)
 	}
 	ev := connect(t, store, "gw", "cap-dev")[0]
-	for i, ch := range got {
-		select {
-		case e := <-ch:
-			if e.Device != ev.Device {
-				t.Errorf("stream %d got %s, want %s", i, e.Device, ev.Device)
-			}
-		case <-time.After(10 * time.Second):
-			t.Fatalf("stream %d: no event within 10s of the write", i)
-		}
-	}
+	everyStreamGets(t, got, ev)
 }
 
 // TestClusterIdleWatchStreams: on a Cluster of 3 masters a wait is one
@@ -232,6 +223,22 @@ func TestClusterIdleWatchStreams(t *testing.T) {
 	}
 	busyAnswer(t, c)
 	ev := connect(t, store, "gw", "cluster-dev")[0]
+	everyStreamGets(t, got, ev)
+	// the waits that ended unblocked the others: no XREAD stays blocked
+	// past its wait (each stream waits again, once)
+	time.Sleep(500 * time.Millisecond)
+	if _, b := waitBlocked(t, streams*shards, nodes...); b != streams*shards {
+		for i, n := range cl.Nodes {
+			t.Logf("node %d %s: %s", i, n.Addr, n.Log())
+		}
+		t.Errorf("%d XREADs blocked after the event, want %d", b, streams*shards)
+	}
+}
+
+// everyStreamGets checks that each idle stream of got receives ev, the
+// next event written, within 10 s.
+func everyStreamGets(t *testing.T, got []chan gateway.Envelope, ev gateway.Event) {
+	t.Helper()
 	for i, ch := range got {
 		select {
 		case e := <-ch:
@@ -241,14 +248,5 @@ func TestClusterIdleWatchStreams(t *testing.T) {
 		case <-time.After(10 * time.Second):
 			t.Fatalf("stream %d: no event within 10s of the write", i)
 		}
-	}
-	// the waits that ended unblocked the others: no XREAD stays blocked
-	// past its wait (each stream waits again, once)
-	time.Sleep(500 * time.Millisecond)
-	if _, b := waitBlocked(t, streams*shards, nodes...); b != streams*shards {
-		for i, n := range cl.Nodes {
-			t.Logf("node %d %s: %s", i, n.Addr, n.Log())
-		}
-		t.Errorf("%d XREADs blocked after the event, want %d", b, streams*shards)
 	}
 }
