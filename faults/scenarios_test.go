@@ -240,6 +240,23 @@ func TestFailoverToLaggingReplica(t *testing.T) {
 // Gateways and runners follow the new topology, the outbox loses
 // nothing, and no device that kept sending goes offline.
 func TestClusterMasterKilled(t *testing.T) {
+	clusterMasterLost(t, "killed", (*redistest.Server).Kill, nil)
+}
+
+// The same with the master stopped (SIGSTOP) instead: it refuses
+// nothing, so every call to it waits for its timeout, as with a host
+// that drops packets; once its replica is promoted it is continued and
+// rejoins as a replica.
+func TestClusterMasterStopped(t *testing.T) {
+	clusterMasterLost(t, "stopped",
+		func(s *redistest.Server) { s.Signal(syscall.SIGSTOP) },
+		func(s *redistest.Server) { s.Signal(syscall.SIGCONT) })
+}
+
+// clusterMasterLost runs the Cluster scenario: lose takes the master
+// holding the most shards away, back (when set) brings it back after
+// the promotion.
+func clusterMasterLost(t *testing.T, how string, lose, back func(*redistest.Server)) {
 	skipPending(t)
 	t.Parallel()
 	cl := redistest.StartClusterWithReplicas(t, 3)
@@ -260,11 +277,14 @@ func TestClusterMasterKilled(t *testing.T) {
 	r.fleet.start()
 	r.at(warm)
 	r.faultFrom()
-	cl.Nodes[victim].Kill()
+	lose(cl.Nodes[victim])
 	waitClusterOK(t, cl, victim, 30*time.Second)
+	if back != nil {
+		back(cl.Nodes[victim])
+	}
 	r.faultTo()
-	t.Logf("cluster: killed master %s (%d of %d shards); promoted after %v",
-		cl.Nodes[victim].Addr, owned[victim], shards, r.x.faultEnd.Sub(r.x.faultStart).Round(time.Millisecond))
+	t.Logf("cluster: %s master %s (%d of %d shards); promoted after %v",
+		how, cl.Nodes[victim].Addr, owned[victim], shards, r.x.faultEnd.Sub(r.x.faultStart).Round(time.Millisecond))
 	r.finish()
 }
 
