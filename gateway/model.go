@@ -155,7 +155,14 @@ type Batch struct {
 	// renewals that bridged the gap were acknowledged by the lost state);
 	// otherwise it is a renewal.
 	Restore bool
-	Writes  []Write
+	// Coalesced says that some connects or renews of the batch stand for
+	// several observations of their session, of which the sender kept
+	// only the newest (its sending was held up, and its queue merged
+	// them): as for Replay, the store allows them up to the gateway grace
+	// after their session's deadline, since what bridged the delay may be
+	// gone.
+	Coalesced bool
+	Writes    []Write
 }
 
 // ApplyResult reports what a batch changed.

@@ -68,10 +68,11 @@ var (
 // not heard (no call within the allowed silence, Batch.Behind, or not
 // since the last store outage the caller saw): its deadline moves by
 // the grace. Evidence observed before the held deadline keeps it (no
-// event), and so does replayed evidence (Batch.Replay) observed at most
-// the grace after a session's deadline, held or not: an outbox keeps
-// only a session's newest evidence, so what bridged an outage may be
-// gone. At the end of the grace a held device is reaped with its true
+// event), and so does replayed or coalesced evidence (Batch.Replay,
+// Batch.Coalesced) observed at most the grace after a session's
+// deadline, held or not: an outbox or a held-up queue keeps only a
+// session's newest evidence, so what bridged an outage may be gone.
+// At the end of the grace a held device is reaped with its true
 // deadline, reason gateway_lost if its gateway is still not heard.
 //
 // So replaying a batch is harmless: a duplicate connect or renew extends

@@ -41,6 +41,10 @@ type slot struct {
 	// under (gateway.Write.Lease; 0 in an outbox entry of a release that
 	// did not keep them: the batch's lease).
 	kindLease, leaveLease time.Duration
+	// merged: kind stands for several observations of which only the
+	// newest is kept; the older ones may have been what bridged a delay
+	// in sending (gateway.Batch.Coalesced).
+	merged bool
 }
 
 // add folds one piece of evidence, observed at under lease, into the slot.
@@ -68,6 +72,7 @@ func (s *slot) add(k gateway.Kind, at time.Time, lease time.Duration) {
 		// Same side of the leave (or no leave): one write.
 		s.kind = sticky(s.kind, k)
 		s.at, s.kindLease = widen(s.at, s.kindLease, at, lease)
+		s.merged = true
 	case !before:
 		// After the leave while the pending kind was before it: the new
 		// visit replaces the old one, sent after the leave.
@@ -111,6 +116,7 @@ func (s *slot) merge(o slot) {
 	if o.kind != 0 && !o.kindFirst {
 		s.add(o.kind, o.at, o.kindLease)
 	}
+	s.merged = s.merged || o.merged
 }
 
 // n is the number of writes the slot turns into (0, 1 or 2).

@@ -266,3 +266,33 @@ func TestCoalescingKeepsStoreOutcome(t *testing.T) {
 		}
 	})
 }
+
+// A slot that merged two connects or renews says so (they stand for
+// several observations, gateway.Batch.Coalesced); one observation, or a
+// visit and a leave, does not; merge keeps the mark.
+func TestSlotMerged(t *testing.T) {
+	C, R, L := gateway.Connect, gateway.Renew, gateway.Leave
+	for _, c := range []struct {
+		in   []ev
+		want bool
+	}{
+		{[]ev{{R, 1}}, false},
+		{[]ev{{C, 1}, {L, 2}}, false},
+		{[]ev{{L, 2}, {R, 3}}, false},
+		{[]ev{{R, 1}, {R, 2}}, true},
+		{[]ev{{C, 1}, {R, 2}, {L, 3}}, true},
+	} {
+		var s slot
+		for _, e := range c.in {
+			s.add(e.k, at(e.sec), 0)
+		}
+		if s.merged != c.want {
+			t.Errorf("%v: merged %v, want %v", c.in, s.merged, c.want)
+		}
+		var m slot
+		m.merge(s)
+		if m.merged != c.want {
+			t.Errorf("%v merged into an empty slot: merged %v, want %v", c.in, m.merged, c.want)
+		}
+	}
+}

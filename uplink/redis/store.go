@@ -483,7 +483,7 @@ func (s *Store) applyArgs(ctx context.Context, shard int, b gateway.Batch, bel *
 		behind = "1"
 	}
 	replayGrace := int64(0)
-	if b.Replay {
+	if b.Replay || b.Coalesced {
 		replayGrace = s.grace
 	}
 	// The header, in the order of apply.lua's A_ positions.

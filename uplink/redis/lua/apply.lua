@@ -12,7 +12,7 @@
 --   the store time after which the call is stale ("" for none: a call the
 --   caller gave up on may still run when a paused server resumes, with
 --   ages that are no longer true; it then does nothing), the grace ms of
---   a replay (below; 0 otherwise), the store time the oldest belief the
+--   a replay or a coalesced batch (below; 0 otherwise), the store time the oldest belief the
 --   believed renewals stand on was learned at ("" when F is 0; beliefs
 --   older than BELIEF_TTL on the store clock are not used: the reap keeps
 --   invalidations for an hour on the same clock), the incarnation of the
@@ -259,9 +259,11 @@ local function general(dev, sid, kind, d, k, zk, wlease)
   -- Late but valid evidence: a connect or renew observed at or before
   -- its session's deadline extends that session even when the deadline
   -- has passed by now (an outage delayed it): no offline, no online.
-  -- A replay may be up to the gateway grace late: the outbox keeps only
-  -- a session's newest evidence, so the evidence that bridged the
-  -- outage may be gone (as for a held device, above). A restore may be
+  -- A replay, or a batch whose queue coalesced evidence while its
+  -- sending was held up (Batch.Coalesced; the caller sends the grace in
+  -- A_GRACE for both), may be up to the gateway grace late: the outbox
+  -- and the queue keep only a session's newest evidence, so the evidence
+  -- that bridged the outage may be gone (as for a held device, above). A restore may be
   -- any late: the renewals that bridged the gap were acknowledged by the
   -- state that was lost (a failover to a replica that lacked them).
   local late

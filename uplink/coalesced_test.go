@@ -1,0 +1,70 @@
+package uplink
+
+import (
+	"testing"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/fleetgate/fleetgate/gateway"
+	"github.com/fleetgate/fleetgate/gateway/clocktest"
+	"github.com/fleetgate/fleetgate/internal/redistest"
+	redisstore "github.com/fleetgate/fleetgate/uplink/redis"
+)
+
+// Two renewals of a session queued while the uplink could not send (a
+// store call held up by a dead Cluster master, in the fault suite) are
+// merged into the newer one, observed after the session's deadline: the
+// flush marks its batch Coalesced, and the store, as for a replay, takes
+// it as the evidence that kept the session alive (no offline, no
+// online) rather than as a device that came back after a gap.
+func TestHeldUpRenewalsKeepTheSession(t *testing.T) {
+	const lease = 4 * time.Second
+	srv := redistest.Start(t)
+	var store *redisstore.Store
+	e := newEnv(t, Options{Lease: lease, FlushInterval: time.Second, KeepAlive: time.Second}, OutboxOptions{},
+		func(_ *bolt.DB, c *clocktest.Clock) gateway.Store {
+			s, err := redisstore.Open(t.Context(), redisClient(t, srv.Addr), redisstore.Options{
+				Prefix: "up", Shards: testShards, Now: c.Now, Logger: testLogger(t), GatewayGrace: lease})
+			if err != nil {
+				t.Fatal(err)
+			}
+			store = s
+			return s
+		})
+	ctx := t.Context()
+	dev := gateway.DeviceID("held-up")
+	send := func(k gateway.Kind) {
+		t.Helper()
+		if err := e.u.Enqueue(ctx, gateway.Evidence{Device: dev, Session: "coap/default", Kind: k, ObservedAt: e.clock.Now()}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	send(gateway.Connect)
+	if err := e.u.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	e.clock.Advance(3 * time.Second)
+	send(gateway.Renew) // inside the lease
+	e.clock.Advance(2 * time.Second)
+	send(gateway.Renew) // after the first deadline (connect + 4 s)
+	e.clock.Advance(200 * time.Millisecond)
+	if err := e.u.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	shard := gateway.ShardOf(dev, testShards)
+	evs, err := store.Events(ctx, shard, "", 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(evs) != 1 || evs[0].State != gateway.Online {
+		t.Fatalf("events %+v, want the connect's online only", evs)
+	}
+	d, err := store.Device(ctx, dev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := t0.Add(5*time.Second + lease); d.State != gateway.Online || !d.Deadline.Equal(want) {
+		t.Fatalf("device %+v, want online until %v", d, want)
+	}
+}
