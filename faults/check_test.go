@@ -176,6 +176,28 @@ type expectations struct {
 	lostOK bool
 	// end is when the fleet stopped: events after it are not judged.
 	end time.Time
+	// kills are when a gateway was killed -9. The evidence a gateway
+	// acknowledged within a flush interval before (lossWindow) may still
+	// have been in its in-memory queue, which a kill loses: only the
+	// outbox is durable (DESIGN §5 invariant 8). The false-offline check
+	// does not count on such evidence.
+	kills []time.Time
+}
+
+// lossWindow is how long before a kill -9 acknowledged evidence may not
+// have reached the outbox yet: a flush interval and the flush's own time.
+func (x expectations) lossWindow() time.Duration { return x.tm.flush + 100*time.Millisecond }
+
+// lastKept is the newest of ts before at that no kill may have lost.
+func (x expectations) lastKept(ts []time.Time, at time.Time) (time.Time, bool) {
+	i := sort.Search(len(ts), func(i int) bool { return ts[i].After(at) })
+	for ; i > 0; i-- {
+		s := ts[i-1]
+		if !slices.ContainsFunc(x.kills, func(k time.Time) bool { return !s.After(k) && k.Sub(s) <= x.lossWindow() }) {
+			return s, true
+		}
+	}
+	return time.Time{}, false
 }
 
 // result is one scenario's figures (the columns of docs/reliability.md).
@@ -264,7 +286,7 @@ func check(truth map[string]*devTruth, log []event, x expectations) result {
 				if e.reason == "gateway_lost" {
 					r.GatewayLost++
 				}
-				if s, ok := lastBefore(d.sends, e.at); ok && e.at.Sub(s) < tm.earliestOffline() && !(d.leftAt.After(s) && !d.leftAt.After(e.at)) {
+				if s, ok := x.lastKept(d.sends, e.at); ok && e.at.Sub(s) < tm.earliestOffline() && !(d.leftAt.After(s) && !d.leftAt.After(e.at)) {
 					r.FalseOffline++
 					r.note("false offline %v: evidence %v before", e, e.at.Sub(s).Round(time.Millisecond))
 				}
@@ -364,15 +386,6 @@ func prev(evs []event, i int) any {
 		return "none"
 	}
 	return evs[i-1]
-}
-
-// lastBefore is the last time in ts at or before at.
-func lastBefore(ts []time.Time, at time.Time) (time.Time, bool) {
-	i := sort.Search(len(ts), func(i int) bool { return ts[i].After(at) })
-	if i == 0 {
-		return time.Time{}, false
-	}
-	return ts[i-1], true
 }
 
 // assertClean logs the figures and fails on any broken invariant.

@@ -3,6 +3,7 @@
 package faults
 
 import (
+	"strings"
 	"testing"
 	"time"
 )
@@ -54,5 +55,39 @@ func TestCheckerCounts(t *testing.T) {
 	}
 	if len(r.Lags) != 1 || r.Lags[0] != 4*time.Second {
 		t.Fatalf("lags %v, want [4s] (clean: offline at 9s, last evidence at 5s)", r.Lags)
+	}
+}
+
+// Evidence a gateway acknowledged within its loss window before it was
+// killed -9 may have died in its queue: an offline that is early only
+// against that evidence is not false; one early against evidence outside
+// the window is.
+func TestCheckerKillLossWindow(t *testing.T) {
+	tm := fast
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	at := func(d time.Duration) time.Time { return t0.Add(d) }
+	kill := at(1300 * time.Millisecond)
+	truth := map[string]*devTruth{
+		// connect at 0, one renewal 50 ms before the kill, the device
+		// gone with the gateway; offline 3.5 s after the connect (lease 4 s)
+		"in-window": {id: "in-window", sends: []time.Time{at(0), at(1250 * time.Millisecond)},
+			stoppedAt: at(1300 * time.Millisecond), lastTry: at(1250 * time.Millisecond)},
+		// the same renewal 500 ms before the kill had time to reach the outbox
+		"before-window": {id: "before-window", sends: []time.Time{at(0), at(800 * time.Millisecond)},
+			stoppedAt: at(1300 * time.Millisecond), lastTry: at(800 * time.Millisecond)},
+	}
+	log := []event{
+		{device: "in-window", state: "online", ver: 1, at: at(10 * time.Millisecond), reason: "connect"},
+		{device: "in-window", state: "offline", ver: 2, at: at(3500 * time.Millisecond), reason: "expired"},
+		{device: "before-window", state: "online", ver: 1, at: at(10 * time.Millisecond), reason: "connect"},
+		{device: "before-window", state: "offline", ver: 2, at: at(3500 * time.Millisecond), reason: "expired"},
+	}
+	x := expectations{tm: tm, end: at(30 * time.Second), kills: []time.Time{kill}}
+	if r := check(truth, log, x); r.FalseOffline != 1 || !strings.Contains(strings.Join(r.examples, "\n"), "before-window") {
+		t.Fatalf("false offline %d, want 1 (before-window); examples %q", r.FalseOffline, r.examples)
+	}
+	x.kills = nil
+	if r := check(truth, log, x); r.FalseOffline != 2 {
+		t.Fatalf("without the kill: false offline %d, want 2; examples %q", r.FalseOffline, r.examples)
 	}
 }

@@ -81,6 +81,12 @@ func (r *rig) faultTo()   { r.x.faultEnd = time.Now() }
 // finish lets the scenario run until every device that ended is past its
 // bound and any late consequence of the fault would have shown (fault
 // end + lease + grace + runner), then stops the fleet and checks.
+// kill kills g -9 and records when (expectations.kills).
+func (r *rig) kill(g *gatewayProc) {
+	r.x.kills = append(r.x.kills, time.Now())
+	g.kill()
+}
+
 func (r *rig) finish() result {
 	r.t.Helper()
 	var last time.Duration
@@ -344,7 +350,7 @@ func TestGatewayKilledDuringOutage(t *testing.T) {
 	r.faultFrom()
 	px.SetCut(true)
 	r.at(warm + 1800*time.Millisecond)
-	a.kill()
+	r.kill(a)
 	a.start()
 	r.at(warm + outage)
 	px.SetCut(false)
@@ -515,7 +521,7 @@ func TestOutboxReplayAfterReboot(t *testing.T) {
 	r.faultFrom()
 	px.SetCut(true)
 	r.at(warm + kill)
-	a.kill()
+	r.kill(a)
 	a.Wrap = timeNamespace(0)
 	a.Env = []string{bootIDEnv + "=" + bootID(2)}
 	a.start()
