@@ -282,8 +282,21 @@ func (s *Server) Evidence(_ *pb.EvidenceRequest, stream pb.Adapter_EvidenceServe
 	select {
 	case <-k.ready:
 	case err := <-runDone:
-		if err == nil {
-			err = errors.New("run returned before ready")
+		// Run may have said ready (or sent) just before it returned: both
+		// cases were ready and select chose this one. The first frame
+		// still says ready then.
+		select {
+		case <-k.ready:
+			if serr := send(true); serr != nil {
+				return serr
+			}
+			if err == nil && ctx.Err() == nil {
+				err = errors.New("run returned while the stream was open")
+			}
+		default:
+			if err == nil {
+				err = errors.New("run returned before ready")
+			}
 		}
 		return finish(err, false)
 	case <-s.shutdown:
