@@ -78,15 +78,15 @@ func (r *rig) at(d time.Duration) { r.fleet.wait(d) }
 func (r *rig) faultFrom() { r.x.faultStart = time.Now() }
 func (r *rig) faultTo()   { r.x.faultEnd = time.Now() }
 
-// finish lets the scenario run until every device that ended is past its
-// bound and any late consequence of the fault would have shown (fault
-// end + lease + grace + runner), then stops the fleet and checks.
 // kill kills g -9 and records when (expectations.kills).
 func (r *rig) kill(g *gatewayProc) {
 	r.x.kills = append(r.x.kills, time.Now())
 	g.kill()
 }
 
+// finish lets the scenario run until every device that ended is past its
+// bound and any late consequence of the fault would have shown (fault
+// end + lease + grace + runner), then stops the fleet and checks.
 func (r *rig) finish() result {
 	r.t.Helper()
 	var last time.Duration

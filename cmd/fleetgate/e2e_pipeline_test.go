@@ -40,6 +40,8 @@ type monitorLog struct {
 
 var monitorRE = regexp.MustCompile(`^\+\d+\.\d+ \[\d+ ([^\]]+)\] "([A-Za-z]+)"(?: "[^"]*" "[1-9]\d*" "([^"]*)")?`)
 
+// startMonitor runs MONITOR on a connection of its own and returns once
+// the server logs every command.
 func startMonitor(t testing.TB, addr string) *monitorLog {
 	t.Helper()
 	c, err := net.Dial("tcp", addr)
@@ -50,9 +52,14 @@ func startMonitor(t testing.TB, addr string) *monitorLog {
 	if _, err := c.Write([]byte("MONITOR\r\n")); err != nil {
 		t.Fatal(err)
 	}
+	// +OK: the server logs every command from now on
+	r := bufio.NewReader(c)
+	if ok, err := r.ReadString('\n'); err != nil || ok != "+OK\r\n" {
+		t.Fatalf("MONITOR answered %q, %v", ok, err)
+	}
 	go func() {
 		defer close(m.done)
-		sc := bufio.NewScanner(c)
+		sc := bufio.NewScanner(r)
 		sc.Buffer(make([]byte, 1<<20), 1<<24)
 		for sc.Scan() {
 			f := monitorRE.FindStringSubmatch(sc.Text())
@@ -298,7 +305,6 @@ func TestMonitorJoinsTheReadsOfAPipeline(t *testing.T) {
 	}
 	const n = 20
 	mon := startMonitor(t, srv.Addr)
-	time.Sleep(100 * time.Millisecond) // MONITOR is on before the first call
 	for range n {
 		p := c.Pipeline()
 		for s := range 16 {

@@ -758,7 +758,6 @@ func (s *Store) Device(ctx context.Context, id gateway.DeviceID) (gateway.Device
 	return d, nil
 }
 
-// parseView reads a device view of view.lua.
 // parseScan reads the view script's "scan" reply: the HSCAN cursor to
 // resume at, the items of its step to pass over, and the devices.
 func parseScan(res []any) (cursor string, skip int, devs []gateway.DeviceInfo, err error) {
@@ -775,6 +774,7 @@ func parseScan(res []any) (cursor string, skip int, devs []gateway.DeviceInfo, e
 	return str(res[0]), int(num(res[1])), devs, nil
 }
 
+// parseView reads a device view of view.lua.
 func parseView(v any) (gateway.DeviceInfo, error) {
 	f, ok := v.([]any)
 	if !ok || len(f) != 8 {
