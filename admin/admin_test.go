@@ -17,8 +17,8 @@ import (
 	"github.com/fleetgate/fleetgate/admin"
 	"github.com/fleetgate/fleetgate/gateway"
 	"github.com/fleetgate/fleetgate/gateway/clocktest"
+	"github.com/fleetgate/fleetgate/store/embedded"
 	"github.com/fleetgate/fleetgate/uplink"
-	"github.com/fleetgate/fleetgate/uplink/embedded"
 )
 
 const (

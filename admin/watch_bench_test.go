@@ -14,8 +14,8 @@ import (
 	"github.com/fleetgate/fleetgate/admin"
 	"github.com/fleetgate/fleetgate/gateway"
 	"github.com/fleetgate/fleetgate/internal/redistest"
-	"github.com/fleetgate/fleetgate/uplink/embedded"
-	redisstore "github.com/fleetgate/fleetgate/uplink/redis"
+	"github.com/fleetgate/fleetgate/store/embedded"
+	"github.com/fleetgate/fleetgate/store/redisstore"
 )
 
 // BenchmarkWatch streams 200,000 events (4 shards) from the start of the

@@ -14,7 +14,7 @@ import (
 	"github.com/fleetgate/fleetgate/admin"
 	"github.com/fleetgate/fleetgate/gateway"
 	"github.com/fleetgate/fleetgate/internal/redistest"
-	redisstore "github.com/fleetgate/fleetgate/uplink/redis"
+	"github.com/fleetgate/fleetgate/store/redisstore"
 )
 
 // redisClients counts a node's client connections (CLIENT LIST): all of

@@ -18,7 +18,7 @@ import (
 
 	"github.com/fleetgate/fleetgate/admin"
 	"github.com/fleetgate/fleetgate/gateway"
-	"github.com/fleetgate/fleetgate/uplink/embedded"
+	"github.com/fleetgate/fleetgate/store/embedded"
 )
 
 // watchServer is an admin server over a real embedded store on the real

@@ -22,8 +22,6 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/fleetgate/fleetgate/gateway"
-	"github.com/fleetgate/fleetgate/runner"
-	"github.com/fleetgate/fleetgate/uplink"
 )
 
 // Store backends accepted by store.backend.
@@ -218,8 +216,8 @@ func Default() Config {
 			Backend: BackendEmbedded,
 			Redis:   RedisConfig{Addrs: []string{"127.0.0.1:6379"}, KeyPrefix: "fleetgate"},
 		},
-		Uplink: UplinkConfig{FlushInterval: Duration(uplink.DefaultFlushInterval), MaxBatch: uplink.DefaultMaxBatch, OutboxMaxSessions: 1_000_000},
-		Runner: RunnerConfig{Enabled: true, Interval: Duration(runner.DefaultInterval), Batch: runner.DefaultBatch, LockTTL: Duration(runner.DefaultLockTTL)},
+		Uplink: UplinkConfig{FlushInterval: Duration(gateway.DefaultFlushInterval), MaxBatch: gateway.DefaultMaxBatch, OutboxMaxSessions: 1_000_000},
+		Runner: RunnerConfig{Enabled: true, Interval: Duration(gateway.DefaultRunnerInterval), Batch: gateway.DefaultRunnerBatch, LockTTL: Duration(gateway.DefaultRunnerLockTTL)},
 		Events: EventsConfig{MaxLen: 1_000_000, MQTT: defaultEventsMQTT()},
 		Listen: ListenConfig{
 			CoAP:  CoAPListen{UDP: ":5683"},

@@ -7,7 +7,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/fleetgate/fleetgate/uplink"
+	"github.com/fleetgate/fleetgate/gateway"
 )
 
 // EnvPrefix starts every environment override: FLEETGATE_<SECTION>_<KEY>,
@@ -80,7 +80,7 @@ func applyEnv(c *Config, env []string) error {
 			continue
 		}
 		if name == TestBootIDEnv {
-			if _, err := uplink.ParseBootID(val); err != nil {
+			if _, err := gateway.ParseBootID(val); err != nil {
 				errs = append(errs, fmt.Errorf("environment %s (a test hook): %w", name, err))
 			}
 			continue

@@ -1,6 +1,11 @@
 package gateway
 
-import "time"
+import (
+	"encoding/hex"
+	"fmt"
+	"strings"
+	"time"
+)
 
 // Clock is the time source of everything that decides leases and timers.
 // Production code uses SystemClock; tests use clocktest.Clock and advance
@@ -33,6 +38,23 @@ func (s sysTimer) Stop() bool          { return s.t.Stop() }
 // BootID names one boot of the machine (/proc/sys/kernel/random/boot_id).
 // The zero BootID names none.
 type BootID [16]byte
+
+// ParseBootID reads a boot ID in the form of /proc/sys/kernel/random/boot_id
+// (a UUID: 32 hex digits, dashes allowed anywhere).
+func ParseBootID(s string) (BootID, error) {
+	var id BootID
+	h := strings.ReplaceAll(strings.TrimSpace(s), "-", "")
+	if len(h) != 2*len(id) {
+		return id, fmt.Errorf("boot ID %q: want 32 hex digits", s)
+	}
+	if _, err := hex.Decode(id[:], []byte(h)); err != nil {
+		return id, fmt.Errorf("boot ID %q: %w", s, err)
+	}
+	if id == (BootID{}) {
+		return id, fmt.Errorf("boot ID %q: all zero", s)
+	}
+	return id, nil
+}
 
 // BootClock reads a clock that never steps and counts from the machine's
 // boot (Linux CLOCK_BOOTTIME, which also counts suspend), with the boot

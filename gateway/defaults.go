@@ -16,4 +16,14 @@ const (
 	// (docs/reliability.md explains the choice).
 	DefaultGatewayGrace = 60 * time.Second
 	DefaultMaxSessions  = 1_000_000
+	// The uplink's flush: every DefaultFlushInterval or at DefaultMaxBatch
+	// pending writes, whichever comes first.
+	DefaultFlushInterval = time.Second
+	DefaultMaxBatch      = 1000
+	// The expiry runner: a pass per shard at least every
+	// DefaultRunnerInterval, at most DefaultRunnerBatch devices a call;
+	// its shard lease lasts max(5 x interval, DefaultRunnerLockTTL).
+	DefaultRunnerInterval = time.Second
+	DefaultRunnerBatch    = 500
+	DefaultRunnerLockTTL  = 5 * time.Second
 )

@@ -163,3 +163,15 @@ func FuzzParseSessionID(f *testing.F) {
 		}
 	})
 }
+
+func TestParseBootID(t *testing.T) {
+	for _, bad := range []string{"", "1234", "00000000-0000-0000-0000-000000000000", "zz000000-0000-4000-8000-000000000001"} {
+		if _, err := gateway.ParseBootID(bad); err == nil {
+			t.Errorf("gateway.ParseBootID(%q) accepted", bad)
+		}
+	}
+	id, err := gateway.ParseBootID("0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0\n")
+	if err != nil || id != (gateway.BootID{0x0f, 0x1e, 0x2d, 0x3c, 0x4b, 0x5a, 0x69, 0x78, 0x87, 0x96, 0xa5, 0xb4, 0xc3, 0xd2, 0xe1, 0xf0}) {
+		t.Fatalf("ParseBootID = %x, %v", id, err)
+	}
+}

@@ -187,7 +187,7 @@ type ReapResult struct {
 	Trimmed int
 	// Held counts due devices not reaped because the gateway that wrote
 	// them last was not heard: their deadline moved by the gateway grace
-	// (Redis store only; see uplink/redis).
+	// (Redis store only; see store/redisstore).
 	Held int
 	// More is true when due entries remain (the call hit its limit).
 	More bool

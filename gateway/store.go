@@ -35,7 +35,7 @@ var (
 
 // Store is the central presence store: the Redis store and the embedded
 // bbolt store implement it with the same semantics, checked by
-// uplink/storetest.
+// store/storetest.
 //
 // Semantics of Apply, per write, in order, atomically for the whole batch:
 //

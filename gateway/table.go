@@ -128,7 +128,7 @@ var _ Observer = (*Table)(nil)
 
 // MaxStoreSessions is the most sessions a device holds in a store, across
 // every gateway it reaches: a new session beyond it is ignored (both
-// stores; uplink/redis/lua/record.lua MAX_SESSIONS), so no device can make
+// stores; store/redisstore/lua/record.lua MAX_SESSIONS), so no device can make
 // a store call slow for the others.
 const MaxStoreSessions = 256
 

@@ -12,7 +12,7 @@ import (
 	"github.com/fleetgate/fleetgate/gateway"
 	"github.com/fleetgate/fleetgate/gateway/clocktest"
 	"github.com/fleetgate/fleetgate/internal/redistest"
-	redisstore "github.com/fleetgate/fleetgate/uplink/redis"
+	"github.com/fleetgate/fleetgate/store/redisstore"
 )
 
 // BenchmarkReapRunnerVsDirect measures offline events per second reaped
@@ -27,7 +27,7 @@ func BenchmarkReapRunnerVsDirect(b *testing.B) {
 	const (
 		benchDevices = 10_000
 		shards       = 16
-		batch        = DefaultBatch
+		batch        = gateway.DefaultRunnerBatch
 		lease        = time.Minute
 	)
 	srv := redistest.Start(b)

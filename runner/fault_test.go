@@ -19,7 +19,7 @@ import (
 
 	"github.com/fleetgate/fleetgate/gateway"
 	"github.com/fleetgate/fleetgate/internal/redistest"
-	redisstore "github.com/fleetgate/fleetgate/uplink/redis"
+	"github.com/fleetgate/fleetgate/store/redisstore"
 )
 
 // The fault test re-executes this test binary as a runner process; these

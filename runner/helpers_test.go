@@ -13,7 +13,7 @@ import (
 
 	"github.com/fleetgate/fleetgate/gateway"
 	"github.com/fleetgate/fleetgate/gateway/clocktest"
-	"github.com/fleetgate/fleetgate/uplink/embedded"
+	"github.com/fleetgate/fleetgate/store/embedded"
 )
 
 // t0 is where every manual test clock starts (a whole millisecond, so

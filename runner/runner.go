@@ -27,15 +27,6 @@ import (
 	"github.com/fleetgate/fleetgate/gateway"
 )
 
-// Defaults of Options.
-const (
-	DefaultInterval = time.Second
-	DefaultBatch    = 500
-	// DefaultLockTTL is the shortest default shard lease: Options.LockTTL
-	// left zero is max(5*Interval, DefaultLockTTL).
-	DefaultLockTTL = 5 * time.Second
-)
-
 // reapsPerCycle bounds the Reap calls on one shard in one cycle, so that
 // a shard with a large backlog cannot starve the others: the cycle moves
 // on and the next one starts at once.
@@ -116,13 +107,13 @@ func New(s gateway.Store, o Options) *Runner {
 		o.Owner = fmt.Sprintf("%s/%d", host, os.Getpid())
 	}
 	if o.Interval <= 0 {
-		o.Interval = DefaultInterval
+		o.Interval = gateway.DefaultRunnerInterval
 	}
 	if o.Batch <= 0 {
-		o.Batch = DefaultBatch
+		o.Batch = gateway.DefaultRunnerBatch
 	}
 	if o.LockTTL <= 0 {
-		o.LockTTL = max(5*o.Interval, DefaultLockTTL)
+		o.LockTTL = max(5*o.Interval, gateway.DefaultRunnerLockTTL)
 	}
 	if o.Clock == nil {
 		o.Clock = gateway.SystemClock{}

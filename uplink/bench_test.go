@@ -17,7 +17,8 @@ import (
 
 	"github.com/fleetgate/fleetgate/gateway"
 	"github.com/fleetgate/fleetgate/internal/redistest"
-	redisstore "github.com/fleetgate/fleetgate/uplink/redis"
+	"github.com/fleetgate/fleetgate/internal/statefile"
+	"github.com/fleetgate/fleetgate/store/redisstore"
 )
 
 const benchShards = 16
@@ -53,7 +54,7 @@ func BenchmarkOutboxReplay100k(b *testing.B) {
 	ctx := context.Background()
 	for i := range b.N {
 		b.StopTimer()
-		db, err := OpenDB(filepath.Join(b.TempDir(), "state.db"), nil)
+		db, err := statefile.Open(filepath.Join(b.TempDir(), "state.db"), nil, Migrations)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -141,7 +142,7 @@ func BenchmarkFlushRoundTrips(b *testing.B) {
 	rt := &redistest.RoundTrips{}
 	c.AddHook(rt)
 	ctx := context.Background()
-	db, err := OpenDB(filepath.Join(b.TempDir(), "state.db"), nil)
+	db, err := statefile.Open(filepath.Join(b.TempDir(), "state.db"), nil, Migrations)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -1,30 +1,11 @@
 package uplink
 
 import (
-	"encoding/hex"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/fleetgate/fleetgate/gateway"
 )
-
-// ParseBootID reads a boot ID in the form of /proc/sys/kernel/random/boot_id
-// (a UUID: 32 hex digits, dashes allowed anywhere).
-func ParseBootID(s string) (gateway.BootID, error) {
-	var id gateway.BootID
-	h := strings.ReplaceAll(strings.TrimSpace(s), "-", "")
-	if len(h) != 2*len(id) {
-		return id, fmt.Errorf("boot ID %q: want 32 hex digits", s)
-	}
-	if _, err := hex.Decode(id[:], []byte(h)); err != nil {
-		return id, fmt.Errorf("boot ID %q: %w", s, err)
-	}
-	if id == (gateway.BootID{}) {
-		return id, fmt.Errorf("boot ID %q: all zero", s)
-	}
-	return id, nil
-}
 
 // SystemBoot is the machine's CLOCK_BOOTTIME with its boot ID.
 type SystemBoot struct{ id gateway.BootID }
@@ -41,7 +22,7 @@ func NewSystemBoot(override string) (*SystemBoot, error) {
 			return nil, fmt.Errorf("uplink: boot ID: %w", err)
 		}
 	}
-	id, err := ParseBootID(s)
+	id, err := gateway.ParseBootID(s)
 	if err != nil {
 		return nil, fmt.Errorf("uplink: %w", err)
 	}

@@ -140,11 +140,6 @@ func TestLeaseTravelsWithEvidence(t *testing.T) {
 }
 
 func TestSystemBoot(t *testing.T) {
-	for _, bad := range []string{"", "1234", "00000000-0000-0000-0000-000000000000", "zz000000-0000-4000-8000-000000000001"} {
-		if _, err := ParseBootID(bad); err == nil {
-			t.Errorf("ParseBootID(%q) accepted", bad)
-		}
-	}
 	b, err := NewSystemBoot("")
 	if err != nil {
 		t.Fatal(err)

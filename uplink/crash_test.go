@@ -16,13 +16,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fleetgate/fleetgate/internal/statefile"
+
 	"github.com/redis/go-redis/v9"
 	bolt "go.etcd.io/bbolt"
 	"go.uber.org/goleak"
 
 	"github.com/fleetgate/fleetgate/gateway"
 	"github.com/fleetgate/fleetgate/internal/redistest"
-	redisstore "github.com/fleetgate/fleetgate/uplink/redis"
+	"github.com/fleetgate/fleetgate/store/redisstore"
 )
 
 // The crash test re-executes the test binary as a gateway that writes to
@@ -53,7 +55,7 @@ func TestMain(m *testing.M) {
 // are committed. It runs until it is killed.
 func crashChild(path, addr, prefix string) error {
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
-	db, err := OpenDB(path, log)
+	db, err := statefile.Open(path, log, Migrations)
 	if err != nil {
 		return err
 	}
@@ -109,7 +111,7 @@ func TestOutboxSurvivesKill9(t *testing.T) {
 		acked := runCrashChild(t, srv, path, prefix, 3+rand.IntN(25))
 
 		var logs bytes.Buffer
-		db, err := OpenDB(path, slog.New(slog.NewTextHandler(&logs, nil)))
+		db, err := statefile.Open(path, slog.New(slog.NewTextHandler(&logs, nil)), Migrations)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -16,8 +16,9 @@ import (
 	"github.com/fleetgate/fleetgate/gateway"
 	"github.com/fleetgate/fleetgate/gateway/clocktest"
 	"github.com/fleetgate/fleetgate/internal/redistest"
-	"github.com/fleetgate/fleetgate/uplink/embedded"
-	redisstore "github.com/fleetgate/fleetgate/uplink/redis"
+	"github.com/fleetgate/fleetgate/internal/statefile"
+	"github.com/fleetgate/fleetgate/store/embedded"
+	"github.com/fleetgate/fleetgate/store/redisstore"
 )
 
 const testShards = 4
@@ -116,7 +117,7 @@ func (w tWriter) Write(p []byte) (int, error) {
 func newEnv(t *testing.T, o Options, ob OutboxOptions, open func(db *bolt.DB, c *clocktest.Clock) gateway.Store) *env {
 	t.Helper()
 	e := &env{t: t, clock: clocktest.New(t0), reg: prometheus.NewRegistry()}
-	db, err := OpenDB(filepath.Join(t.TempDir(), "state.db"), testLogger(t))
+	db, err := statefile.Open(filepath.Join(t.TempDir(), "state.db"), testLogger(t), Migrations)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,6 +9,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/fleetgate/fleetgate/internal/statefile"
+
 	"github.com/fleetgate/fleetgate/gateway"
 	bolt "go.etcd.io/bbolt"
 )
@@ -591,6 +593,12 @@ func decodeRecord(sk, v []byte) (record, error) {
 	}
 	r.own = timeKey(r.first(), r.seq)
 	return r, nil
+}
+
+// Migrations are the outbox's changes of the state file format, oldest
+// first (internal/statefile): the binary opens the file with them.
+var Migrations = []statefile.Migration{
+	{To: 2, What: "outbox entries on the boot clock, with their leases", Run: migrateOutboxV2},
 }
 
 // migrateOutboxV2 rewrites the outbox entries of format 1 (wall-clock

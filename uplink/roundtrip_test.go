@@ -9,7 +9,8 @@ import (
 
 	"github.com/fleetgate/fleetgate/gateway"
 	"github.com/fleetgate/fleetgate/internal/redistest"
-	redisstore "github.com/fleetgate/fleetgate/uplink/redis"
+	"github.com/fleetgate/fleetgate/internal/statefile"
+	"github.com/fleetgate/fleetgate/store/redisstore"
 )
 
 // onePerShard returns a device ID hashing to each of shards.
@@ -38,7 +39,7 @@ func TestFlushIsOneRoundTrip(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.AddHook(rt)
-	db, err := OpenDB(filepath.Join(t.TempDir(), "state.db"), nil)
+	db, err := statefile.Open(filepath.Join(t.TempDir(), "state.db"), nil, Migrations)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -83,7 +84,7 @@ func TestAnnounceFencesOlderEpochEverywhere(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	db, err := OpenDB(filepath.Join(t.TempDir(), "state.db"), nil)
+	db, err := statefile.Open(filepath.Join(t.TempDir(), "state.db"), nil, Migrations)
 	if err != nil {
 		t.Fatal(err)
 	}

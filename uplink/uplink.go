@@ -13,10 +13,6 @@
 // Order per session is kept across an outage: while the outbox holds
 // anything, new writes go through it too, so an older buffered write never
 // overtakes a newer one.
-//
-// The state file helpers OpenDB and CloseDB belong here because the
-// outbox's durability rests on them: a file is checked after an unclean
-// stop and moved aside, loudly, when it is damaged.
 package uplink
 
 import (
@@ -38,12 +34,10 @@ import (
 
 // Defaults for Options fields left zero.
 const (
-	DefaultFlushInterval = time.Second
-	DefaultMaxBatch      = 1000
-	DefaultTimeout       = 3 * time.Second
-	DefaultProbeMin      = 100 * time.Millisecond
-	DefaultProbeMax      = 10 * time.Second
-	DefaultKeepAlive     = 10 * time.Second
+	DefaultTimeout   = 3 * time.Second
+	DefaultProbeMin  = 100 * time.Millisecond
+	DefaultProbeMax  = 10 * time.Second
+	DefaultKeepAlive = 10 * time.Second
 	// LeaveGraceFlushes is the leave grace in flush intervals: a leave is
 	// sent at the first flush at least this many intervals after it was
 	// observed, so the offline event of a leave comes at most
@@ -209,10 +203,10 @@ func (u *Uplink) makeTiming(lease, interval time.Duration, maxBatch int) timing 
 		lease = gateway.DefaultLease
 	}
 	if interval <= 0 {
-		interval = DefaultFlushInterval
+		interval = gateway.DefaultFlushInterval
 	}
 	if maxBatch <= 0 {
-		maxBatch = DefaultMaxBatch
+		maxBatch = gateway.DefaultMaxBatch
 	}
 	maxBatch = max(maxBatch, 2)
 	limit := u.queueLimitOpt

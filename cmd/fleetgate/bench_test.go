@@ -12,11 +12,9 @@ import (
 
 	"github.com/fleetgate/fleetgate/gateway"
 	"github.com/fleetgate/fleetgate/internal/redistest"
-	"github.com/fleetgate/fleetgate/runner"
 	"github.com/fleetgate/fleetgate/sim"
 	"github.com/fleetgate/fleetgate/sim/check"
 	"github.com/fleetgate/fleetgate/sim/naive"
-	"github.com/fleetgate/fleetgate/uplink"
 )
 
 // BenchmarkCommandsPerMessage plays 10,000 CoAP devices, each sending a
@@ -186,7 +184,7 @@ func commandCalls(info string) (int64, string) {
 // calls, and a clean stop (SIGTERM).
 func benchGateway(b *testing.B, redisAddr string, shards int) (string, func() float64, func()) {
 	shipped := e2eTiming{lease: gateway.DefaultLease, heartbeat: gateway.DefaultHeartbeatInterval, renewEvery: gateway.DefaultRenewEvery,
-		flush: uplink.DefaultFlushInterval, runnerInterval: runner.DefaultInterval, shards: shards}
+		flush: gateway.DefaultFlushInterval, runnerInterval: gateway.DefaultRunnerInterval, shards: shards}
 	g := newGateway(b, "gw-bench", redisAddr, shipped)
 	g.start()
 	calls := func() float64 { return scrapeCounter(b, "http://"+g.admin+"/metrics", "fleetgate_store_calls_total") }
@@ -198,7 +196,7 @@ func benchGateway(b *testing.B, redisAddr string, shards int) (string, func() fl
 func simulateLoad(b *testing.B, addr string, devices int, every, run time.Duration) int64 {
 	rep, err := sim.Run(context.Background(), sim.Options{CoAP: []string{addr}, Source: nullSource{}, Devices: devices,
 		Duration: run, Heartbeat: every, Sockets: 64, Prefix: "sim-",
-		Lease: gateway.DefaultLease, RenewEvery: gateway.DefaultRenewEvery, RunnerInterval: runner.DefaultInterval})
+		Lease: gateway.DefaultLease, RenewEvery: gateway.DefaultRenewEvery, RunnerInterval: gateway.DefaultRunnerInterval})
 	if err != nil {
 		b.Fatalf("simulate: %v", err)
 	}

@@ -21,7 +21,7 @@ import (
 	"syscall"
 
 	"github.com/fleetgate/fleetgate/configs"
-	"github.com/fleetgate/fleetgate/uplink"
+	"github.com/fleetgate/fleetgate/internal/statefile"
 )
 
 // version is set by the linker (-X main.version=...).
@@ -100,7 +100,7 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		case errors.As(err, new(configError)):
 			fmt.Fprintf(stderr, "fleetgate %s: %v\n", c.name, err)
 			return exitConfig
-		case errors.Is(err, uplink.ErrNewerFormat):
+		case errors.Is(err, statefile.ErrNewerFormat):
 			fmt.Fprintf(stderr, "fleetgate %s: %v\n", c.name, err)
 			return exitNewerState
 		default:

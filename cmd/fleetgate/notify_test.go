@@ -15,11 +15,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fleetgate/fleetgate/internal/statefile"
+
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/fleetgate/fleetgate/gateway"
+	"github.com/fleetgate/fleetgate/store/embedded"
 	"github.com/fleetgate/fleetgate/uplink"
-	"github.com/fleetgate/fleetgate/uplink/embedded"
 )
 
 // notifySocket is a service manager's end of NOTIFY_SOCKET: a unixgram
@@ -132,11 +134,11 @@ func TestWatchdogStopsWhileFlushStalls(t *testing.T) {
 	t.Setenv("NOTIFY_SOCKET", sock.path)
 	log := slog.New(slog.DiscardHandler)
 
-	db, err := uplink.OpenDB(filepath.Join(t.TempDir(), stateFile), log)
+	db, err := statefile.Open(filepath.Join(t.TempDir(), stateFile), log, uplink.Migrations)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer uplink.CloseDB(db)
+	defer statefile.Close(db)
 	store, err := embedded.Open(db, embedded.Options{Shards: 4})
 	if err != nil {
 		t.Fatal(err)
@@ -234,7 +236,7 @@ func TestRunRefusesNewerStateFile(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		return b.Put([]byte("version"), []byte{0, 0, 0, 0, 0, 0, 0, uplink.FormatVersion + 1})
+		return b.Put([]byte("version"), []byte{0, 0, 0, 0, 0, 0, 0, byte(statefile.Version(uplink.Migrations)) + 1})
 	})
 	if cerr := db.Close(); err == nil {
 		err = cerr

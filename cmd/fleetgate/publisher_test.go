@@ -19,7 +19,7 @@ import (
 
 	"github.com/fleetgate/fleetgate/gateway"
 	"github.com/fleetgate/fleetgate/internal/redistest"
-	redisstore "github.com/fleetgate/fleetgate/uplink/redis"
+	"github.com/fleetgate/fleetgate/store/redisstore"
 )
 
 // startMosquitto runs an anonymous mosquitto on a free loopback port

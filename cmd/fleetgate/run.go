@@ -13,6 +13,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/fleetgate/fleetgate/internal/statefile"
+
 	"github.com/coreos/go-systemd/v22/daemon"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -88,11 +90,11 @@ func (g *gatewayProcess) run(ctx context.Context) (err error) {
 	if err := os.MkdirAll(cfg.Gateway.StateDir, 0o750); err != nil {
 		return fmt.Errorf("state dir: %w", err)
 	}
-	db, err := uplink.OpenDB(filepath.Join(cfg.Gateway.StateDir, stateFile), g.log)
+	db, err := statefile.Open(filepath.Join(cfg.Gateway.StateDir, stateFile), g.log, uplink.Migrations)
 	if err != nil {
 		return err
 	}
-	defer func() { err = errors.Join(err, uplink.CloseDB(db)) }()
+	defer func() { err = errors.Join(err, statefile.Close(db)) }()
 	if g.epoch, err = identity.NextEpoch(db, time.Now()); err != nil {
 		return err
 	}

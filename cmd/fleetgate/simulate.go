@@ -10,9 +10,7 @@ import (
 	"time"
 
 	"github.com/fleetgate/fleetgate/gateway"
-	"github.com/fleetgate/fleetgate/runner"
 	"github.com/fleetgate/fleetgate/sim"
-	"github.com/fleetgate/fleetgate/uplink"
 )
 
 // cmdSimulate plays a fleet of CoAP and MQTT devices, with churn, against
@@ -33,8 +31,8 @@ func cmdSimulate(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	heartbeat := fs.Duration("heartbeat", gateway.DefaultHeartbeatInterval, "each device's heartbeat interval (±10 % jitter)")
 	lease := fs.Duration("lease", gateway.DefaultLease, "presence.lease of the gateways, for the bounds")
 	renewEvery := fs.Duration("renew-every", gateway.DefaultRenewEvery, "presence.renew_every of the gateways, for the bounds")
-	runnerInterval := fs.Duration("runner-interval", runner.DefaultInterval, "runner.interval of the gateways, for the bounds")
-	flushInterval := fs.Duration("flush-interval", uplink.DefaultFlushInterval, "uplink.flush_interval of the gateways: how long an online event may lag a device's first message")
+	runnerInterval := fs.Duration("runner-interval", gateway.DefaultRunnerInterval, "runner.interval of the gateways, for the bounds")
+	flushInterval := fs.Duration("flush-interval", gateway.DefaultFlushInterval, "uplink.flush_interval of the gateways: how long an online event may lag a device's first message")
 	slack := fs.Duration("slack", time.Second, "processing time allowed on top of lease + runner interval")
 	tolerance := fs.Duration("tolerance", 300*time.Millisecond, "clock skew and time in flight the checker forgives")
 	maxWait := fs.Duration("max-wait", 0, "longest wait for offline events after the fleet stops (default bound + 10s)")

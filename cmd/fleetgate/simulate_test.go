@@ -11,7 +11,7 @@ import (
 )
 
 // The simulator's timing flags default to the gateway's presence and
-// runner defaults (one source: gateway.Default*, runner.DefaultInterval),
+// runner defaults (one source: gateway.Default*, gateway.DefaultRunnerInterval),
 // so that its bounds fit a gateway run with the shipped configuration.
 func TestSimulateDefaultsAreTheConfigDefaults(t *testing.T) {
 	var usage bytes.Buffer

@@ -8,8 +8,8 @@ import (
 
 	"github.com/fleetgate/fleetgate/configs"
 	"github.com/fleetgate/fleetgate/gateway"
-	"github.com/fleetgate/fleetgate/uplink/embedded"
-	redisstore "github.com/fleetgate/fleetgate/uplink/redis"
+	"github.com/fleetgate/fleetgate/store/embedded"
+	"github.com/fleetgate/fleetgate/store/redisstore"
 )
 
 // openStore opens the configured store. The embedded store lives in db;

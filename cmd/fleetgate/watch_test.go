@@ -18,7 +18,7 @@ import (
 	"github.com/fleetgate/fleetgate/admin"
 	"github.com/fleetgate/fleetgate/gateway"
 	"github.com/fleetgate/fleetgate/internal/redistest"
-	"github.com/fleetgate/fleetgate/uplink/embedded"
+	"github.com/fleetgate/fleetgate/store/embedded"
 )
 
 // runBackground runs `fleetgate args...` in the background until the returned

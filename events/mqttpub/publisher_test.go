@@ -18,7 +18,7 @@ import (
 	"github.com/fleetgate/fleetgate/events/mqttpub"
 	"github.com/fleetgate/fleetgate/gateway"
 	"github.com/fleetgate/fleetgate/internal/redistest"
-	redisstore "github.com/fleetgate/fleetgate/uplink/redis"
+	"github.com/fleetgate/fleetgate/store/redisstore"
 )
 
 const shards = 4

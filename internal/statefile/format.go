@@ -1,4 +1,4 @@
-package uplink
+package statefile
 
 import (
 	"encoding/binary"
@@ -13,8 +13,8 @@ import (
 // bucket "state.format", key "version". A file without it is format 1,
 // the format of every release before versions were recorded.
 //
-// A newer binary migrates an older file in place when OpenDB opens it:
-// every migration from the file's version up to FormatVersion runs in one
+// A newer binary migrates an older file in place when Open opens it:
+// every migration from the file's version up to Version runs in one
 // bbolt write transaction together with the new version number, so a
 // crash or a failed migration leaves the file exactly as it was. An older
 // binary refuses a file of a newer version (ErrNewerFormat) before it
@@ -24,33 +24,37 @@ var (
 	keyVersion   = []byte("version")
 )
 
-// migration turns a state file of format to-1 into format to, inside the
+// Migration turns a state file of format To-1 into format To, inside the
 // write transaction it is given. It must not commit, and must leave every
-// bucket it does not own alone.
-type migration struct {
-	to   uint64
-	what string
-	run  func(tx *bolt.Tx) error
+// bucket it does not own alone. The owner of a bucket (the outbox, the
+// epoch, the embedded store) writes its migrations; the binary passes the
+// whole list, oldest first, to Open: list[i].To == i+2.
+type Migration struct {
+	To   uint64
+	What string
+	Run  func(tx *bolt.Tx) error
 }
 
-// migrations is every format change, oldest first: migrations[i] has
-// to == i+2. To change the format of the epoch, the outbox or the
-// embedded store, append a migration here (e.g. {2, "outbox entries v2",
-// migrateOutboxV2}); FormatVersion follows.
-var migrations = []migration{
-	{2, "outbox entries on the boot clock, with their leases", migrateOutboxV2},
+// Version is the state file format a binary with these migrations writes
+// and the newest it reads: 1 + len(migrations).
+func Version(migrations []Migration) uint64 { return uint64(1 + len(migrations)) }
+
+// checkList refuses a migration list that is not numbered 2, 3, ...
+func checkList(list []Migration) error {
+	for i, m := range list {
+		if m.To != uint64(i+2) || m.Run == nil {
+			return fmt.Errorf("statefile: migration %d (%s) goes to format %d, want %d", i, m.What, m.To, i+2)
+		}
+	}
+	return nil
 }
 
-// FormatVersion is the state file format this binary writes and the
-// newest it reads: 1 + len(migrations) (checked by a test).
-const FormatVersion = 2
-
-// ErrNewerFormat is returned by OpenDB for a state file written by a
+// ErrNewerFormat is returned by Open for a state file written by a
 // newer release than this binary; the file is left untouched.
 var ErrNewerFormat = errors.New("state file written by a newer fleetgate release")
 
-// readFormat returns the format version recorded in tx (1 when none is).
-func readFormat(tx *bolt.Tx) (uint64, error) {
+// Format returns the format version recorded in tx (1 when none is).
+func Format(tx *bolt.Tx) (uint64, error) {
 	b := tx.Bucket(bucketFormat)
 	if b == nil {
 		return 1, nil
@@ -65,7 +69,7 @@ func readFormat(tx *bolt.Tx) (uint64, error) {
 // newerFormat reports the state file at path if it has a format newer
 // than known, reading it through a read-only open (shared lock, no
 // write). A file that does not exist, is empty or cannot be read as bbolt
-// is not refused here: OpenDB creates it or handles the damage.
+// is not refused here: Open creates it or handles the damage.
 func newerFormat(path string, known uint64) error {
 	if fi, err := os.Stat(path); err != nil || fi.Size() == 0 {
 		return nil
@@ -76,7 +80,7 @@ func newerFormat(path string, known uint64) error {
 	}
 	defer db.Close()
 	var v uint64
-	if err := db.View(func(tx *bolt.Tx) (err error) { v, err = readFormat(tx); return err }); err != nil {
+	if err := db.View(func(tx *bolt.Tx) (err error) { v, err = Format(tx); return err }); err != nil {
 		return nil
 	}
 	return checkKnown(path, v, known)
@@ -84,7 +88,7 @@ func newerFormat(path string, known uint64) error {
 
 func checkKnown(path string, v, known uint64) error {
 	if v > known {
-		return fmt.Errorf("uplink: %w: %s has format version %d, this binary reads up to %d; run the release that wrote it or a newer one (the file is left as it is)",
+		return fmt.Errorf("statefile: %w: %s has format version %d, this binary reads up to %d; run the release that wrote it or a newer one (the file is left as it is)",
 			ErrNewerFormat, path, v, known)
 	}
 	return nil
@@ -94,11 +98,11 @@ func checkKnown(path string, v, known uint64) error {
 // migrations it lacks in order, and records that version. fresh marks a
 // new, empty file: it is stamped with the version without migrating.
 // It refuses (changing nothing) a file newer than list knows.
-func migrate(tx *bolt.Tx, list []migration, fresh bool) (from uint64, err error) {
+func migrate(tx *bolt.Tx, list []Migration, fresh bool) (from uint64, err error) {
 	target := uint64(1 + len(list))
 	from = target
 	if !fresh {
-		if from, err = readFormat(tx); err != nil {
+		if from, err = Format(tx); err != nil {
 			return 0, err
 		}
 	}
@@ -106,11 +110,11 @@ func migrate(tx *bolt.Tx, list []migration, fresh bool) (from uint64, err error)
 		return from, err
 	}
 	for _, m := range list {
-		if m.to <= from {
+		if m.To <= from {
 			continue
 		}
-		if err := m.run(tx); err != nil {
-			return from, fmt.Errorf("uplink: migrate state file to format %d (%s): %w", m.to, m.what, err)
+		if err := m.Run(tx); err != nil {
+			return from, fmt.Errorf("statefile: migrate state file to format %d (%s): %w", m.To, m.What, err)
 		}
 	}
 	b, err := tx.CreateBucketIfNotExists(bucketFormat)

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	redisstore "github.com/fleetgate/fleetgate/uplink/redis"
+	"github.com/fleetgate/fleetgate/store/redisstore"
 )
 
 // go-redis's lines come out as slog records of the gateway's handler.

@@ -14,7 +14,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/fleetgate/fleetgate/gateway"
-	"github.com/fleetgate/fleetgate/uplink/embedded"
+	"github.com/fleetgate/fleetgate/store/embedded"
 )
 
 // TestPropertiesCatchFaults runs the property check against the embedded

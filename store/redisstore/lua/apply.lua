@@ -297,7 +297,7 @@ local function general(dev, sid, kind, d, k, zk, wlease)
       r = newrecord(now)
       rec[k] = r
     end
-    -- One rule in both stores (uplink/embedded): evidence at least as new
+    -- One rule in both stores (store/embedded): evidence at least as new
     -- as its session's takes the session (deadline, gateway, epoch); older
     -- evidence changes nothing of it. The device's last writer is the
     -- write of its newest evidence.

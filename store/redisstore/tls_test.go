@@ -20,7 +20,7 @@ import (
 
 	"github.com/fleetgate/fleetgate/gateway"
 	"github.com/fleetgate/fleetgate/internal/redistest"
-	redisstore "github.com/fleetgate/fleetgate/uplink/redis"
+	"github.com/fleetgate/fleetgate/store/redisstore"
 )
 
 // pki is a private CA with a server certificate for "redis.internal" and

@@ -8,7 +8,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fleetgate/fleetgate/gateway"
-	"github.com/fleetgate/fleetgate/uplink/storetest"
+	"github.com/fleetgate/fleetgate/store/storetest"
 )
 
 // TestConformance runs the store conformance suite and its properties

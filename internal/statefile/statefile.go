@@ -1,4 +1,10 @@
-package uplink
+// Package statefile opens the gateway's bbolt state file, which holds the
+// uplink's outbox, the gateway epoch and the embedded store: one file, one
+// lock, one format version. Open checks a file after an unclean stop and
+// moves a damaged one aside, loudly, rather than crash-looping on it; it
+// migrates an older format in place and refuses a newer one untouched
+// (format.go). The owners of the buckets bring their own migrations.
+package statefile
 
 import (
 	"errors"
@@ -11,12 +17,12 @@ import (
 	berrors "go.etcd.io/bbolt/errors"
 )
 
-// LockTimeout is how long OpenDB waits for the state file's lock, held
+// LockTimeout is how long Open waits for the state file's lock, held
 // by another running gateway with the same state_dir.
 const LockTimeout = 2 * time.Second
 
-// The state bucket holds the clean-close marker: "open" from OpenDB until
-// CloseDB, so the next OpenDB knows whether the last stop was clean.
+// The state bucket holds the clean-close marker: "open" from Open until
+// Close, so the next Open knows whether the last stop was clean.
 var (
 	bucketState = []byte("uplink.state")
 	keyOpen     = []byte("open")
@@ -25,35 +31,38 @@ var (
 // errCorrupt marks a state file that failed its consistency check.
 var errCorrupt = errors.New("state file corrupt")
 
-// OpenDB opens (or creates) the gateway's bbolt state file at path,
-// migrating an older format in place and refusing a newer one with
-// ErrNewerFormat without writing to it (format.go). It
+// Open opens (or creates) the gateway's bbolt state file at path, running
+// the migrations it lacks in place and refusing a file newer than the
+// last of them with ErrNewerFormat without writing to it (format.go). It
 // waits at most LockTimeout for the file lock. After an unclean stop (the
 // file was not closed with CloseDB) it checks the whole file; a file that
 // cannot be opened as a bbolt database or fails the check is renamed to
 // path+".corrupt-<unix seconds>", logged at ERROR, and replaced by a fresh
 // empty file, so that a damaged file costs its contents but never a crash
 // loop.
-func OpenDB(path string, logger *slog.Logger) (*bolt.DB, error) {
+func Open(path string, logger *slog.Logger, migrations []Migration) (*bolt.DB, error) {
+	if err := checkList(migrations); err != nil {
+		return nil, err
+	}
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	db, err := openChecked(path, logger)
+	db, err := openChecked(path, logger, migrations)
 	if !errors.Is(err, errCorrupt) {
 		return db, err
 	}
 	aside := fmt.Sprintf("%s.corrupt-%d", path, time.Now().Unix())
 	if rerr := os.Rename(path, aside); rerr != nil {
-		return nil, fmt.Errorf("uplink: move corrupt state file aside: %w (after: %w)", rerr, err)
+		return nil, fmt.Errorf("statefile: move corrupt state file aside: %w (after: %w)", rerr, err)
 	}
 	logger.Error("STATE FILE CORRUPT: moved it aside and starting with an empty one; its outbox and gateway epoch are lost",
 		"path", path, "moved_to", aside, "err", err)
-	return openChecked(path, logger)
+	return openChecked(path, logger, migrations)
 }
 
-// CloseDB marks the state file cleanly closed and closes it, so that the
-// next OpenDB skips the full check.
-func CloseDB(db *bolt.DB) error {
+// Close marks the state file cleanly closed and closes it, so that the
+// next Open skips the full check.
+func Close(db *bolt.DB) error {
 	err := db.Update(func(tx *bolt.Tx) error {
 		b, err := tx.CreateBucketIfNotExists(bucketState)
 		if err != nil {
@@ -65,7 +74,7 @@ func CloseDB(db *bolt.DB) error {
 		err = cerr
 	}
 	if err != nil {
-		return fmt.Errorf("uplink: close state file: %w", err)
+		return fmt.Errorf("statefile: close state file: %w", err)
 	}
 	return nil
 }
@@ -73,7 +82,7 @@ func CloseDB(db *bolt.DB) error {
 // openChecked opens path, checks it unless it was closed cleanly, and
 // marks it open. Failures that mean the file's content is damaged wrap
 // errCorrupt; others (permissions, the lock held elsewhere) do not.
-func openChecked(path string, logger *slog.Logger) (db *bolt.DB, err error) {
+func openChecked(path string, logger *slog.Logger, migrations []Migration) (db *bolt.DB, err error) {
 	defer func() {
 		// bbolt panics on some damaged pages while loading the file. The
 		// half-open handle is left alone (closing it could wait forever on
@@ -83,7 +92,8 @@ func openChecked(path string, logger *slog.Logger) (db *bolt.DB, err error) {
 		}
 	}()
 	// A file of a newer format is refused before anything writes to it.
-	if err := newerFormat(path, FormatVersion); err != nil {
+	version := Version(migrations)
+	if err := newerFormat(path, version); err != nil {
 		return nil, err
 	}
 	fi, statErr := os.Stat(path)
@@ -93,7 +103,7 @@ func openChecked(path string, logger *slog.Logger) (db *bolt.DB, err error) {
 	case errors.Is(err, berrors.ErrInvalid), errors.Is(err, berrors.ErrChecksum), errors.Is(err, berrors.ErrVersionMismatch):
 		return nil, fmt.Errorf("%w: open %s: %w", errCorrupt, path, err)
 	case err != nil:
-		return nil, fmt.Errorf("uplink: open state file %s: %w", path, err)
+		return nil, fmt.Errorf("statefile: open state file %s: %w", path, err)
 	}
 	clean := fresh
 	if err := db.View(func(tx *bolt.Tx) error {
@@ -128,10 +138,10 @@ func openChecked(path string, logger *slog.Logger) (db *bolt.DB, err error) {
 		return b.Put(keyOpen, []byte{1})
 	}); err != nil {
 		db.Close()
-		return nil, fmt.Errorf("uplink: mark state file open: %w", err)
+		return nil, fmt.Errorf("statefile: mark state file open: %w", err)
 	}
-	if from != FormatVersion {
-		logger.Info("state file migrated", "path", path, "from_format", from, "to_format", FormatVersion)
+	if from != version {
+		logger.Info("state file migrated", "path", path, "from_format", from, "to_format", version)
 	}
 	return db, nil
 }

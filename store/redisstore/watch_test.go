@@ -11,7 +11,7 @@ import (
 
 	"github.com/fleetgate/fleetgate/gateway"
 	"github.com/fleetgate/fleetgate/internal/redistest"
-	"github.com/fleetgate/fleetgate/uplink/storetest"
+	"github.com/fleetgate/fleetgate/store/storetest"
 )
 
 // TestWatchConformance runs the event log cases of the suite against the

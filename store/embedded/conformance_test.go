@@ -9,8 +9,8 @@ import (
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/fleetgate/fleetgate/gateway"
-	"github.com/fleetgate/fleetgate/uplink/embedded"
-	"github.com/fleetgate/fleetgate/uplink/storetest"
+	"github.com/fleetgate/fleetgate/store/embedded"
+	"github.com/fleetgate/fleetgate/store/storetest"
 )
 
 // open gives every call its own bbolt file in the test's directory. The
