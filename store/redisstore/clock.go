@@ -1,6 +1,43 @@
 package redisstore
 
-import "time"
+import (
+	"context"
+	"strconv"
+	"time"
+)
+
+// Now is the store clock: Redis TIME, or Options.Now in tests.
+func (s *Store) Now(ctx context.Context) (time.Time, error) {
+	if s.now != nil {
+		return s.now().Truncate(time.Millisecond), nil
+	}
+	c, err := s.client()
+	if err != nil {
+		return time.Time{}, err
+	}
+	t, err := c.Time(ctx).Result()
+	if err != nil {
+		return time.Time{}, unavailable("now", err)
+	}
+	return t.Truncate(time.Millisecond), nil
+}
+
+// nowArg is the scripts' clock argument: "" for Redis TIME.
+func (s *Store) nowArg() string {
+	if s.now == nil {
+		return ""
+	}
+	return strconv.FormatInt(s.now().UnixMilli(), 10)
+}
+
+// localNow is the clock beliefs age by: the time since Open, on the
+// monotonic clock (or the test clock when set).
+func (s *Store) localNow() time.Duration {
+	if s.now != nil {
+		return s.now().Sub(s.opened)
+	}
+	return time.Since(s.opened)
+}
 
 // storeClock estimates the store's clock (ms since the Unix epoch, Redis
 // TIME) from this process's local clock, for the deadline a script call
@@ -42,4 +79,37 @@ func (c *storeClock) notAfter(now, wait time.Duration) (ms int64, ok bool) {
 		return 0, false
 	}
 	return (now + c.offset + wait).Milliseconds(), true
+}
+
+// staleAfter is how long after it was sent a script call may still run:
+// the call's timeout and a margin for the clocks.
+const staleAfter = callTimeout + time.Second
+
+// notAfter is the store time after which a call sent now is stale ("" when
+// the store's clock has not been seen yet): the store's clock as estimated
+// now, plus staleAfter (or less, by ctx's deadline).
+func (s *Store) notAfter(ctx context.Context) string {
+	if s.now != nil {
+		// a test clock jumps while calls are in flight: no call is stale
+		return ""
+	}
+	wait := staleAfter
+	if dl, ok := ctx.Deadline(); ok {
+		wait = min(wait, time.Until(dl)+time.Second)
+	}
+	s.rmu.Lock()
+	defer s.rmu.Unlock()
+	ms, ok := s.clock.notAfter(s.localNow(), wait)
+	if !ok {
+		return ""
+	}
+	return strconv.FormatInt(ms, 10)
+}
+
+// seen records the store time now that a script call sent at local time
+// sent (localNow) returned, stale or not.
+func (s *Store) seen(now int64, sent time.Duration) {
+	s.rmu.Lock()
+	defer s.rmu.Unlock()
+	s.clock.observe(now, sent, s.localNow())
 }

@@ -90,3 +90,25 @@ func TestLateReplyDoesNotMakeCallsStale(t *testing.T) {
 		}
 	})
 }
+
+func TestNow(t *testing.T) {
+	s, err := Open(t.Context(), sharedServer().Client(t), Options{Prefix: uniquePrefix(), Shards: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	now, err := s.Now(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Since(now); d < -time.Second || d > time.Second {
+		t.Fatalf("Redis TIME %v is %v off the local clock", now, d)
+	}
+	// Without a test clock the scripts use Redis TIME too.
+	evs, err := s.Apply(t.Context(), 0, batch("gw", 1, write("d", "s", gateway.Connect, 0)))
+	if err != nil || len(evs.Events) != 1 {
+		t.Fatalf("apply: %v %v", evs, err)
+	}
+	if d := evs.Events[0].At.Sub(now); d < 0 || d > 5*time.Second {
+		t.Fatalf("event at %v, store clock read %v before", evs.Events[0].At, now)
+	}
+}

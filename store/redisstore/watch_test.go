@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"testing"
 	"time"
@@ -154,6 +155,55 @@ func TestWaitEventsCap(t *testing.T) {
 		}
 		if _, err := s.WaitEvents(t.Context(), cur, 0); err != nil {
 			t.Errorf("a wait after the others ended: %v", err)
+		}
+	})
+}
+
+// A shard's hash starts as a listpack (HSCAN returns it whole, in
+// insertion order) and becomes a hash table when a record outgrows a
+// listpack value: a snapshot paging through the listpack when that
+// happens must still return every device (view.lua, LISTPACK).
+func TestSnapshotAcrossHashConversion(t *testing.T) {
+	forBackends(t, func(t *testing.T, c redis.UniversalClient) {
+		e := newEnv(t, c, 1)
+		devs := []gateway.DeviceID{"conv-a", "conv-b", "conv-c", "conv-d"}
+		for _, d := range devs {
+			e.apply(0, batch("gw", 1, write(d, "s", gateway.Connect, 0)))
+		}
+		if enc := c.ObjectEncoding(e.ctx, e.store.keys[0].data[1]).Val(); enc != "listpack" {
+			t.Fatalf("shard hash is %s, want a listpack to start with", enc)
+		}
+		seen := map[gateway.DeviceID]bool{}
+		p, err := e.store.SnapshotShard(e.ctx, 0, "", 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, d := range p.Devices {
+			seen[d.Device] = true
+		}
+		// one device's record grows past a listpack value: 12 sessions
+		b := batch("gw", 1)
+		for i := range 12 {
+			b.Writes = append(b.Writes, write("conv-a", gateway.SessionID(fmt.Sprintf("a-long-session-name-%d", i)), gateway.Connect, 0))
+		}
+		e.apply(0, b)
+		if enc := c.ObjectEncoding(e.ctx, e.store.keys[0].data[1]).Val(); enc != "hashtable" {
+			t.Fatalf("shard hash is %s, want a hash table after the big record", enc)
+		}
+		for next := p.Next; next != ""; {
+			p, err := e.store.SnapshotShard(e.ctx, 0, next, 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, d := range p.Devices {
+				seen[d.Device] = true
+			}
+			next = p.Next
+		}
+		for _, d := range devs {
+			if !seen[d] {
+				t.Errorf("snapshot missed %s (seen %v)", d, seen)
+			}
 		}
 	})
 }
