@@ -1,0 +1,79 @@
+package embedded
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+)
+
+// AcquireShard takes or extends the runner lease of shard for owner until
+// now + ttl on the store clock; it reports false when another owner
+// holds an unexpired lease.
+func (s *Store) AcquireShard(ctx context.Context, shard int, owner string, ttl time.Duration) (bool, error) {
+	const op = "embedded: acquire shard"
+	if err := s.checkShard(ctx, shard); err != nil {
+		return false, fmt.Errorf("%s: %w", op, err)
+	}
+	if owner == "" || ttl <= 0 {
+		return false, fmt.Errorf("%s: owner %q, ttl %v: want an owner and a positive ttl", op, owner, ttl)
+	}
+	var ok bool
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		sh, err := openShard(tx, shard)
+		if err != nil {
+			return err
+		}
+		ok, err = s.takeLock(sh, keyLock, owner, ttl)
+		return err
+	})
+	if err != nil {
+		return false, fmt.Errorf("%s: %w", op, err)
+	}
+	return ok, nil
+}
+
+// takeLock takes or extends the lease under key of sh for owner, for ttl
+// on the store clock; false when another owner holds it unexpired.
+func (s *Store) takeLock(sh shard, key []byte, owner string, ttl time.Duration) (bool, error) {
+	now := time.UnixMilli(s.nowMs())
+	if holder, until, held := readLock(sh.root.Get(key)); held && holder != owner && until.After(now) {
+		return false, nil
+	}
+	return true, sh.root.Put(key, append(u64(uint64(now.Add(ttl).UnixMilli())), owner...))
+}
+
+// ReleaseShard gives up owner's lease of shard (no-op if not held).
+func (s *Store) ReleaseShard(ctx context.Context, shard int, owner string) error {
+	return s.releaseLock(ctx, "embedded: release shard", shard, keyLock, owner)
+}
+
+// releaseLock deletes the lease under key of shard if owner holds it.
+func (s *Store) releaseLock(ctx context.Context, op string, shard int, key []byte, owner string) error {
+	if err := s.checkShard(ctx, shard); err != nil {
+		return fmt.Errorf("%s: %w", op, err)
+	}
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		sh, err := openShard(tx, shard)
+		if err != nil {
+			return err
+		}
+		if holder, _, held := readLock(sh.root.Get(key)); held && holder == owner {
+			return sh.root.Delete(key)
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("%s: %w", op, err)
+	}
+	return nil
+}
+
+func readLock(v []byte) (owner string, until time.Time, ok bool) {
+	if len(v) < 8 {
+		return "", time.Time{}, false
+	}
+	exp, _ := decodeU64(v[:8])
+	return string(v[8:]), time.UnixMilli(int64(exp)), true
+}

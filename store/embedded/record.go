@@ -1,0 +1,195 @@
+package embedded
+
+import (
+	"fmt"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/fleetgate/fleetgate/gateway"
+)
+
+// writer is one write transaction on one shard, of Apply (writer.apply)
+// or Reap (writer.reap): device records are read once, changed in memory
+// and written back with their deadline index entries by commit; events
+// are appended as they happen.
+type writer struct {
+	s       *Store
+	sh      shard
+	now     int64
+	devices map[gateway.DeviceID]*entry
+	order   []gateway.DeviceID
+	tail    tail
+	added   int
+	events  []gateway.Event
+}
+
+// entry is a device record loaded by a writer.
+type entry struct {
+	rec      record
+	exists   bool
+	dirty    bool
+	deadline int64 // the index entry at load time, 0 for none
+}
+
+// begin starts a writer on shard n in tx at the store clock's now.
+func (s *Store) begin(tx *bolt.Tx, n int) (*writer, error) {
+	sh, err := openShard(tx, n)
+	if err != nil {
+		return nil, err
+	}
+	t, err := decodeTail(sh.root.Get(keyTail))
+	if err != nil {
+		return nil, fmt.Errorf("shard %d tail: %w", n, err)
+	}
+	return &writer{s: s, sh: sh, now: s.nowMs(), devices: map[gateway.DeviceID]*entry{}, tail: t}, nil
+}
+
+// load is the entry of device d, its record read on first use.
+func (w *writer) load(d gateway.DeviceID) (*entry, error) {
+	if e, ok := w.devices[d]; ok {
+		return e, nil
+	}
+	r, ok, err := w.sh.record(d)
+	if err != nil {
+		return nil, err
+	}
+	e := &entry{rec: r, exists: ok, deadline: r.deadline()}
+	w.devices[d] = e
+	w.order = append(w.order, d)
+	return e, nil
+}
+
+// dropExpired drops the sessions whose deadline is ≤ now, except keep
+// (a session late but valid evidence is about to extend; "" for none);
+// when that ends an online device's last session it writes the offline
+// event (reason expired) at the old deadline. It reports whether a
+// session was left.
+func (w *writer) dropExpired(d gateway.DeviceID, e *entry, keep gateway.SessionID) (bool, error) {
+	r := &e.rec
+	if len(r.sessions) == 0 {
+		return false, nil
+	}
+	last := r.sessions[0]
+	for _, x := range r.sessions {
+		if x.deadline > last.deadline {
+			last = x
+		}
+	}
+	kept := r.sessions[:0]
+	for _, x := range r.sessions {
+		if x.deadline > w.now || (keep != "" && x.id == keep) {
+			kept = append(kept, x)
+		}
+	}
+	if len(kept) == len(r.sessions) {
+		return true, nil
+	}
+	clear(r.sessions[len(kept):])
+	r.sessions = kept
+	e.dirty = true
+	if len(kept) == 0 && r.online {
+		return false, w.transition(d, e, false, gateway.ReasonExpired, last.gw, last.id, last.deadline)
+	}
+	return len(kept) > 0, nil
+}
+
+// nextVer is the ver of a device's next transition at now: the store
+// time in ms for its first (so that a record lost with the file starts
+// above every ver it handed out, as in the Redis store), else one more.
+func nextVer(ver uint64, now int64) uint64 {
+	if ver == 0 {
+		return uint64(now)
+	}
+	return ver + 1
+}
+
+// transition moves the device to online or offline and appends the event.
+func (w *writer) transition(d gateway.DeviceID, e *entry, online bool, reason gateway.Reason, gw string, sess gateway.SessionID, deadline int64) error {
+	r := &e.rec
+	r.online = online
+	r.ver = nextVer(r.ver, w.now)
+	r.since = w.now
+	e.exists, e.dirty = true, true
+	ev := gateway.Event{
+		Shard:    w.sh.n,
+		Device:   d,
+		State:    gateway.Offline,
+		Ver:      r.ver,
+		At:       time.UnixMilli(w.now),
+		Reason:   reason,
+		Gateway:  gw,
+		Session:  sess,
+		Deadline: msTime(deadline),
+	}
+	if online {
+		ev.State = gateway.Online
+	}
+	id := w.tail.last.next(w.now)
+	ev.ID = id.String()
+	if err := w.sh.ev.Put(id.key(), encodeEvent(&ev)); err != nil {
+		return fmt.Errorf("append event: %w", err)
+	}
+	w.tail.last = id
+	w.tail.count++
+	w.added++
+	w.events = append(w.events, ev)
+	return nil
+}
+
+// commit writes the changed records, moves their deadline index entries
+// and the shard's event log tail, and trims the log.
+func (w *writer) commit() error {
+	for _, d := range w.order {
+		e := w.devices[d]
+		if !e.dirty || !e.exists {
+			continue
+		}
+		if err := w.sh.dev.Put([]byte(d), encodeRecord(&e.rec)); err != nil {
+			return fmt.Errorf("device %s: %w", d, err)
+		}
+		if nd := e.rec.deadline(); nd != e.deadline {
+			if e.deadline != 0 {
+				if err := w.sh.exp.Delete(expKey(e.deadline, d)); err != nil {
+					return fmt.Errorf("device %s: index: %w", d, err)
+				}
+			}
+			if nd != 0 {
+				if err := w.sh.exp.Put(expKey(nd, d), nil); err != nil {
+					return fmt.Errorf("device %s: index: %w", d, err)
+				}
+			}
+			e.deadline = nd
+		}
+	}
+	if w.added == 0 {
+		return nil
+	}
+	if err := w.trim(); err != nil {
+		return fmt.Errorf("trim events: %w", err)
+	}
+	w.sh.root.Tx().OnCommit(w.s.wake.signal)
+	return w.sh.root.Put(keyTail, w.tail.encode())
+}
+
+// trim removes the oldest events beyond the cap: at most a bounded number
+// per transaction, so a cap lowered between runs is reached over several
+// writes rather than in one long transaction.
+func (w *writer) trim() error {
+	budget := w.added + 1024
+	c := w.sh.ev.Cursor()
+	var last []byte
+	for k, _ := c.First(); k != nil && w.tail.count > w.s.maxLen && budget > 0; k, _ = c.First() {
+		last = append(last[:0], k...)
+		if err := c.Delete(); err != nil {
+			return err
+		}
+		w.tail.count--
+		budget--
+	}
+	if last != nil {
+		// the newest trimmed ID: readers after an older one have a gap
+		return w.sh.root.Put(keyTrimmed, last)
+	}
+	return nil
+}
