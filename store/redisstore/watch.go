@@ -264,16 +264,17 @@ func (s *Store) ReadEvents(ctx context.Context, shard int, after gateway.Positio
 		limit = defaultLimit
 	}
 	limit = min(limit, maxReadLimit)
-	key := s.keys[shard].data[2]
 	for range 2 {
 		evs, err := s.readOnce(ctx, shard, after, limit)
 		if err != nil || len(evs) > 0 || block <= 0 {
 			return evs, err
 		}
-		err = s.reader().c.XRead(ctx, &redis.XReadArgs{Streams: []string{key, after.ID}, Count: 1, Block: block}).Err()
+		w := s.reader()
+		xs, err := w.xwaits(ctx, []int{shard}, []string{after.ID})
+		if err == nil {
+			_, err = w.waitAll(ctx, xs, block)
+		}
 		switch {
-		case errors.Is(err, redis.Nil):
-			return nil, nil
 		case ctx.Err() != nil:
 			return nil, nil
 		case err != nil:
@@ -316,26 +317,45 @@ func (s *Store) WaitEvents(ctx context.Context, after []gateway.Position, block 
 			return nil, busy
 		}
 	}
-	var xs []*xwait
-	switch c := w.c.(type) {
-	case *redis.ClusterClient:
-		for i, key := range w.streams {
-			node, err := c.MasterForKey(ctx, key)
-			if err != nil {
-				return nil, s.waitFailed(ctx, err)
-			}
-			xs = append(xs, &xwait{node: node, streams: []string{key, ids[i]}})
-		}
-	case *redis.Client:
-		xs = append(xs, &xwait{node: c, streams: append(slices.Clone(w.streams), ids...)})
-	default:
-		return nil, fmt.Errorf("redisstore: wait events: a client %T: want a *redis.Client or a *redis.ClusterClient", w.c)
+	all := make([]int, s.shards)
+	for i := range all {
+		all[i] = i
+	}
+	xs, err := w.xwaits(ctx, all, ids)
+	if err != nil {
+		return nil, s.waitFailed(ctx, err)
 	}
 	named, err := w.waitAll(ctx, xs, block)
 	if err != nil {
 		return nil, s.waitFailed(ctx, err)
 	}
 	return named, nil
+}
+
+// xwaits are the XREADs that wait on the streams of shards, after ids
+// (one per shard): one XREAD over all of them on a standalone server, one
+// per shard on a Cluster, on the master that owns it.
+func (w *watchState) xwaits(ctx context.Context, shards []int, ids []string) ([]*xwait, error) {
+	switch c := w.c.(type) {
+	case *redis.ClusterClient:
+		xs := make([]*xwait, 0, len(shards))
+		for i, sh := range shards {
+			node, err := c.MasterForKey(ctx, w.streams[sh])
+			if err != nil {
+				return nil, err
+			}
+			xs = append(xs, &xwait{node: node, streams: []string{w.streams[sh], ids[i]}})
+		}
+		return xs, nil
+	case *redis.Client:
+		args := make([]string, 0, 2*len(shards))
+		for _, sh := range shards {
+			args = append(args, w.streams[sh])
+		}
+		return []*xwait{{node: c, streams: append(args, ids...)}}, nil
+	default:
+		return nil, fmt.Errorf("a client %T: want a *redis.Client or a *redis.ClusterClient", w.c)
+	}
 }
 
 // waitFailed is WaitEvents' error: none when ctx ended.

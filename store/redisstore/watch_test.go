@@ -5,6 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -157,6 +160,92 @@ func TestWaitEventsCap(t *testing.T) {
 			t.Errorf("a wait after the others ended: %v", err)
 		}
 	})
+}
+
+// TestReadEventsEndsWithContext: a ReadEvents waiting on the server
+// (its XREAD BLOCK counted in blocked_clients) returns, empty and without
+// error, soon after its context ends, not at the end of its block.
+func TestReadEventsEndsWithContext(t *testing.T) {
+	forBackends(t, func(t *testing.T, c redis.UniversalClient) {
+		s, err := Open(t.Context(), c, Options{Prefix: uniquePrefix(), Shards: 4})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		p, err := s.SnapshotShard(t.Context(), 2, "", 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		before := blockedClients(t, c)
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		type read struct {
+			evs []gateway.Event
+			err error
+		}
+		done := make(chan read, 1)
+		go func() {
+			evs, err := s.ReadEvents(ctx, 2, p.At, 10, time.Minute)
+			done <- read{evs, err}
+		}()
+		for deadline := time.Now().Add(5 * time.Second); blockedClients(t, c) <= before; time.Sleep(5 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatal("no XREAD blocked on the server after 5s")
+			}
+		}
+		cancel()
+		select {
+		case r := <-done:
+			if r.err != nil || len(r.evs) != 0 {
+				t.Errorf("ReadEvents ended by its context = %v, %v; want nothing, no error", r.evs, r.err)
+			}
+		case <-time.After(3 * time.Second):
+			t.Fatal("ReadEvents still waiting 3s after its context ended")
+		}
+		for deadline := time.Now().Add(3 * time.Second); blockedClients(t, c) > before; time.Sleep(5 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatal("the XREAD is still blocked on the server 3s after its read returned")
+			}
+		}
+	})
+}
+
+// blockedClients sums INFO's blocked_clients over the masters of c.
+func blockedClients(t *testing.T, c redis.UniversalClient) int {
+	t.Helper()
+	var mu sync.Mutex
+	n := 0
+	count := func(ctx context.Context, node *redis.Client) error {
+		info, err := node.Info(ctx, "clients").Result()
+		if err != nil {
+			return err
+		}
+		for line := range strings.Lines(info) {
+			if v, ok := strings.CutPrefix(strings.TrimSpace(line), "blocked_clients:"); ok {
+				b, err := strconv.Atoi(v)
+				if err != nil {
+					return err
+				}
+				mu.Lock()
+				n += b
+				mu.Unlock()
+			}
+		}
+		return nil
+	}
+	var err error
+	switch c := c.(type) {
+	case *redis.ClusterClient:
+		err = c.ForEachMaster(t.Context(), count)
+	case *redis.Client:
+		err = count(t.Context(), c)
+	default:
+		t.Fatalf("client %T", c)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
 }
 
 // A shard's hash starts as a listpack (HSCAN returns it whole, in
