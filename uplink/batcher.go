@@ -288,6 +288,18 @@ func (q *queue) restore(items []item) {
 	}
 }
 
+// peek returns every pending session with a copy of its slot, in the
+// order the sessions first appeared, and leaves the queue as it is.
+func (q *queue) peek() []item {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	items := make([]item, len(q.order))
+	for i, k := range q.order {
+		items[i] = item{k, *q.slots[k]}
+	}
+	return items
+}
+
 // pending is the number of writes waiting.
 func (q *queue) pending() int {
 	q.mu.Lock()

@@ -31,17 +31,14 @@ func (u *Uplink) restoreShards(ctx context.Context, t timing, shards []int) {
 	n := 0
 	queued := make(map[key]slot)
 	for _, s := range shards {
-		q := u.queues[s]
-		q.mu.Lock()
-		for k, sl := range q.slots {
-			queued[k] = *sl
-			if sl.kind != gateway.Connect && !sl.leave.IsZero() && now.Sub(sl.leave) < t.lease {
-				lease := cmp.Or(sl.leaveLease, t.lease)
-				per[s] = append(per[s], timedWrite{sl.leave, gateway.Write{Device: k.device, Session: k.session, Kind: gateway.Renew, Lease: lease}})
+		for _, it := range u.queues[s].peek() {
+			queued[it.key] = it.slot
+			if it.kind != gateway.Connect && !it.leave.IsZero() && now.Sub(it.leave) < t.lease {
+				lease := cmp.Or(it.leaveLease, t.lease)
+				per[s] = append(per[s], timedWrite{it.leave, gateway.Write{Device: it.device, Session: it.session, Kind: gateway.Renew, Lease: lease}})
 				n++
 			}
 		}
-		q.mu.Unlock()
 	}
 	u.sessions(func(v gateway.SessionView) bool {
 		s := gateway.ShardOf(v.Device, u.shards)
