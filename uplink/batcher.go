@@ -270,9 +270,9 @@ func (q *queue) take(limit int, now time.Time, hold time.Duration) (items []item
 	return items, writes
 }
 
-// restore puts items taken by take back (when they could be neither sent
+// requeue puts items taken by take back (when they could be neither sent
 // nor buffered), merging them with whatever arrived meanwhile.
-func (q *queue) restore(items []item) {
+func (q *queue) requeue(items []item) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	for _, it := range items {

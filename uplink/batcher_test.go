@@ -155,9 +155,9 @@ func TestQueueBoundAndTake(t *testing.T) {
 	if q.pending() != 1 {
 		t.Fatalf("pending %d after take, want 1", q.pending())
 	}
-	q.restore(items)
+	q.requeue(items)
 	if q.pending() != 3 {
-		t.Fatalf("pending %d after restore, want 3", q.pending())
+		t.Fatalf("pending %d after requeue, want 3", q.pending())
 	}
 }
 

@@ -111,7 +111,7 @@ func (u *Uplink) flushOnce(ctx context.Context, force bool) error {
 	}
 	if len(failed) > 0 {
 		if err := u.buffer(failed); err != nil {
-			u.restore(failed)
+			u.requeue(failed)
 			return err
 		}
 	}
@@ -296,15 +296,15 @@ func (u *Uplink) countUnknownAge(writes int) {
 		"writes", writes)
 }
 
-// restore puts items that could be neither sent nor buffered back into
+// requeue puts items that could be neither sent nor buffered back into
 // their queues.
-func (u *Uplink) restore(items []item) {
+func (u *Uplink) requeue(items []item) {
 	perShard := make(map[int][]item)
 	for _, it := range items {
 		sh := gateway.ShardOf(it.device, u.shards)
 		perShard[sh] = append(perShard[sh], it)
 	}
 	for sh, its := range perShard {
-		u.queues[sh].restore(its)
+		u.queues[sh].requeue(its)
 	}
 }
