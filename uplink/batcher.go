@@ -270,9 +270,9 @@ func (q *queue) take(limit int, now time.Time, hold time.Duration) (items []item
 	return items, writes
 }
 
-// restore puts items taken by take back (when they could be neither sent
+// requeue puts items taken by take back (when they could be neither sent
 // nor buffered), merging them with whatever arrived meanwhile.
-func (q *queue) restore(items []item) {
+func (q *queue) requeue(items []item) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	for _, it := range items {
@@ -286,6 +286,18 @@ func (q *queue) restore(items []item) {
 		s.merge(it.slot)
 		q.n += s.n() - before
 	}
+}
+
+// peek returns every pending session with a copy of its slot, in the
+// order the sessions first appeared, and leaves the queue as it is.
+func (q *queue) peek() []item {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	items := make([]item, len(q.order))
+	for i, k := range q.order {
+		items[i] = item{k, *q.slots[k]}
+	}
+	return items
 }
 
 // pending is the number of writes waiting.

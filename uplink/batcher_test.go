@@ -155,9 +155,35 @@ func TestQueueBoundAndTake(t *testing.T) {
 	if q.pending() != 1 {
 		t.Fatalf("pending %d after take, want 1", q.pending())
 	}
-	q.restore(items)
+	q.requeue(items)
 	if q.pending() != 3 {
-		t.Fatalf("pending %d after restore, want 3", q.pending())
+		t.Fatalf("pending %d after requeue, want 3", q.pending())
+	}
+}
+
+// peek shows every pending session with a copy of its slot, in arrival
+// order, and takes nothing.
+func TestQueuePeek(t *testing.T) {
+	q := newQueue()
+	for _, ev := range []gateway.Evidence{
+		{Device: "b", Session: "s", Kind: gateway.Connect, ObservedAt: at(0)},
+		{Device: "a", Session: "s", Kind: gateway.Renew, ObservedAt: at(1)},
+		{Device: "b", Session: "s", Kind: gateway.Leave, ObservedAt: at(2)},
+	} {
+		if ok, _ := q.tryAdd(ev, 10); !ok {
+			t.Fatalf("add %v refused below the limit", ev)
+		}
+	}
+	items := q.peek()
+	if len(items) != 2 || items[0].device != "b" || items[1].device != "a" || !items[0].leave.Equal(at(2)) {
+		t.Fatalf("peek = %+v, want b (with its leave at 2 s), a", items)
+	}
+	items[0].leave = time.Time{}
+	if q.pending() != 3 {
+		t.Fatalf("pending %d after peek, want 3", q.pending())
+	}
+	if again := q.peek(); !again[0].leave.Equal(at(2)) {
+		t.Fatalf("changing what peek returned changed the queue: %+v", again[0])
 	}
 }
 

@@ -1,0 +1,310 @@
+package uplink
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"time"
+
+	"github.com/fleetgate/fleetgate/gateway"
+)
+
+// flushLoop flushes every flush interval, or at once when kicked (a shard
+// reached MaxBatch, or the timing changed), until ctx is done.
+func (u *Uplink) flushLoop(ctx context.Context) {
+	for {
+		t := u.clock.NewTimer(u.timing().interval)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C():
+		case <-u.kick:
+			t.Stop()
+		}
+		// A flush under way finishes (bounded by Options.Timeout) even if
+		// ctx ends meanwhile, so that shutdown does not look like an outage.
+		u.flushBusy.begin(u.clock.Now())
+		if err := u.flushOnce(context.WithoutCancel(ctx), false); err != nil {
+			u.log.Error("uplink flush failed; writes stay queued", "err", err)
+		}
+		u.flushBusy.end()
+	}
+}
+
+// Flush sends everything pending now: to the store, or to the outbox
+// while the store is down or the outbox is not yet replayed. An error
+// means writes could be neither sent nor buffered; they stay queued.
+func (u *Uplink) Flush(ctx context.Context) error {
+	t := u.timing()
+	rounds := t.queueLimit/t.maxBatch + 2
+	for range rounds {
+		if err := u.flushOnce(ctx, true); err != nil {
+			return err
+		}
+		if u.pending() == 0 {
+			return nil
+		}
+	}
+	return nil
+}
+
+// flushOnce takes up to MaxBatch writes per shard and sends them in one
+// store call; what fails goes to the outbox in one transaction. While the
+// uplink is down or the outbox holds entries it moves everything pending
+// to the outbox instead. Unless force, a leave observed less than the
+// leave grace ago stays queued (a move between gateways with a clean
+// goodbye: the new gateway's connect lands first).
+func (u *Uplink) flushOnce(ctx context.Context, force bool) error {
+	u.sendMu.Lock()
+	defer u.sendMu.Unlock()
+	t := u.timing()
+	toOutbox := !u.isUp() || u.ob.Len() > 0
+	limit := t.maxBatch
+	now, hold := u.clock.Now(), time.Duration(0)
+	if !force && !toOutbox {
+		hold = t.leaveGrace
+	}
+	if toOutbox {
+		limit = math.MaxInt
+	}
+	taken := make([][]item, u.shards)
+	total := 0
+	for i, q := range u.queues {
+		var n int
+		taken[i], n = q.take(limit, now, hold)
+		total += n
+	}
+	if total == 0 {
+		if !toOutbox && u.keepAliveDue() {
+			u.write(ctx, t, flushWrite, nil)
+		}
+		return nil
+	}
+	var failed []item
+	if toOutbox {
+		for _, items := range taken {
+			failed = append(failed, items...)
+		}
+	} else {
+		var ws []shardWrites
+		var items [][]item
+		for shard, its := range taken {
+			if len(its) > 0 {
+				ws = append(ws, shardWrites{shard: shard, tws: appendWrites(nil, its), coalesced: slices.ContainsFunc(its, merged)})
+				items = append(items, its)
+			}
+		}
+		var first error
+		for i, err := range u.write(ctx, t, flushWrite, ws) {
+			if err != nil {
+				failed = append(failed, items[i]...)
+				first = cmp.Or(first, err)
+			}
+		}
+		if first != nil {
+			u.markDown(first)
+		}
+	}
+	if len(failed) > 0 {
+		if err := u.buffer(failed); err != nil {
+			u.requeue(failed)
+			return err
+		}
+	}
+	for _, q := range u.queues {
+		if q.pending() >= t.maxBatch {
+			u.signal(u.kick)
+			break
+		}
+	}
+	return nil
+}
+
+// shardWrites is one shard's writes for a store call; coalesced says
+// that some stand for several observations (gateway.Batch.Coalesced).
+type shardWrites struct {
+	shard     int
+	tws       []timedWrite
+	coalesced bool
+}
+
+// merged reports whether it stands for several observations.
+func merged(it item) bool { return it.merged }
+
+// writeKind says what a write call carries.
+type writeKind int
+
+const (
+	flushWrite   writeKind = iota // queued writes, or none (keep-alive, epoch announcement)
+	replayWrite                   // outbox entries (gateway.Batch.Replay)
+	restoreWrite                  // live sessions of lost shards (gateway.Batch.Restore)
+)
+
+// write is the uplink's one way to the store, for flushes, outbox
+// replays and restores alike: one batch per element of ws, in one
+// Store.ApplyShards call (one round trip with the Redis store), ages
+// computed just before it, counted by one set of metrics. It returns,
+// per element, nil when the store applied the batch or, but for a
+// restore, refused it for good (dropped, logged and counted: see
+// refused), else the error of a store that did not take it. Called with
+// sendMu held.
+//
+// The call also carries an empty batch for each shard ws leaves out that
+// has not heard from this process for KeepAlive (gateway liveness), and
+// for every such shard until this process's epoch is recorded on all of
+// them: the stores keep the newest epoch per shard, so without it a
+// delayed batch of an older process of this gateway would still be
+// accepted on a shard this process has not written to yet (invariant 3).
+// Every batch says whether the outbox still holds writes (Behind).
+//
+// A shard whose state the store lost or replaced (ApplyResult.Reset)
+// gets its live sessions restored (restoreShards) unless the call was
+// itself a restore: the next calls' renewals write what is left.
+func (u *Uplink) write(ctx context.Context, t timing, kind writeKind, ws []shardWrites) []error {
+	now := u.clock.Now()
+	behind := u.ob.Len() > 0
+	batches := make([]gateway.ShardBatch, 0, len(ws))
+	for _, w := range ws {
+		b := u.batch(t, kind == replayWrite, behind, withAges(w.tws, now))
+		b.Restore = kind == restoreWrite
+		b.Coalesced = w.coalesced
+		batches = append(batches, gateway.ShardBatch{Shard: w.shard, Batch: b})
+	}
+	has := make([]bool, u.shards)
+	for _, w := range ws {
+		has[w.shard] = true
+	}
+	for shard := range has {
+		if !has[shard] && (!u.announced || now.Sub(u.heard[shard]) >= u.keepAlive) {
+			batches = append(batches, gateway.ShardBatch{Shard: shard, Batch: u.batch(t, false, behind, nil)})
+		}
+	}
+	if len(batches) == 0 {
+		return nil
+	}
+	parent := ctx
+	ctx, cancel := context.WithTimeout(ctx, u.timeout)
+	defer cancel()
+	start := time.Now()
+	results := u.store.ApplyShards(ctx, batches)
+	took := time.Since(start).Seconds()
+	u.m.calls.Inc()
+	if len(results) != len(batches) {
+		results = make([]gateway.ShardResult, len(batches))
+		for i := range results {
+			results[i].Err = fmt.Errorf("store answered %d results for %d batches: %w", len(results), len(batches), gateway.ErrUnavailable)
+		}
+	}
+	errs := make([]error, len(batches))
+	var reset []int
+	for i, r := range results {
+		sb := batches[i]
+		u.m.flushes.Inc()
+		u.m.flushSeconds.Observe(took)
+		if r.Err == nil && r.Result.Reset {
+			reset = append(reset, sb.Shard)
+		}
+		if r.Err == nil {
+			u.heard[sb.Shard] = now
+			for _, w := range sb.Batch.Writes {
+				u.m.written.WithLabelValues(w.Kind.String()).Inc()
+			}
+			continue
+		}
+		u.m.flushErrors.Inc()
+		err := fmt.Errorf("uplink: apply shard %d: %w", sb.Shard, r.Err)
+		// a refused restore is reported too: no session of it was restored
+		if !u.refused(err, sb.Shard, len(sb.Batch.Writes)) || kind == restoreWrite {
+			errs[i] = err
+		}
+	}
+	if !u.announced && !slices.ContainsFunc(errs, func(err error) bool { return err != nil }) {
+		u.announced = true
+	}
+	if len(reset) > 0 && kind != restoreWrite {
+		u.restoreShards(parent, t, reset)
+	}
+	return errs[:len(ws)]
+}
+
+// batch is a batch of this process with writes.
+func (u *Uplink) batch(t timing, replay, behind bool, ws []gateway.Write) gateway.Batch {
+	return gateway.Batch{Gateway: u.gw, Epoch: u.epoch, Lease: t.lease, Replay: replay, Behind: behind, Writes: ws}
+}
+
+// keepAliveDue reports whether a shard has not heard from this process
+// for KeepAlive. Called with sendMu held.
+func (u *Uplink) keepAliveDue() bool {
+	now := u.clock.Now()
+	for _, h := range u.heard {
+		if now.Sub(h) >= u.keepAlive {
+			return true
+		}
+	}
+	return false
+}
+
+// refused reports whether err means the store refused the batch for good,
+// which is then dropped (logged and counted) rather than buffered: a
+// fenced epoch (this process is stale) or a shard bug.
+func (u *Uplink) refused(err error, shard, writes int) bool {
+	switch {
+	case errors.Is(err, gateway.ErrFenced):
+		u.fenced.Add(uint64(writes))
+		u.m.refused.WithLabelValues(reasonFenced).Add(float64(writes))
+		u.log.Error("STORE FENCED THIS GATEWAY EPOCH: a newer process of this gateway is writing; dropping batch",
+			"epoch", u.epoch, "shard", shard, "writes", writes, "err", err)
+		return true
+	case errors.Is(err, gateway.ErrWrongShard), errors.Is(err, gateway.ErrBadShard):
+		u.rejected.Add(uint64(writes))
+		u.m.refused.WithLabelValues(reasonRejected).Add(float64(writes))
+		u.log.Error("store rejected batch as misrouted (a bug); dropping it", "shard", shard, "writes", writes, "err", err)
+		return true
+	}
+	return false
+}
+
+// buffer puts items into the outbox and wakes the health loop.
+func (u *Uplink) buffer(items []item) error {
+	evicted, unknown, err := u.ob.put(items)
+	if err != nil {
+		return err
+	}
+	u.countUnknownAge(unknown)
+	if evicted > 0 {
+		u.overflow.Add(uint64(evicted))
+		u.m.dropped.WithLabelValues(reasonOverflow).Add(float64(evicted))
+		u.log.Warn("outbox full: dropped the oldest entries", "writes", evicted, "max_sessions", u.ob.max)
+	}
+	u.signal(u.wake)
+	return nil
+}
+
+// countUnknownAge counts outbox writes dropped because their age is
+// unknown (observed in another boot, or ahead of the boot clock).
+func (u *Uplink) countUnknownAge(writes int) {
+	if writes == 0 {
+		return
+	}
+	u.unknownAge.Add(uint64(writes))
+	u.m.dropped.WithLabelValues(reasonUnknownAge).Add(float64(writes))
+	u.log.Warn("outbox: dropped entries of unknown age (observed before a reboot, or ahead of the boot clock); they are never replayed as fresh",
+		"writes", writes)
+}
+
+// requeue puts items that could be neither sent nor buffered back into
+// their queues.
+func (u *Uplink) requeue(items []item) {
+	perShard := make(map[int][]item)
+	for _, it := range items {
+		sh := gateway.ShardOf(it.device, u.shards)
+		perShard[sh] = append(perShard[sh], it)
+	}
+	for sh, its := range perShard {
+		u.queues[sh].requeue(its)
+	}
+}

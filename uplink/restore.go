@@ -1,0 +1,77 @@
+package uplink
+
+import (
+	"cmp"
+	"context"
+
+	"github.com/fleetgate/fleetgate/gateway"
+)
+
+// restoreShards re-sends this gateway's live sessions of the shards whose
+// state the store lost or replaced (Options.Sessions), as renewals of
+// their newest evidence in restore batches of at most MaxBatch writes:
+// round k writes the k-th batch of every shard, all in one write call.
+// A session with a connect still queued is left out: that connect, not a
+// silent restore, must bring it online. A session whose leave is queued
+// (it is gone from the table) is restored from the leave's observation,
+// so that the leave still finds it and writes its offline. It is best
+// effort: a failed batch is logged and its shard's later batches are not
+// sent, and the sessions' next renewals write them anyway. Called with
+// sendMu held.
+func (u *Uplink) restoreShards(ctx context.Context, t timing, shards []int) {
+	if u.sessions == nil {
+		return
+	}
+	want := make([]bool, u.shards)
+	for _, s := range shards {
+		want[s] = true
+	}
+	now := u.clock.Now()
+	per := make(map[int][]timedWrite)
+	n := 0
+	queued := make(map[key]slot)
+	for _, s := range shards {
+		for _, it := range u.queues[s].peek() {
+			queued[it.key] = it.slot
+			if it.kind != gateway.Connect && !it.leave.IsZero() && now.Sub(it.leave) < t.lease {
+				lease := cmp.Or(it.leaveLease, t.lease)
+				per[s] = append(per[s], timedWrite{it.leave, gateway.Write{Device: it.device, Session: it.session, Kind: gateway.Renew, Lease: lease}})
+				n++
+			}
+		}
+	}
+	u.sessions(func(v gateway.SessionView) bool {
+		s := gateway.ShardOf(v.Device, u.shards)
+		sl, isQueued := queued[key{v.Device, v.Session}]
+		// its newest evidence, with the lease that holds it until the
+		// session's deadline
+		if want[s] && v.Deadline.After(now) && !(isQueued && (sl.kind == gateway.Connect || !sl.leave.IsZero())) {
+			per[s] = append(per[s], timedWrite{v.LastSeen, gateway.Write{Device: v.Device, Session: v.Session, Kind: gateway.Renew,
+				Lease: v.Deadline.Sub(v.LastSeen)}})
+			n++
+		}
+		return true
+	})
+	u.log.Warn("store lost or replaced this gateway's shards: restoring their live sessions", "shards", shards, "sessions", n)
+	for len(per) > 0 {
+		var ws []shardWrites
+		for s, tws := range per {
+			k := min(len(tws), t.maxBatch)
+			ws = append(ws, shardWrites{shard: s, tws: tws[:k]})
+		}
+		for i, err := range u.write(ctx, t, restoreWrite, ws) {
+			w := ws[i]
+			if err != nil {
+				u.log.Warn("restore failed", "shard", w.shard, "sessions", len(w.tws), "err", err)
+				delete(per, w.shard)
+				continue
+			}
+			u.m.restored.Add(float64(len(w.tws)))
+			if rest := per[w.shard][len(w.tws):]; len(rest) > 0 {
+				per[w.shard] = rest
+			} else {
+				delete(per, w.shard)
+			}
+		}
+	}
+}
