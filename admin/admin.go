@@ -58,7 +58,7 @@ type Timing func() (lease, suspectAfter time.Duration)
 // /v1/sessions answers 404 and devices show no local sessions).
 type Options struct {
 	Addr     string // "127.0.0.1:9180"; ":0" ports are fine in tests
-	Store    gateway.Store
+	Store    gateway.Reader
 	Sessions Sessions // nil in a runner-only process
 	Status   func() Status
 	Timing   Timing

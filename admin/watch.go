@@ -128,7 +128,7 @@ func (s *Server) snapshot(w http.ResponseWriter, r *http.Request) {
 }
 
 // currentCursor reads every shard's position.
-func currentCursor(ctx context.Context, st gateway.Store) (gateway.Cursor, error) {
+func currentCursor(ctx context.Context, st gateway.EventLog) (gateway.Cursor, error) {
 	c := make(gateway.Cursor, st.Shards())
 	for i := range c {
 		p, err := st.SnapshotShard(ctx, i, "", 0)
@@ -299,7 +299,7 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request) {
 // shows there), so that a stream learns it within wait. One batch per
 // shard waits in out while the next is read, so memory per stream stays
 // bounded and reads overlap writes.
-func readShards(ctx context.Context, st gateway.Store, pos gateway.Cursor, pending []bool, wait time.Duration, out chan<- shardRead) {
+func readShards(ctx context.Context, st gateway.EventLog, pos gateway.Cursor, pending []bool, wait time.Duration, out chan<- shardRead) {
 	send := func(rd shardRead) bool {
 		select {
 		case out <- rd:

@@ -78,7 +78,23 @@ var (
 // So replaying a batch is harmless: a duplicate connect or renew extends
 // nothing, a duplicate leave finds no session. A device's record (state,
 // ver, since) outlives its sessions so that Ver keeps counting.
+//
+// Each consumer takes the slice of the contract it uses: the uplink a
+// Writer, the runner a Reaper, the admin API a Reader, the upstream
+// publisher a PublisherLog.
 type Store interface {
+	Writer
+	Reaper
+	Reader
+	PublisherLog
+	// Close releases the store's resources, including a connection the
+	// store dialled itself.
+	Close() error
+}
+
+// Writer is the write side of the Store contract, what the uplink
+// needs: batches of evidence, per shard.
+type Writer interface {
 	// Shards is the shard count the store was opened with.
 	Shards() int
 	// Apply applies a batch whose devices all hash to shard.
@@ -93,11 +109,32 @@ type Store interface {
 	// The uplink writes through it alone: flushes, the epoch announcement
 	// and outbox replays.
 	ApplyShards(ctx context.Context, batches []ShardBatch) []ShardResult
+	// Now is the store's clock.
+	Now(ctx context.Context) (time.Time, error)
+}
+
+// Reaper is the expiry runner's side of the Store contract: the shard
+// leases that share the shards among runners, and the reap.
+type Reaper interface {
+	// Shards is the shard count the store was opened with.
+	Shards() int
 	// Reap handles at most limit due entries (deadline ≤ now) of shard:
 	// drops their expired sessions and, for a device left with none,
 	// writes its offline event and removes its entry in one atomic step.
 	// ReapResult.Now is the store time the call ran at.
 	Reap(ctx context.Context, shard int, limit int) (ReapResult, error)
+	// AcquireShard takes or extends the runner lease of shard for owner;
+	// it reports false when another owner holds an unexpired lease.
+	AcquireShard(ctx context.Context, shard int, owner string, ttl time.Duration) (bool, error)
+	// ReleaseShard gives up owner's lease of shard (no-op if not held).
+	ReleaseShard(ctx context.Context, shard int, owner string) error
+}
+
+// Reader is the query side of the Store contract, what the admin API
+// serves: devices, the event log by page, and the consumers' side of the
+// log (snapshot and watch).
+type Reader interface {
+	EventLog
 	// Device reads one device; ErrNotFound if the store never saw it.
 	Device(ctx context.Context, id DeviceID) (DeviceInfo, error)
 	// List pages through devices, filtered by state.
@@ -105,19 +142,8 @@ type Store interface {
 	// Events reads up to limit events of shard after position after
 	// ("" or "0" for the start of the log).
 	Events(ctx context.Context, shard int, after string, limit int) ([]Event, error)
-	// AcquireShard takes or extends the runner lease of shard for owner;
-	// it reports false when another owner holds an unexpired lease.
-	AcquireShard(ctx context.Context, shard int, owner string, ttl time.Duration) (bool, error)
-	// ReleaseShard gives up owner's lease of shard (no-op if not held).
-	ReleaseShard(ctx context.Context, shard int, owner string) error
 	// Now is the store's clock.
 	Now(ctx context.Context) (time.Time, error)
-	// Close releases the store's resources, including a connection the
-	// store dialled itself.
-	Close() error
-	// EventLog is the consumers' side: snapshot, watch and publisher
-	// (watch.go).
-	EventLog
 }
 
 // ShardBatch is one shard's part of an ApplyShards call.

@@ -160,8 +160,8 @@ type SnapshotPage struct {
 }
 
 // EventLog is the consumers' side of the Store contract: a snapshot of a
-// shard at a position, the events after a position, and the lock and
-// cursor of the shard's one upstream publisher. Store embeds it.
+// shard at a position and the events after a position (the watch API,
+// the upstream publisher through PublisherLog).
 //
 // Merging a snapshot with the events after a cursor: take a cursor first
 // (SnapshotShard with limit 0 on every shard), then the snapshot pages
@@ -172,6 +172,8 @@ type SnapshotPage struct {
 // a device created later has all its events after the cursor. The result
 // equals the store's state after the last event read.
 type EventLog interface {
+	// Shards is the shard count the store was opened with.
+	Shards() int
 	// SnapshotShard reads up to limit devices of shard (in the store's
 	// order, from page "" onwards) and the shard's current position in
 	// one atomic step. limit 0 reads only the position (a cheap cursor).
@@ -205,6 +207,13 @@ type EventLog interface {
 	// ErrBusy, with block 0 too (a caller asks so before it commits to
 	// waiting; a wait of block 0 takes no place of the others).
 	WaitEvents(ctx context.Context, after []Position, block time.Duration) ([]int, error)
+}
+
+// PublisherLog is the upstream publisher's side of the Store contract:
+// the event log, and the lock and saved position of each shard's one
+// publisher.
+type PublisherLog interface {
+	EventLog
 	// AcquirePublisher takes or extends the publisher lease of shard for
 	// owner (expiring after ttl on the store clock) and returns the
 	// shard's saved publisher position (zero Position when none was

@@ -66,7 +66,7 @@ type Options struct {
 // Runner reaps expired entries of the shards it holds a lease on. Create
 // it with New and run it with Run.
 type Runner struct {
-	store   gateway.Store
+	store   gateway.Reaper
 	o       Options
 	log     *slog.Logger
 	m       *metrics
@@ -101,7 +101,7 @@ type Status struct {
 }
 
 // New returns a runner over s; Options left zero take their defaults.
-func New(s gateway.Store, o Options) *Runner {
+func New(s gateway.Reaper, o Options) *Runner {
 	if o.Owner == "" {
 		host, _ := os.Hostname()
 		o.Owner = fmt.Sprintf("%s/%d", host, os.Getpid())

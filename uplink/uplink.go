@@ -87,7 +87,7 @@ type Options struct {
 // Uplink batches writes to the store and buffers them in the outbox while
 // the store is down. Its goroutines run inside Run.
 type Uplink struct {
-	store  gateway.Store
+	store  gateway.Writer
 	ob     *Outbox
 	shards int
 	gw     string
@@ -146,7 +146,7 @@ var _ gateway.Uplink = (*Uplink)(nil)
 
 // New returns an uplink to store that buffers in ob. Call Run to start
 // its flush and health loops.
-func New(store gateway.Store, ob *Outbox, o Options) *Uplink {
+func New(store gateway.Writer, ob *Outbox, o Options) *Uplink {
 	if o.Clock == nil {
 		o.Clock = gateway.SystemClock{}
 	}

@@ -90,7 +90,7 @@ type Options struct {
 
 // Publisher publishes the events of the shards whose lease it holds.
 type Publisher struct {
-	store  gateway.Store
+	store  gateway.PublisherLog
 	o      Options
 	url    *url.URL
 	log    *slog.Logger
@@ -115,7 +115,7 @@ type shardState struct {
 }
 
 // New checks o and returns a publisher; Run connects and publishes.
-func New(store gateway.Store, o Options) (*Publisher, error) {
+func New(store gateway.PublisherLog, o Options) (*Publisher, error) {
 	u, err := url.Parse(o.URL)
 	if err != nil || u.Host == "" {
 		return nil, fmt.Errorf("mqttpub: url %q: want mqtt://host:port or mqtts://host:port", o.URL)

@@ -43,7 +43,13 @@ type Store struct {
 	wake   wakeup // readers waiting for events (watch.go)
 }
 
-var _ gateway.Store = (*Store)(nil)
+var (
+	_ gateway.Store        = (*Store)(nil)
+	_ gateway.Writer       = (*Store)(nil)
+	_ gateway.Reaper       = (*Store)(nil)
+	_ gateway.Reader       = (*Store)(nil)
+	_ gateway.PublisherLog = (*Store)(nil)
+)
 
 // errClosed is returned by every call after Close.
 var errClosed = fmt.Errorf("embedded store closed: %w", gateway.ErrUnavailable)

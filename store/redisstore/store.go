@@ -130,7 +130,13 @@ type shardKeys struct {
 	runner []string
 }
 
-var _ gateway.Store = (*Store)(nil)
+var (
+	_ gateway.Store        = (*Store)(nil)
+	_ gateway.Writer       = (*Store)(nil)
+	_ gateway.Reaper       = (*Store)(nil)
+	_ gateway.Reader       = (*Store)(nil)
+	_ gateway.PublisherLog = (*Store)(nil)
+)
 
 // Open checks P:meta against o.Shards and Schema, creating it on first
 // use, and loads the scripts. A mismatch wraps gateway.ErrShardMismatch.
