@@ -69,8 +69,7 @@ func testReplayedBatch(t *testing.T, open Opener) {
 	want()
 
 	e.clock.Advance(2 * time.Second)
-	later := b1
-	later.Replay = true
+	later := replayed(b1)
 	later.Writes = slices.Clone(b1.Writes)
 	for i := range later.Writes {
 		later.Writes[i].Age += 2 * time.Second
@@ -98,9 +97,7 @@ func testShardErrors(t *testing.T, open Opener) {
 	e.checkAbsent(in0)
 	e.checkAbsent(in1)
 	for s := range 4 {
-		if log := e.log(s); len(log) != 0 {
-			t.Errorf("refused batches wrote events to shard %d: %s", s, describeEvents(log))
-		}
+		e.checkLogLen("after refused batches", s, 0)
 	}
 
 	good := batch(gwA, 1, wr(in0, "s1", gateway.Connect, 0))
@@ -139,10 +136,8 @@ func testVerContinues(t *testing.T, open Opener) {
 	deadline := e.now().Add(lease - time.Second)
 	e.clock.Advance(lease)
 	step(e.reap(shard, 10).Offline, expired(d, 4, e.now(), deadline))
-	replay := batch(gwB, 1, wr(d, "s3", gateway.Connect, 0))
-	replay.Replay = true
 	now := e.now()
-	step(e.apply(replay).Events, online(d, 5, gateway.ReasonReplay, now, gwB, "s3"))
+	step(e.apply(replayed(batch(gwB, 1, wr(d, "s3", gateway.Connect, 0)))).Events, online(d, 5, gateway.ReasonReplay, now, gwB, "s3"))
 	e.checkEvents("events of five transitions", got, shard, want...)
 	e.checkEvents("log of five transitions", e.log(shard), shard, want...)
 	e.checkDevice(d, onlineInfo(d, 5, now, sess("s3", now.Add(lease))))

@@ -3,8 +3,6 @@ package storetest
 import (
 	"testing"
 	"time"
-
-	"github.com/fleetgate/fleetgate/gateway"
 )
 
 // lease is the lease of the conformance batches.
@@ -58,30 +56,4 @@ func Run(t *testing.T, open Opener) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(t, open) })
 	}
-}
-
-func wr(d gateway.DeviceID, s gateway.SessionID, k gateway.Kind, age time.Duration) gateway.Write {
-	return gateway.Write{Device: d, Session: s, Kind: k, Age: age}
-}
-
-func batch(gw string, epoch uint64, ws ...gateway.Write) gateway.Batch {
-	return gateway.Batch{Gateway: gw, Epoch: epoch, Lease: lease, Writes: ws}
-}
-
-func onlineInfo(d gateway.DeviceID, ver uint64, since time.Time, sessions ...gateway.SessionInfo) gateway.DeviceInfo {
-	var deadline time.Time
-	for _, s := range sessions {
-		if s.Deadline.After(deadline) {
-			deadline = s.Deadline
-		}
-	}
-	return gateway.DeviceInfo{Device: d, State: gateway.Online, Deadline: deadline, Ver: ver, Since: since, Sessions: sessions}
-}
-
-func offlineInfo(d gateway.DeviceID, ver uint64, since time.Time) gateway.DeviceInfo {
-	return gateway.DeviceInfo{Device: d, State: gateway.Offline, Ver: ver, Since: since}
-}
-
-func sess(id gateway.SessionID, deadline time.Time) gateway.SessionInfo {
-	return gateway.SessionInfo{ID: id, Deadline: deadline}
 }

@@ -1,7 +1,6 @@
 package storetest
 
 import (
-	"errors"
 	"testing"
 	"time"
 
@@ -17,21 +16,10 @@ func testFencing(t *testing.T, open Opener) {
 	e.apply(batch(gwA, 2, wr(d1, "s1", gateway.Connect, 0)))
 	e.clock.Advance(time.Second)
 
-	fenced := func(what string, b gateway.Batch) {
-		t.Helper()
-		before := e.log(0)
-		err := e.applyErr(b)
-		if !errors.Is(err, gateway.ErrFenced) {
-			t.Errorf("%s: Apply(%s) = %v, want ErrFenced", what, describeBatch(b), err)
-		}
-		if after := e.log(0); len(after) != len(before) {
-			t.Errorf("%s: fenced batch wrote events %s", what, describeEvents(after[len(before):]))
-		}
-	}
-	fenced("older epoch", batch(gwA, 1,
+	e.checkFenced("older epoch", batch(gwA, 1,
 		wr(d1, "s1", gateway.Renew, 0), wr(d2, "s2", gateway.Connect, 0), wr(d1, "s3", gateway.Connect, 0)))
-	fenced("older epoch leave", batch(gwA, 1, wr(d1, "s1", gateway.Leave, 0)))
-	e.checkDevice(d1, onlineInfo(d1, 1, t0, gateway.SessionInfo{ID: "s1", Deadline: t0.Add(lease), Gateway: gwA, Epoch: 2}))
+	e.checkFenced("older epoch leave", batch(gwA, 1, wr(d1, "s1", gateway.Leave, 0)))
+	e.checkDevice(d1, onlineInfo(d1, 1, t0, sessBy("s1", t0.Add(lease), gwA, 2)))
 	e.checkAbsent(d2)
 
 	res := e.apply(batch(gwB, 1, wr(d2, "s2", gateway.Connect, 0)))
@@ -39,12 +27,12 @@ func testFencing(t *testing.T, open Opener) {
 
 	res = e.apply(batch(gwA, 2, wr(d1, "s1", gateway.Renew, 0)))
 	e.checkEvents("same epoch again", res.Events, 0)
-	e.checkDevice(d1, onlineInfo(d1, 1, t0, gateway.SessionInfo{ID: "s1", Deadline: e.now().Add(lease), Gateway: gwA, Epoch: 2}))
+	e.checkDevice(d1, onlineInfo(d1, 1, t0, sessBy("s1", e.now().Add(lease), gwA, 2)))
 
 	e.clock.Advance(time.Second)
 	res = e.apply(batch(gwA, 3, wr(d3, "s3", gateway.Connect, 0)))
 	e.checkEvents("newer epoch", res.Events, 0, online(d3, 1, gateway.ReasonConnect, e.now(), gwA, "s3"))
-	fenced("epoch older than the newest", batch(gwA, 2, wr(d1, "s1", gateway.Renew, 0)))
+	e.checkFenced("epoch older than the newest", batch(gwA, 2, wr(d1, "s1", gateway.Renew, 0)))
 	e.checkDevice(d1, onlineInfo(d1, 1, t0, sess("s1", t0.Add(time.Second+lease))))
 
 	res = e.apply(batch(gwA, 3, wr(d1, "s1", gateway.Renew, 0)))
@@ -63,13 +51,7 @@ func testFencedNoExpiry(t *testing.T, open Opener) {
 	t0 := e.now()
 	e.apply(batch(gwA, 2, wr(d, "s1", gateway.Connect, 0)))
 	e.clock.Advance(lease + time.Second)
-	err := e.applyErr(batch(gwA, 1, wr(d, "s1", gateway.Renew, 0)))
-	if !errors.Is(err, gateway.ErrFenced) {
-		t.Fatalf("Apply from an older epoch = %v, want ErrFenced", err)
-	}
-	if log := e.log(shard); len(log) != 1 {
-		t.Errorf("fenced batch wrote events: %s", describeEvents(log))
-	}
+	e.checkFenced("older epoch", batch(gwA, 1, wr(d, "s1", gateway.Renew, 0)))
 	info := e.device(d)
 	if info.State != gateway.Online || info.Ver != e.ver(d, 1) || !info.Deadline.Equal(t0.Add(lease)) {
 		t.Errorf("Device after a fenced batch: state %s ver %d deadline %v; want online 1 %v (the runner's to reap)",
@@ -92,12 +74,8 @@ func testEmptyBatchRecordsEpoch(t *testing.T, open Opener) {
 			t.Fatalf("empty batch on shard %d: %+v %v, want no events and no error", sh, res, err)
 		}
 	}
-	if err := e.applyErr(batch(gwA, 4, wr(d, "s1", gateway.Connect, 0))); !errors.Is(err, gateway.ErrFenced) {
-		t.Fatalf("epoch 4 after an empty epoch-5 batch: %v, want ErrFenced", err)
-	}
-	if log := e.log(shard); len(log) != 0 {
-		t.Fatalf("events after an empty batch and a fenced one: %s", describeEvents(log))
-	}
+	e.checkFenced("epoch 4 after an empty epoch-5 batch", batch(gwA, 4, wr(d, "s1", gateway.Connect, 0)))
+	e.checkLogLen("after an empty batch and a fenced one", shard, 0)
 	e.checkAbsent(d)
 	e.apply(batch(gwA, 5, wr(d, "s1", gateway.Connect, 0)))
 }
@@ -113,9 +91,8 @@ func testRestore(t *testing.T, open Opener) {
 	e.apply(batch(gwA, 1, wr(known, "s1", gateway.Leave, 0)))
 	e.clock.Advance(time.Second)
 	at := e.now()
-	b := batch(gwA, 1, wr(lost, "s1", gateway.Renew, 400*time.Millisecond), wr(known, "s1", gateway.Renew, 0))
-	b.Restore = true
-	res := e.apply(b)
+	res := e.apply(restored(batch(gwA, 1,
+		wr(lost, "s1", gateway.Renew, 400*time.Millisecond), wr(known, "s1", gateway.Renew, 0))))
 	e.checkEvents("restore", res.Events, 0, online(known, 3, gateway.ReasonRenew, at, gwA, "s1"))
 	info := e.device(lost)
 	if info.State != gateway.Online || info.Ver != uint64(at.UnixMilli()) || !info.Deadline.Equal(at.Add(lease-400*time.Millisecond)) {
@@ -124,9 +101,7 @@ func testRestore(t *testing.T, open Opener) {
 	// a restore of a session whose deadline passed (the renewals that
 	// bridged it were lost with the old state) extends it silently
 	e.clock.Advance(lease)
-	b = batch(gwA, 1, wr(lost, "s1", gateway.Renew, 0))
-	b.Restore = true
-	if res = e.apply(b); len(res.Events) != 0 {
+	if res = e.apply(restored(batch(gwA, 1, wr(lost, "s1", gateway.Renew, 0)))); len(res.Events) != 0 {
 		t.Fatalf("restore of an expired session wrote %s, want nothing", describeEvents(res.Events))
 	}
 	res = e.apply(batch(gwA, 1, wr(lost, "s1", gateway.Leave, 0)))

@@ -12,8 +12,10 @@ func testReap(t *testing.T, open Opener) {
 	devs := devicesIn(t, 2, 0, 4, "reap")
 	other := devicesIn(t, 2, 1, 1, "other")[0]
 	t0 := e.now()
-	if r := e.reap(0, 10); len(r.Offline) != 0 || r.Trimmed != 0 || r.More || !r.Next.IsZero() {
-		t.Errorf("Reap of an empty shard = %+v, want nothing", r)
+	empty := e.reap(0, 10)
+	e.checkReapedNothing("Reap of an empty shard", empty, time.Time{})
+	if empty.Trimmed != 0 {
+		t.Errorf("Reap of an empty shard trimmed %d devices, want 0", empty.Trimmed)
 	}
 	deadline := make([]time.Time, len(devs))
 	for i, d := range devs {
@@ -24,9 +26,7 @@ func testReap(t *testing.T, open Opener) {
 		}
 		e.clock.Advance(time.Second)
 	}
-	if r := e.reap(0, 10); len(r.Offline) != 0 || r.More || !r.Next.Equal(deadline[0]) {
-		t.Errorf("Reap before any deadline = %+v; want nothing, Next %v", r, deadline[0])
-	}
+	e.checkReapedNothing("Reap before any deadline", e.reap(0, 10), deadline[0])
 
 	e.clock.Set(t0.Add(2*time.Second + lease)) // devs[2]'s deadline: due
 	now := e.now()
@@ -44,10 +44,7 @@ func testReap(t *testing.T, open Opener) {
 	}
 	e.checkLogged(0, r.Offline)
 
-	r = e.reap(0, 2)
-	if len(r.Offline) != 0 || r.More || !r.Next.Equal(deadline[3]) {
-		t.Errorf("third Reap = %+v; want nothing, Next %v", r, deadline[3])
-	}
+	e.checkReapedNothing("third Reap", e.reap(0, 2), deadline[3])
 	for i, d := range devs[:3] {
 		e.checkDevice(d, offlineInfo(d, 2, now))
 		if info := e.device(d); !info.Deadline.IsZero() {
@@ -84,23 +81,16 @@ func testReapKeepsLive(t *testing.T, open Opener) {
 			d := gateway.DeviceID("dev-1")
 			shard := gateway.ShardOf(d, 2)
 			t0 := e.now()
-			b1 := batch(gwA, 1, wr(d, "s1", gateway.Connect, 0))
-			b1.Lease = tc.lease1
-			e.apply(b1)
+			e.apply(withLease(batch(gwA, 1, wr(d, "s1", gateway.Connect, 0)), tc.lease1))
 			e.clock.Advance(10 * time.Second)
-			b2 := batch(gwA, 1, wr(d, "s2", gateway.Connect, 0))
-			b2.Lease = tc.lease2
-			e.apply(b2)
+			e.apply(withLease(batch(gwA, 1, wr(d, "s2", gateway.Connect, 0)), tc.lease2))
 			e.clock.Set(t0.Add(tc.at))
+			// no offline event for a device with a live session; Next is
+			// that session's deadline
 			r := e.reap(shard, 10)
-			if len(r.Offline) != 0 || r.More {
-				t.Errorf("Reap = %+v; want no offline event for a device with a live session", r)
-			}
+			e.checkReapedNothing("Reap", r, t0.Add(tc.liveDL))
 			if r.Trimmed > 1 {
 				t.Errorf("Reap trimmed %d devices, want at most 1", r.Trimmed)
-			}
-			if !r.Next.Equal(t0.Add(tc.liveDL)) {
-				t.Errorf("Reap Next %v, want the live session's deadline %v", r.Next, t0.Add(tc.liveDL))
 			}
 			e.checkDevice(d, onlineInfo(d, 1, t0, sess(tc.liveID, t0.Add(tc.liveDL))))
 			for _, s := range e.device(d).Sessions {
@@ -108,9 +98,7 @@ func testReapKeepsLive(t *testing.T, open Opener) {
 					t.Errorf("expired session %s kept with deadline %v, want %v", s.ID, s.Deadline, t0.Add(tc.expiredDL))
 				}
 			}
-			if log := e.log(shard); len(log) != 1 {
-				t.Errorf("log has %d events, want 1: %s", len(log), describeEvents(log))
-			}
+			e.checkLogLen("the one online event", shard, 1)
 		})
 	}
 }
