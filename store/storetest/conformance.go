@@ -15,10 +15,7 @@ const (
 
 // Run runs the conformance subtests against stores made by open.
 func Run(t *testing.T, open Opener) {
-	tests := []struct {
-		name string
-		fn   func(*testing.T, Opener)
-	}{
+	suite{
 		{"ShardsAndNow", testShardsAndNow},
 		{"ConnectCreatesOnline", testConnectCreatesOnline},
 		{"RenewLiveSession", testRenewLiveSession},
@@ -52,8 +49,18 @@ func Run(t *testing.T, open Opener) {
 		{"SessionsPerDeviceBounded", testStoreSessionCap},
 		{"ConcurrentApply", testConcurrentApply},
 		{"ConcurrentReapAndRenew", testConcurrentReapAndRenew},
-	}
-	for _, tc := range tests {
+	}.run(t, open)
+}
+
+// suite is a list of named cases.
+type suite []struct {
+	name string
+	fn   func(*testing.T, Opener)
+}
+
+// run runs each case as a subtest of its name with stores made by open.
+func (s suite) run(t *testing.T, open Opener) {
+	for _, tc := range s {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(t, open) })
 	}
 }
