@@ -9,6 +9,10 @@ import (
 	"github.com/fleetgate/fleetgate/gateway"
 )
 
+// testConnectCreatesOnline: the first live session of a device, by a
+// connect or a renew, replayed or not, writes one online event (reason
+// connect, renew or replay) to the device's shard alone, and the device
+// holds the session until now − Age + Lease with its writer.
 func testConnectCreatesOnline(t *testing.T, open Opener) {
 	for _, ev := range []evidence{connectEvidence, renewEvidence, replayedConnect, replayedRenewal} {
 		t.Run(ev.name, func(t *testing.T) {
@@ -38,6 +42,9 @@ func testConnectCreatesOnline(t *testing.T, open Opener) {
 	}
 }
 
+// testRenewLiveSession: a renew or connect of a live session moves its
+// deadline to the newer of the two and writes no event; older evidence
+// moves nothing.
 func testRenewLiveSession(t *testing.T, open Opener) {
 	e, d, shard, t0 := newConnected(t, open, 2)
 
@@ -152,6 +159,10 @@ func testStoreSessionCap(t *testing.T, open Opener) {
 	}
 }
 
+// testLapsedEvidence: a connect or renew observed a lease or more ago
+// is ignored: it creates no device, adds no session to a live one, and
+// leaves nothing for Reap; one observed a millisecond inside its lease
+// counts.
 func testLapsedEvidence(t *testing.T, open Opener) {
 	tests := []struct {
 		name string
@@ -203,6 +214,9 @@ func testLapsedEvidence(t *testing.T, open Opener) {
 	})
 }
 
+// testLeaveLastSession: the leave of a device's last session, through
+// any gateway, writes the offline event (reason leave), clears the
+// device's deadline and sessions, and removes it from the deadline index.
 func testLeaveLastSession(t *testing.T, open Opener) {
 	e := newEnv(t, open, 2)
 	d := gateway.DeviceID("dev-1")
@@ -226,6 +240,8 @@ func testLeaveLastSession(t *testing.T, open Opener) {
 	e.checkLogLen("connect and leave", shard, 2)
 }
 
+// testLeaveNewerEvidence: a leave removes its session unless the session
+// holds newer evidence than the leave's.
 func testLeaveNewerEvidence(t *testing.T, open Opener) {
 	tests := []struct {
 		name    string
@@ -297,6 +313,9 @@ func testLeaveTombstone(t *testing.T, open Opener) {
 	})
 }
 
+// testRenewAfterDeadline: evidence applied after its session's deadline,
+// before any reap, first writes the expiry the runner would have written,
+// then the new online event.
 func testRenewAfterDeadline(t *testing.T, open Opener) {
 	for _, ev := range []evidence{renewEvidence, connectEvidence, replayedRenewal} {
 		t.Run(ev.name, func(t *testing.T) {
@@ -314,6 +333,8 @@ func testRenewAfterDeadline(t *testing.T, open Opener) {
 	}
 }
 
+// testLeaveAfterDeadline: a leave applied at its session's deadline
+// writes the expiry, not a leave, and leaves nothing for Reap.
 func testLeaveAfterDeadline(t *testing.T, open Opener) {
 	e, d, shard, t0 := newConnected(t, open, 2)
 	e.clock.Advance(lease)

@@ -9,6 +9,10 @@ import (
 	"github.com/fleetgate/fleetgate/gateway"
 )
 
+// testDuplicateWrites: the writes of one batch apply in order, each
+// seeing the ones before it: a device may come online and go offline
+// within one batch, a session keeps its newest evidence, and a second
+// leave finds no session.
 func testDuplicateWrites(t *testing.T, open Opener) {
 	e := newEnv(t, open, 1)
 	a, b, c := gateway.DeviceID("dev-a"), gateway.DeviceID("dev-b"), gateway.DeviceID("dev-c")
@@ -82,6 +86,9 @@ func testReplayedBatch(t *testing.T, open Opener) {
 	}
 }
 
+// testShardErrors: a batch with a device of another shard is refused
+// whole (ErrWrongShard), and every call given a shard outside
+// [0, Shards()) fails with ErrBadShard, writing nothing.
 func testShardErrors(t *testing.T, open Opener) {
 	e := newEnv(t, open, 4)
 	in0 := devicesIn(t, 4, 0, 1, "good")[0]

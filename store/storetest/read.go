@@ -10,6 +10,8 @@ import (
 	"github.com/fleetgate/fleetgate/gateway"
 )
 
+// testShardsAndNow: Shards is the count the store was opened with, and
+// Now is its clock.
 func testShardsAndNow(t *testing.T, open Opener) {
 	for _, shards := range []int{1, 5} {
 		e := newEnv(t, open, shards)
@@ -29,6 +31,8 @@ func testShardsAndNow(t *testing.T, open Opener) {
 	}
 }
 
+// testDeviceNotFound: Device of a device the store never saw is
+// ErrNotFound, in an empty store as in a used shard.
 func testDeviceNotFound(t *testing.T, open Opener) {
 	e := newEnv(t, open, 2)
 	// The message says it once, for the operator who reads it.
@@ -42,6 +46,9 @@ func testDeviceNotFound(t *testing.T, open Opener) {
 	}
 }
 
+// testEventsPaging: Events reads a shard's log in order, with strictly
+// increasing IDs, from the start ("" or "0") or after any event, in
+// pages of at most limit.
 func testEventsPaging(t *testing.T, open Opener) {
 	e := newEnv(t, open, 2)
 	devs := devicesIn(t, 2, 0, 4, "ev")
@@ -100,6 +107,9 @@ func testEventsPaging(t *testing.T, open Opener) {
 	}
 }
 
+// testListPaging: List pages through every device once, at most limit
+// per page (0: the default page), filtered by state, each as Device
+// reads it.
 func testListPaging(t *testing.T, open Opener) {
 	e := newEnv(t, open, 4)
 	const n = 23

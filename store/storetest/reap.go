@@ -7,6 +7,9 @@ import (
 	"github.com/fleetgate/fleetgate/gateway"
 )
 
+// testReap: Reap writes the expiry of at most limit due devices, oldest
+// deadline first, reports More and the next deadline, and touches its
+// own shard only.
 func testReap(t *testing.T, open Opener) {
 	e := newEnv(t, open, 2)
 	devs := devicesIn(t, 2, 0, 4, "reap")
@@ -103,6 +106,9 @@ func testReapKeepsLive(t *testing.T, open Opener) {
 	}
 }
 
+// testShardLock: AcquireShard takes or extends the runner lease of one
+// shard for one owner until it runs out; ReleaseShard gives it up and is
+// a no-op for anyone else.
 func testShardLock(t *testing.T, open Opener) {
 	e := newEnv(t, open, 2)
 	acquire := func(shard int, owner string, ttl time.Duration, want bool) {
