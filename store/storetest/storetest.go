@@ -322,41 +322,33 @@ func expired(d gateway.DeviceID, ver uint64, at, deadline time.Time) wantEvent {
 
 // diffEvent describes how got differs from w, "" when it matches.
 func diffEvent(got gateway.Event, shard int, w wantEvent) string {
-	var d []string
-	add := func(field string, got, want any) { d = append(d, fmt.Sprintf("%s %v, want %v", field, got, want)) }
-	if got.Device != w.Device {
-		add("device", got.Device, w.Device)
-	}
-	if got.Shard != shard {
-		add("shard", got.Shard, shard)
-	}
-	if got.State != w.State {
-		add("state", got.State, w.State)
-	}
-	if got.Ver != w.Ver {
-		add("ver", got.Ver, w.Ver)
-	}
-	if got.Reason != w.Reason {
-		add("reason", got.Reason, w.Reason)
-	}
-	if !got.At.Equal(w.At) {
-		add("at", got.At, w.At)
-	}
-	if !got.Deadline.Equal(w.Deadline) {
-		add("deadline", got.Deadline, w.Deadline)
-	}
+	var d fieldDiffs
+	d.add(got.Device != w.Device, "device", got.Device, w.Device)
+	d.add(got.Shard != shard, "shard", got.Shard, shard)
+	d.add(got.State != w.State, "state", got.State, w.State)
+	d.add(got.Ver != w.Ver, "ver", got.Ver, w.Ver)
+	d.add(got.Reason != w.Reason, "reason", got.Reason, w.Reason)
+	d.add(!got.At.Equal(w.At), "at", got.At, w.At)
+	d.add(!got.Deadline.Equal(w.Deadline), "deadline", got.Deadline, w.Deadline)
 	if w.Reason != gateway.ReasonExpired {
-		if got.Gateway != w.Gateway {
-			add("gw", got.Gateway, w.Gateway)
-		}
-		if got.Session != w.Session {
-			add("session", got.Session, w.Session)
-		}
+		d.add(got.Gateway != w.Gateway, "gw", got.Gateway, w.Gateway)
+		d.add(got.Session != w.Session, "session", got.Session, w.Session)
 	}
 	if _, err := parseEventID(got.ID); err != nil {
 		d = append(d, err.Error())
 	}
 	return strings.Join(d, "; ")
+}
+
+// fieldDiffs lists the fields in which a value differs from the one
+// wanted.
+type fieldDiffs []string
+
+// add notes field with its got and want values when they differ.
+func (d *fieldDiffs) add(differ bool, field string, got, want any) {
+	if differ {
+		*d = append(*d, fmt.Sprintf("%s %v, want %v", field, got, want))
+	}
 }
 
 // diffEvents describes how got differs from want, "" when it matches.
@@ -499,43 +491,28 @@ func (e *env) checkDevice(id gateway.DeviceID, want gateway.DeviceInfo) {
 // write or reap); Gateway, Session and the sessions' Gateway and Epoch
 // only where want sets them.
 func diffDevice(got, want gateway.DeviceInfo, now time.Time) string {
-	var d []string
-	add := func(field string, got, want any) { d = append(d, fmt.Sprintf("%s %v, want %v", field, got, want)) }
-	if got.Device != want.Device {
-		add("device", got.Device, want.Device)
-	}
-	if got.State != want.State {
-		add("state", got.State, want.State)
-	}
-	if !got.Deadline.Equal(want.Deadline) {
-		add("deadline", got.Deadline, want.Deadline)
-	}
-	if got.Ver != want.Ver {
-		add("ver", got.Ver, want.Ver)
-	}
-	if !got.Since.Equal(want.Since) {
-		add("since", got.Since, want.Since)
-	}
-	if want.Gateway != "" && got.Gateway != want.Gateway {
-		add("gw", got.Gateway, want.Gateway)
-	}
-	if want.Session != "" && got.Session != want.Session {
-		add("session", got.Session, want.Session)
-	}
+	var d fieldDiffs
+	d.add(got.Device != want.Device, "device", got.Device, want.Device)
+	d.add(got.State != want.State, "state", got.State, want.State)
+	d.add(!got.Deadline.Equal(want.Deadline), "deadline", got.Deadline, want.Deadline)
+	d.add(got.Ver != want.Ver, "ver", got.Ver, want.Ver)
+	d.add(!got.Since.Equal(want.Since), "since", got.Since, want.Since)
+	d.add(want.Gateway != "" && got.Gateway != want.Gateway, "gw", got.Gateway, want.Gateway)
+	d.add(want.Session != "" && got.Session != want.Session, "session", got.Session, want.Session)
 	live, wantLive := liveSessions(got.Sessions, now), liveSessions(want.Sessions, now)
-	if len(live) != len(wantLive) {
-		add("live sessions", describeSessions(live), describeSessions(wantLive))
-	} else {
-		for i, w := range wantLive {
-			g := live[i]
-			if g.ID != w.ID || !g.Deadline.Equal(w.Deadline) ||
-				(w.Gateway != "" && g.Gateway != w.Gateway) || (w.Epoch != 0 && g.Epoch != w.Epoch) {
-				add("live sessions", describeSessions(live), describeSessions(wantLive))
-				break
-			}
-		}
+	if !sameSessions(live, wantLive) {
+		d.add(true, "live sessions", describeSessions(live), describeSessions(wantLive))
 	}
 	return strings.Join(d, "; ")
+}
+
+// sameSessions reports whether got are the sessions want, in order, by
+// ID and deadline, and by gateway and epoch where want sets them.
+func sameSessions(got, want []gateway.SessionInfo) bool {
+	return slices.EqualFunc(got, want, func(g, w gateway.SessionInfo) bool {
+		return g.ID == w.ID && g.Deadline.Equal(w.Deadline) &&
+			(w.Gateway == "" || g.Gateway == w.Gateway) && (w.Epoch == 0 || g.Epoch == w.Epoch)
+	})
 }
 
 // liveSessions returns the sessions whose deadline is after now, sorted
