@@ -7,6 +7,49 @@ import (
 	"github.com/fleetgate/fleetgate/gateway"
 )
 
+// testShardLock: AcquireShard takes or extends the runner lease of one
+// shard for one owner until it runs out; ReleaseShard gives it up and is
+// a no-op for anyone else.
+func testShardLock(t *testing.T, open Opener) {
+	e := newEnv(t, open, 2)
+	acquire := func(shard int, owner string, ttl time.Duration, want bool) {
+		t.Helper()
+		got, err := e.store.AcquireShard(e.ctx, shard, owner, ttl)
+		if err != nil {
+			t.Fatalf("AcquireShard(%d, %s): %v", shard, owner, err)
+		}
+		if got != want {
+			t.Errorf("at +%v AcquireShard(%d, %s, %v) = %v, want %v",
+				e.now().Sub(time.UnixMilli(startMs)), shard, owner, ttl, got, want)
+		}
+	}
+	release := func(shard int, owner string) {
+		t.Helper()
+		if err := e.store.ReleaseShard(e.ctx, shard, owner); err != nil {
+			t.Fatalf("ReleaseShard(%d, %s): %v", shard, owner, err)
+		}
+	}
+	const ttl = 10 * time.Second
+	release(0, "a") // not held: no-op
+	acquire(0, "a", ttl, true)
+	acquire(0, "b", ttl, false)
+	acquire(1, "b", ttl, true) // shards are independent
+	e.clock.Advance(6 * time.Second)
+	acquire(0, "a", ttl, true) // extended to +16s
+	e.clock.Advance(6 * time.Second)
+	acquire(0, "b", ttl, false) // +12s: a's extended lease holds
+	release(0, "b")             // not the owner: no-op
+	acquire(0, "b", ttl, false)
+	e.clock.Advance(4*time.Second + time.Millisecond)
+	acquire(0, "b", ttl, true) // +16.001s: a's lease ran out
+	acquire(0, "a", ttl, false)
+	release(0, "a") // no longer the owner: no-op
+	acquire(0, "a", ttl, false)
+	release(0, "b")
+	acquire(0, "a", ttl, true)
+	acquire(1, "a", ttl, true) // b's lease of shard 1 (taken at +0) ran out
+}
+
 // testReap: Reap writes the expiry of at most limit due devices, oldest
 // deadline first, reports More and the next deadline, and touches its
 // own shard only.
@@ -104,47 +147,4 @@ func testReapKeepsLive(t *testing.T, open Opener) {
 			e.checkLogLen("the one online event", shard, 1)
 		})
 	}
-}
-
-// testShardLock: AcquireShard takes or extends the runner lease of one
-// shard for one owner until it runs out; ReleaseShard gives it up and is
-// a no-op for anyone else.
-func testShardLock(t *testing.T, open Opener) {
-	e := newEnv(t, open, 2)
-	acquire := func(shard int, owner string, ttl time.Duration, want bool) {
-		t.Helper()
-		got, err := e.store.AcquireShard(e.ctx, shard, owner, ttl)
-		if err != nil {
-			t.Fatalf("AcquireShard(%d, %s): %v", shard, owner, err)
-		}
-		if got != want {
-			t.Errorf("at +%v AcquireShard(%d, %s, %v) = %v, want %v",
-				e.now().Sub(time.UnixMilli(startMs)), shard, owner, ttl, got, want)
-		}
-	}
-	release := func(shard int, owner string) {
-		t.Helper()
-		if err := e.store.ReleaseShard(e.ctx, shard, owner); err != nil {
-			t.Fatalf("ReleaseShard(%d, %s): %v", shard, owner, err)
-		}
-	}
-	const ttl = 10 * time.Second
-	release(0, "a") // not held: no-op
-	acquire(0, "a", ttl, true)
-	acquire(0, "b", ttl, false)
-	acquire(1, "b", ttl, true) // shards are independent
-	e.clock.Advance(6 * time.Second)
-	acquire(0, "a", ttl, true) // extended to +16s
-	e.clock.Advance(6 * time.Second)
-	acquire(0, "b", ttl, false) // +12s: a's extended lease holds
-	release(0, "b")             // not the owner: no-op
-	acquire(0, "b", ttl, false)
-	e.clock.Advance(4*time.Second + time.Millisecond)
-	acquire(0, "b", ttl, true) // +16.001s: a's lease ran out
-	acquire(0, "a", ttl, false)
-	release(0, "a") // no longer the owner: no-op
-	acquire(0, "a", ttl, false)
-	release(0, "b")
-	acquire(0, "a", ttl, true)
-	acquire(1, "a", ttl, true) // b's lease of shard 1 (taken at +0) ran out
 }
