@@ -194,6 +194,106 @@ func devicesIn(t testing.TB, shards, shard, n int, prefix string) []gateway.Devi
 	return ids
 }
 
+// wr is a write of session s of device d, observed age ago, under the
+// batch's lease.
+func wr(d gateway.DeviceID, s gateway.SessionID, k gateway.Kind, age time.Duration) gateway.Write {
+	return gateway.Write{Device: d, Session: s, Kind: k, Age: age}
+}
+
+// batch is a batch of gw at epoch under the conformance lease.
+func batch(gw string, epoch uint64, ws ...gateway.Write) gateway.Batch {
+	return gateway.Batch{Gateway: gw, Epoch: epoch, Lease: lease, Writes: ws}
+}
+
+// onlineInfo is a device online since since at ver, with sessions and
+// the latest of their deadlines.
+func onlineInfo(d gateway.DeviceID, ver uint64, since time.Time, sessions ...gateway.SessionInfo) gateway.DeviceInfo {
+	var deadline time.Time
+	for _, s := range sessions {
+		if s.Deadline.After(deadline) {
+			deadline = s.Deadline
+		}
+	}
+	return gateway.DeviceInfo{Device: d, State: gateway.Online, Deadline: deadline, Ver: ver, Since: since, Sessions: sessions}
+}
+
+// offlineInfo is a device offline since since at ver.
+func offlineInfo(d gateway.DeviceID, ver uint64, since time.Time) gateway.DeviceInfo {
+	return gateway.DeviceInfo{Device: d, State: gateway.Offline, Ver: ver, Since: since}
+}
+
+// sess is a session with its deadline (gateway and epoch not compared).
+func sess(id gateway.SessionID, deadline time.Time) gateway.SessionInfo {
+	return gateway.SessionInfo{ID: id, Deadline: deadline}
+}
+
+// replayed is b replayed from an outbox (gateway.Batch.Replay).
+func replayed(b gateway.Batch) gateway.Batch {
+	b.Replay = true
+	return b
+}
+
+// restored is b sent to restore live sessions the store lost
+// (gateway.Batch.Restore).
+func restored(b gateway.Batch) gateway.Batch {
+	b.Restore = true
+	return b
+}
+
+// withLease is b under lease l.
+func withLease(b gateway.Batch, l time.Duration) gateway.Batch {
+	b.Lease = l
+	return b
+}
+
+// sessBy is a session with its deadline, written last by gw at epoch.
+func sessBy(id gateway.SessionID, deadline time.Time, gw string, epoch uint64) gateway.SessionInfo {
+	return gateway.SessionInfo{ID: id, Deadline: deadline, Gateway: gw, Epoch: epoch}
+}
+
+// lastWriter is info with the device's last writer, gw and session s.
+func lastWriter(info gateway.DeviceInfo, gw string, s gateway.SessionID) gateway.DeviceInfo {
+	info.Gateway, info.Session = gw, s
+	return info
+}
+
+// evidence is a connect or renew, replayed from an outbox or not, with
+// the reason of the online event it writes when it brings its device
+// online.
+type evidence struct {
+	name   string
+	kind   gateway.Kind
+	replay bool
+	reason gateway.Reason
+}
+
+var (
+	connectEvidence = evidence{"connect", gateway.Connect, false, gateway.ReasonConnect}
+	renewEvidence   = evidence{"renew", gateway.Renew, false, gateway.ReasonRenew}
+	replayedConnect = evidence{"replayed connect", gateway.Connect, true, gateway.ReasonReplay}
+	replayedRenewal = evidence{"replayed renew", gateway.Renew, true, gateway.ReasonReplay}
+)
+
+// batch is a batch of gw at epoch with the one write of this evidence of
+// session s of device d, observed age ago.
+func (ev evidence) batch(gw string, epoch uint64, d gateway.DeviceID, s gateway.SessionID, age time.Duration) gateway.Batch {
+	b := batch(gw, epoch, wr(d, s, ev.kind, age))
+	b.Replay = ev.replay
+	return b
+}
+
+// newConnected returns a store of shards shards in which session s1 of
+// device dev-1 connected through gw-a at epoch 1, with dev-1, its shard
+// and the time of the connect.
+func newConnected(t *testing.T, open Opener, shards int) (e *env, d gateway.DeviceID, shard int, t0 time.Time) {
+	t.Helper()
+	e = newEnv(t, open, shards)
+	d = "dev-1"
+	t0 = e.now()
+	e.apply(batch(gwA, 1, wr(d, "s1", gateway.Connect, 0)))
+	return e, d, gateway.ShardOf(d, shards), t0
+}
+
 // wantEvent is an expected event; ID is not compared, and Gateway and
 // Session only for reasons other than expired (the runner's events name
 // no writer).
@@ -222,41 +322,33 @@ func expired(d gateway.DeviceID, ver uint64, at, deadline time.Time) wantEvent {
 
 // diffEvent describes how got differs from w, "" when it matches.
 func diffEvent(got gateway.Event, shard int, w wantEvent) string {
-	var d []string
-	add := func(field string, got, want any) { d = append(d, fmt.Sprintf("%s %v, want %v", field, got, want)) }
-	if got.Device != w.Device {
-		add("device", got.Device, w.Device)
-	}
-	if got.Shard != shard {
-		add("shard", got.Shard, shard)
-	}
-	if got.State != w.State {
-		add("state", got.State, w.State)
-	}
-	if got.Ver != w.Ver {
-		add("ver", got.Ver, w.Ver)
-	}
-	if got.Reason != w.Reason {
-		add("reason", got.Reason, w.Reason)
-	}
-	if !got.At.Equal(w.At) {
-		add("at", got.At, w.At)
-	}
-	if !got.Deadline.Equal(w.Deadline) {
-		add("deadline", got.Deadline, w.Deadline)
-	}
+	var d fieldDiffs
+	d.add(got.Device != w.Device, "device", got.Device, w.Device)
+	d.add(got.Shard != shard, "shard", got.Shard, shard)
+	d.add(got.State != w.State, "state", got.State, w.State)
+	d.add(got.Ver != w.Ver, "ver", got.Ver, w.Ver)
+	d.add(got.Reason != w.Reason, "reason", got.Reason, w.Reason)
+	d.add(!got.At.Equal(w.At), "at", got.At, w.At)
+	d.add(!got.Deadline.Equal(w.Deadline), "deadline", got.Deadline, w.Deadline)
 	if w.Reason != gateway.ReasonExpired {
-		if got.Gateway != w.Gateway {
-			add("gw", got.Gateway, w.Gateway)
-		}
-		if got.Session != w.Session {
-			add("session", got.Session, w.Session)
-		}
+		d.add(got.Gateway != w.Gateway, "gw", got.Gateway, w.Gateway)
+		d.add(got.Session != w.Session, "session", got.Session, w.Session)
 	}
 	if _, err := parseEventID(got.ID); err != nil {
 		d = append(d, err.Error())
 	}
 	return strings.Join(d, "; ")
+}
+
+// fieldDiffs lists the fields in which a value differs from the one
+// wanted.
+type fieldDiffs []string
+
+// add notes field with its got and want values when they differ.
+func (d *fieldDiffs) add(differ bool, field string, got, want any) {
+	if differ {
+		*d = append(*d, fmt.Sprintf("%s %v, want %v", field, got, want))
+	}
 }
 
 // diffEvents describes how got differs from want, "" when it matches.
@@ -337,6 +429,46 @@ func (e *env) checkLogged(shard int, evs []gateway.Event) {
 	}
 }
 
+// checkLogLen checks that shard's log holds n events.
+func (e *env) checkLogLen(what string, shard, n int) {
+	e.t.Helper()
+	if log := e.log(shard); len(log) != n {
+		e.t.Errorf("%s: shard %d log has %d events, want %d: %s", what, shard, len(log), n, describeEvents(log))
+	}
+}
+
+// checkReapedNothing checks that a reap wrote no event, left nothing
+// due, and reported next as the earliest deadline (zero: none).
+func (e *env) checkReapedNothing(what string, r gateway.ReapResult, next time.Time) {
+	e.t.Helper()
+	if len(r.Offline) != 0 || r.More || !r.Next.Equal(next) {
+		e.t.Errorf("%s = %+v; want no event, More false, Next %v", what, r, next)
+	}
+}
+
+// checkLeft checks that evs are the leave of device d's last session s
+// through gw now, its second transition, and that d is offline since.
+func (e *env) checkLeft(evs []gateway.Event, d gateway.DeviceID, gw string, s gateway.SessionID) {
+	e.t.Helper()
+	now := e.now()
+	e.checkEvents("leave", evs, gateway.ShardOf(d, e.shards), leaveEvent(d, 2, now, gw, s))
+	e.checkDevice(d, offlineInfo(d, 2, now))
+}
+
+// checkFenced checks that b is refused with gateway.ErrFenced and
+// writes no event to the shard of its first write.
+func (e *env) checkFenced(what string, b gateway.Batch) {
+	e.t.Helper()
+	shard := gateway.ShardOf(b.Writes[0].Device, e.shards)
+	before := e.log(shard)
+	if err := e.applyErr(b); !errors.Is(err, gateway.ErrFenced) {
+		e.t.Errorf("%s: Apply(%s) = %v, want ErrFenced", what, describeBatch(b), err)
+	}
+	if after := e.log(shard); len(after) != len(before) {
+		e.t.Errorf("%s: fenced batch wrote events %s", what, describeEvents(after[len(before):]))
+	}
+}
+
 // sameEvent compares every field, times by instant.
 func sameEvent(a, b gateway.Event) bool {
 	return a.ID == b.ID && a.Shard == b.Shard && a.Device == b.Device && a.State == b.State &&
@@ -359,43 +491,28 @@ func (e *env) checkDevice(id gateway.DeviceID, want gateway.DeviceInfo) {
 // write or reap); Gateway, Session and the sessions' Gateway and Epoch
 // only where want sets them.
 func diffDevice(got, want gateway.DeviceInfo, now time.Time) string {
-	var d []string
-	add := func(field string, got, want any) { d = append(d, fmt.Sprintf("%s %v, want %v", field, got, want)) }
-	if got.Device != want.Device {
-		add("device", got.Device, want.Device)
-	}
-	if got.State != want.State {
-		add("state", got.State, want.State)
-	}
-	if !got.Deadline.Equal(want.Deadline) {
-		add("deadline", got.Deadline, want.Deadline)
-	}
-	if got.Ver != want.Ver {
-		add("ver", got.Ver, want.Ver)
-	}
-	if !got.Since.Equal(want.Since) {
-		add("since", got.Since, want.Since)
-	}
-	if want.Gateway != "" && got.Gateway != want.Gateway {
-		add("gw", got.Gateway, want.Gateway)
-	}
-	if want.Session != "" && got.Session != want.Session {
-		add("session", got.Session, want.Session)
-	}
+	var d fieldDiffs
+	d.add(got.Device != want.Device, "device", got.Device, want.Device)
+	d.add(got.State != want.State, "state", got.State, want.State)
+	d.add(!got.Deadline.Equal(want.Deadline), "deadline", got.Deadline, want.Deadline)
+	d.add(got.Ver != want.Ver, "ver", got.Ver, want.Ver)
+	d.add(!got.Since.Equal(want.Since), "since", got.Since, want.Since)
+	d.add(want.Gateway != "" && got.Gateway != want.Gateway, "gw", got.Gateway, want.Gateway)
+	d.add(want.Session != "" && got.Session != want.Session, "session", got.Session, want.Session)
 	live, wantLive := liveSessions(got.Sessions, now), liveSessions(want.Sessions, now)
-	if len(live) != len(wantLive) {
-		add("live sessions", describeSessions(live), describeSessions(wantLive))
-	} else {
-		for i, w := range wantLive {
-			g := live[i]
-			if g.ID != w.ID || !g.Deadline.Equal(w.Deadline) ||
-				(w.Gateway != "" && g.Gateway != w.Gateway) || (w.Epoch != 0 && g.Epoch != w.Epoch) {
-				add("live sessions", describeSessions(live), describeSessions(wantLive))
-				break
-			}
-		}
+	if !sameSessions(live, wantLive) {
+		d.add(true, "live sessions", describeSessions(live), describeSessions(wantLive))
 	}
 	return strings.Join(d, "; ")
+}
+
+// sameSessions reports whether got are the sessions want, in order, by
+// ID and deadline, and by gateway and epoch where want sets them.
+func sameSessions(got, want []gateway.SessionInfo) bool {
+	return slices.EqualFunc(got, want, func(g, w gateway.SessionInfo) bool {
+		return g.ID == w.ID && g.Deadline.Equal(w.Deadline) &&
+			(w.Gateway == "" || g.Gateway == w.Gateway) && (w.Epoch == 0 || g.Epoch == w.Epoch)
+	})
 }
 
 // liveSessions returns the sessions whose deadline is after now, sorted

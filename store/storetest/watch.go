@@ -28,10 +28,7 @@ func RunWatch(t *testing.T, open WatchOpener) {
 	plain := func(t *testing.T, shards int, now func() time.Time) gateway.Store {
 		return open(t, shards, 100_000, now)
 	}
-	tests := []struct {
-		name string
-		fn   func(*testing.T, Opener)
-	}{
+	suite{
 		{"SnapshotAtPosition", testSnapshotAtPosition},
 		{"SnapshotPaging", testSnapshotPaging},
 		{"ReadAfterPosition", testReadAfterPosition},
@@ -39,10 +36,7 @@ func RunWatch(t *testing.T, open WatchOpener) {
 		{"WaitEvents", testWaitEvents},
 		{"ForeignIncarnation", testForeignIncarnation},
 		{"PublisherLease", testPublisherLease},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) { tc.fn(t, plain) })
-	}
+	}.run(t, plain)
 	t.Run("TrimmedPosition", func(t *testing.T) { testTrimmedPosition(t, open) })
 	t.Run("SnapshotPlusDeltas", func(t *testing.T) { checkSnapshotPlusDeltas(t, plain) })
 }
