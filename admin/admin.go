@@ -1,4 +1,4 @@
-// Package admin is the gateway's admin HTTP API (DESIGN §4): /healthz,
+// Package admin is the gateway's admin HTTP API (docs/design.md §6.11): /healthz,
 // /readyz, /metrics, /v1/status, /v1/devices, /v1/devices/{id},
 // /v1/sessions, /v1/events, /v1/snapshot and /v1/watch, plus the client the query commands
 // (fleetgate status, devices, events) use. It listens on loopback by

@@ -179,7 +179,7 @@ type expectations struct {
 	// kills are when a gateway was killed -9. The evidence a gateway
 	// acknowledged within a flush interval before (lossWindow) may still
 	// have been in its in-memory queue, which a kill loses: only the
-	// outbox is durable (DESIGN §5 invariant 8). The false-offline check
+	// outbox is durable (invariant 8, docs/design.md §7). The false-offline check
 	// does not count on such evidence.
 	kills []time.Time
 }
@@ -337,7 +337,7 @@ func check(truth map[string]*devTruth, log []event, x expectations) result {
 
 // resurrected says why online event evs[i] has no evidence to stand on
 // ("" when it has): after a leave and its offline, with no evidence since
-// (a stale renewal replayed, issue 9 item 3), or later than the lease of
+// (a stale renewal replayed past the leave tombstone), or later than the lease of
 // the device's last evidence (lapsed evidence replayed, invariant 8).
 // An online that follows a false offline is the second half of a flap,
 // counted there, not here.
@@ -358,8 +358,8 @@ func (x expectations) bound(d *devTruth) time.Time {
 	tm := x.tm
 	end, hold := d.ended(), tm.lease
 	if !d.leftAt.IsZero() {
-		// A leave takes effect at once, or after a leave grace of about
-		// two flush intervals (issue 9 item 8).
+		// A leave takes effect at once, or after the leave grace of
+		// two flush intervals and the flush that sends it.
 		hold = 3 * tm.flush
 	}
 	if !d.lastTry.IsZero() && d.lastTry.After(end) {

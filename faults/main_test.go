@@ -28,11 +28,5 @@ func run(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	if knownKeys, err = probeKeys(binary, dir, issue9Keys(fast)); err != nil {
-		fmt.Fprintln(os.Stderr, "probe config keys:", err)
-		return 1
-	}
-	bootIDKnown = probeBootID(binary, dir)
-	fmt.Fprintf(os.Stderr, "faults: issue-9 config keys the binary accepts: %v; %s honoured: %v\n", knownKeys, bootIDEnv, bootIDKnown)
 	return m.Run()
 }

@@ -26,11 +26,9 @@ import (
 
 // timing is the scenarios' presence timing: short, so that a scenario
 // takes seconds, and inside the flap rule (lease − renew_every −
-// flush_interval ≥ 2 × heartbeat_interval). grace is the gateway grace
-// the scenarios are designed around (issue 9 item 2): it is written into
-// the gateways' YAML as presence.gateway_grace once the binary knows the
-// key, and it is part of the missed-offline bound of every device whose
-// path to the store was cut.
+// flush_interval ≥ 2 × heartbeat_interval). grace is the gateways'
+// presence.gateway_grace, part of the missed-offline bound of every
+// device whose path to the store was cut.
 type timing struct {
 	lease, heartbeat, renewEvery, flush, runnerInterval, lockTTL, grace time.Duration
 	// processing is the allowance for backlog and process scheduling in
@@ -94,6 +92,7 @@ func (c gwConfig) yaml() ([]byte, error) {
 	set("presence.renew_every", tm.renewEvery.String())
 	set("presence.suspect_after", (tm.lease / 2).String())
 	set("presence.shards", c.Shards)
+	set("presence.gateway_grace", tm.grace.String())
 	set("store.backend", "redis")
 	set("store.redis.addrs", c.RedisAddrs)
 	set("uplink.flush_interval", tm.flush.String())
@@ -118,37 +117,6 @@ func (c gwConfig) yaml() ([]byte, error) {
 		set(k, v)
 	}
 	return yaml.Marshal(root)
-}
-
-// knownKeys are the issue-9 keys (among issue9Keys) that the built binary
-// accepts, found by TestMain with check-config.
-var knownKeys map[string]any
-
-// probeKeys asks `fleetgate check-config` which of keys the binary
-// accepts, one key at a time on an otherwise valid configuration.
-func probeKeys(bin, dir string, keys map[string]any) (map[string]any, error) {
-	known := map[string]any{}
-	for k, v := range keys {
-		c := gwConfig{ID: "probe", StateDir: filepath.Join(dir, "probe"), RedisAddrs: []string{"127.0.0.1:1"}, Shards: 8, T: fast,
-			CoAP: "127.0.0.1:1", MQTT: "127.0.0.1:2", Admin: "127.0.0.1:3", Extra: map[string]any{k: v}}
-		b, err := c.yaml()
-		if err != nil {
-			return nil, err
-		}
-		path := filepath.Join(dir, "probe.yaml")
-		if err := os.WriteFile(path, b, 0o600); err != nil {
-			return nil, err
-		}
-		cmd := exec.Command(bin, "check-config", "-c", path)
-		cmd.Env = gatewayEnv()
-		out, err := cmd.CombinedOutput()
-		if err == nil {
-			known[k] = v
-		} else if !strings.Contains(string(out), "unknown") && !strings.Contains(string(out), "not found") {
-			return nil, fmt.Errorf("check-config with %s: %v\n%s", k, err, out)
-		}
-	}
-	return known, nil
 }
 
 func freeUDP(t testing.TB) string {
@@ -206,13 +174,9 @@ func (s *syncBuffer) tail(n int) string {
 func newGateway(t testing.TB, id string, addrs []string) *gatewayProc {
 	t.Helper()
 	dir := t.TempDir()
-	extra := map[string]any{}
-	for k, v := range knownKeys {
-		extra[k] = v
-	}
 	g := &gatewayProc{t: t, log: &syncBuffer{}, path: filepath.Join(dir, "fleetgate.yaml"), cfg: gwConfig{
 		ID: id, StateDir: filepath.Join(dir, "state"), RedisAddrs: addrs, Shards: shards, T: fast,
-		CoAP: freeUDP(t), MQTT: freeTCP(t), Admin: freeTCP(t), Extra: extra,
+		CoAP: freeUDP(t), MQTT: freeTCP(t), Admin: freeTCP(t), Extra: map[string]any{},
 	}}
 	g.writeConfig()
 	t.Cleanup(func() {
@@ -243,11 +207,7 @@ func (g *gatewayProc) start() {
 	args := append(append([]string{}, g.Wrap...), binary, "run", "-c", g.path)
 	g.cmd = exec.Command(args[0], args[1:]...)
 	g.cmd.Env = append(gatewayEnv(), "FLEETGATE_LOG_FORMAT=text")
-	for _, kv := range g.Env {
-		if !strings.HasPrefix(kv, bootIDEnv+"=") || bootIDKnown {
-			g.cmd.Env = append(g.cmd.Env, kv)
-		}
-	}
+	g.cmd.Env = append(g.cmd.Env, g.Env...)
 	g.cmd.Stdout, g.cmd.Stderr = g.log, g.log
 	g.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := g.cmd.Start(); err != nil {
@@ -339,31 +299,9 @@ func redisCLI(t testing.TB, addr string, args ...string) string {
 	return strings.TrimSpace(string(out))
 }
 
-// bootIDEnv overrides the boot ID the gateway keys its outbox ages on
-// (issue 9 item 4), so that a test can simulate a reboot.
+// bootIDEnv overrides the boot ID the gateway keys its outbox ages on,
+// so that a test can simulate a reboot.
 const bootIDEnv = "FLEETGATE_TEST_BOOT_ID"
-
-// bootIDKnown: the binary accepts bootIDEnv (TestMain asks check-config;
-// a binary that does not know it refuses every unknown FLEETGATE_
-// variable, so the harness leaves it out).
-var bootIDKnown bool
-
-// probeBootID asks check-config whether the binary accepts bootIDEnv.
-func probeBootID(bin, dir string) bool {
-	c := gwConfig{ID: "probe", StateDir: filepath.Join(dir, "probe"), RedisAddrs: []string{"127.0.0.1:1"}, Shards: 8, T: fast,
-		CoAP: "127.0.0.1:1", MQTT: "127.0.0.1:2", Admin: "127.0.0.1:3"}
-	b, err := c.yaml()
-	if err != nil {
-		return false
-	}
-	path := filepath.Join(dir, "probe-boot.yaml")
-	if os.WriteFile(path, b, 0o600) != nil {
-		return false
-	}
-	cmd := exec.Command(bin, "check-config", "-c", path)
-	cmd.Env = append(gatewayEnv(), bootIDEnv+"="+bootID(0))
-	return cmd.Run() == nil
-}
 
 // gatewayEnv is the test's environment without FLEETGATE_ variables: a
 // gateway's configuration is its YAML and what the harness adds.

@@ -145,7 +145,6 @@ func startGatewaysWith(t *testing.T, extra map[string]any, addrs ...[]string) []
 // pauseScenario: Redis hangs (SIGSTOP) for pause while devices keep
 // sending, then resumes (SIGCONT).
 func pauseScenario(t *testing.T, pause time.Duration) {
-	skipPending(t)
 	t.Parallel()
 	srv := redistest.Start(t)
 	gws := startGateways(t, []string{srv.Addr}, []string{srv.Addr})
@@ -172,7 +171,6 @@ func TestRedisPauseLongerThanLease(t *testing.T) { pauseScenario(t, fast.lease+t
 // too. Devices that keep sending stay online; those that stopped still
 // go offline (invariant 7); versions never repeat (invariant 10).
 func TestRedisRestartWithoutPersistence(t *testing.T) {
-	skipPending(t)
 	t.Parallel()
 	srv := redistest.Start(t)
 	gws := startGateways(t, []string{srv.Addr}, []string{srv.Addr})
@@ -188,7 +186,6 @@ func TestRedisRestartWithoutPersistence(t *testing.T) {
 
 // FLUSHALL: the same loss with the server up.
 func TestRedisFlushAll(t *testing.T) {
-	skipPending(t)
 	t.Parallel()
 	srv := redistest.Start(t)
 	gws := startGateways(t, []string{srv.Addr}, []string{srv.Addr})
@@ -213,7 +210,6 @@ func TestRedisFlushAll(t *testing.T) {
 // no acknowledged transition is lost, and the replica's log is the one
 // history.
 func TestFailoverToLaggingReplica(t *testing.T) {
-	skipPending(t)
 	t.Parallel()
 	primary := redistest.Start(t)
 	replLink := redistest.NewProxy(t, primary.Addr)
@@ -263,7 +259,6 @@ func TestClusterMasterStopped(t *testing.T) {
 // clusterMasterLost runs the Cluster scenario: lose takes the master
 // holding the most shards away.
 func clusterMasterLost(t *testing.T, how string, lose func(*redistest.Server)) {
-	skipPending(t)
 	t.Parallel()
 	cl := redistest.StartClusterWithReplicas(t, 3)
 	addrs := cl.Addrs()
@@ -329,7 +324,6 @@ func clusterServesAll(t *testing.T, rc *redis.Client, dead string) bool {
 // the outage; the link comes back. Nothing buffered is lost (invariant
 // 8), nothing that kept sending goes offline.
 func TestGatewayKilledDuringOutage(t *testing.T) {
-	skipPending(t)
 	t.Parallel()
 	srv := redistest.Start(t)
 	px := redistest.NewProxy(t, srv.Addr)
@@ -358,7 +352,6 @@ func TestGatewayKilledDuringOutage(t *testing.T) {
 // partitionScenario cuts gateway A's Redis link (a TCP proxy) for cut
 // while every device keeps sending; gateway B stays connected.
 func partitionScenario(t *testing.T, cut time.Duration, lostOK bool) {
-	skipPending(t)
 	t.Parallel()
 	srv := redistest.Start(t)
 	px := redistest.NewProxy(t, srv.Addr)
@@ -377,10 +370,14 @@ func partitionScenario(t *testing.T, cut time.Duration, lostOK bool) {
 	if lostOK && res.GatewayLost == 0 {
 		t.Errorf("a partition of %v (longer than lease + grace) emitted no offline with reason gateway_lost", cut)
 	}
-	if lostOK && gatewaysStream != "" {
+	if lostOK {
 		checkGatewayLost(t, srv.Client(t), "gw-a", r.col.log())
 	}
 }
+
+// gatewaysStream is the Redis key of the gateways event stream (`lost`
+// and `back`, docs/design.md §3.4) with the harness's key prefix.
+const gatewaysStream = "{fleetgate:0}:gateways"
 
 // checkGatewayLost: the gateways stream holds exactly one `lost` event for
 // gw (an entry with a value "lost" and a value gw), written before the
@@ -431,9 +428,8 @@ func TestPartitionLongerThanLeasePlusGrace(t *testing.T) {
 // CoAP devices of gateway B renew through gateway A while A's link is cut
 // (their renewals wait in A's outbox), move back to B and leave there. When
 // A's link comes back, A replays renewals observed before the leave: they
-// must not bring the session back (issue 9 item 3, leave tombstone).
+// must not bring the session back (the leave tombstone, docs/design.md §3.2).
 func TestLeaveThroughBThenStaleRenewThroughA(t *testing.T) {
-	skipPending(t)
 	t.Parallel()
 	srv := redistest.Start(t)
 	px := redistest.NewProxy(t, srv.Addr)
@@ -460,10 +456,9 @@ func TestLeaveThroughBThenStaleRenewThroughA(t *testing.T) {
 
 // MQTT devices move from gateway A to gateway B and some back: each
 // connects to the new gateway, then ends its old connection with a
-// normal DISCONNECT (make before break). No event may come of it (issue
-// 9 item 8).
+// normal DISCONNECT (make before break). No event may come of it: the
+// leave grace lets the new connection's renewal overtake the leave.
 func TestMQTTMoversMakeBeforeBreak(t *testing.T) {
-	skipPending(t)
 	t.Parallel()
 	srv := redistest.Start(t)
 	gws := startGateways(t, []string{srv.Addr}, []string{srv.Addr})
@@ -484,16 +479,15 @@ func TestMQTTMoversMakeBeforeBreak(t *testing.T) {
 // Gateway A buffers in its outbox during a cut, is killed -9 and
 // "rebooted": restarted in a new time namespace whose CLOCK_BOOTTIME (and
 // CLOCK_MONOTONIC) is a day behind the first boot's, with another boot ID
-// (FLEETGATE_TEST_BOOT_ID, passed once the binary accepts it). Entries
+// (FLEETGATE_TEST_BOOT_ID). Entries
 // from before the reboot have an unknown age and must never be replayed
-// as fresh (issue 9 item 4): newcomers that sent only before the reboot,
+// as fresh: newcomers that sent only before the reboot,
 // whose evidence lapses before the link returns, get no event at all
 // (an online would be resurrected); devices that keep sending stay
 // online; those that stop are not missed. No device stops between the
 // cut and the kill: its last evidence would be in the dropped entries,
 // and an early offline is what dropping them means.
 func TestOutboxReplayAfterReboot(t *testing.T) {
-	skipPending(t)
 	t.Parallel()
 	srv := redistest.Start(t)
 	px := redistest.NewProxy(t, srv.Addr)

@@ -2,7 +2,7 @@ package gateway
 
 import "time"
 
-// The presence defaults of DESIGN §4, in one place: the configuration's
+// The defaults of the configuration (docs/design.md §6.3), in one place: the configuration's
 // defaults and the zero values of the session table and the uplink take
 // them from here.
 const (

@@ -6,7 +6,7 @@ import (
 	"hash/fnv"
 )
 
-// MaxDeviceIDLen is the longest device ID accepted (DESIGN §1).
+// MaxDeviceIDLen is the longest device ID accepted (docs/design.md §1).
 const MaxDeviceIDLen = 128
 
 // MaxSessionIDLen is the longest session ID accepted.
@@ -53,7 +53,7 @@ func deviceIDByte(c byte) bool {
 
 // SessionID names one live attachment of a device: "<gateway>/<epoch>/<n>"
 // for connection-oriented protocols, "<protocol>/<instance>" for
-// connectionless ones (DESIGN §1).
+// connectionless ones (docs/design.md §1).
 type SessionID string
 
 // ParseSessionID accepts 1..MaxSessionIDLen printable ASCII bytes other
@@ -99,7 +99,7 @@ func ValidGatewayID(id string) error {
 }
 
 // ShardOf maps a device to its shard: fnv1a32(device) mod shards
-// (DESIGN §3). shards must be ≥ 1.
+// (docs/design.md §3.1). shards must be ≥ 1.
 func ShardOf(d DeviceID, shards int) int {
 	h := fnv.New32a()
 	h.Write([]byte(d))

@@ -9,7 +9,7 @@ import (
 	"github.com/fleetgate/fleetgate/gateway"
 )
 
-// The ID grammars of DESIGN §1 and id.go, as regular expressions: the
+// The ID grammars of docs/design.md §1 and id.go, as regular expressions: the
 // fuzz targets check the parsers against them.
 var (
 	deviceIDRe  = regexp.MustCompile(`^[A-Za-z0-9._:-]{1,128}$`)
@@ -80,7 +80,7 @@ func TestValidGatewayID(t *testing.T) {
 	}
 }
 
-// fnv1a32 is the reference FNV-1a (32 bit) that DESIGN §3 names; every
+// fnv1a32 is the reference FNV-1a (32 bit) that docs/design.md §3.1 names; every
 // gateway and store must agree on it, so ShardOf is pinned to it.
 func fnv1a32(s string) uint32 {
 	h := uint32(2166136261)

@@ -89,7 +89,7 @@ const (
 )
 
 // Event is one presence transition as written to a shard's event log
-// (DESIGN §3). The events of a device alternate online/offline starting
+// (docs/design.md §3.4). The events of a device alternate online/offline starting
 // with online, Ver +1 each; (Device, Ver) is the consumer's idempotency key.
 type Event struct {
 	// ID is the position in the shard's log ("<ms>-<seq>", as a Redis

@@ -150,7 +150,7 @@ func (c *child) killAt(t *testing.T, i int, rng *rand.Rand) {
 
 // A runner killed (SIGKILL) between any two steps loses no offline event:
 // the entry it was about to reap is still in the deadline index, and the
-// next runner reaps it (DESIGN §5 invariant 7).
+// next runner reaps it (invariant 7, docs/design.md §7).
 func TestKilledRunnerLosesNoOfflineEvent(t *testing.T) {
 	srv := redistest.Start(t)
 	client := srv.Client(t)

@@ -1,4 +1,4 @@
-// Package runner is the expiry runner (DESIGN §2 point 5): it holds
+// Package runner is the expiry runner (docs/design.md §2 point 5): it holds
 // per-shard lock leases in the store, asks the store for due entries in
 // bounded batches, and reports the offline events the store wrote.
 //

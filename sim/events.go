@@ -103,7 +103,7 @@ func (r *RedisSource) Events(ctx context.Context, since time.Time) ([]check.Even
 	return out, nil
 }
 
-// streamEvent decodes one stream entry's fields (DESIGN §3).
+// streamEvent decodes one stream entry's fields (docs/design.md §3.4).
 func streamEvent(v map[string]any) check.Event {
 	str := func(k string) string { s, _ := v[k].(string); return s }
 	msTime := func(k string) time.Time {

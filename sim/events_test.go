@@ -17,7 +17,7 @@ import (
 )
 
 // seedLog writes P:meta and one event per shard, as the gateways'
-// scripts do (DESIGN §3).
+// scripts do (docs/design.md §3.4).
 func seedLog(t *testing.T, c redis.Cmdable, shards int, at time.Time) {
 	t.Helper()
 	ctx := context.Background()

@@ -14,7 +14,8 @@ import (
 	"github.com/fleetgate/fleetgate/sim/check"
 )
 
-// The report's JSON carries the fields issue 15 names, under those names.
+// The report's JSON carries the fields docs/benchmarks.md and the
+// simulator's users read, under those names.
 func TestReportJSONFields(t *testing.T) {
 	r := Report{Devices: 3, HeartbeatsSent: 40, FalseOffline: 1, MissedOffline: 2, LogViolations: 3,
 		Detection: check.Percentiles{N: 2, P50: 10, P99: 20, Max: 30}, BoundMS: 7100, StoreCallsPerHeartbeat: 1.5}

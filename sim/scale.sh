@@ -1,5 +1,5 @@
 #!/bin/bash
-# sim/scale.sh: the simulator's figures of docs/benchmarks.md (issue 15).
+# sim/scale.sh: the simulator's figures of docs/benchmarks.md.
 #
 #   sim/scale.sh fleet   [COAP MQTT DURATION]  # 100,000 CoAP + 10,000 MQTT, shipped timings, 3 min
 #   sim/scale.sh restart [MQTT DURATION AT]    # 10,000 MQTT devices; the gateway restarts at AT

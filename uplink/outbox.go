@@ -35,7 +35,7 @@ var (
 )
 
 // DefaultOutboxMaxSessions bounds the outbox when OutboxOptions.MaxSessions
-// is not set (DESIGN §4, uplink.outbox_max_sessions).
+// is not set (uplink.outbox_max_sessions, docs/design.md §6.3).
 const DefaultOutboxMaxSessions = 1_000_000
 
 // OutboxOptions configure an Outbox.

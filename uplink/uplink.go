@@ -1,5 +1,5 @@
 // Package uplink carries the gateway's session writes to the central
-// store (DESIGN §2 points 3–4): a batcher that coalesces pending writes
+// store (docs/design.md §2 points 3–4): a batcher that coalesces pending writes
 // per session and flushes them per shard every flush interval or at
 // max_batch, with a bounded queue that pushes back on the session table;
 // a bbolt outbox that buffers what the store could not take, coalesced

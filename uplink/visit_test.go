@@ -16,7 +16,7 @@ import (
 // that connects and leaves between two flushes (directly, and through the
 // outbox) gets its online and then its offline event, and that a leave
 // followed by a reconnect of a live session gets its offline and online
-// events: coalescing never erases a visit (DESIGN §4).
+// events: coalescing never erases a visit (docs/design.md §6.8).
 func TestVisitWithinOneFlush(t *testing.T) {
 	stores := map[string]func(t *testing.T) func(*bolt.DB, *clocktest.Clock) gateway.Store{
 		"embedded": embeddedStore,

@@ -416,7 +416,7 @@ func maxAge(t *testing.T, addr, id string) uint32 {
 	return v
 }
 
-// shardKey is the Redis key of one of a device's shard keys (DESIGN §3).
+// shardKey is the Redis key of one of a device's shard keys (docs/design.md §3.1).
 func shardKey(dev string, shards int, name string) string {
 	return fmt.Sprintf("{fleetgate:%d}:%s", gateway.ShardOf(gateway.DeviceID(dev), shards), name)
 }

@@ -182,15 +182,15 @@ func TestE2ESimulateExitsOneOnMissedOffline(t *testing.T) {
 	}
 }
 
-// Moves and visits, each of which failed before its fix.
+// Moves and visits through two gateways: the checker finds nothing.
 func TestE2ESimulateMovesAndVisits(t *testing.T) {
-	for _, tc := range []struct{ scenario, issue string }{
+	for _, tc := range []struct{ scenario, rule string }{
 		// A make-before-break move with a clean goodbye on the old
 		// gateway: its leave must not reach the store before the new
-		// gateway's connect (the leave grace).
-		{"move", "issue 9 item 8"},
+		// gateway's connect.
+		{"move", "the leave grace"},
 		// A visit shorter than a flush keeps its online and offline.
-		{"visit", "issue 13 item 1"},
+		{"visit", "a visit keeps its events"},
 	} {
 		t.Run(tc.scenario, func(t *testing.T) {
 			t.Parallel()
@@ -203,7 +203,7 @@ func TestE2ESimulateMovesAndVisits(t *testing.T) {
 				"--redis", srv.Addr, "--devices", "300", "--mqtt-share", "0.3", "--duration", "10s", "--scenario", tc.scenario)
 			t.Logf("simulate:\n%s", out)
 			if code != 0 || rep.Failed() {
-				t.Fatalf("%s: exit %d, report %+v", tc.issue, code, scenarioOf(t, rep, tc.scenario))
+				t.Fatalf("%s: exit %d, report %+v", tc.rule, code, scenarioOf(t, rep, tc.scenario))
 			}
 		})
 	}

@@ -1,5 +1,5 @@
 // Command fleetgate is the fleetgate edge gateway: one binary with the
-// subcommands of DESIGN §4. main only parses the command line and wires
+// subcommands of docs/design.md §6.1. main only parses the command line and wires
 // the packages together; the work is done in them.
 //
 // Exit codes: 0 success; 1 failure (a part that could not start or failed

@@ -1,5 +1,5 @@
 // Package mqttpub publishes presence events to an upstream MQTT broker
-// (DESIGN §4, docs/events.md) with eclipse/paho.golang's autopaho:
+// (docs/design.md §6.12, docs/events.md) with eclipse/paho.golang's autopaho:
 // every event on <prefix>/events/<device> and the device's current
 // state, retained, on <prefix>/presence/<device>, both as the JSON
 // envelope of gateway.Envelope.

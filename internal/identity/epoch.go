@@ -1,5 +1,5 @@
 // Package identity keeps the gateway's epoch: a counter in the gateway's
-// bbolt state file, incremented at every start (DESIGN §1). Writes carry
+// bbolt state file, incremented at every start (docs/design.md §1). Writes carry
 // (gateway id, epoch) and the store refuses older epochs, so a delayed
 // batch from a previous process of this gateway cannot resurrect anything.
 package identity

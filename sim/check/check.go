@@ -1,6 +1,6 @@
 // Package check compares what a simulated fleet did (the truth) with the
 // presence events fleetgate wrote (the log), and counts the differences
-// that DESIGN §5 forbids. It is pure: no I/O, no clock; everything it
+// that the invariants of docs/design.md §7 forbid. It is pure: no I/O, no clock; everything it
 // judges comes in as arguments.
 package check
 
@@ -37,7 +37,7 @@ type Device struct {
 	Active   bool
 }
 
-// Event is one presence event as read from the log (DESIGN §3).
+// Event is one presence event as read from the log (docs/design.md §3.4).
 type Event struct {
 	Device   string
 	State    string // "online" or "offline"

@@ -1,5 +1,5 @@
 // Package embedded implements gateway.Store in the gateway's own bbolt
-// file (store.backend: embedded): the model of the Redis store (DESIGN §3)
+// file (store.backend: embedded): the model of the Redis store (docs/design.md §3; this store: §4.2)
 // with the same semantics, one bolt transaction per call. The on-disk
 // format is documented in codec.go.
 package embedded

@@ -12,7 +12,7 @@ import (
 )
 
 // BenchmarkApplyAtSessionCap measures the worst case that
-// limits.max_sessions_per_device leaves (issue 10): one apply script
+// limits.max_sessions_per_device leaves: one apply script
 // call renewing one session of a device that holds the cap's number of
 // sessions, against the same call for a device with one session (the
 // ceiling, measured in the same run). It reports both script times from

@@ -1,5 +1,5 @@
 // Package redisstore is the Redis implementation of gateway.Store
-// (DESIGN §3). Each shard s keeps its keys under the hash tag {P:s}, so one
+// (docs/design.md §3). Each shard s keeps its keys under the hash tag {P:s}, so one
 // Lua script call touches one Redis Cluster slot; the store works unchanged
 // against a single Redis and a Redis Cluster through redis.UniversalClient.
 //

@@ -101,11 +101,11 @@ func testSessionMoves(t *testing.T, open Opener) {
 	e.checkDevice(d, onlineInfo(d, 1, t0, sess("coap/default", e.now().Add(lease))))
 }
 
-// testOlderEvidenceTakesNothing: one rule in both stores (issue 9 item
-// 9). Evidence at least as new as its session's takes the session (its
-// gateway and epoch); older evidence changes nothing of it; the device's
-// last writer is the write of its newest evidence; and an expiry names
-// the session that ran out last, with its gateway.
+// testOlderEvidenceTakesNothing: one rule in both stores. Evidence at
+// least as new as its session's takes the session (its gateway and
+// epoch); older evidence changes nothing of it; the device's last writer
+// is the write of its newest evidence; and an expiry names the session
+// that ran out last, with its gateway.
 func testOlderEvidenceTakesNothing(t *testing.T, open Opener) {
 	e, d, _, t0 := newConnected(t, open, 1)
 	e.clock.Advance(time.Second)
@@ -129,7 +129,7 @@ func testOlderEvidenceTakesNothing(t *testing.T, open Opener) {
 }
 
 // testStoreSessionCap: a device holds at most gateway.MaxStoreSessions
-// sessions in the store, however many gateways write them (issue 10: no
+// sessions in the store, however many gateways write them (no
 // device can make a script call slow for the others); a new session
 // beyond is ignored, the device's known sessions still renew, and a leave
 // frees a place.
@@ -270,7 +270,7 @@ func testLeaveNewerEvidence(t *testing.T, open Opener) {
 
 // testLeaveTombstone: a connect or renew observed before a session's
 // leave never brings that session back, through another gateway or from
-// an outbox (issue 9 item 3); evidence observed after it does.
+// an outbox; evidence observed after it does.
 func testLeaveTombstone(t *testing.T, open Opener) {
 	for _, tc := range []struct {
 		name string

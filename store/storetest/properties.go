@@ -39,7 +39,7 @@ var (
 		5 * time.Second, 10 * time.Second, 11 * time.Second}
 )
 
-// RunProperties checks the invariants 1–5 of DESIGN §5 with rapid: random
+// RunProperties checks the invariants 1–5 of docs/design.md §7 with rapid: random
 // interleavings of connects, renewals and leaves from three gateways,
 // duplicated and replayed batches, clock moves, reaps, gateway restarts
 // and writes from fenced epochs, each run on a fresh store. After every

@@ -1,7 +1,7 @@
 // Package storetest is the conformance suite that every gateway.Store
 // implementation must pass: Run checks the Store contract (the doc comment
 // of gateway.Store) case by case, and RunProperties checks the invariants
-// of DESIGN §5 over random interleavings of writes, clock moves, reaps and
+// of docs/design.md §7 over random interleavings of writes, clock moves, reaps and
 // fenced writes against a small reference model.
 //
 // A backend wires it from its own test package:

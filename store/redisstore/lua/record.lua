@@ -101,7 +101,7 @@ local function incarnation(tok, devtok, repl, now, givenclock)
   return tok .. '/' .. replid
 end
 
--- Versions never repeat (DESIGN §5): a new record's first ver is the store
+-- Versions never repeat (invariant 10, docs/design.md §7): a new record's first ver is the store
 -- time in ms (a record lost with the shard's data, or with its hash,
 -- restarts above every ver it handed out), and a record last changed
 -- before the current incarnation began (a failover to a lagging replica
