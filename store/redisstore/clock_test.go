@@ -76,7 +76,7 @@ func TestLateReplyDoesNotMakeCallsStale(t *testing.T) {
 			}
 		}
 
-		// Force the estimate 10 s behind (as the old code kept it): one
+		// Force the estimate 10 s behind (as a late reply could leave it): one
 		// call is refused as stale, and its reply puts the clock right.
 		s.rmu.Lock()
 		s.clock.offset -= 10 * time.Second
