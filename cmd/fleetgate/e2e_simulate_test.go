@@ -82,9 +82,9 @@ func scenarioOf(t *testing.T, rep sim.Report, name string) sim.ChurnResult {
 }
 
 // Two gateways on one Redis, a few hundred CoAP (CON and NON) and MQTT
-// (5 and 3.1.1) devices with churn (freeze, leave, roam, dual, storm): the report
-// finds no false offline, no missed offline, no broken log, and every
-// detection inside the bound.
+// (5 and 3.1.1) devices with churn (freeze, leave, roam, dual, storm):
+// the report finds no false offline, no missed offline, no broken log,
+// and every detection inside the bound.
 func TestE2ESimulateTwoGatewaysWithChurn(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t)
