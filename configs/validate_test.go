@@ -98,6 +98,8 @@ func TestValidate(t *testing.T) {
 			`listen.coap.dtls: "[::]:5683" and listen.coap.udp (":5683") bind the same udp port`},
 		{"gateway id empty", func(c *configs.Config) { c.Gateway.ID = "" },
 			`gateway.id: "": gateway id: invalid device id: empty`},
+		{"gateway id of a lost marker", func(c *configs.Config) { c.Gateway.ID = "L12" },
+			`gateway.id: "L12": gateway id "L12": invalid device id: "L" followed by digits names a lost gateway's marker in the store`},
 		{"several problems, all reported", func(c *configs.Config) {
 			c.Presence.Shards = 0
 			c.Store.Backend = "Redis"

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"strings"
 )
 
 // MaxDeviceIDLen is the longest device ID accepted (docs/design.md §1).
@@ -90,10 +91,16 @@ func InstanceSessionID(protocol, instance string) (SessionID, error) {
 }
 
 // ValidGatewayID reports whether id can name a gateway: the device ID
-// alphabet, so that it can be embedded in session IDs and Redis records.
+// alphabet, so that it can be embedded in session IDs and Redis records,
+// except "L" followed by digits only: the field of a lost gateway's
+// marker in the Redis store's epochs hash (docs/design.md §3.3), which a
+// gateway of that name would share with its epoch.
 func ValidGatewayID(id string) error {
 	if _, err := ParseDeviceID(id); err != nil {
 		return fmt.Errorf("gateway id: %w", err)
+	}
+	if digits, ok := strings.CutPrefix(id, "L"); ok && digits != "" && strings.Trim(digits, "0123456789") == "" {
+		return fmt.Errorf("gateway id %q: %w: \"L\" followed by digits names a lost gateway's marker in the store", id, ErrInvalidDeviceID)
 	}
 	return nil
 }

@@ -73,7 +73,12 @@ func TestValidGatewayID(t *testing.T) {
 	if err := gateway.ValidGatewayID("site-a-1"); err != nil {
 		t.Fatal(err)
 	}
-	for _, id := range []string{"", "site a", "site/a"} {
+	for _, id := range []string{"L", "L1a", "l1", "L-1", "Lobby"} {
+		if err := gateway.ValidGatewayID(id); err != nil {
+			t.Errorf("ValidGatewayID(%q) = %v, want nil", id, err)
+		}
+	}
+	for _, id := range []string{"", "site a", "site/a", "L1", "L0", "L007"} {
 		if err := gateway.ValidGatewayID(id); !errors.Is(err, gateway.ErrInvalidDeviceID) {
 			t.Errorf("ValidGatewayID(%q) = %v, want ErrInvalidDeviceID", id, err)
 		}
