@@ -156,7 +156,7 @@ func TestDeviceStates(t *testing.T) {
 	if err != nil || !strings.Contains(string(raw), `"state": "offline"`) {
 		t.Fatalf("dev-b after its lease: %s %v, want offline", raw, err)
 	}
-	for _, bad := range []string{"/v1/devices/bad%20id", "/v1/devices?state=gone", "/v1/devices?limit=0", "/v1/events?since=-1s", "/v1/events?cursor=1-0"} {
+	for _, bad := range []string{"/v1/devices/bad%20id", "/v1/devices?state=gone", "/v1/devices?limit=0", "/v1/events?since=-1s", "/v1/events?cursor=1-0", "/v1/events?cursor=1-0,x-1,0", "/v1/events?cursor=1-0,1-,0"} {
 		if code, body := f.get(bad); code != http.StatusBadRequest || !strings.Contains(body, `"error"`) {
 			t.Fatalf("%s: %d %s, want 400 with an error", bad, code, body)
 		}

@@ -37,6 +37,12 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 			writeError(w, http.StatusBadRequest, fmt.Errorf("cursor has %d positions, the store has %d shards", len(pos), shards))
 			return
 		}
+		for i, p := range pos {
+			if !validEventID(p) {
+				writeError(w, http.StatusBadRequest, fmt.Errorf("cursor position %d %q: want <ms>-<seq>", i, p))
+				return
+			}
+		}
 	} else {
 		var since time.Duration
 		if v := q.Get("since"); v != "" {
@@ -83,4 +89,18 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 	}
 	sort.SliceStable(all, func(i, j int) bool { return all[i].At.Before(all[j].At) })
 	writeJSON(w, http.StatusOK, EventPage{Events: append([]gateway.Event{}, all...), Cursor: strings.Join(pos, ",")})
+}
+
+// validEventID reports whether id is a position of /v1/events: "" or
+// "0" (the start of the log) or an event ID "<ms>-<seq>".
+func validEventID(id string) bool {
+	if id == "" || id == "0" {
+		return true
+	}
+	ms, seq, ok := strings.Cut(id, "-")
+	return ok && digits(ms) && digits(seq)
+}
+
+func digits(s string) bool {
+	return s != "" && len(s) <= 20 && strings.Trim(s, "0123456789") == ""
 }
