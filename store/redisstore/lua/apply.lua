@@ -1,5 +1,5 @@
 -- Apply one batch of writes of one shard, atomically (Store.Apply).
--- KEYS: exp, dev, events, epochs, inv (record.lua).
+-- KEYS: exp, dev, events, epochs, inv, held, gateways (record.lua).
 -- ARGV, built by Store.applyArgs in this order (the A_ positions):
 --   gw, epoch, lease ms, replay (1 replay, 2 restore, 0 neither: see
 --   gateway.Batch), now ms or "", events maxlen,

@@ -1,5 +1,5 @@
 -- Reap at most limit due entries of one shard, atomically (Store.Reap).
--- KEYS: exp, dev, events, epochs, inv (record.lua).
+-- KEYS: exp, dev, events, epochs, inv, held, gateways (record.lua).
 -- ARGV, built by Store.Reap in this order (the R_ positions):
 --   limit, now ms or "", events maxlen, the gateway grace ms (0: no
 -- holds), the longest silence of a live gateway ms, and the store time

@@ -1,5 +1,6 @@
 -- Read devices of one shard for Store.Device and Store.List.
--- KEYS: exp, dev, events, epochs, inv (record.lua; inv is not used here).
+-- KEYS: exp, dev, events, epochs, inv, held, gateways (record.lua; only exp,
+-- dev and epochs are used here).
 -- ARGV: "get", device
 --    or "scan", HSCAN cursor, items of that cursor's step already returned,
 --       limit, state filter ("online", "offline" or ""), HSCAN COUNT (the
