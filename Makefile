@@ -33,54 +33,40 @@ run: build
 	mkdir -p .run
 	FLEETGATE_GATEWAY_STATE_DIR=$(CURDIR)/.run ./$(BIN) run -c configs/dev.yaml
 
-# Installs what the tests need and is missing, as root through apt-get:
-# redis-server and redis-cli, mosquitto-clients, libcoap3-bin's
-# coap-client, mosquitto and mosquitto_passwd, protoc; for systemd/ and
-# test-packages also systemd, prometheus (promtool), lintian, rpm,
-# dpkg-dev and debootstrap. The test, fuzz, bench and package targets run
-# it first.
+# What the tests need, as command:Debian package (a,b:package: either
+# command will do): redis-server and redis-cli; the real device clients of
+# the end-to-end tests (mosquitto_pub, coap-client, which Debian's
+# libcoap3-bin names coap-client-notls); mosquitto and mosquitto_passwd
+# (the broker of the events publisher's tests); protoc (the plugins/proto
+# staleness test); for systemd/ and test-packages systemd-analyze and
+# systemd-sysusers, promtool, lintian, rpm, dpkg-deb, debootstrap, chroot.
+DEPS := redis-server:redis-server redis-cli:redis-server \
+	mosquitto_pub:mosquitto-clients mosquitto_sub:mosquitto-clients \
+	coap-client,coap-client-notls:libcoap3-bin \
+	mosquitto:mosquitto mosquitto_passwd:mosquitto protoc:protobuf-compiler \
+	systemd-analyze:systemd systemd-sysusers:systemd promtool:prometheus \
+	lintian:lintian rpm:rpm dpkg-deb:dpkg-dev debootstrap:debootstrap chroot:coreutils
+
+# Installs the packages of the DEPS that are missing, as root, with one
+# apt-get call; as another user it names them and fails. mosquitto lives
+# in /usr/sbin, which a user's PATH may lack (internal/mosquittotest looks
+# there). The test, fuzz, bench and package targets run it first.
 deps:
-	@command -v redis-server >/dev/null 2>&1 && command -v redis-cli >/dev/null 2>&1 || { \
-	  echo "installing redis-server (tests start their own servers on loopback)"; \
-	  if [ "$$(id -u)" != 0 ]; then echo "redis-server missing: run 'sudo apt-get install -y redis-server'" >&2; exit 1; fi; \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null; }
-	@# the Debian package starts a system redis on :6379; tests never use it
-	@command -v redis-server >/dev/null
-	@# real device clients for the end-to-end tests (cmd/fleetgate)
-	@command -v mosquitto_pub >/dev/null 2>&1 && command -v mosquitto_sub >/dev/null 2>&1 || { \
-	  echo "installing mosquitto-clients (end-to-end tests use mosquitto_pub/mosquitto_sub)"; \
-	  if [ "$$(id -u)" != 0 ]; then echo "mosquitto_pub missing: run 'sudo apt-get install -y mosquitto-clients'" >&2; exit 1; fi; \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mosquitto-clients >/dev/null; }
-	@# Debian's libcoap3-bin names it coap-client-notls (-openssl, -gnutls)
-	@command -v coap-client >/dev/null 2>&1 || command -v coap-client-notls >/dev/null 2>&1 || { \
-	  echo "installing libcoap3-bin (end-to-end tests use coap-client)"; \
-	  if [ "$$(id -u)" != 0 ]; then echo "coap-client missing: run 'sudo apt-get install -y libcoap3-bin'" >&2; exit 1; fi; \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libcoap3-bin >/dev/null; }
-	@# mosquitto (the broker of the events publisher's tests) lives in /usr/sbin
-	@PATH="$$PATH:/usr/sbin" command -v mosquitto >/dev/null 2>&1 && command -v mosquitto_passwd >/dev/null 2>&1 || { \
-	  echo "installing mosquitto (tests start their own brokers on loopback)"; \
-	  if [ "$$(id -u)" != 0 ]; then echo "mosquitto missing: run 'sudo apt-get install -y mosquitto'" >&2; exit 1; fi; \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mosquitto >/dev/null; }
-	@command -v protoc >/dev/null 2>&1 || { \
-	  echo "installing protobuf-compiler (the plugins/proto staleness test runs protoc)"; \
-	  if [ "$$(id -u)" != 0 ]; then echo "protoc missing: run 'sudo apt-get install -y protobuf-compiler'" >&2; exit 1; fi; \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq protobuf-compiler >/dev/null; }
-	@# systemd/ tests: systemd-analyze and systemd-sysusers (systemd), promtool
-	@# (prometheus), and for test-packages lintian, rpm, dpkg-deb, debootstrap.
-	@missing=""; \
-	for t in systemd-analyze:systemd systemd-sysusers:systemd promtool:prometheus lintian:lintian \
-	         rpm:rpm dpkg-deb:dpkg-dev debootstrap:debootstrap chroot:coreutils; do \
-	  command -v $${t%%:*} >/dev/null 2>&1 || missing="$$missing $${t#*:}"; done; \
-	if [ -n "$$missing" ]; then \
-	  echo "installing$$missing"; \
-	  if [ "$$(id -u)" != 0 ]; then echo "missing:$$missing: run 'sudo apt-get install -y --no-install-recommends$$missing'" >&2; exit 1; fi; \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-	    -o DPkg::Lock::Timeout=600 $$missing >/dev/null; \
-	  : "only promtool is wanted: stop the server the package may have started (:9090)"; \
-	  case "$$missing" in *prometheus*) \
-	    if [ -d /run/systemd/system ]; then systemctl disable --now prometheus.service >/dev/null 2>&1 || true; \
-	    else service prometheus stop >/dev/null 2>&1 || true; fi;; esac; \
-	fi
+	@missing() { m=""; for t in $(DEPS); do found=""; \
+	    for c in $$(echo "$${t%%:*}" | tr , ' '); do \
+	      { command -v $$c || { [ $$c = mosquitto ] && [ -x /usr/sbin/mosquitto ]; }; } >/dev/null 2>&1 && found=1; done; \
+	    [ -n "$$found" ] || case " $$m " in *" $${t#*:} "*) ;; *) m="$$m $${t#*:}";; esac; done; echo "$$m"; }; \
+	m=$$(missing); [ -z "$$m" ] && exit 0; \
+	echo "installing$$m"; \
+	if [ "$$(id -u)" != 0 ]; then echo "missing:$$m: run 'sudo apt-get install -y --no-install-recommends$$m'" >&2; exit 1; fi; \
+	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+	  -o DPkg::Lock::Timeout=600 $$m >/dev/null || exit 1; \
+	: "only promtool is wanted: stop the server the package may have started (:9090)"; \
+	case "$$m" in *prometheus*) \
+	  if [ -d /run/systemd/system ]; then systemctl disable --now prometheus.service >/dev/null 2>&1 || true; \
+	  else service prometheus stop >/dev/null 2>&1 || true; fi;; esac; \
+	: "redis-server's package starts a system redis on :6379: the tests never use it"; \
+	m=$$(missing); [ -z "$$m" ] || { echo "still missing after apt-get:$$m" >&2; exit 1; }
 
 vet:
 	test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt needed" >&2; exit 1; }

@@ -1,12 +1,10 @@
 package auth
 
 import (
-	"bytes"
 	"encoding/base64"
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
 	"regexp"
 	"slices"
 	"strconv"
@@ -17,9 +15,6 @@ import (
 	"go.yaml.in/yaml/v3"
 )
 
-// maxErrors bounds how many problems one file reports.
-const maxErrors = 20
-
 // entry is one device of the file, validated.
 type entry struct {
 	id   gateway.DeviceID
@@ -29,31 +24,19 @@ type entry struct {
 }
 
 // decodeFile decodes the devices file, reporting every problem it finds
-// (up to maxErrors) with its position.
+// (up to yamlpos.MaxErrors) with its position.
 func decodeFile(name string, data []byte) ([]entry, error) {
-	dec := yaml.NewDecoder(bytes.NewReader(data))
-	var doc yaml.Node
-	if err := dec.Decode(&doc); err != nil {
-		if errors.Is(err, io.EOF) {
-			return nil, fmt.Errorf("%s: the file is empty; want a devices list (write \"devices: []\" for none)", name)
-		}
-		return nil, yamlpos.SyntaxError(name, err)
+	root, err := yamlpos.Document(name, data, "the devices file")
+	if err != nil {
+		return nil, err
 	}
-	var extra yaml.Node
-	switch err := dec.Decode(&extra); {
-	case err == nil:
-		return nil, fmt.Errorf("%s:%d:%d: a second YAML document; the devices file is one document", name, extra.Line, extra.Column)
-	case !errors.Is(err, io.EOF):
-		return nil, yamlpos.SyntaxError(name, err)
+	if root == nil {
+		return nil, fmt.Errorf("%s: the file is empty; want a devices list (write \"devices: []\" for none)", name)
 	}
-	root := &doc
-	if root.Kind == yaml.DocumentNode && len(root.Content) == 1 {
-		root = root.Content[0]
-	}
-	d := &decoder{name: name, seen: make(map[gateway.DeviceID]int)}
+	d := &decoder{errs: yamlpos.NewErrors(name), seen: make(map[gateway.DeviceID]int)}
 	entries := d.top(root)
-	if len(d.errs) > 0 {
-		return nil, errors.Join(d.errs...)
+	if err := d.errs.Err(); err != nil {
+		return nil, err
 	}
 	return entries, nil
 }
@@ -61,25 +44,14 @@ func decodeFile(name string, data []byte) ([]entry, error) {
 // decoder walks the yaml.Node tree so that every error carries the
 // node's position and the key's path.
 type decoder struct {
-	name string
-	errs []error
+	errs *yamlpos.Errors
 	seen map[gateway.DeviceID]int // device → line of its id
-}
-
-func (d *decoder) errorf(n *yaml.Node, format string, args ...any) {
-	if len(d.errs) == maxErrors {
-		d.errs = append(d.errs, fmt.Errorf("%s: too many errors", d.name))
-	}
-	if len(d.errs) > maxErrors {
-		return
-	}
-	d.errs = append(d.errs, fmt.Errorf("%s:%d:%d: %s", d.name, n.Line, n.Column, fmt.Sprintf(format, args...)))
 }
 
 // top decodes the top-level mapping, which holds only the devices list.
 func (d *decoder) top(n *yaml.Node) []entry {
 	if n.Kind != yaml.MappingNode {
-		d.errorf(n, "top level: want a mapping with a devices list, got %s", describe(n))
+		d.errs.Add(n, "top level: want a mapping with a devices list, got %s", describe(n))
 		return nil
 	}
 	var entries []entry
@@ -88,8 +60,8 @@ func (d *decoder) top(n *yaml.Node) []entry {
 		found = true
 		entries = d.list(v)
 	})
-	if !found && len(d.errs) == 0 {
-		d.errorf(n, "top level: no devices list (write \"devices: []\" for none)")
+	if !found && d.errs.Len() == 0 {
+		d.errs.Add(n, "top level: no devices list (write \"devices: []\" for none)")
 	}
 	return entries
 }
@@ -103,7 +75,7 @@ func (d *decoder) list(n *yaml.Node) []entry {
 		return nil // every entry commented out: no devices
 	}
 	if n.Kind != yaml.SequenceNode {
-		d.errorf(n, "devices: want a list of devices, got %s", describe(n))
+		d.errs.Add(n, "devices: want a list of devices, got %s", describe(n))
 		return nil
 	}
 	entries := make([]entry, 0, len(n.Content))
@@ -124,15 +96,15 @@ func (d *decoder) fields(n *yaml.Node, where string, known []string, set func(ke
 		k, v := n.Content[i], n.Content[i+1]
 		switch {
 		case k.Kind != yaml.ScalarNode:
-			d.errorf(k, "keys %s must be plain names, got %s", where, describe(k))
+			d.errs.Add(k, "keys %s must be plain names, got %s", where, describe(k))
 		case k.ShortTag() == "!!merge":
-			d.errorf(k, "merge keys (<<) are not supported %s", where)
+			d.errs.Add(k, "merge keys (<<) are not supported %s", where)
 		case seen[k.Value] != 0:
-			d.errorf(k, "key %q %s is already set at line %d", k.Value, where, seen[k.Value])
+			d.errs.Add(k, "key %q %s is already set at line %d", k.Value, where, seen[k.Value])
 		default:
 			seen[k.Value] = k.Line
 			if !slices.Contains(known, k.Value) {
-				d.errorf(k, "unknown key %q %s (want %s)", k.Value, where, strings.Join(known, ", "))
+				d.errs.Add(k, "unknown key %q %s (want %s)", k.Value, where, strings.Join(known, ", "))
 				continue
 			}
 			set(k.Value, v)
@@ -146,10 +118,10 @@ func (d *decoder) device(n *yaml.Node, path string) (entry, bool) {
 		n = n.Alias
 	}
 	if n.Kind != yaml.MappingNode {
-		d.errorf(n, "%s: want a mapping with id, psk and password_bcrypt, got %s", path, describe(n))
+		d.errs.Add(n, "%s: want a mapping with id, psk and password_bcrypt, got %s", path, describe(n))
 		return entry{}, false
 	}
-	before := len(d.errs)
+	before := d.errs.Len()
 	var e entry
 	d.fields(n, "in "+path, []string{"id", "psk", "password_bcrypt"}, func(key string, v *yaml.Node) {
 		if v.Kind == yaml.AliasNode {
@@ -157,18 +129,18 @@ func (d *decoder) device(n *yaml.Node, path string) (entry, bool) {
 		}
 		at := path + "." + key
 		if v.Kind != yaml.ScalarNode || isNull(v) {
-			d.errorf(v, "%s: want a string, got %s", at, describe(v))
+			d.errs.Add(v, "%s: want a string, got %s", at, describe(v))
 			return
 		}
 		switch key {
 		case "id":
 			id, err := gateway.ParseDeviceID(v.Value)
 			if err != nil {
-				d.errorf(v, "%s: %v", at, err)
+				d.errs.Add(v, "%s: %v", at, err)
 				return
 			}
 			if line, dup := d.seen[id]; dup {
-				d.errorf(v, "%s: device %q is already listed at line %d", at, id, line)
+				d.errs.Add(v, "%s: device %q is already listed at line %d", at, id, line)
 				return
 			}
 			d.seen[id] = v.Line
@@ -176,28 +148,28 @@ func (d *decoder) device(n *yaml.Node, path string) (entry, bool) {
 		case "psk":
 			psk, err := parsePSK(v.Value)
 			if err != nil {
-				d.errorf(v, "%s: %v", at, err)
+				d.errs.Add(v, "%s: %v", at, err)
 				return
 			}
 			e.psk = psk
 		case "password_bcrypt":
 			cost, err := parseHash(v.Value)
 			if err != nil {
-				d.errorf(v, "%s: %v", at, err)
+				d.errs.Add(v, "%s: %v", at, err)
 				return
 			}
 			e.hash, e.cost = []byte(v.Value), cost
 		}
 	})
-	if len(d.errs) > before {
+	if d.errs.Len() > before {
 		return entry{}, false
 	}
 	switch {
 	case e.id == "":
-		d.errorf(n, "%s: no id", path)
+		d.errs.Add(n, "%s: no id", path)
 		return entry{}, false
 	case e.psk == nil && e.hash == nil:
-		d.errorf(n, "%s: device %q has neither psk nor password_bcrypt", path, e.id)
+		d.errs.Add(n, "%s: device %q has neither psk nor password_bcrypt", path, e.id)
 		return entry{}, false
 	}
 	return e, true

@@ -1,10 +1,7 @@
 package configs
 
 import (
-	"bytes"
-	"errors"
 	"fmt"
-	"io"
 	"os"
 	"reflect"
 	"strings"
@@ -13,9 +10,6 @@ import (
 
 	"github.com/fleetgate/fleetgate/internal/yamlpos"
 )
-
-// maxErrors bounds how many decoding problems one file reports.
-const maxErrors = 20
 
 // Load reads the file at path and returns Parse(path, data, env) after
 // Validate. env is os.Environ() in production. A decoding error returns a
@@ -56,45 +50,19 @@ func Parse(name string, data []byte, env []string) (Config, error) {
 }
 
 func decodeFile(name string, data []byte, c *Config) error {
-	dec := yaml.NewDecoder(bytes.NewReader(data))
-	var doc yaml.Node
-	if err := dec.Decode(&doc); err != nil {
-		if errors.Is(err, io.EOF) {
-			return nil
-		}
-		return yamlpos.SyntaxError(name, err)
+	root, err := yamlpos.Document(name, data, "the configuration")
+	if err != nil || root == nil {
+		return err
 	}
-	var extra yaml.Node
-	switch err := dec.Decode(&extra); {
-	case err == nil:
-		return fmt.Errorf("%s:%d:%d: a second YAML document; the configuration is one document", name, extra.Line, extra.Column)
-	case !errors.Is(err, io.EOF):
-		return yamlpos.SyntaxError(name, err)
-	}
-	d := &decoder{name: name}
-	root := &doc
-	if root.Kind == yaml.DocumentNode && len(root.Content) == 1 {
-		root = root.Content[0]
-	}
+	d := &decoder{errs: yamlpos.NewErrors(name)}
 	d.value(root, "", reflect.ValueOf(c).Elem())
-	return errors.Join(d.errs...)
+	return d.errs.Err()
 }
 
 // decoder walks a yaml.Node tree alongside a Config, so that every error
 // carries the node's position and the key's path.
 type decoder struct {
-	name string
-	errs []error
-}
-
-func (d *decoder) errorf(n *yaml.Node, format string, args ...any) {
-	if len(d.errs) == maxErrors {
-		d.errs = append(d.errs, fmt.Errorf("%s: too many errors", d.name))
-	}
-	if len(d.errs) > maxErrors {
-		return
-	}
-	d.errs = append(d.errs, fmt.Errorf("%s:%d:%d: %s", d.name, n.Line, n.Column, fmt.Sprintf(format, args...)))
+	errs *yamlpos.Errors
 }
 
 var (
@@ -126,7 +94,7 @@ func (d *decoder) value(n *yaml.Node, path string, v reflect.Value) {
 		case reflect.Slice:
 			v.Set(reflect.ValueOf([]string{}))
 		default:
-			d.errorf(n, "%s: no value", path)
+			d.errs.Add(n, "%s: no value", path)
 		}
 		return
 	}
@@ -134,7 +102,7 @@ func (d *decoder) value(n *yaml.Node, path string, v reflect.Value) {
 	case v.Type() == durationType:
 		var dur Duration
 		if err := dur.UnmarshalYAML(n); err != nil {
-			d.errorf(n, "%s: %v", path, err)
+			d.errs.Add(n, "%s: %v", path, err)
 			return
 		}
 		v.Set(reflect.ValueOf(dur))
@@ -142,21 +110,21 @@ func (d *decoder) value(n *yaml.Node, path string, v reflect.Value) {
 		d.stringList(n, path, v)
 	case v.Kind() == reflect.String:
 		if n.Kind != yaml.ScalarNode {
-			d.errorf(n, "%s: want a string, got %s", path, describe(n))
+			d.errs.Add(n, "%s: want a string, got %s", path, describe(n))
 			return
 		}
 		v.SetString(n.Value)
 	case v.Kind() == reflect.Int:
 		var i int
 		if n.Kind != yaml.ScalarNode || n.ShortTag() != "!!int" || n.Decode(&i) != nil {
-			d.errorf(n, "%s: want an integer, got %s", path, describe(n))
+			d.errs.Add(n, "%s: want an integer, got %s", path, describe(n))
 			return
 		}
 		v.SetInt(int64(i))
 	case v.Kind() == reflect.Bool:
 		var b bool
 		if n.Kind != yaml.ScalarNode || n.ShortTag() != "!!bool" || n.Decode(&b) != nil {
-			d.errorf(n, "%s: want true or false, got %s", path, describe(n))
+			d.errs.Add(n, "%s: want true or false, got %s", path, describe(n))
 			return
 		}
 		v.SetBool(b)
@@ -170,7 +138,7 @@ func (d *decoder) mapping(n *yaml.Node, path string, v reflect.Value) {
 		return // an empty section keeps its defaults
 	}
 	if n.Kind != yaml.MappingNode {
-		d.errorf(n, "%s: want a mapping of keys, got %s", where(path), describe(n))
+		d.errs.Add(n, "%s: want a mapping of keys, got %s", where(path), describe(n))
 		return
 	}
 	fields := fieldNames(v.Type())
@@ -178,21 +146,21 @@ func (d *decoder) mapping(n *yaml.Node, path string, v reflect.Value) {
 	for i := 0; i+1 < len(n.Content); i += 2 {
 		k, val := n.Content[i], n.Content[i+1]
 		if k.Kind != yaml.ScalarNode {
-			d.errorf(k, "%s: keys must be plain names, got %s", where(path), describe(k))
+			d.errs.Add(k, "%s: keys must be plain names, got %s", where(path), describe(k))
 			continue
 		}
 		if k.ShortTag() == "!!merge" {
-			d.errorf(k, "%s: merge keys (<<) are not supported", where(path))
+			d.errs.Add(k, "%s: merge keys (<<) are not supported", where(path))
 			continue
 		}
 		if line, dup := seen[k.Value]; dup {
-			d.errorf(k, "key %q %s is already set at line %d", k.Value, in(path), line)
+			d.errs.Add(k, "key %q %s is already set at line %d", k.Value, in(path), line)
 			continue
 		}
 		seen[k.Value] = k.Line
 		idx, ok := fields[k.Value]
 		if !ok {
-			d.errorf(k, "unknown key %q %s%s", k.Value, in(path), suggest(k.Value, keys(fields)))
+			d.errs.Add(k, "unknown key %q %s%s", k.Value, in(path), suggest(k.Value, keys(fields)))
 			continue
 		}
 		d.value(val, join(path, k.Value), v.Field(idx))
@@ -201,7 +169,7 @@ func (d *decoder) mapping(n *yaml.Node, path string, v reflect.Value) {
 
 func (d *decoder) stringList(n *yaml.Node, path string, v reflect.Value) {
 	if n.Kind != yaml.SequenceNode {
-		d.errorf(n, "%s: want a list of strings, got %s", path, describe(n))
+		d.errs.Add(n, "%s: want a list of strings, got %s", path, describe(n))
 		return
 	}
 	list := make([]string, 0, len(n.Content))
@@ -210,7 +178,7 @@ func (d *decoder) stringList(n *yaml.Node, path string, v reflect.Value) {
 			e = e.Alias
 		}
 		if e.Kind != yaml.ScalarNode || e.ShortTag() == "!!null" {
-			d.errorf(e, "%s[%d]: want a string, got %s", path, i, describe(e))
+			d.errs.Add(e, "%s[%d]: want a string, got %s", path, i, describe(e))
 			continue
 		}
 		list = append(list, e.Value)

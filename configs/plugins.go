@@ -112,7 +112,7 @@ func (d *decoder) adapterList(n *yaml.Node, path string, v reflect.Value) {
 		return
 	}
 	if n.Kind != yaml.SequenceNode {
-		d.errorf(n, "%s: want a list of adapters, got %s", path, describe(n))
+		d.errs.Add(n, "%s: want a list of adapters, got %s", path, describe(n))
 		return
 	}
 	list := make([]AdapterConfig, 0, len(n.Content))
@@ -128,20 +128,20 @@ func (d *decoder) adapterList(n *yaml.Node, path string, v reflect.Value) {
 			a = DefaultAdapter(e.Value)
 		case e.Kind == yaml.MappingNode:
 			a = DefaultAdapter("")
-			before := len(d.errs)
+			before := d.errs.Len()
 			d.mapping(e, key, reflect.ValueOf(&a).Elem())
-			if len(d.errs) > before {
+			if d.errs.Len() > before {
 				continue
 			}
 		default:
-			d.errorf(e, "%s: want an adapter (a mapping with name, or a bare name), got %s", key, describe(e))
+			d.errs.Add(e, "%s: want an adapter (a mapping with name, or a bare name), got %s", key, describe(e))
 			continue
 		}
 		for _, problem := range a.problems() {
-			d.errorf(e, "%s: %s", key, problem)
+			d.errs.Add(e, "%s: %s", key, problem)
 		}
 		if line, dup := seen[a.Name]; dup && a.Name != "" {
-			d.errorf(e, "%s: adapter name %q is already used at line %d", key, a.Name, line)
+			d.errs.Add(e, "%s: adapter name %q is already used at line %d", key, a.Name, line)
 		}
 		seen[a.Name] = e.Line
 		list = append(list, a)
@@ -156,17 +156,17 @@ func (d *decoder) settings(n *yaml.Node, path string, v reflect.Value) {
 		return
 	}
 	if n.Kind != yaml.MappingNode {
-		d.errorf(n, "%s: want a mapping of the adapter's settings, got %s", path, describe(n))
+		d.errs.Add(n, "%s: want a mapping of the adapter's settings, got %s", path, describe(n))
 		return
 	}
 	var val any
 	if err := n.Decode(&val); err != nil {
-		d.errorf(n, "%s: %v", path, err)
+		d.errs.Add(n, "%s: %v", path, err)
 		return
 	}
 	b, err := json.Marshal(val)
 	if err != nil {
-		d.errorf(n, "%s: cannot pass it to the adapter as JSON (keys must be strings): %v", path, err)
+		d.errs.Add(n, "%s: cannot pass it to the adapter as JSON (keys must be strings): %v", path, err)
 		return
 	}
 	if string(b) == "{}" {

@@ -284,7 +284,7 @@ func (t *Table) Observe(ctx context.Context, ev Evidence) error {
 	default:
 		e.seen, e.dl = max(e.seen, at), max(e.dl, dl)
 	}
-	kind, send := decide(e, ev.Kind, at, dl, tm.renewEvery)
+	kind, send := throttle(e, ev.Kind, dl, tm.renewEvery)
 	if !send {
 		sh.mu.Unlock()
 		return nil
@@ -323,10 +323,13 @@ func (t *Table) Observe(ctx context.Context, ev Evidence) error {
 	return err
 }
 
-// decide applies the throttle to evidence of kind k (Connect or Renew)
-// observed at offset at, holding its session until dl, for e, and says
-// what to send, if anything.
-func decide(e *entry, k Kind, at, dl int64, renewEvery time.Duration) (Kind, bool) {
+// throttle says whether evidence of kind k (Connect or Renew) for e's
+// session, holding the session until offset dl, goes to the Uplink, and
+// as what: a Connect when the session has no write the
+// table is sure was sent, or when k is Connect; a Renew when it moves the
+// central deadline forward by at least renewEvery; otherwise nothing.
+// Leaves never come here: they are always sent.
+func throttle(e *entry, k Kind, dl int64, renewEvery time.Duration) (Kind, bool) {
 	switch {
 	case !e.sentOK || k == Connect:
 		return Connect, true

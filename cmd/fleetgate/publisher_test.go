@@ -3,14 +3,10 @@ package main
 import (
 	"context"
 	"fmt"
-	"net"
 	"net/url"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -18,44 +14,10 @@ import (
 	"github.com/eclipse/paho.golang/paho"
 
 	"github.com/fleetgate/fleetgate/gateway"
+	"github.com/fleetgate/fleetgate/internal/mosquittotest"
 	"github.com/fleetgate/fleetgate/internal/redistest"
 	"github.com/fleetgate/fleetgate/store/redisstore"
 )
-
-// startMosquitto runs an anonymous mosquitto on a free loopback port
-// until the test ends and returns its address.
-func startMosquitto(t *testing.T) string {
-	t.Helper()
-	bin, err := exec.LookPath("mosquitto")
-	if err != nil {
-		bin = "/usr/sbin/mosquitto"
-	}
-	dir := t.TempDir()
-	addr := fmt.Sprintf("127.0.0.1:%d", redistest.FreePort(t))
-	_, port, _ := net.SplitHostPort(addr)
-	user := "mosquitto"
-	if os.Geteuid() == 0 {
-		user = "root" // as root it would drop to a user that cannot read dir
-	}
-	conf := fmt.Sprintf("listener %s 127.0.0.1\nallow_anonymous true\nuser %s\nlog_dest file %s\n", port, user, filepath.Join(dir, "log"))
-	if err := os.WriteFile(filepath.Join(dir, "m.conf"), []byte(conf), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(bin, "-c", filepath.Join(dir, "m.conf"))
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("mosquitto (make test installs it): %v", err)
-	}
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	waitFor(t, 10*time.Second, "mosquitto listening", func() bool {
-		c, err := net.DialTimeout("tcp", addr, 100*time.Millisecond)
-		if err == nil {
-			c.Close()
-		}
-		return err == nil
-	})
-	return addr
-}
 
 // presenceSubscriber subscribes to <prefix>/presence/+ on broker and
 // returns the last payload of a topic as it arrives.
@@ -106,7 +68,7 @@ func TestGatewayPublishesToBroker(t *testing.T) {
 			if backend == "redis" {
 				redisAddr = redistest.Start(t).Addr
 			}
-			broker := startMosquitto(t)
+			broker := mosquittotest.Start(t, mosquittotest.Options{}).Addr
 			gw := newGateway(t, "gw-p", redisAddr, fastTiming)
 			appendConfig(t, gw.config, fmt.Sprintf("events:\n  mqtt: { url: \"mqtt://%s\", topic_prefix: site-p }\n", broker))
 			gw.start()
@@ -128,7 +90,7 @@ func TestGatewayPublishesToBroker(t *testing.T) {
 func TestRunnerPublishesToBroker(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t)
-	broker := startMosquitto(t)
+	broker := mosquittotest.Start(t, mosquittotest.Options{}).Addr
 	cfg := newGateway(t, "gw-rp", srv.Addr, fastTiming).config
 	appendConfig(t, cfg, fmt.Sprintf("events:\n  mqtt: { url: \"mqtt://%s\", topic_prefix: site-r }\n", broker))
 	store, err := redisstore.Open(context.Background(), srv.Client(t), redisstore.Options{Prefix: "fleetgate", Shards: 4})

@@ -15,11 +15,9 @@ import (
 	"net"
 	"net/url"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -27,17 +25,15 @@ import (
 	"github.com/eclipse/paho.golang/paho"
 
 	"github.com/fleetgate/fleetgate/gateway"
-	"github.com/fleetgate/fleetgate/internal/redistest"
+	"github.com/fleetgate/fleetgate/internal/mosquittotest"
 )
 
-// broker is a mosquitto process on a free loopback port, with a config
-// written by the test: plain and anonymous, or TLS with a password file.
+// broker is a mosquitto broker for the publisher: plain and anonymous,
+// or TLS with a password file.
 type broker struct {
-	t    testing.TB
-	dir  string
-	port int
-	tls  bool
-	cmd  *exec.Cmd
+	*mosquittotest.Broker
+	t   testing.TB
+	tls bool
 	// user and password of the password file (TLS brokers only)
 	user, pass string
 	ca         *x509.CertPool
@@ -45,120 +41,22 @@ type broker struct {
 
 func startBroker(t testing.TB, withTLS bool) *broker {
 	t.Helper()
-	bin, err := exec.LookPath("mosquitto")
-	if err != nil {
-		for _, p := range []string{"/usr/sbin/mosquitto", "/usr/local/sbin/mosquitto"} {
-			if _, serr := os.Stat(p); serr == nil {
-				bin, err = p, nil
-			}
-		}
-	}
-	if err != nil {
-		t.Fatalf("mosquitto not found (make test installs it: apt-get install -y mosquitto): %v", err)
-	}
-	b := &broker{t: t, dir: t.TempDir(), port: redistest.FreePort(t), tls: withTLS}
-	conf := []string{
-		fmt.Sprintf("listener %d 127.0.0.1", b.port),
-		"persistence true",
-		"persistence_location " + b.dir + "/",
-		"log_dest file " + filepath.Join(b.dir, "mosquitto.log"),
-		"max_queued_messages 100000",
-		// as root, mosquitto would drop to the mosquitto user, which
-		// cannot read the test's private directory
-		"user " + currentUser(),
-	}
+	b := &broker{t: t, tls: withTLS}
+	o := mosquittotest.Options{Config: []string{"max_queued_messages 100000"}}
 	if withTLS {
 		b.user, b.pass = "publisher", "s3cret-pass"
-		pw := filepath.Join(b.dir, "passwd")
-		if out, err := exec.Command("mosquitto_passwd", "-b", "-c", pw, b.user, b.pass).CombinedOutput(); err != nil {
-			t.Fatalf("mosquitto_passwd: %v\n%s", err, out)
-		}
-		cert, key := b.writeCert()
-		conf = append(conf, "certfile "+cert, "keyfile "+key, "password_file "+pw, "allow_anonymous false")
-	} else {
-		conf = append(conf, "allow_anonymous true")
+		o.User, o.Password = b.user, b.pass
+		o.CertFile, o.KeyFile = b.writeCert(t.TempDir())
 	}
-	if err := os.WriteFile(filepath.Join(b.dir, "mosquitto.conf"), []byte(strings.Join(conf, "\n")+"\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	b.start(bin)
-	t.Cleanup(b.kill)
+	b.Broker = mosquittotest.Start(t, o)
 	return b
 }
 
-func currentUser() string {
-	if u := os.Getenv("USER"); u != "" {
-		return u
-	}
-	if os.Geteuid() == 0 {
-		return "root"
-	}
-	return "mosquitto"
-}
-
-func (b *broker) start(bin string) {
-	b.t.Helper()
-	b.cmd = exec.Command(bin, "-c", filepath.Join(b.dir, "mosquitto.conf"))
-	b.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := b.cmd.Start(); err != nil {
-		b.t.Fatalf("start mosquitto: %v", err)
-	}
-	deadline := time.Now().Add(10 * time.Second)
-	for time.Now().Before(deadline) {
-		c, err := net.DialTimeout("tcp", b.addr(), 100*time.Millisecond)
-		if err == nil {
-			c.Close()
-			return
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	b.t.Fatalf("mosquitto not listening on %s after 10s:\n%s", b.addr(), b.log())
-}
-
-// stop ends the broker cleanly (it saves its retained messages).
-func (b *broker) stop() {
-	if b.cmd == nil {
-		return
-	}
-	_ = b.cmd.Process.Signal(syscall.SIGTERM)
-	_ = b.cmd.Wait()
-	b.cmd = nil
-}
-
-func (b *broker) restart() {
-	b.t.Helper()
-	b.stop()
-	b.start(b.cmdPath())
-}
-
-func (b *broker) cmdPath() string {
-	p, err := exec.LookPath("mosquitto")
-	if err != nil {
-		return "/usr/sbin/mosquitto"
-	}
-	return p
-}
-
-func (b *broker) kill() {
-	if b.cmd != nil {
-		_ = b.cmd.Process.Kill()
-		_ = b.cmd.Wait()
-		b.cmd = nil
-	}
-}
-
-func (b *broker) log() string {
-	out, _ := os.ReadFile(filepath.Join(b.dir, "mosquitto.log"))
-	return string(out)
-}
-
-func (b *broker) addr() string { return fmt.Sprintf("127.0.0.1:%d", b.port) }
-
 func (b *broker) url() string {
 	if b.tls {
-		return "mqtts://" + b.addr()
+		return "mqtts://" + b.Addr
 	}
-	return "mqtt://" + b.addr()
+	return "mqtt://" + b.Addr
 }
 
 func (b *broker) tlsConfig() *tls.Config {
@@ -168,8 +66,8 @@ func (b *broker) tlsConfig() *tls.Config {
 	return &tls.Config{RootCAs: b.ca, ServerName: "127.0.0.1", MinVersion: tls.VersionTLS12}
 }
 
-// writeCert makes a self-signed certificate for 127.0.0.1.
-func (b *broker) writeCert() (certFile, keyFile string) {
+// writeCert makes a self-signed certificate for 127.0.0.1 in dir.
+func (b *broker) writeCert(dir string) (certFile, keyFile string) {
 	b.t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
@@ -192,7 +90,7 @@ func (b *broker) writeCert() (certFile, keyFile string) {
 	if err != nil {
 		b.t.Fatal(err)
 	}
-	certFile, keyFile = filepath.Join(b.dir, "cert.pem"), filepath.Join(b.dir, "key.pem")
+	certFile, keyFile = filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
 	if err := os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
 		b.t.Fatal(err)
 	}
@@ -267,7 +165,7 @@ func subscribe(t testing.TB, b *broker, prefix, topic string) *subscriber {
 			t.Fatalf("subscribe: %v", err)
 		}
 	case <-time.After(10 * time.Second):
-		t.Fatalf("subscriber not subscribed after 10s:\n%s", b.log())
+		t.Fatalf("subscriber not subscribed after 10s:\n%s", b.Log())
 	}
 	return s
 }

@@ -356,14 +356,14 @@ func TestBrokerDownTenSeconds(t *testing.T) {
 	sub := subscribe(t, b, "fg", "#")
 	want := storeStates(t, store)
 	sub.await(t, 20*time.Second, "presence before the outage", func(m []received) bool { return equalStates(latestPresence(m), want) })
-	b.stop()
+	b.Stop()
 	apply(t, store, gateway.Leave, devs[:10]...)
 	time.Sleep(10 * time.Second) // the broker stays down 10s while events pile up
 	if p.Stats().Connected {
 		t.Errorf("publisher reports a connection while the broker is down")
 	}
 	apply(t, store, gateway.Connect, devs[:3]...)
-	b.start(b.cmdPath())
+	b.Start()
 	after := subscribe(t, b, "fg", "#")
 	want = storeStates(t, store)
 	after.await(t, 30*time.Second, "presence after the outage equal to the store", func(m []received) bool {

@@ -1,5 +1,6 @@
 // Package yamlpos positions YAML errors for the strict file readers
-// (configs and the devices file): "name:line: problem".
+// (configs and the devices file): it reads a file's one document, and
+// collects the problems found in it as "name:line:column: problem".
 package yamlpos
 
 import (

@@ -23,10 +23,8 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"crypto/subtle"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -58,7 +56,7 @@ type adapter struct {
 
 func (a *adapter) Configure(_ context.Context, raw []byte) error {
 	c := config{Listen: ":8090", SecretHeader: "X-Fleetgate-Secret", MaxBody: 64 << 10}
-	if err := decodeStrict(raw, &c); err != nil {
+	if err := sdk.DecodeConfig(raw, &c); err != nil {
 		return err
 	}
 	switch {
@@ -159,17 +157,4 @@ func (a *adapter) handler(ctx context.Context, sink sdk.Sink) http.Handler {
 	}))
 	mux.Handle("/tts", handle(func(_ *http.Request, body []byte) (Message, error) { return ParseTTS(body) }))
 	return mux
-}
-
-// decodeStrict decodes JSON refusing unknown keys and trailing data.
-func decodeStrict(raw []byte, v any) error {
-	dec := json.NewDecoder(bytes.NewReader(raw))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
-		return fmt.Errorf("config: %w", err)
-	}
-	if dec.More() {
-		return errors.New("config: trailing data after the JSON object")
-	}
-	return nil
 }

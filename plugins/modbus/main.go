@@ -16,7 +16,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -76,10 +75,8 @@ type adapter struct {
 
 func (a *adapter) Configure(_ context.Context, raw []byte) error {
 	var c config
-	dec := json.NewDecoder(bytes.NewReader(raw))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&c); err != nil {
-		return fmt.Errorf("config: %w", err)
+	if err := sdk.DecodeConfig(raw, &c); err != nil {
+		return err
 	}
 	if len(c.Devices) == 0 {
 		return errors.New("devices: list at least one device to poll")

@@ -11,10 +11,7 @@
 package main
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"net"
 	"sync/atomic"
@@ -49,26 +46,13 @@ type adapter struct {
 
 func (a *adapter) Configure(_ context.Context, raw []byte) error {
 	c := config{Listen: ":5700"}
-	if err := decodeStrict(raw, &c); err != nil {
+	if err := sdk.DecodeConfig(raw, &c); err != nil {
 		return err
 	}
 	if _, err := net.ResolveUDPAddr("udp", c.Listen); err != nil {
 		return fmt.Errorf("listen: %q: %w", c.Listen, err)
 	}
 	a.cfg = c
-	return nil
-}
-
-// decodeStrict decodes JSON refusing unknown keys and trailing data.
-func decodeStrict(raw []byte, v any) error {
-	dec := json.NewDecoder(bytes.NewReader(raw))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
-		return fmt.Errorf("config: %w", err)
-	}
-	if dec.More() {
-		return errors.New("config: trailing data after the JSON object")
-	}
 	return nil
 }
 

@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/fleetgate/fleetgate/gateway"
+	"github.com/fleetgate/fleetgate/internal/ratelimit"
 )
 
 // rate is a token bucket of perSecond tokens a second with a burst of as
@@ -11,12 +12,11 @@ import (
 // stream feeds it).
 type rate struct {
 	perSecond float64
-	tokens    float64
-	last      time.Time
+	bucket    ratelimit.Bucket
 }
 
 func newRate(perSecond int) *rate {
-	return &rate{perSecond: float64(perSecond), tokens: float64(perSecond)}
+	return &rate{perSecond: float64(perSecond), bucket: ratelimit.Full(float64(perSecond))}
 }
 
 // allow takes one token at now.
@@ -24,15 +24,8 @@ func (r *rate) allow(now time.Time) bool {
 	if r.perSecond <= 0 {
 		return true
 	}
-	if !r.last.IsZero() {
-		r.tokens = min(r.perSecond, r.tokens+now.Sub(r.last).Seconds()*r.perSecond)
-	}
-	r.last = now
-	if r.tokens < 1 {
-		return false
-	}
-	r.tokens--
-	return true
+	ok, _ := r.bucket.Take(r.perSecond, now)
+	return ok
 }
 
 // sessionKey names one session of one device.

@@ -43,7 +43,7 @@ func (s *Server) decide(ctx context.Context, method codes.Code, path string, que
 	}
 	if err == nil {
 		// Per device, whichever endpoint (or DTLS session) it comes from.
-		if ok, _ := s.devices.allow(hb.device, now); !ok {
+		if ok, _ := s.devices.Allow(hb.device, now); !ok {
 			return codes.TooManyRequests, "too many requests, retry after Max-Age", 0, hb, errDeviceRate
 		}
 		tm := s.timing.Load()

@@ -1,7 +1,6 @@
 package coap
 
 import (
-	"net/netip"
 	"testing"
 	"time"
 
@@ -103,38 +102,6 @@ func TestMessageSizeLimit(t *testing.T) {
 	eventually(t, 5*time.Second, "the drop counted", func() bool {
 		return gather(t, reg)[`fleetgate_coap_dropped_total{reason="oversized"}`] == 1
 	})
-}
-
-func TestLimiterBounded(t *testing.T) {
-	l := newLimiter[netip.Addr](2)
-	now := start
-	addr := func(i int) netip.Addr {
-		return netip.AddrFrom4([4]byte{10, byte(i >> 16), byte(i >> 8), byte(i)})
-	}
-	for i := range maxRateSources {
-		if ok, _ := l.allow(addr(i), now); !ok {
-			t.Fatalf("source %d refused its first datagram", i)
-		}
-	}
-	// Full of sources that sent just now: a new one waits a second.
-	if ok, wait := l.allow(addr(maxRateSources), now); ok || wait != time.Second {
-		t.Fatalf("new source with a full table: %v, wait %v", ok, wait)
-	}
-	// Known sources keep their own buckets meanwhile.
-	if ok, _ := l.allow(addr(7), now); !ok {
-		t.Fatal("known source refused its second datagram")
-	}
-	if ok, wait := l.allow(addr(7), now); ok || wait != time.Second/2 {
-		t.Fatalf("known source's third datagram: %v, wait %v", ok, wait)
-	}
-	// A second later every bucket is full again: evicted, room for more.
-	now = now.Add(time.Second)
-	if ok, _ := l.allow(addr(maxRateSources), now); !ok {
-		t.Fatal("new source refused after the table emptied")
-	}
-	if n := l.size(); n != 1 {
-		t.Fatalf("%d sources kept, want 1", n)
-	}
 }
 
 func TestSocketDropsCounted(t *testing.T) {

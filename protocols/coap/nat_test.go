@@ -15,6 +15,7 @@ import (
 	"github.com/plgd-dev/go-coap/v3/udp/coder"
 
 	"github.com/fleetgate/fleetgate/gateway/clocktest"
+	"github.com/fleetgate/fleetgate/internal/ratelimit"
 )
 
 // code sends a CON heartbeat of device on c and returns the answer's code.
@@ -28,7 +29,8 @@ func code(t *testing.T, c *net.UDPConn, mid uint16, device string) codes.Code {
 }
 
 // The limits count per source endpoint (address and port) and per device,
-// and a source address (all its ports) gets addressFactor times the rate.
+// and a source address (all its ports) gets ratelimit.AddressFactor times
+// the rate.
 func TestRateLimitPerEndpointDeviceAndAddress(t *testing.T) {
 	clock := clocktest.New(start)
 	s := startServer(t, &recorder{}, Options{AllowAnonymous: true, RequestsPerSecond: 2, Clock: clock})
@@ -62,10 +64,10 @@ func TestRateLimitPerEndpointDeviceAndAddress(t *testing.T) {
 			}
 		}
 	}
-	// The address: 2 × addressFactor datagrams a second over all its
-	// ports. 4 were taken above (a's refused one did not count); one
-	// endpoint per datagram spends the rest.
-	for i := range 2*addressFactor - 6 {
+	// The address: 2 × ratelimit.AddressFactor datagrams a second over
+	// all its ports. 4 were taken above (a's refused one did not count);
+	// one endpoint per datagram spends the rest.
+	for i := range 2*ratelimit.AddressFactor - 6 {
 		if got := code(t, rawConn(t, s), uint16(100+i), fmt.Sprintf("n-%d", i)); got != codes.Changed {
 			t.Fatalf("datagram %d of the address: %v", i, got)
 		}

@@ -19,6 +19,7 @@
 package coap
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"errors"
@@ -35,6 +36,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/fleetgate/fleetgate/gateway"
+	"github.com/fleetgate/fleetgate/internal/ratelimit"
 )
 
 // Defaults of the limits, also the configs package's (limits.*).
@@ -81,9 +83,9 @@ type Options struct {
 	// RequestsPerSecond bounds the datagrams of one source endpoint
 	// (address and port) and the requests of one device, each with a
 	// burst of as many (limits.coap_requests_per_second); one source
-	// address, all its ports together, may send addressFactor times as
-	// many (devices behind a NAT share it). A request beyond a limit gets
-	// 4.29 with Max-Age = the seconds to wait. 0 means
+	// address, all its ports together, may send ratelimit.AddressFactor
+	// times as many (devices behind a NAT share it). A request beyond a
+	// limit gets 4.29 with Max-Age = the seconds to wait. 0 means
 	// DefaultRequestsPerSecond.
 	RequestsPerSecond int
 	// HandshakeTimeout bounds a DTLS handshake
@@ -117,9 +119,9 @@ type Server struct {
 	maxSize   int
 	// The rate limits (ratelimit.go): per source address (all its ports),
 	// per source endpoint (address and port), per device.
-	limit     *limiter[netip.Addr]
-	endpoints *limiter[netip.AddrPort]
-	devices   *limiter[gateway.DeviceID]
+	limit     *ratelimit.Limiter[netip.Addr]
+	endpoints *ratelimit.Limiter[netip.AddrPort]
+	devices   *ratelimit.Limiter[gateway.DeviceID]
 	timing    atomic.Pointer[gateway.Timing]
 	creds     atomic.Pointer[credentials]
 	mid       atomic.Uint32 // Message IDs of NON answers
@@ -179,12 +181,12 @@ func New(obs gateway.Observer, o Options) (*Server, error) {
 		log:       o.Logger,
 		metrics:   m,
 		allowAnon: o.AllowAnonymous,
-		maxSize:   orDefault(o.MaxMessageSize, DefaultMaxMessageSize),
+		maxSize:   cmp.Or(o.MaxMessageSize, DefaultMaxMessageSize),
 	}
-	rate := orDefault(o.RequestsPerSecond, DefaultRequestsPerSecond)
-	s.limit = newLimiter[netip.Addr](rate * addressFactor)
-	s.endpoints = newLimiter[netip.AddrPort](rate)
-	s.devices = newLimiter[gateway.DeviceID](rate)
+	rate := cmp.Or(o.RequestsPerSecond, DefaultRequestsPerSecond)
+	s.limit = ratelimit.NewBounded[netip.Addr](rate*ratelimit.AddressFactor, maxRateSources)
+	s.endpoints = ratelimit.NewBounded[netip.AddrPort](rate, maxRateSources)
+	s.devices = ratelimit.NewBounded[gateway.DeviceID](rate, maxRateSources)
 	if s.clock == nil {
 		s.clock = gateway.SystemClock{}
 	}
@@ -217,8 +219,8 @@ func New(obs gateway.Observer, o Options) (*Server, error) {
 		s.registerSocketDrops(o.Registerer)
 	}
 	if o.DTLS != "" {
-		s.dtls, err = s.newDTLS(o.DTLS, orDefault(o.HandshakeTimeout, DefaultHandshakeTimeout),
-			orDefault(o.DTLSIdleTimeout, DefaultDTLSIdleTimeout), orDefault(o.MaxDTLSPeers, DefaultMaxDTLSPeers))
+		s.dtls, err = s.newDTLS(o.DTLS, cmp.Or(o.HandshakeTimeout, DefaultHandshakeTimeout),
+			cmp.Or(o.DTLSIdleTimeout, DefaultDTLSIdleTimeout), cmp.Or(o.MaxDTLSPeers, DefaultMaxDTLSPeers))
 		if err != nil {
 			s.stop() // closes the UDP socket and unregisters its collector
 			return nil, fmt.Errorf("coap: %w", err)
@@ -248,13 +250,6 @@ func (s *Server) registerSocketDrops(reg prometheus.Registerer) {
 		return
 	}
 	s.unregister = func() { reg.Unregister(c) }
-}
-
-func orDefault[T int | time.Duration](v, def T) T {
-	if v == 0 {
-		return def
-	}
-	return v
 }
 
 // listenUDP binds addr with a receive buffer of receiveBuffer bytes, or

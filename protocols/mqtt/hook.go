@@ -71,7 +71,7 @@ func (h *presence) OnConnect(cl *mochi.Client, pk packets.Packet) error {
 		s.log.Debug("connect refused: client identifier", "remote", c.RemoteAddr().String(), "err", err)
 		return refuse(cl, packets.ErrClientIdentifierNotValid, packets.Err3ClientIdentifierNotValid)
 	}
-	if !s.devRate.allow(device, s.clock.Now()) {
+	if ok, _ := s.devRate.Allow(device, s.clock.Now()); !ok {
 		s.metrics.refuse(reasonRate)
 		s.log.Debug("connect refused: device connect rate", "device", string(device))
 		return refuse(cl, packets.ErrConnectionRateExceeded, packets.Err3ServerUnavailable)

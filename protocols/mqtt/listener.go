@@ -105,7 +105,7 @@ func (l *listener) Serve(establish listeners.EstablishFn) {
 			continue
 		}
 		backoff = 0
-		if !s.rate.allow(remoteIP(nc), s.clock.Now()) {
+		if ok, _ := s.rate.Allow(remoteIP(nc), s.clock.Now()); !ok {
 			s.metrics.refuse(reasonRate)
 			s.log.Debug("connect rate exceeded", "remote", nc.RemoteAddr().String())
 			_ = nc.Close()
@@ -220,79 +220,6 @@ func remoteIP(c net.Conn) netip.Addr {
 		return a.AddrPort().Addr().Unmap()
 	}
 	return netip.Addr{}
-}
-
-// addressFactor is how many times ConnectsPerSecond one source address
-// may connect: devices behind a NAT (a site router, a carrier) share one
-// address, and after a gateway restart they all reconnect. The per-device
-// limit (after CONNECT names the client) is ConnectsPerSecond itself. At
-// the default 20/s an address may open 5,000 connections a second, so
-// 10,000 devices behind it are back within seconds.
-const addressFactor = 250
-
-// rateLimiter is a token bucket per key (a source address, a device):
-// perSecond connects per second, with bursts of as many. Buckets that have
-// refilled are forgotten whenever the table has doubled since the last
-// sweep, so its size follows the number of keys seen within about a
-// second.
-type rateLimiter[K comparable] struct {
-	perSecond float64
-
-	mu      sync.Mutex
-	buckets map[K]*bucket
-	sweepAt int
-}
-
-type bucket struct {
-	tokens float64
-	last   time.Time
-}
-
-const minSweep = 1024
-
-func newRateLimiter[K comparable](perSecond int) *rateLimiter[K] {
-	return &rateLimiter[K]{
-		perSecond: float64(perSecond),
-		buckets:   make(map[K]*bucket),
-		sweepAt:   minSweep,
-	}
-}
-
-// allow takes one token from addr's bucket at now, if it has one.
-func (r *rateLimiter[K]) allow(addr K, now time.Time) bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	b, ok := r.buckets[addr]
-	if !ok {
-		if len(r.buckets) >= r.sweepAt {
-			r.sweep(now)
-		}
-		b = &bucket{tokens: r.perSecond, last: now}
-		r.buckets[addr] = b
-	}
-	b.refill(now, r.perSecond)
-	if b.tokens < 1 {
-		return false
-	}
-	b.tokens--
-	return true
-}
-
-func (b *bucket) refill(now time.Time, perSecond float64) {
-	if d := now.Sub(b.last); d > 0 {
-		b.tokens = min(perSecond, b.tokens+d.Seconds()*perSecond)
-		b.last = now
-	}
-}
-
-// sweep forgets the buckets that are full again at now.
-func (r *rateLimiter[K]) sweep(now time.Time) {
-	for a, b := range r.buckets {
-		if b.refill(now, r.perSecond); b.tokens >= r.perSecond {
-			delete(r.buckets, a)
-		}
-	}
-	r.sweepAt = max(minSweep, 2*len(r.buckets))
 }
 
 // Bounds of the connections that have not sent CONNECT yet (issue 10): a

@@ -46,6 +46,7 @@
 package mqtt
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -63,6 +64,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/fleetgate/fleetgate/gateway"
+	"github.com/fleetgate/fleetgate/internal/ratelimit"
 )
 
 // Defaults for the zero values of the Options limits; they match the
@@ -141,10 +143,10 @@ type Server struct {
 	prefix    string
 	allowAnon bool
 	creds     atomic.Pointer[credentials]
-	keepAlive atomic.Uint32                  // seconds, 1..65535
-	lease     atomic.Int64                   // presence.lease in force
-	rate      *rateLimiter[netip.Addr]       // connects per source address
-	devRate   *rateLimiter[gateway.DeviceID] // CONNECTs per device
+	keepAlive atomic.Uint32                        // seconds, 1..65535
+	lease     atomic.Int64                         // presence.lease in force
+	rate      *ratelimit.Limiter[netip.Addr]       // connects per source address
+	devRate   *ratelimit.Limiter[gateway.DeviceID] // CONNECTs per device
 	pend      *pendingConns
 	maxConns  int64
 	conns     atomic.Int64 // admitted connections (max_clients slots)
@@ -196,10 +198,10 @@ func New(obs gateway.Observer, o Options) (*Server, error) {
 		epoch:     o.Epoch,
 		prefix:    o.TopicPrefix,
 		allowAnon: o.AllowAnonymous,
-		rate:      newRateLimiter[netip.Addr](addressFactor * orDefault(o.ConnectsPerSecond, DefaultConnectsPerSecond)),
-		devRate:   newRateLimiter[gateway.DeviceID](orDefault(o.ConnectsPerSecond, DefaultConnectsPerSecond)),
+		rate:      ratelimit.New[netip.Addr](ratelimit.AddressFactor * cmp.Or(o.ConnectsPerSecond, DefaultConnectsPerSecond)),
+		devRate:   ratelimit.New[gateway.DeviceID](cmp.Or(o.ConnectsPerSecond, DefaultConnectsPerSecond)),
 		pend:      newPendingConns(maxPendingPerAddr, maxPending),
-		maxConns:  int64(orDefault(o.MaxClients, DefaultMaxClients)),
+		maxConns:  int64(cmp.Or(o.MaxClients, DefaultMaxClients)),
 		done:      make(chan struct{}),
 		live:      make(map[*conn]admission),
 	}
@@ -219,8 +221,8 @@ func New(obs gateway.Observer, o Options) (*Server, error) {
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 
 	caps := mochi.NewDefaultServerCapabilities()
-	caps.MaximumPacketSize = uint32(orDefault(o.MaxPacketSize, DefaultMaxPacketSize))
-	caps.MaximumClientWritesPending = int32(orDefault(o.MaxPendingWrites, DefaultMaxPendingWrites))
+	caps.MaximumPacketSize = uint32(cmp.Or(o.MaxPacketSize, DefaultMaxPacketSize))
+	caps.MaximumClientWritesPending = int32(cmp.Or(o.MaxPendingWrites, DefaultMaxPendingWrites))
 	caps.MaximumSessionExpiryInterval = maxSessionExpiry
 	caps.ReceiveMaximum = receiveMaximum
 	caps.MaximumInflight = maxInflight
@@ -570,13 +572,6 @@ func (s *Server) observe(d gateway.DeviceID, sess gateway.SessionID, k gateway.K
 		s.metrics.accepted(k)
 	}
 	return err
-}
-
-func orDefault(v, def int) int {
-	if v == 0 {
-		return def
-	}
-	return v
 }
 
 // keepAliveSeconds is d in whole seconds, rounded up, within 1..65535.

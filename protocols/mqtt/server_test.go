@@ -19,6 +19,7 @@ import (
 	"github.com/fleetgate/fleetgate/gateway"
 	"github.com/fleetgate/fleetgate/gateway/clocktest"
 	"github.com/fleetgate/fleetgate/gateway/gatewaytest"
+	"github.com/fleetgate/fleetgate/internal/ratelimit"
 )
 
 var t0 = time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
@@ -437,9 +438,9 @@ func TestConnectRatePerDeviceAndSource(t *testing.T) {
 	if code := dialRaw(t, tcpAddr(s)).connack(connectPacket(t, 4, "dev-a", "", 30)); code != packets.Err3ServerUnavailable.Code {
 		t.Fatalf("3.1.1 connect of dev-a beyond its rate: %#x, want %#x", code, packets.Err3ServerUnavailable.Code)
 	}
-	// Other devices from the same address: up to 2 × addressFactor
+	// Other devices from the same address: up to 2 × ratelimit.AddressFactor
 	// connects a second in all (4 so far).
-	for i := range 2*addressFactor - 4 {
+	for i := range 2*ratelimit.AddressFactor - 4 {
 		if code := dialRaw(t, tcpAddr(s)).connack(connectPacket(t, 5, fmt.Sprintf("nat-%d", i), "", 30)); code != 0 {
 			t.Fatalf("connect %d behind the address: %#x", i, code)
 		}
