@@ -88,7 +88,7 @@ fuzz: deps
 	  done; \
 	done
 
-# The fault suite of issue 9 (package faults, build tag `faults`, so that
+# The fault suite (package faults, build tag `faults`, so that
 # `make test` does not run it): real redis-server processes, two fleetgate
 # binaries and a CoAP + MQTT fleet under Redis pauses, restarts, failovers,
 # partitions, kills and a simulated reboot; about 3 minutes on 2 cores,

@@ -1,5 +1,5 @@
 // Package configs holds fleetgate's configuration: the types that mirror
-// the YAML of DESIGN §4, their defaults, the strict loader, environment
+// the YAML of docs/design.md §6.3, their defaults, the strict loader, environment
 // overrides and validation. The shipped files live next to it:
 // fleetgate.yaml (every key with its production default and a comment)
 // and dev.yaml (the loopback set-up that `make run` uses).
@@ -33,7 +33,7 @@ const (
 // DefaultPath is where the CLI looks for the configuration without -c.
 const DefaultPath = "/etc/fleetgate/fleetgate.yaml"
 
-// Config is the whole configuration. Its YAML form is DESIGN §4 plus
+// Config is the whole configuration. Its YAML form is docs/design.md §6.3 plus
 // presence.max_sessions, runner.lock_ttl and log.
 type Config struct {
 	Gateway  GatewayConfig  `yaml:"gateway"`
@@ -59,7 +59,7 @@ type GatewayConfig struct {
 	StateDir string `yaml:"state_dir"`
 }
 
-// PresenceConfig holds the lease model of DESIGN §1 and §2.
+// PresenceConfig holds the lease model of docs/design.md §1 and §2.
 type PresenceConfig struct {
 	Lease             Duration `yaml:"lease"`
 	HeartbeatInterval Duration `yaml:"heartbeat_interval"`
@@ -199,7 +199,7 @@ type LogConfig struct {
 	Format string `yaml:"format"`
 }
 
-// Default returns every default of DESIGN §4. gateway.id is HostID().
+// Default returns every default of docs/design.md §6.3. gateway.id is HostID().
 func Default() Config {
 	return Config{
 		Gateway: GatewayConfig{ID: HostID(), StateDir: "/var/lib/fleetgate"},

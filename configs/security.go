@@ -2,7 +2,7 @@ package configs
 
 import "github.com/fleetgate/fleetgate/gateway"
 
-// Security settings (issue 10; docs/security.md).
+// Security settings (docs/security.md).
 const (
 	// DefaultMaxSessionsPerDevice is limits.max_sessions_per_device.
 	DefaultMaxSessionsPerDevice = gateway.DefaultMaxSessionsPerDevice

@@ -12,7 +12,7 @@ import (
 	"time"
 )
 
-// Defaults of TableOptions (DESIGN §4 for the presence timings).
+// Defaults of TableOptions (docs/design.md §6.3 for the presence timings).
 const (
 	defaultTableShards = 64
 	// DefaultMaxSessionsPerDevice is limits.max_sessions_per_device.
@@ -72,7 +72,7 @@ type SessionView struct {
 // Table is the gateway's session table: every session seen on this
 // gateway, with when it was first and last seen and when its newest
 // central write was observed. It implements Observer and applies the
-// throttle of DESIGN §2 to decide what goes to the Uplink:
+// throttle of docs/design.md §2 to decide what goes to the Uplink:
 //
 //   - Every piece of evidence holds its session for a lease: its own
 //     (Evidence.Lease, what the front end granted), else Lease; the

@@ -1,4 +1,4 @@
-// Package adapter is the gateway's host of adapter plugins (DESIGN §4):
+// Package adapter is the gateway's host of adapter plugins (docs/design.md §6.9):
 // a protocol front end beside protocols/coap and protocols/mqtt whose
 // devices speak through separate processes. Each configured adapter runs
 // under hashicorp/go-plugin (gRPC, AutoMTLS, the contract of

@@ -234,7 +234,7 @@ func TestDTLSCredentialsReload(t *testing.T) {
 	s.SetCredentials(pskTable{"id-1": testDevices["id-1"]})
 	s.SetCredentials(nil) // refused, keeps the reloaded table
 	// The removed device's session is closed by the reload (revocation,
-	// issue 10): its next request finds no session.
+	// docs/security.md): its next request finds no session.
 	if code, err := tryRequest(cc, 2*time.Second, codes.POST); err == nil {
 		t.Fatalf("removed device on its old session: %v, want no answer", code)
 	}

@@ -17,7 +17,7 @@ import (
 	"github.com/pion/transport/v5/packetio"
 )
 
-// The DTLS gate (issue 10) owns the DTLS UDP socket and demultiplexes it
+// The DTLS gate (docs/security.md) owns the DTLS UDP socket and demultiplexes it
 // for pion. A datagram from an address and port without a peer is read
 // only as a ClientHello (cookie.go):
 //

@@ -12,7 +12,7 @@ import (
 	"github.com/fleetgate/fleetgate/gateway"
 )
 
-// HeartbeatPath is the one resource of the front end (DESIGN §4).
+// HeartbeatPath is the one resource of the front end (docs/design.md §6.7).
 const HeartbeatPath = "/hb"
 
 // maxDiagnosticLen bounds the diagnostic payload of an error response so

@@ -11,7 +11,7 @@ import (
 	"github.com/fleetgate/fleetgate/gateway"
 )
 
-// The attacks of issue 10 against the CoAP front end, each with what the
+// The attacks of docs/security.md against the CoAP front end, each with what the
 // legitimate device experiences during it.
 
 // Attack: with allow_anonymous and a devices file, plain UDP POST

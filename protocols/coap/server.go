@@ -1,4 +1,4 @@
-// Package coap is fleetgate's CoAP front end (DESIGN §4): devices send
+// Package coap is fleetgate's CoAP front end (docs/design.md §6.7): devices send
 // POST /hb to renew their presence and DELETE /hb to leave; the front end
 // turns each request into gateway.Evidence for a gateway.Observer and
 // answers 2.04 Changed with Max-Age = the heartbeat interval the gateway

@@ -15,7 +15,7 @@ import (
 // presence is the one mochi hook of the front end. It admits or refuses
 // CONNECT (device ID, credentials, limits), clamps the keep-alive, keeps
 // devices inside their topic subtree, and turns the connection's life
-// into evidence (DESIGN §4):
+// into evidence (docs/design.md §6.8):
 //
 //   - an admitted CONNECT is a Connect of a new session
 //     (gateway.ConnectionSessionID, one per connection), or of the

@@ -222,7 +222,7 @@ func remoteIP(c net.Conn) netip.Addr {
 	return netip.Addr{}
 }
 
-// Bounds of the connections that have not sent CONNECT yet (issue 10): a
+// Bounds of the connections that have not sent CONNECT yet (docs/security.md): a
 // socket that is silent, or slow through TLS, holds a goroutine and its
 // buffers for up to connectTimeout, so one address may hold at most
 // maxPendingPerAddr of them and all addresses together maxPending; beyond

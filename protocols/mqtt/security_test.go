@@ -20,7 +20,7 @@ import (
 	"github.com/fleetgate/fleetgate/gateway/gatewaytest"
 )
 
-// The attacks of issue 10 against the MQTT front end, each with what the
+// The attacks of docs/security.md against the MQTT front end, each with what the
 // legitimate device experiences during it.
 
 // Attack: with allow_anonymous and a devices file, a CONNECT as the

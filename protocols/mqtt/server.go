@@ -1,4 +1,4 @@
-// Package mqtt is fleetgate's MQTT front end (DESIGN §4): an embedded
+// Package mqtt is fleetgate's MQTT front end (docs/design.md §6.8): an embedded
 // mochi-mqtt broker for the site, MQTT 3.1.1 and 5 over TCP and TLS,
 // whose one hook (presence) turns connections and packets into
 // gateway.Evidence for a gateway.Observer. Devices publish and subscribe

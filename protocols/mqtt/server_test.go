@@ -329,7 +329,7 @@ func TestAnonymous(t *testing.T) {
 		t.Errorf("wrong password with anonymous allowed: %#x", code)
 	}
 	// Anonymous access covers the devices that are not listed only
-	// (issue 10; security_test.go has the attack).
+	// (security_test.go has the attack).
 	if code := connackCode(t, s, &paho.Connect{ClientID: "dev-1", CleanStart: true}); code != packets.ErrNotAuthorized.Code {
 		t.Errorf("anonymous dev-1, a listed device: %#x", code)
 	}

@@ -10,7 +10,7 @@ import (
 // Sleepy devices. A client that asks the broker to keep its session (MQTT
 // 5 Session Expiry Interval > 0, MQTT 3.1.1 clean session = 0) is a device
 // that sleeps between connections: its normal DISCONNECT is not a leave
-// (DESIGN §4). Its presence lasts until its lease runs out (the lease, not
+// (docs/design.md §6.8). Its presence lasts until its lease runs out (the lease, not
 // the MQTT session expiry: presence is what the device proved recently,
 // and the gateway's heartbeat contract already bounds how long that is
 // trusted; the broker may keep subscriptions longer, up to
