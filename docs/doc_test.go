@@ -1,7 +1,8 @@
 // Package docs holds fleetgate's documents. Its test keeps docs/design.md,
 // the design and external contract, current with the code: it fails when
 // the document does not name a configuration key, a metric, a Redis key
-// or an admin endpoint that the code defines.
+// or an admin endpoint that the code defines; and it keeps README.md's
+// walk through a heartbeat and an offline on functions that exist.
 package docs
 
 import (
@@ -331,4 +332,78 @@ func TestDesignNamesAdminEndpoints(t *testing.T) {
 	if m := missing(routes, func(r string) bool { return strings.Contains(doc, "`"+r+"`") }); len(m) > 0 {
 		t.Errorf("docs/design.md does not name these admin endpoints (as `METHOD /path`):\n%s", strings.Join(m, "\n"))
 	}
+}
+
+// TestReadmeStopsExist: every `file.go:Type.function` or `file.go:function`
+// stop that README.md's walk through a heartbeat and an offline names is
+// a function or method declared in that file, and every Lua stop is a
+// file; so a rename or a move that the walk does not follow fails here.
+func TestReadmeStopsExist(t *testing.T) {
+	root := repoRoot(t)
+	b, err := os.ReadFile(filepath.Join(root, "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	walk, ok := strings.CutPrefix(string(b)[strings.Index(string(b), "## Life of a heartbeat"):], "## ")
+	if !ok {
+		t.Fatal("README.md has no section 'Life of a heartbeat'")
+	}
+	walk, _, _ = strings.Cut(walk, "\n## ")
+	// `path/file.go:Recv.name`, then optionally "`Recv.name`" of the same file
+	stop := regexp.MustCompile("`([a-z0-9_/]+\\.go):([A-Za-z_][A-Za-z0-9_.]*)`(?:, then `([A-Za-z_][A-Za-z0-9_.]*)`)?")
+	lua := regexp.MustCompile("`([a-z0-9_/]+\\.lua)`")
+	n := 0
+	for _, m := range stop.FindAllStringSubmatch(walk, -1) {
+		funcs := declared(t, filepath.Join(root, m[1]))
+		for _, name := range m[2:] {
+			if name == "" {
+				continue
+			}
+			n++
+			if !funcs[name] {
+				t.Errorf("README.md names %s:%s, which %s does not declare", m[1], name, m[1])
+			}
+		}
+	}
+	for _, m := range lua.FindAllStringSubmatch(walk, -1) {
+		n++
+		if _, err := os.Stat(filepath.Join(root, m[1])); err != nil {
+			t.Errorf("README.md names %s: %v", m[1], err)
+		}
+	}
+	if n < 15 {
+		t.Fatalf("found %d stops in README.md's walk, want the whole walk (15 or more)", n)
+	}
+}
+
+// declared is the functions ("name") and methods ("Recv.name") a Go file
+// declares.
+func declared(t *testing.T, path string) map[string]bool {
+	t.Helper()
+	f, err := parser.ParseFile(token.NewFileSet(), path, nil, parser.SkipObjectResolution)
+	if err != nil {
+		t.Fatalf("README.md names %s: %v", path, err)
+	}
+	out := map[string]bool{}
+	for _, d := range f.Decls {
+		fd, ok := d.(*ast.FuncDecl)
+		if !ok {
+			continue
+		}
+		name := fd.Name.Name
+		if fd.Recv != nil && len(fd.Recv.List) == 1 {
+			typ := fd.Recv.List[0].Type
+			if s, ok := typ.(*ast.StarExpr); ok {
+				typ = s.X
+			}
+			if g, ok := typ.(*ast.IndexExpr); ok {
+				typ = g.X
+			}
+			if id, ok := typ.(*ast.Ident); ok {
+				name = id.Name + "." + name
+			}
+		}
+		out[name] = true
+	}
+	return out
 }
