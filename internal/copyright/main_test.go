@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -31,7 +32,8 @@ func paragraphs(b []byte) map[string]string {
 // For each arch of the packages, every module that the shipped binaries
 // compile in has a license file, and the copyright file has the module's
 // paragraph with the text of each of its license, patents and notice
-// files, but for copies of the Apache License 2.0, which it names.
+// files, but for copies of the Apache License 2.0, which it names; and the
+// rpm's license field names fleetgate's and the modules' licenses.
 func TestShippedModules(t *testing.T) {
 	for _, arch := range []string{"amd64", "arm64"} {
 		t.Run(arch, func(t *testing.T) {
@@ -67,7 +69,11 @@ func TestShippedModules(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			licenses := []string{"Apache-2.0"} // fleetgate's
 			for _, m := range append(mods, std) {
+				if d, err := describe(m); err == nil {
+					licenses = append(licenses, d.license...)
+				}
 				files, err := licenseFiles(m.Dir)
 				if err != nil {
 					t.Fatal(err)
@@ -96,8 +102,30 @@ func TestShippedModules(t *testing.T) {
 					}
 				}
 			}
+			slices.Sort(licenses)
+			licenses = slices.Compact(licenses)
+			if got := rpmLicense(t); !slices.Equal(got, licenses) {
+				t.Errorf("systemd/nfpm.yaml's license: %v, want fleetgate's and the modules' %v", got, licenses)
+			}
 		})
 	}
+}
+
+// rpmLicense returns the SPDX identifiers of the license field of
+// systemd/nfpm.yaml (the rpm's License), sorted.
+func rpmLicense(t *testing.T) []string {
+	t.Helper()
+	b, err := os.ReadFile("../../systemd/nfpm.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`(?m)^license: (.+)$`).FindSubmatch(b)
+	if m == nil {
+		t.Fatal("systemd/nfpm.yaml has no license field")
+	}
+	ids := strings.Split(string(m[1]), " AND ")
+	slices.Sort(ids)
+	return ids
 }
 
 func TestLicenseFiles(t *testing.T) {
