@@ -129,15 +129,20 @@ PKG_VERSION := $(shell v=$$(git describe --tags --match 'v[0-9]*' 2>/dev/null | 
 endif
 
 # build/pkg/<arch>: the binary (static, stripped), the adapters ($(PLUGINS)/*
-# from `make plugins` for the host arch, $(PLUGINS)-<arch>/* for another)
-# and the Debian changelog.
+# from `make plugins` for the host arch, $(PLUGINS)-<arch>/* for another),
+# the Debian changelog and the copyright file: systemd/copyright, then the
+# licenses of the Go modules that the binary and the adapters compile in
+# for <arch>, from the module cache (internal/copyright).
+PKG_GOENV = CGO_ENABLED=0 GOOS=linux GOARCH=$*
 build/pkg/%: FORCE
 	rm -rf $@ && mkdir -p $@/plugins
-	CGO_ENABLED=0 GOOS=linux GOARCH=$* $(GO) build -trimpath -buildmode=pie -ldflags "-X main.version=$(PKG_VERSION) -s -w" -o $@/fleetgate ./cmd/fleetgate
+	$(PKG_GOENV) $(GO) build -trimpath -buildmode=pie -ldflags "-X main.version=$(PKG_VERSION) -s -w" -o $@/fleetgate ./cmd/fleetgate
 	for d in $(if $(filter $*,$(HOSTARCH)),$(PLUGINS)) $(PLUGINS)-$*; do \
 	  [ -d $$d ] && find $$d -maxdepth 1 -type f -exec cp {} $@/plugins/ \; ; done; true
 	printf 'fleetgate (%s) unstable; urgency=medium\n\n  * Built from git %s.\n\n -- fleetgate maintainers <fleetgate@example.org>  %s\n' \
 	  "$(PKG_VERSION)" "$$(git rev-parse --short HEAD)" "$$(date -R -d @$$(git log -1 --format=%ct))" | gzip -9n > $@/changelog.gz
+	$(GO) run ./internal/copyright -header systemd/copyright -o $@/copyright -env '$(PKG_GOENV)' \
+	  ./cmd/fleetgate $(ADAPTERS:%=./plugins/%)
 
 deb: $(ARCHS:%=build/pkg/%)
 	mkdir -p $(DIST)

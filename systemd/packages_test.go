@@ -6,6 +6,7 @@ import (
 	"archive/tar"
 	"bufio"
 	"bytes"
+	"debug/buildinfo"
 	"debug/elf"
 	"io"
 	"os"
@@ -127,6 +128,13 @@ func TestPackages(t *testing.T) {
 		}
 	})
 
+	t.Run("deb copyright", func(t *testing.T) {
+		for _, arch := range []string{"amd64", "arm64"} {
+			checkCopyright(t, arch, debFile(t, deb("1.0.0", arch), "./usr/share/doc/fleetgate/copyright"),
+				debFile(t, deb("1.0.0", arch), "./usr/bin/fleetgate"))
+		}
+	})
+
 	t.Run("rpm", func(t *testing.T) {
 		for arch, rarch := range map[string]string{"amd64": "x86_64", "arm64": "aarch64"} {
 			rpm := filepath.Join(dist, "fleetgate-1.0.0-1."+rarch+".rpm")
@@ -147,6 +155,14 @@ func TestPackages(t *testing.T) {
 			}
 			if c := strings.Fields(mustRun(t, "rpm", "-qcp", rpm)); strings.Join(c, " ") != "/etc/fleetgate/devices.yaml /etc/fleetgate/fleetgate.yaml" {
 				t.Errorf("%s: config files %v", arch, c)
+			}
+			// The licenses: the copyright file and the Apache License 2.0
+			// that it points to (Debian systems have it in common-licenses).
+			if l := strings.Fields(mustRun(t, "rpm", "-qLp", rpm)); strings.Join(l, " ") != "/usr/share/doc/fleetgate/copyright /usr/share/licenses/fleetgate/LICENSE" {
+				t.Errorf("%s: license files %v", arch, l)
+			}
+			if e := got["/usr/share/licenses/fleetgate/LICENSE"]; e != (entry{"-rw-r--r--", "root/root"}) {
+				t.Errorf("%s: rpm /usr/share/licenses/fleetgate/LICENSE: %v", arch, e)
 			}
 			scripts := mustRun(t, "rpm", "-qp", "--scripts", rpm)
 			for _, s := range []string{"preinstall", "postinstall", "preuninstall", "postuninstall", "/run/systemd/system"} {
@@ -179,6 +195,51 @@ func TestPackages(t *testing.T) {
 			scratchInstall(t, minbaseRoot(t), deb("1.0.0", "amd64"), deb("1.0.1", "amd64"))
 		})
 	})
+}
+
+// checkCopyright checks the copyright file of the arch's package: in the
+// Debian format, fleetgate's paragraph under Apache-2.0, and one paragraph
+// for the standard library and for each module that the package's
+// binary (bin) says it was built with.
+func checkCopyright(t *testing.T, arch string, copyright, bin []byte) {
+	t.Helper()
+	paras := map[string][]string{} // by first line
+	for _, p := range strings.Split(string(copyright), "\n\n") {
+		first, _, _ := strings.Cut(p, "\n")
+		paras[first] = append(paras[first], p+"\n")
+	}
+	one := func(first string) string {
+		t.Helper()
+		if len(paras[first]) != 1 {
+			t.Errorf("%s: %d paragraphs %q in the copyright file, want 1", arch, len(paras[first]), first)
+			return ""
+		}
+		return paras[first][0]
+	}
+	if !strings.HasPrefix(string(copyright), "Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/\n") {
+		t.Errorf("%s: the copyright file is not in the Debian format 1.0", arch)
+	}
+	if p := one("Files: *"); !strings.Contains(p, "\nCopyright: 2026 the fleetgate authors\nLicense: Apache-2.0\n") {
+		t.Errorf("%s: fleetgate's paragraph:\n%s", arch, p)
+	}
+	if p := one("License: Apache-2.0"); !strings.Contains(p, "/usr/share/common-licenses/Apache-2.0") {
+		t.Errorf("%s: the Apache-2.0 paragraph:\n%s", arch, p)
+	}
+	info, err := buildinfo.Read(bytes.NewReader(bin))
+	if err != nil {
+		t.Fatalf("%s: /usr/bin/fleetgate: %v", arch, err)
+	}
+	if p := one("Files: GOROOT/src/*"); !strings.Contains(p, "The standard library of "+info.GoVersion+",") {
+		t.Errorf("%s: the standard library's paragraph (%s):\n%s", arch, info.GoVersion, p)
+	}
+	if len(info.Deps) < 20 {
+		t.Errorf("%s: /usr/bin/fleetgate was built with %d modules only", arch, len(info.Deps))
+	}
+	for _, d := range info.Deps {
+		if p := one("Files: " + d.Path + "/*"); !strings.Contains(p, "Go module "+d.Path+" "+d.Version+",") || !strings.Contains(p, "\nLicense: ") {
+			t.Errorf("%s: the paragraph of %s %s:\n%s", arch, d.Path, d.Version, p)
+		}
+	}
 }
 
 // debFile returns the content of path (./usr/...) in deb's data.
