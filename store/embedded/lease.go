@@ -20,28 +20,38 @@ func (s *Store) AcquireShard(ctx context.Context, shard int, owner string, ttl t
 		return false, fmt.Errorf("%s: owner %q, ttl %v: want an owner and a positive ttl", op, owner, ttl)
 	}
 	var ok bool
+	err := s.updateShard(op, shard, func(root *bolt.Bucket) (err error) {
+		ok, err = s.takeLock(root, keyLock, owner, ttl)
+		return err
+	})
+	return ok, err
+}
+
+// updateShard runs fn on the root bucket of shard n in one write
+// transaction; an error of either is wrapped with op.
+func (s *Store) updateShard(op string, n int, fn func(root *bolt.Bucket) error) error {
 	err := s.db.Update(func(tx *bolt.Tx) error {
-		sh, err := openShard(tx, shard)
+		sh, err := openShard(tx, n)
 		if err != nil {
 			return err
 		}
-		ok, err = s.takeLock(sh, keyLock, owner, ttl)
-		return err
+		return fn(sh.root)
 	})
 	if err != nil {
-		return false, fmt.Errorf("%s: %w", op, err)
+		return fmt.Errorf("%s: %w", op, err)
 	}
-	return ok, nil
+	return nil
 }
 
-// takeLock takes or extends the lease under key of sh for owner, for ttl
-// on the store clock; false when another owner holds it unexpired.
-func (s *Store) takeLock(sh shard, key []byte, owner string, ttl time.Duration) (bool, error) {
+// takeLock takes or extends the lease under key of a shard's root bucket
+// for owner, for ttl on the store clock; false when another owner holds
+// it unexpired.
+func (s *Store) takeLock(root *bolt.Bucket, key []byte, owner string, ttl time.Duration) (bool, error) {
 	now := time.UnixMilli(s.nowMs())
-	if holder, until, held := readLock(sh.root.Get(key)); held && holder != owner && until.After(now) {
+	if holder, until, held := readLock(root.Get(key)); held && holder != owner && until.After(now) {
 		return false, nil
 	}
-	return true, sh.root.Put(key, append(u64(uint64(now.Add(ttl).UnixMilli())), owner...))
+	return true, root.Put(key, append(u64(uint64(now.Add(ttl).UnixMilli())), owner...))
 }
 
 // ReleaseShard gives up owner's lease of shard (no-op if not held).
@@ -54,20 +64,12 @@ func (s *Store) releaseLock(ctx context.Context, op string, shard int, key []byt
 	if err := s.checkShard(ctx, shard); err != nil {
 		return fmt.Errorf("%s: %w", op, err)
 	}
-	err := s.db.Update(func(tx *bolt.Tx) error {
-		sh, err := openShard(tx, shard)
-		if err != nil {
-			return err
-		}
-		if holder, _, held := readLock(sh.root.Get(key)); held && holder == owner {
-			return sh.root.Delete(key)
+	return s.updateShard(op, shard, func(root *bolt.Bucket) error {
+		if holder, _, held := readLock(root.Get(key)); held && holder == owner {
+			return root.Delete(key)
 		}
 		return nil
 	})
-	if err != nil {
-		return fmt.Errorf("%s: %w", op, err)
-	}
-	return nil
 }
 
 func readLock(v []byte) (owner string, until time.Time, ok bool) {

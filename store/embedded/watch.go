@@ -331,25 +331,21 @@ func (s *Store) AcquirePublisher(ctx context.Context, shard int, owner string, t
 	}
 	var pos gateway.Position
 	var ok bool
-	err := s.db.Update(func(tx *bolt.Tx) error {
-		sh, err := openShard(tx, shard)
-		if err != nil {
-			return err
-		}
-		if v := sh.root.Get(keyPubPos); v != nil {
+	err := s.updateShard(op, shard, func(root *bolt.Bucket) (err error) {
+		if v := root.Get(keyPubPos); v != nil {
 			p, err := parsePosition(string(v))
 			if err != nil {
 				return err
 			}
 			pos = p
 		}
-		if ok, err = s.takeLock(sh, keyPub, owner, ttl); !ok {
+		if ok, err = s.takeLock(root, keyPub, owner, ttl); !ok {
 			pos = gateway.Position{} // the holder's, not the caller's
 		}
 		return err
 	})
 	if err != nil {
-		return gateway.Position{}, false, fmt.Errorf("%s: %w", op, err)
+		return gateway.Position{}, false, err
 	}
 	return pos, ok, nil
 }
@@ -368,20 +364,12 @@ func (s *Store) SavePublisher(ctx context.Context, shard int, owner string, pos 
 	if err := s.checkShard(ctx, shard); err != nil {
 		return fmt.Errorf("%s: %w", op, err)
 	}
-	err := s.db.Update(func(tx *bolt.Tx) error {
-		sh, err := openShard(tx, shard)
-		if err != nil {
-			return err
-		}
-		if holder, _, held := readLock(sh.root.Get(keyPub)); !held || holder != owner {
+	return s.updateShard(op, shard, func(root *bolt.Bucket) error {
+		if holder, _, held := readLock(root.Get(keyPub)); !held || holder != owner {
 			return fmt.Errorf("shard %d owner %s: %w", shard, owner, gateway.ErrNotHolder)
 		}
-		return sh.root.Put(keyPubPos, []byte(pos.String()))
+		return root.Put(keyPubPos, []byte(pos.String()))
 	})
-	if err != nil {
-		return fmt.Errorf("%s: %w", op, err)
-	}
-	return nil
 }
 
 // ReleasePublisher gives up owner's publisher lease of shard.
