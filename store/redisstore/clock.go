@@ -48,9 +48,10 @@ func (s *Store) localNow() time.Duration {
 // them, so the offset lies in [s − t1, s − t0]. The estimate is the
 // largest lower bound seen, so a reply that comes back late (a pipeline
 // that also waited for a dead Cluster node, a starved process) never
-// pulls it back: taking each reply's time as "now" did, and then every
-// later call was refused as stale, their replies were not read, and the
-// store stayed unreachable for good. An observation whose upper bound is
+// pulls it back. (Were each reply's time taken as "now", a late reply
+// would leave every later call with a deadline in the store's past: all
+// refused as stale, their replies unread, the store unreachable for
+// good.) An observation whose upper bound is
 // below the estimate means the store's clock went back (a failover to a
 // node behind it): the estimate restarts from that observation.
 //

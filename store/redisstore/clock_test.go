@@ -42,11 +42,11 @@ func TestStoreClockEstimate(t *testing.T) {
 }
 
 // TestLateReplyDoesNotMakeCallsStale: a reply read long after its call
-// ran (here: a store time 10 s old) once set the store clock, every later
-// call then left with a deadline in the store's past and was refused as
-// stale, and the refusals did not correct the clock: the gateway buffered
-// its writes for good (seen in a Cluster failover under load). Now the
-// late reply does not lower the estimate, and a stale reply corrects it.
+// ran (here: a store time 10 s old) does not lower the store clock's
+// estimate, so the calls after it are not refused as stale (were it set
+// from that reply, every later call would leave with a deadline in the
+// store's past, and the gateway would buffer its writes for good); and a
+// stale reply corrects the estimate.
 func TestLateReplyDoesNotMakeCallsStale(t *testing.T) {
 	forBackends(t, func(t *testing.T, c redis.UniversalClient) {
 		s, err := Open(t.Context(), c, Options{Prefix: uniquePrefix(), Shards: 2})
@@ -60,12 +60,16 @@ func TestLateReplyDoesNotMakeCallsStale(t *testing.T) {
 		if _, err := s.Apply(t.Context(), 1, b); err != nil {
 			t.Fatal(err)
 		}
+		before := s.localNow()
 		now, err := s.Now(t.Context())
 		if err != nil {
 			t.Fatal(err)
 		}
-		// A reply of a call that ran 10 s ago, read now.
-		s.seen(now.Add(-10*time.Second).UnixMilli(), s.localNow()-10*time.Second-time.Millisecond)
+		// A reply of a call that ran 10 s ago, read now: sent 10 s before
+		// the local time at which the store's clock read now, less a
+		// millisecond for the truncation of store times to milliseconds
+		// (a later send time would say that the store's clock went back).
+		s.seen(now.Add(-10*time.Second).UnixMilli(), before-10*time.Second-time.Millisecond)
 		b.Writes[0].Kind = gateway.Renew
 		for i := range 3 {
 			if _, err := s.Apply(t.Context(), 1, b); err != nil {
