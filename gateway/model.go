@@ -162,7 +162,17 @@ type Batch struct {
 	// after their session's deadline, since what bridged the delay may be
 	// gone.
 	Coalesced bool
-	Writes    []Write
+	// Covers says that CoverAge is set: every evidence the gateway
+	// observed for the batch's shard up to CoverAge before the call was
+	// made is in this batch or in a call the store applied before it.
+	// The store keeps the latest such moment per gateway and shard on its
+	// own clock, the gateway's coverage, and expires a session only once
+	// the coverage of its gateway has reached the session's deadline
+	// (Store; invariant 11). A batch without it leaves the coverage as it
+	// is.
+	Covers   bool
+	CoverAge time.Duration
+	Writes   []Write
 }
 
 // ApplyResult reports what a batch changed.

@@ -62,6 +62,13 @@ func (s *Store) ApplyShards(ctx context.Context, batches []gateway.ShardBatch) [
 			if err != nil {
 				return err
 			}
+			var cover int64
+			if sb.Batch.Covers {
+				cover = w.now - sb.Batch.CoverAge.Milliseconds()
+			}
+			if err := w.heard(sb.Batch.Gateway, cover); err != nil {
+				return err
+			}
 			for j := range sb.Batch.Writes {
 				if err := w.apply(&sb.Batch, &sb.Batch.Writes[j]); err != nil {
 					return err
@@ -162,7 +169,7 @@ func (w *writer) apply(b *gateway.Batch, wr *gateway.Write) error {
 			late = wr.Session
 		}
 	}
-	if _, err := w.dropExpired(wr.Device, e, late); err != nil {
+	if _, err := w.dropExpired(wr.Device, e, late, true, gateway.ReasonExpired); err != nil {
 		return err
 	}
 	switch wr.Kind {

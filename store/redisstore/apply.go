@@ -162,7 +162,7 @@ func (s *Store) applyArgs(ctx context.Context, shard int, b gateway.Batch, bel *
 		sessions, ages, devices = joinSessions(b.Writes, order, nfast), packAges(b.Writes, order, nfast), joinDevices(b.Writes, order, nfast)
 		beliefAt = strconv.FormatInt(oldest, 10)
 	}
-	args := make([]any, 0, 17+writeArgs*(len(b.Writes)-nfast))
+	args := make([]any, 0, 18+writeArgs*(len(b.Writes)-nfast))
 	replay, behind := "0", "0"
 	switch {
 	case b.Restore:
@@ -196,6 +196,7 @@ func (s *Store) applyArgs(ctx context.Context, shard int, b gateway.Batch, bel *
 		replayGrace,                     // A_GRACE
 		beliefAt,                        // A_BELIEFAT
 		seen,                            // A_SEEN
+		s.covered(b),                    // A_COVERED
 	)
 	// From A_WRITES on: the other writes, writeArgs arguments each.
 	for i, w := range b.Writes {

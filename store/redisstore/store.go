@@ -10,6 +10,7 @@
 package redisstore
 
 import (
+	"cmp"
 	"context"
 	_ "embed"
 	"errors"
@@ -56,10 +57,15 @@ type Options struct {
 	Now func() time.Time
 	// Logger receives warnings; default slog.Default().
 	Logger *slog.Logger
-	// GatewayGrace is presence.gateway_grace: how long a due device is
-	// held (not reaped) while the gateway that wrote it last is not heard
-	// (record.lua, "Held devices"). Zero holds nothing.
+	// GatewayGrace is presence.gateway_grace: how long past its deadline
+	// a due device is held (not reaped) while the coverage of a gateway of
+	// its sessions has not reached it (record.lua, "Held devices"). Zero
+	// holds nothing.
 	GatewayGrace time.Duration
+	// GatewayRecheck is how soon a reap looks again at a held device
+	// whose gateway is heard (its coverage moves on with its next flush):
+	// uplink.flush_interval; default one second.
+	GatewayRecheck time.Duration
 	// GatewaySilence is the longest a live gateway goes without a store
 	// call on a shard (its keep-alive with a margin); a gateway not heard
 	// for longer is silent.
@@ -105,6 +111,7 @@ type Store struct {
 	opened  time.Time // localNow's origin
 
 	grace, silence int64 // ms, Options.GatewayGrace and GatewaySilence
+	recheck        int64 // ms, Options.GatewayRecheck
 	lostAfter      int64 // ms, Options.GatewayLost
 	waitReplicas   int
 	waitTimeout    time.Duration
@@ -183,6 +190,7 @@ func newStore(o Options) (*Store, error) {
 		grace:  o.GatewayGrace.Milliseconds(),
 		reaps:  make([]reapState, o.Shards),
 	}
+	s.recheck = cmp.Or(o.GatewayRecheck, time.Second).Milliseconds()
 	s.silence = o.GatewaySilence.Milliseconds()
 	s.lostAfter = o.GatewayLost.Milliseconds()
 	s.waitReplicas, s.waitTimeout = o.WaitReplicas, o.WaitTimeout

@@ -17,7 +17,8 @@
 --   older than BELIEF_TTL on the store clock are not used: the reap keeps
 --   invalidations for an hour on the same clock), the incarnation of the
 --   caller's last successful call ("" for none: a new process, or a
---   caller without beliefs),
+--   caller without beliefs), the store time of the gateway's coverage
+--   (gateway.Batch.Covers; "" for none),
 --   then from A_WRITES the other writes, W_ARGS arguments each: device,
 --   session, kind (1 connect, 2 renew, 3 leave), age ms, lease ms (the
 --   write's own: the lease in force when its evidence was observed;
@@ -29,8 +30,8 @@
 -- now on, or "" where it must drop its belief (record.lua, "Beliefs").
 local A_GW, A_EPOCH, A_LEASE, A_REPLAY, A_NOW, A_MAXLEN = 1, 2, 3, 4, 5, 6
 local A_INC, A_NFAST, A_ORDER, A_FASTSIDS, A_FASTAGES, A_FASTDEVS = 7, 8, 9, 10, 11, 12
-local A_BEHIND, A_NOTAFTER, A_GRACE, A_BELIEFAT, A_SEEN = 13, 14, 15, 16, 17
-local A_WRITES = 18
+local A_BEHIND, A_NOTAFTER, A_GRACE, A_BELIEFAT, A_SEEN, A_COVERED = 13, 14, 15, 16, 17, 18
+local A_WRITES = 19
 local BELIEF_TTL = 600000
 local W_ARGS = 5
 local BELIEVED = byte('1')
@@ -66,8 +67,17 @@ local inc = incarnation(seen[3], redis.call('HGET', KEYS[2], INC), seen[4], now,
 -- restore batch does, gateway.Batch.Restore): the caller re-sends its
 -- other live sessions (ApplyResult.Reset).
 if ARGV[A_SEEN] ~= '' and ARGV[A_SEEN] ~= inc then restore = true end
--- The gateway's liveness on this shard (record.lua, "Gateway liveness").
-redis.call('HSET', KEYS[4], LIVE .. gwref, nowstr .. ' ' .. ARGV[A_BEHIND])
+-- The gateway's liveness on this shard (record.lua, "Gateway liveness"):
+-- its coverage only moves forward (a call its caller gave up on may run
+-- after a later one).
+local _, _, covered = liveness(gwref)
+local cov = tonumber(ARGV[A_COVERED])
+if cov and (not covered or cov > covered) then covered = cov end
+if covered then
+  redis.call('HSET', KEYS[4], LIVE .. gwref, nowstr .. ' ' .. ARGV[A_BEHIND] .. ' ' .. string.format('%d', covered))
+else
+  redis.call('HSET', KEYS[4], LIVE .. gwref, nowstr .. ' ' .. ARGV[A_BEHIND])
+end
 local status = {}
 -- A batch without writes only records the epoch (the uplink announces a
 -- new process on every shard so that older epochs are fenced everywhere).
@@ -243,6 +253,22 @@ end
 local events = {1, inc, status, now}
 local function event(...) events[#events + 1] = emit(...) end
 
+-- uncovered says that an expired session must wait rather than be
+-- dropped by a write: its gateway reports coverage, and that coverage
+-- has not reached the session's deadline (record.lua, "Gateway
+-- liveness"). A gateway that reports none is not waited for here (the
+-- reap judges it by its contact).
+local coverage = {[gwref] = covered or false}
+local function uncovered(ss)
+  local c = coverage[ss.gw]
+  if c == nil then
+    local _, _, cv = liveness(ss.gw)
+    c = cv or false
+    coverage[ss.gw] = c
+  end
+  return c and c < ss.dl
+end
+
 -- general applies one write to device k's decoded record (rec[k]); zk is
 -- the device deadline as loaded or as renewed so far; d is the deadline
 -- the write's evidence gives (observed at d - wlease, its lease).
@@ -273,7 +299,7 @@ local function general(dev, sid, kind, d, k, zk, wlease)
     end
   end
   if r and r.on then
-    local gone = dropexpired(r, now, late)
+    local gone = dropexpired(r, now, late, uncovered)
     if gone then
       dirty[k] = true
       setz(k, maxdl(r))
