@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fleetgate/fleetgate/gateway"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -365,7 +366,7 @@ func (x expectations) bound(d *devTruth) time.Time {
 	if !d.lastTry.IsZero() && d.lastTry.After(end) {
 		end = d.lastTry
 	}
-	after := tm.runnerInterval + tm.lockTTL + tm.processing
+	after := gateway.CoverageWait(tm.flush) + tm.runnerInterval + tm.lockTTL + tm.processing
 	b := end.Add(hold)
 	if !x.faultEnd.IsZero() && end.Add(hold+after).After(x.faultStart) {
 		// A device whose gateway the store did not hear at its deadline

@@ -300,6 +300,20 @@ func (q *queue) peek() []item {
 	return items
 }
 
+// oldest is the earliest observation of the evidence pending (zero when
+// none is).
+func (q *queue) oldest() time.Time {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	var o time.Time
+	for _, s := range q.slots {
+		if f := s.first(); o.IsZero() || f.Before(o) {
+			o = f
+		}
+	}
+	return o
+}
+
 // pending is the number of writes waiting.
 func (q *queue) pending() int {
 	q.mu.Lock()

@@ -79,7 +79,7 @@ func (u *Uplink) flushOnce(ctx context.Context, force bool) error {
 		total += n
 	}
 	if total == 0 {
-		if !toOutbox && u.keepAliveDue() {
+		if !toOutbox && u.idleDue(t) {
 			u.write(ctx, t, flushWrite, nil)
 		}
 		return nil
@@ -154,12 +154,15 @@ const (
 // sendMu held.
 //
 // The call also carries an empty batch for each shard ws leaves out that
-// has not heard from this process for KeepAlive (gateway liveness), and
-// for every such shard until this process's epoch is recorded on all of
-// them: the stores keep the newest epoch per shard, so without it a
+// has not heard from this process for KeepAlive (gateway liveness), or
+// in a flush for half a flush interval (so that its coverage moves on),
+// and for every such shard until this process's epoch is recorded on all
+// of them: the stores keep the newest epoch per shard, so without it a
 // delayed batch of an older process of this gateway would still be
 // accepted on a shard this process has not written to yet (invariant 3).
-// Every batch says whether the outbox still holds writes (Behind).
+// Every batch says whether the outbox still holds writes (Behind) and up
+// to when this gateway's evidence of its shard is written (Covers,
+// cover.go).
 //
 // A shard whose state the store lost or replaced (ApplyResult.Reset)
 // gets its live sessions restored (restoreShards) unless the call was
@@ -178,13 +181,21 @@ func (u *Uplink) write(ctx context.Context, t timing, kind writeKind, ws []shard
 	for _, w := range ws {
 		has[w.shard] = true
 	}
+	idle := u.keepAlive
+	if kind == flushWrite {
+		idle = min(idle, t.interval/2)
+	}
 	for shard := range has {
-		if !has[shard] && (!u.announced || now.Sub(u.heard[shard]) >= u.keepAlive) {
+		if !has[shard] && (!u.announced || now.Sub(u.heard[shard]) >= idle) {
 			batches = append(batches, gateway.ShardBatch{Shard: shard, Batch: u.batch(t, false, behind, nil)})
 		}
 	}
 	if len(batches) == 0 {
 		return nil
+	}
+	for i := range batches {
+		b := &batches[i].Batch
+		b.Covers, b.CoverAge = true, now.Sub(u.coverage(batches[i].Shard, now, t.interval))
 	}
 	parent := ctx
 	ctx, cancel := context.WithTimeout(ctx, u.timeout)
@@ -236,12 +247,13 @@ func (u *Uplink) batch(t timing, replay, behind bool, ws []gateway.Write) gatewa
 	return gateway.Batch{Gateway: u.gw, Epoch: u.epoch, Lease: t.lease, Replay: replay, Behind: behind, Writes: ws}
 }
 
-// keepAliveDue reports whether a shard has not heard from this process
-// for KeepAlive. Called with sendMu held.
-func (u *Uplink) keepAliveDue() bool {
+// idleDue reports whether a shard has not heard from this process for
+// half a flush interval (its coverage would not move on). Called with
+// sendMu held.
+func (u *Uplink) idleDue(t timing) bool {
 	now := u.clock.Now()
 	for _, h := range u.heard {
-		if now.Sub(h) >= u.keepAlive {
+		if now.Sub(h) >= min(u.keepAlive, t.interval/2) {
 			return true
 		}
 	}

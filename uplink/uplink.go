@@ -103,8 +103,9 @@ type Uplink struct {
 	tmu sync.Mutex
 	tm  timing
 
-	queues []*queue
-	kick   chan struct{} // a shard reached MaxBatch, or the timing changed
+	queues  []*queue
+	blocked blocked       // Enqueue calls waiting for room (cover.go)
+	kick    chan struct{} // a shard reached MaxBatch, or the timing changed
 	wake   chan struct{} // the health loop has work: down, or outbox filled
 
 	// sendMu serializes flushes and replay rounds, so that the choice
@@ -249,6 +250,12 @@ func (u *Uplink) Enqueue(ctx context.Context, ev gateway.Evidence) error {
 		// changes nothing already queued or buffered.
 		ev.Lease = u.timing().lease
 	}
+	var done func()
+	defer func() {
+		if done != nil {
+			done()
+		}
+	}()
 	for {
 		t := u.timing()
 		ok, space := q.tryAdd(ev, t.queueLimit)
@@ -257,6 +264,11 @@ func (u *Uplink) Enqueue(ctx context.Context, ev gateway.Evidence) error {
 				u.signal(u.kick)
 			}
 			return nil
+		}
+		if done == nil {
+			// what waits here is not yet written: the coverage stops
+			// before it (cover.go)
+			done = u.blocked.wait(ev.ObservedAt)
 		}
 		u.signal(u.kick)
 		select {

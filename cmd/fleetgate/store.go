@@ -19,7 +19,10 @@ import (
 // (runner), openStore waits until Redis answers or ctx ends.
 func openStore(ctx context.Context, cfg configs.Config, db *bolt.DB, log *slog.Logger, background bool, fatal chan<- error) (gateway.Store, error) {
 	if cfg.Store.Backend == configs.BackendEmbedded {
-		s, err := embedded.Open(db, embedded.Options{Shards: cfg.Presence.Shards, EventsMaxLen: eventsPerShard(cfg), Logger: log})
+		s, err := embedded.Open(db, embedded.Options{
+			Shards: cfg.Presence.Shards, EventsMaxLen: eventsPerShard(cfg), Logger: log,
+			GatewayGrace: cfg.Presence.GatewayGrace.Std(), GatewayRecheck: cfg.Uplink.FlushInterval.Std(), GatewaySilence: cfg.GatewaySilence(),
+		})
 		if err != nil {
 			return nil, err
 		}
@@ -37,7 +40,8 @@ func openStore(ctx context.Context, cfg configs.Config, db *bolt.DB, log *slog.L
 		Options: redisstore.Options{
 			Prefix: rc.KeyPrefix, Shards: cfg.Presence.Shards, EventsMaxLen: eventsPerShard(cfg), Logger: log,
 			GatewayGrace: cfg.Presence.GatewayGrace.Std(), GatewaySilence: cfg.GatewaySilence(), GatewayLost: cfg.Presence.Lease.Std(),
-			WaitReplicas: rc.WaitReplicas,
+			GatewayRecheck: cfg.Uplink.FlushInterval.Std(),
+			WaitReplicas:   rc.WaitReplicas,
 		},
 		Background: background,
 		OnFatal:    func(err error) { fatal <- err },

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/fleetgate/fleetgate/gateway"
+	"github.com/fleetgate/fleetgate/internal/statefile"
+	bolt "go.etcd.io/bbolt"
 )
 
 // On-disk format (schema 1). All integers named "u64" are 8-byte
@@ -54,6 +56,15 @@ import (
 //	byte reason (1 connect, 2 renew, 3 leave, 4 expired, 5 replay,
 //	6 gateway_lost: written from state file format 3 on),
 //	str gateway, str session, uv deadline (0 unless reason expired)
+//
+// Migrations are the embedded store's changes of the state file format
+// (internal/statefile): format 3 lets its events carry reason
+// gateway_lost, which a release that reads up to format 2 cannot decode,
+// so that such a release refuses the file rather than fail on the event.
+var Migrations = []statefile.Migration{
+	{To: 3, What: "embedded store events may carry reason gateway_lost", Run: func(*bolt.Tx) error { return nil }},
+}
+
 const (
 	schema       = 1
 	recordFormat = 2
