@@ -12,6 +12,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/fleetgate/fleetgate/gateway"
 	"github.com/fleetgate/fleetgate/internal/redistest"
 )
 
@@ -95,9 +96,9 @@ func (r *rig) finish() result {
 	}
 	r.at(last + 200*time.Millisecond)
 	tm := r.tm
-	until := time.Now().Add(tm.lease + tm.runnerInterval + tm.processing)
+	until := time.Now().Add(tm.lease + gateway.CoverageWait(tm.flush) + tm.runnerInterval + tm.processing)
 	if !r.x.faultEnd.IsZero() {
-		if u := r.x.faultEnd.Add(tm.lease + tm.grace + tm.runnerInterval + tm.lockTTL + tm.processing); u.After(until) {
+		if u := r.x.faultEnd.Add(tm.lease + tm.grace + gateway.CoverageWait(tm.flush) + tm.runnerInterval + tm.lockTTL + tm.processing); u.After(until) {
 			until = u
 		}
 	}

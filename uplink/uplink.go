@@ -106,7 +106,7 @@ type Uplink struct {
 	queues  []*queue
 	blocked blocked       // Enqueue calls waiting for room (cover.go)
 	kick    chan struct{} // a shard reached MaxBatch, or the timing changed
-	wake   chan struct{} // the health loop has work: down, or outbox filled
+	wake    chan struct{} // the health loop has work: down, or outbox filled
 
 	// sendMu serializes flushes and replay rounds, so that the choice
 	// between store and outbox and the order per session hold.
