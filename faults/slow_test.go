@@ -17,9 +17,14 @@ import (
 // store must then wait for the gateway's coverage (invariant 11) instead
 // of expiring senders.
 
-// starvedFor is how long a part stays slow: longer than the lease, so
-// that a store that expired sessions for want of renewals would.
-var starvedFor = fast.lease + 2*time.Second
+// starvedFor is how long a part stays slow: twice the lease, so that a
+// store that expired sessions for want of renewals would; and slowGrace
+// the gateway grace of these scenarios, longer than the fault, so that no
+// device event is allowed at all (invariant 9: a fault shorter than lease
+// + grace emits none).
+var starvedFor = 2 * fast.lease
+
+const slowGrace = 12 * time.Second
 
 // Quotas: Redis gets 1 ms of CPU a second (it answers a few calls a
 // second), a gateway 2 ms per 100 ms.
@@ -28,13 +33,13 @@ const (
 	gatewayQuota, gatewayPeriod = 2 * time.Millisecond, 100 * time.Millisecond
 )
 
-// slowFleet is the fleet of the slow scenarios: CoAP and MQTT devices on
-// both gateways with the standard roles, and CoAP devices that move
+// slowFleet is the fleet of the slow scenarios: 230 CoAP and MQTT devices
+// on both gateways with the standard roles, and 10 CoAP devices that move
 // between the gateways while the part is slow (their session, named by
 // the device, changes gateway: the store must wait for the gateway they
 // moved to as well).
 func slowFleet(r *rig) {
-	r.addFleet("d", 90, stdRoles(starvedFor))
+	r.addFleet("d", 230, stdRoles(starvedFor))
 	for i := range 10 {
 		from := i % 2
 		r.fleet.add(fmt.Sprintf("mover-coap-%02d", i), "coap", plan{gw: from,
@@ -49,8 +54,9 @@ func slowScenario(t *testing.T, slow func(srv *redistest.Server, px *redistest.P
 	t.Parallel()
 	srv := redistest.Start(t)
 	px := redistest.NewProxy(t, srv.Addr)
-	gws := startGateways(t, []string{px.Addr()}, []string{px.Addr()})
+	gws := startGatewaysWith(t, map[string]any{"presence.gateway_grace": slowGrace.String()}, []string{px.Addr()}, []string{px.Addr()})
 	r := newRig(t, newCollector(t, srv.Addr), gws...)
+	r.tm.grace, r.x.tm.grace = slowGrace, slowGrace
 	slowFleet(r)
 	r.fleet.start()
 	r.at(warm)
