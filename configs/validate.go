@@ -146,8 +146,6 @@ func (c Config) validateStore(p *problems) {
 	}
 	if r.WaitReplicas < 0 || r.WaitReplicas > 16 {
 		p.add("store.redis.wait_replicas", "must be 0 to 16, got %d", r.WaitReplicas)
-	} else if r.WaitReplicas > 0 && len(r.Addrs) > 1 {
-		p.add("store.redis.wait_replicas", "needs a standalone server (one address) and its replicas; a Redis Cluster is not supported")
 	}
 	if r.KeyPrefix == "" || strings.ContainsAny(r.KeyPrefix, "{} \t\r\n") {
 		p.add("store.redis.key_prefix", "must be set and hold no braces or white space, got %q", r.KeyPrefix)

@@ -32,6 +32,13 @@ func TestValidate(t *testing.T) {
 			c.Store.Backend = configs.BackendRedis
 			c.Store.Redis.Addrs = []string{"10.0.0.1:6379", "redis-2.example:6380", "[::1]:6379"}
 		}, ""},
+		{"wait_replicas on a Cluster", func(c *configs.Config) {
+			c.Store.Backend = configs.BackendRedis
+			c.Store.Redis.Addrs = []string{"10.0.0.1:6379", "10.0.0.2:6379", "10.0.0.3:6379"}
+			c.Store.Redis.WaitReplicas = 1
+		}, ""},
+		{"wait_replicas out of range", func(c *configs.Config) { c.Store.Redis.WaitReplicas = 17 },
+			"store.redis.wait_replicas: must be 0 to 16, got 17"},
 		{"redis addr without port", func(c *configs.Config) { c.Store.Redis.Addrs = []string{"10.0.0.1"} },
 			`store.redis.addrs[0]: "10.0.0.1" is not host:port: missing port in address`},
 		{"redis addr port out of range", func(c *configs.Config) { c.Store.Redis.Addrs = []string{"a:1", "a:70000"} },

@@ -2,9 +2,10 @@ package redisstore
 
 import (
 	"context"
-	"errors"
 	"fmt"
+	"slices"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -49,72 +50,124 @@ func (s *Store) ApplyShards(ctx context.Context, batches []gateway.ShardBatch) [
 	return s.applyShards(ctx, c, batches)
 }
 
-// applyShards is ApplyShards on client c; with WaitReplicas it runs on one
-// connection of c, so that WAIT counts the replicas that have its writes.
+// applyShards is ApplyShards on client c. With WaitReplicas, each
+// master's batches go on one connection to it, and the wait runs there
+// after them (waitFor): WAIT counts the replicas that have the writes of
+// its own connection. The masters are served in parallel.
 func (s *Store) applyShards(ctx context.Context, c redis.UniversalClient, batches []gateway.ShardBatch) []gateway.ShardResult {
 	out := make([]gateway.ShardResult, len(batches))
-	var conn *redis.Conn
-	if s.waitReplicas > 0 {
-		sc, ok := c.(*redis.Client)
-		if !ok {
-			for i := range out {
-				out[i].Err = errors.New("redisstore: wait_replicas needs a standalone server")
-			}
-			return out
-		}
-		conn = sc.Conn()
-		defer conn.Close()
-	}
-	pipelined, run := c.Pipelined, func(keys []string, args []any) *redis.Cmd { return s.apply.Run(ctx, c, keys, args...) }
-	if conn != nil {
-		pipelined, run = conn.Pipelined, func(keys []string, args []any) *redis.Cmd { return s.apply.Run(ctx, conn, keys, args...) }
-	}
-	cmds := make([]*redis.Cmd, len(batches))
-	args := make([][]any, len(batches))
 	bels, unlock := s.beliefs.lockAll(batches)
 	defer unlock()
+	if s.waitReplicas == 0 {
+		s.applyOn(ctx, c, batches, all(len(batches)), bels, out)
+		return out
+	}
+	var wg sync.WaitGroup
+	for node, idx := range s.masters(ctx, c, batches, out) {
+		wg.Go(func() {
+			conn := node.Conn()
+			defer conn.Close()
+			s.applyOn(ctx, conn, batches, idx, bels, out)
+			s.waitFor(ctx, conn, batches, idx, out)
+		})
+	}
+	wg.Wait()
+	return out
+}
+
+// all is the indexes 0 to n-1.
+func all(n int) []int {
+	idx := make([]int, n)
+	for i := range idx {
+		idx[i] = i
+	}
+	return idx
+}
+
+// masters groups the batches (their indexes) by the client of the master
+// that holds their shard: c itself for a standalone server, the node's
+// client (from the slot map, as a pipeline would route them) on a
+// Cluster. A batch whose master is not known gets its error in out.
+func (s *Store) masters(ctx context.Context, c redis.UniversalClient, batches []gateway.ShardBatch, out []gateway.ShardResult) map[*redis.Client][]int {
+	groups := make(map[*redis.Client][]int)
+	for i, sb := range batches {
+		if err := s.checkShard("apply", sb.Shard); err != nil {
+			out[i].Err = err
+			continue
+		}
+		var node *redis.Client
+		switch c := c.(type) {
+		case *redis.Client:
+			node = c
+		case *redis.ClusterClient:
+			n, err := c.MasterForKey(ctx, s.keys[sb.Shard].data[0])
+			if err != nil {
+				out[i].Err = unavailable("apply: master of the shard", err)
+				continue
+			}
+			node = n
+		default:
+			out[i].Err = fmt.Errorf("redisstore: wait_replicas needs a standalone server or a Cluster, not a %T", c)
+			continue
+		}
+		groups[node] = append(groups[node], i)
+	}
+	return groups
+}
+
+// scripter is what applyOn needs of a client or a connection.
+type scripter interface {
+	redis.Scripter
+	Pipelined(ctx context.Context, fn func(redis.Pipeliner) error) ([]redis.Cmder, error)
+}
+
+// applyOn applies the batches at idx in one pipeline of EVALSHA calls on
+// c, bels their beliefs, and sets their results in out. A batch whose
+// script is missing on its node (NOSCRIPT) is sent again on its own with
+// EVAL. On a connection to one node, a batch whose slot that node does
+// not serve (MOVED, ASK: a failover or a migration the slot map has not
+// caught up with) fails as unavailable; the client reloads its map
+// within clusterReload.
+func (s *Store) applyOn(ctx context.Context, c scripter, batches []gateway.ShardBatch, idx []int, bels []*beliefs, out []gateway.ShardResult) {
+	cmds := make([]*redis.Cmd, len(idx))
+	args := make([][]any, len(idx))
 	sent := s.localNow()
 	// Each command carries its own error (a network failure is set on
 	// all of them), so the pipeline's first error needs no reading.
-	_, _ = pipelined(ctx, func(p redis.Pipeliner) error {
-		for i, sb := range batches {
+	_, _ = c.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for j, i := range idx {
+			sb := batches[i]
 			a, err := s.applyArgs(ctx, sb.Shard, sb.Batch, bels[i])
 			if err != nil {
 				out[i].Err = err
 				continue
 			}
-			args[i] = a
-			cmds[i] = s.apply.EvalSha(ctx, p, s.keys[sb.Shard].data, a...)
+			args[j] = a
+			cmds[j] = s.apply.EvalSha(ctx, p, s.keys[sb.Shard].data, a...)
 		}
 		return nil
 	})
-	for i, sb := range batches {
-		if cmds[i] == nil {
+	for j, i := range idx {
+		if cmds[j] == nil {
 			continue
 		}
-		res, err := cmds[i].Slice()
+		sb := batches[i]
+		res, err := cmds[j].Slice()
 		if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
-			res, err = run(s.keys[sb.Shard].data, args[i]).Slice()
+			res, err = s.apply.Run(ctx, c, s.keys[sb.Shard].data, args[j]...).Slice()
 		}
 		out[i].Result, out[i].Err = s.applyResult(sb.Shard, sb.Batch, res, err, bels[i], sent)
 	}
-	if conn != nil {
-		s.waitFor(ctx, conn, batches, out)
-	}
-	return out
 }
 
-// waitFor waits until WaitReplicas replicas have the writes of conn when a
-// batch of the call wrote events or replayed an outbox; with fewer (or an
-// error), those batches fail with gateway.ErrUnavailable.
-func (s *Store) waitFor(ctx context.Context, conn *redis.Conn, batches []gateway.ShardBatch, out []gateway.ShardResult) {
-	need := false
-	for i, r := range out {
-		if r.Err == nil && (len(r.Result.Events) > 0 || batches[i].Batch.Replay) {
-			need = true
-		}
+// waitFor waits until WaitReplicas replicas have the writes of conn when
+// one of the batches at idx wrote events or replayed an outbox; with
+// fewer (or an error), those batches fail with gateway.ErrUnavailable.
+func (s *Store) waitFor(ctx context.Context, conn *redis.Conn, batches []gateway.ShardBatch, idx []int, out []gateway.ShardResult) {
+	waits := func(i int) bool {
+		return out[i].Err == nil && (len(out[i].Result.Events) > 0 || batches[i].Batch.Replay)
 	}
-	if !need {
+	if !slices.ContainsFunc(idx, waits) {
 		return
 	}
 	n, err := conn.Wait(ctx, s.waitReplicas, s.waitTimeout).Result()
@@ -124,8 +177,8 @@ func (s *Store) waitFor(ctx context.Context, conn *redis.Conn, batches []gateway
 	if err == nil {
 		err = fmt.Errorf("%d of %d replicas acknowledged within %v", n, s.waitReplicas, s.waitTimeout)
 	}
-	for i, r := range out {
-		if r.Err == nil && (len(r.Result.Events) > 0 || batches[i].Batch.Replay) {
+	for _, i := range idx {
+		if waits(i) {
 			out[i] = gateway.ShardResult{Err: unavailable("apply: wait for replicas", err)}
 		}
 	}

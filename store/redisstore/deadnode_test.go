@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/fleetgate/fleetgate/gateway"
-	"github.com/fleetgate/fleetgate/internal/redistest"
 )
 
 // TestDeadMasterFailsFast: while a killed Cluster master waits for its
@@ -17,17 +16,8 @@ import (
 // attempt it took 3.3 s (past the 2 s call timeout): the uplink's flushes
 // stalled behind it, healthy shards included.
 func TestDeadMasterFailsFast(t *testing.T) {
-	cl := redistest.StartClusterWithReplicas(t, 3)
 	const shards = 6
-	s, err := Dial(t.Context(), DialConfig{Addrs: cl.Addrs(), Options: Options{Prefix: uniquePrefix(), Shards: shards}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	master := make([]int, shards)
-	for sh := range shards {
-		master[sh] = cl.MasterOfKey(t, s.keys[sh].data[0])
-	}
+	cl, s, master := clusterStore(t, Options{Prefix: uniquePrefix(), Shards: shards})
 	victim := master[0]
 	healthy := -1
 	for sh := range shards {

@@ -81,8 +81,10 @@ type Options struct {
 	// many replicas have its writes, for at most WaitTimeout; with fewer,
 	// each such batch fails with gateway.ErrUnavailable, so that the
 	// uplink keeps it in its outbox and replays it (a replay is
-	// idempotent). A standalone server only (with its replicas): a
-	// Cluster is refused.
+	// idempotent). On a standalone server the call waits on its
+	// connection; on a Cluster each master that the call wrote to is
+	// waited on, on the connection that wrote there, and only that
+	// master's batches fail.
 	WaitReplicas int
 	WaitTimeout  time.Duration
 	// WatchWaits caps the waits (WaitEvents: idle watch streams) the
