@@ -91,11 +91,14 @@ type StoreConfig struct {
 // RedisConfig is used when Backend is BackendRedis. One address means a
 // standalone server, several a Redis Cluster.
 type RedisConfig struct {
-	Addrs     []string `yaml:"addrs"`
-	Username  string   `yaml:"username"`
-	Password  string   `yaml:"password"`
-	TLS       bool     `yaml:"tls"`
-	KeyPrefix string   `yaml:"key_prefix"`
+	Addrs    []string `yaml:"addrs"`
+	Username string   `yaml:"username"`
+	Password string   `yaml:"password"`
+	// PasswordFile names a file holding the password instead
+	// (configs/secrets.go).
+	PasswordFile string `yaml:"password_file"`
+	TLS          bool   `yaml:"tls"`
+	KeyPrefix    string `yaml:"key_prefix"`
 	// TLS details (configs/security.go): a private CA, the name to verify,
 	// and a client certificate; each implies tls.
 	TLSCAFile     string `yaml:"tls_ca_file"`
@@ -269,20 +272,21 @@ func sanitizeID(s string) string {
 	return string(b)
 }
 
-// Redacted returns a copy of c with every secret (store.redis.password,
-// adapter settings whose key names a secret, token or password) replaced by "<redacted>" when it is set, for printing.
+// Redacted returns a copy of c with every secret (SecretKeys, and adapter
+// settings whose key names a secret) replaced by "<redacted>" when it is
+// set, for printing.
 func (c Config) Redacted() Config {
 	c.Store.Redis.Addrs = slices.Clone(c.Store.Redis.Addrs)
 	c.Plugins.Adapters = redactAdapters(c.Plugins.Adapters)
-	if c.Store.Redis.Password != "" {
-		c.Store.Redis.Password = "<redacted>"
-	}
+	redactSecrets(&c)
 	return c
 }
 
 // YAML renders c in the file's layout (two-space indent); Parse reads it
-// back to c. Redact first when the output is shown to anyone.
+// back to c. A secret read from its _file is rendered as the file's name
+// alone. Redact first when the output is shown to anyone.
 func (c Config) YAML() ([]byte, error) {
+	clearFileSecrets(&c)
 	var buf bytes.Buffer
 	enc := yaml.NewEncoder(&buf)
 	enc.SetIndent(2)

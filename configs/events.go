@@ -17,6 +17,9 @@ type EventsMQTTConfig struct {
 	ClientID string `yaml:"client_id"`
 	Username string `yaml:"username"`
 	Password string `yaml:"password"`
+	// PasswordFile names a file holding the password instead
+	// (configs/secrets.go).
+	PasswordFile string `yaml:"password_file"`
 	// TLS names PEM files: a CA bundle (empty: the system roots) and a
 	// client certificate and key (both or neither).
 	TLS         EventsMQTTTLS `yaml:"tls"`

@@ -159,6 +159,11 @@ func (d *decoder) settings(n *yaml.Node, path string, v reflect.Value) {
 		d.errs.Add(n, "%s: want a mapping of the adapter's settings, got %s", path, describe(n))
 		return
 	}
+	before := d.errs.Len()
+	d.settingFiles(n, path)
+	if d.errs.Len() > before {
+		return
+	}
 	var val any
 	if err := n.Decode(&val); err != nil {
 		d.errs.Add(n, "%s: %v", path, err)
@@ -244,7 +249,7 @@ func adapterNames(s string) []AdapterConfig {
 // secretKey reports whether a settings key names a secret.
 func secretKey(k string) bool {
 	k = strings.ToLower(k)
-	for _, s := range []string{"secret", "password", "token", "api_key", "apikey"} {
+	for _, s := range []string{"secret", "password", "passwd", "token", "api_key", "apikey", "psk"} {
 		if strings.Contains(k, s) {
 			return true
 		}
