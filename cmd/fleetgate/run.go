@@ -152,7 +152,7 @@ func (g *gatewayProcess) run(ctx context.Context) (err error) {
 			Clock: gateway.SystemClock{}, Logger: log, Registerer: reg,
 		})
 	}
-	if g.pub, err = newPublisher(cfg, g.store, fmt.Sprintf("%s/%d", cfg.Gateway.ID, g.epoch), log); err != nil {
+	if g.pub, err = newPublisher(cfg, g.store, fmt.Sprintf("%s/%d", cfg.Gateway.ID, g.epoch), log, reg); err != nil {
 		return err
 	}
 	if err := g.openFrontEnds(cfg, log, reg); err != nil {

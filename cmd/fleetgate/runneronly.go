@@ -49,7 +49,7 @@ func cmdRunner(ctx context.Context, args []string, _, stderr io.Writer) (err err
 		Owner: *owner, Interval: cfg.Runner.Interval.Std(), Batch: cfg.Runner.Batch,
 		LockTTL: cfg.Runner.LockTTL.Std(), Clock: gateway.SystemClock{}, Logger: log, Registerer: reg,
 	})
-	pub, err := newPublisher(cfg, store, *owner, log)
+	pub, err := newPublisher(cfg, store, *owner, log, reg)
 	if err != nil {
 		return err
 	}
