@@ -55,16 +55,32 @@ const (
 // start: a pion release that moves it fails newGate and the tests rather
 // than writing elsewhere.
 var pionCookieOffset, errPionLayout = func() (uintptr, error) {
-	st, ok := reflect.TypeFor[piondtls.Conn]().FieldByName("state")
-	if !ok || st.Type != reflect.TypeFor[piondtls.State]() {
-		return 0, errors.New("dtls gate: pion/dtls Conn has no state of type State")
+	state, err := fieldOffset(reflect.TypeFor[piondtls.Conn](), "state", reflect.TypeFor[piondtls.State]())
+	if err != nil {
+		return 0, err
 	}
-	ck, ok := st.Type.FieldByName("cookie")
-	if !ok || ck.Type != reflect.TypeFor[[]byte]() {
-		return 0, errors.New("dtls gate: pion/dtls State has no cookie []byte")
+	cookie, err := fieldOffset(reflect.TypeFor[piondtls.State](), "cookie", reflect.TypeFor[[]byte]())
+	if err != nil {
+		return 0, err
 	}
-	return st.Offset + ck.Offset, nil
+	return state + cookie, nil
 }()
+
+// fieldOffset is the offset of field name of type want in struct t. The
+// field must be t's own: a field promoted from an embedded struct has
+// its offset in that struct, not in t, and is refused like a missing one.
+func fieldOffset(t reflect.Type, name string, want reflect.Type) (uintptr, error) {
+	f, ok := t.FieldByName(name)
+	switch {
+	case !ok:
+		return 0, fmt.Errorf("dtls gate: %v has no field %s", t, name)
+	case len(f.Index) != 1:
+		return 0, fmt.Errorf("dtls gate: %v.%s is promoted from an embedded struct", t, name)
+	case f.Type != want:
+		return 0, fmt.Errorf("dtls gate: %v.%s is a %v, not a %v", t, name, f.Type, want)
+	}
+	return f.Offset, nil
+}
 
 // setPionCookie sets the cookie pion's server expects in the ClientHello
 // that follows its HelloVerifyRequest. It is called from pion's handshake
