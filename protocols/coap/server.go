@@ -5,7 +5,9 @@
 // wants, or a 4.xx/5.xx code with a short diagnostic payload.
 //
 // Plain UDP serves anonymous devices named by the query d=<device>
-// (auth.allow_anonymous). It is a loop of the front end's own over one
+// (auth.allow_anonymous). Its sources are unproven (a source address can
+// be spoofed), so no answer is larger than its request and a datagram
+// beyond a rate limit gets none. It is a loop of the front end's own over one
 // socket that decodes and encodes with go-coap's message codec and keeps
 // no state per peer: both heartbeat operations are idempotent, so a
 // retransmitted CON is answered again instead of from a response cache
@@ -84,9 +86,10 @@ type Options struct {
 	// (address and port) and the requests of one device, each with a
 	// burst of as many (limits.coap_requests_per_second); one source
 	// address, all its ports together, may send ratelimit.AddressFactor
-	// times as many (devices behind a NAT share it). A request beyond a
-	// limit gets 4.29 with Max-Age = the seconds to wait. 0 means
-	// DefaultRequestsPerSecond.
+	// times as many (devices behind a NAT share it). A datagram beyond a
+	// limit gets no answer over plain UDP (its source is unproven) and is
+	// counted; a DTLS request gets 4.29 with Max-Age = the seconds to
+	// wait. 0 means DefaultRequestsPerSecond.
 	RequestsPerSecond int
 	// HandshakeTimeout bounds a DTLS handshake
 	// (limits.dtls_handshake_timeout). 0 means DefaultHandshakeTimeout.
