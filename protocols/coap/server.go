@@ -29,7 +29,6 @@ import (
 	"log/slog"
 	"math"
 	"net"
-	"net/netip"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -86,7 +85,10 @@ type Options struct {
 	// (address and port) and the requests of one device, each with a
 	// burst of as many (limits.coap_requests_per_second); one source
 	// address, all its ports together, may send ratelimit.AddressFactor
-	// times as many (devices behind a NAT share it). A datagram beyond a
+	// times as many (devices behind a NAT share it). Plain UDP datagrams
+	// and DTLS traffic (handshakes of sources that returned the cookie,
+	// requests of sessions) are counted apart, so that datagrams with a
+	// spoofed source never spend the budget of DTLS devices. A datagram beyond a
 	// limit gets no answer over plain UDP (its source is unproven) and is
 	// counted; a DTLS request gets 4.29 with Max-Age = the seconds to
 	// wait. 0 means DefaultRequestsPerSecond.
@@ -120,14 +122,15 @@ type Server struct {
 	metrics   *metrics
 	allowAnon bool
 	maxSize   int
-	// The rate limits (ratelimit.go): per source address (all its ports),
-	// per source endpoint (address and port), per device.
-	limit     *ratelimit.Limiter[netip.Addr]
-	endpoints *ratelimit.Limiter[netip.AddrPort]
-	devices   *ratelimit.Limiter[gateway.DeviceID]
-	timing    atomic.Pointer[gateway.Timing]
-	creds     atomic.Pointer[credentials]
-	mid       atomic.Uint32 // Message IDs of NON answers
+	// The rate limits (ratelimit.go): per source endpoint and address of
+	// plain UDP datagrams (unproven) and of DTLS handshakes and requests
+	// (proven), and per device.
+	unproven sourceLimits
+	proven   sourceLimits
+	devices  *ratelimit.Limiter[gateway.DeviceID]
+	timing   atomic.Pointer[gateway.Timing]
+	creds    atomic.Pointer[credentials]
+	mid      atomic.Uint32 // Message IDs of NON answers
 	// decoy keys the PSK given to unknown identities (dtls.go psk).
 	decoy [32]byte
 
@@ -187,8 +190,7 @@ func New(obs gateway.Observer, o Options) (*Server, error) {
 		maxSize:   cmp.Or(o.MaxMessageSize, DefaultMaxMessageSize),
 	}
 	rate := cmp.Or(o.RequestsPerSecond, DefaultRequestsPerSecond)
-	s.limit = ratelimit.NewBounded[netip.Addr](rate*ratelimit.AddressFactor, maxRateSources)
-	s.endpoints = ratelimit.NewBounded[netip.AddrPort](rate, maxRateSources)
+	s.unproven, s.proven = newSourceLimits(rate), newSourceLimits(rate)
 	s.devices = ratelimit.NewBounded[gateway.DeviceID](rate, maxRateSources)
 	if s.clock == nil {
 		s.clock = gateway.SystemClock{}

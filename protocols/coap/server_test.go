@@ -538,7 +538,7 @@ func TestNoPerPeerState(t *testing.T) {
 	if n := runtime.NumGoroutine(); n > before+2 {
 		t.Fatalf("%d goroutines after %d peers, %d before", n, peers, before)
 	}
-	if n := s.limit.Len(); n != 1 {
+	if n := s.unproven.addrs.Len(); n != 1 {
 		t.Fatalf("rate limiter tracks %d sources, want 1 (127.0.0.1)", n)
 	}
 }

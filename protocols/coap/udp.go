@@ -151,7 +151,7 @@ func (s *Server) handle(w *worker, src netip.AddrPort, b []byte) []byte {
 	w.limit = len(b)
 	h := parseHeader(b)
 	now := s.clock.Now()
-	if ok, _ := s.allowSource(src, now); !ok {
+	if ok, _ := s.unproven.allow(src, now); !ok {
 		s.metrics.drop(dropRateLimited)
 		return nil
 	}
