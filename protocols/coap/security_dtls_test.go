@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"runtime"
 	"strings"
 	"testing"
@@ -149,6 +150,105 @@ func TestDTLSHandshakesPerAddressBounded(t *testing.T) {
 	cc := dialDTLS(t, s, "id-1", testDevices["id-1"].key)
 	if code, err := tryRequest(cc, 5*time.Second, codes.POST); err != nil || code != codes.Changed {
 		t.Fatalf("real device beside the bounded address: %v %v", code, err)
+	}
+}
+
+// Attack: the bound of handshakes in flight counted exact addresses, so
+// 1,024 addresses, each with one proven ClientHello and then silence,
+// held all 1,024 peer slots for the handshake timeout (4,096 addresses
+// the default 4,096), and a real device was refused; an IPv6 host holds
+// a whole /64. Now the handshakes of a /24 (IPv4) or /64 (IPv6) in
+// flight are bounded too, to 1/prefixShare of the slots: the 1,024
+// addresses of 127.2.0.0/22 hold 4 × 16 slots, the rest are refused and
+// counted, and a device from another /24 shakes hands and gets 2.04.
+func TestDTLSHandshakesPerPrefixBounded(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	const (
+		maxPeers = 1024
+		addrs    = 1024 // 127.2.0.0 to 127.2.3.255: four /24s
+	)
+	s := startDTLS(t, &recorder{}, Options{Registerer: reg, MaxDTLSPeers: maxPeers, HandshakeTimeout: time.Minute})
+	hello := pionClientHello(t)
+	for i := range addrs {
+		c, err := net.DialUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 2, byte(i>>8), byte(i))}, s.DTLSAddr().(*net.UDPAddr))
+		if err != nil {
+			t.Fatal(err)
+		}
+		provenHello(t, c, hello)
+		_ = c.Close()
+	}
+	var peers, busy float64
+	eventually(t, 10*time.Second, "every proven ClientHello admitted or refused", func() bool {
+		m := gather(t, reg)
+		peers, busy = m["fleetgate_coap_dtls_peers{}"], m[`fleetgate_coap_dropped_total{reason="dtls_busy"}`]
+		return peers+busy == addrs
+	})
+	perPrefix := maxPeers / prefixShare
+	t.Logf("%d addresses in 4 /24s, one proven ClientHello each: %v peer slots taken of %d, %v refused", addrs, peers, maxPeers, busy)
+	if peers != float64(4*perPrefix) {
+		t.Errorf("%v peer slots taken by 4 /24s, want 4 × %d", peers, perPrefix)
+	}
+	start := time.Now()
+	dc, err := handshake(t, s, "id-1", testDevices["id-1"].key, 3*time.Second)
+	if err != nil {
+		t.Fatalf("real device from 127.0.0.1 beside the stalled /24s: %v after %v", err, time.Since(start))
+	}
+	cc := dtls.Client(dc, options.WithErrors(func(error) {}), options.WithCloseSocket())
+	defer cc.Close()
+	if code, err := tryRequest(cc, 5*time.Second, codes.POST); err != nil || code != codes.Changed {
+		t.Fatalf("real device beside the stalled /24s: %v %v", code, err)
+	}
+}
+
+// The handshakes in flight of one IPv6 /64 are bounded as those of a
+// /24, whatever the number of its addresses; the end of a handshake
+// frees its prefix's place, and another /64 is not affected.
+func TestGateHandshakesPerIPv6Prefix(t *testing.T) {
+	m, err := newMetrics(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := newGate("127.0.0.1:0", DefaultMaxDTLSPeers, m, func() {}, time.Now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer gatedListener{g}.Close()
+	hello := pionClientHello(t)
+	h, err := parseClientHello(hello)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var peers []*peer
+	defer func() {
+		for _, p := range peers {
+			_ = p.Close()
+		}
+	}()
+	admit := func(addr string) bool {
+		g.mu.Lock()
+		p, ok := g.admit(netip.AddrPortFrom(netip.MustParseAddr(addr), 40000), h, hello)
+		g.mu.Unlock()
+		if ok {
+			peers = append(peers, p)
+		}
+		return ok
+	}
+	perPrefix := DefaultMaxDTLSPeers / prefixShare
+	admitted := 0
+	for i := range 4 * perPrefix {
+		if admit(fmt.Sprintf("2001:db8:0:1:%x::1", i+1)) {
+			admitted++
+		}
+	}
+	if admitted != perPrefix {
+		t.Fatalf("%d handshakes of one /64 admitted from %d addresses, want %d", admitted, 4*perPrefix, perPrefix)
+	}
+	if !admit("2001:db8:0:2::1") {
+		t.Fatal("another /64 refused")
+	}
+	peers[0].endHandshake()
+	if !admit("2001:db8:0:1:ffff::1") {
+		t.Fatal("the /64 refused after one of its handshakes ended")
 	}
 }
 
