@@ -308,9 +308,10 @@ type uintOption struct {
 }
 
 // answerDTLS decides the answer to request r of DTLS peer cc: the rate
-// limit of proven sources (the session's keys prove r's), the size limit, then the device of the session's PSK identity
-// (asked again, so that a device removed by a reload is refused at once),
-// then the heartbeat.
+// limit of proven sources (the session's keys prove r's source), the size
+// limit, then the device of the session's PSK identity (asked again, so
+// that a device removed by a reload is refused at once), then the
+// heartbeat.
 func (s *Server) answerDTLS(r *pool.Message, cc *udpClient.Conn, now time.Time) (codes.Code, string, uintOption) {
 	peer := cc.RemoteAddr()
 	if ok, wait := s.proven.allow(endpointOf(peer), now); !ok {

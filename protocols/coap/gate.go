@@ -12,10 +12,11 @@ import (
 	"time"
 	"unsafe"
 
-	"github.com/fleetgate/fleetgate/internal/ratelimit"
 	piondtls "github.com/pion/dtls/v3"
 	dtlsnet "github.com/pion/dtls/v3/pkg/net"
 	"github.com/pion/transport/v5/packetio"
+
+	"github.com/fleetgate/fleetgate/internal/ratelimit"
 )
 
 // The DTLS gate (docs/security.md) owns the DTLS UDP socket and demultiplexes it

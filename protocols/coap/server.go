@@ -7,9 +7,9 @@
 // Plain UDP serves anonymous devices named by the query d=<device>
 // (auth.allow_anonymous). Its sources are unproven (a source address can
 // be spoofed), so no answer is larger than its request and a datagram
-// beyond a rate limit gets none. It is a loop of the front end's own over one
-// socket that decodes and encodes with go-coap's message codec and keeps
-// no state per peer: both heartbeat operations are idempotent, so a
+// beyond a rate limit gets none. It is a loop of the front end's own over
+// one socket that decodes and encodes with go-coap's message codec and
+// keeps no state per peer: both heartbeat operations are idempotent, so a
 // retransmitted CON is answered again instead of from a response cache
 // (RFC 7252 §4.5), and the only tables are the bounded ones of the rate
 // limits (per source endpoint, per source address, per device).
@@ -88,10 +88,10 @@ type Options struct {
 	// times as many (devices behind a NAT share it). Plain UDP datagrams
 	// and DTLS traffic (handshakes of sources that returned the cookie,
 	// requests of sessions) are counted apart, so that datagrams with a
-	// spoofed source never spend the budget of DTLS devices. A datagram beyond a
-	// limit gets no answer over plain UDP (its source is unproven) and is
-	// counted; a DTLS request gets 4.29 with Max-Age = the seconds to
-	// wait. 0 means DefaultRequestsPerSecond.
+	// spoofed source never spend the budget of DTLS devices. A datagram
+	// beyond a limit gets no answer over plain UDP (its source is
+	// unproven) and is counted; a DTLS request gets 4.29 with Max-Age =
+	// the seconds to wait. 0 means DefaultRequestsPerSecond.
 	RequestsPerSecond int
 	// HandshakeTimeout bounds a DTLS handshake
 	// (limits.dtls_handshake_timeout). 0 means DefaultHandshakeTimeout.
