@@ -12,10 +12,10 @@ import (
 // Timeouts of the admin server: a client that sends its request slowly,
 // or reads the answer slowly, or keeps an idle connection, is cut off.
 const (
-	readHeaderTimeout = 5 * time.Second
-	readTimeout       = 10 * time.Second
-	writeTimeout      = 30 * time.Second
-	idleTimeout       = 60 * time.Second
+	readHeaderTimeout   = 5 * time.Second
+	readTimeout         = 10 * time.Second
+	defaultWriteTimeout = 30 * time.Second
+	idleTimeout         = 60 * time.Second
 )
 
 // secure wraps h so that every path except /healthz and /readyz (the
@@ -56,7 +56,7 @@ func newHTTPServer(h http.Handler, o Options) *http.Server {
 		Handler:           secure(h, o.Token),
 		ReadHeaderTimeout: readHeaderTimeout,
 		ReadTimeout:       readTimeout,
-		WriteTimeout:      writeTimeout,
+		WriteTimeout:      o.WriteTimeout,
 		IdleTimeout:       idleTimeout,
 		TLSConfig:         o.TLS,
 	}
