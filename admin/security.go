@@ -11,6 +11,9 @@ import (
 
 // Timeouts of the admin server: a client that sends its request slowly,
 // or reads the answer slowly, or keeps an idle connection, is cut off.
+// The write timeout bounds a whole answer, except a watch stream's: there
+// it bounds each write (deadlineWriter), so a stream lives as long as its
+// client reads.
 const (
 	readHeaderTimeout   = 5 * time.Second
 	readTimeout         = 10 * time.Second

@@ -15,8 +15,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/fleetgate/fleetgate/admin"
 )
 
@@ -46,24 +44,7 @@ func selfSigned(t *testing.T) (server, client *tls.Config) {
 
 func serveSecure(t *testing.T, token string, tc *tls.Config) *admin.Server {
 	t.Helper()
-	srv, err := admin.Listen(admin.Options{
-		Addr: "127.0.0.1:0", Gatherer: prometheus.NewRegistry(), Token: token, TLS: tc,
-		Status: func() admin.Status { return admin.Status{Gateway: "gw-sec"} },
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- srv.Serve() }()
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = srv.Shutdown(ctx)
-		if err := <-done; err != nil {
-			t.Errorf("Serve: %v", err)
-		}
-	})
-	return srv
+	return serveAdminWith(t, admin.Options{Token: token, TLS: tc, Status: func() admin.Status { return admin.Status{Gateway: "gw-sec"} }})
 }
 
 // With a token, every path but the probes needs it, over HTTPS when

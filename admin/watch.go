@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"slices"
 	"strconv"
@@ -230,7 +231,11 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Cache-Control", "no-store")
 	w.Header().Set("X-Accel-Buffering", "no")
 	w.WriteHeader(http.StatusOK)
-	sw := &streamWriter{w: bufio.NewWriterSize(w, 64<<10), flusher: w.(http.Flusher), jsonl: jsonl, pos: make([]string, shards)}
+	out := deadlineWriter{w: w, rc: http.NewResponseController(w), timeout: s.o.WriteTimeout}
+	// the end of the answer, written after the handler returns, gets its
+	// own deadline too
+	defer func() { _ = out.arm() }()
+	sw := &streamWriter{w: bufio.NewWriterSize(out, 64<<10), out: out, jsonl: jsonl, pos: make([]string, shards)}
 	for i, p := range cur {
 		sw.pos[i] = p.String()
 	}
@@ -352,14 +357,45 @@ func readShards(ctx context.Context, st gateway.EventLog, pos gateway.Cursor, pe
 	}
 }
 
+// deadlineWriter is what a stream's buffer writes to: every write and
+// every flush must end within timeout of its start. It replaces the
+// server's write timeout, which bounds a whole answer and would cut a
+// stream that lives longer; a client that stops reading is still cut
+// off, one timeout into the write it blocks.
+type deadlineWriter struct {
+	w       http.ResponseWriter
+	rc      *http.ResponseController
+	timeout time.Duration
+}
+
+var _ io.Writer = deadlineWriter{}
+
+var _ io.Writer = deadlineWriter{}
+
+func (d deadlineWriter) arm() error { return d.rc.SetWriteDeadline(time.Now().Add(d.timeout)) }
+
+func (d deadlineWriter) Write(b []byte) (int, error) {
+	if err := d.arm(); err != nil {
+		return 0, err
+	}
+	return d.w.Write(b)
+}
+
+func (d deadlineWriter) Flush() error {
+	if err := d.arm(); err != nil {
+		return err
+	}
+	return d.rc.Flush()
+}
+
 // streamWriter writes one watch stream.
 type streamWriter struct {
-	w       *bufio.Writer
-	flusher http.Flusher
-	jsonl   bool
-	pos     []string // each shard's position, encoded
-	buf     []byte
-	err     error
+	w     *bufio.Writer
+	out   deadlineWriter
+	jsonl bool
+	pos   []string // each shard's position, encoded
+	buf   []byte
+	err   error
 }
 
 // events writes the events of shard, moving cur past each.
@@ -462,7 +498,7 @@ func (sw *streamWriter) flush() bool {
 		sw.err = sw.w.Flush()
 	}
 	if sw.err == nil {
-		sw.flusher.Flush()
+		sw.err = sw.out.Flush()
 	}
 	return sw.err == nil
 }
