@@ -114,17 +114,26 @@ func (e *Error) Error() string {
 	return fmt.Sprintf("admin api: %d: %s", e.Code, e.Message)
 }
 
+// request is a GET of u with the client's token.
+func (c *Client) request(ctx context.Context, u string) (*http.Request, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	if err != nil {
+		return nil, err
+	}
+	if c.token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.token)
+	}
+	return req, nil
+}
+
 func (c *Client) get(ctx context.Context, path string, q url.Values, v any) error {
 	u := c.Base + path
 	if len(q) > 0 {
 		u += "?" + q.Encode()
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	req, err := c.request(ctx, u)
 	if err != nil {
 		return err
-	}
-	if c.token != "" {
-		req.Header.Set("Authorization", "Bearer "+c.token)
 	}
 	resp, err := c.HTTP.Do(req)
 	if err != nil {

@@ -153,8 +153,8 @@ type shardRead struct {
 	err   error
 }
 
-// watch serves GET /v1/watch?cursor=C (or the Last-Event-ID header of a
-// reconnecting EventSource; no cursor starts at the current position):
+// watch serves GET /v1/watch?cursor=C (the Last-Event-ID header of a
+// reconnecting EventSource wins; no cursor starts at the current position):
 // Server-Sent Events, or JSON lines with ?format=jsonl or Accept:
 // application/x-ndjson. Every event carries the cursor after it; an idle
 // stream sends a keep-alive every keepalive (default 15s, ?keepalive=).
@@ -178,10 +178,7 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request) {
 		}
 		keepAlive = d
 	}
-	raw := q.Get("cursor")
-	if raw == "" {
-		raw = r.Header.Get("Last-Event-ID")
-	}
+	raw := resumeCursor(q.Get("cursor"), r.Header.Get("Last-Event-ID"))
 	var cur gateway.Cursor
 	var err error
 	if raw == "" {
@@ -292,6 +289,18 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 	}
+}
+
+// resumeCursor is where a watch starts: after the Last-Event-ID header
+// when there is one, else after the cursor query. An EventSource
+// reconnects to the URL it was opened with (the cursor of the snapshot
+// it started from) and names the last event it got in the header: the
+// header is the newer position, and the query's may be trimmed since.
+func resumeCursor(query, lastEventID string) string {
+	if lastEventID != "" {
+		return lastEventID
+	}
+	return query
 }
 
 // readShards reads every shard from pos on, handing each batch to the

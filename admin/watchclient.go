@@ -73,7 +73,7 @@ func (c *Client) Watch(ctx context.Context, cursor string, keepAlive time.Durati
 	parent := ctx
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.Base+"/v1/watch?"+q.Encode(), nil)
+	req, err := c.request(ctx, c.Base+"/v1/watch?"+q.Encode())
 	if err != nil {
 		return err
 	}
