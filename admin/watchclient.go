@@ -94,11 +94,7 @@ func (c *Client) Watch(ctx context.Context, cursor string, keepAlive time.Durati
 				return &ErrResync{rb}
 			}
 		}
-		var ae apiError
-		if json.Unmarshal(body, &ae) != nil || ae.Error == "" {
-			ae.Error = string(body)
-		}
-		return &Error{Code: resp.StatusCode, Message: ae.Error}
+		return c.apiError(resp.StatusCode, body)
 	}
 	// a watchdog ends a stream that stays silent past three keep-alives
 	alive := make(chan struct{}, 1)
