@@ -114,7 +114,7 @@ func Listen(o Options) (*Server, error) {
 	mux.HandleFunc("GET /v1/events", s.events)
 	mux.HandleFunc("GET /v1/snapshot", s.snapshot)
 	mux.HandleFunc("GET /v1/watch", s.watch)
-	s.srv = newHTTPServer(mux, o)
+	s.srv = newHTTPServer(mux, o, s.ln.Addr())
 	s.srv.ErrorLog = slog.NewLogLogger(o.Logger.Handler(), slog.LevelWarn)
 	s.srv.RegisterOnShutdown(s.endStreams)
 	return s, nil

@@ -125,3 +125,40 @@ func TestAdminSlowClientCutOff(t *testing.T) {
 		t.Fatalf("cut off after %v, want about the 5 s header timeout", took)
 	}
 }
+
+// On a loopback address the API answers only requests whose Host names
+// a loopback address and its port: a web page that reaches it through a
+// name rebound to 127.0.0.1 sends that name and gets 421, probes and
+// metrics included, token or not.
+func TestAdminHostCheck(t *testing.T) {
+	for _, token := range []string{"", "0123456789abcdef-token"} {
+		srv := serveSecure(t, token, nil)
+		_, port, _ := net.SplitHostPort(srv.Addr().String())
+		get := func(path, host string) int {
+			t.Helper()
+			req, _ := http.NewRequest(http.MethodGet, "http://"+srv.Addr().String()+path, nil)
+			req.Host = host
+			if token != "" {
+				req.Header.Set("Authorization", "Bearer "+token)
+			}
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatalf("GET %s (Host %s): %v", path, host, err)
+			}
+			resp.Body.Close()
+			return resp.StatusCode
+		}
+		for _, host := range []string{"rebind.example:" + port, "rebind.example", "127.0.0.1:1", "10.1.2.3:" + port} {
+			for _, path := range []string{"/healthz", "/metrics", "/v1/status"} {
+				if got := get(path, host); got != http.StatusMisdirectedRequest {
+					t.Errorf("token %q: %s with Host %s: %d, want 421", token, path, host, got)
+				}
+			}
+		}
+		for _, host := range []string{"127.0.0.1:" + port, "localhost:" + port, "[::1]:" + port} {
+			if got := get("/v1/status", host); got != http.StatusOK {
+				t.Errorf("token %q: Host %s: %d, want 200", token, host, got)
+			}
+		}
+	}
+}
