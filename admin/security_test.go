@@ -12,6 +12,7 @@ import (
 	"math/big"
 	"net"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -129,24 +130,36 @@ func TestAdminSlowClientCutOff(t *testing.T) {
 // On a loopback address the API answers only requests whose Host names
 // a loopback address and its port: a web page that reaches it through a
 // name rebound to 127.0.0.1 sends that name and gets 421, probes and
-// metrics included, token or not.
+// metrics included, token or not. No answer carries a CORS header, and
+// a preflight is refused.
 func TestAdminHostCheck(t *testing.T) {
 	for _, token := range []string{"", "0123456789abcdef-token"} {
 		srv := serveSecure(t, token, nil)
 		_, port, _ := net.SplitHostPort(srv.Addr().String())
-		get := func(path, host string) int {
+		do := func(method, path, host string) int {
 			t.Helper()
-			req, _ := http.NewRequest(http.MethodGet, "http://"+srv.Addr().String()+path, nil)
+			req, _ := http.NewRequest(method, "http://"+srv.Addr().String()+path, nil)
 			req.Host = host
-			if token != "" {
+			req.Header.Set("Origin", "https://page.example")
+			req.Header.Set("Access-Control-Request-Method", http.MethodGet)
+			if token != "" && method == http.MethodGet {
 				req.Header.Set("Authorization", "Bearer "+token)
 			}
 			resp, err := http.DefaultClient.Do(req)
 			if err != nil {
-				t.Fatalf("GET %s (Host %s): %v", path, host, err)
+				t.Fatalf("%s %s (Host %s): %v", method, path, host, err)
 			}
 			resp.Body.Close()
+			for k := range resp.Header {
+				if strings.HasPrefix(k, "Access-Control-") {
+					t.Errorf("%s %s: CORS header %s: %v", method, path, k, resp.Header[k])
+				}
+			}
 			return resp.StatusCode
+		}
+		get := func(path, host string) int { t.Helper(); return do(http.MethodGet, path, host) }
+		if code := do(http.MethodOptions, "/v1/status", "127.0.0.1:"+port); code/100 == 2 {
+			t.Errorf("token %q: preflight answered %d", token, code)
 		}
 		for _, host := range []string{"rebind.example:" + port, "rebind.example", "127.0.0.1:1", "10.1.2.3:" + port} {
 			for _, path := range []string{"/healthz", "/metrics", "/v1/status"} {
