@@ -161,12 +161,14 @@ type MQTTListen struct {
 }
 
 // AdminListen holds the admin HTTP address, and optionally its bearer
-// token and TLS certificate (configs/security.go).
+// token and TLS certificate (configs/security.go). Insecure allows an
+// address beyond loopback without a token.
 type AdminListen struct {
 	HTTP      string `yaml:"http"`
 	TokenFile string `yaml:"token_file"`
 	CertFile  string `yaml:"cert_file"`
 	KeyFile   string `yaml:"key_file"`
+	Insecure  bool   `yaml:"insecure"`
 }
 
 // AuthConfig says which devices may connect.
