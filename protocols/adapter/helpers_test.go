@@ -93,8 +93,10 @@ func freeUDP(t testing.TB) string {
 	return pc.LocalAddr().String()
 }
 
+// udpSpec runs udpline on addr, speaking for every device.
 func udpSpec(name, addr string) adapter.Spec {
-	return adapter.Spec{Name: name, Path: udpline, StartTimeout: 10 * time.Second, Config: []byte(fmt.Sprintf(`{"listen": %q}`, addr))}
+	return adapter.Spec{Name: name, Path: udpline, StartTimeout: 10 * time.Second, Devices: []string{"*"},
+		Config: []byte(fmt.Sprintf(`{"listen": %q}`, addr))}
 }
 
 func sendLine(t testing.TB, addr, text string) {
