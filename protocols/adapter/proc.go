@@ -416,6 +416,24 @@ func (p *proc) evidence(l *limiter, e *pb.Evidence, now time.Time) (gateway.Evid
 	default:
 		return gateway.Evidence{}, fmt.Errorf("unknown evidence kind %v", e.GetKind())
 	}
-	age := time.Duration(max(0, e.GetAgeUs())) * time.Microsecond
-	return gateway.Evidence{Device: dev, Session: sess, Kind: kind, ObservedAt: now.Add(-age), Protocol: p.spec.Name}, nil
+	at, err := observedAt(now, e.GetAgeUs(), p.h.o.Lease)
+	if err != nil {
+		return gateway.Evidence{}, err
+	}
+	return gateway.Evidence{Device: dev, Session: sess, Kind: kind, ObservedAt: at, Protocol: p.spec.Name}, nil
+}
+
+// observedAt is when evidence received at now, ageUs microseconds old,
+// was observed: never after now (a negative age counts as 0). An age
+// beyond maxAge (the lease) is an error: such evidence says nothing about
+// the device now, and it bounds the age far below what a time.Duration
+// holds, so that the conversion cannot wrap around into the future.
+func observedAt(now time.Time, ageUs int64, maxAge time.Duration) (time.Time, error) {
+	if ageUs <= 0 {
+		return now, nil
+	}
+	if ageUs > maxAge.Microseconds() {
+		return time.Time{}, fmt.Errorf("age_us %d is beyond the lease (%s)", ageUs, maxAge)
+	}
+	return now.Add(-time.Duration(ageUs) * time.Microsecond), nil
 }

@@ -1,6 +1,7 @@
 package adapter
 
 import (
+	"math"
 	"testing"
 	"time"
 
@@ -60,5 +61,29 @@ func TestSessionsCountDevices(t *testing.T) {
 	}
 	if s.devices() != 2 || s.len() != 2 {
 		t.Fatalf("%d devices, %d sessions, want c and d", s.devices(), s.len())
+	}
+}
+
+func TestObservedAt(t *testing.T) {
+	now := time.Unix(1000, 0)
+	lease := 90 * time.Second
+	for _, tc := range []struct {
+		age  int64
+		want time.Time
+		err  bool
+	}{
+		{0, now, false},
+		{-1, now, false},
+		{math.MinInt64, now, false},
+		{1, now.Add(-time.Microsecond), false},
+		{lease.Microseconds(), now.Add(-lease), false},
+		{lease.Microseconds() + 1, time.Time{}, true},
+		{math.MaxInt64/1000 + 1, time.Time{}, true},
+		{math.MaxInt64, time.Time{}, true},
+	} {
+		got, err := observedAt(now, tc.age, lease)
+		if (err != nil) != tc.err || !got.Equal(tc.want) {
+			t.Errorf("observedAt(age %d) = %v, %v; want %v (error %v)", tc.age, got, err, tc.want, tc.err)
+		}
 	}
 }
