@@ -48,8 +48,8 @@ type AdapterConfig struct {
 	// Path is the executable: absolute, or relative to plugins.dir; empty
 	// means Name in plugins.dir.
 	Path string `yaml:"path"`
-	// SHA256 is the executable's expected checksum (64 hex digits); empty
-	// checks nothing.
+	// SHA256 is the executable's expected checksum (64 hex digits),
+	// checked on the file that is then executed; empty checks no sum.
 	SHA256 string `yaml:"sha256"`
 	// Devices are the device IDs the adapter may speak for: exact IDs and
 	// prefixes ("lw-*"; "*": every ID); default "<name>-*". A device of

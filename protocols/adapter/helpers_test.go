@@ -28,6 +28,9 @@ func TestMain(m *testing.M) {
 		hostHelper()
 		return
 	}
+	// The host refuses group-writable executables and directories: build
+	// and write them without group write whatever the caller's umask.
+	syscall.Umask(0o022)
 	buildtest.Main(m, map[string]*string{"github.com/fleetgate/fleetgate/plugins/udpline": &udpline})
 }
 

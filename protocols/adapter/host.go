@@ -51,7 +51,9 @@ type Spec struct {
 	Name string
 	// Path is the adapter executable.
 	Path string
-	// SHA256 is the executable's expected sha256 in hex; "" checks nothing.
+	// SHA256 is the executable's expected sha256 in hex, checked on the
+	// open file that is then executed; "" checks no sum (the file and its
+	// directories are checked all the same: openExecutable).
 	SHA256 string
 	// StartTimeout bounds the handshake, Info, Configure and the first
 	// (ready) frame; 0 means DefaultStartTimeout.

@@ -139,12 +139,14 @@ func (p *proc) run() {
 func (p *proc) attempt() error {
 	p.setState(StateStarting, 0, nil)
 	s := p.spec
-	if err := checkSum(s.Path, s.SHA256); err != nil {
+	exe, err := openExecutable(s.Path, s.SHA256)
+	if err != nil {
 		p.log.Error("adapter refused", "err", err)
 		return err
 	}
 	begin := time.Now()
-	proc, err := launch(s, p.h.o.Env, p.hlog)
+	proc, err := launch(s, exe, p.h.o.Env, p.hlog)
+	exe.Close() // the process has its own descriptor
 	if err != nil {
 		p.log.Error("adapter did not start", "err", err)
 		return err
