@@ -24,6 +24,10 @@ const (
 	DefaultAdapterMaxSessions       = 2000
 	DefaultAdapterMaxDevices        = 1000
 	DefaultAdapterEvidencePerSecond = 200
+	// Bounds of an adapter's OS limits (when set).
+	MinAdapterAddressSpace = 64 << 20
+	MinAdapterOpenFiles    = 32
+	MaxAdapterOpenFiles    = 1 << 20
 )
 
 // reservedAdapterNames are the front ends' names: their sessions are
@@ -63,12 +67,17 @@ type AdapterConfig struct {
 	Config AdapterSettings `yaml:"config"`
 }
 
-// AdapterLimits bound what one adapter can make the gateway spend; 0 is
-// unlimited.
+// AdapterLimits bound what one adapter can make the gateway spend (0 is
+// unlimited), and the OS limits of its process (0 leaves what it
+// inherits).
 type AdapterLimits struct {
 	MaxSessions       int `yaml:"max_sessions"`
 	MaxDevices        int `yaml:"max_devices"`
 	EvidencePerSecond int `yaml:"evidence_per_second"`
+	// MaxAddressSpace is RLIMIT_AS in bytes.
+	MaxAddressSpace int `yaml:"max_address_space"`
+	// MaxOpenFiles is RLIMIT_NOFILE.
+	MaxOpenFiles int `yaml:"max_open_files"`
 }
 
 // AdapterSettings is an adapter's `config` subtree, kept as JSON (keys
@@ -236,6 +245,12 @@ func (a AdapterConfig) problems() []string {
 	}
 	if a.Limits.EvidencePerSecond < 0 {
 		out = append(out, fmt.Sprintf("limits.evidence_per_second: must be >= 0 (0: unlimited), got %d", a.Limits.EvidencePerSecond))
+	}
+	if v := a.Limits.MaxAddressSpace; v != 0 && v < MinAdapterAddressSpace {
+		out = append(out, fmt.Sprintf("limits.max_address_space: must be 0 (not set) or at least %d bytes (64 MiB; a Go adapter reserves about 2 GiB), got %d", MinAdapterAddressSpace, v))
+	}
+	if v := a.Limits.MaxOpenFiles; v != 0 && (v < MinAdapterOpenFiles || v > MaxAdapterOpenFiles) {
+		out = append(out, fmt.Sprintf("limits.max_open_files: must be 0 (not set) or %d to %d, got %d", MinAdapterOpenFiles, MaxAdapterOpenFiles, v))
 	}
 	if a.Config != "" && !json.Valid([]byte(a.Config)) {
 		out = append(out, "config: not valid JSON")

@@ -88,7 +88,7 @@ func TestAdapterDevicesAndLimitsDefaults(t *testing.T) {
     - udpline
     - name: lora
       devices: [lw-*, press-1]
-      limits: { max_devices: 0 }
+      limits: { max_devices: 0, max_address_space: 4294967296, max_open_files: 256 }
 `
 	c, err := configs.Parse("x.yaml", []byte(yml), nil)
 	if err != nil {
@@ -108,7 +108,8 @@ func TestAdapterDevicesAndLimitsDefaults(t *testing.T) {
 	if a[0].Limits != want {
 		t.Errorf("default limits = %+v, want %+v", a[0].Limits, want)
 	}
-	if want.MaxDevices = 0; a[1].Limits != want {
+	want.MaxDevices, want.MaxAddressSpace, want.MaxOpenFiles = 0, 4<<30, 256
+	if a[1].Limits != want {
 		t.Errorf("lora limits = %+v, want %+v", a[1].Limits, want)
 	}
 	env, err := configs.Parse("x.yaml", nil, []string{"FLEETGATE_PLUGINS_ADAPTERS=legacy"})

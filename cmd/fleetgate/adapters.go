@@ -27,6 +27,8 @@ func adapterSpecs(p configs.PluginsConfig) []adapter.Spec {
 			Devices:           a.Devices,
 			MaxSessions:       a.Limits.MaxSessions,
 			MaxDevices:        a.Limits.MaxDevices,
+			MaxAddressSpace:   int64(a.Limits.MaxAddressSpace),
+			MaxOpenFiles:      a.Limits.MaxOpenFiles,
 			EvidencePerSecond: a.Limits.EvidencePerSecond,
 			Config:            a.Config.JSON(),
 		})

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fleetgate/fleetgate/gateway"
 	"github.com/fleetgate/fleetgate/protocols/adapter"
 )
 
@@ -167,4 +168,39 @@ func TestWritableExecutableRefused(t *testing.T) {
 	if err := e.host.Apply(ctx(t), []adapter.Spec{spec}); err != nil {
 		t.Fatalf("in a sticky world-writable directory: %v", err)
 	}
+}
+
+// TestOSLimitsOfTheProcess: the adapter process runs under the address
+// space and open files limits of its spec; without them it keeps what it
+// inherited.
+func TestOSLimitsOfTheProcess(t *testing.T) {
+	e := newHost(t, nil)
+	addr := freeUDP(t)
+	limited := udpSpec("limited", addr)
+	limited.MaxAddressSpace, limited.MaxOpenFiles = 8<<30, 64
+	if err := e.host.Apply(ctx(t), []adapter.Spec{limited, udpSpec("plain", freeUDP(t))}); err != nil {
+		t.Fatal(err)
+	}
+	limits := func(name string) string {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/limits", e.status(t, name).PID))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(b)
+	}
+	got := limits("limited")
+	for _, want := range []string{
+		"Max address space         8589934592           8589934592           bytes",
+		"Max open files            64                   64                   files",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("limits of the limited adapter lack %q:\n%s", want, got)
+		}
+	}
+	if plain := limits("plain"); strings.Contains(plain, "8589934592") || strings.Contains(plain, "Max open files            64 ") {
+		t.Errorf("the adapter without limits got them:\n%s", plain)
+	}
+	// The limits hold while it works.
+	sendLine(t, addr, "hb limited-1\n")
+	waitFor(t, 5*time.Second, "evidence through the limited adapter", func() bool { return e.count("limited-1", gateway.Renew) == 1 })
 }

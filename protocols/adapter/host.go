@@ -68,6 +68,12 @@ type Spec struct {
 	// MaxDevices bounds the devices with a live session of the adapter;
 	// 0 is unlimited.
 	MaxDevices int
+	// MaxAddressSpace (bytes, RLIMIT_AS) and MaxOpenFiles (RLIMIT_NOFILE)
+	// are OS limits of the adapter process, soft and hard, set once the
+	// plugin handshake is done and before Configure; 0 leaves the limit
+	// the process inherited.
+	MaxAddressSpace int64
+	MaxOpenFiles    int
 	// EvidencePerSecond bounds the evidence taken from the adapter, with
 	// a burst of as many; 0 is unlimited.
 	EvidencePerSecond int

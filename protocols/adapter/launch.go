@@ -15,6 +15,7 @@ import (
 	"time"
 
 	plugin "github.com/hashicorp/go-plugin"
+	"golang.org/x/sys/unix"
 
 	pb "github.com/fleetgate/fleetgate/plugins/proto"
 )
@@ -171,6 +172,9 @@ func launch(spec Spec, exe *os.File, env []string, logger *slogLogger) (*process
 			SyncStderr: &lineLogger{l: logger.l, level: slog.LevelInfo, msg: "adapter stderr"},
 		})
 		p, err := dispense(client, spec)
+		if err == nil {
+			err = limitProcess(p.pid, spec)
+		}
 		if err != nil {
 			client.Kill()
 			runtime.UnlockOSThread()
@@ -203,6 +207,27 @@ func launch(spec Spec, exe *os.File, env []string, logger *slogLogger) (*process
 	}()
 	r := <-res
 	return r.p, r.err
+}
+
+// limitProcess sets the OS limits of spec on the process pid.
+func limitProcess(pid int, spec Spec) error {
+	for _, l := range []struct {
+		resource int
+		value    int64
+		what     string
+	}{
+		{unix.RLIMIT_AS, spec.MaxAddressSpace, "address space (limits.max_address_space)"},
+		{unix.RLIMIT_NOFILE, int64(spec.MaxOpenFiles), "open files (limits.max_open_files)"},
+	} {
+		if l.value <= 0 {
+			continue
+		}
+		r := unix.Rlimit{Cur: uint64(l.value), Max: uint64(l.value)}
+		if err := unix.Prlimit(pid, l.resource, &r, nil); err != nil {
+			return fmt.Errorf("set the %s of process %d to %d: %w", l.what, pid, l.value, err)
+		}
+	}
+	return nil
 }
 
 func dispense(client *plugin.Client, spec Spec) (*process, error) {
