@@ -9,6 +9,19 @@ import (
 	"github.com/fleetgate/fleetgate/configs"
 )
 
+// parseValid parses yml and validates it.
+func parseValid(t *testing.T, yml string) configs.Config {
+	t.Helper()
+	c, err := configs.Parse("x.yaml", []byte(yml), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
 func TestAdaptersSection(t *testing.T) {
 	yml := `plugins:
   dir: /usr/lib/fleetgate/plugins
@@ -27,13 +40,7 @@ func TestAdaptersSection(t *testing.T) {
       path: sub/modbus
       config: {}
 `
-	c, err := configs.Parse("x.yaml", []byte(yml), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := c.Validate(); err != nil {
-		t.Fatal(err)
-	}
+	c := parseValid(t, yml)
 	a := c.Plugins.Adapters
 	if len(a) != 3 || !reflect.DeepEqual(a[0], configs.DefaultAdapter("udpline")) {
 		t.Fatalf("adapters = %+v", a)
@@ -90,14 +97,7 @@ func TestAdapterDevicesAndLimitsDefaults(t *testing.T) {
       devices: [lw-*, press-1]
       limits: { max_devices: 0, max_address_space: 4294967296, max_open_files: 256 }
 `
-	c, err := configs.Parse("x.yaml", []byte(yml), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := c.Validate(); err != nil {
-		t.Fatal(err)
-	}
-	a := c.Plugins.Adapters
+	a := parseValid(t, yml).Plugins.Adapters
 	if got := a[0].Devices; !reflect.DeepEqual(got, []string{"udpline-*"}) {
 		t.Errorf("udpline devices = %q, want [udpline-*]", got)
 	}

@@ -30,21 +30,30 @@ type adapterView struct {
 	Dropped  uint64 `json:"evidence_dropped"`
 }
 
-func (g *gatewayProc) adapters(t *testing.T) map[string]adapterView {
+// statusView is the part of /v1/status the tests read.
+type statusView struct {
+	Sessions int           `json:"sessions"`
+	Adapters []adapterView `json:"adapters"`
+}
+
+func (g *gatewayProc) status(t *testing.T) statusView {
 	t.Helper()
 	resp, err := http.Get("http://" + g.admin + "/v1/status")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
-	var st struct {
-		Adapters []adapterView `json:"adapters"`
-	}
+	var st statusView
 	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
 		t.Fatal(err)
 	}
+	return st
+}
+
+func (g *gatewayProc) adapters(t *testing.T) map[string]adapterView {
+	t.Helper()
 	out := map[string]adapterView{}
-	for _, a := range st.Adapters {
+	for _, a := range g.status(t).Adapters {
 		out[a.Name] = a
 	}
 	return out
@@ -194,36 +203,6 @@ func TestE2EAdapters(t *testing.T) {
 	waitFor(t, 5*time.Second, "the adapter gone with the gateway", func() bool { return !alivePID(pid) })
 }
 
-// sendUDP sends text to addr in one datagram.
-func sendUDP(t *testing.T, addr, text string) {
-	t.Helper()
-	c, err := net.Dial("udp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	if _, err := c.Write([]byte(text)); err != nil {
-		t.Fatal(err)
-	}
-}
-
-// gatewaySessions is /v1/status's sessions: the gateway's session table.
-func (g *gatewayProc) gatewaySessions(t *testing.T) int {
-	t.Helper()
-	resp, err := http.Get("http://" + g.admin + "/v1/status")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	var st struct {
-		Sessions int `json:"sessions"`
-	}
-	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
-		t.Fatal(err)
-	}
-	return st.Sessions
-}
-
 // TestE2EAdapterClaimsOnlyItsDevices sends the spoofable datagram "hb
 // alpha" to the udpline adapter (shipped defaults but its loopback test
 // port) of a gateway whose devices file lists alpha: alpha does not come
@@ -242,11 +221,22 @@ func TestE2EAdapterClaimsOnlyItsDevices(t *testing.T) {
 	addr := fmt.Sprintf("127.0.0.1:%d", freeUDPPort(t))
 	g.setAdapters(t, filepath.Dir(udpline), map[string]string{"udpline": addr})
 	g.start()
+	conn, err := net.Dial("udp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	send := func(text string) {
+		t.Helper()
+		if _, err := conn.Write([]byte(text)); err != nil {
+			t.Fatal(err)
+		}
+	}
 
 	claim := func(control string) {
 		t.Helper()
 		waitFor(t, 10*time.Second, control+" online", func() bool {
-			sendUDP(t, addr, "hb alpha\nhb "+control+"\n")
+			send("hb alpha\nhb " + control + "\n")
 			return g.device(t, control).State == "online"
 		})
 		scenario(5 * fastTiming.flush) // alpha's evidence came first: flushed by now
@@ -276,7 +266,7 @@ func TestE2EAdapterClaimsOnlyItsDevices(t *testing.T) {
 		for j := i; j < i+perDatagram; j++ {
 			fmt.Fprintf(&b, "hb udpline-r%d\n", j)
 		}
-		sendUDP(t, addr, b.String())
+		send(b.String())
 		scenario(10 * time.Millisecond) // pace the datagrams: the socket buffer keeps them all
 	}
 	waitFor(t, 30*time.Second, "the flood taken", func() bool {
@@ -284,7 +274,7 @@ func TestE2EAdapterClaimsOnlyItsDevices(t *testing.T) {
 		return a.Accepted+a.Rejected+a.Refused+a.Dropped-seen == flood
 	})
 	a := g.adapters(t)["udpline"]
-	n := g.gatewaySessions(t)
+	n := g.status(t).Sessions
 	t.Logf("%d random IDs: %d sessions in the gateway (udpline: %d accepted, %d dropped); heap in use %.1f MB → %.1f MB",
 		flood, n, a.Accepted, a.Dropped, heapBefore, heap())
 	if n > configs.DefaultAdapterMaxDevices+2 || a.Dropped == 0 {

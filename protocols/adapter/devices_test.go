@@ -94,15 +94,7 @@ func TestMaxDevicesBoundsRandomIDs(t *testing.T) {
 	if err := e.host.Apply(ctx(t), []adapter.Spec{spec}); err != nil {
 		t.Fatal(err)
 	}
-	var b strings.Builder
-	for i := range 500 {
-		fmt.Fprintf(&b, "hb r-%d\n", i)
-	}
-	sendLine(t, addr, b.String())
-	waitFor(t, 5*time.Second, "500 items", func() bool {
-		st := e.status(t, "legacy")
-		return st.Accepted+st.Dropped == 500
-	})
+	e.renewMany(t, "legacy", addr, 500)
 	if st := e.status(t, "legacy"); st.Accepted != 50 || st.Dropped != 450 || st.Devices != 50 {
 		t.Fatalf("status = %+v, want 50 devices accepted, 450 dropped", st)
 	}

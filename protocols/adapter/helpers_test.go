@@ -114,6 +114,22 @@ func sendLine(t testing.TB, addr, text string) {
 	}
 }
 
+// renewMany sends "hb r-<i>" for i < n in one datagram to the udpline
+// adapter name at addr and waits until it has accepted or dropped them
+// all.
+func (e *env) renewMany(t *testing.T, name, addr string, n int) {
+	t.Helper()
+	var b strings.Builder
+	for i := range n {
+		fmt.Fprintf(&b, "hb r-%d\n", i)
+	}
+	sendLine(t, addr, b.String())
+	waitFor(t, 5*time.Second, fmt.Sprintf("%d items", n), func() bool {
+		st := e.status(t, name)
+		return st.Accepted+st.Dropped == uint64(n)
+	})
+}
+
 // waitFor polls cond every 10 ms for up to limit.
 func waitFor(t testing.TB, limit time.Duration, what string, cond func() bool) {
 	t.Helper()
