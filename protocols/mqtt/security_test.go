@@ -272,11 +272,12 @@ func closedSoon(c net.Conn, d time.Duration) bool {
 
 // Attack: connections that never send CONNECT each held a goroutine and
 // buffers for the 10 s connect timeout, without bound. Now one address
-// holds at most maxPendingPerAddr of them and all together maxPending;
-// beyond, a new connection is closed at accept and counted.
+// holds at most maxPendingPerAddr of them, one network (/24, /64)
+// maxPendingPerPrefix and all together maxPending; beyond, a new
+// connection is closed at accept and counted.
 func TestPendingConnectionsBounded(t *testing.T) {
 	s := newServer(t, &recorder{}, Options{Credentials: testCreds(t), ConnectsPerSecond: 10000, Registerer: prometheus.NewRegistry()})
-	s.pend = newPendingConns(4, 10)
+	s.pend = newPendingConns(4, 6, 10)
 	gatewaytest.Serve(t, s)
 	addr := tcpAddr(s)
 
@@ -284,16 +285,19 @@ func TestPendingConnectionsBounded(t *testing.T) {
 	if extra := silentConns(t, addr, "127.0.0.2", 1)[0]; !closedSoon(extra, 2*time.Second) {
 		t.Fatal("a fifth silent connection from one address was kept")
 	}
-	silentConns(t, addr, "127.0.0.3", 4)
-	silentConns(t, addr, "127.0.0.4", 2) // ten in all
-	if extra := silentConns(t, addr, "127.0.0.5", 1)[0]; !closedSoon(extra, 2*time.Second) {
+	silentConns(t, addr, "127.0.0.3", 2) // six in 127.0.0.0/24
+	if extra := silentConns(t, addr, "127.0.0.4", 1)[0]; !closedSoon(extra, 2*time.Second) {
+		t.Fatal("a seventh silent connection from one /24 was kept")
+	}
+	silentConns(t, addr, "127.0.1.2", 4) // ten in all
+	if extra := silentConns(t, addr, "127.0.2.2", 1)[0]; !closedSoon(extra, 2*time.Second) {
 		t.Fatal("an eleventh silent connection was kept")
 	}
 	if closedSoon(held[0], 100*time.Millisecond) {
 		t.Fatal("a connection within the bounds was closed")
 	}
-	if n := value(t, s.metrics.refused[reasonPending]); n != 2 {
-		t.Fatalf("refused pending = %v, want 2", n)
+	if n := value(t, s.metrics.refused[reasonPending]); n != 3 {
+		t.Fatalf("refused pending = %v, want 3", n)
 	}
 	// A connection that sends CONNECT no longer counts: after one of
 	// 127.0.0.2's sends it, another may wait.
@@ -305,13 +309,39 @@ func TestPendingConnectionsBounded(t *testing.T) {
 	}
 }
 
-// During a flood of silent connections from 20 addresses, each at its
-// bound, a real device connects within 1 s.
+// Attack: 128 addresses, each at its bound of 32 silent connections,
+// filled all 4,096 places for connections without CONNECT, and every
+// other client was closed at accept. Now the addresses of one network
+// (here 16 addresses of one /24, 512 connections) hold at most
+// maxPendingPerPrefix places together, and a device of another network
+// connects.
+func TestPendingConnectionsPerNetwork(t *testing.T) {
+	s := startServer(t, &recorder{}, Options{Credentials: testCreds(t), ConnectsPerSecond: 10000, Registerer: prometheus.NewRegistry()})
+	addr := tcpAddr(s)
+	attempts := 0
+	for a := range 16 {
+		attempts += len(silentConns(t, addr, fmt.Sprintf("127.0.3.%d", a+1), maxPendingPerAddr))
+	}
+	refused := float64(attempts - maxPendingPerPrefix)
+	eventually(t, 10*time.Second, "the connections beyond the /24's bound refused", func() bool {
+		return value(t, s.metrics.refused[reasonPending]) >= refused
+	})
+	s.pend.mu.Lock()
+	held := s.pend.n
+	s.pend.mu.Unlock()
+	if n := value(t, s.metrics.refused[reasonPending]); held != maxPendingPerPrefix || n != refused {
+		t.Fatalf("one /24 holds %d connections without CONNECT (%v refused), want %d", held, n, maxPendingPerPrefix)
+	}
+	mustConnectV5(t, s, "dev-1", "secret-1")
+}
+
+// During a flood of silent connections from 20 addresses of 20 networks,
+// each at its bound, a real device connects within 1 s.
 func TestSilentConnectionFlood(t *testing.T) {
 	s := startServer(t, &recorder{}, Options{Credentials: testCreds(t), ConnectsPerSecond: 10000, Registerer: prometheus.NewRegistry()})
 	addr := tcpAddr(s)
 	for a := range 20 {
-		src := fmt.Sprintf("127.0.2.%d", a+1)
+		src := fmt.Sprintf("127.0.%d.1", a+10)
 		silentConns(t, addr, src, maxPendingPerAddr)
 		if extra := silentConns(t, addr, src, 1)[0]; !closedSoon(extra, 2*time.Second) {
 			t.Fatalf("%s: a silent connection beyond %d was kept", src, maxPendingPerAddr)

@@ -37,8 +37,9 @@
 // 3.1.1: 0x03), and 250 times as many TCP connects per source address,
 // which the devices behind a NAT share (excess connections are closed at
 // accept, before any CONNECT is read); connections that have not sent
-// CONNECT yet are bounded per source address (32) and in all (4096),
-// beyond which a new one is closed at accept; MaxPendingWrites bounds the packets queued
+// CONNECT yet are bounded per source address (32), per source network
+// (256 per /24 or /64) and in all (4096), beyond which a new one is
+// closed at accept; MaxPendingWrites bounds the packets queued
 // for a client, which is disconnected when it overflows. A connection
 // must finish TLS and send CONNECT within 10 s. A session left by an
 // MQTT 5 client with a session expiry interval, or by a 3.1.1 client
@@ -200,7 +201,7 @@ func New(obs gateway.Observer, o Options) (*Server, error) {
 		allowAnon: o.AllowAnonymous,
 		rate:      ratelimit.New[netip.Addr](ratelimit.AddressFactor * cmp.Or(o.ConnectsPerSecond, DefaultConnectsPerSecond)),
 		devRate:   ratelimit.New[gateway.DeviceID](cmp.Or(o.ConnectsPerSecond, DefaultConnectsPerSecond)),
-		pend:      newPendingConns(maxPendingPerAddr, maxPending),
+		pend:      newPendingConns(maxPendingPerAddr, maxPendingPerPrefix, maxPending),
 		maxConns:  int64(cmp.Or(o.MaxClients, DefaultMaxClients)),
 		done:      make(chan struct{}),
 		live:      make(map[*conn]admission),
