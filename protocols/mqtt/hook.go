@@ -83,7 +83,7 @@ func (h *presence) OnConnect(cl *mochi.Client, pk packets.Packet) error {
 	}
 	c.admitted = true // the slot is released when the connection ends
 	root := s.topicRoot(device)
-	rev, box, err := s.authorize(device, pk)
+	rev, box, err := s.authorize(device, c.ip, pk)
 	if err == nil && pk.Connect.WillFlag && !underRoot(pk.Connect.WillTopic, root) {
 		err = errNotAuthorized
 	}

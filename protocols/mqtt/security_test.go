@@ -216,6 +216,90 @@ func TestPasswordFloodDoesNotLockOut(t *testing.T) {
 	flood.Wait()
 }
 
+// Attack: one CONNECT as alpha with a wrong password every 300 ms from
+// 127.0.0.2. The backoff was per device and refused the right password
+// too, so alpha (its password not cached, as after a restart) stayed out
+// from anywhere: once the backoff reached 8 s, alpha retrying every
+// 500 ms got in only in the moment between the end of a backoff and the
+// attacker's next try (measured: after 7.8 s and 14 tries in one run,
+// not within 20 s in another). Now the backoff is per source address and device: alpha
+// connecting from 127.0.0.1 gets in at its first try during the attack.
+func TestWrongPasswordsElsewhereDoNotLockOut(t *testing.T) {
+	cost := auth.DefaultCost
+	if raceEnabled {
+		cost -= 3
+	}
+	hash, err := auth.HashPassword([]byte("alpha-pw"), cost)
+	if err != nil {
+		t.Fatal(err)
+	}
+	devices, err := auth.Parse("devices.yaml", fmt.Appendf(nil, "devices:\n  - id: alpha\n    password_bcrypt: %q\n", hash))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := startServer(t, &recorder{}, Options{Credentials: devices, Registerer: prometheus.NewRegistry()})
+	addr := tcpAddr(s)
+	start := time.Now()
+	_ = bcrypt.CompareHashAndPassword([]byte(hash), []byte("alpha-pw"))
+	bound := max(time.Second, 3*time.Since(start))
+	if raceEnabled {
+		bound *= 2
+	}
+
+	ctx, stop := context.WithTimeout(context.Background(), 30*time.Second)
+	defer stop()
+	var attack sync.WaitGroup
+	attack.Go(func() { wrongPasswords(ctx, t, addr, "127.0.0.2", "alpha", 300*time.Millisecond) })
+	select { // the attack has doubled the device's backoff to 8 s
+	case <-time.After(9 * time.Second):
+	case <-ctx.Done():
+	}
+	start = time.Now()
+	tries := 0
+	for code := byte(0xff); code != 0; tries++ {
+		if time.Since(start) > 20*time.Second {
+			t.Fatalf("alpha still refused (CONNACK %#x) after %d tries in %v during the attack", code, tries, time.Since(start))
+		}
+		if tries > 0 {
+			time.Sleep(500 * time.Millisecond) // as a device retries
+		}
+		code = connackCode(t, s, &paho.Connect{ClientID: "alpha", KeepAlive: 30, CleanStart: true, Password: []byte("alpha-pw"), PasswordFlag: true})
+	}
+	took := time.Since(start)
+	t.Logf("alpha got in after %v, %d tries, during one wrong password every 300 ms from 127.0.0.2", took, tries)
+	if tries != 1 || took > bound {
+		t.Fatalf("alpha got in after %d tries in %v, want at the first within %v", tries, took, bound)
+	}
+	stop()
+	attack.Wait()
+}
+
+// wrongPasswords sends a CONNECT as device with a wrong password every
+// interval from source address src to addr until ctx ends, without
+// waiting for the answers.
+func wrongPasswords(ctx context.Context, t *testing.T, addr, src, device string, interval time.Duration) {
+	tick := time.NewTicker(interval)
+	defer tick.Stop()
+	var conns []net.Conn
+	defer func() {
+		for _, c := range conns {
+			_ = c.Close()
+		}
+	}()
+	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(src)}, Timeout: time.Second}
+	for {
+		if c, err := d.DialContext(ctx, "tcp", addr); err == nil {
+			conns = append(conns, c)
+			_, _ = c.Write(connectPacket(t, 5, device, "wrong", 30))
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
+}
+
 // connectFlood sends perSecond CONNECTs a second from source address src
 // to addr, each with a random client ID and password, until ctx ends; it
 // does not wait for the answers, as an attacker would not.

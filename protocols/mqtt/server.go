@@ -414,6 +414,15 @@ func (b *credentials) revision(device gateway.DeviceID) string {
 	return b.c.Revision(device)
 }
 
+// checkPassword checks device's password from address from, with the
+// address when the credentials take it.
+func (b *credentials) checkPassword(device gateway.DeviceID, from netip.Addr, password []byte) error {
+	if sc, ok := b.c.(gateway.SourceCredentials); ok {
+		return sc.CheckPasswordFrom(device, from, password)
+	}
+	return b.c.CheckPassword(device, password)
+}
+
 // admission is what a connection was admitted with.
 type admission struct {
 	client *mochi.Client
@@ -524,13 +533,15 @@ func (s *Server) release(c *conn) {
 // errNotAuthorized refuses a CONNECT's credentials.
 var errNotAuthorized = errors.New("not authorized")
 
-// authorize checks a CONNECT's credentials for device, with the
-// credentials box it returns: nil, or errNotAuthorized, or
+// authorize checks a CONNECT's credentials for device, sent from address
+// from (the backoff of wrong passwords is kept per address when the
+// Credentials take it), with the credentials box it returns: nil, or
+// errNotAuthorized, or
 // gateway.ErrOverloaded when the Credentials are (no password check slot:
 // the Credentials bound the bcrypt work, see auth). A device without a
 // password is admitted only with AllowAnonymous and only when it is not
 // listed: anonymous access never covers a device of the devices file.
-func (s *Server) authorize(device gateway.DeviceID, pk packets.Packet) (string, *credentials, error) {
+func (s *Server) authorize(device gateway.DeviceID, from netip.Addr, pk packets.Packet) (string, *credentials, error) {
 	box := s.creds.Load()
 	if pk.Connect.UsernameFlag && string(pk.Connect.Username) != string(device) {
 		return "", box, errNotAuthorized
@@ -542,7 +553,7 @@ func (s *Server) authorize(device gateway.DeviceID, pk packets.Packet) (string, 
 		}
 		return "", box, errNotAuthorized
 	}
-	if err := box.c.CheckPassword(device, pk.Connect.Password); err != nil {
+	if err := box.checkPassword(device, from, pk.Connect.Password); err != nil {
 		if errors.Is(err, gateway.ErrOverloaded) {
 			return "", box, fmt.Errorf("password check: %w", err)
 		}
