@@ -190,6 +190,13 @@ type LimitsConfig struct {
 	// MaxSessionsPerDevice bounds the sessions one device holds on this
 	// gateway (configs/security.go).
 	MaxSessionsPerDevice int `yaml:"max_sessions_per_device"`
+	// MQTTMaxInflight bounds the QoS 1/2 messages held for one client;
+	// the MQTTMaxRetained keys bound retained messages per device and in
+	// all (protocols/mqtt/retained.go).
+	MQTTMaxInflight               int `yaml:"mqtt_max_inflight"`
+	MQTTMaxRetainedPerDevice      int `yaml:"mqtt_max_retained_per_device"`
+	MQTTMaxRetainedBytesPerDevice int `yaml:"mqtt_max_retained_bytes_per_device"`
+	MQTTMaxRetainedBytes          int `yaml:"mqtt_max_retained_bytes"`
 }
 
 // LogConfig selects the log level (debug, info, warn, error) and format
@@ -236,6 +243,11 @@ func Default() Config {
 			DTLSMaxPeers:          4096,
 			DTLSIdleTimeout:       Duration(5 * time.Second),
 			MaxSessionsPerDevice:  DefaultMaxSessionsPerDevice,
+			// MQTT state held for devices (protocols/mqtt/retained.go)
+			MQTTMaxInflight:               32,
+			MQTTMaxRetainedPerDevice:      16,
+			MQTTMaxRetainedBytesPerDevice: 64 << 10,
+			MQTTMaxRetainedBytes:          64 << 20,
 		},
 		Plugins: PluginsConfig{Dir: "/usr/lib/fleetgate/plugins", Adapters: []AdapterConfig{}},
 		Log:     LogConfig{Level: "info", Format: "text"},

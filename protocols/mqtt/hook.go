@@ -44,6 +44,9 @@ var provided = []byte{
 	mochi.OnDisconnect,
 	mochi.OnPacketRead,
 	mochi.OnPublishDropped,
+	mochi.OnPublish,
+	mochi.OnWill,
+	mochi.OnRetainedExpired,
 }
 
 func (h *presence) Provides(b byte) bool { return bytes.IndexByte(provided, b) >= 0 }
@@ -129,7 +132,7 @@ func (h *presence) OnConnect(cl *mochi.Client, pk packets.Packet) error {
 		s.log.Warn("connect refused: observe", "device", string(device), "session", string(session), "err", err)
 		return refuse(cl, packets.ErrUnspecifiedError, packets.Err3ServerUnavailable)
 	}
-	c.device, c.session, c.root = device, session, root
+	c.device, c.session, c.root, c.anon = device, session, root, rev == ""
 	c.persistent.Store(persistent)
 	if !persistent {
 		s.endPersistent(device)
@@ -206,4 +209,31 @@ func (h *presence) OnPublishDropped(cl *mochi.Client, _ packets.Packet) {
 		h.srv.metrics.refuse(reasonTooSlow)
 		cl.Stop(errTooSlow)
 	}
+}
+
+// OnPublish holds a device's retained messages to its quota
+// (retained.go); the ACL check has passed.
+func (h *presence) OnPublish(cl *mochi.Client, pk packets.Packet) (packets.Packet, error) {
+	c, ok := cl.Net.Conn.(*conn)
+	if !pk.FixedHeader.Retain || !ok || h.srv.retained.retain(c.device, c.anon, pk.TopicName, len(pk.Payload)) {
+		return pk, nil
+	}
+	return pk, h.srv.refuseRetained(cl, pk)
+}
+
+// OnWill sends a retained will beyond the device's quota without
+// retaining it.
+func (h *presence) OnWill(cl *mochi.Client, will mochi.Will) (mochi.Will, error) {
+	c, ok := cl.Net.Conn.(*conn)
+	if will.Retain && ok && c.session != "" && !h.srv.retained.retain(c.device, c.anon, will.TopicName, len(will.Payload)) {
+		h.srv.metrics.retainedRefused.Inc()
+		will.Retain = false
+	}
+	return will, nil
+}
+
+// OnRetainedExpired uncounts a retained message the broker dropped at
+// its expiry.
+func (h *presence) OnRetainedExpired(topic string) {
+	h.srv.retained.expired(h.srv.deviceOf(topic), topic)
 }

@@ -43,6 +43,8 @@ type conn struct {
 	admitted bool
 	// leaving: the device sent a normal DISCONNECT that ends its session.
 	leaving bool
+	// anon: the device was admitted without a password.
+	anon bool
 	// persistent: the client asked for a session that outlives the
 	// connection (sleepy.go); read by a later connection of the client.
 	persistent atomic.Bool

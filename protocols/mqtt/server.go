@@ -17,6 +17,8 @@
 // unavailable"). A device that already has limits.max_sessions_per_device
 // sessions gets "quota exceeded" (0x97; 3.1.1: 0x03).
 //
+// Retained messages are bounded per device and in all (retained.go).
+//
 // Revocation. SetCredentials (a reload of the devices file) disconnects
 // every connection whose device's credentials changed or went away (MQTT
 // 5 clients get DISCONNECT "not authorized"), and anonymous ones whose
@@ -40,7 +42,9 @@
 // CONNECT yet are bounded per source address (32), per source network
 // (256 per /24 or /64) and in all (4096), beyond which a new one is
 // closed at accept; MaxPendingWrites bounds the packets queued
-// for a client, which is disconnected when it overflows. A connection
+// for a client, which is disconnected when it overflows; MaxInflight
+// bounds the QoS 1/2 messages held for a client (sent and not
+// acknowledged, or queued for its persistent session). A connection
 // must finish TLS and send CONNECT within 10 s. A session left by an
 // MQTT 5 client with a session expiry interval, or by a 3.1.1 client
 // without clean session, is kept at most maxSessionExpiry.
@@ -71,10 +75,14 @@ import (
 // Defaults for the zero values of the Options limits; they match the
 // shipped configuration.
 const (
-	DefaultMaxPacketSize     = 65536
-	DefaultMaxClients        = 100000
-	DefaultConnectsPerSecond = 20
-	DefaultMaxPendingWrites  = 64
+	DefaultMaxPacketSize          = 65536
+	DefaultMaxClients             = 100000
+	DefaultConnectsPerSecond      = 20
+	DefaultMaxPendingWrites       = 64
+	DefaultMaxInflight            = 32
+	DefaultRetainedPerDevice      = 16
+	DefaultRetainedBytesPerDevice = 64 << 10
+	DefaultRetainedBytes          = 64 << 20
 )
 
 // Fixed broker tuning. Device traffic is small packets, so the buffers
@@ -88,8 +96,6 @@ const (
 	maxSessionExpiry = 10 * 60
 	// receiveMaximum bounds unacknowledged QoS 1/2 PUBLISHes per client.
 	receiveMaximum = 64
-	// maxInflight bounds the QoS messages stored for one client.
-	maxInflight = 256
 	// topicAliasMaximum bounds the topic aliases a client may set.
 	topicAliasMaximum = 16
 	// sysTopicInterval: the $SYS topics (which no device may read) are
@@ -121,6 +127,14 @@ type Options struct {
 	Lease time.Duration
 	// Limits; zero means the Default… constant, negative is an error.
 	MaxPacketSize, MaxClients, ConnectsPerSecond, MaxPendingWrites int
+	// MaxInflight bounds the QoS 1/2 messages the broker holds for one
+	// client: sent and not acknowledged, or queued for a persistent
+	// session while its client is away; beyond it a message to the
+	// client is dropped (at most 65535).
+	MaxInflight int
+	// RetainedPerDevice and RetainedBytesPerDevice bound one device's
+	// retained messages, RetainedBytes all devices' (retained.go).
+	RetainedPerDevice, RetainedBytesPerDevice, RetainedBytes int
 	// Clock stamps evidence and drives the connect rate limit; nil means
 	// gateway.SystemClock.
 	Clock gateway.Clock
@@ -149,6 +163,7 @@ type Server struct {
 	rate      *ratelimit.Limiter[netip.Addr]       // connects per source address
 	devRate   *ratelimit.Limiter[gateway.DeviceID] // CONNECTs per device
 	pend      *pendingConns
+	retained  *retainedQuota
 	maxConns  int64
 	conns     atomic.Int64 // admitted connections (max_clients slots)
 	connSeq   atomic.Uint64
@@ -186,15 +201,10 @@ func New(obs gateway.Observer, o Options) (*Server, error) {
 	if err := o.check(); err != nil {
 		return nil, fmt.Errorf("mqtt: %w", err)
 	}
-	m, err := newMetrics(o.Registerer)
-	if err != nil {
-		return nil, fmt.Errorf("mqtt: %w", err)
-	}
 	s := &Server{
 		obs:       obs,
 		clock:     o.Clock,
 		log:       o.Logger,
-		metrics:   m,
 		gatewayID: o.Gateway,
 		epoch:     o.Epoch,
 		prefix:    o.TopicPrefix,
@@ -206,6 +216,13 @@ func New(obs gateway.Observer, o Options) (*Server, error) {
 		done:      make(chan struct{}),
 		live:      make(map[*conn]admission),
 	}
+	s.retained = newRetainedQuota(cmp.Or(o.RetainedPerDevice, DefaultRetainedPerDevice),
+		cmp.Or(o.RetainedBytesPerDevice, DefaultRetainedBytesPerDevice), cmp.Or(o.RetainedBytes, DefaultRetainedBytes))
+	m, err := newMetrics(o.Registerer, s.retained.usage)
+	if err != nil {
+		return nil, fmt.Errorf("mqtt: %w", err)
+	}
+	s.metrics = m
 	if s.clock == nil {
 		s.clock = gateway.SystemClock{}
 	}
@@ -226,7 +243,7 @@ func New(obs gateway.Observer, o Options) (*Server, error) {
 	caps.MaximumClientWritesPending = int32(cmp.Or(o.MaxPendingWrites, DefaultMaxPendingWrites))
 	caps.MaximumSessionExpiryInterval = maxSessionExpiry
 	caps.ReceiveMaximum = receiveMaximum
-	caps.MaximumInflight = maxInflight
+	caps.MaximumInflight = uint16(cmp.Or(o.MaxInflight, DefaultMaxInflight))
 	caps.TopicAliasMaximum = topicAliasMaximum
 	s.broker = mochi.New(&mochi.Options{
 		Capabilities:             caps,
@@ -255,10 +272,13 @@ func (o *Options) check() error {
 		return fmt.Errorf("heartbeat interval %v must be positive", o.HeartbeatInterval)
 	case o.Credentials == nil && !o.AllowAnonymous:
 		return errors.New("no credentials and anonymous devices not allowed")
-	case o.MaxPacketSize < 0, o.MaxClients < 0, o.ConnectsPerSecond < 0, o.MaxPendingWrites < 0:
+	case o.MaxPacketSize < 0, o.MaxClients < 0, o.ConnectsPerSecond < 0, o.MaxPendingWrites < 0, o.MaxInflight < 0,
+		o.RetainedPerDevice < 0, o.RetainedBytesPerDevice < 0, o.RetainedBytes < 0:
 		return errors.New("negative limit")
 	case o.MaxPendingWrites > math.MaxInt32:
 		return fmt.Errorf("max pending writes %d too large", o.MaxPendingWrites)
+	case o.MaxInflight > math.MaxUint16:
+		return fmt.Errorf("max inflight %d too large", o.MaxInflight)
 	case o.MaxPacketSize > 268435460: // MQTT's largest packet
 		return fmt.Errorf("max packet size %d too large", o.MaxPacketSize)
 	}
@@ -384,7 +404,9 @@ func (s *Server) leaseOf(c *conn) time.Duration {
 // (SIGHUP reload of the devices file; c may be the same Reloadable as
 // before, reloaded) and disconnects the connections they revoke: those
 // whose device's Revision changed (removed, new password) or, for
-// anonymous ones, became listed. A nil c is refused with a warning, as
+// anonymous ones, became listed. The retained messages of a removed
+// device, and those an anonymous device sent before it became listed,
+// are dropped (DropRetained). A nil c is refused with a warning, as
 // the CoAP server does.
 func (s *Server) SetCredentials(c gateway.Credentials) {
 	if c == nil {
@@ -404,6 +426,7 @@ func (s *Server) SetCredentials(c gateway.Credentials) {
 	for _, cl := range revoked {
 		s.revoke(cl)
 	}
+	s.dropChanged(box)
 }
 
 // revision is the Revision of device, "" without credentials.

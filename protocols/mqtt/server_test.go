@@ -505,8 +505,9 @@ func TestMetricsShared(t *testing.T) {
 	for _, mf := range mfs {
 		n += len(mf.GetMetric())
 	}
-	// coap renew + mqtt connect/renew/leave, one gauge, 7 refusal reasons.
-	if n != 1+3+1+len(refusalReasons) {
+	// coap renew + mqtt connect/renew/leave, the connections gauge, the
+	// refusal reasons, and the retained refusals and bytes.
+	if n != 1+3+1+len(refusalReasons)+2 {
 		t.Fatalf("%d series", n)
 	}
 	if _, err := New(&recorder{}, Options{TCP: "127.0.0.1:0", Gateway: "gw-2", AllowAnonymous: true, HeartbeatInterval: time.Second, Registerer: reg}); err != nil {
@@ -517,13 +518,15 @@ func TestMetricsShared(t *testing.T) {
 func TestOptionsChecked(t *testing.T) {
 	ok := Options{TCP: "127.0.0.1:0", Gateway: "gw-1", AllowAnonymous: true, HeartbeatInterval: time.Second}
 	for name, mut := range map[string]func(*Options){
-		"no address":       func(o *Options) { o.TCP = "" },
-		"tls without cert": func(o *Options) { o.TLS = "127.0.0.1:0" },
-		"no heartbeat":     func(o *Options) { o.HeartbeatInterval = 0 },
-		"no credentials":   func(o *Options) { o.AllowAnonymous = false },
-		"bad gateway":      func(o *Options) { o.Gateway = "gw 1" },
-		"negative limit":   func(o *Options) { o.MaxClients = -1 },
-		"bad address":      func(o *Options) { o.TCP = "256.0.0.1:0" },
+		"no address":        func(o *Options) { o.TCP = "" },
+		"tls without cert":  func(o *Options) { o.TLS = "127.0.0.1:0" },
+		"no heartbeat":      func(o *Options) { o.HeartbeatInterval = 0 },
+		"no credentials":    func(o *Options) { o.AllowAnonymous = false },
+		"bad gateway":       func(o *Options) { o.Gateway = "gw 1" },
+		"negative limit":    func(o *Options) { o.MaxClients = -1 },
+		"negative retained": func(o *Options) { o.RetainedBytes = -1 },
+		"inflight too big":  func(o *Options) { o.MaxInflight = 65536 },
+		"bad address":       func(o *Options) { o.TCP = "256.0.0.1:0" },
 	} {
 		o := ok
 		mut(&o)
