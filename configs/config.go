@@ -197,6 +197,11 @@ type LimitsConfig struct {
 	MQTTMaxRetainedPerDevice      int `yaml:"mqtt_max_retained_per_device"`
 	MQTTMaxRetainedBytesPerDevice int `yaml:"mqtt_max_retained_bytes_per_device"`
 	MQTTMaxRetainedBytes          int `yaml:"mqtt_max_retained_bytes"`
+	// AnonymousMaxDevices bounds the anonymous devices with sessions on
+	// this gateway; AnonymousConnectsPerSecond the anonymous MQTT
+	// CONNECTs per source network (/24, /64).
+	AnonymousMaxDevices        int `yaml:"anonymous_max_devices"`
+	AnonymousConnectsPerSecond int `yaml:"anonymous_connects_per_second"`
 }
 
 // LogConfig selects the log level (debug, info, warn, error) and format
@@ -248,6 +253,9 @@ func Default() Config {
 			MQTTMaxRetainedPerDevice:      16,
 			MQTTMaxRetainedBytesPerDevice: 64 << 10,
 			MQTTMaxRetainedBytes:          64 << 20,
+			// anonymous devices (docs/security.md)
+			AnonymousMaxDevices:        gateway.DefaultMaxAnonymousDevices,
+			AnonymousConnectsPerSecond: 100,
 		},
 		Plugins: PluginsConfig{Dir: "/usr/lib/fleetgate/plugins", Adapters: []AdapterConfig{}},
 		Log:     LogConfig{Level: "info", Format: "text"},

@@ -82,8 +82,8 @@ func TestEnvNamesAreUnique(t *testing.T) {
 		}
 		seen[name] = path
 	}
-	if len(seen) != 71 {
-		t.Errorf("%d keys, want 71: %v", len(seen), configs.Keys())
+	if len(seen) != 73 {
+		t.Errorf("%d keys, want 73: %v", len(seen), configs.Keys())
 	}
 }
 

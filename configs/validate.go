@@ -190,6 +190,8 @@ func (c Config) validateLimits(p *problems) {
 	}
 	p.atLeast("limits.mqtt_max_retained_per_device", l.MQTTMaxRetainedPerDevice, 1)
 	p.atLeast("limits.mqtt_max_retained_bytes_per_device", l.MQTTMaxRetainedBytesPerDevice, 1)
+	p.atLeast("limits.anonymous_max_devices", l.AnonymousMaxDevices, 1)
+	p.atLeast("limits.anonymous_connects_per_second", l.AnonymousConnectsPerSecond, 1)
 	if l.MQTTMaxRetainedBytes < l.MQTTMaxRetainedBytesPerDevice {
 		p.add("limits.mqtt_max_retained_bytes", "must be at least limits.mqtt_max_retained_bytes_per_device (%d), got %d", l.MQTTMaxRetainedBytesPerDevice, l.MQTTMaxRetainedBytes)
 	}

@@ -99,6 +99,9 @@ func TestValidate(t *testing.T) {
 		{"mqtt retained bytes per device", func(c *configs.Config) { c.Limits.MQTTMaxRetainedBytesPerDevice, c.Limits.MQTTMaxInflight = 0, 0 },
 			"limits.mqtt_max_inflight: must be between 1 and 65535, got 0\n" +
 				"limits.mqtt_max_retained_bytes_per_device: must be >= 1, got 0"},
+		{"anonymous limits", func(c *configs.Config) { c.Limits.AnonymousMaxDevices, c.Limits.AnonymousConnectsPerSecond = 0, -1 },
+			"limits.anonymous_max_devices: must be >= 1, got 0\n" +
+				"limits.anonymous_connects_per_second: must be >= 1, got -1"},
 		{"same port udp and tcp", func(c *configs.Config) { c.Listen.CoAP.UDP = ":1883" }, ""},
 		{"admin on the mqtt port", func(c *configs.Config) { c.Listen.Admin.HTTP = "127.0.0.1:1883" },
 			`listen.admin.http: "127.0.0.1:1883" and listen.mqtt.tcp (":1883") bind the same tcp port`},

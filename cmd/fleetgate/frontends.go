@@ -109,6 +109,8 @@ func (g *gatewayProcess) openFrontEnds(cfg configs.Config, log *slog.Logger, reg
 			RetainedPerDevice:      l.MQTTMaxRetainedPerDevice,
 			RetainedBytesPerDevice: l.MQTTMaxRetainedBytesPerDevice,
 			RetainedBytes:          l.MQTTMaxRetainedBytes,
+
+			AnonymousConnectsPerSecond: l.AnonymousConnectsPerSecond,
 		})
 		if err != nil {
 			g.closeFrontEnds()

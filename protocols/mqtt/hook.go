@@ -10,6 +10,7 @@ import (
 	"github.com/mochi-mqtt/server/v2/packets"
 
 	"github.com/fleetgate/fleetgate/gateway"
+	"github.com/fleetgate/fleetgate/internal/ratelimit"
 )
 
 // presence is the one mochi hook of the front end. It admits or refuses
@@ -113,12 +114,24 @@ func (h *presence) OnConnect(cl *mochi.Client, pk packets.Packet) error {
 
 	persistent := persistentSession(cl, pk)
 	session := s.sessionFor(persistent)
-	err = s.observe(device, session, gateway.Connect, 0)
+	anon := rev == ""
+	if anon {
+		if ok, _ := s.anonRate.Allow(ratelimit.Prefix(c.ip), s.clock.Now()); !ok {
+			s.metrics.refuse(reasonAnonymousRate)
+			s.log.Debug("connect refused: anonymous connect rate", "device", string(device), "remote", c.RemoteAddr().String())
+			return refuse(cl, packets.ErrConnectionRateExceeded, packets.Err3ServerUnavailable)
+		}
+	}
+	err = s.observe(device, session, gateway.Connect, 0, anon)
 	switch {
 	case err == nil:
 	case errors.Is(err, gateway.ErrInvalidDeviceID):
 		s.metrics.refuse(reasonInvalidClientID)
 		return refuse(cl, packets.ErrClientIdentifierNotValid, packets.Err3ClientIdentifierNotValid)
+	case errors.Is(err, gateway.ErrAnonymousLimit):
+		s.metrics.refuse(reasonAnonymousLimit)
+		s.log.Debug("connect refused: anonymous_max_devices", "device", string(device), "err", err)
+		return refuse(cl, packets.ErrQuotaExceeded, packets.Err3ServerUnavailable)
 	case errors.Is(err, gateway.ErrSessionLimit):
 		s.metrics.refuse(reasonSessionLimit)
 		s.log.Debug("connect refused: max_sessions_per_device", "device", string(device), "err", err)
@@ -132,7 +145,7 @@ func (h *presence) OnConnect(cl *mochi.Client, pk packets.Packet) error {
 		s.log.Warn("connect refused: observe", "device", string(device), "session", string(session), "err", err)
 		return refuse(cl, packets.ErrUnspecifiedError, packets.Err3ServerUnavailable)
 	}
-	c.device, c.session, c.root, c.anon = device, session, root, rev == ""
+	c.device, c.session, c.root, c.anon = device, session, root, anon
 	c.persistent.Store(persistent)
 	if !persistent {
 		s.endPersistent(device)
@@ -184,7 +197,7 @@ func (h *presence) OnPacketRead(cl *mochi.Client, pk packets.Packet) (packets.Pa
 		c.leaving = true // the Leave is sent once the connection has ended
 		return pk, nil
 	}
-	if err := h.srv.observe(c.device, c.session, gateway.Renew, h.srv.leaseOf(c)); err != nil {
+	if err := h.srv.observe(c.device, c.session, gateway.Renew, h.srv.leaseOf(c), c.anon); err != nil {
 		h.srv.log.Debug("renew refused", "device", string(c.device), "session", string(c.session), "err", err)
 	}
 	return pk, nil
@@ -197,7 +210,7 @@ func (h *presence) OnDisconnect(cl *mochi.Client, _ error, _ bool) {
 	if !ok || !c.leaving || c.session == "" {
 		return
 	}
-	if err := h.srv.observe(c.device, c.session, gateway.Leave, h.srv.leaseOf(c)); err != nil {
+	if err := h.srv.observe(c.device, c.session, gateway.Leave, h.srv.leaseOf(c), c.anon); err != nil {
 		h.srv.log.Debug("leave refused", "device", string(c.device), "session", string(c.session), "err", err)
 	}
 }

@@ -19,12 +19,15 @@ const (
 	reasonSessionLimit    = "session_limit"
 	reasonRevoked         = "revoked"
 	reasonPending         = "pending"
+	reasonAnonymousRate   = "anonymous_rate"
+	reasonAnonymousLimit  = "anonymous_limit"
 )
 
 var refusalReasons = []string{
 	reasonInvalidClientID, reasonNotAuthorized, reasonMaxClients,
 	reasonRate, reasonOverloaded, reasonError, reasonTooSlow,
 	reasonSessionLimit, reasonRevoked, reasonPending,
+	reasonAnonymousRate, reasonAnonymousLimit,
 }
 
 // metrics are the front end's Prometheus collectors. The counters of

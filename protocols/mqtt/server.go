@@ -15,7 +15,10 @@
 // overloaded gateway, or Credentials that report gateway.ErrOverloaded
 // (no password check slot) get "server busy" (0x89; 3.1.1: 0x03 "server
 // unavailable"). A device that already has limits.max_sessions_per_device
-// sessions gets "quota exceeded" (0x97; 3.1.1: 0x03).
+// sessions gets "quota exceeded" (0x97; 3.1.1: 0x03). Anonymous
+// devices are bounded apart: AnonymousConnectsPerSecond per source
+// network (0x9F; 3.1.1: 0x03), and the session table's
+// MaxAnonymousDevices (gateway.ErrAnonymousLimit: 0x97; 3.1.1: 0x03).
 //
 // Retained messages are bounded per device and in all (retained.go).
 //
@@ -83,6 +86,9 @@ const (
 	DefaultRetainedPerDevice      = 16
 	DefaultRetainedBytesPerDevice = 64 << 10
 	DefaultRetainedBytes          = 64 << 20
+	// DefaultAnonymousConnectsPerSecond is
+	// limits.anonymous_connects_per_second.
+	DefaultAnonymousConnectsPerSecond = 100
 )
 
 // Fixed broker tuning. Device traffic is small packets, so the buffers
@@ -135,6 +141,11 @@ type Options struct {
 	// RetainedPerDevice and RetainedBytesPerDevice bound one device's
 	// retained messages, RetainedBytes all devices' (retained.go).
 	RetainedPerDevice, RetainedBytesPerDevice, RetainedBytes int
+	// AnonymousConnectsPerSecond bounds the CONNECTs admitted without a
+	// password from one source network (ratelimit.Prefix: /24, /64),
+	// with bursts of as many; beyond it CONNACK "connection rate
+	// exceeded" (0x9F; 3.1.1: 0x03).
+	AnonymousConnectsPerSecond int
 	// Clock stamps evidence and drives the connect rate limit; nil means
 	// gateway.SystemClock.
 	Clock gateway.Clock
@@ -162,6 +173,7 @@ type Server struct {
 	lease     atomic.Int64                         // presence.lease in force
 	rate      *ratelimit.Limiter[netip.Addr]       // connects per source address
 	devRate   *ratelimit.Limiter[gateway.DeviceID] // CONNECTs per device
+	anonRate  *ratelimit.Limiter[netip.Prefix]     // anonymous CONNECTs per source network
 	pend      *pendingConns
 	retained  *retainedQuota
 	maxConns  int64
@@ -216,6 +228,7 @@ func New(obs gateway.Observer, o Options) (*Server, error) {
 		done:      make(chan struct{}),
 		live:      make(map[*conn]admission),
 	}
+	s.anonRate = ratelimit.New[netip.Prefix](cmp.Or(o.AnonymousConnectsPerSecond, DefaultAnonymousConnectsPerSecond))
 	s.retained = newRetainedQuota(cmp.Or(o.RetainedPerDevice, DefaultRetainedPerDevice),
 		cmp.Or(o.RetainedBytesPerDevice, DefaultRetainedBytesPerDevice), cmp.Or(o.RetainedBytes, DefaultRetainedBytes))
 	m, err := newMetrics(o.Registerer, s.retained.usage)
@@ -273,7 +286,7 @@ func (o *Options) check() error {
 	case o.Credentials == nil && !o.AllowAnonymous:
 		return errors.New("no credentials and anonymous devices not allowed")
 	case o.MaxPacketSize < 0, o.MaxClients < 0, o.ConnectsPerSecond < 0, o.MaxPendingWrites < 0, o.MaxInflight < 0,
-		o.RetainedPerDevice < 0, o.RetainedBytesPerDevice < 0, o.RetainedBytes < 0:
+		o.RetainedPerDevice < 0, o.RetainedBytesPerDevice < 0, o.RetainedBytes < 0, o.AnonymousConnectsPerSecond < 0:
 		return errors.New("negative limit")
 	case o.MaxPendingWrites > math.MaxInt32:
 		return fmt.Errorf("max pending writes %d too large", o.MaxPendingWrites)
@@ -593,8 +606,9 @@ func (s *Server) topicRoot(device gateway.DeviceID) string {
 	return s.prefix + "/" + string(device)
 }
 
-// observe hands one piece of evidence to the Observer and counts it.
-func (s *Server) observe(d gateway.DeviceID, sess gateway.SessionID, k gateway.Kind, lease time.Duration) error {
+// observe hands one piece of evidence to the Observer and counts it; anon
+// says the device was admitted without a password.
+func (s *Server) observe(d gateway.DeviceID, sess gateway.SessionID, k gateway.Kind, lease time.Duration, anon bool) error {
 	err := s.obs.Observe(s.ctx, gateway.Evidence{
 		Device:     d,
 		Session:    sess,
@@ -602,6 +616,7 @@ func (s *Server) observe(d gateway.DeviceID, sess gateway.SessionID, k gateway.K
 		ObservedAt: s.clock.Now(),
 		Protocol:   "mqtt",
 		Lease:      lease,
+		Anonymous:  anon,
 	})
 	if err == nil {
 		s.metrics.accepted(k)

@@ -422,10 +422,12 @@ func TestMaxClients(t *testing.T) {
 
 // Connects are limited per device (after CONNECT names it) and, 250 times
 // higher, per source address: devices behind one NAT address reconnect
-// together after a restart.
+// together after a restart. (The devices are anonymous: their own bound
+// per source network is lifted here, TestAnonymousConnectsPerNetwork
+// has it.)
 func TestConnectRatePerDeviceAndSource(t *testing.T) {
 	clock := clocktest.New(t0)
-	s := startServer(t, &recorder{}, Options{AllowAnonymous: true, ConnectsPerSecond: 2, Clock: clock})
+	s := startServer(t, &recorder{}, Options{AllowAnonymous: true, ConnectsPerSecond: 2, AnonymousConnectsPerSecond: 1000, Clock: clock})
 	// One device: two connects a second, then "connection rate exceeded".
 	for i := range 2 {
 		if code := dialRaw(t, tcpAddr(s)).connack(connectPacket(t, 5, "dev-a", "", 30)); code != 0 {
