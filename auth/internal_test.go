@@ -126,14 +126,7 @@ func TestUsualCost(t *testing.T) {
 // global budget of contestedPerSecond while the device is in backoff
 // anywhere, so that many attacking addresses get no more comparisons.
 func TestBackoffPerSource(t *testing.T) {
-	h, err := HashPassword([]byte("pw"), MinCost)
-	if err != nil {
-		t.Fatal(err)
-	}
-	d, err := Parse("devices.yaml", fmt.Appendf(nil, "devices:\n  - id: known\n    password_bcrypt: %q\n", h))
-	if err != nil {
-		t.Fatal(err)
-	}
+	d := knownDevice(t, "pw")
 	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	g := d.guard
 	g.now = func() time.Time { return now }
@@ -159,10 +152,7 @@ func TestBackoffPerSource(t *testing.T) {
 
 	// The device's password changes (a reload): not cached any more. The
 	// attack goes on; the device gets in from its address each time.
-	next, err := Parse("devices.yaml", fmt.Appendf(nil, "devices:\n  - id: known\n    password_bcrypt: %q\n", mustHash(t, "pw2")))
-	if err != nil {
-		t.Fatal(err)
-	}
+	next := knownDevice(t, "pw2")
 	g.carry(next)
 	next.compare = d.compare
 	d = next
@@ -207,11 +197,16 @@ func TestBackoffPerSource(t *testing.T) {
 	}
 }
 
-func mustHash(t *testing.T, password string) string {
+// knownDevice is a devices set of one device, known, with password.
+func knownDevice(t *testing.T, password string) *Devices {
 	t.Helper()
 	h, err := HashPassword([]byte(password), MinCost)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return h
+	d, err := Parse("devices.yaml", fmt.Appendf(nil, "devices:\n  - id: known\n    password_bcrypt: %q\n", h))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
 }

@@ -170,34 +170,18 @@ func TestReloadRevokesConnections(t *testing.T) {
 // others only wait, so the real device, with a password at the default
 // bcrypt cost, connects within 1 s every time during the flood.
 func TestPasswordFloodDoesNotLockOut(t *testing.T) {
-	cost := auth.DefaultCost
-	if raceEnabled {
-		cost -= 3
-	}
-	hash, err := auth.HashPassword([]byte("alpha-pw"), cost)
-	if err != nil {
-		t.Fatal(err)
-	}
-	devices, err := auth.Parse("devices.yaml", fmt.Appendf(nil, "devices:\n  - id: alpha\n    password_bcrypt: %q\n", hash))
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := startServer(t, &recorder{}, Options{Credentials: devices, Registerer: prometheus.NewRegistry()})
+	s, bound := alphaServer(t)
 	addr := tcpAddr(s)
-	// The bound: 1 s, or on a slower machine (the race detector makes
-	// bcrypt ten times slower) three bare comparisons timed here.
-	start := time.Now()
-	_ = bcrypt.CompareHashAndPassword([]byte(hash), []byte("alpha-pw"))
-	bound := max(time.Second, 3*time.Since(start))
-	if raceEnabled {
-		bound *= 2
-	}
 
 	ctx, stop := context.WithTimeout(context.Background(), 3*(time.Second+bound)+time.Second)
 	defer stop()
 	var flood sync.WaitGroup
 	for _, src := range []string{"127.0.0.2", "127.0.0.3"} {
-		flood.Go(func() { connectFlood(ctx, t, addr, src, 20) })
+		flood.Go(func() {
+			connectFlood(ctx, addr, src, time.Second/20, func() []byte { // random IDs and passwords
+				return connectPacket(t, 5, fmt.Sprintf("x%08x", rand.Uint32()), fmt.Sprintf("p%08x", rand.Uint32()), 30)
+			})
+		})
 	}
 	for i := range 3 {
 		select {
@@ -222,39 +206,24 @@ func TestPasswordFloodDoesNotLockOut(t *testing.T) {
 // from anywhere: once the backoff reached 8 s, alpha retrying every
 // 500 ms got in only in the moment between the end of a backoff and the
 // attacker's next try (measured: after 7.8 s and 14 tries in one run,
-// not within 20 s in another). Now the backoff is per source address and device: alpha
-// connecting from 127.0.0.1 gets in at its first try during the attack.
+// not within 20 s in another). Now the backoff is per source address and
+// device: alpha connecting from 127.0.0.1 gets in at its first try during
+// the attack.
 func TestWrongPasswordsElsewhereDoNotLockOut(t *testing.T) {
-	cost := auth.DefaultCost
-	if raceEnabled {
-		cost -= 3
-	}
-	hash, err := auth.HashPassword([]byte("alpha-pw"), cost)
-	if err != nil {
-		t.Fatal(err)
-	}
-	devices, err := auth.Parse("devices.yaml", fmt.Appendf(nil, "devices:\n  - id: alpha\n    password_bcrypt: %q\n", hash))
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := startServer(t, &recorder{}, Options{Credentials: devices, Registerer: prometheus.NewRegistry()})
+	s, bound := alphaServer(t)
 	addr := tcpAddr(s)
-	start := time.Now()
-	_ = bcrypt.CompareHashAndPassword([]byte(hash), []byte("alpha-pw"))
-	bound := max(time.Second, 3*time.Since(start))
-	if raceEnabled {
-		bound *= 2
-	}
 
 	ctx, stop := context.WithTimeout(context.Background(), 30*time.Second)
 	defer stop()
 	var attack sync.WaitGroup
-	attack.Go(func() { wrongPasswords(ctx, t, addr, "127.0.0.2", "alpha", 300*time.Millisecond) })
+	attack.Go(func() {
+		connectFlood(ctx, addr, "127.0.0.2", 300*time.Millisecond, func() []byte { return connectPacket(t, 5, "alpha", "wrong", 30) })
+	})
 	select { // the attack has doubled the device's backoff to 8 s
 	case <-time.After(9 * time.Second):
 	case <-ctx.Done():
 	}
-	start = time.Now()
+	start := time.Now()
 	tries := 0
 	for code := byte(0xff); code != 0; tries++ {
 		if time.Since(start) > 20*time.Second {
@@ -274,37 +243,40 @@ func TestWrongPasswordsElsewhereDoNotLockOut(t *testing.T) {
 	attack.Wait()
 }
 
-// wrongPasswords sends a CONNECT as device with a wrong password every
-// interval from source address src to addr until ctx ends, without
-// waiting for the answers.
-func wrongPasswords(ctx context.Context, t *testing.T, addr, src, device string, interval time.Duration) {
-	tick := time.NewTicker(interval)
-	defer tick.Stop()
-	var conns []net.Conn
-	defer func() {
-		for _, c := range conns {
-			_ = c.Close()
-		}
-	}()
-	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(src)}, Timeout: time.Second}
-	for {
-		if c, err := d.DialContext(ctx, "tcp", addr); err == nil {
-			conns = append(conns, c)
-			_, _ = c.Write(connectPacket(t, 5, device, "wrong", 30))
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
-		}
+// alphaServer serves the devices file of one device, alpha, whose
+// password "alpha-pw" has the default bcrypt cost (3 less under the race
+// detector), and returns the bound of a connect of alpha: 1 s, or on a
+// slower machine (the race detector makes bcrypt ten times slower) three
+// bare comparisons timed here.
+func alphaServer(t *testing.T) (*Server, time.Duration) {
+	t.Helper()
+	cost := auth.DefaultCost
+	if raceEnabled {
+		cost -= 3
 	}
+	hash, err := auth.HashPassword([]byte("alpha-pw"), cost)
+	if err != nil {
+		t.Fatal(err)
+	}
+	devices, err := auth.Parse("devices.yaml", fmt.Appendf(nil, "devices:\n  - id: alpha\n    password_bcrypt: %q\n", hash))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := startServer(t, &recorder{}, Options{Credentials: devices, Registerer: prometheus.NewRegistry()})
+	start := time.Now()
+	_ = bcrypt.CompareHashAndPassword([]byte(hash), []byte("alpha-pw"))
+	bound := max(time.Second, 3*time.Since(start))
+	if raceEnabled {
+		bound *= 2
+	}
+	return s, bound
 }
 
-// connectFlood sends perSecond CONNECTs a second from source address src
-// to addr, each with a random client ID and password, until ctx ends; it
-// does not wait for the answers, as an attacker would not.
-func connectFlood(ctx context.Context, t *testing.T, addr, src string, perSecond int) {
-	tick := time.NewTicker(time.Second / time.Duration(perSecond))
+// connectFlood sends a CONNECT every interval from source address src to
+// addr, each made by connect, until ctx ends; it does not wait for the
+// answers, as an attacker would not.
+func connectFlood(ctx context.Context, addr, src string, every time.Duration, connect func() []byte) {
+	tick := time.NewTicker(every)
 	defer tick.Stop()
 	var conns []net.Conn
 	defer func() {
@@ -324,8 +296,7 @@ func connectFlood(ctx context.Context, t *testing.T, addr, src string, perSecond
 			continue
 		}
 		conns = append(conns, c)
-		id := fmt.Sprintf("x%08x", rand.Uint32())
-		_, _ = c.Write(connectPacket(t, 5, id, fmt.Sprintf("p%08x", rand.Uint32()), 30))
+		_, _ = c.Write(connect())
 	}
 }
 
