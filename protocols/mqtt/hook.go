@@ -36,6 +36,8 @@ type presence struct {
 	srv *Server
 }
 
+var _ mochi.Hook = (*presence)(nil)
+
 func (h *presence) ID() string { return "fleetgate-presence" }
 
 var provided = []byte{
