@@ -195,6 +195,18 @@ type LimitsConfig struct {
 	// MaxSessionsPerDevice bounds the sessions one device holds on this
 	// gateway (configs/security.go).
 	MaxSessionsPerDevice int `yaml:"max_sessions_per_device"`
+	// MQTTMaxInflight bounds the QoS 1/2 messages held for one client;
+	// the MQTTMaxRetained keys bound retained messages per device and in
+	// all (protocols/mqtt/retained.go).
+	MQTTMaxInflight               int `yaml:"mqtt_max_inflight"`
+	MQTTMaxRetainedPerDevice      int `yaml:"mqtt_max_retained_per_device"`
+	MQTTMaxRetainedBytesPerDevice int `yaml:"mqtt_max_retained_bytes_per_device"`
+	MQTTMaxRetainedBytes          int `yaml:"mqtt_max_retained_bytes"`
+	// AnonymousMaxDevices bounds the anonymous devices with sessions on
+	// this gateway; AnonymousConnectsPerSecond the anonymous MQTT
+	// CONNECTs per source network (/24, /64).
+	AnonymousMaxDevices        int `yaml:"anonymous_max_devices"`
+	AnonymousConnectsPerSecond int `yaml:"anonymous_connects_per_second"`
 }
 
 // LogConfig selects the log level (debug, info, warn, error) and format
@@ -241,6 +253,14 @@ func Default() Config {
 			DTLSMaxPeers:          4096,
 			DTLSIdleTimeout:       Duration(5 * time.Second),
 			MaxSessionsPerDevice:  DefaultMaxSessionsPerDevice,
+			// MQTT state held for devices (protocols/mqtt/retained.go)
+			MQTTMaxInflight:               32,
+			MQTTMaxRetainedPerDevice:      16,
+			MQTTMaxRetainedBytesPerDevice: 64 << 10,
+			MQTTMaxRetainedBytes:          64 << 20,
+			// anonymous devices (docs/security.md)
+			AnonymousMaxDevices:        gateway.DefaultMaxAnonymousDevices,
+			AnonymousConnectsPerSecond: 100,
 		},
 		Plugins: PluginsConfig{Dir: "/usr/lib/fleetgate/plugins", Adapters: []AdapterConfig{}},
 		Log:     LogConfig{Level: "info", Format: "text"},

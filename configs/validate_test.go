@@ -91,6 +91,17 @@ func TestValidate(t *testing.T) {
 			c.Limits.DTLSMaxPeers, c.Limits.DTLSIdleTimeout = 0, 0
 		}, "limits.dtls_max_peers: must be >= 1, got 0\n" +
 			"limits.dtls_idle_timeout: must be > 0, got 0s"},
+		{"mqtt state limits", func(c *configs.Config) {
+			c.Limits.MQTTMaxInflight, c.Limits.MQTTMaxRetainedPerDevice, c.Limits.MQTTMaxRetainedBytes = 65536, 0, 1000
+		}, "limits.mqtt_max_inflight: must be between 1 and 65535, got 65536\n" +
+			"limits.mqtt_max_retained_per_device: must be >= 1, got 0\n" +
+			"limits.mqtt_max_retained_bytes: must be at least limits.mqtt_max_retained_bytes_per_device (65536), got 1000"},
+		{"mqtt retained bytes per device", func(c *configs.Config) { c.Limits.MQTTMaxRetainedBytesPerDevice, c.Limits.MQTTMaxInflight = 0, 0 },
+			"limits.mqtt_max_inflight: must be between 1 and 65535, got 0\n" +
+				"limits.mqtt_max_retained_bytes_per_device: must be >= 1, got 0"},
+		{"anonymous limits", func(c *configs.Config) { c.Limits.AnonymousMaxDevices, c.Limits.AnonymousConnectsPerSecond = 0, -1 },
+			"limits.anonymous_max_devices: must be >= 1, got 0\n" +
+				"limits.anonymous_connects_per_second: must be >= 1, got -1"},
 		{"same port udp and tcp", func(c *configs.Config) { c.Listen.CoAP.UDP = ":1883" }, ""},
 		{"admin beyond loopback without a token", func(c *configs.Config) { c.Listen.Admin.HTTP = "0.0.0.0:9180" },
 			`listen.admin.http: "0.0.0.0:9180" is reachable beyond this host and the admin API would have no authentication (listen.admin.token_file is empty): set a token_file, bind it to 127.0.0.1, or set listen.admin.insecure: true to serve it to anyone who reaches it`},

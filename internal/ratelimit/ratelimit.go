@@ -2,33 +2,15 @@
 // (CoAP datagrams and requests, MQTT connects, adapter evidence): a Bucket
 // for one stream, and a Limiter that keeps a Bucket per key (a source
 // address, a source endpoint, a device) in a table whose size stays
-// bounded. Prefix groups source addresses for bounds per network.
+// bounded; and Prefix, the network (/24, /64) that per-network bounds
+// group source addresses by.
 package ratelimit
 
 import (
 	"math"
-	"net/netip"
 	"sync"
 	"time"
 )
-
-// Prefix is the network of addr that one site or host usually holds
-// whole: its /24 for IPv4 (an IPv4-mapped IPv6 address counts as IPv4),
-// its /64 for IPv6, without a zone. A bound per prefix keeps one site
-// from taking, with many of its addresses, what a bound per address
-// gives each. The zero Addr gives the zero Prefix.
-func Prefix(addr netip.Addr) netip.Prefix {
-	addr = addr.Unmap()
-	bits := 64
-	if addr.Is4() {
-		bits = 24
-	}
-	p, err := addr.Prefix(bits)
-	if err != nil {
-		return netip.Prefix{}
-	}
-	return p
-}
 
 // AddressFactor is how many times the rate of one device one source
 // address may use, all its ports and connections together. Devices behind

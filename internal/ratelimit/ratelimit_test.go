@@ -125,23 +125,3 @@ func TestLimiterSweptWhenDoubled(t *testing.T) {
 		t.Fatalf("%d keys after the sweep, want the %d that connected in this second", n, want)
 	}
 }
-
-func TestPrefix(t *testing.T) {
-	for _, tc := range []struct{ addr, want string }{
-		{"192.0.2.77", "192.0.2.0/24"},
-		{"192.0.2.255", "192.0.2.0/24"},
-		{"192.0.3.1", "192.0.3.0/24"},
-		{"::ffff:192.0.2.77", "192.0.2.0/24"},
-		{"2001:db8:1:2:3:4:5:6", "2001:db8:1:2::/64"},
-		{"2001:db8:1:2::1", "2001:db8:1:2::/64"},
-		{"fe80::1%eth0", "fe80::/64"},
-		{"::1", "::/64"},
-	} {
-		if got := Prefix(netip.MustParseAddr(tc.addr)); got != netip.MustParsePrefix(tc.want) {
-			t.Errorf("Prefix(%s) = %v, want %s", tc.addr, got, tc.want)
-		}
-	}
-	if got := Prefix(netip.Addr{}); got != (netip.Prefix{}) {
-		t.Errorf("Prefix of the zero Addr = %v", got)
-	}
-}

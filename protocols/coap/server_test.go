@@ -58,6 +58,7 @@ func TestHeartbeatEvidence(t *testing.T) {
 			want := tc.want
 			want.ObservedAt = clock.Now()
 			want.Protocol = "coap"
+			want.Anonymous = true // plain UDP
 			if got := evs[i]; got != want {
 				t.Fatalf("evidence %+v, want %+v", got, want)
 			}
