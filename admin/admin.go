@@ -69,6 +69,9 @@ type Options struct {
 	// (listen.admin.cert_file, key_file). security.go.
 	Token string
 	TLS   *tls.Config
+	// WriteTimeout bounds the write of a whole answer, and each write of
+	// a stream (0: 30 s). security.go.
+	WriteTimeout time.Duration
 }
 
 // Server serves the admin API.
@@ -86,6 +89,9 @@ type Server struct {
 func Listen(o Options) (*Server, error) {
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	if o.WriteTimeout <= 0 {
+		o.WriteTimeout = defaultWriteTimeout
 	}
 	ln, err := net.Listen("tcp", o.Addr)
 	if err != nil {
@@ -108,7 +114,7 @@ func Listen(o Options) (*Server, error) {
 	mux.HandleFunc("GET /v1/events", s.events)
 	mux.HandleFunc("GET /v1/snapshot", s.snapshot)
 	mux.HandleFunc("GET /v1/watch", s.watch)
-	s.srv = newHTTPServer(mux, o)
+	s.srv = newHTTPServer(mux, o, s.ln.Addr())
 	s.srv.ErrorLog = slog.NewLogLogger(o.Logger.Handler(), slog.LevelWarn)
 	s.srv.RegisterOnShutdown(s.endStreams)
 	return s, nil

@@ -102,6 +102,25 @@ func (c *Client) Events(ctx context.Context, cursor string, since time.Duration,
 type Error struct {
 	Code    int
 	Message string
+	// Token tells whether the request carried a bearer token (what a
+	// 401 means).
+	Token bool
+}
+
+// Final reports whether asking again cannot help: the request was
+// refused (4xx: bad, unauthorized, forbidden, not here), not the gateway
+// busy or failing (5xx, 408, 429).
+func (e *Error) Final() bool {
+	return e.Code/100 == 4 && e.Code != http.StatusRequestTimeout && e.Code != http.StatusTooManyRequests
+}
+
+// apiError is the Error of an answer with status code and body.
+func (c *Client) apiError(code int, body []byte) *Error {
+	var ae apiError
+	if json.Unmarshal(body, &ae) != nil || ae.Error == "" {
+		ae.Error = string(body)
+	}
+	return &Error{Code: code, Message: ae.Error, Token: c.token != ""}
 }
 
 // Error is the API's message for a request it refused (4xx: the message
@@ -114,17 +133,26 @@ func (e *Error) Error() string {
 	return fmt.Sprintf("admin api: %d: %s", e.Code, e.Message)
 }
 
+// request is a GET of u with the client's token.
+func (c *Client) request(ctx context.Context, u string) (*http.Request, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	if err != nil {
+		return nil, err
+	}
+	if c.token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.token)
+	}
+	return req, nil
+}
+
 func (c *Client) get(ctx context.Context, path string, q url.Values, v any) error {
 	u := c.Base + path
 	if len(q) > 0 {
 		u += "?" + q.Encode()
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	req, err := c.request(ctx, u)
 	if err != nil {
 		return err
-	}
-	if c.token != "" {
-		req.Header.Set("Authorization", "Bearer "+c.token)
 	}
 	resp, err := c.HTTP.Do(req)
 	if err != nil {
@@ -139,11 +167,7 @@ func (c *Client) get(ctx context.Context, path string, q url.Values, v any) erro
 		return fmt.Errorf("admin api %s: %w", u, err)
 	}
 	if resp.StatusCode/100 != 2 {
-		var ae apiError
-		if json.Unmarshal(body, &ae) != nil || ae.Error == "" {
-			ae.Error = string(body)
-		}
-		return &Error{Code: resp.StatusCode, Message: ae.Error}
+		return c.apiError(resp.StatusCode, body)
 	}
 	if err := json.Unmarshal(body, v); err != nil {
 		return fmt.Errorf("admin api %s: decode: %w", u, err)

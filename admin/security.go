@@ -4,18 +4,24 @@ import (
 	"crypto/sha256"
 	"crypto/subtle"
 	"crypto/tls"
+	"fmt"
+	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
 )
 
 // Timeouts of the admin server: a client that sends its request slowly,
 // or reads the answer slowly, or keeps an idle connection, is cut off.
+// The write timeout bounds a whole answer, except a watch stream's: there
+// it bounds each write (deadlineWriter), so a stream lives as long as its
+// client reads.
 const (
-	readHeaderTimeout = 5 * time.Second
-	readTimeout       = 10 * time.Second
-	writeTimeout      = 30 * time.Second
-	idleTimeout       = 60 * time.Second
+	readHeaderTimeout   = 5 * time.Second
+	readTimeout         = 10 * time.Second
+	defaultWriteTimeout = 30 * time.Second
+	idleTimeout         = 60 * time.Second
 )
 
 // secure wraps h so that every path except /healthz and /readyz (the
@@ -44,19 +50,63 @@ func secure(h http.Handler, token string) http.Handler {
 	})
 }
 
+// checkHost wraps h so that a request is answered only when its Host
+// names a loopback address (localhost, 127.0.0.1, [::1], any other
+// loopback IP) and, when it has one, the listener's port: a loopback
+// listener is reachable from a web page on this host through a name
+// whose DNS answer changes to 127.0.0.1 (DNS rebinding), and that
+// page's requests carry its own name. Others get 421.
+func checkHost(h http.Handler, port string) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !loopbackHost(r.Host, port) {
+			writeError(w, http.StatusMisdirectedRequest, fmt.Errorf("host %.100q: this admin API listens on loopback and answers only localhost:%s, 127.0.0.1:%s or [::1]:%s", r.Host, port, port, port))
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+// loopbackHost reports whether host, the Host of a request, names a
+// loopback address with port (or no port); "" (an HTTP/1.0 request
+// without Host, which no browser sends) is accepted.
+func loopbackHost(host, port string) bool {
+	if host == "" {
+		return true
+	}
+	name, p, err := net.SplitHostPort(host)
+	if err != nil {
+		name, p = strings.TrimSuffix(strings.TrimPrefix(host, "["), "]"), ""
+	}
+	if p != "" && p != port {
+		return false
+	}
+	name = strings.TrimSuffix(strings.ToLower(name), ".")
+	if name == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(name)
+	return ip != nil && ip.IsLoopback()
+}
+
 type adminError string
 
 func (e adminError) Error() string { return string(e) }
 
 const errUnauthorized = adminError("a bearer token is required (listen.admin.token_file)")
 
-// newHTTPServer is the admin http.Server with its timeouts.
-func newHTTPServer(h http.Handler, o Options) *http.Server {
+// newHTTPServer is the admin http.Server with its timeouts, serving h
+// with the token of o and, when addr (the bound address) is loopback,
+// the Host check.
+func newHTTPServer(h http.Handler, o Options, addr net.Addr) *http.Server {
+	h = secure(h, o.Token)
+	if tcp, ok := addr.(*net.TCPAddr); ok && tcp.IP.IsLoopback() {
+		h = checkHost(h, strconv.Itoa(tcp.Port))
+	}
 	return &http.Server{
-		Handler:           secure(h, o.Token),
+		Handler:           h,
 		ReadHeaderTimeout: readHeaderTimeout,
 		ReadTimeout:       readTimeout,
-		WriteTimeout:      writeTimeout,
+		WriteTimeout:      o.WriteTimeout,
 		IdleTimeout:       idleTimeout,
 		TLSConfig:         o.TLS,
 	}

@@ -12,10 +12,9 @@ import (
 	"math/big"
 	"net"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
-
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/fleetgate/fleetgate/admin"
 )
@@ -46,24 +45,7 @@ func selfSigned(t *testing.T) (server, client *tls.Config) {
 
 func serveSecure(t *testing.T, token string, tc *tls.Config) *admin.Server {
 	t.Helper()
-	srv, err := admin.Listen(admin.Options{
-		Addr: "127.0.0.1:0", Gatherer: prometheus.NewRegistry(), Token: token, TLS: tc,
-		Status: func() admin.Status { return admin.Status{Gateway: "gw-sec"} },
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- srv.Serve() }()
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = srv.Shutdown(ctx)
-		if err := <-done; err != nil {
-			t.Errorf("Serve: %v", err)
-		}
-	})
-	return srv
+	return serveAdminWith(t, admin.Options{Token: token, TLS: tc, Status: func() admin.Status { return admin.Status{Gateway: "gw-sec"} }})
 }
 
 // With a token, every path but the probes needs it, over HTTPS when
@@ -142,5 +124,54 @@ func TestAdminSlowClientCutOff(t *testing.T) {
 	}
 	if took := time.Since(start); took > 12*time.Second {
 		t.Fatalf("cut off after %v, want about the 5 s header timeout", took)
+	}
+}
+
+// On a loopback address the API answers only requests whose Host names
+// a loopback address and its port: a web page that reaches it through a
+// name rebound to 127.0.0.1 sends that name and gets 421, probes and
+// metrics included, token or not. No answer carries a CORS header, and
+// a preflight is refused.
+func TestAdminHostCheck(t *testing.T) {
+	for _, token := range []string{"", "0123456789abcdef-token"} {
+		srv := serveSecure(t, token, nil)
+		_, port, _ := net.SplitHostPort(srv.Addr().String())
+		do := func(method, path, host string) int {
+			t.Helper()
+			req, _ := http.NewRequest(method, "http://"+srv.Addr().String()+path, nil)
+			req.Host = host
+			req.Header.Set("Origin", "https://page.example")
+			req.Header.Set("Access-Control-Request-Method", http.MethodGet)
+			if token != "" && method == http.MethodGet {
+				req.Header.Set("Authorization", "Bearer "+token)
+			}
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatalf("%s %s (Host %s): %v", method, path, host, err)
+			}
+			resp.Body.Close()
+			for k := range resp.Header {
+				if strings.HasPrefix(k, "Access-Control-") {
+					t.Errorf("%s %s: CORS header %s: %v", method, path, k, resp.Header[k])
+				}
+			}
+			return resp.StatusCode
+		}
+		get := func(path, host string) int { t.Helper(); return do(http.MethodGet, path, host) }
+		if code := do(http.MethodOptions, "/v1/status", "127.0.0.1:"+port); code/100 == 2 {
+			t.Errorf("token %q: preflight answered %d", token, code)
+		}
+		for _, host := range []string{"rebind.example:" + port, "rebind.example", "127.0.0.1:1", "10.1.2.3:" + port} {
+			for _, path := range []string{"/healthz", "/metrics", "/v1/status"} {
+				if got := get(path, host); got != http.StatusMisdirectedRequest {
+					t.Errorf("token %q: %s with Host %s: %d, want 421", token, path, host, got)
+				}
+			}
+		}
+		for _, host := range []string{"127.0.0.1:" + port, "localhost:" + port, "[::1]:" + port} {
+			if got := get("/v1/status", host); got != http.StatusOK {
+				t.Errorf("token %q: Host %s: %d, want 200", token, host, got)
+			}
+		}
 	}
 }

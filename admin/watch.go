@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"slices"
 	"strconv"
@@ -152,8 +153,8 @@ type shardRead struct {
 	err   error
 }
 
-// watch serves GET /v1/watch?cursor=C (or the Last-Event-ID header of a
-// reconnecting EventSource; no cursor starts at the current position):
+// watch serves GET /v1/watch?cursor=C (the Last-Event-ID header of a
+// reconnecting EventSource wins; no cursor starts at the current position):
 // Server-Sent Events, or JSON lines with ?format=jsonl or Accept:
 // application/x-ndjson. Every event carries the cursor after it; an idle
 // stream sends a keep-alive every keepalive (default 15s, ?keepalive=).
@@ -177,10 +178,7 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request) {
 		}
 		keepAlive = d
 	}
-	raw := q.Get("cursor")
-	if raw == "" {
-		raw = r.Header.Get("Last-Event-ID")
-	}
+	raw := resumeCursor(q.Get("cursor"), r.Header.Get("Last-Event-ID"))
 	var cur gateway.Cursor
 	var err error
 	if raw == "" {
@@ -230,7 +228,11 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Cache-Control", "no-store")
 	w.Header().Set("X-Accel-Buffering", "no")
 	w.WriteHeader(http.StatusOK)
-	sw := &streamWriter{w: bufio.NewWriterSize(w, 64<<10), flusher: w.(http.Flusher), jsonl: jsonl, pos: make([]string, shards)}
+	out := deadlineWriter{w: w, rc: http.NewResponseController(w), timeout: s.o.WriteTimeout}
+	// the end of the answer, written after the handler returns, gets its
+	// own deadline too
+	defer func() { _ = out.arm() }()
+	sw := &streamWriter{w: bufio.NewWriterSize(out, 64<<10), out: out, jsonl: jsonl, pos: make([]string, shards)}
 	for i, p := range cur {
 		sw.pos[i] = p.String()
 	}
@@ -287,6 +289,18 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 	}
+}
+
+// resumeCursor is where a watch starts: after the Last-Event-ID header
+// when there is one, else after the cursor query. An EventSource
+// reconnects to the URL it was opened with (the cursor of the snapshot
+// it started from) and names the last event it got in the header: the
+// header is the newer position, and the query's may be trimmed since.
+func resumeCursor(query, lastEventID string) string {
+	if lastEventID != "" {
+		return lastEventID
+	}
+	return query
 }
 
 // readShards reads every shard from pos on, handing each batch to the
@@ -352,14 +366,45 @@ func readShards(ctx context.Context, st gateway.EventLog, pos gateway.Cursor, pe
 	}
 }
 
+// deadlineWriter is what a stream's buffer writes to: every write and
+// every flush must end within timeout of its start. It replaces the
+// server's write timeout, which bounds a whole answer and would cut a
+// stream that lives longer; a client that stops reading is still cut
+// off, one timeout into the write it blocks.
+type deadlineWriter struct {
+	w       http.ResponseWriter
+	rc      *http.ResponseController
+	timeout time.Duration
+}
+
+var _ io.Writer = deadlineWriter{}
+
+var _ io.Writer = deadlineWriter{}
+
+func (d deadlineWriter) arm() error { return d.rc.SetWriteDeadline(time.Now().Add(d.timeout)) }
+
+func (d deadlineWriter) Write(b []byte) (int, error) {
+	if err := d.arm(); err != nil {
+		return 0, err
+	}
+	return d.w.Write(b)
+}
+
+func (d deadlineWriter) Flush() error {
+	if err := d.arm(); err != nil {
+		return err
+	}
+	return d.rc.Flush()
+}
+
 // streamWriter writes one watch stream.
 type streamWriter struct {
-	w       *bufio.Writer
-	flusher http.Flusher
-	jsonl   bool
-	pos     []string // each shard's position, encoded
-	buf     []byte
-	err     error
+	w     *bufio.Writer
+	out   deadlineWriter
+	jsonl bool
+	pos   []string // each shard's position, encoded
+	buf   []byte
+	err   error
 }
 
 // events writes the events of shard, moving cur past each.
@@ -462,7 +507,7 @@ func (sw *streamWriter) flush() bool {
 		sw.err = sw.w.Flush()
 	}
 	if sw.err == nil {
-		sw.flusher.Flush()
+		sw.err = sw.out.Flush()
 	}
 	return sw.err == nil
 }

@@ -25,6 +25,14 @@ import (
 // clock (the watch API waits on real time).
 func watchServer(t *testing.T, maxLen int64) (*embedded.Store, *admin.Client) {
 	t.Helper()
+	store := embeddedStore(t, maxLen)
+	return store, serveAdmin(t, store)
+}
+
+// embeddedStore is an embedded store of shards shards in a fresh file,
+// keeping maxLen events (0: the default).
+func embeddedStore(t *testing.T, maxLen int64) *embedded.Store {
+	t.Helper()
 	db, err := bolt.Open(filepath.Join(t.TempDir(), "state.db"), 0o600, &bolt.Options{NoSync: true})
 	if err != nil {
 		t.Fatal(err)
@@ -34,17 +42,32 @@ func watchServer(t *testing.T, maxLen int64) (*embedded.Store, *admin.Client) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return store, serveAdmin(t, store)
+	return store
 }
 
 // serveAdmin is an admin server over store, shut down at cleanup.
 func serveAdmin(t *testing.T, store gateway.Store) *admin.Client {
 	t.Helper()
-	srv, err := admin.Listen(admin.Options{
-		Addr: "127.0.0.1:0", Store: store, Gatherer: prometheus.NewRegistry(),
-		Status: func() admin.Status { return admin.Status{} },
-		Timing: func() (time.Duration, time.Duration) { return lease, suspect },
-	})
+	return admin.NewClient(serveAdminWith(t, admin.Options{Store: store}).Addr().String())
+}
+
+// serveAdminWith serves o (on 127.0.0.1:0, with a registry, status and
+// timing unless set) until cleanup.
+func serveAdminWith(t *testing.T, o admin.Options) *admin.Server {
+	t.Helper()
+	if o.Addr == "" {
+		o.Addr = "127.0.0.1:0"
+	}
+	if o.Gatherer == nil {
+		o.Gatherer = prometheus.NewRegistry()
+	}
+	if o.Status == nil {
+		o.Status = func() admin.Status { return admin.Status{} }
+	}
+	if o.Timing == nil {
+		o.Timing = func() (time.Duration, time.Duration) { return lease, suspect }
+	}
+	srv, err := admin.Listen(o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -60,7 +83,7 @@ func serveAdmin(t *testing.T, store gateway.Store) *admin.Client {
 			t.Errorf("Serve: %v", err)
 		}
 	})
-	return admin.NewClient(srv.Addr().String())
+	return srv
 }
 
 // fataler is what write needs of a testing.T or a rapid.T.

@@ -73,7 +73,7 @@ func (c *Client) Watch(ctx context.Context, cursor string, keepAlive time.Durati
 	parent := ctx
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.Base+"/v1/watch?"+q.Encode(), nil)
+	req, err := c.request(ctx, c.Base+"/v1/watch?"+q.Encode())
 	if err != nil {
 		return err
 	}
@@ -94,11 +94,7 @@ func (c *Client) Watch(ctx context.Context, cursor string, keepAlive time.Durati
 				return &ErrResync{rb}
 			}
 		}
-		var ae apiError
-		if json.Unmarshal(body, &ae) != nil || ae.Error == "" {
-			ae.Error = string(body)
-		}
-		return &Error{Code: resp.StatusCode, Message: ae.Error}
+		return c.apiError(resp.StatusCode, body)
 	}
 	// a watchdog ends a stream that stays silent past three keep-alives
 	alive := make(chan struct{}, 1)

@@ -13,6 +13,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"net/netip"
 	"os"
 	"slices"
 
@@ -38,7 +39,7 @@ const (
 // every byte after the 72nd, so a longer password is refused instead.
 const MaxPasswordLen = 72
 
-var _ gateway.Credentials = (*Devices)(nil)
+var _ gateway.SourceCredentials = (*Devices)(nil)
 
 // Devices is one parsed devices file, made by Load or Parse (the zero
 // value is not usable). It is immutable and safe for concurrent use.
@@ -133,17 +134,25 @@ func revision(psk, hash []byte) string {
 	return hex.EncodeToString(h.Sum(nil)[:16])
 }
 
-// CheckPassword verifies device's MQTT password against its bcrypt hash.
-// An unknown device, a device without a password and a wrong password
-// all return the same wrapped gateway.ErrUnauthorized after about the
-// time of a bcrypt comparison, so that neither the answer nor its timing
-// tells whether the device exists; the guard (guard.go) decides whether
-// that time is spent comparing or waiting, and a password verified before
-// is verified again from its cache. It returns a wrapped
-// gateway.ErrOverloaded when no comparison slot frees up within 2 s. A
-// password longer than MaxPasswordLen is refused at once (that depends on
-// the password only, not on the device).
+// CheckPassword is CheckPasswordFrom with no source address known: all
+// such checks share one backoff per device.
 func (d *Devices) CheckPassword(id gateway.DeviceID, password []byte) error {
+	return d.CheckPasswordFrom(id, netip.Addr{}, password)
+}
+
+// CheckPasswordFrom verifies device's MQTT password, sent from address
+// from, against its bcrypt hash. An unknown device, a device without a
+// password and a wrong password all return the same wrapped
+// gateway.ErrUnauthorized after about the time of a bcrypt comparison, so
+// that neither the answer nor its timing tells whether the device exists;
+// the guard (guard.go) decides whether that time is spent comparing or
+// waiting (wrong passwords from one address hold up that address, not
+// the device's others), and a password verified before is verified again
+// from its cache. It returns a wrapped gateway.ErrOverloaded when no
+// comparison slot frees up within 2 s. A password longer than
+// MaxPasswordLen is refused at once (that depends on the password only,
+// not on the device).
+func (d *Devices) CheckPasswordFrom(id gateway.DeviceID, from netip.Addr, password []byte) error {
 	if len(password) > MaxPasswordLen {
 		return errUnauthorized
 	}
@@ -158,7 +167,7 @@ func (d *Devices) CheckPassword(id gateway.DeviceID, password []byte) error {
 		hash = d.dummy
 	}
 	now := g.now()
-	if !g.mayCompare(id, known, now) {
+	if !g.mayCompare(id, from, known, now) {
 		g.pad(func() error { return d.compare(d.dummy, password) })
 		return errUnauthorized
 	}
@@ -172,10 +181,10 @@ func (d *Devices) CheckPassword(id gateway.DeviceID, password []byte) error {
 	case !known:
 		return errUnauthorized
 	case !matched:
-		g.failed(id, now)
+		g.failed(id, from, now)
 		return errUnauthorized
 	}
-	g.succeeded(id, dev.rev, password)
+	g.succeeded(id, from, dev.rev, password)
 	return nil
 }
 

@@ -5,11 +5,13 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"fmt"
+	"net/netip"
 	"runtime"
 	"sync"
 	"time"
 
 	"github.com/fleetgate/fleetgate/gateway"
+	"github.com/fleetgate/fleetgate/internal/ratelimit"
 )
 
 // Tuning of the password guard (docs/security.md has the reasoning).
@@ -22,10 +24,20 @@ const (
 	unknownPerSecond = 2
 	unknownBurst     = 4
 	// backoffMin and backoffMax bound the wait after a failed check of a
-	// known device before its password is compared again; the wait
-	// doubles with each consecutive failure and a success clears it.
+	// known device from a source address before a password of that
+	// device from that address is compared again; the wait doubles with
+	// each consecutive failure and a success clears it.
 	backoffMin = 250 * time.Millisecond
 	backoffMax = 8 * time.Second
+	// contestedPerSecond is the global budget of comparisons for known
+	// devices in backoff from another source: the right password from
+	// a new source gets through an attack from elsewhere, while an
+	// attacker with many addresses gets no more comparisons than this.
+	contestedPerSecond = 4
+	// maxSourceFailures bounds the backoffs per (source, device) kept;
+	// beyond it a failure from a new source is not recorded, and that
+	// source's next checks take from the contested budget.
+	maxSourceFailures = 1 << 16
 	// slotWait bounds the wait for a comparison slot (GOMAXPROCS of them);
 	// beyond it the check is refused with gateway.ErrOverloaded.
 	slotWait = 2 * time.Second
@@ -44,9 +56,13 @@ const (
 //   - a device whose password was verified since the start (and whose
 //     entry in the file has not changed) is verified again from a cache
 //     of HMAC-SHA256(key, password), without bcrypt;
-//   - a known device whose check failed is compared again only after a
-//     backoff (250 ms doubling to 8 s); a check within it is refused
-//     without comparison;
+//   - a known device whose check from a source address failed is
+//     compared again from that address only after a backoff (250 ms
+//     doubling to 8 s); a check within it is refused without
+//     comparison. A check from another address is compared, within a
+//     global budget of contestedPerSecond while the device is in backoff
+//     anywhere, so that wrong passwords from one place never keep the
+//     right one from another out;
 //   - an unknown device is compared (against the dummy hash) within a
 //     global budget of unknownPerSecond, kept apart from the known ones;
 //     beyond it the check is refused without comparison;
@@ -66,12 +82,16 @@ type guard struct {
 	now   func() time.Time
 	pause func(time.Duration)
 
-	mu     sync.Mutex
-	ok     map[gateway.DeviceID]verified
-	fails  map[gateway.DeviceID]failure
-	tokens float64
-	last   time.Time
-	avg    time.Duration // running average of a comparison
+	mu sync.Mutex
+	ok map[gateway.DeviceID]verified
+	// fails is the backoff of each known device from any source (it
+	// says the device is contested), srcFails the one per source.
+	fails     map[gateway.DeviceID]failure
+	srcFails  map[sourced]failure
+	contested ratelimit.Bucket
+	tokens    float64
+	last      time.Time
+	avg       time.Duration // running average of a comparison
 	// timing: a comparison is being timed for the first average.
 	timing bool
 }
@@ -86,6 +106,12 @@ type failure struct {
 	until time.Time
 }
 
+// sourced is a device checked from a source address.
+type sourced struct {
+	from   netip.Addr
+	device gateway.DeviceID
+}
+
 func newGuard() *guard {
 	g := &guard{
 		slots:    make(chan struct{}, runtime.GOMAXPROCS(0)),
@@ -94,7 +120,10 @@ func newGuard() *guard {
 		pause:    time.Sleep,
 		ok:       make(map[gateway.DeviceID]verified),
 		fails:    make(map[gateway.DeviceID]failure),
+		srcFails: make(map[sourced]failure),
 		tokens:   unknownBurst,
+
+		contested: ratelimit.Full(contestedPerSecond),
 	}
 	if _, err := rand.Read(g.key[:]); err != nil {
 		panic(fmt.Sprintf("auth: no randomness for the password cache key: %v", err))
@@ -124,14 +153,23 @@ func (g *guard) cached(device gateway.DeviceID, rev string, password []byte) boo
 }
 
 // mayCompare decides whether a check of device (known: it has a password)
-// at now may run a comparison: outside its backoff for a known device,
-// within the global budget for an unknown one when its slot is free (the
-// caller then calls strangerDone after the comparison).
-func (g *guard) mayCompare(device gateway.DeviceID, known bool, now time.Time) bool {
+// from address from at now may run a comparison: for a known device,
+// outside the backoff of that address for it, and within the contested
+// budget while the device is in backoff from any address; for an unknown
+// one, within the global budget when its slot is free (the caller then
+// calls strangerDone after the comparison).
+func (g *guard) mayCompare(device gateway.DeviceID, from netip.Addr, known bool, now time.Time) bool {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if known {
-		return !now.Before(g.fails[device].until)
+		switch {
+		case now.Before(g.srcFails[sourced{from, device}].until):
+			return false
+		case now.Before(g.fails[device].until):
+			ok, _ := g.contested.Take(contestedPerSecond, now)
+			return ok
+		}
+		return true
 	}
 	select {
 	case g.stranger <- struct{}{}:
@@ -153,14 +191,32 @@ func (g *guard) mayCompare(device gateway.DeviceID, known bool, now time.Time) b
 // strangerDone frees the slot of an unknown device's comparison.
 func (g *guard) strangerDone() { <-g.stranger }
 
-// failed starts or doubles the backoff of known device at now.
-func (g *guard) failed(device gateway.DeviceID, now time.Time) {
+// failed starts or doubles the backoffs of known device, checked from
+// address from, at now: the device's own and the address's for it.
+func (g *guard) failed(device gateway.DeviceID, from netip.Addr, now time.Time) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	f := g.fails[device]
+	g.fails[device] = g.fails[device].next(now)
+	key := sourced{from, device}
+	f, ok := g.srcFails[key]
+	if !ok && len(g.srcFails) >= maxSourceFailures {
+		for k, f := range g.srcFails { // forget the backoffs that ended
+			if !now.Before(f.until) {
+				delete(g.srcFails, k)
+			}
+		}
+		if len(g.srcFails) >= maxSourceFailures {
+			return
+		}
+	}
+	g.srcFails[key] = f.next(now)
+}
+
+// next is f after one more failure at now.
+func (f failure) next(now time.Time) failure {
 	f.n++
 	f.until = now.Add(backoff(f.n))
-	g.fails[device] = f
+	return f
 }
 
 // backoff is the wait after the n-th consecutive failure (n ≥ 1).
@@ -171,12 +227,14 @@ func backoff(n int) time.Duration {
 	return min(backoffMin<<(n-1), backoffMax)
 }
 
-// succeeded clears device's backoff and caches its password.
-func (g *guard) succeeded(device gateway.DeviceID, rev string, password []byte) {
+// succeeded clears device's backoffs, its own and that of address from,
+// and caches its password.
+func (g *guard) succeeded(device gateway.DeviceID, from netip.Addr, rev string, password []byte) {
 	m := g.mac(password)
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	delete(g.fails, device)
+	delete(g.srcFails, sourced{from, device})
 	if _, ok := g.ok[device]; !ok && len(g.ok) >= maxCached {
 		for k := range g.ok { // evict one, at random
 			delete(g.ok, k)
@@ -258,6 +316,11 @@ func (g *guard) carry(next *Devices) {
 	for id := range g.fails {
 		if _, ok := next.byID[string(id)]; !ok {
 			delete(g.fails, id)
+		}
+	}
+	for k := range g.srcFails {
+		if _, ok := next.byID[string(k.device)]; !ok {
+			delete(g.srcFails, k)
 		}
 	}
 	next.guard = g

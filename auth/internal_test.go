@@ -3,6 +3,7 @@ package auth
 import (
 	"bytes"
 	"fmt"
+	"net/netip"
 	"testing"
 	"time"
 
@@ -115,4 +116,97 @@ func TestUsualCost(t *testing.T) {
 			t.Errorf("dummyHash(%d) has cost %d, %v", c.want, cost, err)
 		}
 	}
+}
+
+// Attack: one wrong password for a device every few seconds, from
+// anywhere, kept its backoff on, and the backoff refused even the right
+// password: a device whose password was not cached (all of them after a
+// restart) stayed out. Now the backoff is kept per source address and
+// device: the right password from another address is compared, within a
+// global budget of contestedPerSecond while the device is in backoff
+// anywhere, so that many attacking addresses get no more comparisons.
+func TestBackoffPerSource(t *testing.T) {
+	d := knownDevice(t, "pw")
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	g := d.guard
+	g.now = func() time.Time { return now }
+	g.pause = func(time.Duration) {}
+	compared := 0
+	d.compare = func(hash, password []byte) error {
+		compared++
+		return bcrypt.CompareHashAndPassword(hash, password)
+	}
+	attacker, device := netip.MustParseAddr("192.0.2.66"), netip.MustParseAddr("198.51.100.7")
+	check := func(from netip.Addr, password string, ok, comparison bool) {
+		t.Helper()
+		compared = 0
+		err := d.CheckPasswordFrom("known", from, []byte(password))
+		if (err == nil) != ok || (compared == 1) != comparison {
+			t.Fatalf("%s from %s: %v after %d comparisons, want ok=%v, compared=%v", password, from, err, compared, ok, comparison)
+		}
+	}
+	check(attacker, "wrong", false, true)
+	check(attacker, "pw", false, false) // the attacker's address is in backoff
+	check(device, "pw", true, true)     // the device's is not
+	check(attacker, "pw", true, false)  // cached now, from anywhere
+
+	// The device's password changes (a reload): not cached any more. The
+	// attack goes on; the device gets in from its address each time.
+	next := knownDevice(t, "pw2")
+	g.carry(next)
+	next.compare = d.compare
+	d = next
+	for range 3 {
+		now = now.Add(backoffMax)
+		check(attacker, "wrong", false, true)
+		check(attacker, "wrong", false, false)
+		check(device, "pw2", true, true)
+		g.mu.Lock()
+		delete(g.ok, "known") // as after a restart
+		g.mu.Unlock()
+	}
+
+	// Many attacking addresses: while the device is in backoff, each
+	// new one takes from the contested budget, contestedPerSecond a
+	// second; beyond it, checks are refused without comparison.
+	now = now.Add(backoffMax)
+	check(attacker, "wrong", false, true) // the device was not in backoff
+	for i := range 2 * contestedPerSecond {
+		compared = 0
+		_ = d.CheckPasswordFrom("known", netip.AddrFrom4([4]byte{203, 0, 113, byte(i)}), []byte("wrong"))
+		if want := i < contestedPerSecond; (compared == 1) != want {
+			t.Fatalf("attacking address %d: compared %d, want a comparison %v", i, compared, want)
+		}
+	}
+	check(device, "pw2", false, false) // budget spent: the device waits its turn
+	now = now.Add(time.Second / contestedPerSecond)
+	check(device, "pw2", true, true)
+
+	// The backoffs per address are bounded: beyond maxSourceFailures a
+	// new address's failure is not kept (its checks stay within the
+	// contested budget), and ended backoffs make room.
+	for i := range maxSourceFailures + 10 {
+		g.failed("known", netip.AddrFrom4([4]byte{10, byte(i >> 16), byte(i >> 8), byte(i)}), now)
+	}
+	if n := len(g.srcFails); n > maxSourceFailures {
+		t.Fatalf("%d backoffs per address kept, want at most %d", n, maxSourceFailures)
+	}
+	g.failed("known", attacker, now.Add(backoffMax))
+	if _, ok := g.srcFails[sourced{attacker, "known"}]; !ok || len(g.srcFails) > maxSourceFailures {
+		t.Fatalf("a failure after the backoffs ended was not kept (%d kept)", len(g.srcFails))
+	}
+}
+
+// knownDevice is a devices set of one device, known, with password.
+func knownDevice(t *testing.T, password string) *Devices {
+	t.Helper()
+	h, err := HashPassword([]byte(password), MinCost)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := Parse("devices.yaml", fmt.Appendf(nil, "devices:\n  - id: known\n    password_bcrypt: %q\n", h))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
 }

@@ -2,12 +2,13 @@ package auth
 
 import (
 	"fmt"
+	"net/netip"
 	"sync/atomic"
 
 	"github.com/fleetgate/fleetgate/gateway"
 )
 
-var _ gateway.Credentials = (*Reloadable)(nil)
+var _ gateway.SourceCredentials = (*Reloadable)(nil)
 
 // Reloadable holds the current devices set for front ends that keep
 // running while the devices file changes: they keep the *Reloadable, and
@@ -48,6 +49,11 @@ func (r *Reloadable) Reload(path string) error {
 // CheckPassword is Devices.CheckPassword on the current set.
 func (r *Reloadable) CheckPassword(id gateway.DeviceID, password []byte) error {
 	return r.Current().CheckPassword(id, password)
+}
+
+// CheckPasswordFrom is Devices.CheckPasswordFrom on the current set.
+func (r *Reloadable) CheckPasswordFrom(id gateway.DeviceID, from netip.Addr, password []byte) error {
+	return r.Current().CheckPasswordFrom(id, from, password)
 }
 
 // PSK is Devices.PSK on the current set.

@@ -91,11 +91,14 @@ type StoreConfig struct {
 // RedisConfig is used when Backend is BackendRedis. One address means a
 // standalone server, several a Redis Cluster.
 type RedisConfig struct {
-	Addrs     []string `yaml:"addrs"`
-	Username  string   `yaml:"username"`
-	Password  string   `yaml:"password"`
-	TLS       bool     `yaml:"tls"`
-	KeyPrefix string   `yaml:"key_prefix"`
+	Addrs    []string `yaml:"addrs"`
+	Username string   `yaml:"username"`
+	Password string   `yaml:"password"`
+	// PasswordFile names a file holding the password instead
+	// (configs/secrets.go).
+	PasswordFile string `yaml:"password_file"`
+	TLS          bool   `yaml:"tls"`
+	KeyPrefix    string `yaml:"key_prefix"`
 	// TLS details (configs/security.go): a private CA, the name to verify,
 	// and a client certificate; each implies tls.
 	TLSCAFile     string `yaml:"tls_ca_file"`
@@ -159,12 +162,14 @@ type MQTTListen struct {
 }
 
 // AdminListen holds the admin HTTP address, and optionally its bearer
-// token and TLS certificate (configs/security.go).
+// token and TLS certificate (configs/security.go). Insecure allows an
+// address beyond loopback without a token.
 type AdminListen struct {
 	HTTP      string `yaml:"http"`
 	TokenFile string `yaml:"token_file"`
 	CertFile  string `yaml:"cert_file"`
 	KeyFile   string `yaml:"key_file"`
+	Insecure  bool   `yaml:"insecure"`
 }
 
 // AuthConfig says which devices may connect.
@@ -191,6 +196,18 @@ type LimitsConfig struct {
 	// MaxSessionsPerDevice bounds the sessions one device holds on this
 	// gateway (configs/security.go).
 	MaxSessionsPerDevice int `yaml:"max_sessions_per_device"`
+	// MQTTMaxInflight bounds the QoS 1/2 messages held for one client;
+	// the MQTTMaxRetained keys bound retained messages per device and in
+	// all (protocols/mqtt/retained.go).
+	MQTTMaxInflight               int `yaml:"mqtt_max_inflight"`
+	MQTTMaxRetainedPerDevice      int `yaml:"mqtt_max_retained_per_device"`
+	MQTTMaxRetainedBytesPerDevice int `yaml:"mqtt_max_retained_bytes_per_device"`
+	MQTTMaxRetainedBytes          int `yaml:"mqtt_max_retained_bytes"`
+	// AnonymousMaxDevices bounds the anonymous devices with sessions on
+	// this gateway; AnonymousConnectsPerSecond the anonymous MQTT
+	// CONNECTs per source network (/24, /64).
+	AnonymousMaxDevices        int `yaml:"anonymous_max_devices"`
+	AnonymousConnectsPerSecond int `yaml:"anonymous_connects_per_second"`
 }
 
 // LogConfig selects the log level (debug, info, warn, error) and format
@@ -237,6 +254,14 @@ func Default() Config {
 			DTLSMaxPeers:          4096,
 			DTLSIdleTimeout:       Duration(5 * time.Second),
 			MaxSessionsPerDevice:  DefaultMaxSessionsPerDevice,
+			// MQTT state held for devices (protocols/mqtt/retained.go)
+			MQTTMaxInflight:               32,
+			MQTTMaxRetainedPerDevice:      16,
+			MQTTMaxRetainedBytesPerDevice: 64 << 10,
+			MQTTMaxRetainedBytes:          64 << 20,
+			// anonymous devices (docs/security.md)
+			AnonymousMaxDevices:        gateway.DefaultMaxAnonymousDevices,
+			AnonymousConnectsPerSecond: 100,
 		},
 		Plugins: PluginsConfig{Dir: "/usr/lib/fleetgate/plugins", Adapters: []AdapterConfig{}},
 		Log:     LogConfig{Level: "info", Format: "text"},
@@ -270,20 +295,21 @@ func sanitizeID(s string) string {
 	return string(b)
 }
 
-// Redacted returns a copy of c with every secret (store.redis.password,
-// adapter settings whose key names a secret, token or password) replaced by "<redacted>" when it is set, for printing.
+// Redacted returns a copy of c with every secret (SecretKeys, and adapter
+// settings whose key names a secret) replaced by "<redacted>" when it is
+// set, for printing.
 func (c Config) Redacted() Config {
 	c.Store.Redis.Addrs = slices.Clone(c.Store.Redis.Addrs)
 	c.Plugins.Adapters = redactAdapters(c.Plugins.Adapters)
-	if c.Store.Redis.Password != "" {
-		c.Store.Redis.Password = "<redacted>"
-	}
+	redactSecrets(&c)
 	return c
 }
 
 // YAML renders c in the file's layout (two-space indent); Parse reads it
-// back to c. Redact first when the output is shown to anyone.
+// back to c. A secret read from its _file is rendered as the file's name
+// alone. Redact first when the output is shown to anyone.
 func (c Config) YAML() ([]byte, error) {
+	clearFileSecrets(&c)
 	var buf bytes.Buffer
 	enc := yaml.NewEncoder(&buf)
 	enc.SetIndent(2)

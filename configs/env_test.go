@@ -82,8 +82,8 @@ func TestEnvNamesAreUnique(t *testing.T) {
 		}
 		seen[name] = path
 	}
-	if len(seen) != 67 {
-		t.Errorf("%d keys, want 67: %v", len(seen), configs.Keys())
+	if len(seen) != 76 {
+		t.Errorf("%d keys, want 76: %v", len(seen), configs.Keys())
 	}
 }
 

@@ -17,6 +17,9 @@ type EventsMQTTConfig struct {
 	ClientID string `yaml:"client_id"`
 	Username string `yaml:"username"`
 	Password string `yaml:"password"`
+	// PasswordFile names a file holding the password instead
+	// (configs/secrets.go).
+	PasswordFile string `yaml:"password_file"`
 	// TLS names PEM files: a CA bundle (empty: the system roots) and a
 	// client certificate and key (both or neither).
 	TLS         EventsMQTTTLS `yaml:"tls"`
@@ -57,6 +60,8 @@ func (c Config) validateEventsMQTT(p *problems) {
 			p.add("events.mqtt.url", "%q: want mqtt://host:port or mqtts://host:port", m.URL)
 		case u.User != nil:
 			p.add("events.mqtt.url", "credentials go in events.mqtt.username and password, not in the URL")
+		case !oneOf(u.Scheme, "mqtts", "tls", "ssl") && m.TLS != (EventsMQTTTLS{}):
+			p.add("events.mqtt.tls", "is set, but events.mqtt.url %q connects without TLS: use mqtts://%s, or leave events.mqtt.tls empty", m.URL, u.Host)
 		}
 	}
 	if m.QoS < 0 || m.QoS > 2 {

@@ -43,6 +43,9 @@ func Parse(name string, data []byte, env []string) (Config, error) {
 	if err := applyEnv(&c, env); err != nil {
 		return Config{}, err
 	}
+	if err := readSecretFiles(name, data, env, &c); err != nil {
+		return Config{}, err
+	}
 	if c.Gateway.ID == "" {
 		c.Gateway.ID = HostID()
 	}

@@ -14,13 +14,26 @@ import (
 	"github.com/fleetgate/fleetgate/gateway"
 )
 
-// Adapter limits checked by validation.
+// Adapter defaults and limits checked by validation.
 const (
 	DefaultAdapterStartTimeout = 10 * time.Second
 	MaxAdapterStartTimeout     = 5 * time.Minute
 	// MaxAdapterNameLen keeps "<name>/<instance>" session IDs short.
 	MaxAdapterNameLen = 64
+	// Default limits of an adapter.
+	DefaultAdapterMaxSessions       = 2000
+	DefaultAdapterMaxDevices        = 1000
+	DefaultAdapterEvidencePerSecond = 200
+	// Bounds of an adapter's OS limits (when set).
+	MinAdapterAddressSpace = 64 << 20
+	MinAdapterOpenFiles    = 32
+	MaxAdapterOpenFiles    = 1 << 20
 )
+
+// reservedAdapterNames are the front ends' names: their sessions are
+// "coap/<instance>" and their evidence is counted under them, so an
+// adapter of that name could end or renew their sessions.
+var reservedAdapterNames = []string{"coap", "mqtt"}
 
 // PluginsConfig lists the adapter plugins to start.
 type PluginsConfig struct {
@@ -39,9 +52,13 @@ type AdapterConfig struct {
 	// Path is the executable: absolute, or relative to plugins.dir; empty
 	// means Name in plugins.dir.
 	Path string `yaml:"path"`
-	// SHA256 is the executable's expected checksum (64 hex digits); empty
-	// checks nothing.
+	// SHA256 is the executable's expected checksum (64 hex digits),
+	// checked on the file that is then executed; empty checks no sum.
 	SHA256 string `yaml:"sha256"`
+	// Devices are the device IDs the adapter may speak for: exact IDs and
+	// prefixes ("lw-*"; "*": every ID); default "<name>-*". A device of
+	// the devices file is never an adapter's.
+	Devices []string `yaml:"devices"`
 	// StartTimeout bounds the handshake, Configure and the first frame.
 	StartTimeout Duration      `yaml:"start_timeout"`
 	Limits       AdapterLimits `yaml:"limits"`
@@ -50,11 +67,17 @@ type AdapterConfig struct {
 	Config AdapterSettings `yaml:"config"`
 }
 
-// AdapterLimits bound what one adapter can make the gateway spend; 0 is
-// unlimited.
+// AdapterLimits bound what one adapter can make the gateway spend (0 is
+// unlimited), and the OS limits of its process (0 leaves what it
+// inherits).
 type AdapterLimits struct {
 	MaxSessions       int `yaml:"max_sessions"`
+	MaxDevices        int `yaml:"max_devices"`
 	EvidencePerSecond int `yaml:"evidence_per_second"`
+	// MaxAddressSpace is RLIMIT_AS in bytes.
+	MaxAddressSpace int `yaml:"max_address_space"`
+	// MaxOpenFiles is RLIMIT_NOFILE.
+	MaxOpenFiles int `yaml:"max_open_files"`
 }
 
 // AdapterSettings is an adapter's `config` subtree, kept as JSON (keys
@@ -83,8 +106,18 @@ func (s AdapterSettings) JSON() []byte {
 
 // DefaultAdapter returns the entry for name with every default.
 func DefaultAdapter(name string) AdapterConfig {
-	return AdapterConfig{Name: name, StartTimeout: Duration(DefaultAdapterStartTimeout)}
+	return AdapterConfig{
+		Name: name, Devices: DefaultAdapterDevices(name), StartTimeout: Duration(DefaultAdapterStartTimeout),
+		Limits: AdapterLimits{
+			MaxSessions: DefaultAdapterMaxSessions, MaxDevices: DefaultAdapterMaxDevices,
+			EvidencePerSecond: DefaultAdapterEvidencePerSecond,
+		},
+	}
 }
+
+// DefaultAdapterDevices is the devices of an adapter named name that
+// names none: the IDs that start with "<name>-".
+func DefaultAdapterDevices(name string) []string { return []string{name + "-*"} }
 
 // AdapterPath resolves a's executable against dir.
 func (p PluginsConfig) AdapterPath(a AdapterConfig) string {
@@ -128,10 +161,14 @@ func (d *decoder) adapterList(n *yaml.Node, path string, v reflect.Value) {
 			a = DefaultAdapter(e.Value)
 		case e.Kind == yaml.MappingNode:
 			a = DefaultAdapter("")
+			a.Devices = nil
 			before := d.errs.Len()
 			d.mapping(e, key, reflect.ValueOf(&a).Elem())
 			if d.errs.Len() > before {
 				continue
+			}
+			if a.Devices == nil {
+				a.Devices = DefaultAdapterDevices(a.Name)
 			}
 		default:
 			d.errs.Add(e, "%s: want an adapter (a mapping with name, or a bare name), got %s", key, describe(e))
@@ -142,6 +179,9 @@ func (d *decoder) adapterList(n *yaml.Node, path string, v reflect.Value) {
 		}
 		if line, dup := seen[a.Name]; dup && a.Name != "" {
 			d.errs.Add(e, "%s: adapter name %q is already used at line %d", key, a.Name, line)
+		}
+		for _, problem := range overlaps(list, a) {
+			d.errs.Add(e, "%s: %s (line %d)", key, problem.text, seen[problem.other])
 		}
 		seen[a.Name] = e.Line
 		list = append(list, a)
@@ -157,6 +197,11 @@ func (d *decoder) settings(n *yaml.Node, path string, v reflect.Value) {
 	}
 	if n.Kind != yaml.MappingNode {
 		d.errs.Add(n, "%s: want a mapping of the adapter's settings, got %s", path, describe(n))
+		return
+	}
+	before := d.errs.Len()
+	d.settingFiles(n, path)
+	if d.errs.Len() > before {
 		return
 	}
 	var val any
@@ -183,6 +228,12 @@ func (a AdapterConfig) problems() []string {
 	} else if _, err := gateway.ParseDeviceID(a.Name); err != nil || len(a.Name) > MaxAdapterNameLen {
 		out = append(out, fmt.Sprintf("name: %q must be 1 to %d of A-Z a-z 0-9 . _ : - (it names sessions \"<name>/<instance>\")", a.Name, MaxAdapterNameLen))
 	}
+	for _, r := range reservedAdapterNames {
+		if strings.EqualFold(a.Name, r) {
+			out = append(out, fmt.Sprintf("name: %q is the %s front end's: its sessions would be %s's sessions", a.Name, r, r))
+		}
+	}
+	out = append(out, devicesProblems(a.Devices)...)
 	if a.SHA256 != "" {
 		if b, err := hex.DecodeString(a.SHA256); err != nil || len(b) != 32 {
 			out = append(out, fmt.Sprintf("sha256: %q is not 64 hex digits", a.SHA256))
@@ -194,8 +245,17 @@ func (a AdapterConfig) problems() []string {
 	if a.Limits.MaxSessions < 0 {
 		out = append(out, fmt.Sprintf("limits.max_sessions: must be >= 0 (0: unlimited), got %d", a.Limits.MaxSessions))
 	}
+	if a.Limits.MaxDevices < 0 {
+		out = append(out, fmt.Sprintf("limits.max_devices: must be >= 0 (0: unlimited), got %d", a.Limits.MaxDevices))
+	}
 	if a.Limits.EvidencePerSecond < 0 {
 		out = append(out, fmt.Sprintf("limits.evidence_per_second: must be >= 0 (0: unlimited), got %d", a.Limits.EvidencePerSecond))
+	}
+	if v := a.Limits.MaxAddressSpace; v != 0 && v < MinAdapterAddressSpace {
+		out = append(out, fmt.Sprintf("limits.max_address_space: must be 0 (not set) or at least %d bytes (64 MiB; a Go adapter reserves about 2 GiB), got %d", MinAdapterAddressSpace, v))
+	}
+	if v := a.Limits.MaxOpenFiles; v != 0 && (v < MinAdapterOpenFiles || v > MaxAdapterOpenFiles) {
+		out = append(out, fmt.Sprintf("limits.max_open_files: must be 0 (not set) or %d to %d, got %d", MinAdapterOpenFiles, MaxAdapterOpenFiles, v))
 	}
 	if a.Config != "" && !json.Valid([]byte(a.Config)) {
 		out = append(out, "config: not valid JSON")
@@ -215,17 +275,85 @@ func (c Config) validatePlugins(p *problems) {
 			}
 		}
 	}
-	seen := make(map[string]bool, len(c.Plugins.Adapters))
+	seen := make(map[string]int, len(c.Plugins.Adapters))
 	for i, a := range c.Plugins.Adapters {
 		key := fmt.Sprintf("plugins.adapters[%d]", i)
 		for _, problem := range a.problems() {
 			p.add(key, "%s", problem)
 		}
-		if seen[a.Name] {
+		if _, dup := seen[a.Name]; dup {
 			p.add(key, "adapter name %q is listed twice", a.Name)
 		}
-		seen[a.Name] = true
+		for _, o := range overlaps(c.Plugins.Adapters[:i], a) {
+			p.add(key, "%s (plugins.adapters[%d])", o.text, seen[o.other])
+		}
+		if a.Name == c.Gateway.ID {
+			p.add(key, "name: %q is gateway.id: its sessions \"%s/<instance>\" would be the MQTT front end's (\"%s/mqtt\")", a.Name, a.Name, a.Name)
+		}
+		seen[a.Name] = i
 	}
+}
+
+// devicesProblems checks an adapter's devices entries.
+func devicesProblems(devices []string) []string {
+	if len(devices) == 0 {
+		return []string{`devices: must name at least one device ID or prefix ("*": every device not in the devices file)`}
+	}
+	var out []string
+	for i, d := range devices {
+		id, prefix := strings.CutSuffix(d, "*")
+		if prefix && id == "" {
+			continue
+		}
+		if _, err := gateway.ParseDeviceID(id); err != nil {
+			out = append(out, fmt.Sprintf(`devices[%d]: %q must be a device ID, a device ID prefix followed by "*", or "*"`, i, d))
+		}
+	}
+	return out
+}
+
+// adapterOverlap is a device two adapters could both speak for.
+type adapterOverlap struct {
+	text  string
+	other string // the other adapter's name
+}
+
+// overlaps lists the devices entries of a that cover a device an adapter
+// of before covers too: no two adapters speak for one device.
+func overlaps(before []AdapterConfig, a AdapterConfig) []adapterOverlap {
+	var out []adapterOverlap
+	for _, b := range before {
+		if b.Name == a.Name {
+			continue // a duplicate name, refused as such
+		}
+		for _, x := range a.Devices {
+			for _, y := range b.Devices {
+				if entriesOverlap(x, y) {
+					out = append(out, adapterOverlap{
+						text:  fmt.Sprintf("devices: %q overlaps %q of adapter %q: no two adapters may speak for one device", x, y, b.Name),
+						other: b.Name,
+					})
+				}
+			}
+		}
+	}
+	return out
+}
+
+// entriesOverlap reports whether two devices entries (an ID, or a prefix
+// followed by "*") match a common device ID.
+func entriesOverlap(x, y string) bool {
+	xp, xPrefix := strings.CutSuffix(x, "*")
+	yp, yPrefix := strings.CutSuffix(y, "*")
+	switch {
+	case xPrefix && yPrefix:
+		return strings.HasPrefix(xp, yp) || strings.HasPrefix(yp, xp)
+	case xPrefix:
+		return strings.HasPrefix(y, xp)
+	case yPrefix:
+		return strings.HasPrefix(x, yp)
+	}
+	return x == y
 }
 
 // adapterNames parses FLEETGATE_PLUGINS_ADAPTERS: comma-separated names,
@@ -244,7 +372,7 @@ func adapterNames(s string) []AdapterConfig {
 // secretKey reports whether a settings key names a secret.
 func secretKey(k string) bool {
 	k = strings.ToLower(k)
-	for _, s := range []string{"secret", "password", "token", "api_key", "apikey"} {
+	for _, s := range []string{"secret", "password", "passwd", "token", "api_key", "apikey", "psk"} {
 		if strings.Contains(k, s) {
 			return true
 		}

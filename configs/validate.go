@@ -3,6 +3,7 @@ package configs
 import (
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"strconv"
 	"strings"
@@ -182,6 +183,16 @@ func (c Config) validateLimits(p *problems) {
 	p.atLeast("limits.mqtt_max_clients", l.MQTTMaxClients, 1)
 	p.atLeast("limits.mqtt_connects_per_second", l.MQTTConnectsPerSecond, 1)
 	p.atLeast("limits.mqtt_max_pending_writes", l.MQTTMaxPendingWrites, 1)
+	if l.MQTTMaxInflight < 1 || l.MQTTMaxInflight > math.MaxUint16 {
+		p.add("limits.mqtt_max_inflight", "must be between 1 and %d, got %d", math.MaxUint16, l.MQTTMaxInflight)
+	}
+	p.atLeast("limits.mqtt_max_retained_per_device", l.MQTTMaxRetainedPerDevice, 1)
+	p.atLeast("limits.mqtt_max_retained_bytes_per_device", l.MQTTMaxRetainedBytesPerDevice, 1)
+	p.atLeast("limits.anonymous_max_devices", l.AnonymousMaxDevices, 1)
+	p.atLeast("limits.anonymous_connects_per_second", l.AnonymousConnectsPerSecond, 1)
+	if l.MQTTMaxRetainedBytes < l.MQTTMaxRetainedBytesPerDevice {
+		p.add("limits.mqtt_max_retained_bytes", "must be at least limits.mqtt_max_retained_bytes_per_device (%d), got %d", l.MQTTMaxRetainedBytesPerDevice, l.MQTTMaxRetainedBytes)
+	}
 	if l.CoAPMaxMessageSize < 64 || l.CoAPMaxMessageSize > 65507 {
 		p.add("limits.coap_max_message_size", "must be between 64 and 65507 bytes (one UDP datagram), got %d", l.CoAPMaxMessageSize)
 	}

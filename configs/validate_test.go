@@ -98,7 +98,33 @@ func TestValidate(t *testing.T) {
 			c.Limits.DTLSMaxPeers, c.Limits.DTLSIdleTimeout = 0, 0
 		}, "limits.dtls_max_peers: must be >= 1, got 0\n" +
 			"limits.dtls_idle_timeout: must be > 0, got 0s"},
+		{"mqtt state limits", func(c *configs.Config) {
+			c.Limits.MQTTMaxInflight, c.Limits.MQTTMaxRetainedPerDevice, c.Limits.MQTTMaxRetainedBytes = 65536, 0, 1000
+		}, "limits.mqtt_max_inflight: must be between 1 and 65535, got 65536\n" +
+			"limits.mqtt_max_retained_per_device: must be >= 1, got 0\n" +
+			"limits.mqtt_max_retained_bytes: must be at least limits.mqtt_max_retained_bytes_per_device (65536), got 1000"},
+		{"mqtt retained bytes per device", func(c *configs.Config) { c.Limits.MQTTMaxRetainedBytesPerDevice, c.Limits.MQTTMaxInflight = 0, 0 },
+			"limits.mqtt_max_inflight: must be between 1 and 65535, got 0\n" +
+				"limits.mqtt_max_retained_bytes_per_device: must be >= 1, got 0"},
+		{"anonymous limits", func(c *configs.Config) { c.Limits.AnonymousMaxDevices, c.Limits.AnonymousConnectsPerSecond = 0, -1 },
+			"limits.anonymous_max_devices: must be >= 1, got 0\n" +
+				"limits.anonymous_connects_per_second: must be >= 1, got -1"},
 		{"same port udp and tcp", func(c *configs.Config) { c.Listen.CoAP.UDP = ":1883" }, ""},
+		{"admin beyond loopback without a token", func(c *configs.Config) { c.Listen.Admin.HTTP = "0.0.0.0:9180" },
+			`listen.admin.http: "0.0.0.0:9180" is reachable beyond this host and the admin API would have no authentication (listen.admin.token_file is empty): set a token_file, bind it to 127.0.0.1, or set listen.admin.insecure: true to serve it to anyone who reaches it`},
+		{"admin on every interface without a token", func(c *configs.Config) { c.Listen.Admin.HTTP = ":9180" },
+			`listen.admin.http: ":9180" is reachable beyond this host and the admin API would have no authentication (listen.admin.token_file is empty): set a token_file, bind it to 127.0.0.1, or set listen.admin.insecure: true to serve it to anyone who reaches it`},
+		{"admin on a host name without a token", func(c *configs.Config) { c.Listen.Admin.HTTP = "gw.example:9180" },
+			`listen.admin.http: "gw.example:9180" is reachable beyond this host and the admin API would have no authentication (listen.admin.token_file is empty): set a token_file, bind it to 127.0.0.1, or set listen.admin.insecure: true to serve it to anyone who reaches it`},
+		{"admin beyond loopback with a token", func(c *configs.Config) {
+			c.Listen.Admin.HTTP, c.Listen.Admin.TokenFile = "[::]:9180", "/etc/fleetgate/admin-token"
+		}, ""},
+		{"admin beyond loopback, insecure", func(c *configs.Config) {
+			c.Listen.Admin.HTTP, c.Listen.Admin.Insecure = "192.0.2.10:9180", true
+		}, ""},
+		{"admin on loopback names", func(c *configs.Config) { c.Listen.Admin.HTTP = "localhost:9180" }, ""},
+		{"admin on IPv6 loopback", func(c *configs.Config) { c.Listen.Admin.HTTP = "[::1]:9180" }, ""},
+		{"admin off", func(c *configs.Config) { c.Listen.Admin.HTTP = "" }, ""},
 		{"admin on the mqtt port", func(c *configs.Config) { c.Listen.Admin.HTTP = "127.0.0.1:1883" },
 			`listen.admin.http: "127.0.0.1:1883" and listen.mqtt.tcp (":1883") bind the same tcp port`},
 		{"dtls on the udp port", func(c *configs.Config) { c.Listen.CoAP.DTLS = "[::]:5683" },

@@ -407,3 +407,53 @@ func declared(t *testing.T, path string) map[string]bool {
 	}
 	return out
 }
+
+// TestSecurityTableNamesRealTests: every test, benchmark and fuzz target
+// that docs/security.md's table of attacks names is declared in a test
+// file of the repository.
+func TestSecurityTableNamesRealTests(t *testing.T) {
+	b, err := os.ReadFile("security.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, table, ok := strings.Cut(string(b), "## Attacks, bounds and tests")
+	if !ok {
+		t.Fatal("security.md has no section 'Attacks, bounds and tests'")
+	}
+	named := regexp.MustCompile("`((?:Test|Benchmark|Fuzz)[A-Za-z0-9_]+)`").FindAllStringSubmatch(table, -1)
+	if len(named) < 40 {
+		t.Fatalf("the table names %d tests, want every defence's (40 or more)", len(named))
+	}
+	declared := map[string]bool{}
+	decl := regexp.MustCompile(`(?m)^func ((?:Test|Benchmark|Fuzz)[A-Za-z0-9_]+)\(`)
+	err = filepath.WalkDir(repoRoot(t), func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && (d.Name() == ".git" || d.Name() == "build") {
+			return filepath.SkipDir
+		}
+		if !d.IsDir() && strings.HasSuffix(path, "_test.go") {
+			src, err := os.ReadFile(path)
+			if err != nil {
+				return err
+			}
+			for _, m := range decl.FindAllStringSubmatch(string(src), -1) {
+				declared[m[1]] = true
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range missing(func() []string {
+		var out []string
+		for _, m := range named {
+			out = append(out, m[1])
+		}
+		return out
+	}(), func(n string) bool { return declared[n] }) {
+		t.Errorf("security.md's table names %s, which no test file declares", n)
+	}
+}

@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"net/netip"
 	"time"
 )
 
@@ -37,6 +38,19 @@ type Credentials interface {
 	// authenticate: anonymous access never covers it. Front ends compare
 	// revisions at a reload to end the sessions of revoked devices.
 	Revision(device DeviceID) string
+}
+
+// SourceCredentials are Credentials whose password check also takes the
+// address the client connects from, so that failed checks from one
+// address do not hold up the device's checks from another (the devices
+// file's backoff is kept per source address and device). A front end
+// that knows the address checks with CheckPasswordFrom when its
+// Credentials offer it.
+type SourceCredentials interface {
+	Credentials
+	// CheckPasswordFrom verifies an MQTT password of device sent from
+	// address from.
+	CheckPasswordFrom(device DeviceID, from netip.Addr, password []byte) error
 }
 
 // Timing is the presence timing the front ends answer devices with

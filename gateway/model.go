@@ -47,6 +47,10 @@ type Evidence struct {
 	// uplink fill in 0 with the lease in force when the evidence is
 	// observed, and it then travels with the evidence to the store.
 	Lease time.Duration
+	// Anonymous says the device was admitted without credentials
+	// (auth.allow_anonymous): its first session counts against the
+	// session table's MaxAnonymousDevices.
+	Anonymous bool
 }
 
 // State is a device's presence state.

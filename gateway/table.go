@@ -17,6 +17,8 @@ const (
 	defaultTableShards = 64
 	// DefaultMaxSessionsPerDevice is limits.max_sessions_per_device.
 	DefaultMaxSessionsPerDevice = 32
+	// DefaultMaxAnonymousDevices is limits.anonymous_max_devices.
+	DefaultMaxAnonymousDevices = 1000
 )
 
 // ErrSessionLimit refuses a new session of a device that already has
@@ -25,6 +27,13 @@ const (
 // "quota exceeded". It wraps ErrOverloaded for callers that only know
 // that one.
 var ErrSessionLimit = fmt.Errorf("too many sessions for one device: %w", ErrOverloaded)
+
+// ErrAnonymousLimit refuses the first session of an anonymous device
+// (Evidence.Anonymous) while TableOptions.MaxAnonymousDevices anonymous
+// devices have sessions on this gateway; the anonymous devices already
+// there still renew and open sessions. Front ends answer MQTT CONNACK
+// "quota exceeded" and CoAP 5.03. It wraps ErrOverloaded.
+var ErrAnonymousLimit = fmt.Errorf("too many anonymous devices: %w", ErrOverloaded)
 
 // maxKeyLen is the longest session key: device, a zero byte, session.
 const maxKeyLen = MaxDeviceIDLen + 1 + MaxSessionIDLen
@@ -50,6 +59,12 @@ type TableOptions struct {
 	// device (or one stolen key) cannot grow its central record without
 	// bound. Default DefaultMaxSessionsPerDevice.
 	MaxSessionsPerDevice int
+	// MaxAnonymousDevices is limits.anonymous_max_devices: the anonymous
+	// devices (evidence with Anonymous set) that may have sessions at
+	// once; beyond it the first session of another one is refused with
+	// ErrAnonymousLimit, so that strangers cannot make devices (and
+	// store records) without bound. Default DefaultMaxAnonymousDevices.
+	MaxAnonymousDevices int
 	// Clock is the table's time source. Default SystemClock.
 	Clock Clock
 }
@@ -120,8 +135,13 @@ type Table struct {
 	// perDevice is MaxSessionsPerDevice; limited counts its refusals.
 	perDevice int32
 	limited   atomic.Uint64
-	timing    atomic.Pointer[timing]
-	protos    protocols
+	// maxAnon is MaxAnonymousDevices, anon the anonymous devices with
+	// sessions, anonLimited the refusals.
+	maxAnon     int64
+	anon        atomic.Int64
+	anonLimited atomic.Uint64
+	timing      atomic.Pointer[timing]
+	protos      protocols
 }
 
 var _ Observer = (*Table)(nil)
@@ -141,6 +161,9 @@ type tableShard struct {
 	// multi holds the devices of the shard with more than one session
 	// (few: Devices looks only those up).
 	multi map[DeviceID]struct{}
+	// anon holds the devices of the shard counted as anonymous: their
+	// first session came with Evidence.Anonymous.
+	anon map[DeviceID]struct{}
 }
 
 // entry is one session. Times are nanoseconds since Table.base.
@@ -187,6 +210,9 @@ func NewTable(up Uplink, o TableOptions) *Table {
 	if o.MaxSessionsPerDevice <= 0 {
 		o.MaxSessionsPerDevice = DefaultMaxSessionsPerDevice
 	}
+	if o.MaxAnonymousDevices <= 0 {
+		o.MaxAnonymousDevices = DefaultMaxAnonymousDevices
+	}
 	if o.Clock == nil {
 		o.Clock = SystemClock{}
 	}
@@ -199,11 +225,13 @@ func NewTable(up Uplink, o TableOptions) *Table {
 		max:    int64(o.MaxSessions),
 
 		perDevice: int32(min(o.MaxSessionsPerDevice, math.MaxInt32)),
+		maxAnon:   int64(o.MaxAnonymousDevices),
 	}
 	for i := range t.shards {
 		t.shards[i].m = make(map[string]*entry)
 		t.shards[i].devices = make(map[DeviceID]int32)
 		t.shards[i].multi = make(map[DeviceID]struct{})
+		t.shards[i].anon = make(map[DeviceID]struct{})
 	}
 	t.timing.Store(newTiming(o.Lease, o.RenewEvery))
 	t.protos.names.Store(&[]string{""})
@@ -220,7 +248,10 @@ func (t *Table) SetTiming(lease, renewEvery time.Duration) {
 // It refuses an invalid device or session ID (ErrInvalidDeviceID,
 // ErrInvalidSessionID), a new session beyond MaxSessions
 // (ErrOverloaded) and a new session of a device beyond
-// MaxSessionsPerDevice (ErrSessionLimit, counted by SessionLimitRefusals); it returns the Uplink's error, wrapped, when a write
+// MaxSessionsPerDevice (ErrSessionLimit, counted by SessionLimitRefusals)
+// and the first session of an anonymous device beyond
+// MaxAnonymousDevices (ErrAnonymousLimit, counted by
+// AnonymousLimitRefusals); it returns the Uplink's error, wrapped, when a write
 // could not be enqueued (a Leave removes the session all the same; the
 // central lease then ends it). A zero ObservedAt means now on the table's
 // clock. No lock is held while the Uplink is called.
@@ -247,7 +278,7 @@ func (t *Table) Observe(ctx context.Context, ev Evidence) error {
 				ev.Lease = max(ev.Lease, time.Duration(e.sentDL-at))
 			}
 			delete(sh.m, string(key))
-			sh.forget(ev.Device)
+			t.forget(sh, ev.Device)
 			t.n.Add(-1)
 		}
 		sh.mu.Unlock()
@@ -269,6 +300,16 @@ func (t *Table) Observe(ctx context.Context, ev Evidence) error {
 			t.n.Add(-1)
 			sh.mu.Unlock()
 			return fmt.Errorf("observe: device %s session %s: max_sessions %d reached: %w", ev.Device, ev.Session, t.max, ErrOverloaded)
+		}
+		if have == 0 && ev.Anonymous {
+			if t.anon.Add(1) > t.maxAnon {
+				t.anon.Add(-1)
+				t.n.Add(-1)
+				sh.mu.Unlock()
+				t.anonLimited.Add(1)
+				return fmt.Errorf("observe: anonymous device %s: anonymous_max_devices %d reached: %w", ev.Device, t.maxAnon, ErrAnonymousLimit)
+			}
+			sh.anon[ev.Device] = struct{}{}
 		}
 		e = &entry{first: at, seen: at, dl: dl, proto: t.protos.index(ev.Protocol)}
 		sh.m[string(key)] = e
@@ -375,7 +416,7 @@ func (t *Table) Sweep(now time.Time) int {
 		for k, e := range sh.m {
 			if e.dl <= cutoff {
 				delete(sh.m, k)
-				sh.forget(DeviceID(k[:strings.IndexByte(k, 0)]))
+				t.forget(sh, DeviceID(k[:strings.IndexByte(k, 0)]))
 				dropped++
 			}
 		}
@@ -400,21 +441,34 @@ func (t *Table) RunSweep(ctx context.Context, every time.Duration) error {
 	}
 }
 
-// forget counts one session of device less; the caller holds sh.mu.
-func (sh *tableShard) forget(device DeviceID) {
+// forget counts one session of device, in shard sh, less; the caller
+// holds sh.mu.
+func (t *Table) forget(sh *tableShard, device DeviceID) {
 	if n := sh.devices[device] - 1; n > 0 {
 		sh.devices[device] = n
 		if n == 1 {
 			delete(sh.multi, device)
 		}
-	} else {
-		delete(sh.devices, device)
+		return
+	}
+	delete(sh.devices, device)
+	if _, ok := sh.anon[device]; ok {
+		delete(sh.anon, device)
+		t.anon.Add(-1)
 	}
 }
 
 // SessionLimitRefusals is the number of new sessions refused with
 // ErrSessionLimit since the table was made.
 func (t *Table) SessionLimitRefusals() uint64 { return t.limited.Load() }
+
+// AnonymousLimitRefusals is the number of anonymous devices refused with
+// ErrAnonymousLimit since the table was made.
+func (t *Table) AnonymousLimitRefusals() uint64 { return t.anonLimited.Load() }
+
+// AnonymousDevices is the number of anonymous devices with sessions in
+// the table.
+func (t *Table) AnonymousDevices() int { return int(t.anon.Load()) }
 
 // Len is the number of sessions in the table.
 func (t *Table) Len() int { return int(t.n.Load()) }

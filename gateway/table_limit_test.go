@@ -83,3 +83,60 @@ func TestMaxSessionsPerDeviceDefault(t *testing.T) {
 		t.Fatalf("refused after %d sessions (%v), want %d", n-1, err, gateway.DefaultMaxSessionsPerDevice)
 	}
 }
+
+// Attack: with anonymous devices allowed, strangers made devices without
+// bound (each a session here and a record in the store). Now at most
+// MaxAnonymousDevices anonymous devices have sessions at once: the first
+// session of another one is refused and counted, the anonymous devices
+// there keep renewing and opening sessions, devices with credentials are
+// not affected, and a device whose last session leaves or is swept frees
+// its place.
+func TestMaxAnonymousDevices(t *testing.T) {
+	clock := clocktest.New(t0)
+	tab := gateway.NewTable(newRecorder(1000), gateway.TableOptions{Lease: 90 * time.Second, MaxAnonymousDevices: 3, Clock: clock})
+	ctx := context.Background()
+	observe := func(dev, sess string, k gateway.Kind, anon bool) error {
+		return tab.Observe(ctx, gateway.Evidence{Device: gateway.DeviceID(dev), Session: gateway.SessionID(sess), Kind: k, ObservedAt: clock.Now(), Anonymous: anon})
+	}
+	for i := range 3 {
+		if err := observe(fmt.Sprint("anon-", i), "coap", gateway.Renew, true); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := 3; i < 1000; i++ {
+		err := observe(fmt.Sprint("anon-", i), "coap", gateway.Connect, true)
+		if !errors.Is(err, gateway.ErrAnonymousLimit) || !errors.Is(err, gateway.ErrOverloaded) {
+			t.Fatalf("anonymous device %d: %v, want ErrAnonymousLimit", i, err)
+		}
+	}
+	if got, n := tab.AnonymousLimitRefusals(), tab.AnonymousDevices(); got != 997 || n != 3 || tab.Len() != 3 {
+		t.Fatalf("refusals %d, anonymous devices %d, sessions %d; want 997, 3, 3", got, n, tab.Len())
+	}
+	if err := observe("anon-0", "coap/2", gateway.Connect, true); err != nil {
+		t.Fatalf("a second session of an anonymous device there: %v", err)
+	}
+	if err := observe("listed", "mqtt", gateway.Connect, false); err != nil {
+		t.Fatalf("a device with credentials: %v", err)
+	}
+	for _, s := range []string{"coap", "coap/2"} {
+		if err := observe("anon-0", s, gateway.Leave, true); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := observe("anon-3", "coap", gateway.Connect, true); err != nil {
+		t.Fatalf("after anon-0 left: %v", err)
+	}
+	clock.Advance(30 * time.Second)
+	if err := observe("anon-3", "coap", gateway.Renew, true); err != nil {
+		t.Fatal(err)
+	}
+	clock.Advance(60 * time.Second) // anon-1 and anon-2 lapse
+	if n := tab.Sweep(clock.Now()); n != 3 || tab.AnonymousDevices() != 1 {
+		t.Fatalf("swept %d, %d anonymous devices left; want 3 and 1", n, tab.AnonymousDevices())
+	}
+	for i := 4; i < 6; i++ {
+		if err := observe(fmt.Sprint("anon-", i), "coap", gateway.Connect, true); err != nil {
+			t.Fatalf("after the sweep, anonymous device %d: %v", i, err)
+		}
+	}
+}

@@ -44,7 +44,7 @@ listen:
   coap: { udp: "127.0.0.1:$cport" }
   mqtt: { tcp: "127.0.0.1:$mport" }
   admin: { http: "127.0.0.1:$aport" }
-limits: { coap_requests_per_second: 1000000, mqtt_connects_per_second: 1000000, mqtt_max_clients: 200000 }
+limits: { coap_requests_per_second: 1000000, mqtt_connects_per_second: 1000000, mqtt_max_clients: 200000, anonymous_max_devices: 1000000, anonymous_connects_per_second: 1000000 }
 auth: { allow_anonymous: true, devices_file: "" }
 log: { level: warn }
 EOC

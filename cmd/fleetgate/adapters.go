@@ -13,6 +13,8 @@ import (
 	"github.com/fleetgate/fleetgate/protocols/adapter"
 )
 
+var _ frontEnd = (*adapter.Host)(nil)
+
 // adapterSpecs turns plugins.adapters into the host's specs.
 func adapterSpecs(p configs.PluginsConfig) []adapter.Spec {
 	out := make([]adapter.Spec, 0, len(p.Adapters))
@@ -22,7 +24,11 @@ func adapterSpecs(p configs.PluginsConfig) []adapter.Spec {
 			Path:              p.AdapterPath(a),
 			SHA256:            a.SHA256,
 			StartTimeout:      a.StartTimeout.Std(),
+			Devices:           a.Devices,
 			MaxSessions:       a.Limits.MaxSessions,
+			MaxDevices:        a.Limits.MaxDevices,
+			MaxAddressSpace:   int64(a.Limits.MaxAddressSpace),
+			MaxOpenFiles:      a.Limits.MaxOpenFiles,
 			EvidencePerSecond: a.Limits.EvidencePerSecond,
 			Config:            a.Config.JSON(),
 		})
@@ -31,10 +37,12 @@ func adapterSpecs(p configs.PluginsConfig) []adapter.Spec {
 }
 
 // openAdapters creates the adapter host (always, so that a reload can add
-// adapters) and starts the configured ones; it returns once each has
-// completed its first attempt, so that their sessions exist before the
-// gateway says it is ready. An adapter that fails to start does not stop
-// the gateway: it is logged and retried with backoff.
+// adapters), hands it the devices file (whose devices no adapter speaks
+// for; a reload hands it over again with the front ends', revoke) and
+// starts the configured adapters; it returns once each has completed its
+// first attempt, so that their sessions exist before the gateway says it
+// is ready. An adapter that fails to start does not stop the gateway: it
+// is logged and retried with backoff.
 func (g *gatewayProcess) openAdapters(ctx context.Context, cfg configs.Config, log *slog.Logger, reg prometheus.Registerer) error {
 	h, err := adapter.New(g.table, adapter.Options{
 		Lease: cfg.Presence.Lease.Std(), Clock: gateway.SystemClock{},
@@ -42,6 +50,9 @@ func (g *gatewayProcess) openAdapters(ctx context.Context, cfg configs.Config, l
 	})
 	if err != nil {
 		return err
+	}
+	if g.creds != nil {
+		h.SetCredentials(g.creds)
 	}
 	g.adapters = h
 	g.fronts = append(g.fronts, h)

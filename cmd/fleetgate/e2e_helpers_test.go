@@ -34,6 +34,7 @@ import (
 var binary, udpline string
 
 func TestMain(m *testing.M) {
+	syscall.Umask(0o022) // the adapter host refuses group-writable adapters and directories
 	buildtest.Main(m, map[string]*string{".": &binary, "../../plugins/udpline": &udpline})
 }
 

@@ -104,6 +104,13 @@ func (g *gatewayProcess) openFrontEnds(cfg configs.Config, log *slog.Logger, reg
 			Clock:             gateway.SystemClock{},
 			Logger:            log,
 			Registerer:        reg,
+
+			MaxInflight:            l.MQTTMaxInflight,
+			RetainedPerDevice:      l.MQTTMaxRetainedPerDevice,
+			RetainedBytesPerDevice: l.MQTTMaxRetainedBytesPerDevice,
+			RetainedBytes:          l.MQTTMaxRetainedBytes,
+
+			AnonymousConnectsPerSecond: l.AnonymousConnectsPerSecond,
 		})
 		if err != nil {
 			g.closeFrontEnds()

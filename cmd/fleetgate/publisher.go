@@ -10,11 +10,13 @@ import (
 	"github.com/fleetgate/fleetgate/configs"
 	"github.com/fleetgate/fleetgate/events/mqttpub"
 	"github.com/fleetgate/fleetgate/gateway"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // newPublisher returns the events.mqtt publisher (nil when events.mqtt.url
-// is empty) publishing store's events under the lease owner owner.
-func newPublisher(cfg configs.Config, store gateway.Store, owner string, log *slog.Logger) (*mqttpub.Publisher, error) {
+// is empty) publishing store's events under the lease owner owner, its
+// metrics registered with reg.
+func newPublisher(cfg configs.Config, store gateway.Store, owner string, log *slog.Logger, reg prometheus.Registerer) (*mqttpub.Publisher, error) {
 	m := cfg.Events.MQTT
 	if !m.Enabled() {
 		return nil, nil
@@ -32,7 +34,7 @@ func newPublisher(cfg configs.Config, store gateway.Store, owner string, log *sl
 	p, err := mqttpub.New(store, mqttpub.Options{
 		URL: m.URL, ClientID: clientID, Username: m.Username, Password: m.Password, TLS: tc,
 		TopicPrefix: m.TopicPrefix, QoS: byte(m.QoS), RetainState: m.RetainState,
-		OfflineDelay: m.OfflineDelay.Std(), Owner: owner, Logger: log,
+		OfflineDelay: m.OfflineDelay.Std(), Owner: owner, Logger: log, Registerer: reg,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("events.mqtt: %w", err)

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"net/http"
 	"os"
 	"strconv"
 	"time"
@@ -24,19 +25,21 @@ const defaultConfigPath = configs.DefaultPath
 
 // queryFlags are the flags of the commands that ask the admin API.
 type queryFlags struct {
-	fs     *flag.FlagSet
-	config *string
-	addr   *string
-	json   *bool
+	fs        *flag.FlagSet
+	config    *string
+	addr      *string
+	tokenFile *string
+	json      *bool
 }
 
 func newQueryFlags(name, synopsis string, stderr io.Writer) queryFlags {
 	fs, cfg := newFlags(name, synopsis, stderr)
 	return queryFlags{
-		fs:     fs,
-		config: cfg,
-		addr:   fs.String("addr", "", "admin API address (default: listen.admin.http of the configuration, else "+configs.Default().Listen.Admin.HTTP+")"),
-		json:   fs.Bool("json", false, "print the API's JSON instead of a summary"),
+		fs:        fs,
+		config:    cfg,
+		addr:      fs.String("addr", "", "admin API address (default: listen.admin.http of the configuration, else "+configs.Default().Listen.Admin.HTTP+")"),
+		tokenFile: fs.String("token-file", "", "file holding the admin API's bearer token (default: listen.admin.token_file of the configuration)"),
+		json:      fs.Bool("json", false, "print the API's JSON instead of a summary"),
 	}
 }
 
@@ -70,7 +73,9 @@ func (q queryFlags) adminAddr() (string, error) {
 }
 
 // adminListen is listen.admin of the configuration client finds (its
-// token and TLS too), with the address of --addr when given.
+// token and TLS too; without a configuration file, the defaults and the
+// FLEETGATE_LISTEN_ADMIN_ variables), with the address of --addr and the
+// token of --token-file when given.
 func (q queryFlags) adminListen() (configs.AdminListen, error) {
 	cfg, err := configs.Load(*q.config, os.Environ())
 	var l configs.AdminListen
@@ -81,24 +86,38 @@ func (q queryFlags) adminListen() (configs.AdminListen, error) {
 			return l, fmt.Errorf("listen.admin.http is empty in %s: the admin API is off; pass --addr", *q.config)
 		}
 	case !q.set("c", "config") && errors.Is(err, fs.ErrNotExist):
-		l = configs.Default().Listen.Admin
+		if cfg, err = configs.Parse("the environment", nil, os.Environ()); err != nil {
+			return l, err
+		}
+		l = cfg.Listen.Admin
 	case *q.addr == "":
 		return l, err
 	}
 	if *q.addr != "" {
 		l.HTTP = *q.addr
 	}
+	if *q.tokenFile != "" {
+		l.TokenFile = *q.tokenFile
+	}
 	return l, nil
 }
 
 // explain turns "nothing answers" into where the command looked and
-// what to do.
+// what to do, and a refused token into where the token comes from.
 func explain(err error) error {
 	var ue *admin.UnreachableError
 	if errors.As(err, &ue) {
 		return fmt.Errorf("no gateway answers at %s; is 'fleetgate run' running? (use --addr or -c)", ue.Addr)
 	}
-	return err
+	var ae *admin.Error
+	switch {
+	case !errors.As(err, &ae) || ae.Code != http.StatusUnauthorized:
+		return err
+	case ae.Token:
+		return fmt.Errorf("the admin API refused the bearer token (401: %s): give the token of the gateway's listen.admin.token_file (--token-file FILE or -c)", ae.Message)
+	default:
+		return fmt.Errorf("the admin API wants a bearer token (401: %s): give it with --token-file FILE, or -c a configuration whose listen.admin.token_file holds it (or FLEETGATE_LISTEN_ADMIN_TOKEN_FILE)", ae.Message)
+	}
 }
 
 func printJSON(w io.Writer, v any) error {

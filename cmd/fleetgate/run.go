@@ -140,12 +140,21 @@ func (g *gatewayProcess) run(ctx context.Context) (err error) {
 	g.table = gateway.NewTable(g.up, gateway.TableOptions{
 		Lease: cfg.Presence.Lease.Std(), RenewEvery: cfg.Presence.RenewEvery.Std(),
 		MaxSessions: cfg.Presence.MaxSessions, MaxSessionsPerDevice: cfg.Limits.MaxSessionsPerDevice,
-		Clock: gateway.SystemClock{},
+		MaxAnonymousDevices: cfg.Limits.AnonymousMaxDevices,
+		Clock:               gateway.SystemClock{},
 	})
 	reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
 		Name: "fleetgate_session_limit_refusals_total",
 		Help: "New sessions refused because their device had limits.max_sessions_per_device sessions.",
 	}, func() float64 { return float64(g.table.SessionLimitRefusals()) }))
+	reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "fleetgate_anonymous_limit_refusals_total",
+		Help: "New anonymous devices refused because limits.anonymous_max_devices anonymous devices had sessions.",
+	}, func() float64 { return float64(g.table.AnonymousLimitRefusals()) }))
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "fleetgate_anonymous_devices",
+		Help: "Anonymous devices with a session in the gateway's session table.",
+	}, func() float64 { return float64(g.table.AnonymousDevices()) }))
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "fleetgate_sessions",
 		Help: "Device sessions in the gateway's session table (live on this gateway).",
@@ -158,7 +167,7 @@ func (g *gatewayProcess) run(ctx context.Context) (err error) {
 			Clock: gateway.SystemClock{}, Logger: log, Registerer: reg,
 		})
 	}
-	if g.pub, err = newPublisher(cfg, g.store, fmt.Sprintf("%s/%d", cfg.Gateway.ID, g.epoch), log); err != nil {
+	if g.pub, err = newPublisher(cfg, g.store, fmt.Sprintf("%s/%d", cfg.Gateway.ID, g.epoch), log, reg); err != nil {
 		return err
 	}
 	if err := g.openFrontEnds(cfg, log, reg); err != nil {

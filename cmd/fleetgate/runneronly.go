@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -25,7 +26,7 @@ import (
 func cmdRunner(ctx context.Context, args []string, _, stderr io.Writer) (err error) {
 	fs, path := newFlags("runner", "runner [-c FILE] [--owner NAME] [--metrics HOST:PORT]", stderr)
 	owner := fs.String("owner", "", "lock owner name (default: <gateway.id>/runner/<pid>)")
-	metricsAddr := fs.String("metrics", "", "serve the admin API (/healthz, /metrics, /v1/status, /v1/devices) on this address (e.g. 127.0.0.1:9181)")
+	metricsAddr := fs.String("metrics", "", "serve the admin API (/healthz, /readyz, /metrics, /v1/...) on this address (e.g. 127.0.0.1:9181), with the token, TLS and insecure of listen.admin")
 	cfg, err := parseAndLoad(fs, args, path)
 	if err != nil {
 		return err
@@ -33,7 +34,21 @@ func cmdRunner(ctx context.Context, args []string, _, stderr io.Writer) (err err
 	if cfg.Store.Backend != configs.BackendRedis {
 		return fmt.Errorf("store.backend is %q: the runner command works on the redis store only (with the embedded store, `fleetgate run` runs the runner itself)", cfg.Store.Backend)
 	}
+	// the same API as the gateway's, with the same protection
+	var token string
+	var tlsConf *tls.Config
+	if *metricsAddr != "" {
+		if err := cfg.Listen.Admin.CheckExposure(*metricsAddr); err != nil {
+			return configError{fmt.Errorf("runner --metrics: %w", err)}
+		}
+		if token, tlsConf, err = adminSecurity(cfg.Listen.Admin); err != nil {
+			return err
+		}
+	}
 	log, _ := newLogger(cfg.Log, stderr)
+	for _, w := range adminWarnings(cfg.Listen.Admin, "runner --metrics", *metricsAddr) {
+		log.Warn(w)
+	}
 	if *owner == "" {
 		*owner = fmt.Sprintf("%s/runner/%d", cfg.Gateway.ID, os.Getpid())
 	}
@@ -49,14 +64,14 @@ func cmdRunner(ctx context.Context, args []string, _, stderr io.Writer) (err err
 		Owner: *owner, Interval: cfg.Runner.Interval.Std(), Batch: cfg.Runner.Batch,
 		LockTTL: cfg.Runner.LockTTL.Std(), Clock: gateway.SystemClock{}, Logger: log, Registerer: reg,
 	})
-	pub, err := newPublisher(cfg, store, *owner, log)
+	pub, err := newPublisher(cfg, store, *owner, log, reg)
 	if err != nil {
 		return err
 	}
 	if addr := *metricsAddr; addr != "" {
 		started := time.Now()
 		srv, err := admin.Listen(admin.Options{
-			Addr: addr, Store: store, Gatherer: reg, Logger: log,
+			Addr: addr, Store: store, Gatherer: reg, Logger: log, Token: token, TLS: tlsConf,
 			Timing: func() (time.Duration, time.Duration) {
 				return cfg.Presence.Lease.Std(), cfg.Presence.SuspectAfter.Std()
 			},

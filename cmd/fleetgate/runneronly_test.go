@@ -2,11 +2,13 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -150,4 +152,68 @@ func TestRunnerSystemdNotify(t *testing.T) {
 	}
 	r.stop(syscall.SIGTERM)
 	sock.await(t, stalled, "STOPPING=1", time.Second)
+}
+
+// `fleetgate runner --metrics` serves the admin API over the whole store
+// with the protection of listen.admin: its token (the probes excepted),
+// the Host check of a loopback listener, and the refusal of an address
+// beyond loopback without a token.
+func TestRunnerListenerProtected(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	cfg := newGateway(t, "gw-rp", srv.Addr, fastTiming).config
+	const token = "0123456789abcdef-runner-token"
+	tokenFile := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(tokenFile, []byte(token+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	metrics := fmt.Sprintf("127.0.0.1:%d", redistest.FreePort(t))
+	r := startRunner(t, cfg, []string{"--metrics", metrics}, "FLEETGATE_LISTEN_ADMIN_TOKEN_FILE="+tokenFile)
+	get := func(path, auth, host string) int {
+		t.Helper()
+		req, _ := http.NewRequest(http.MethodGet, "http://"+metrics+path, nil)
+		if auth != "" {
+			req.Header.Set("Authorization", "Bearer "+auth)
+		}
+		if host != "" {
+			req.Host = host
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return 0
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	waitFor(t, 15*time.Second, "the runner's listener", func() bool { return get("/healthz", "", "") == http.StatusOK })
+	for _, path := range []string{"/metrics", "/v1/status", "/v1/devices", "/v1/events", "/v1/snapshot", "/v1/watch"} {
+		if code := get(path, "", ""); code != http.StatusUnauthorized {
+			t.Errorf("%s without the token: %d, want 401", path, code)
+		}
+		if code := get(path, "wrong-token-0123456789", ""); code != http.StatusUnauthorized {
+			t.Errorf("%s with a wrong token: %d, want 401", path, code)
+		}
+	}
+	for _, path := range []string{"/metrics", "/v1/status", "/v1/devices", "/v1/snapshot"} {
+		if code := get(path, token, ""); code != http.StatusOK {
+			t.Errorf("%s with the token: %d, want 200", path, code)
+		}
+	}
+	if code := get("/v1/devices", token, "rebind.example"); code != http.StatusMisdirectedRequest {
+		t.Errorf("Host rebind.example: %d, want 421", code)
+	}
+	if code, out, errs := runCLI(t, "status", "-c", cfg, "--addr", metrics, "--token-file", tokenFile, "--json"); code != 0 || !strings.Contains(out, `"runner"`) {
+		t.Errorf("fleetgate status against the runner: exit %d\n%s%s", code, out, errs)
+	}
+	r.stop(os.Interrupt)
+
+	// beyond loopback without a token: refused before anything starts
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, binary, "runner", "-c", cfg, "--metrics", "192.0.2.1:9181").CombinedOutput()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != exitConfig ||
+		!strings.Contains(string(out), `runner --metrics: "192.0.2.1:9181" is reachable beyond this host and the admin API would have no authentication`) {
+		t.Fatalf("runner --metrics beyond loopback without a token: %v\n%s", err, out)
+	}
 }

@@ -4,7 +4,6 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
-	"net"
 	"os"
 	"strings"
 
@@ -79,13 +78,11 @@ func adminClient(a configs.AdminListen) (*admin.Client, error) {
 }
 
 // securityWarnings lists the risky settings of cfg (docs/security.md):
-// the admin API reachable beyond loopback, a devices file that group or
-// others may read, and a state directory that others may write.
+// the admin API beyond loopback without a token or with a token over
+// plain HTTP (adminWarnings), a devices file that group or others may
+// read, and a state directory that others may write.
 func securityWarnings(cfg configs.Config) []string {
-	var out []string
-	if a := cfg.Listen.Admin.HTTP; a != "" && !loopback(a) && cfg.Listen.Admin.TokenFile == "" {
-		out = append(out, fmt.Sprintf("listen.admin.http %s is reachable beyond this host and the admin API has no authentication: bind it to 127.0.0.1 or put it behind an authenticating proxy", a))
-	}
+	out := adminWarnings(cfg.Listen.Admin, "listen.admin.http", cfg.Listen.Admin.HTTP)
 	if path := cfg.Auth.DevicesFile; path != "" {
 		if fi, err := os.Stat(path); err == nil && fi.Mode().Perm()&0o044 != 0 {
 			out = append(out, fmt.Sprintf("auth.devices_file %s is readable by group or others (mode %04o); it holds device keys: chmod 600 (or 640 with a dedicated group)", path, fi.Mode().Perm()))
@@ -99,16 +96,17 @@ func securityWarnings(cfg configs.Config) []string {
 	return out
 }
 
-// loopback reports whether listen address addr binds only a loopback
-// address (a wildcard or a host name that is not localhost does not).
-func loopback(addr string) bool {
-	host, _, err := net.SplitHostPort(addr)
-	if err != nil {
-		return false
+// adminWarnings lists the risks of serving the admin API of a at addr
+// (named key in the warning): beyond loopback without a token (allowed
+// by listen.admin.insecure only), or with a token over plain HTTP.
+func adminWarnings(a configs.AdminListen, key, addr string) []string {
+	switch {
+	case addr == "" || configs.Loopback(addr):
+		return nil
+	case a.TokenFile == "":
+		return []string{fmt.Sprintf("%s %s serves the admin API beyond this host without authentication (listen.admin.insecure: true): anyone who reaches it reads every device and event", key, addr)}
+	case a.CertFile == "":
+		return []string{fmt.Sprintf("%s %s is reachable beyond this host over plain HTTP: the bearer token of listen.admin.token_file travels in clear; set listen.admin.cert_file and key_file, or bind it to 127.0.0.1", key, addr)}
 	}
-	if host == "localhost" {
-		return true
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
+	return nil
 }

@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/fleetgate/fleetgate/configs"
 )
 
 // check-config checks what run checks besides the configuration (the
@@ -50,10 +52,15 @@ func TestCheckConfigSecurity(t *testing.T) {
 		{"missing devices file", config("missing-c.yaml", "auth: { devices_file: /nonexistent/devices.yaml }\n"), 1, "no such file", ""},
 		{"bad certificate", config("tls-c.yaml", fmt.Sprintf("auth: { devices_file: %q }\nlisten: { mqtt: { tls: \"127.0.0.1:0\", cert_file: %q, key_file: %q } }\n", good, notPEM, notPEM)), 1, "listen.mqtt: load certificate", ""},
 		{"readable devices file", config("readable-c.yaml", fmt.Sprintf("auth: { devices_file: %q }\n", readable)), 0, "", "is readable by group or others (mode 0644)"},
-		{"admin beyond loopback with a token", config("admin-t.yaml", fmt.Sprintf("auth: { devices_file: %q }\nlisten: { admin: { http: \"0.0.0.0:9180\", token_file: %q } }\n", good, token)), 0, "", ""},
+		{"admin beyond loopback with a token", config("admin-t.yaml", fmt.Sprintf("auth: { devices_file: %q }\nlisten: { admin: { http: \"0.0.0.0:9180\", token_file: %q } }\n", good, token)), 0, "",
+			"listen.admin.http 0.0.0.0:9180 is reachable beyond this host over plain HTTP: the bearer token of listen.admin.token_file travels in clear"},
+		{"admin on loopback with a token", config("admin-l.yaml", fmt.Sprintf("auth: { devices_file: %q }\nlisten: { admin: { http: \"127.0.0.1:9180\", token_file: %q } }\n", good, token)), 0, "", ""},
 		{"short admin token", config("admin-s.yaml", fmt.Sprintf("auth: { devices_file: %q }\nlisten: { admin: { token_file: %q } }\n", good, short)), 1, "holds a token of 6 bytes; want at least 16", ""},
 		{"admin certificate without key", config("admin-k.yaml", fmt.Sprintf("auth: { devices_file: %q }\nlisten: { admin: { cert_file: %q } }\n", good, notPEM)), 78, "listen.admin.cert_file: and listen.admin.key_file must be set together", ""},
-		{"admin beyond loopback", config("admin-c.yaml", fmt.Sprintf("auth: { devices_file: %q }\nlisten: { admin: { http: \"0.0.0.0:9180\" } }\n", good)), 0, "", "listen.admin.http 0.0.0.0:9180 is reachable beyond this host"},
+		{"admin beyond loopback", config("admin-c.yaml", fmt.Sprintf("auth: { devices_file: %q }\nlisten: { admin: { http: \"0.0.0.0:9180\" } }\n", good)), 78,
+			`listen.admin.http: "0.0.0.0:9180" is reachable beyond this host and the admin API would have no authentication (listen.admin.token_file is empty)`, ""},
+		{"admin beyond loopback, insecure", config("admin-i.yaml", fmt.Sprintf("auth: { devices_file: %q }\nlisten: { admin: { http: \"0.0.0.0:9180\", insecure: true } }\n", good)), 0, "",
+			"listen.admin.http 0.0.0.0:9180 serves the admin API beyond this host without authentication (listen.admin.insecure: true)"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -73,5 +80,30 @@ func TestCheckConfigSecurity(t *testing.T) {
 	code, _, errs := runCLI(t, "check-config", "-c", config("state-c.yaml", fmt.Sprintf("auth: { devices_file: %q }\n", good)))
 	if code != 0 || !strings.Contains(errs, "gateway.state_dir "+state+" is writable by others (mode 0777)") {
 		t.Fatalf("exit %d; stderr:\n%s", code, errs)
+	}
+}
+
+// The admin API beyond loopback is warned about without a token (only
+// listen.admin.insecure lets it start) and with a token over plain HTTP;
+// on loopback, or with HTTPS, it is not.
+func TestAdminWarnings(t *testing.T) {
+	token := configs.AdminListen{TokenFile: "/t"}
+	for _, c := range []struct {
+		a    configs.AdminListen
+		addr string
+		want string
+	}{
+		{configs.AdminListen{}, "", ""},
+		{configs.AdminListen{}, "127.0.0.1:9181", ""},
+		{configs.AdminListen{}, "localhost:9181", ""},
+		{token, "[::1]:9181", ""},
+		{configs.AdminListen{Insecure: true}, "0.0.0.0:9181", "runner --metrics 0.0.0.0:9181 serves the admin API beyond this host without authentication (listen.admin.insecure: true): anyone who reaches it reads every device and event"},
+		{token, ":9181", "runner --metrics :9181 is reachable beyond this host over plain HTTP: the bearer token of listen.admin.token_file travels in clear; set listen.admin.cert_file and key_file, or bind it to 127.0.0.1"},
+		{configs.AdminListen{TokenFile: "/t", CertFile: "/c", KeyFile: "/k"}, "192.0.2.1:9181", ""},
+	} {
+		got := strings.Join(adminWarnings(c.a, "runner --metrics", c.addr), "\n")
+		if got != c.want {
+			t.Errorf("%+v at %q: %q, want %q", c.a, c.addr, got, c.want)
+		}
 	}
 }

@@ -32,7 +32,7 @@ func openStore(ctx context.Context, cfg configs.Config, db *bolt.DB, log *slog.L
 	// go-redis has one process-wide logger: its lines go through ours.
 	redisstore.UseLogger(log)
 	var tlsOptions *redisstore.TLSOptions
-	if rc.TLS || rc.TLSCAFile != "" || rc.TLSServerName != "" || rc.TLSCertFile != "" {
+	if rc.RedisTLS() {
 		tlsOptions = &redisstore.TLSOptions{CAFile: rc.TLSCAFile, ServerName: rc.TLSServerName, CertFile: rc.TLSCertFile, KeyFile: rc.TLSKeyFile}
 	}
 	s, err := redisstore.Dial(ctx, redisstore.DialConfig{

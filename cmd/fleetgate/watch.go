@@ -74,6 +74,9 @@ func cmdWatch(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 				if ctx.Err() != nil {
 					return nil
 				}
+				if final(err) {
+					return explain(err)
+				}
 				fmt.Fprintf(stderr, "fleetgate watch: %v; retrying in %v\n", err, *retry)
 				if !sleepCtx(ctx, *retry) {
 					return nil
@@ -114,11 +117,9 @@ func cmdWatch(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			fmt.Fprintf(stderr, "fleetgate watch: cursor no longer served (shard %d: %s); taking a new snapshot\n", re.Shard, re.Reason)
 			cursor, needSnapshot = "", true
 			out.reset()
+		case final(err):
+			return explain(err)
 		default:
-			var ae *admin.Error
-			if errors.As(err, &ae) && ae.Code == 400 {
-				return err
-			}
 			fmt.Fprintf(stderr, "fleetgate watch: %v; reconnecting in %v\n", err, *retry)
 			if !sleepCtx(ctx, *retry) {
 				return nil
@@ -126,6 +127,14 @@ func cmdWatch(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		}
 	}
 	return nil
+}
+
+// final reports whether err is a refusal of the request (a bad cursor,
+// a missing or wrong token: admin.Error.Final), which asking again
+// cannot mend; watch retries anything else.
+func final(err error) bool {
+	var ae *admin.Error
+	return errors.As(err, &ae) && ae.Final()
 }
 
 // tailFollow prints the events after the cursor of /v1/events (one log
@@ -146,7 +155,7 @@ func tailFollow(ctx context.Context, c *admin.Client, eventsCursor string, asJSO
 	if ctx.Err() != nil {
 		return nil
 	}
-	return err
+	return explain(err)
 }
 
 // watchOutput is where fleetgate watch prints.

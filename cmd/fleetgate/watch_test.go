@@ -124,27 +124,7 @@ func openPTY(t *testing.T) (pt, tty *os.File) {
 // snapshot's counts, then each change, the latest device first.
 func TestWatchTableOnTerminal(t *testing.T) {
 	t.Parallel()
-	db, err := bolt.Open(filepath.Join(t.TempDir(), "state.db"), 0o600, &bolt.Options{NoSync: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
-	store, err := embedded.Open(db, embedded.Options{Shards: 4})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv, err := admin.Listen(admin.Options{Addr: "127.0.0.1:0", Store: store, Gatherer: prometheus.NewRegistry(),
-		Status: func() admin.Status { return admin.Status{} },
-		Timing: func() (time.Duration, time.Duration) { return time.Hour, time.Hour }})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = srv.Serve() }()
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = srv.Shutdown(ctx)
-	})
+	store, addr := serveEmbeddedAdmin(t, "")
 	write := func(kind gateway.Kind, devs ...gateway.DeviceID) {
 		t.Helper()
 		for _, d := range devs {
@@ -162,7 +142,7 @@ func TestWatchTableOnTerminal(t *testing.T) {
 	go func() { _, _ = io.Copy(screen, pt) }() // ends when the test closes pt
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan int, 1)
-	go func() { done <- dispatch(ctx, []string{"watch", "--addr", srv.Addr().String()}, tty, io.Discard) }()
+	go func() { done <- dispatch(ctx, []string{"watch", "--addr", addr}, tty, io.Discard) }()
 	t.Cleanup(func() {
 		cancel()
 		select {
@@ -194,5 +174,98 @@ func TestWatchTableOnTerminal(t *testing.T) {
 	})
 	if s := screen.String(); strings.Contains(s, `{"device"`) {
 		t.Errorf("a terminal got JSON lines:\n%s", s)
+	}
+}
+
+// serveEmbeddedAdmin serves the admin API (with token, when set) over an
+// embedded store of 4 shards until the test ends; it returns the store
+// and the address.
+func serveEmbeddedAdmin(t *testing.T, token string) (*embedded.Store, string) {
+	t.Helper()
+	db, err := bolt.Open(filepath.Join(t.TempDir(), "state.db"), 0o600, &bolt.Options{NoSync: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	store, err := embedded.Open(db, embedded.Options{Shards: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := admin.Listen(admin.Options{Addr: "127.0.0.1:0", Store: store, Gatherer: prometheus.NewRegistry(), Token: token,
+		Status: func() admin.Status { return admin.Status{} },
+		Timing: func() (time.Duration, time.Duration) { return time.Hour, time.Hour }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = srv.Serve() }()
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(ctx)
+	})
+	return store, srv.Addr().String()
+}
+
+// With a token on the admin API, watch and events tail --follow send it
+// (from -c's listen.admin.token_file or --token-file) and follow the
+// changes; without the token, or with a wrong one, watch ends at once
+// with an error that says where the token comes from, instead of
+// retrying for ever.
+func TestWatchAndTailSendTheToken(t *testing.T) {
+	t.Parallel()
+	const token = "0123456789abcdef-cli-token"
+	store, addr := serveEmbeddedAdmin(t, token)
+	dir := t.TempDir()
+	tokenFile := filepath.Join(dir, "token")
+	wrongFile := filepath.Join(dir, "wrong")
+	cfg := filepath.Join(dir, "fleetgate.yaml")
+	for path, body := range map[string]string{
+		tokenFile: token + "\n",
+		wrongFile: "0123456789abcdef-wrong\n",
+		cfg: fmt.Sprintf("gateway: { state_dir: %q }\nauth: { allow_anonymous: true, devices_file: \"\" }\nlisten: { admin: { http: %q, token_file: %q } }\n",
+			dir, addr, tokenFile),
+	} {
+		if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	connect := func(d gateway.DeviceID) {
+		t.Helper()
+		b := gateway.Batch{Gateway: "gw-t", Epoch: 1, Lease: time.Hour, Writes: []gateway.Write{{Device: d, Session: "s", Kind: gateway.Connect}}}
+		if _, err := store.Apply(context.Background(), gateway.ShardOf(d, 4), b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	connect("tok-a")
+	for i, args := range [][]string{
+		{"watch", "-c", cfg, "--json"},
+		{"watch", "--addr", addr, "--token-file", tokenFile, "--json"},
+		{"events", "tail", "--addr", addr, "--token-file", tokenFile, "--since", "1h", "--follow", "--json"},
+	} {
+		out, stop := runBackground(t, args...)
+		waitFor(t, 10*time.Second, fmt.Sprintf("tok-a from %v", args), func() bool { return strings.Contains(out.String(), `"device":"tok-a"`) })
+		d := gateway.DeviceID(fmt.Sprintf("tok-%d", i))
+		connect(d)
+		waitFor(t, 10*time.Second, fmt.Sprintf("%s followed by %v", d, args), func() bool {
+			return strings.Contains(out.String(), `"device":"`+string(d)+`"`)
+		})
+		stop()
+	}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"watch", "--addr", addr, "--json"}, "the admin API wants a bearer token (401: a bearer token is required (listen.admin.token_file)): give it with --token-file FILE"},
+		{[]string{"watch", "--addr", addr, "--token-file", wrongFile, "--json"}, "the admin API refused the bearer token (401: "},
+		{[]string{"events", "tail", "--addr", addr, "--follow"}, "the admin API wants a bearer token (401: "},
+	} {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		var out, errs syncBuffer
+		code := dispatch(ctx, c.args, &out, &errs)
+		ended := ctx.Err() == nil
+		cancel()
+		if !ended || code != 1 || !strings.Contains(errs.String(), c.want) {
+			t.Errorf("%v: exit %d, ended by itself within 10s: %v; stderr:\n%s\nwant ∋ %q", c.args, code, ended, errs.String(), c.want)
+		}
 	}
 }

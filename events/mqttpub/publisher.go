@@ -21,6 +21,14 @@
 // current state of each of its devices is published on the presence
 // topic, then the events after the snapshot.
 //
+// A message the broker refuses (a PUBACK or PUBREC reason code of 0x80
+// or more, such as 0x87 not authorized by an ACL; a message larger than
+// the broker's maximum packet size; a QoS or retain flag the broker does
+// not support) is sent RefusalTries times, then skipped: logged with its
+// device and ver, counted (fleetgate_publisher_skipped_total), and the
+// position moves on. A failure of the connection is no refusal: the
+// message waits for the broker, however long.
+//
 // The publisher only reads the store, on the store's own reader
 // connections; a slow or absent broker makes it wait, holding at most
 // one batch per shard, and never touches the devices' path.
@@ -33,13 +41,17 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"io"
 	"log/slog"
 	"net/url"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/eclipse/paho.golang/autopaho"
 	"github.com/eclipse/paho.golang/paho"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
 
 	"github.com/fleetgate/fleetgate/gateway"
 )
@@ -50,6 +62,10 @@ const (
 	DefaultLockTTL     = 15 * time.Second
 	DefaultBatch       = 500
 	DefaultInFlight    = 64
+	// RefusalTries is how many times a message the broker refuses is
+	// sent before it is skipped: a refusal may pass (a quota, an ACL
+	// being reloaded), but one that lasts must not stall its shard.
+	RefusalTries = 5
 )
 
 // Options configures a Publisher.
@@ -86,6 +102,8 @@ type Options struct {
 	ConnectTimeout time.Duration
 	// Logger defaults to discarding.
 	Logger *slog.Logger
+	// Registerer receives the publisher's metrics; nil registers none.
+	Registerer prometheus.Registerer
 }
 
 // Publisher publishes the events of the shards whose lease it holds.
@@ -96,8 +114,12 @@ type Publisher struct {
 	log    *slog.Logger
 	cm     *autopaho.ConnectionManager
 	shards []shardState
-	mu     sync.Mutex
-	stats  Stats
+	// maxPacket is the broker's maximum packet size (CONNACK), 0 when it
+	// names none.
+	maxPacket atomic.Uint32
+	skipped   prometheus.Counter
+	mu        sync.Mutex
+	stats     Stats
 }
 
 // Stats is the publisher's part of /v1/status.
@@ -105,6 +127,8 @@ type Stats struct {
 	Shards    []int  `json:"shards"`
 	Published uint64 `json:"published"`
 	Damped    uint64 `json:"damped"`
+	// Skipped counts the messages the broker refused RefusalTries times.
+	Skipped   uint64 `json:"skipped"`
 	Connected bool   `json:"connected"`
 }
 
@@ -156,7 +180,12 @@ func New(store gateway.PublisherLog, o Options) (*Publisher, error) {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
 	return &Publisher{store: store, o: o, url: u, log: o.Logger.With("component", "mqttpub"),
-		shards: make([]shardState, store.Shards())}, nil
+		shards: make([]shardState, store.Shards()),
+		skipped: promauto.With(o.Registerer).NewCounter(prometheus.CounterOpts{
+			Name: "fleetgate_publisher_skipped_total",
+			Help: "Messages to the upstream broker skipped after it refused them RefusalTries times (an ACL, a size or QoS limit).",
+		}),
+	}, nil
 }
 
 // Stats reports what the publisher holds and has published.
@@ -187,7 +216,12 @@ func (p *Publisher) Run(ctx context.Context) error {
 		ConnectTimeout:                p.o.ConnectTimeout,
 		ConnectUsername:               p.o.Username,
 		ConnectPassword:               []byte(p.o.Password),
-		OnConnectionUp: func(*autopaho.ConnectionManager, *paho.Connack) {
+		OnConnectionUp: func(_ *autopaho.ConnectionManager, ca *paho.Connack) {
+			var maxPacket uint32
+			if ca.Properties != nil && ca.Properties.MaximumPacketSize != nil {
+				maxPacket = *ca.Properties.MaximumPacketSize
+			}
+			p.maxPacket.Store(maxPacket)
 			p.setConnected(true)
 			p.log.Info("connected to the broker", "url", p.url.Redacted())
 		},
@@ -333,11 +367,14 @@ func rotation(owner string, shards int) []int {
 	return out
 }
 
-// message is one MQTT message to publish.
+// message is one MQTT message to publish, of the event (or snapshot
+// entry) of device at ver.
 type message struct {
 	topic   string
 	payload []byte
 	retain  bool
+	device  gateway.DeviceID
+	ver     uint64
 }
 
 // runShard publishes shard from pos until ctx ends or the lease is lost.
@@ -437,11 +474,11 @@ type catchUp struct {
 // messages are the MQTT messages of one event.
 func (p *Publisher) messages(e gateway.Event, cu *catchUp) []message {
 	b, _ := json.Marshal(gateway.EnvelopeOf(e))
-	out := []message{{topic: p.o.TopicPrefix + "/events/" + string(e.Device), payload: b}}
+	out := []message{{topic: p.o.TopicPrefix + "/events/" + string(e.Device), payload: b, device: e.Device, ver: e.Ver}}
 	if cu != nil && e.Ver <= cu.vers[e.Device] {
 		return out
 	}
-	return append(out, message{topic: p.o.TopicPrefix + "/presence/" + string(e.Device), payload: b, retain: p.o.RetainState})
+	return append(out, message{topic: p.o.TopicPrefix + "/presence/" + string(e.Device), payload: b, retain: p.o.RetainState, device: e.Device, ver: e.Ver})
 }
 
 // snapshot publishes the presence of every device of shard and returns
@@ -468,7 +505,7 @@ func (p *Publisher) snapshot(ctx context.Context, shard int, log *slog.Logger) (
 			var msgs [][]message
 			for _, d := range sp.Devices {
 				b, _ := json.Marshal(gateway.SnapshotEnvelope(d))
-				msgs = append(msgs, []message{{topic: p.o.TopicPrefix + "/presence/" + string(d.Device), payload: b, retain: p.o.RetainState}})
+				msgs = append(msgs, []message{{topic: p.o.TopicPrefix + "/presence/" + string(d.Device), payload: b, retain: p.o.RetainState, device: d.Device, ver: d.Ver}})
 				cu.vers[d.Device] = d.Ver
 			}
 			if !p.publish(ctx, msgs) {
@@ -527,28 +564,34 @@ func (p *Publisher) publish(ctx context.Context, perDevice [][]message) bool {
 	return ctx.Err() == nil
 }
 
+// publishOne sends m until the broker acknowledges it, or has refused it
+// RefusalTries times (then it is skipped and counted); false only when
+// ctx ended first.
 func (p *Publisher) publishOne(ctx context.Context, m message) bool {
 	pub := &paho.Publish{Topic: m.topic, QoS: p.o.QoS, Retain: m.retain, Payload: m.payload,
 		Properties: &paho.PublishProperties{ContentType: "application/json"}}
+	size, _ := pub.Packet().WriteTo(io.Discard)
 	backoff := 50 * time.Millisecond
+	refusals := 0
 	for attempt := 0; ctx.Err() == nil; attempt++ {
 		if err := p.cm.AwaitConnection(ctx); err != nil {
 			return false
 		}
-		pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		resp, err := p.cm.Publish(pctx, pub)
-		cancel()
-		if err == nil && (resp == nil || resp.ReasonCode < 0x80) {
+		why, err := p.send(ctx, pub, size)
+		switch {
+		case why == "" && err == nil:
 			return true
-		}
-		if ctx.Err() != nil {
+		case ctx.Err() != nil:
 			return false
-		}
-		if err == nil {
-			err = fmt.Errorf("reason code 0x%02x", resp.ReasonCode)
-		}
-		if attempt%10 == 0 { // a broker that refuses (an ACL) stalls the shard: say so
-			p.log.Warn("publish failed; retrying", "topic", m.topic, "attempt", attempt+1, "err", err)
+		case why == "":
+			if attempt%10 == 0 {
+				p.log.Warn("publish failed; retrying", "topic", m.topic, "attempt", attempt+1, "err", err)
+			}
+		default:
+			if refusals++; refusals == RefusalTries {
+				p.skip(m, why)
+				return true
+			}
 		}
 		if !sleep(ctx, backoff) {
 			return false
@@ -556,6 +599,48 @@ func (p *Publisher) publishOne(ctx context.Context, m message) bool {
 		backoff = min(2*backoff, 2*time.Second)
 	}
 	return false
+}
+
+// send publishes pub (size bytes long) once. It returns "" and nil when
+// the broker acknowledged it, why the broker refused it, or the error of
+// the connection.
+func (p *Publisher) send(ctx context.Context, pub *paho.Publish, size int64) (string, error) {
+	if limit := p.maxPacket.Load(); limit > 0 && size > int64(limit) {
+		return fmt.Sprintf("%d bytes, more than the broker's maximum packet size %d", size, limit), nil
+	}
+	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	resp, err := p.cm.Publish(pctx, pub)
+	if why := refusal(resp, err); why != "" {
+		return why, nil
+	}
+	return "", err
+}
+
+// skip gives m up after the broker refused it RefusalTries times.
+func (p *Publisher) skip(m message, why string) {
+	p.log.Warn("the broker refused a message; skipped", "device", m.device, "ver", m.ver, "topic", m.topic, "tries", RefusalTries, "reason", why)
+	p.skipped.Inc()
+	p.mu.Lock()
+	p.stats.Skipped++
+	p.mu.Unlock()
+}
+
+// refusal says why the broker refused a publish (a reason code of 0x80
+// or more, or arguments this connection cannot carry), or "" when it
+// failed for the connection's sake, and sending it again may succeed.
+func refusal(resp *paho.PublishResponse, err error) string {
+	switch {
+	case resp != nil && resp.ReasonCode >= 0x80:
+		why := fmt.Sprintf("reason code 0x%02x", resp.ReasonCode)
+		if resp.Properties != nil && resp.Properties.ReasonString != "" {
+			why += " (" + resp.Properties.ReasonString + ")"
+		}
+		return why
+	case errors.Is(err, paho.ErrInvalidArguments):
+		return err.Error()
+	}
+	return ""
 }
 
 func sleep(ctx context.Context, d time.Duration) bool {

@@ -91,7 +91,9 @@ func runPublisher(t *testing.T, store gateway.Store, b *broker, o mqttpub.Option
 	if o.QoS == 0 {
 		o.QoS = 1
 	}
-	o.Logger = slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))
+	}
 	p, err := mqttpub.New(store, o)
 	if err != nil {
 		t.Fatal(err)

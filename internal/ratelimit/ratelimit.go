@@ -2,7 +2,8 @@
 // (CoAP datagrams and requests, MQTT connects, adapter evidence): a Bucket
 // for one stream, and a Limiter that keeps a Bucket per key (a source
 // address, a source endpoint, a device) in a table whose size stays
-// bounded.
+// bounded; and Prefix, the network (/24, /64) that per-network bounds
+// group source addresses by.
 package ratelimit
 
 import (

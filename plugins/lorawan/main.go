@@ -13,9 +13,13 @@
 // The device ID is prefix + the DevEUI in lower-case hex. Answers: 204
 // taken (or an event type that carries no presence, ignored), 400 bad
 // JSON or no usable DevEUI, 401 a wrong or missing secret, 405 not a POST,
-// 413 a body beyond max_body. Config (the adapter's `config` subtree):
+// 413 a body beyond max_body. It serves plain HTTP: the secret and the
+// uplinks cross the network in clear unless a TLS-terminating proxy on the
+// same host forwards to it. So it listens on loopback unless told
+// otherwise, and warns at start when it listens on another address.
+// Config (the adapter's `config` subtree):
 //
-//	listen: ":8090"                      # HTTP address
+//	listen: "127.0.0.1:8090"             # HTTP address
 //	secret: "..."                        # required: the shared secret
 //	secret_header: "X-Fleetgate-Secret"  # the header that carries it
 //	prefix: ""                           # prepended to the DevEUI
@@ -55,7 +59,7 @@ type adapter struct {
 }
 
 func (a *adapter) Configure(_ context.Context, raw []byte) error {
-	c := config{Listen: ":8090", SecretHeader: "X-Fleetgate-Secret", MaxBody: 64 << 10}
+	c := config{Listen: "127.0.0.1:8090", SecretHeader: "X-Fleetgate-Secret", MaxBody: 64 << 10}
 	if err := sdk.DecodeConfig(raw, &c); err != nil {
 		return err
 	}
@@ -89,6 +93,10 @@ func (a *adapter) Run(ctx context.Context, sink sdk.Sink) error {
 		IdleTimeout:       2 * time.Minute,
 	}
 	sdk.Logger(ctx).Info("listening", "http", ln.Addr().String())
+	if sdk.Exposed(ln.Addr()) {
+		sdk.Logger(ctx).Warn("listening beyond loopback on plain HTTP: the shared secret and the uplinks cross the network in clear; listen on 127.0.0.1 behind a TLS-terminating proxy",
+			"http", ln.Addr().String())
+	}
 	sink.Ready()
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()

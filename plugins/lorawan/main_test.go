@@ -206,3 +206,19 @@ func FuzzParseTTS(f *testing.F) {
 		}
 	})
 }
+
+// The secret travels in clear over plain HTTP: by default lorawan listens
+// on loopback only (behind a TLS-terminating proxy).
+func TestDefaultListenIsLoopback(t *testing.T) {
+	a := &adapter{}
+	if err := a.Configure(t.Context(), []byte(`{"secret":"s3cret"}`)); err != nil {
+		t.Fatal(err)
+	}
+	addr, err := net.ResolveTCPAddr("tcp", a.cfg.Listen)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sdk.Exposed(addr) {
+		t.Fatalf("default listen %q is reachable from other hosts, want loopback", a.cfg.Listen)
+	}
+}

@@ -23,7 +23,8 @@
 //     streams EvidenceFrames to the host. The first frame has ready = true
 //     (and may carry evidence); no later frame has. Evidence is batched:
 //     one frame carries everything pending when it is sent. age_us is the
-//     time since the device acted, measured when the frame is sent. Only
+//     time since the device acted, measured when the frame is sent; the
+//     host rejects an age beyond its lease and counts a negative one as 0. Only
 //     one Evidence stream is open at a time: a second one, or one before
 //     Configure, is refused with codes.FailedPrecondition. When the host
 //     cancels the stream the adapter stops its work. Bad evidence (an

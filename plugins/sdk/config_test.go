@@ -1,6 +1,7 @@
 package sdk_test
 
 import (
+	"net"
 	"strings"
 	"testing"
 
@@ -35,6 +36,35 @@ func TestDecodeConfig(t *testing.T) {
 			t.Errorf("%q: decoded %+v, want %+v", tc.raw, c, tc.want)
 		case tc.err != "" && (err == nil || !strings.Contains(err.Error(), tc.err)):
 			t.Errorf("%q: error %v, want %q", tc.raw, err, tc.err)
+		}
+	}
+}
+
+func TestExposed(t *testing.T) {
+	for _, tc := range []struct {
+		network, addr string
+		want          bool
+	}{
+		{"udp", "127.0.0.1:5700", false},
+		{"udp", "127.0.0.2:5700", false},
+		{"tcp", "[::1]:8090", false},
+		{"udp", ":5700", true},
+		{"tcp", "0.0.0.0:8090", true},
+		{"tcp", "[::]:8090", true},
+		{"tcp", "192.0.2.1:8090", true},
+	} {
+		var a net.Addr
+		var err error
+		if tc.network == "udp" {
+			a, err = net.ResolveUDPAddr("udp", tc.addr)
+		} else {
+			a, err = net.ResolveTCPAddr("tcp", tc.addr)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := sdk.Exposed(a); got != tc.want {
+			t.Errorf("Exposed(%s %s) = %v, want %v", tc.network, tc.addr, got, tc.want)
 		}
 	}
 }

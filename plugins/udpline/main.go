@@ -7,7 +7,12 @@
 // One datagram may carry several lines (LF or CRLF). Malformed lines are
 // counted, logged and ignored. Config (the adapter's `config` subtree):
 //
-//	listen: "127.0.0.1:5700"   # UDP address; default ":5700"
+//	listen: "127.0.0.1:5700"   # UDP address (the default)
+//
+// A datagram carries no proof of who sent it, and its source address can
+// be spoofed: whoever can send one to the listen address speaks for every
+// device of the adapter's devices. So it listens on loopback unless told
+// otherwise, and warns at start when it listens on another address.
 package main
 
 import (
@@ -45,7 +50,7 @@ type adapter struct {
 }
 
 func (a *adapter) Configure(_ context.Context, raw []byte) error {
-	c := config{Listen: ":5700"}
+	c := config{Listen: "127.0.0.1:5700"}
 	if err := sdk.DecodeConfig(raw, &c); err != nil {
 		return err
 	}
@@ -70,6 +75,10 @@ func (a *adapter) Run(ctx context.Context, sink sdk.Sink) error {
 		a.bound(pc.LocalAddr())
 	}
 	log.Info("listening", "udp", pc.LocalAddr().String())
+	if sdk.Exposed(pc.LocalAddr()) {
+		log.Warn("listening beyond loopback without authentication: whoever can send a datagram here (source addresses can be spoofed) speaks for every device of this adapter's devices; listen on loopback or a trusted network only",
+			"udp", pc.LocalAddr().String())
+	}
 	sink.Ready()
 	go a.reportMalformed(ctx)
 	buf := make([]byte, maxDatagram)

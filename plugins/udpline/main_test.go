@@ -137,3 +137,19 @@ func FuzzParseDatagram(f *testing.F) {
 		}
 	})
 }
+
+// A datagram proves nothing about its sender: by default udpline listens
+// on loopback only.
+func TestDefaultListenIsLoopback(t *testing.T) {
+	a := &adapter{}
+	if err := a.Configure(t.Context(), []byte(`{}`)); err != nil {
+		t.Fatal(err)
+	}
+	addr, err := net.ResolveUDPAddr("udp", a.cfg.Listen)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sdk.Exposed(addr) {
+		t.Fatalf("default listen %q is reachable from other hosts, want loopback", a.cfg.Listen)
+	}
+}

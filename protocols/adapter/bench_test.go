@@ -188,7 +188,7 @@ func BenchmarkRenewalsThroughPlugin(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		p := newProc(host, Spec{Name: "bench"})
+		p := newProc(host, Spec{Name: "bench", Devices: []string{"*"}})
 		sctx, cancel := context.WithCancel(ctx)
 		defer cancel()
 		stream := open(sctx)
@@ -247,7 +247,7 @@ func BenchmarkRenewalsThroughPlugin(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer h.Close()
-	if err := h.Apply(ctx, []Spec{{Name: "bench", Path: path, StartTimeout: 30 * time.Second,
+	if err := h.Apply(ctx, []Spec{{Name: "bench", Path: path, StartTimeout: 30 * time.Second, Devices: []string{"bench-*"},
 		Config: fmt.Appendf(nil, `{"items": %d}`, warm+items)}}); err != nil {
 		b.Fatal(err)
 	}

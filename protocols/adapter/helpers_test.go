@@ -28,6 +28,9 @@ func TestMain(m *testing.M) {
 		hostHelper()
 		return
 	}
+	// The host refuses group-writable executables and directories: build
+	// and write them without group write whatever the caller's umask.
+	syscall.Umask(0o022)
 	buildtest.Main(m, map[string]*string{"github.com/fleetgate/fleetgate/plugins/udpline": &udpline})
 }
 
@@ -93,8 +96,10 @@ func freeUDP(t testing.TB) string {
 	return pc.LocalAddr().String()
 }
 
+// udpSpec runs udpline on addr, speaking for every device.
 func udpSpec(name, addr string) adapter.Spec {
-	return adapter.Spec{Name: name, Path: udpline, StartTimeout: 10 * time.Second, Config: []byte(fmt.Sprintf(`{"listen": %q}`, addr))}
+	return adapter.Spec{Name: name, Path: udpline, StartTimeout: 10 * time.Second, Devices: []string{"*"},
+		Config: []byte(fmt.Sprintf(`{"listen": %q}`, addr))}
 }
 
 func sendLine(t testing.TB, addr, text string) {
@@ -107,6 +112,22 @@ func sendLine(t testing.TB, addr, text string) {
 	if _, err := c.Write([]byte(text)); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// renewMany sends "hb r-<i>" for i < n in one datagram to the udpline
+// adapter name at addr and waits until it has accepted or dropped them
+// all.
+func (e *env) renewMany(t *testing.T, name, addr string, n int) {
+	t.Helper()
+	var b strings.Builder
+	for i := range n {
+		fmt.Fprintf(&b, "hb r-%d\n", i)
+	}
+	sendLine(t, addr, b.String())
+	waitFor(t, 5*time.Second, fmt.Sprintf("%d items", n), func() bool {
+		st := e.status(t, name)
+		return st.Accepted+st.Dropped == uint64(n)
+	})
 }
 
 // waitFor polls cond every 10 ms for up to limit.

@@ -10,10 +10,12 @@
 // ping, is restarted with jittered exponential backoff (Backoff), and a
 // crash ends no session — the adapter's sessions keep their leases, so
 // they survive a quick restart and expire normally if it stays down.
-// Each adapter is held to its limits (sessions, evidence per second);
-// what exceeds them, and evidence with an invalid device or instance, is
-// dropped and counted while the stream stays up. No adapter outlives the
-// gateway: see launch.
+// Each adapter speaks only for the devices of its Spec.Devices, and never
+// for a device of the devices file (SetCredentials); it is held to its
+// limits (evidence per second, sessions, devices). Evidence for another
+// device is refused, evidence beyond the limits dropped, evidence with an
+// invalid device or instance rejected, each counted, while the stream
+// stays up. No adapter outlives the gateway: see launch.
 package adapter
 
 import (
@@ -25,6 +27,7 @@ import (
 	"reflect"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -48,13 +51,29 @@ type Spec struct {
 	Name string
 	// Path is the adapter executable.
 	Path string
-	// SHA256 is the executable's expected sha256 in hex; "" checks nothing.
+	// SHA256 is the executable's expected sha256 in hex, checked on the
+	// open file that is then executed; "" checks no sum (the file and its
+	// directories are checked all the same: openExecutable).
 	SHA256 string
 	// StartTimeout bounds the handshake, Info, Configure and the first
 	// (ready) frame; 0 means DefaultStartTimeout.
 	StartTimeout time.Duration
+	// Devices are the device IDs the adapter may speak for: an entry
+	// ending in "*" is a prefix ("*" alone: every ID), any other one
+	// exact ID. None: no device. A device of the devices file is never
+	// the adapter's.
+	Devices []string
 	// MaxSessions bounds the adapter's live sessions; 0 is unlimited.
 	MaxSessions int
+	// MaxDevices bounds the devices with a live session of the adapter;
+	// 0 is unlimited.
+	MaxDevices int
+	// MaxAddressSpace (bytes, RLIMIT_AS) and MaxOpenFiles (RLIMIT_NOFILE)
+	// are OS limits of the adapter process, soft and hard, set once the
+	// plugin handshake is done and before Configure; 0 leaves the limit
+	// the process inherited.
+	MaxAddressSpace int64
+	MaxOpenFiles    int
 	// EvidencePerSecond bounds the evidence taken from the adapter, with
 	// a burst of as many; 0 is unlimited.
 	EvidencePerSecond int
@@ -96,6 +115,8 @@ type Host struct {
 	o       Options
 	log     *slog.Logger
 	metrics *metrics
+
+	creds atomic.Pointer[gateway.Credentials]
 
 	mu     sync.Mutex
 	procs  map[string]*proc
@@ -215,12 +236,17 @@ type Status struct {
 	Implementation string `json:"implementation,omitempty"`
 	Version        string `json:"version,omitempty"`
 	Sessions       int    `json:"sessions"`
-	// Frames counts evidence frames received: Accepted+Rejected+Dropped
-	// over Frames is the adapter's batching.
+	// Devices counts the devices with a live session of the adapter
+	// (tracked while MaxSessions or MaxDevices is set).
+	Devices int `json:"devices"`
+	// Frames counts evidence frames received: the evidence counters'
+	// sum over Frames is the adapter's batching.
 	Frames   uint64 `json:"frames"`
 	Accepted uint64 `json:"evidence_accepted"`
 	Rejected uint64 `json:"evidence_rejected"`
-	Dropped  uint64 `json:"evidence_dropped"`
+	// Refused counts evidence for devices the adapter may not speak for.
+	Refused uint64 `json:"evidence_refused"`
+	Dropped uint64 `json:"evidence_dropped"`
 }
 
 // States of an adapter.
@@ -266,10 +292,25 @@ func (h *Host) Serve(ctx context.Context) error {
 // SetTiming does nothing: adapters pace their devices themselves.
 func (h *Host) SetTiming(gateway.Timing) {}
 
-// SetCredentials does nothing: adapters vouch for their own devices (a
-// network server's secret, a polled address); the devices file is for
-// the CoAP and MQTT front ends.
-func (h *Host) SetCredentials(gateway.Credentials) {}
+// SetCredentials hands over the devices file: evidence from then on for a
+// device it lists is refused (such a device authenticates itself over
+// CoAP or MQTT). c may be nil: no device is listed. Sessions an adapter
+// already holds end at their lease.
+func (h *Host) SetCredentials(c gateway.Credentials) {
+	if c == nil {
+		h.creds.Store(nil)
+		return
+	}
+	h.creds.Store(&c)
+}
+
+// credentials is the devices file in use, nil for none.
+func (h *Host) credentials() gateway.Credentials {
+	if c := h.creds.Load(); c != nil {
+		return *c
+	}
+	return nil
+}
 
 // Close stops every adapter (Shutdown, then the process ends) and waits.
 // Their sessions are left to their leases.

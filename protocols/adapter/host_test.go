@@ -94,15 +94,7 @@ func TestLimitsDropAndCount(t *testing.T) {
 	if err := e2.host.Apply(ctx(t), []adapter.Spec{spec2}); err != nil {
 		t.Fatal(err)
 	}
-	var b strings.Builder
-	for i := range 20 {
-		fmt.Fprintf(&b, "hb r-%d\n", i)
-	}
-	sendLine(t, addr2, b.String())
-	waitFor(t, 5*time.Second, "twenty items", func() bool {
-		st := e2.status(t, "rated")
-		return st.Accepted+st.Dropped == 20
-	})
+	e2.renewMany(t, "rated", addr2, 20)
 	if st := e2.status(t, "rated"); st.Accepted != 5 || st.Dropped != 15 {
 		t.Fatalf("status = %+v, want 5 accepted and 15 dropped (the clock does not move)", st)
 	}

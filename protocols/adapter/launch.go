@@ -8,12 +8,14 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"runtime"
 	"strings"
 	"syscall"
 	"time"
 
 	plugin "github.com/hashicorp/go-plugin"
+	"golang.org/x/sys/unix"
 
 	pb "github.com/fleetgate/fleetgate/plugins/proto"
 )
@@ -24,17 +26,67 @@ import (
 // neither NOTIFY_SOCKET nor a secret reaches an adapter.
 var DefaultEnv = []string{"PATH=/usr/local/bin:/usr/bin:/bin"}
 
-// checkSum compares the sha256 of the file at path with want (hex, any
-// case); an empty want checks nothing.
-func checkSum(path, want string) error {
-	if want == "" {
-		return nil
+// execFD is the descriptor under which an adapter process gets its own
+// executable (exec.Cmd.ExtraFiles[0]); it runs /proc/self/fd/3.
+const execFD = 3
+
+// openExecutable opens the adapter executable at path and checks the open
+// file: the host then executes that very file, through its descriptor
+// (launch), so a swap of the path between the check and the exec cannot
+// run another one. Checked: it is a regular file; neither it nor any
+// directory on its path, as given and with symbolic links resolved, up to
+// /, is writable by anyone but its owner (group- or world-writable, but a
+// directory with the sticky bit such as /tmp), nor owned by anyone but
+// root or the gateway's user; and its sha256 is want (hex, any case) when
+// want is set.
+func openExecutable(path, want string) (*os.File, error) {
+	path, err := filepath.Abs(path)
+	if err != nil {
+		return nil, err
 	}
 	f, err := os.Open(path)
 	if err != nil {
-		return fmt.Errorf("checksum: %w", err)
+		return nil, err
 	}
-	defer f.Close()
+	if err := checkExecutable(f, path, want); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return f, nil
+}
+
+func checkExecutable(f *os.File, path, want string) error {
+	fi, err := f.Stat()
+	if err != nil {
+		return err
+	}
+	if !fi.Mode().IsRegular() {
+		return fmt.Errorf("%s is not a regular file (%s); refusing to start it", path, fi.Mode())
+	}
+	if err := writableByOthers(path, fi); err != nil {
+		return err
+	}
+	real, err := filepath.EvalSymlinks(path)
+	if err != nil {
+		return err
+	}
+	for _, p := range []string{path, real} {
+		for d := filepath.Dir(p); ; d = filepath.Dir(d) {
+			di, err := os.Stat(d)
+			if err != nil {
+				return err
+			}
+			if err := writableByOthers(d, di); err != nil {
+				return err
+			}
+			if d == filepath.Dir(d) {
+				break
+			}
+		}
+	}
+	if want == "" {
+		return nil
+	}
 	h := sha256.New()
 	if _, err := io.Copy(h, f); err != nil {
 		return fmt.Errorf("checksum: read %s: %w", path, err)
@@ -42,6 +94,21 @@ func checkSum(path, want string) error {
 	got := hex.EncodeToString(h.Sum(nil))
 	if !strings.EqualFold(got, want) {
 		return fmt.Errorf("checksum mismatch: %s has sha256 %s, the configuration wants %s; refusing to start it", path, got, strings.ToLower(want))
+	}
+	return nil
+}
+
+// writableByOthers refuses a file or directory that someone besides
+// root and the gateway's user could change: one writable by its group or
+// by others (a directory with the sticky bit excepted: nobody can rename
+// or remove another's entries in it), or owned by another user.
+func writableByOthers(name string, fi os.FileInfo) error {
+	mode := fi.Mode()
+	if mode.Perm()&0o022 != 0 && !(mode.IsDir() && mode&os.ModeSticky != 0) {
+		return fmt.Errorf("%s is writable by its group or others (%s): whoever can write it can replace the adapter; refusing to start it (chmod go-w %s)", name, mode, name)
+	}
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok && st.Uid != 0 && int(st.Uid) != os.Geteuid() {
+		return fmt.Errorf("%s is owned by uid %d, neither root nor the gateway's user (uid %d), who could replace the adapter; refusing to start it", name, st.Uid, os.Geteuid())
 	}
 	return nil
 }
@@ -67,7 +134,12 @@ type process struct {
 // give it in ClientConfig.Cmd) runs on a goroutine locked to its OS
 // thread with runtime.LockOSThread, and that goroutine stays locked until
 // the process is gone: only then does it unlock the thread.
-func launch(spec Spec, env []string, logger *slogLogger) (*process, error) {
+//
+// The executable is exe, opened and checked by openExecutable: the
+// process gets it as descriptor 3 and executes /proc/self/fd/3 (a script
+// too: its interpreter opens that path), with argv[0] the configured
+// path.
+func launch(spec Spec, exe *os.File, env []string, logger *slogLogger) (*process, error) {
 	type result struct {
 		p   *process
 		err error
@@ -78,7 +150,11 @@ func launch(spec Spec, env []string, logger *slogLogger) (*process, error) {
 	go func() {
 		runtime.LockOSThread()
 		defer close(done)
-		cmd := exec.Command(spec.Path)
+		cmd := &exec.Cmd{
+			Path:       fmt.Sprintf("/proc/self/fd/%d", execFD),
+			Args:       []string{spec.Path},
+			ExtraFiles: []*os.File{exe},
+		}
 		cmd.Env = append([]string(nil), env...)
 		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 		client := plugin.NewClient(&plugin.ClientConfig{
@@ -96,6 +172,9 @@ func launch(spec Spec, env []string, logger *slogLogger) (*process, error) {
 			SyncStderr: &lineLogger{l: logger.l, level: slog.LevelInfo, msg: "adapter stderr"},
 		})
 		p, err := dispense(client, spec)
+		if err == nil {
+			err = limitProcess(p.pid, spec)
+		}
 		if err != nil {
 			client.Kill()
 			runtime.UnlockOSThread()
@@ -128,6 +207,27 @@ func launch(spec Spec, env []string, logger *slogLogger) (*process, error) {
 	}()
 	r := <-res
 	return r.p, r.err
+}
+
+// limitProcess sets the OS limits of spec on the process pid.
+func limitProcess(pid int, spec Spec) error {
+	for _, l := range []struct {
+		resource int
+		value    int64
+		what     string
+	}{
+		{unix.RLIMIT_AS, spec.MaxAddressSpace, "address space (limits.max_address_space)"},
+		{unix.RLIMIT_NOFILE, int64(spec.MaxOpenFiles), "open files (limits.max_open_files)"},
+	} {
+		if l.value <= 0 {
+			continue
+		}
+		r := unix.Rlimit{Cur: uint64(l.value), Max: uint64(l.value)}
+		if err := unix.Prlimit(pid, l.resource, &r, nil); err != nil {
+			return fmt.Errorf("set the %s of process %d to %d: %w", l.what, pid, l.value, err)
+		}
+	}
+	return nil
 }
 
 func dispense(client *plugin.Client, spec Spec) (*process, error) {

@@ -14,7 +14,7 @@ type metrics struct {
 
 // adapterCounters are one adapter's evidence counters.
 type adapterCounters struct {
-	accepted, rejected, dropped prometheus.Counter
+	accepted, rejected, refused, dropped prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -33,7 +33,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"adapter"}),
 		evidence: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "fleetgate_adapter_evidence_total",
-			Help: "Evidence items from the adapter plugin: accepted, rejected (invalid device or instance) or dropped (beyond its limits, or refused by the gateway).",
+			Help: "Evidence items from the adapter plugin: accepted, rejected (invalid device or instance), refused (a device the adapter may not speak for) or dropped (beyond its limits, or refused by the gateway).",
 		}, []string{"adapter", "result"}),
 	}
 	if reg != nil {
@@ -60,6 +60,7 @@ func (m *metrics) of(name string) adapterCounters {
 	return adapterCounters{
 		accepted: m.evidence.WithLabelValues(name, "accepted"),
 		rejected: m.evidence.WithLabelValues(name, "rejected"),
+		refused:  m.evidence.WithLabelValues(name, "refused"),
 		dropped:  m.evidence.WithLabelValues(name, "dropped"),
 	}
 }
@@ -77,7 +78,7 @@ func (m *metrics) forget(name string) {
 	m.up.DeleteLabelValues(name)
 	m.failed.DeleteLabelValues(name)
 	m.restarts.DeleteLabelValues(name)
-	for _, r := range []string{"accepted", "rejected", "dropped"} {
+	for _, r := range []string{"accepted", "rejected", "refused", "dropped"} {
 		m.evidence.DeleteLabelValues(name, r)
 	}
 }

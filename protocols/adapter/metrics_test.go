@@ -45,6 +45,7 @@ func TestMetricsFromTheStart(t *testing.T) {
 	want := []string{
 		"fleetgate_adapter_evidence_total{adapter=line,result=accepted} 0",
 		"fleetgate_adapter_evidence_total{adapter=line,result=dropped} 0",
+		"fleetgate_adapter_evidence_total{adapter=line,result=refused} 0",
 		"fleetgate_adapter_evidence_total{adapter=line,result=rejected} 0",
 		"fleetgate_adapter_failed{adapter=line} 0",
 		"fleetgate_adapter_restarts_total{adapter=line} 0",

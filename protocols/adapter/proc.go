@@ -42,9 +42,11 @@ type proc struct {
 
 	lim      *limiter // guarded by mu
 	sessions atomic.Int64
+	devices  atomic.Int64
 	frames   atomic.Uint64
 	accepted atomic.Uint64
 	rejected atomic.Uint64
+	refused  atomic.Uint64
 	dropped  atomic.Uint64
 }
 
@@ -83,8 +85,8 @@ func (p *proc) status() Status {
 		Name: p.spec.Name, Path: p.spec.Path, State: p.state, PID: p.pid,
 		Restarts: p.restarts, LastError: p.lastErr, Since: p.since,
 		Implementation: p.impl, Version: p.version,
-		Sessions: int(p.sessions.Load()), Frames: p.frames.Load(), Accepted: p.accepted.Load(),
-		Rejected: p.rejected.Load(), Dropped: p.dropped.Load(),
+		Sessions: int(p.sessions.Load()), Devices: int(p.devices.Load()), Frames: p.frames.Load(),
+		Accepted: p.accepted.Load(), Rejected: p.rejected.Load(), Refused: p.refused.Load(), Dropped: p.dropped.Load(),
 	}
 }
 
@@ -137,12 +139,14 @@ func (p *proc) run() {
 func (p *proc) attempt() error {
 	p.setState(StateStarting, 0, nil)
 	s := p.spec
-	if err := checkSum(s.Path, s.SHA256); err != nil {
+	exe, err := openExecutable(s.Path, s.SHA256)
+	if err != nil {
 		p.log.Error("adapter refused", "err", err)
 		return err
 	}
 	begin := time.Now()
-	proc, err := launch(s, p.h.o.Env, p.hlog)
+	proc, err := launch(s, exe, p.h.o.Env, p.hlog)
+	exe.Close() // the process has its own descriptor
 	if err != nil {
 		p.log.Error("adapter did not start", "err", err)
 		return err
@@ -273,8 +277,13 @@ func (p *proc) shutdown(proc *process) {
 
 // limiter state lives with the receiving goroutine (one per attempt).
 type limiter struct {
+	devices  namespace
 	rate     *rate
 	sessions *sessions
+	// refusedSince counts the refusals since lastWarned, when the last
+	// one was logged at warn level (at most once a minute).
+	refusedSince uint64
+	lastWarned   time.Time
 	// ids caches the session ID of each instance name seen (at most
 	// maxCachedInstances), so that an item does not build its
 	// "<adapter>/<instance>" string again.
@@ -297,14 +306,20 @@ func (l *limiter) session(name, instance string) (gateway.SessionID, error) {
 	return id, err
 }
 
+// refusalWarnEvery is how often at most an adapter's refused evidence is
+// logged at warn level.
+const refusalWarnEvery = time.Minute
+
 // accept turns a frame into evidence for the observer, item by item:
-// invalid items are rejected, items beyond the limits dropped, both
-// counted (once per frame); the stream goes on.
+// invalid items are rejected, items for devices the adapter may not
+// speak for refused, items beyond the limits dropped, all counted (once
+// per frame); the stream goes on.
 func (p *proc) accept(ctx context.Context, f *pb.EvidenceFrame) {
 	p.frames.Add(1)
 	l := p.limits()
+	creds := p.h.credentials()
 	now := p.h.o.Clock.Now()
-	var accepted, rejected, dropped uint64
+	var accepted, rejected, refused, dropped uint64
 	for _, e := range f.GetEvidence() {
 		ev, err := p.evidence(l, e, now)
 		if err != nil {
@@ -312,6 +327,11 @@ func (p *proc) accept(ctx context.Context, f *pb.EvidenceFrame) {
 			if p.log.Enabled(ctx, slog.LevelDebug) {
 				p.log.Debug("evidence rejected", "err", err)
 			}
+			continue
+		}
+		if why := l.devices.refusal(ev.Device, creds != nil && creds.Revision(ev.Device) != ""); why != "" {
+			refused++
+			p.warnRefused(l, ev.Device, why, now)
 			continue
 		}
 		if !l.rate.allow(now) || !l.sessions.admit(sessionKey{ev.Device, ev.Session}, ev.Kind, now) {
@@ -339,11 +359,30 @@ func (p *proc) accept(ctx context.Context, f *pb.EvidenceFrame) {
 		p.rejected.Add(rejected)
 		m.rejected.Add(float64(rejected))
 	}
+	if refused > 0 {
+		p.refused.Add(refused)
+		m.refused.Add(float64(refused))
+	}
 	if dropped > 0 {
 		p.dropped.Add(dropped)
 		m.dropped.Add(float64(dropped))
 	}
 	p.sessions.Store(int64(l.sessions.len()))
+	p.devices.Store(int64(l.sessions.devices()))
+}
+
+// warnRefused logs a refused item: at warn level at most once every
+// refusalWarnEvery (with the count since the last such line), else at
+// debug level.
+func (p *proc) warnRefused(l *limiter, device gateway.DeviceID, why string, now time.Time) {
+	l.refusedSince++
+	if !l.lastWarned.IsZero() && now.Sub(l.lastWarned) < refusalWarnEvery {
+		p.log.Debug("evidence refused", "device", device, "reason", why)
+		return
+	}
+	p.log.Warn("evidence refused: the adapter may not speak for this device (plugins.adapters[].devices)",
+		"device", device, "reason", why, "refused", l.refusedSince, "devices", p.spec.Devices)
+	l.lastWarned, l.refusedSince = now, 0
 }
 
 // lim holds the limiter of the running supervisor; the limits survive a
@@ -352,8 +391,8 @@ func (p *proc) limits() *limiter {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.lim == nil {
-		p.lim = &limiter{rate: newRate(p.spec.EvidencePerSecond), sessions: newSessions(p.spec.MaxSessions, p.h.o.Lease),
-			ids: make(map[string]gateway.SessionID)}
+		p.lim = &limiter{devices: newNamespace(p.spec.Devices), rate: newRate(p.spec.EvidencePerSecond),
+			sessions: newSessions(p.spec.MaxSessions, p.spec.MaxDevices, p.h.o.Lease), ids: make(map[string]gateway.SessionID)}
 	}
 	return p.lim
 }
@@ -379,6 +418,24 @@ func (p *proc) evidence(l *limiter, e *pb.Evidence, now time.Time) (gateway.Evid
 	default:
 		return gateway.Evidence{}, fmt.Errorf("unknown evidence kind %v", e.GetKind())
 	}
-	age := time.Duration(max(0, e.GetAgeUs())) * time.Microsecond
-	return gateway.Evidence{Device: dev, Session: sess, Kind: kind, ObservedAt: now.Add(-age), Protocol: p.spec.Name}, nil
+	at, err := observedAt(now, e.GetAgeUs(), p.h.o.Lease)
+	if err != nil {
+		return gateway.Evidence{}, err
+	}
+	return gateway.Evidence{Device: dev, Session: sess, Kind: kind, ObservedAt: at, Protocol: p.spec.Name}, nil
+}
+
+// observedAt is when evidence received at now, ageUs microseconds old,
+// was observed: never after now (a negative age counts as 0). An age
+// beyond maxAge (the lease) is an error: such evidence says nothing about
+// the device now, and it bounds the age far below what a time.Duration
+// holds, so that the conversion cannot wrap around into the future.
+func observedAt(now time.Time, ageUs int64, maxAge time.Duration) (time.Time, error) {
+	if ageUs <= 0 {
+		return now, nil
+	}
+	if ageUs > maxAge.Microseconds() {
+		return time.Time{}, fmt.Errorf("age_us %d is beyond the lease (%s)", ageUs, maxAge)
+	}
+	return now.Add(-time.Duration(ageUs) * time.Microsecond), nil
 }

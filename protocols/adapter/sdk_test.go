@@ -21,7 +21,7 @@ func TestSDKRefusesStdoutWrites(t *testing.T) {
 		t.Fatal(err)
 	}
 	e := newHost(t, nil)
-	if err := e.host.Apply(ctx(t), []adapter.Spec{{Name: "noisy", Path: path, StartTimeout: 10 * time.Second}}); err != nil {
+	if err := e.host.Apply(ctx(t), []adapter.Spec{{Name: "noisy", Path: path, StartTimeout: 10 * time.Second, Devices: []string{"noisy-*"}}}); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, 5*time.Second, "evidence", func() bool { return e.count("noisy-1", gateway.Renew) == 1 })

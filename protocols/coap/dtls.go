@@ -9,7 +9,6 @@ import (
 	"io"
 	"math"
 	"net"
-	"net/netip"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -94,12 +93,13 @@ func (s *Server) psk(identity []byte) ([]byte, error) {
 // errHandshakeRateLimited refuses a new DTLS peer beyond its source's rate.
 var errHandshakeRateLimited = errors.New("dtls: handshakes beyond the source's rate")
 
-// handshakeAttempt is pion's hook for a new DTLS peer: a handshake takes
-// a token of the per-source rate limit, like a datagram, so that one
-// source cannot make the server shake hands (and run the PSK key
-// schedule) faster than it may send requests.
+// handshakeAttempt is pion's hook for a new DTLS peer, which has
+// returned the gate's cookie: a handshake takes a token of the proven
+// sources' rate limit, like a request of a session, so that one source
+// cannot make the server shake hands (and run the PSK key schedule)
+// faster than it may send requests.
 func (s *Server) handshakeAttempt(peer net.Addr) error {
-	if ok, _ := s.allowSource(endpointOf(peer), s.clock.Now()); !ok {
+	if ok, _ := s.proven.allow(endpointOf(peer), s.clock.Now()); !ok {
 		s.metrics.drop(dropRateLimited)
 		return errHandshakeRateLimited
 	}
@@ -308,12 +308,13 @@ type uintOption struct {
 }
 
 // answerDTLS decides the answer to request r of DTLS peer cc: the rate
-// limit, the size limit, then the device of the session's PSK identity
-// (asked again, so that a device removed by a reload is refused at once),
-// then the heartbeat.
+// limit of proven sources (the session's keys prove r's source), the size
+// limit, then the device of the session's PSK identity (asked again, so
+// that a device removed by a reload is refused at once), then the
+// heartbeat.
 func (s *Server) answerDTLS(r *pool.Message, cc *udpClient.Conn, now time.Time) (codes.Code, string, uintOption) {
 	peer := cc.RemoteAddr()
-	if ok, wait := s.allowSource(endpointOf(peer), now); !ok {
+	if ok, wait := s.proven.allow(endpointOf(peer), now); !ok {
 		return codes.TooManyRequests, "too many requests, retry after Max-Age",
 			uintOption{message.MaxAge, uint32((wait + time.Second - 1) / time.Second)}
 	}
@@ -382,14 +383,6 @@ func (s *Server) identity(cc *udpClient.Conn) (string, error) {
 		return "", fmt.Errorf("identity: %w", err)
 	}
 	return string(dev), nil
-}
-
-// addrOf is the IP of a UDP peer address, the zero Addr for another kind.
-func addrOf(a net.Addr) netip.Addr {
-	if ua, ok := a.(*net.UDPAddr); ok {
-		return ua.AddrPort().Addr().Unmap()
-	}
-	return netip.Addr{}
 }
 
 // credentials are the current credentials, nil without any.

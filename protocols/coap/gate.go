@@ -15,6 +15,8 @@ import (
 	piondtls "github.com/pion/dtls/v3"
 	dtlsnet "github.com/pion/dtls/v3/pkg/net"
 	"github.com/pion/transport/v5/packetio"
+
+	"github.com/fleetgate/fleetgate/internal/ratelimit"
 )
 
 // The DTLS gate (docs/security.md) owns the DTLS UDP socket and demultiplexes it
@@ -25,9 +27,11 @@ import (
 //     HelloVerifyRequest and dropped: no state, no goroutine, no slot;
 //   - with one, the source has proven that it receives at its address and
 //     port. It becomes a peer if its address has fewer than
-//     maxHandshakesPerAddr handshakes in flight and a peer slot
-//     (limits.dtls_max_peers) is free; otherwise it is dropped, counted,
-//     and the client's retransmission tries again.
+//     maxHandshakesPerAddr handshakes in flight, its network
+//     (ratelimit.Prefix: its /24 or /64) fewer than 1/prefixShare of the
+//     peer slots, and a peer slot (limits.dtls_max_peers) is free;
+//     otherwise it is dropped, counted, and the client's retransmission
+//     tries again.
 //
 // pion/dtls v3 has no stateless cookie exchange of its own and always
 // starts with one (its server accepts a cookie-bearing ClientHello only as
@@ -42,6 +46,12 @@ import (
 const (
 	// maxHandshakesPerAddr bounds the handshakes in flight per source IP.
 	maxHandshakesPerAddr = 4
+	// prefixShare bounds the handshakes in flight per source network
+	// (ratelimit.Prefix) to this fraction of the peer slots, and to no
+	// fewer than maxHandshakesPerAddr: one /24 or /64 holds at most 64 of
+	// the default 4,096 slots in stalled handshakes, so filling them takes
+	// 64 networks rather than 1,024 addresses (or one IPv6 host).
+	prefixShare = 64
 	// acceptBacklog bounds the proven peers not yet accepted.
 	acceptBacklog = 256
 	// receiveMTU is the largest datagram read.
@@ -55,16 +65,32 @@ const (
 // start: a pion release that moves it fails newGate and the tests rather
 // than writing elsewhere.
 var pionCookieOffset, errPionLayout = func() (uintptr, error) {
-	st, ok := reflect.TypeFor[piondtls.Conn]().FieldByName("state")
-	if !ok || st.Type != reflect.TypeFor[piondtls.State]() {
-		return 0, errors.New("dtls gate: pion/dtls Conn has no state of type State")
+	state, err := fieldOffset(reflect.TypeFor[piondtls.Conn](), "state", reflect.TypeFor[piondtls.State]())
+	if err != nil {
+		return 0, err
 	}
-	ck, ok := st.Type.FieldByName("cookie")
-	if !ok || ck.Type != reflect.TypeFor[[]byte]() {
-		return 0, errors.New("dtls gate: pion/dtls State has no cookie []byte")
+	cookie, err := fieldOffset(reflect.TypeFor[piondtls.State](), "cookie", reflect.TypeFor[[]byte]())
+	if err != nil {
+		return 0, err
 	}
-	return st.Offset + ck.Offset, nil
+	return state + cookie, nil
 }()
+
+// fieldOffset is the offset of field name of type want in struct t. The
+// field must be t's own: a field promoted from an embedded struct has
+// its offset in that struct, not in t, and is refused like a missing one.
+func fieldOffset(t reflect.Type, name string, want reflect.Type) (uintptr, error) {
+	f, ok := t.FieldByName(name)
+	switch {
+	case !ok:
+		return 0, fmt.Errorf("dtls gate: %v has no field %s", t, name)
+	case len(f.Index) != 1:
+		return 0, fmt.Errorf("dtls gate: %v.%s is promoted from an embedded struct", t, name)
+	case f.Type != want:
+		return 0, fmt.Errorf("dtls gate: %v.%s is a %v, not a %v", t, name, f.Type, want)
+	}
+	return f.Offset, nil
+}
 
 // setPionCookie sets the cookie pion's server expects in the ClientHello
 // that follows its HelloVerifyRequest. It is called from pion's handshake
@@ -76,11 +102,13 @@ func setPionCookie(dc *piondtls.Conn, cookie []byte) {
 
 // gate is the DTLS socket's demultiplexer and its bounds.
 type gate struct {
-	sock    *net.UDPConn
-	slots   chan struct{}
-	metrics *metrics
-	refused func() // counts a proven peer dropped at a bound
-	now     func() time.Time
+	sock  *net.UDPConn
+	slots chan struct{}
+	// perPrefix bounds the handshakes in flight of one source network.
+	perPrefix int
+	metrics   *metrics
+	refused   func() // counts a proven peer dropped at a bound
+	now       func() time.Time
 
 	accept chan *peer
 	done   chan struct{} // closed by the listener's Close
@@ -89,8 +117,11 @@ type gate struct {
 	keys    cookieKeys
 	closing bool
 	refs    int // the listener and the peers keep the socket open
-	byAddr  map[netip.Addr]int
-	peers   map[netip.AddrPort]*peer
+	// byAddr and byPrefix count the handshakes in flight per source
+	// address and per source network.
+	byAddr   map[netip.Addr]int
+	byPrefix map[netip.Prefix]int
+	peers    map[netip.AddrPort]*peer
 }
 
 // newGate binds addr and starts reading it.
@@ -107,16 +138,18 @@ func newGate(addr string, maxPeers int, m *metrics, refused func(), now func() t
 		return nil, err
 	}
 	g := &gate{
-		sock:    sock,
-		slots:   make(chan struct{}, maxPeers),
-		metrics: m,
-		refused: refused,
-		now:     now,
-		accept:  make(chan *peer, acceptBacklog),
-		done:    make(chan struct{}),
-		refs:    1,
-		byAddr:  make(map[netip.Addr]int),
-		peers:   make(map[netip.AddrPort]*peer),
+		sock:      sock,
+		slots:     make(chan struct{}, maxPeers),
+		perPrefix: max(maxHandshakesPerAddr, maxPeers/prefixShare),
+		metrics:   m,
+		refused:   refused,
+		now:       now,
+		accept:    make(chan *peer, acceptBacklog),
+		done:      make(chan struct{}),
+		refs:      1,
+		byAddr:    make(map[netip.Addr]int),
+		byPrefix:  make(map[netip.Prefix]int),
+		peers:     make(map[netip.AddrPort]*peer),
 	}
 	if err := g.keys.rotate(now(), rand.Reader); err != nil {
 		_ = sock.Close()
@@ -194,10 +227,11 @@ func (g *gate) dispatch(from netip.AddrPort, b []byte) {
 }
 
 // admit makes a peer of the proven ClientHello h (datagram b) from addr,
-// unless its address has maxHandshakesPerAddr handshakes in flight or no
-// peer slot is free. Called with g.mu held.
+// unless its address has maxHandshakesPerAddr handshakes in flight, its
+// network g.perPrefix, or no peer slot is free. Called with g.mu held.
 func (g *gate) admit(from netip.AddrPort, h clientHello, b []byte) (*peer, bool) {
-	if h.recordSeq == maxRecordSeq || g.byAddr[from.Addr()] >= maxHandshakesPerAddr {
+	addr, prefix := from.Addr(), ratelimit.Prefix(from.Addr())
+	if h.recordSeq == maxRecordSeq || g.byAddr[addr] >= maxHandshakesPerAddr || g.byPrefix[prefix] >= g.perPrefix {
 		return nil, false
 	}
 	select {
@@ -205,7 +239,8 @@ func (g *gate) admit(from netip.AddrPort, h clientHello, b []byte) (*peer, bool)
 	default:
 		return nil, false
 	}
-	g.byAddr[from.Addr()]++
+	g.byAddr[addr]++
+	g.byPrefix[prefix]++
 	g.refs++
 	g.metrics.dtlsPeers.Inc()
 	p := &peer{
@@ -342,10 +377,16 @@ func (p *peer) endHandshake() {
 	g := p.g
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if n := g.byAddr[p.remote.Addr()] - 1; n > 0 {
-		g.byAddr[p.remote.Addr()] = n
+	decrement(g.byAddr, p.remote.Addr())
+	decrement(g.byPrefix, ratelimit.Prefix(p.remote.Addr()))
+}
+
+// decrement takes one from the count of k in m, and forgets k at zero.
+func decrement[K comparable](m map[K]int, k K) {
+	if n := m[k] - 1; n > 0 {
+		m[k] = n
 	} else {
-		delete(g.byAddr, p.remote.Addr())
+		delete(m, k)
 	}
 }
 

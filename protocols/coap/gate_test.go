@@ -7,8 +7,10 @@ import (
 	"encoding/binary"
 	"net"
 	"net/netip"
+	"reflect"
 	"testing"
 	"time"
+	"unsafe"
 
 	piondtls "github.com/pion/dtls/v3"
 	dtlsnet "github.com/pion/dtls/v3/pkg/net"
@@ -183,6 +185,38 @@ func FuzzParseClientHello(f *testing.F) {
 func TestPionCookieLayout(t *testing.T) {
 	if errPionLayout != nil {
 		t.Fatalf("%v: the stateless cookie exchange needs a new way to set pion's expected cookie", errPionLayout)
+	}
+}
+
+// fieldOffset takes only a struct's own field: a field moved into an
+// embedded struct has its offset in that struct, so a write at it would
+// land elsewhere in pion's Conn.
+func TestFieldOffsetRefusesPromotedField(t *testing.T) {
+	stateType := reflect.TypeFor[piondtls.State]()
+	type inner struct {
+		pad   [3]int64
+		state piondtls.State
+	}
+	type moved struct {
+		before int64
+		inner
+	}
+	if off, err := fieldOffset(reflect.TypeFor[moved](), "state", stateType); err == nil {
+		t.Fatalf("promoted field taken at offset %d; it is at %d", off, unsafe.Offsetof(moved{}.inner)+unsafe.Offsetof(inner{}.state))
+	}
+	type own struct {
+		before int64
+		state  piondtls.State
+		cookie string
+	}
+	if off, err := fieldOffset(reflect.TypeFor[own](), "state", stateType); err != nil || off != unsafe.Offsetof(own{}.state) {
+		t.Fatalf("own field: offset %d (%v), want %d", off, err, unsafe.Offsetof(own{}.state))
+	}
+	if _, err := fieldOffset(reflect.TypeFor[own](), "cookie", reflect.TypeFor[[]byte]()); err == nil {
+		t.Fatal("field of another type taken")
+	}
+	if _, err := fieldOffset(reflect.TypeFor[own](), "missing", stateType); err == nil {
+		t.Fatal("missing field taken")
 	}
 }
 

@@ -58,6 +58,7 @@ func (s *Server) decide(ctx context.Context, method codes.Code, path string, que
 			ObservedAt: now,
 			Protocol:   "coap",
 			Lease:      granted,
+			Anonymous:  identity == "", // bounded by the table's anonymous_max_devices
 		}
 		if err = s.obs.Observe(ctx, ev); err == nil {
 			s.metrics.accepted(hb.kind)

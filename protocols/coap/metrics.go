@@ -33,7 +33,7 @@ type dropReason string
 const (
 	dropMalformed   dropReason = "malformed"    // not CoAP, or a NON that does not decode
 	dropOversized   dropReason = "oversized"    // beyond the size limit, and no request to answer 4.13
-	dropRateLimited dropReason = "rate_limited" // beyond the source's rate, and no request to answer 4.29
+	dropRateLimited dropReason = "rate_limited" // plain UDP beyond the source's or the device's rate, or a DTLS handshake beyond its source's
 	dropBadOption   dropReason = "bad_option"   // a NON request with an unknown critical option
 	dropUnexpected  dropReason = "unexpected"   // an ACK, RST or NON response: the server sends no CON
 	dropWriteError  dropReason = "write_error"  // the answer could not be sent

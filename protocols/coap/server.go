@@ -5,9 +5,11 @@
 // wants, or a 4.xx/5.xx code with a short diagnostic payload.
 //
 // Plain UDP serves anonymous devices named by the query d=<device>
-// (auth.allow_anonymous). It is a loop of the front end's own over one
-// socket that decodes and encodes with go-coap's message codec and keeps
-// no state per peer: both heartbeat operations are idempotent, so a
+// (auth.allow_anonymous). Its sources are unproven (a source address can
+// be spoofed), so no answer is larger than its request and a datagram
+// beyond a rate limit gets none. It is a loop of the front end's own over
+// one socket that decodes and encodes with go-coap's message codec and
+// keeps no state per peer: both heartbeat operations are idempotent, so a
 // retransmitted CON is answered again instead of from a response cache
 // (RFC 7252 §4.5), and the only tables are the bounded ones of the rate
 // limits (per source endpoint, per source address, per device).
@@ -27,7 +29,6 @@ import (
 	"log/slog"
 	"math"
 	"net"
-	"net/netip"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -84,9 +85,13 @@ type Options struct {
 	// (address and port) and the requests of one device, each with a
 	// burst of as many (limits.coap_requests_per_second); one source
 	// address, all its ports together, may send ratelimit.AddressFactor
-	// times as many (devices behind a NAT share it). A request beyond a
-	// limit gets 4.29 with Max-Age = the seconds to wait. 0 means
-	// DefaultRequestsPerSecond.
+	// times as many (devices behind a NAT share it). Plain UDP datagrams
+	// and DTLS traffic (handshakes of sources that returned the cookie,
+	// requests of sessions) are counted apart, so that datagrams with a
+	// spoofed source never spend the budget of DTLS devices. A datagram
+	// beyond a limit gets no answer over plain UDP (its source is
+	// unproven) and is counted; a DTLS request gets 4.29 with Max-Age =
+	// the seconds to wait. 0 means DefaultRequestsPerSecond.
 	RequestsPerSecond int
 	// HandshakeTimeout bounds a DTLS handshake
 	// (limits.dtls_handshake_timeout). 0 means DefaultHandshakeTimeout.
@@ -117,14 +122,15 @@ type Server struct {
 	metrics   *metrics
 	allowAnon bool
 	maxSize   int
-	// The rate limits (ratelimit.go): per source address (all its ports),
-	// per source endpoint (address and port), per device.
-	limit     *ratelimit.Limiter[netip.Addr]
-	endpoints *ratelimit.Limiter[netip.AddrPort]
-	devices   *ratelimit.Limiter[gateway.DeviceID]
-	timing    atomic.Pointer[gateway.Timing]
-	creds     atomic.Pointer[credentials]
-	mid       atomic.Uint32 // Message IDs of NON answers
+	// The rate limits (ratelimit.go): per source endpoint and address of
+	// plain UDP datagrams (unproven) and of DTLS handshakes and requests
+	// (proven), and per device.
+	unproven sourceLimits
+	proven   sourceLimits
+	devices  *ratelimit.Limiter[gateway.DeviceID]
+	timing   atomic.Pointer[gateway.Timing]
+	creds    atomic.Pointer[credentials]
+	mid      atomic.Uint32 // Message IDs of NON answers
 	// decoy keys the PSK given to unknown identities (dtls.go psk).
 	decoy [32]byte
 
@@ -184,8 +190,7 @@ func New(obs gateway.Observer, o Options) (*Server, error) {
 		maxSize:   cmp.Or(o.MaxMessageSize, DefaultMaxMessageSize),
 	}
 	rate := cmp.Or(o.RequestsPerSecond, DefaultRequestsPerSecond)
-	s.limit = ratelimit.NewBounded[netip.Addr](rate*ratelimit.AddressFactor, maxRateSources)
-	s.endpoints = ratelimit.NewBounded[netip.AddrPort](rate, maxRateSources)
+	s.unproven, s.proven = newSourceLimits(rate), newSourceLimits(rate)
 	s.devices = ratelimit.NewBounded[gateway.DeviceID](rate, maxRateSources)
 	if s.clock == nil {
 		s.clock = gateway.SystemClock{}

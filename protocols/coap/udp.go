@@ -31,6 +31,9 @@ type worker struct {
 	opts    message.Options
 	queries []string
 	val     [4]byte // the uint option value of an answer
+	// limit is the size of the datagram being answered: no answer to it
+	// is larger (encodeResponse).
+	limit int
 
 	// ctx is the Observer's context, shared by the requests the worker
 	// handles within observeSlack (see observeContext).
@@ -134,21 +137,23 @@ func (h header) isRequest() bool {
 // encoded in w.out, or nil when there is none. It is the whole UDP
 // request path except the socket: limits first, then the codec, then
 // the heartbeat.
+//
+// Nothing proves that a plain UDP source receives at its address (it may
+// be spoofed, to aim the answers at a victim), so no answer is larger
+// than its request, and a datagram beyond a rate limit (of its source or
+// of its device) gets none: it is only counted.
 func (s *Server) handle(w *worker, src netip.AddrPort, b []byte) []byte {
 	if len(b) < 4 || b[0]>>6 != 1 {
 		// Not CoAP version 1: nothing to answer (RFC 7252 §3).
 		s.metrics.drop(dropMalformed)
 		return nil
 	}
+	w.limit = len(b)
 	h := parseHeader(b)
 	now := s.clock.Now()
-	if ok, wait := s.allowSource(src, now); !ok {
-		if !h.isRequest() || !h.ok {
-			s.metrics.drop(dropRateLimited)
-			return nil
-		}
-		return s.encodeResponse(w, h, codes.TooManyRequests, "too many requests, retry after Max-Age",
-			message.MaxAge, uint32((wait+time.Second-1)/time.Second))
+	if ok, _ := s.unproven.allow(src, now); !ok {
+		s.metrics.drop(dropRateLimited)
+		return nil
 	}
 	if len(b) > s.maxSize {
 		if !h.isRequest() || !h.ok {
@@ -208,6 +213,10 @@ func (s *Server) handle(w *worker, src netip.AddrPort, b []byte) []byte {
 		}
 	}
 	code, diag, maxAge, hb, err := s.decide(w.observeContext(s.ctx), m.Code, path, queries, "", now)
+	if errors.Is(err, errDeviceRate) {
+		s.metrics.drop(dropRateLimited)
+		return nil
+	}
 	if err != nil {
 		s.logRefusal(code, hb, src.String(), err)
 	}
@@ -258,8 +267,6 @@ func (s *Server) encodeAnswer(w *worker, r *message.Message, code codes.Code, di
 		return s.encodeResponse(w, h, code, "", message.MaxAge, maxAge)
 	case codes.ServiceUnavailable:
 		return s.encodeResponse(w, h, code, diag, message.MaxAge, retryAfterSeconds)
-	case codes.TooManyRequests:
-		return s.encodeResponse(w, h, code, diag, message.MaxAge, 1) // errDeviceRate
 	}
 	return s.encodeResponse(w, h, code, diag, 0, 0)
 }
@@ -276,7 +283,9 @@ func suppressed(opts message.Options, code codes.Code) bool {
 }
 
 // encodeResponse encodes and counts the answer to request h with code,
-// diagnostic diag (text/plain) and, unless opt is 0, option opt = val.
+// diagnostic diag (text/plain) and, unless opt is 0, option opt = val,
+// in at most w.limit bytes: what does not fit is left out, the diagnostic
+// first, then the option. The header and the request's token always fit.
 func (s *Server) encodeResponse(w *worker, h header, code codes.Code, diag string, opt message.OptionID, val uint32) []byte {
 	s.metrics.answered(code)
 	m := message.Message{Token: h.token, Code: code, Options: w.opts[:0]}
@@ -295,7 +304,16 @@ func (s *Server) encodeResponse(w *worker, h header, code codes.Code, diag strin
 		n, _ := message.EncodeUint32(w.val[:], val)
 		m.Options = append(m.Options, message.Option{ID: opt, Value: w.val[:n]})
 	}
-	return s.encode(w, m)
+	out := s.encode(w, m)
+	if len(out) > w.limit && diag != "" {
+		m.Options, m.Payload = m.Options[1:], nil
+		out = s.encode(w, m)
+	}
+	if len(out) > w.limit && opt != 0 {
+		m.Options = nil
+		out = s.encode(w, m)
+	}
+	return out
 }
 
 // encode marshals m into w.out; m is always small enough.

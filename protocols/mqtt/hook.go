@@ -10,6 +10,7 @@ import (
 	"github.com/mochi-mqtt/server/v2/packets"
 
 	"github.com/fleetgate/fleetgate/gateway"
+	"github.com/fleetgate/fleetgate/internal/ratelimit"
 )
 
 // presence is the one mochi hook of the front end. It admits or refuses
@@ -35,6 +36,8 @@ type presence struct {
 	srv *Server
 }
 
+var _ mochi.Hook = (*presence)(nil)
+
 func (h *presence) ID() string { return "fleetgate-presence" }
 
 var provided = []byte{
@@ -44,6 +47,9 @@ var provided = []byte{
 	mochi.OnDisconnect,
 	mochi.OnPacketRead,
 	mochi.OnPublishDropped,
+	mochi.OnPublish,
+	mochi.OnWill,
+	mochi.OnRetainedExpired,
 }
 
 func (h *presence) Provides(b byte) bool { return bytes.IndexByte(provided, b) >= 0 }
@@ -83,7 +89,7 @@ func (h *presence) OnConnect(cl *mochi.Client, pk packets.Packet) error {
 	}
 	c.admitted = true // the slot is released when the connection ends
 	root := s.topicRoot(device)
-	rev, box, err := s.authorize(device, pk)
+	rev, box, err := s.authorize(device, c.ip, pk)
 	if err == nil && pk.Connect.WillFlag && !underRoot(pk.Connect.WillTopic, root) {
 		err = errNotAuthorized
 	}
@@ -110,12 +116,24 @@ func (h *presence) OnConnect(cl *mochi.Client, pk packets.Packet) error {
 
 	persistent := persistentSession(cl, pk)
 	session := s.sessionFor(persistent)
-	err = s.observe(device, session, gateway.Connect, 0)
+	anon := rev == ""
+	if anon {
+		if ok, _ := s.anonRate.Allow(ratelimit.Prefix(c.ip), s.clock.Now()); !ok {
+			s.metrics.refuse(reasonAnonymousRate)
+			s.log.Debug("connect refused: anonymous connect rate", "device", string(device), "remote", c.RemoteAddr().String())
+			return refuse(cl, packets.ErrConnectionRateExceeded, packets.Err3ServerUnavailable)
+		}
+	}
+	err = s.observe(device, session, gateway.Connect, 0, anon)
 	switch {
 	case err == nil:
 	case errors.Is(err, gateway.ErrInvalidDeviceID):
 		s.metrics.refuse(reasonInvalidClientID)
 		return refuse(cl, packets.ErrClientIdentifierNotValid, packets.Err3ClientIdentifierNotValid)
+	case errors.Is(err, gateway.ErrAnonymousLimit):
+		s.metrics.refuse(reasonAnonymousLimit)
+		s.log.Debug("connect refused: anonymous_max_devices", "device", string(device), "err", err)
+		return refuse(cl, packets.ErrQuotaExceeded, packets.Err3ServerUnavailable)
 	case errors.Is(err, gateway.ErrSessionLimit):
 		s.metrics.refuse(reasonSessionLimit)
 		s.log.Debug("connect refused: max_sessions_per_device", "device", string(device), "err", err)
@@ -129,7 +147,7 @@ func (h *presence) OnConnect(cl *mochi.Client, pk packets.Packet) error {
 		s.log.Warn("connect refused: observe", "device", string(device), "session", string(session), "err", err)
 		return refuse(cl, packets.ErrUnspecifiedError, packets.Err3ServerUnavailable)
 	}
-	c.device, c.session, c.root = device, session, root
+	c.device, c.session, c.root, c.anon = device, session, root, anon
 	c.persistent.Store(persistent)
 	if !persistent {
 		s.endPersistent(device)
@@ -181,7 +199,7 @@ func (h *presence) OnPacketRead(cl *mochi.Client, pk packets.Packet) (packets.Pa
 		c.leaving = true // the Leave is sent once the connection has ended
 		return pk, nil
 	}
-	if err := h.srv.observe(c.device, c.session, gateway.Renew, h.srv.leaseOf(c)); err != nil {
+	if err := h.srv.observe(c.device, c.session, gateway.Renew, h.srv.leaseOf(c), c.anon); err != nil {
 		h.srv.log.Debug("renew refused", "device", string(c.device), "session", string(c.session), "err", err)
 	}
 	return pk, nil
@@ -194,7 +212,7 @@ func (h *presence) OnDisconnect(cl *mochi.Client, _ error, _ bool) {
 	if !ok || !c.leaving || c.session == "" {
 		return
 	}
-	if err := h.srv.observe(c.device, c.session, gateway.Leave, h.srv.leaseOf(c)); err != nil {
+	if err := h.srv.observe(c.device, c.session, gateway.Leave, h.srv.leaseOf(c), c.anon); err != nil {
 		h.srv.log.Debug("leave refused", "device", string(c.device), "session", string(c.session), "err", err)
 	}
 }
@@ -206,4 +224,31 @@ func (h *presence) OnPublishDropped(cl *mochi.Client, _ packets.Packet) {
 		h.srv.metrics.refuse(reasonTooSlow)
 		cl.Stop(errTooSlow)
 	}
+}
+
+// OnPublish holds a device's retained messages to its quota
+// (retained.go); the ACL check has passed.
+func (h *presence) OnPublish(cl *mochi.Client, pk packets.Packet) (packets.Packet, error) {
+	c, ok := cl.Net.Conn.(*conn)
+	if !pk.FixedHeader.Retain || !ok || h.srv.retained.retain(c.device, c.anon, pk.TopicName, len(pk.Payload)) {
+		return pk, nil
+	}
+	return pk, h.srv.refuseRetained(cl, pk)
+}
+
+// OnWill sends a retained will beyond the device's quota without
+// retaining it.
+func (h *presence) OnWill(cl *mochi.Client, will mochi.Will) (mochi.Will, error) {
+	c, ok := cl.Net.Conn.(*conn)
+	if will.Retain && ok && c.session != "" && !h.srv.retained.retain(c.device, c.anon, will.TopicName, len(will.Payload)) {
+		h.srv.metrics.retainedRefused.Inc()
+		will.Retain = false
+	}
+	return will, nil
+}
+
+// OnRetainedExpired uncounts a retained message the broker dropped at
+// its expiry.
+func (h *presence) OnRetainedExpired(topic string) {
+	h.srv.retained.expired(h.srv.deviceOf(topic), topic)
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/mochi-mqtt/server/v2/packets"
 
 	"github.com/fleetgate/fleetgate/gateway"
+	"github.com/fleetgate/fleetgate/internal/ratelimit"
 )
 
 // connectTimeout bounds how long an accepted connection may take to
@@ -42,6 +43,8 @@ type conn struct {
 	admitted bool
 	// leaving: the device sent a normal DISCONNECT that ends its session.
 	leaving bool
+	// anon: the device was admitted without a password.
+	anon bool
 	// persistent: the client asked for a session that outlives the
 	// connection (sleepy.go); read by a later connection of the client.
 	persistent atomic.Bool
@@ -225,36 +228,45 @@ func remoteIP(c net.Conn) netip.Addr {
 // Bounds of the connections that have not sent CONNECT yet (docs/security.md): a
 // socket that is silent, or slow through TLS, holds a goroutine and its
 // buffers for up to connectTimeout, so one address may hold at most
-// maxPendingPerAddr of them and all addresses together maxPending; beyond
-// them a new connection is closed at accept.
+// maxPendingPerAddr of them, one network (ratelimit.Prefix: /24, /64)
+// maxPendingPerPrefix, and all addresses together maxPending; beyond them
+// a new connection is closed at accept. An attacker needs
+// maxPending/maxPendingPerPrefix networks to fill them all.
 const (
-	maxPendingPerAddr = 32
-	maxPending        = 4096
+	maxPendingPerAddr   = 32
+	maxPendingPerPrefix = 256
+	maxPending          = 4096
 )
 
 // pendingConns counts the connections that have not sent CONNECT yet,
-// per source address and in all.
+// per source address, per source network and in all.
 type pendingConns struct {
-	perAddr, total int
+	perAddr, perPrefix, total int
 
-	mu     sync.Mutex
-	n      int
-	byAddr map[netip.Addr]int
+	mu       sync.Mutex
+	n        int
+	byAddr   map[netip.Addr]int
+	byPrefix map[netip.Prefix]int
 }
 
-func newPendingConns(perAddr, total int) *pendingConns {
-	return &pendingConns{perAddr: perAddr, total: total, byAddr: make(map[netip.Addr]int)}
+func newPendingConns(perAddr, perPrefix, total int) *pendingConns {
+	return &pendingConns{
+		perAddr: perAddr, perPrefix: perPrefix, total: total,
+		byAddr: make(map[netip.Addr]int), byPrefix: make(map[netip.Prefix]int),
+	}
 }
 
 // add counts a new connection from ip, or reports false beyond a bound.
 func (p *pendingConns) add(ip netip.Addr) bool {
+	nw := ratelimit.Prefix(ip)
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.n >= p.total || p.byAddr[ip] >= p.perAddr {
+	if p.n >= p.total || p.byAddr[ip] >= p.perAddr || p.byPrefix[nw] >= p.perPrefix {
 		return false
 	}
 	p.n++
 	p.byAddr[ip]++
+	p.byPrefix[nw]++
 	return true
 }
 
@@ -265,12 +277,19 @@ func (p *pendingConns) done(c *conn) {
 		return
 	}
 	c.pending = false
+	nw := ratelimit.Prefix(c.ip)
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.n--
-	if k := p.byAddr[c.ip] - 1; k > 0 {
-		p.byAddr[c.ip] = k
+	uncount(p.byAddr, c.ip)
+	uncount(p.byPrefix, nw)
+}
+
+// uncount takes one from m[k] and drops the key at zero.
+func uncount[K comparable](m map[K]int, k K) {
+	if n := m[k] - 1; n > 0 {
+		m[k] = n
 	} else {
-		delete(p.byAddr, c.ip)
+		delete(m, k)
 	}
 }

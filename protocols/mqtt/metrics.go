@@ -19,12 +19,15 @@ const (
 	reasonSessionLimit    = "session_limit"
 	reasonRevoked         = "revoked"
 	reasonPending         = "pending"
+	reasonAnonymousRate   = "anonymous_rate"
+	reasonAnonymousLimit  = "anonymous_limit"
 )
 
 var refusalReasons = []string{
 	reasonInvalidClientID, reasonNotAuthorized, reasonMaxClients,
 	reasonRate, reasonOverloaded, reasonError, reasonTooSlow,
 	reasonSessionLimit, reasonRevoked, reasonPending,
+	reasonAnonymousRate, reasonAnonymousLimit,
 }
 
 // metrics are the front end's Prometheus collectors. The counters of
@@ -34,12 +37,15 @@ type metrics struct {
 	evidence    [gateway.Leave + 1]prometheus.Counter // by Kind
 	refused     map[string]prometheus.Counter
 	connections prometheus.Gauge
+	// retainedRefused counts retained messages refused by the quota.
+	retainedRefused prometheus.Counter
 }
 
 // newMetrics builds the collectors and registers them with reg (nil: not
-// registered). fleetgate_evidence_total is shared with the other front
-// ends: same name and help, told apart by the protocol label.
-func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+// registered); retained reports the bytes of retained messages.
+// fleetgate_evidence_total is shared with the other front ends: same
+// name and help, told apart by the protocol label.
+func newMetrics(reg prometheus.Registerer, retained func() int) (*metrics, error) {
 	evidence, err := promshare.Register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name:        "fleetgate_evidence_total",
 		Help:        "Evidence accepted by the gateway from protocol front ends, by kind.",
@@ -62,9 +68,23 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	if err != nil {
 		return nil, err
 	}
+	retainedRefused, err := promshare.Register(reg, prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "fleetgate_mqtt_retained_refused_total",
+		Help: "Retained MQTT messages refused by the retained quotas (limits.mqtt_max_retained_*).",
+	}))
+	if err != nil {
+		return nil, err
+	}
+	if _, err := promshare.Register(reg, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "fleetgate_mqtt_retained_bytes",
+		Help: "Bytes of retained MQTT messages held for devices, as counted against limits.mqtt_max_retained_bytes.",
+	}, func() float64 { return float64(retained()) })); err != nil {
+		return nil, err
+	}
 	m := &metrics{
-		refused:     make(map[string]prometheus.Counter, len(refusalReasons)),
-		connections: connections,
+		refused:         make(map[string]prometheus.Counter, len(refusalReasons)),
+		connections:     connections,
+		retainedRefused: retainedRefused,
 	}
 	for _, k := range []gateway.Kind{gateway.Connect, gateway.Renew, gateway.Leave} {
 		m.evidence[k] = evidence.WithLabelValues(k.String())

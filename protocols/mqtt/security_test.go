@@ -170,34 +170,18 @@ func TestReloadRevokesConnections(t *testing.T) {
 // others only wait, so the real device, with a password at the default
 // bcrypt cost, connects within 1 s every time during the flood.
 func TestPasswordFloodDoesNotLockOut(t *testing.T) {
-	cost := auth.DefaultCost
-	if raceEnabled {
-		cost -= 3
-	}
-	hash, err := auth.HashPassword([]byte("alpha-pw"), cost)
-	if err != nil {
-		t.Fatal(err)
-	}
-	devices, err := auth.Parse("devices.yaml", fmt.Appendf(nil, "devices:\n  - id: alpha\n    password_bcrypt: %q\n", hash))
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := startServer(t, &recorder{}, Options{Credentials: devices, Registerer: prometheus.NewRegistry()})
+	s, bound := alphaServer(t)
 	addr := tcpAddr(s)
-	// The bound: 1 s, or on a slower machine (the race detector makes
-	// bcrypt ten times slower) three bare comparisons timed here.
-	start := time.Now()
-	_ = bcrypt.CompareHashAndPassword([]byte(hash), []byte("alpha-pw"))
-	bound := max(time.Second, 3*time.Since(start))
-	if raceEnabled {
-		bound *= 2
-	}
 
 	ctx, stop := context.WithTimeout(context.Background(), 3*(time.Second+bound)+time.Second)
 	defer stop()
 	var flood sync.WaitGroup
 	for _, src := range []string{"127.0.0.2", "127.0.0.3"} {
-		flood.Go(func() { connectFlood(ctx, t, addr, src, 20) })
+		flood.Go(func() {
+			connectFlood(ctx, addr, src, time.Second/20, func() []byte { // random IDs and passwords
+				return connectPacket(t, 5, fmt.Sprintf("x%08x", rand.Uint32()), fmt.Sprintf("p%08x", rand.Uint32()), 30)
+			})
+		})
 	}
 	for i := range 3 {
 		select {
@@ -216,11 +200,83 @@ func TestPasswordFloodDoesNotLockOut(t *testing.T) {
 	flood.Wait()
 }
 
-// connectFlood sends perSecond CONNECTs a second from source address src
-// to addr, each with a random client ID and password, until ctx ends; it
-// does not wait for the answers, as an attacker would not.
-func connectFlood(ctx context.Context, t *testing.T, addr, src string, perSecond int) {
-	tick := time.NewTicker(time.Second / time.Duration(perSecond))
+// Attack: one CONNECT as alpha with a wrong password every 300 ms from
+// 127.0.0.2. The backoff was per device and refused the right password
+// too, so alpha (its password not cached, as after a restart) stayed out
+// from anywhere: once the backoff reached 8 s, alpha retrying every
+// 500 ms got in only in the moment between the end of a backoff and the
+// attacker's next try (measured: after 7.8 s and 14 tries in one run,
+// not within 20 s in another). Now the backoff is per source address and
+// device: alpha connecting from 127.0.0.1 gets in at its first try during
+// the attack.
+func TestWrongPasswordsElsewhereDoNotLockOut(t *testing.T) {
+	s, bound := alphaServer(t)
+	addr := tcpAddr(s)
+
+	ctx, stop := context.WithTimeout(context.Background(), 30*time.Second)
+	defer stop()
+	var attack sync.WaitGroup
+	attack.Go(func() {
+		connectFlood(ctx, addr, "127.0.0.2", 300*time.Millisecond, func() []byte { return connectPacket(t, 5, "alpha", "wrong", 30) })
+	})
+	select { // the attack has doubled the device's backoff to 8 s
+	case <-time.After(9 * time.Second):
+	case <-ctx.Done():
+	}
+	start := time.Now()
+	tries := 0
+	for code := byte(0xff); code != 0; tries++ {
+		if time.Since(start) > 20*time.Second {
+			t.Fatalf("alpha still refused (CONNACK %#x) after %d tries in %v during the attack", code, tries, time.Since(start))
+		}
+		if tries > 0 {
+			time.Sleep(500 * time.Millisecond) // as a device retries
+		}
+		code = connackCode(t, s, &paho.Connect{ClientID: "alpha", KeepAlive: 30, CleanStart: true, Password: []byte("alpha-pw"), PasswordFlag: true})
+	}
+	took := time.Since(start)
+	t.Logf("alpha got in after %v, %d tries, during one wrong password every 300 ms from 127.0.0.2", took, tries)
+	if tries != 1 || took > bound {
+		t.Fatalf("alpha got in after %d tries in %v, want at the first within %v", tries, took, bound)
+	}
+	stop()
+	attack.Wait()
+}
+
+// alphaServer serves the devices file of one device, alpha, whose
+// password "alpha-pw" has the default bcrypt cost (3 less under the race
+// detector), and returns the bound of a connect of alpha: 1 s, or on a
+// slower machine (the race detector makes bcrypt ten times slower) three
+// bare comparisons timed here.
+func alphaServer(t *testing.T) (*Server, time.Duration) {
+	t.Helper()
+	cost := auth.DefaultCost
+	if raceEnabled {
+		cost -= 3
+	}
+	hash, err := auth.HashPassword([]byte("alpha-pw"), cost)
+	if err != nil {
+		t.Fatal(err)
+	}
+	devices, err := auth.Parse("devices.yaml", fmt.Appendf(nil, "devices:\n  - id: alpha\n    password_bcrypt: %q\n", hash))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := startServer(t, &recorder{}, Options{Credentials: devices, Registerer: prometheus.NewRegistry()})
+	start := time.Now()
+	_ = bcrypt.CompareHashAndPassword([]byte(hash), []byte("alpha-pw"))
+	bound := max(time.Second, 3*time.Since(start))
+	if raceEnabled {
+		bound *= 2
+	}
+	return s, bound
+}
+
+// connectFlood sends a CONNECT every interval from source address src to
+// addr, each made by connect, until ctx ends; it does not wait for the
+// answers, as an attacker would not.
+func connectFlood(ctx context.Context, addr, src string, every time.Duration, connect func() []byte) {
+	tick := time.NewTicker(every)
 	defer tick.Stop()
 	var conns []net.Conn
 	defer func() {
@@ -240,8 +296,7 @@ func connectFlood(ctx context.Context, t *testing.T, addr, src string, perSecond
 			continue
 		}
 		conns = append(conns, c)
-		id := fmt.Sprintf("x%08x", rand.Uint32())
-		_, _ = c.Write(connectPacket(t, 5, id, fmt.Sprintf("p%08x", rand.Uint32()), 30))
+		_, _ = c.Write(connect())
 	}
 }
 
@@ -272,11 +327,12 @@ func closedSoon(c net.Conn, d time.Duration) bool {
 
 // Attack: connections that never send CONNECT each held a goroutine and
 // buffers for the 10 s connect timeout, without bound. Now one address
-// holds at most maxPendingPerAddr of them and all together maxPending;
-// beyond, a new connection is closed at accept and counted.
+// holds at most maxPendingPerAddr of them, one network (/24, /64)
+// maxPendingPerPrefix and all together maxPending; beyond, a new
+// connection is closed at accept and counted.
 func TestPendingConnectionsBounded(t *testing.T) {
 	s := newServer(t, &recorder{}, Options{Credentials: testCreds(t), ConnectsPerSecond: 10000, Registerer: prometheus.NewRegistry()})
-	s.pend = newPendingConns(4, 10)
+	s.pend = newPendingConns(4, 6, 10)
 	gatewaytest.Serve(t, s)
 	addr := tcpAddr(s)
 
@@ -284,16 +340,19 @@ func TestPendingConnectionsBounded(t *testing.T) {
 	if extra := silentConns(t, addr, "127.0.0.2", 1)[0]; !closedSoon(extra, 2*time.Second) {
 		t.Fatal("a fifth silent connection from one address was kept")
 	}
-	silentConns(t, addr, "127.0.0.3", 4)
-	silentConns(t, addr, "127.0.0.4", 2) // ten in all
-	if extra := silentConns(t, addr, "127.0.0.5", 1)[0]; !closedSoon(extra, 2*time.Second) {
+	silentConns(t, addr, "127.0.0.3", 2) // six in 127.0.0.0/24
+	if extra := silentConns(t, addr, "127.0.0.4", 1)[0]; !closedSoon(extra, 2*time.Second) {
+		t.Fatal("a seventh silent connection from one /24 was kept")
+	}
+	silentConns(t, addr, "127.0.1.2", 4) // ten in all
+	if extra := silentConns(t, addr, "127.0.2.2", 1)[0]; !closedSoon(extra, 2*time.Second) {
 		t.Fatal("an eleventh silent connection was kept")
 	}
 	if closedSoon(held[0], 100*time.Millisecond) {
 		t.Fatal("a connection within the bounds was closed")
 	}
-	if n := value(t, s.metrics.refused[reasonPending]); n != 2 {
-		t.Fatalf("refused pending = %v, want 2", n)
+	if n := value(t, s.metrics.refused[reasonPending]); n != 3 {
+		t.Fatalf("refused pending = %v, want 3", n)
 	}
 	// A connection that sends CONNECT no longer counts: after one of
 	// 127.0.0.2's sends it, another may wait.
@@ -305,13 +364,39 @@ func TestPendingConnectionsBounded(t *testing.T) {
 	}
 }
 
-// During a flood of silent connections from 20 addresses, each at its
-// bound, a real device connects within 1 s.
+// Attack: 128 addresses, each at its bound of 32 silent connections,
+// filled all 4,096 places for connections without CONNECT, and every
+// other client was closed at accept. Now the addresses of one network
+// (here 16 addresses of one /24, 512 connections) hold at most
+// maxPendingPerPrefix places together, and a device of another network
+// connects.
+func TestPendingConnectionsPerNetwork(t *testing.T) {
+	s := startServer(t, &recorder{}, Options{Credentials: testCreds(t), ConnectsPerSecond: 10000, Registerer: prometheus.NewRegistry()})
+	addr := tcpAddr(s)
+	attempts := 0
+	for a := range 16 {
+		attempts += len(silentConns(t, addr, fmt.Sprintf("127.0.3.%d", a+1), maxPendingPerAddr))
+	}
+	refused := float64(attempts - maxPendingPerPrefix)
+	eventually(t, 10*time.Second, "the connections beyond the /24's bound refused", func() bool {
+		return value(t, s.metrics.refused[reasonPending]) >= refused
+	})
+	s.pend.mu.Lock()
+	held := s.pend.n
+	s.pend.mu.Unlock()
+	if n := value(t, s.metrics.refused[reasonPending]); held != maxPendingPerPrefix || n != refused {
+		t.Fatalf("one /24 holds %d connections without CONNECT (%v refused), want %d", held, n, maxPendingPerPrefix)
+	}
+	mustConnectV5(t, s, "dev-1", "secret-1")
+}
+
+// During a flood of silent connections from 20 addresses of 20 networks,
+// each at its bound, a real device connects within 1 s.
 func TestSilentConnectionFlood(t *testing.T) {
 	s := startServer(t, &recorder{}, Options{Credentials: testCreds(t), ConnectsPerSecond: 10000, Registerer: prometheus.NewRegistry()})
 	addr := tcpAddr(s)
 	for a := range 20 {
-		src := fmt.Sprintf("127.0.2.%d", a+1)
+		src := fmt.Sprintf("127.0.%d.1", a+10)
 		silentConns(t, addr, src, maxPendingPerAddr)
 		if extra := silentConns(t, addr, src, 1)[0]; !closedSoon(extra, 2*time.Second) {
 			t.Fatalf("%s: a silent connection beyond %d was kept", src, maxPendingPerAddr)

@@ -15,7 +15,12 @@
 // overloaded gateway, or Credentials that report gateway.ErrOverloaded
 // (no password check slot) get "server busy" (0x89; 3.1.1: 0x03 "server
 // unavailable"). A device that already has limits.max_sessions_per_device
-// sessions gets "quota exceeded" (0x97; 3.1.1: 0x03).
+// sessions gets "quota exceeded" (0x97; 3.1.1: 0x03). Anonymous
+// devices are bounded apart: AnonymousConnectsPerSecond per source
+// network (0x9F; 3.1.1: 0x03), and the session table's
+// MaxAnonymousDevices (gateway.ErrAnonymousLimit: 0x97; 3.1.1: 0x03).
+//
+// Retained messages are bounded per device and in all (retained.go).
 //
 // Revocation. SetCredentials (a reload of the devices file) disconnects
 // every connection whose device's credentials changed or went away (MQTT
@@ -37,9 +42,12 @@
 // 3.1.1: 0x03), and 250 times as many TCP connects per source address,
 // which the devices behind a NAT share (excess connections are closed at
 // accept, before any CONNECT is read); connections that have not sent
-// CONNECT yet are bounded per source address (32) and in all (4096),
-// beyond which a new one is closed at accept; MaxPendingWrites bounds the packets queued
-// for a client, which is disconnected when it overflows. A connection
+// CONNECT yet are bounded per source address (32), per source network
+// (256 per /24 or /64) and in all (4096), beyond which a new one is
+// closed at accept; MaxPendingWrites bounds the packets queued
+// for a client, which is disconnected when it overflows; MaxInflight
+// bounds the QoS 1/2 messages held for a client (sent and not
+// acknowledged, or queued for its persistent session). A connection
 // must finish TLS and send CONNECT within 10 s. A session left by an
 // MQTT 5 client with a session expiry interval, or by a 3.1.1 client
 // without clean session, is kept at most maxSessionExpiry.
@@ -70,10 +78,17 @@ import (
 // Defaults for the zero values of the Options limits; they match the
 // shipped configuration.
 const (
-	DefaultMaxPacketSize     = 65536
-	DefaultMaxClients        = 100000
-	DefaultConnectsPerSecond = 20
-	DefaultMaxPendingWrites  = 64
+	DefaultMaxPacketSize          = 65536
+	DefaultMaxClients             = 100000
+	DefaultConnectsPerSecond      = 20
+	DefaultMaxPendingWrites       = 64
+	DefaultMaxInflight            = 32
+	DefaultRetainedPerDevice      = 16
+	DefaultRetainedBytesPerDevice = 64 << 10
+	DefaultRetainedBytes          = 64 << 20
+	// DefaultAnonymousConnectsPerSecond is
+	// limits.anonymous_connects_per_second.
+	DefaultAnonymousConnectsPerSecond = 100
 )
 
 // Fixed broker tuning. Device traffic is small packets, so the buffers
@@ -87,8 +102,6 @@ const (
 	maxSessionExpiry = 10 * 60
 	// receiveMaximum bounds unacknowledged QoS 1/2 PUBLISHes per client.
 	receiveMaximum = 64
-	// maxInflight bounds the QoS messages stored for one client.
-	maxInflight = 256
 	// topicAliasMaximum bounds the topic aliases a client may set.
 	topicAliasMaximum = 16
 	// sysTopicInterval: the $SYS topics (which no device may read) are
@@ -120,6 +133,19 @@ type Options struct {
 	Lease time.Duration
 	// Limits; zero means the Default… constant, negative is an error.
 	MaxPacketSize, MaxClients, ConnectsPerSecond, MaxPendingWrites int
+	// MaxInflight bounds the QoS 1/2 messages the broker holds for one
+	// client: sent and not acknowledged, or queued for a persistent
+	// session while its client is away; beyond it a message to the
+	// client is dropped (at most 65535).
+	MaxInflight int
+	// RetainedPerDevice and RetainedBytesPerDevice bound one device's
+	// retained messages, RetainedBytes all devices' (retained.go).
+	RetainedPerDevice, RetainedBytesPerDevice, RetainedBytes int
+	// AnonymousConnectsPerSecond bounds the CONNECTs admitted without a
+	// password from one source network (ratelimit.Prefix: /24, /64),
+	// with bursts of as many; beyond it CONNACK "connection rate
+	// exceeded" (0x9F; 3.1.1: 0x03).
+	AnonymousConnectsPerSecond int
 	// Clock stamps evidence and drives the connect rate limit; nil means
 	// gateway.SystemClock.
 	Clock gateway.Clock
@@ -147,7 +173,9 @@ type Server struct {
 	lease     atomic.Int64                         // presence.lease in force
 	rate      *ratelimit.Limiter[netip.Addr]       // connects per source address
 	devRate   *ratelimit.Limiter[gateway.DeviceID] // CONNECTs per device
+	anonRate  *ratelimit.Limiter[netip.Prefix]     // anonymous CONNECTs per source network
 	pend      *pendingConns
+	retained  *retainedQuota
 	maxConns  int64
 	conns     atomic.Int64 // admitted connections (max_clients slots)
 	connSeq   atomic.Uint64
@@ -185,26 +213,29 @@ func New(obs gateway.Observer, o Options) (*Server, error) {
 	if err := o.check(); err != nil {
 		return nil, fmt.Errorf("mqtt: %w", err)
 	}
-	m, err := newMetrics(o.Registerer)
-	if err != nil {
-		return nil, fmt.Errorf("mqtt: %w", err)
-	}
 	s := &Server{
 		obs:       obs,
 		clock:     o.Clock,
 		log:       o.Logger,
-		metrics:   m,
 		gatewayID: o.Gateway,
 		epoch:     o.Epoch,
 		prefix:    o.TopicPrefix,
 		allowAnon: o.AllowAnonymous,
 		rate:      ratelimit.New[netip.Addr](ratelimit.AddressFactor * cmp.Or(o.ConnectsPerSecond, DefaultConnectsPerSecond)),
 		devRate:   ratelimit.New[gateway.DeviceID](cmp.Or(o.ConnectsPerSecond, DefaultConnectsPerSecond)),
-		pend:      newPendingConns(maxPendingPerAddr, maxPending),
+		pend:      newPendingConns(maxPendingPerAddr, maxPendingPerPrefix, maxPending),
 		maxConns:  int64(cmp.Or(o.MaxClients, DefaultMaxClients)),
 		done:      make(chan struct{}),
 		live:      make(map[*conn]admission),
 	}
+	s.anonRate = ratelimit.New[netip.Prefix](cmp.Or(o.AnonymousConnectsPerSecond, DefaultAnonymousConnectsPerSecond))
+	s.retained = newRetainedQuota(cmp.Or(o.RetainedPerDevice, DefaultRetainedPerDevice),
+		cmp.Or(o.RetainedBytesPerDevice, DefaultRetainedBytesPerDevice), cmp.Or(o.RetainedBytes, DefaultRetainedBytes))
+	m, err := newMetrics(o.Registerer, s.retained.usage)
+	if err != nil {
+		return nil, fmt.Errorf("mqtt: %w", err)
+	}
+	s.metrics = m
 	if s.clock == nil {
 		s.clock = gateway.SystemClock{}
 	}
@@ -225,7 +256,7 @@ func New(obs gateway.Observer, o Options) (*Server, error) {
 	caps.MaximumClientWritesPending = int32(cmp.Or(o.MaxPendingWrites, DefaultMaxPendingWrites))
 	caps.MaximumSessionExpiryInterval = maxSessionExpiry
 	caps.ReceiveMaximum = receiveMaximum
-	caps.MaximumInflight = maxInflight
+	caps.MaximumInflight = uint16(cmp.Or(o.MaxInflight, DefaultMaxInflight))
 	caps.TopicAliasMaximum = topicAliasMaximum
 	s.broker = mochi.New(&mochi.Options{
 		Capabilities:             caps,
@@ -254,10 +285,13 @@ func (o *Options) check() error {
 		return fmt.Errorf("heartbeat interval %v must be positive", o.HeartbeatInterval)
 	case o.Credentials == nil && !o.AllowAnonymous:
 		return errors.New("no credentials and anonymous devices not allowed")
-	case o.MaxPacketSize < 0, o.MaxClients < 0, o.ConnectsPerSecond < 0, o.MaxPendingWrites < 0:
+	case o.MaxPacketSize < 0, o.MaxClients < 0, o.ConnectsPerSecond < 0, o.MaxPendingWrites < 0, o.MaxInflight < 0,
+		o.RetainedPerDevice < 0, o.RetainedBytesPerDevice < 0, o.RetainedBytes < 0, o.AnonymousConnectsPerSecond < 0:
 		return errors.New("negative limit")
 	case o.MaxPendingWrites > math.MaxInt32:
 		return fmt.Errorf("max pending writes %d too large", o.MaxPendingWrites)
+	case o.MaxInflight > math.MaxUint16:
+		return fmt.Errorf("max inflight %d too large", o.MaxInflight)
 	case o.MaxPacketSize > 268435460: // MQTT's largest packet
 		return fmt.Errorf("max packet size %d too large", o.MaxPacketSize)
 	}
@@ -383,7 +417,9 @@ func (s *Server) leaseOf(c *conn) time.Duration {
 // (SIGHUP reload of the devices file; c may be the same Reloadable as
 // before, reloaded) and disconnects the connections they revoke: those
 // whose device's Revision changed (removed, new password) or, for
-// anonymous ones, became listed. A nil c is refused with a warning, as
+// anonymous ones, became listed. The retained messages of a removed
+// device, and those an anonymous device sent before it became listed,
+// are dropped (DropRetained). A nil c is refused with a warning, as
 // the CoAP server does.
 func (s *Server) SetCredentials(c gateway.Credentials) {
 	if c == nil {
@@ -403,6 +439,7 @@ func (s *Server) SetCredentials(c gateway.Credentials) {
 	for _, cl := range revoked {
 		s.revoke(cl)
 	}
+	s.dropChanged(box)
 }
 
 // revision is the Revision of device, "" without credentials.
@@ -411,6 +448,15 @@ func (b *credentials) revision(device gateway.DeviceID) string {
 		return ""
 	}
 	return b.c.Revision(device)
+}
+
+// checkPassword checks device's password from address from, with the
+// address when the credentials take it.
+func (b *credentials) checkPassword(device gateway.DeviceID, from netip.Addr, password []byte) error {
+	if sc, ok := b.c.(gateway.SourceCredentials); ok {
+		return sc.CheckPasswordFrom(device, from, password)
+	}
+	return b.c.CheckPassword(device, password)
 }
 
 // admission is what a connection was admitted with.
@@ -523,13 +569,15 @@ func (s *Server) release(c *conn) {
 // errNotAuthorized refuses a CONNECT's credentials.
 var errNotAuthorized = errors.New("not authorized")
 
-// authorize checks a CONNECT's credentials for device, with the
-// credentials box it returns: nil, or errNotAuthorized, or
+// authorize checks a CONNECT's credentials for device, sent from address
+// from (the backoff of wrong passwords is kept per address when the
+// Credentials take it), with the credentials box it returns: nil, or
+// errNotAuthorized, or
 // gateway.ErrOverloaded when the Credentials are (no password check slot:
 // the Credentials bound the bcrypt work, see auth). A device without a
 // password is admitted only with AllowAnonymous and only when it is not
 // listed: anonymous access never covers a device of the devices file.
-func (s *Server) authorize(device gateway.DeviceID, pk packets.Packet) (string, *credentials, error) {
+func (s *Server) authorize(device gateway.DeviceID, from netip.Addr, pk packets.Packet) (string, *credentials, error) {
 	box := s.creds.Load()
 	if pk.Connect.UsernameFlag && string(pk.Connect.Username) != string(device) {
 		return "", box, errNotAuthorized
@@ -541,7 +589,7 @@ func (s *Server) authorize(device gateway.DeviceID, pk packets.Packet) (string, 
 		}
 		return "", box, errNotAuthorized
 	}
-	if err := box.c.CheckPassword(device, pk.Connect.Password); err != nil {
+	if err := box.checkPassword(device, from, pk.Connect.Password); err != nil {
 		if errors.Is(err, gateway.ErrOverloaded) {
 			return "", box, fmt.Errorf("password check: %w", err)
 		}
@@ -558,8 +606,9 @@ func (s *Server) topicRoot(device gateway.DeviceID) string {
 	return s.prefix + "/" + string(device)
 }
 
-// observe hands one piece of evidence to the Observer and counts it.
-func (s *Server) observe(d gateway.DeviceID, sess gateway.SessionID, k gateway.Kind, lease time.Duration) error {
+// observe hands one piece of evidence to the Observer and counts it; anon
+// says the device was admitted without a password.
+func (s *Server) observe(d gateway.DeviceID, sess gateway.SessionID, k gateway.Kind, lease time.Duration, anon bool) error {
 	err := s.obs.Observe(s.ctx, gateway.Evidence{
 		Device:     d,
 		Session:    sess,
@@ -567,6 +616,7 @@ func (s *Server) observe(d gateway.DeviceID, sess gateway.SessionID, k gateway.K
 		ObservedAt: s.clock.Now(),
 		Protocol:   "mqtt",
 		Lease:      lease,
+		Anonymous:  anon,
 	})
 	if err == nil {
 		s.metrics.accepted(k)

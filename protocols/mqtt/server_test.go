@@ -422,10 +422,12 @@ func TestMaxClients(t *testing.T) {
 
 // Connects are limited per device (after CONNECT names it) and, 250 times
 // higher, per source address: devices behind one NAT address reconnect
-// together after a restart.
+// together after a restart. (The devices are anonymous: their own bound
+// per source network is lifted here, TestAnonymousConnectsPerNetwork
+// has it.)
 func TestConnectRatePerDeviceAndSource(t *testing.T) {
 	clock := clocktest.New(t0)
-	s := startServer(t, &recorder{}, Options{AllowAnonymous: true, ConnectsPerSecond: 2, Clock: clock})
+	s := startServer(t, &recorder{}, Options{AllowAnonymous: true, ConnectsPerSecond: 2, AnonymousConnectsPerSecond: 1000, Clock: clock})
 	// One device: two connects a second, then "connection rate exceeded".
 	for i := range 2 {
 		if code := dialRaw(t, tcpAddr(s)).connack(connectPacket(t, 5, "dev-a", "", 30)); code != 0 {
@@ -505,8 +507,9 @@ func TestMetricsShared(t *testing.T) {
 	for _, mf := range mfs {
 		n += len(mf.GetMetric())
 	}
-	// coap renew + mqtt connect/renew/leave, one gauge, 7 refusal reasons.
-	if n != 1+3+1+len(refusalReasons) {
+	// coap renew + mqtt connect/renew/leave, the connections gauge, the
+	// refusal reasons, and the retained refusals and bytes.
+	if n != 1+3+1+len(refusalReasons)+2 {
 		t.Fatalf("%d series", n)
 	}
 	if _, err := New(&recorder{}, Options{TCP: "127.0.0.1:0", Gateway: "gw-2", AllowAnonymous: true, HeartbeatInterval: time.Second, Registerer: reg}); err != nil {
@@ -517,13 +520,15 @@ func TestMetricsShared(t *testing.T) {
 func TestOptionsChecked(t *testing.T) {
 	ok := Options{TCP: "127.0.0.1:0", Gateway: "gw-1", AllowAnonymous: true, HeartbeatInterval: time.Second}
 	for name, mut := range map[string]func(*Options){
-		"no address":       func(o *Options) { o.TCP = "" },
-		"tls without cert": func(o *Options) { o.TLS = "127.0.0.1:0" },
-		"no heartbeat":     func(o *Options) { o.HeartbeatInterval = 0 },
-		"no credentials":   func(o *Options) { o.AllowAnonymous = false },
-		"bad gateway":      func(o *Options) { o.Gateway = "gw 1" },
-		"negative limit":   func(o *Options) { o.MaxClients = -1 },
-		"bad address":      func(o *Options) { o.TCP = "256.0.0.1:0" },
+		"no address":        func(o *Options) { o.TCP = "" },
+		"tls without cert":  func(o *Options) { o.TLS = "127.0.0.1:0" },
+		"no heartbeat":      func(o *Options) { o.HeartbeatInterval = 0 },
+		"no credentials":    func(o *Options) { o.AllowAnonymous = false },
+		"bad gateway":       func(o *Options) { o.Gateway = "gw 1" },
+		"negative limit":    func(o *Options) { o.MaxClients = -1 },
+		"negative retained": func(o *Options) { o.RetainedBytes = -1 },
+		"inflight too big":  func(o *Options) { o.MaxInflight = 65536 },
+		"bad address":       func(o *Options) { o.TCP = "256.0.0.1:0" },
 	} {
 		o := ok
 		mut(&o)

@@ -71,7 +71,7 @@ func (s *Server) endPersistent(device gateway.DeviceID) {
 		return
 	}
 	sess := persistentSessionID(s.gatewayID)
-	if err := s.observe(device, sess, gateway.Leave, 0); err != nil {
+	if err := s.observe(device, sess, gateway.Leave, 0, false); err != nil {
 		s.log.Debug("leave refused", "device", string(device), "session", string(sess), "err", err)
 	}
 }

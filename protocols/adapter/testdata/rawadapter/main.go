@@ -1,0 +1,66 @@
+// Command rawadapter speaks the adapter contract without the SDK, so that
+// a test can send what the SDK never would: its ready frame carries one
+// renewal of device "raw-<i>" for each age_us of its config
+// ({"age_us": [...]}), exactly as given.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"strconv"
+
+	plugin "github.com/hashicorp/go-plugin"
+	"google.golang.org/grpc"
+
+	pb "github.com/fleetgate/fleetgate/plugins/proto"
+)
+
+type server struct {
+	pb.UnimplementedAdapterServer
+	ages []int64
+}
+
+var _ pb.AdapterServer = (*server)(nil)
+
+func (s *server) Info(context.Context, *pb.InfoRequest) (*pb.InfoResponse, error) {
+	return &pb.InfoResponse{Name: "rawadapter", Version: "1"}, nil
+}
+
+func (s *server) Configure(_ context.Context, r *pb.ConfigureRequest) (*pb.ConfigureResponse, error) {
+	var c struct {
+		AgeUs []int64 `json:"age_us"`
+	}
+	if err := json.Unmarshal(r.GetConfig(), &c); err != nil {
+		return nil, err
+	}
+	s.ages = c.AgeUs
+	return &pb.ConfigureResponse{}, nil
+}
+
+func (s *server) Evidence(_ *pb.EvidenceRequest, stream grpc.ServerStreamingServer[pb.EvidenceFrame]) error {
+	f := &pb.EvidenceFrame{Ready: true}
+	for i, age := range s.ages {
+		f.Evidence = append(f.Evidence, &pb.Evidence{Kind: pb.Kind_KIND_RENEW, Device: "raw-" + strconv.Itoa(i), AgeUs: age})
+	}
+	if err := stream.Send(f); err != nil {
+		return err
+	}
+	<-stream.Context().Done()
+	return nil
+}
+
+func (s *server) Health(context.Context, *pb.HealthRequest) (*pb.HealthResponse, error) {
+	return &pb.HealthResponse{Status: "ok"}, nil
+}
+
+func (s *server) Shutdown(context.Context, *pb.ShutdownRequest) (*pb.ShutdownResponse, error) {
+	return &pb.ShutdownResponse{}, nil
+}
+
+func main() {
+	plugin.Serve(&plugin.ServeConfig{
+		HandshakeConfig:  pb.Handshake,
+		VersionedPlugins: pb.VersionedPlugins(&server{}),
+		GRPCServer:       plugin.DefaultGRPCServer,
+	})
+}
