@@ -37,6 +37,7 @@ func RunCoverage(t *testing.T, open GraceOpener) {
 		{"WriteDoesNotDropUncovered", testWriteKeepsUncovered},
 		{"HeardGatewayBehindIsWaitedFor", testHeardLaggard},
 		{"NoCoverageReportedReapsAsBefore", testNoCoverage},
+		{"Property", checkCoverageProperty},
 	} {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(t, open) })
 	}
