@@ -126,6 +126,13 @@ type Write struct {
 	// travels with the evidence through the queue and the outbox, so a
 	// reload changes nothing already observed); 0 means Batch.Lease.
 	Lease time.Duration
+	// Coalesced says that this connect or renew stands for several
+	// observations of its session, of which the sender kept only the
+	// newest (its sending was held up, and its queue merged them): as for
+	// Batch.Replay, the store allows it up to the gateway grace after its
+	// session's deadline, since what bridged the delay may be gone. The
+	// other writes of the batch keep the plain rule.
+	Coalesced bool
 }
 
 // LeaseOr is the write's lease: its own, else the batch's lease def.
@@ -159,13 +166,6 @@ type Batch struct {
 	// renewals that bridged the gap were acknowledged by the lost state);
 	// otherwise it is a renewal.
 	Restore bool
-	// Coalesced says that some connects or renews of the batch stand for
-	// several observations of their session, of which the sender kept
-	// only the newest (its sending was held up, and its queue merged
-	// them): as for Replay, the store allows them up to the gateway grace
-	// after their session's deadline, since what bridged the delay may be
-	// gone.
-	Coalesced bool
 	// Covers says that CoverAge is set: every evidence the gateway
 	// observed for the batch's shard up to CoverAge before the call was
 	// made is in this batch or in a call the store applied before it.

@@ -72,7 +72,8 @@ var (
 // last store outage the caller saw), or at the end of the grace when it
 // is not. Evidence observed before the held deadline keeps it (no
 // event), and so does replayed or coalesced evidence (Batch.Replay,
-// Batch.Coalesced) observed at most the grace after a session's
+// Write.Coalesced: per write, so a plain write of the same batch keeps
+// the plain rule) observed at most the grace after a session's
 // deadline, held or not: an outbox or a held-up queue keeps only a
 // session's newest evidence, so what bridged an outage may be gone.
 // At the end of the grace a held device is reaped with its true

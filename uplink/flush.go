@@ -94,7 +94,7 @@ func (u *Uplink) flushOnce(ctx context.Context, force bool) error {
 		var items [][]item
 		for shard, its := range taken {
 			if len(its) > 0 {
-				ws = append(ws, shardWrites{shard: shard, tws: appendWrites(nil, its), coalesced: slices.ContainsFunc(its, merged)})
+				ws = append(ws, shardWrites{shard: shard, tws: appendWrites(nil, its)})
 				items = append(items, its)
 			}
 		}
@@ -124,16 +124,11 @@ func (u *Uplink) flushOnce(ctx context.Context, force bool) error {
 	return nil
 }
 
-// shardWrites is one shard's writes for a store call; coalesced says
-// that some stand for several observations (gateway.Batch.Coalesced).
+// shardWrites is one shard's writes for a store call.
 type shardWrites struct {
-	shard     int
-	tws       []timedWrite
-	coalesced bool
+	shard int
+	tws   []timedWrite
 }
-
-// merged reports whether it stands for several observations.
-func merged(it item) bool { return it.merged }
 
 // writeKind says what a write call carries.
 type writeKind int
@@ -174,7 +169,6 @@ func (u *Uplink) write(ctx context.Context, t timing, kind writeKind, ws []shard
 	for _, w := range ws {
 		b := u.batch(t, kind == replayWrite, behind, withAges(w.tws, now))
 		b.Restore = kind == restoreWrite
-		b.Coalesced = w.coalesced
 		batches = append(batches, gateway.ShardBatch{Shard: w.shard, Batch: b})
 	}
 	has := make([]bool, u.shards)

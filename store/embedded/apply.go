@@ -161,11 +161,16 @@ func (w *writer) apply(b *gateway.Batch, wr *gateway.Write) error {
 	}
 	// Late but valid evidence: a connect or renew observed at or before
 	// its session's deadline extends that session even when the deadline
-	// has passed by now (an outage delayed it): no offline, no online.
+	// has passed by now (an outage delayed it): no offline, no online. A
+	// replayed or coalesced write may be up to the gateway grace late, a
+	// restore any late (see lua/apply.lua).
 	var late gateway.SessionID
 	if wr.Kind != gateway.Leave && d > w.now {
-		// (a restore may be any late: see lua/apply.lua)
-		if i := r.find(wr.Session); i >= 0 && r.sessions[i].deadline <= w.now && (b.Restore || obs <= r.sessions[i].deadline) {
+		var grace int64
+		if b.Replay || wr.Coalesced {
+			grace = w.s.grace
+		}
+		if i := r.find(wr.Session); i >= 0 && r.sessions[i].deadline <= w.now && (b.Restore || obs <= r.sessions[i].deadline+grace) {
 			late = wr.Session
 		}
 	}

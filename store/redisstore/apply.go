@@ -215,7 +215,7 @@ func (s *Store) applyArgs(ctx context.Context, shard int, b gateway.Batch, bel *
 		sessions, ages, devices = joinSessions(b.Writes, order, nfast), packAges(b.Writes, order, nfast), joinDevices(b.Writes, order, nfast)
 		beliefAt = strconv.FormatInt(oldest, 10)
 	}
-	args := make([]any, 0, 18+writeArgs*(len(b.Writes)-nfast))
+	args := make([]any, 0, 19+writeArgs*(len(b.Writes)-nfast))
 	replay, behind := "0", "0"
 	switch {
 	case b.Restore:
@@ -226,9 +226,14 @@ func (s *Store) applyArgs(ctx context.Context, shard int, b gateway.Batch, bel *
 	if b.Behind {
 		behind = "1"
 	}
-	replayGrace := int64(0)
-	if b.Replay || b.Coalesced {
+	// The grace of late evidence: every write of a replay, else the
+	// coalesced writes (one byte per write in batch order, 1 for a
+	// coalesced one; "" for none).
+	replayGrace, graced := int64(0), ""
+	if b.Replay {
 		replayGrace = s.grace
+	} else if slices.ContainsFunc(b.Writes, func(w gateway.Write) bool { return w.Coalesced }) {
+		replayGrace, graced = s.grace, gracedWrites(b.Writes)
 	}
 	// The header, in the order of apply.lua's A_ positions.
 	args = append(args,
@@ -250,6 +255,7 @@ func (s *Store) applyArgs(ctx context.Context, shard int, b gateway.Batch, bel *
 		beliefAt,                        // A_BELIEFAT
 		seen,                            // A_SEEN
 		s.covered(b),                    // A_COVERED
+		graced,                          // A_GRACED
 	)
 	// From A_WRITES on: the other writes, writeArgs arguments each.
 	for i, w := range b.Writes {
@@ -259,6 +265,19 @@ func (s *Store) applyArgs(ctx context.Context, shard int, b gateway.Batch, bel *
 		}
 	}
 	return args, nil
+}
+
+// gracedWrites is apply.lua's A_GRACED for writes: one byte per write,
+// 1 for a coalesced one (gateway.Write.Coalesced), else 0.
+func gracedWrites(ws []gateway.Write) string {
+	b := make([]byte, len(ws))
+	for i, w := range ws {
+		b[i] = '0'
+		if w.Coalesced {
+			b[i] = '1'
+		}
+	}
+	return string(b)
 }
 
 // applyResult reads the apply script's reply (or the error of its call)

@@ -38,6 +38,7 @@ func RunCoverage(t *testing.T, open GraceOpener) {
 		{"HeardGatewayBehindIsWaitedFor", testHeardLaggard},
 		{"NoCoverageReportedReapsAsBefore", testNoCoverage},
 		{"Property", checkCoverageProperty},
+		{"CoalescedWriteHasTheGrace", testCoalescedWriteHasTheGrace},
 	} {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(t, open) })
 	}
@@ -227,4 +228,37 @@ func testNoCoverage(t *testing.T, open GraceOpener) {
 	e.apply(batch(gwA, 1, wr(devicesIn(t, 2, 0, 2, "other")[1], "x", gateway.Connect, 0)))
 	e.clock.Advance(2 * time.Second)
 	checkOffline(t, "reap of a device of a gateway without coverage", e.reap(0, 100).Offline, d, gateway.ReasonExpired, dl)
+}
+
+// Renewals observed a second after their sessions' deadlines, in one
+// batch with a coverage past them: a coalesced one (Write.Coalesced)
+// stands for several observations whose older ones bridged the gap, so
+// within the grace it extends its session with no event; a plain one of
+// the same batch is new evidence after a gap (expired, then online
+// again). A replayed one (Batch.Replay) has the grace too.
+func testCoalescedWriteHasTheGrace(t *testing.T, open GraceOpener) {
+	e := newCoverEnv(t, open, 2)
+	devs := devicesIn(t, e.shards, 0, 3, "late")
+	var ws []gateway.Write
+	for _, d := range devs {
+		ws = append(ws, wr(d, "s1", gateway.Connect, 0))
+	}
+	e.apply(covering(batch(gwA, 1, ws...), 0))
+	e.clock.Advance(lease + 2*time.Second)
+	coalesced := wr(devs[0], "s1", gateway.Renew, time.Second)
+	coalesced.Coalesced = true
+	evs := e.apply(covering(batch(gwA, 1, coalesced, wr(devs[1], "s1", gateway.Renew, time.Second)), 0)).Events
+	if len(evs) != 2 || evs[0].Device != devs[1] || evs[0].Reason != gateway.ReasonExpired ||
+		evs[1].Device != devs[1] || evs[1].Reason != gateway.ReasonRenew {
+		t.Fatalf("a coalesced and a plain renewal a second after their deadlines: %s; want the plain one's expired and renew only", describeEvents(evs))
+	}
+	if evs := e.apply(covering(replayed(batch(gwA, 1, wr(devs[2], "s1", gateway.Renew, time.Second))), 0)).Events; len(evs) != 0 {
+		t.Fatalf("a replayed renewal a second after its deadline: %s, want none", describeEvents(evs))
+	}
+	dl := e.now().Add(lease - time.Second)
+	for _, d := range devs {
+		if got := e.device(d); got.State != gateway.Online || !got.Deadline.Equal(dl) {
+			t.Errorf("device %s: %+v, want online until %v", d, got, dl)
+		}
+	}
 }
