@@ -117,6 +117,13 @@ type Writer interface {
 	// The uplink writes through it alone: flushes, the epoch announcement
 	// and outbox replays.
 	ApplyShards(ctx context.Context, batches []ShardBatch) []ShardResult
+	// Probe reports, per shard, whether the part of the store that holds
+	// it answers (nil) or not, in one round trip (one per Cluster node,
+	// in parallel), by reading it: it writes nothing, records no epoch
+	// and no liveness, so the first write after an outage is still the
+	// caller's own (the uplink probes the shards it found down before it
+	// replays their outbox entries). The result has one entry per shard.
+	Probe(ctx context.Context, shards []int) []error
 	// Now is the store's clock.
 	Now(ctx context.Context) (time.Time, error)
 }

@@ -1,6 +1,7 @@
 package embedded
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -88,6 +89,19 @@ func (s *Store) ApplyShards(ctx context.Context, batches []gateway.ShardBatch) [
 			out[i].Err = fmt.Errorf("%s: %w", op, err)
 		default:
 			out[i].Result = gateway.ApplyResult{Events: events[i]}
+		}
+	}
+	return out
+}
+
+// Probe answers for every valid shard whose file can be read (the
+// embedded store has no part that can be down while the others answer).
+func (s *Store) Probe(ctx context.Context, shards []int) []error {
+	out := make([]error, len(shards))
+	read := s.db.View(func(*bolt.Tx) error { return nil })
+	for i, sh := range shards {
+		if err := cmp.Or(s.checkShard(ctx, sh), read); err != nil {
+			out[i] = fmt.Errorf("embedded: probe: %w", err)
 		}
 	}
 	return out

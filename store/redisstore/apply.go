@@ -50,21 +50,35 @@ func (s *Store) ApplyShards(ctx context.Context, batches []gateway.ShardBatch) [
 	return s.applyShards(ctx, c, batches)
 }
 
-// applyShards is ApplyShards on client c. With WaitReplicas, each
-// master's batches go on one connection to it, and the wait runs there
-// after them (waitFor): WAIT counts the replicas that have the writes of
-// its own connection. The masters are served in parallel.
+// applyShards is ApplyShards on client c: one pipeline per master, the
+// masters in parallel. Without WaitReplicas each pipeline runs on c (a
+// Cluster client then follows MOVED and ASK); one go-redis Cluster
+// pipeline over every master would not do: when it waits for a hung
+// master and retries it, it sets the context's error on every command,
+// those the other masters answered too, and a hung master would fail
+// every shard. With WaitReplicas, each master's batches go on one
+// connection to it, and the wait runs there after them (waitFor): WAIT
+// counts the replicas that have the writes of its own connection.
 func (s *Store) applyShards(ctx context.Context, c redis.UniversalClient, batches []gateway.ShardBatch) []gateway.ShardResult {
 	out := make([]gateway.ShardResult, len(batches))
 	bels, unlock := s.beliefs.lockAll(batches)
 	defer unlock()
-	if s.waitReplicas == 0 {
-		s.applyOn(ctx, c, batches, all(len(batches)), bels, out)
-		return out
+	shards := make([]int, len(batches))
+	for i, sb := range batches {
+		shards[i] = sb.Shard
+	}
+	errs := make([]error, len(batches))
+	groups := s.masters(ctx, c, "apply", shards, errs)
+	for i, err := range errs {
+		out[i].Err = err
 	}
 	var wg sync.WaitGroup
-	for node, idx := range s.masters(ctx, c, batches, out) {
+	for node, idx := range groups {
 		wg.Go(func() {
+			if s.waitReplicas == 0 {
+				s.applyOn(ctx, c, batches, idx, bels, out)
+				return
+			}
 			conn := node.Conn()
 			defer conn.Close()
 			s.applyOn(ctx, conn, batches, idx, bels, out)
@@ -75,24 +89,49 @@ func (s *Store) applyShards(ctx context.Context, c redis.UniversalClient, batche
 	return out
 }
 
-// all is the indexes 0 to n-1.
-func all(n int) []int {
-	idx := make([]int, n)
-	for i := range idx {
-		idx[i] = i
+// Probe reads one key of each shard (EXISTS of its deadline index), in
+// one pipeline per master (as applyShards, so that a hung master fails
+// its own shards only), on the master that holds it; a shard whose
+// master answers is up.
+func (s *Store) Probe(ctx context.Context, shards []int) []error {
+	errs := make([]error, len(shards))
+	c, err := s.client()
+	if err != nil {
+		for i := range errs {
+			errs[i] = err
+		}
+		return errs
 	}
-	return idx
+	cmds := make([]*redis.IntCmd, len(shards))
+	var wg sync.WaitGroup
+	for _, idx := range s.masters(ctx, c, "probe", shards, errs) {
+		wg.Go(func() {
+			_, _ = c.Pipelined(ctx, func(p redis.Pipeliner) error {
+				for _, i := range idx {
+					cmds[i] = p.Exists(ctx, s.keys[shards[i]].data[0])
+				}
+				return nil
+			})
+		})
+	}
+	wg.Wait()
+	for i, cmd := range cmds {
+		if cmd != nil && cmd.Err() != nil {
+			errs[i] = unavailable("probe", cmd.Err())
+		}
+	}
+	return errs
 }
 
-// masters groups the batches (their indexes) by the client of the master
-// that holds their shard: c itself for a standalone server, the node's
-// client (from the slot map, as a pipeline would route them) on a
-// Cluster. A batch whose master is not known gets its error in out.
-func (s *Store) masters(ctx context.Context, c redis.UniversalClient, batches []gateway.ShardBatch, out []gateway.ShardResult) map[*redis.Client][]int {
+// masters groups the indexes of shards by the client of the master that
+// holds each: c itself for a standalone server, the node's client (from
+// the slot map, as a pipeline would route them) on a Cluster. A shard
+// out of range or whose master is not known gets its error in errs (op
+// names the call).
+func (s *Store) masters(ctx context.Context, c redis.UniversalClient, op string, shards []int, errs []error) map[*redis.Client][]int {
 	groups := make(map[*redis.Client][]int)
-	for i, sb := range batches {
-		if err := s.checkShard("apply", sb.Shard); err != nil {
-			out[i].Err = err
+	for i, sh := range shards {
+		if errs[i] = s.checkShard(op, sh); errs[i] != nil {
 			continue
 		}
 		var node *redis.Client
@@ -100,14 +139,14 @@ func (s *Store) masters(ctx context.Context, c redis.UniversalClient, batches []
 		case *redis.Client:
 			node = c
 		case *redis.ClusterClient:
-			n, err := c.MasterForKey(ctx, s.keys[sb.Shard].data[0])
+			n, err := c.MasterForKey(ctx, s.keys[sh].data[0])
 			if err != nil {
-				out[i].Err = unavailable("apply: master of the shard", err)
+				errs[i] = unavailable(op+": master of the shard", err)
 				continue
 			}
 			node = n
 		default:
-			out[i].Err = fmt.Errorf("redisstore: wait_replicas needs a standalone server or a Cluster, not a %T", c)
+			errs[i] = fmt.Errorf("redisstore: %s needs a standalone server or a Cluster, not a %T", op, c)
 			continue
 		}
 		groups[node] = append(groups[node], i)
