@@ -153,9 +153,10 @@ type Batch struct {
 	// Replay marks writes replayed from the outbox: an online event they
 	// cause carries ReasonReplay.
 	Replay bool
-	// Behind says that the gateway's outbox still holds writes: until it
-	// has caught up, the store's runner holds (does not reap) the devices
-	// it wrote last (gateway grace).
+	// Behind says that the gateway's outbox still holds writes of the
+	// batch's shard: until it has caught up there, the store's runner
+	// holds (does not reap) the devices of the shard it wrote last
+	// (gateway grace).
 	Behind bool
 	// Restore marks renewals that re-send this gateway's live sessions of
 	// a shard after the store lost or replaced its state there

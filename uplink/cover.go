@@ -13,7 +13,9 @@ import (
 // of them:
 //
 //   - the shard's queue (what this call did not take),
-//   - the outbox (any shard: a lower bound for every shard),
+//   - the outbox, when it holds entries of the shard (its oldest entry,
+//     of any shard, is a lower bound of the shard's oldest; another
+//     shard's entries do not hold this one back),
 //   - an Enqueue waiting for room in a full queue (blocked),
 //   - on its way from a front end's read to Enqueue: a flush interval is
 //     allowed for it (the margin).
@@ -66,7 +68,11 @@ func (b *blocked) oldest() time.Time {
 // and a margin before now.
 func (u *Uplink) coverage(shard int, now time.Time, margin time.Duration) time.Time {
 	c := now
-	for _, o := range [...]time.Time{u.ob.Oldest(), u.blocked.oldest(), u.queues[shard].oldest()} {
+	var buffered time.Time
+	if u.ob.holds(shard) {
+		buffered = u.ob.Oldest()
+	}
+	for _, o := range [...]time.Time{buffered, u.blocked.oldest(), u.queues[shard].oldest()} {
 		if !o.IsZero() && o.Before(c) {
 			c = o
 		}

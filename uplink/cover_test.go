@@ -54,8 +54,9 @@ func TestFlushCoverage(t *testing.T) {
 	}
 }
 
-// Evidence in the outbox, and evidence whose Enqueue waits for room,
-// hold every shard's coverage before them.
+// Evidence in the outbox holds the coverage of its shard before it, and
+// not another shard's; evidence whose Enqueue waits for room holds every
+// shard's.
 func TestCoverageStopsBeforeOutboxAndBlocked(t *testing.T) {
 	const interval = time.Second
 	u, e := newEmbeddedUplink(t, Options{FlushInterval: interval, MaxBatch: 2, QueueLimit: 2})
@@ -66,8 +67,9 @@ func TestCoverageStopsBeforeOutboxAndBlocked(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.clock.Advance(5 * time.Second)
-	// the outbox is replayed first: a flush while it holds anything
-	// moves the queue there, so ask the replay call for its coverage
+	// the outbox is replayed first: a flush while it holds anything of
+	// shard 2 moves shard 2's queue there, so ask the replay call for
+	// its coverage
 	rp := &replayer{u: u}
 	if err := rp.round(ctx); err != nil {
 		t.Fatal(err)
@@ -75,6 +77,9 @@ func TestCoverageStopsBeforeOutboxAndBlocked(t *testing.T) {
 	rp.wait()
 	if got, want := e.store.Covered(2), buffered.Add(-interval); got.After(want) {
 		t.Errorf("replay while the outbox held evidence of %v: coverage %v, want at most %v", buffered, got, want)
+	}
+	if got, want := e.store.Covered(0), e.clock.Now().Add(-interval); !got.Equal(want) {
+		t.Errorf("shard 0 while the outbox held shard 2's evidence: coverage %v, want %v", got, want)
 	}
 	// a full queue of shard 0 and an Enqueue waiting for room
 	devs := devicesIn(0, 3, "full")
@@ -86,13 +91,13 @@ func TestCoverageStopsBeforeOutboxAndBlocked(t *testing.T) {
 		return !u.blocked.oldest().IsZero()
 	})
 	e.clock.Advance(interval)
-	if err := u.flushOnce(ctx, false); err != nil {
-		t.Fatal(err)
-	}
 	for shard := range testShards {
-		if got, want := e.store.Covered(shard), waiting.Add(-interval); got.After(want) {
+		if got, want := u.coverage(shard, e.clock.Now(), interval), waiting.Add(-interval); got.After(want) {
 			t.Errorf("shard %d while an Enqueue of evidence of %v waits: coverage %v, want at most %v", shard, waiting, got, want)
 		}
+	}
+	if err := u.flushOnce(ctx, false); err != nil {
+		t.Fatal(err)
 	}
 	if err := <-done; err != nil {
 		t.Fatal(err)

@@ -139,7 +139,7 @@ func newEnv(t *testing.T, o Options, ob OutboxOptions, open func(db *bolt.DB, c 
 	}
 	t.Cleanup(func() { db.Close() })
 	e.db = db
-	ob.Logger, ob.Clock = testLogger(t), e.clock
+	ob.Logger, ob.Clock, ob.Shards = testLogger(t), e.clock, testShards
 	if e.ob, err = OpenOutbox(db, ob); err != nil {
 		t.Fatal(err)
 	}
@@ -310,6 +310,15 @@ func metricValue(t testing.TB, reg *prometheus.Registry, name, labelName, labelV
 	}
 	t.Fatalf("no series %s{%s=%q}", name, labelName, labelValue)
 	return 0
+}
+
+// everyShard is the want of Outbox.oldestRecords for every one of shards.
+func everyShard(shards int) []bool {
+	want := make([]bool, shards)
+	for i := range want {
+		want[i] = true
+	}
+	return want
 }
 
 // testBoot is the boot the tests' records are written in.

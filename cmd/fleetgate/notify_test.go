@@ -143,7 +143,7 @@ func TestWatchdogStopsWhileFlushStalls(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ob, err := uplink.OpenOutbox(db, uplink.OutboxOptions{})
+	ob, err := uplink.OpenOutbox(db, uplink.OutboxOptions{Shards: 4})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -124,7 +124,7 @@ func (g *gatewayProcess) run(ctx context.Context) (err error) {
 		return err
 	}
 	outbox, err := uplink.OpenOutbox(db, uplink.OutboxOptions{
-		MaxSessions: cfg.Uplink.OutboxMaxSessions, Logger: log,
+		Shards: cfg.Presence.Shards, MaxSessions: cfg.Uplink.OutboxMaxSessions, Logger: log,
 		Clock: gateway.SystemClock{}, Boot: boot,
 	})
 	if err != nil {
