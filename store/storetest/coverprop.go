@@ -88,13 +88,16 @@ func checkCoverageProperty(t *testing.T, open GraceOpener) {
 			}
 		}
 		// call writes the first n pending of g in one batch that reports
-		// the coverage a gateway would: before the oldest evidence left.
+		// the coverage a gateway would: before the oldest evidence left,
+		// and before now (evidence of this very millisecond may come
+		// after the call).
 		call := func(g *coverGateway, n int) []gateway.Event {
 			now := clock.Now()
 			cover := now
 			if n < len(g.pending) {
-				cover = slices.MinFunc(g.pending[n:], func(a, b pendingEvidence) int { return a.at.Compare(b.at) }).at.Add(-time.Millisecond)
+				cover = slices.MinFunc(g.pending[n:], func(a, b pendingEvidence) int { return a.at.Compare(b.at) }).at
 			}
+			cover = cover.Add(-time.Millisecond)
 			b := gateway.Batch{Gateway: g.name, Epoch: 1, Lease: coverLease, Covers: true, CoverAge: now.Sub(cover)}
 			for _, p := range g.pending[:n] {
 				b.Writes = append(b.Writes, gateway.Write{Device: p.device, Session: gateway.SessionID(g.name + "/x"), Kind: gateway.Renew, Age: now.Sub(p.at)})
