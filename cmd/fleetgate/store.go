@@ -21,7 +21,8 @@ func openStore(ctx context.Context, cfg configs.Config, db *bolt.DB, log *slog.L
 	if cfg.Store.Backend == configs.BackendEmbedded {
 		s, err := embedded.Open(db, embedded.Options{
 			Shards: cfg.Presence.Shards, EventsMaxLen: eventsPerShard(cfg), Logger: log,
-			GatewayGrace: cfg.Presence.GatewayGrace.Std(), GatewayRecheck: cfg.Uplink.FlushInterval.Std(), GatewaySilence: cfg.GatewaySilence(),
+			GatewayGrace: cfg.Presence.GatewayGrace.Std(), GatewayRecheck: cfg.Uplink.FlushInterval.Std(),
+			GatewayHorizon: cfg.Presence.Lease.Std() + cfg.Presence.GatewayGrace.Std(),
 		})
 		if err != nil {
 			return nil, err
@@ -40,8 +41,8 @@ func openStore(ctx context.Context, cfg configs.Config, db *bolt.DB, log *slog.L
 		Options: redisstore.Options{
 			Prefix: rc.KeyPrefix, Shards: cfg.Presence.Shards, EventsMaxLen: eventsPerShard(cfg), Logger: log,
 			GatewayGrace: cfg.Presence.GatewayGrace.Std(), GatewaySilence: cfg.GatewaySilence(), GatewayLost: cfg.Presence.Lease.Std(),
-			GatewayRecheck: cfg.Uplink.FlushInterval.Std(),
-			WaitReplicas:   rc.WaitReplicas,
+			GatewayRecheck: cfg.Uplink.FlushInterval.Std(), GatewayHorizon: cfg.Presence.Lease.Std() + cfg.Presence.GatewayGrace.Std(),
+			WaitReplicas: rc.WaitReplicas,
 		},
 		Background: background,
 		OnFatal:    func(err error) { fatal <- err },

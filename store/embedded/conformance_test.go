@@ -41,7 +41,7 @@ func openGrace(t *testing.T, shards int, now func() time.Time, grace time.Durati
 
 		GatewayGrace:   grace,
 		GatewayRecheck: storetest.CoverRecheck,
-		GatewaySilence: storetest.CoverSilence,
+		GatewayHorizon: storetest.CoverHorizon,
 	})
 	if err != nil {
 		t.Fatalf("embedded.Open: %v", err)

@@ -103,7 +103,7 @@ func (w *writer) uncovered(x session) bool {
 
 // waitFor says whether a due device must wait, and whether for the
 // gateway of one of its own sessions: one of its sessions that ran out is
-// uncovered, or a gateway heard within the silence reports coverage that
+// uncovered, or a gateway heard within the horizon reports coverage that
 // has not reached the device's deadline (the device may have moved to
 // it).
 func (w *writer) waitFor(r *record) (wait, own bool, err error) {
@@ -122,8 +122,8 @@ func (w *writer) waitFor(r *record) (wait, own bool, err error) {
 	return w.laggard.cover != 0 && w.laggard.cover < r.deadline(), false, nil
 }
 
-// slowest is the liveness of the heard gateway of the shard with the
-// least coverage (zero when none reports coverage).
+// slowest is the liveness of the gateway of the shard heard within the
+// horizon with the least coverage (zero when none reports coverage).
 func (w *writer) slowest() (liveness, error) {
 	var out liveness
 	c := w.sh.root.Cursor()
@@ -132,7 +132,7 @@ func (w *writer) slowest() (liveness, error) {
 		if err != nil {
 			return out, fmt.Errorf("liveness of %s: %w", k[len(keyCover):], err)
 		}
-		if l.cover != 0 && w.now-l.contact <= w.s.silence && (out.cover == 0 || l.cover < out.cover) {
+		if l.cover != 0 && w.now-l.contact <= w.s.horizon && (out.cover == 0 || l.cover < out.cover) {
 			out = l
 		}
 	}

@@ -40,11 +40,11 @@ type Options struct {
 	// it reports them due again (ReapResult.Next): uplink.flush_interval;
 	// default one second.
 	GatewayRecheck time.Duration
-	// GatewaySilence is the longest a live gateway goes without a store
-	// call on a shard; a gateway heard within it whose coverage has not
-	// reached a due device's deadline is waited for too (the device may
-	// have moved to it).
-	GatewaySilence time.Duration
+	// GatewayHorizon is how long after its last call on a shard a
+	// gateway's coverage still holds every due device of the shard back
+	// (a device may have moved to it; its evidence there is late but
+	// valid up to the grace): presence.lease + presence.gateway_grace.
+	GatewayHorizon time.Duration
 }
 
 // Store is the embedded presence store. It is safe for concurrent use;
@@ -58,7 +58,7 @@ type Store struct {
 	closed atomic.Bool
 	wake   wakeup // readers waiting for events (watch.go)
 
-	grace, recheck, silence int64 // ms, Options.GatewayGrace, GatewayRecheck and GatewaySilence
+	grace, recheck, horizon int64 // ms, Options.GatewayGrace, GatewayRecheck and GatewayHorizon
 }
 
 var (
@@ -91,7 +91,7 @@ func Open(db *bolt.DB, o Options) (*Store, error) {
 	}
 	s := &Store{db: db, shards: o.Shards, maxLen: uint64(o.EventsMaxLen), now: o.Now, log: o.Logger,
 		grace: o.GatewayGrace.Milliseconds(), recheck: cmp.Or(o.GatewayRecheck, time.Second).Milliseconds(),
-		silence: o.GatewaySilence.Milliseconds()}
+		horizon: o.GatewayHorizon.Milliseconds()}
 	err := db.Update(func(tx *bolt.Tx) error {
 		meta, err := tx.CreateBucketIfNotExists(bucketMeta)
 		if err != nil {

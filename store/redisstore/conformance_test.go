@@ -43,6 +43,7 @@ func graceOpener(c redis.UniversalClient) storetest.GraceOpener {
 
 			GatewayGrace:   grace,
 			GatewayRecheck: storetest.CoverRecheck,
+			GatewayHorizon: storetest.CoverHorizon,
 			GatewaySilence: storetest.CoverSilence,
 		})
 		if err != nil {

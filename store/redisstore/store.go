@@ -66,6 +66,12 @@ type Options struct {
 	// whose gateway is heard (its coverage moves on with its next flush):
 	// uplink.flush_interval; default one second.
 	GatewayRecheck time.Duration
+	// GatewayHorizon is how long after its last call on a shard a
+	// gateway's coverage still holds every due device of the shard back
+	// (a device may have moved to it; its evidence there is late but
+	// valid up to the grace): presence.lease + presence.gateway_grace.
+	// Zero waits only for the gateways of a device's own sessions.
+	GatewayHorizon time.Duration
 	// GatewaySilence is the longest a live gateway goes without a store
 	// call on a shard (its keep-alive with a margin); a gateway not heard
 	// for longer is silent.
@@ -114,6 +120,7 @@ type Store struct {
 
 	grace, silence int64 // ms, Options.GatewayGrace and GatewaySilence
 	recheck        int64 // ms, Options.GatewayRecheck
+	horizon        int64 // ms, Options.GatewayHorizon
 	lostAfter      int64 // ms, Options.GatewayLost
 	waitReplicas   int
 	waitTimeout    time.Duration
@@ -193,6 +200,7 @@ func newStore(o Options) (*Store, error) {
 		reaps:  make([]reapState, o.Shards),
 	}
 	s.recheck = cmp.Or(o.GatewayRecheck, time.Second).Milliseconds()
+	s.horizon = o.GatewayHorizon.Milliseconds()
 	s.silence = o.GatewaySilence.Milliseconds()
 	s.lostAfter = o.GatewayLost.Milliseconds()
 	s.waitReplicas, s.waitTimeout = o.WaitReplicas, o.WaitTimeout

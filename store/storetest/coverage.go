@@ -9,8 +9,9 @@ import (
 )
 
 // GraceOpener opens a fresh store like Opener, with a gateway grace of
-// grace, a gateway recheck of CoverRecheck and a gateway silence of
-// CoverSilence (the stores' options of those names).
+// grace, a gateway recheck of CoverRecheck, a gateway silence of
+// CoverSilence (the Redis store) and a gateway horizon of CoverHorizon
+// (the stores' options of those names).
 type GraceOpener func(t *testing.T, shards int, now func() time.Time, grace time.Duration) gateway.Store
 
 // The timing of the coverage cases.
@@ -19,6 +20,7 @@ const (
 	// CoverRecheck and CoverSilence are what a GraceOpener configures.
 	CoverRecheck = time.Second
 	CoverSilence = 10 * time.Second
+	CoverHorizon = lease + coverGrace
 )
 
 // RunCoverage runs the subtests of the coverage rule (gateway.Store,
@@ -36,6 +38,7 @@ func RunCoverage(t *testing.T, open GraceOpener) {
 		{"CoverageOnlyMovesForward", testCoverageForward},
 		{"WriteDoesNotDropUncovered", testWriteKeepsUncovered},
 		{"HeardGatewayBehindIsWaitedFor", testHeardLaggard},
+		{"SilentGatewayWaitedForUntilTheHorizon", testSilentLaggard},
 		{"NoCoverageReportedReapsAsBefore", testNoCoverage},
 		{"Property", checkCoverageProperty},
 		{"CoalescedWriteHasTheGrace", testCoalescedWriteHasTheGrace},
@@ -215,6 +218,37 @@ func testHeardLaggard(t *testing.T, open GraceOpener) {
 	e.cover(0, gwB, 0)
 	evs := e.reapUntil(0, e.now().Add(CoverRecheck), CoverRecheck/4)
 	checkOffline(t, "reap once B covered", evs, d, gateway.ReasonExpired, dl)
+}
+
+// Another gateway that is not heard (its link is cut), but was within the
+// horizon, is waited for too: the device may have moved to it and its
+// evidence there is late but valid up to the grace. A gateway last heard
+// beyond the horizon is not.
+func testSilentLaggard(t *testing.T, open GraceOpener) {
+	e := newCoverEnv(t, open, 2)
+	silent := e.now()
+	e.cover(0, gwB, 0) // B's last call: its coverage stays before the deadline
+	e.clock.Advance(10 * time.Second)
+	d, dl := connectCovered(e)
+	e.clock.Advance(lease + time.Second)
+	e.cover(0, gwA, 0)
+	if r := e.reap(0, 100); len(r.Offline) != 0 || r.Held != 1 {
+		t.Fatalf("reap with B silent, behind, within the horizon: %d offline, %d held; want 0 and 1", len(r.Offline), r.Held)
+	}
+	// once B is beyond the horizon, A's device goes, expired (A covered
+	// it), before the end of its grace
+	var evs []gateway.Event
+	for range maxPages {
+		e.clock.Advance(CoverRecheck / 2)
+		e.cover(0, gwA, 0)
+		if evs = e.reap(0, 100).Offline; len(evs) > 0 || e.now().After(dl.Add(coverGrace)) {
+			break
+		}
+	}
+	checkOffline(t, "reap once B is beyond the horizon", evs, d, gateway.ReasonExpired, dl)
+	if at := evs[0].At; at.Before(silent.Add(CoverHorizon)) || !at.Before(dl.Add(coverGrace)) {
+		t.Fatalf("offline at %v: want after B's horizon %v and before the end of the grace %v", at, silent.Add(CoverHorizon), dl.Add(coverGrace))
+	}
 }
 
 // A gateway that reports no coverage (an older release) and is heard is

@@ -10,9 +10,12 @@
 -- while the server was paused) may still run when the server resumes,
 -- and must then do nothing; it returns {-1, now}; and how long a gateway
 -- may go unheard before it is reported lost (ms; 0: no gateway events,
--- the caller passes it for shard 0 only), and how soon a held device of
--- a gateway that is heard is looked at again (ms: about a flush
--- interval, the time that gateway's coverage takes to move on).
+-- the caller passes it for shard 0 only), how soon a held device of a
+-- gateway that is heard is looked at again (ms: about a flush interval,
+-- the time that gateway's coverage takes to move on), and how long after
+-- its last call a gateway's coverage still holds every due device back
+-- (ms: lease + gateway grace; evidence it holds can be late but valid
+-- until then).
 -- Returns one flat array:
 --   {trimmed, more (1|0), next deadline or -1, orphans, now, held,
 --    incarnation, then per offline event: id, device, ver, gw, session,
@@ -23,7 +26,7 @@
 -- gateway's coverage still has not reached it. orphans counts due entries without an
 -- online record (removed, no event); held the devices held this call
 -- (record.lua, "Held devices").
-local R_LIMIT, R_NOW, R_MAXLEN, R_GRACE, R_SILENCE, R_SINCE, R_NOTAFTER, R_LOSTAFTER, R_RECHECK = 1, 2, 3, 4, 5, 6, 7, 8, 9
+local R_LIMIT, R_NOW, R_MAXLEN, R_GRACE, R_SILENCE, R_SINCE, R_NOTAFTER, R_LOSTAFTER, R_RECHECK, R_HORIZON = 1, 2, 3, 4, 5, 6, 7, 8, 9, 10
 local limit, now, maxlen = tonumber(ARGV[R_LIMIT]), clock(ARGV[R_NOW]), ARGV[R_MAXLEN]
 local grace, silence = tonumber(ARGV[R_GRACE]) or 0, tonumber(ARGV[R_SILENCE]) or 0
 local since, nosince = tonumber(ARGV[R_SINCE]) or 0, ARGV[R_SINCE] == 'now'
@@ -32,6 +35,7 @@ local notafter = tonumber(ARGV[R_NOTAFTER])
 if notafter and now > notafter then return {-1, now} end
 local lostafter = tonumber(ARGV[R_LOSTAFTER]) or 0
 local recheck = tonumber(ARGV[R_RECHECK]) or 1000
+local horizon = tonumber(ARGV[R_HORIZON]) or 0
 local nowstr, nowpacked = string.format('%d', now), struct.pack('>I6', now)
 local rcall, evkey = redis.call, KEYS[3]
 local incs = rcall('HMGET', KEYS[4], INC, REPL)
@@ -115,7 +119,8 @@ end
 
 -- gateway is what the reap needs of gateway ref's liveness record:
 -- heard, whether it was heard on this shard within the silence and since
--- the last outage; behind; cov, its coverage (nil when it reports none).
+-- the last outage; recent, whether within the horizon; behind; cov, its
+-- coverage (nil when it reports none).
 -- covers says whether it has covered a session deadline dl: its coverage
 -- has reached dl, or, for a gateway that reports no coverage (an older
 -- release), it is heard and not behind (record.lua, "Gateway liveness").
@@ -124,7 +129,8 @@ local function gateway(ref)
   local g = gws[ref]
   if not g then
     local at, behind, cov = liveness(ref)
-    g = {heard = at ~= nil and at >= since and now - at <= silence, behind = behind, cov = cov}
+    g = {at = at, heard = at ~= nil and at >= since and now - at <= silence, recent = at ~= nil and now - at <= horizon,
+      behind = behind, cov = cov}
     gws[ref] = g
   end
   return g
@@ -135,10 +141,11 @@ local function covers(ref, dl)
   return g.heard and not g.behind
 end
 
--- laggard is the heard gateway of the shard with the least coverage
--- (nil when no heard gateway reports coverage), read once per call: a
+-- laggard is the gateway of the shard heard within the horizon with the
+-- least coverage (nil when none reports coverage), read once per call: a
 -- device may have moved to it (a CoAP session is named by the device, not
--- the gateway), so its evidence of any device may still be on its way.
+-- the gateway), so its evidence of any device may still be on its way,
+-- even while the store does not hear it (a cut link, a hung shard).
 local laggard
 local function slowest()
   if laggard == nil then
@@ -146,7 +153,7 @@ local function slowest()
     local last = tonumber(redis.call('HGET', KEYS[4], '#')) or 0
     for ref = 1, last do
       local g = gateway(ref)
-      if g.heard and g.cov and (not laggard or g.cov < gateway(laggard).cov) then laggard = ref end
+      if g.recent and g.cov and (not laggard or g.cov < gateway(laggard).cov) then laggard = ref end
     end
   end
   return laggard
@@ -155,8 +162,9 @@ end
 -- waitfor is the gateway ref a due online record must wait for, or nil,
 -- and whether it is the gateway of one of the device's sessions: the
 -- gateway of a session that ran out (they all have, or the device would
--- not be due) before that gateway's coverage reached it, or else a heard
--- gateway whose coverage has not reached the device's deadline. truedl
+-- not be due) before that gateway's coverage reached it, or else a
+-- gateway heard within the horizon whose coverage has not reached the
+-- device's deadline. truedl
 -- is the device's true deadline (the sessions' offsets count from it).
 local function waitfor(p, truedl)
   local g = owner(p)
@@ -197,9 +205,15 @@ for k, dev in ipairs(devs) do
       -- one of its own did not cover it
       if own then reason = 'gateway_lost' end
     elseif g then
-      -- hold: the index entry moves, the record stays
-      local untildl = truedl + grace
-      if gateway(g).heard then untildl = math.min(now + recheck, untildl) end
+      -- hold: the index entry moves, the record stays; to a recheck
+      -- while the gateway waited for is heard, to the end of the grace
+      -- (or of another gateway's horizon) while it is not
+      local untildl, gg = truedl + grace, gateway(g)
+      if gg.heard then
+        untildl = math.min(now + recheck, untildl)
+      elseif not own then
+        untildl = math.min(gg.at + horizon + 1, untildl)
+      end
       zadd[#zadd + 1] = untildl
       zadd[#zadd + 1] = dev
       hold[#hold + 1] = dev
