@@ -160,7 +160,11 @@ type soakRig struct {
 func newSoakRig(t *testing.T, plan soakPlan) *soakRig {
 	r := &soakRig{t: t, plan: plan, log: &faultLog{}}
 	addrs := make([][]string, plan.gateways)
-	extra := map[string]any{}
+	// With the wait, a failover loses no acknowledged transition
+	// (TestFailoverToLaggingReplica, TestClusterMasterContinued). Every
+	// device comes from 127.0.0.1: lift the anonymous connect rate, as
+	// the harness lifts the per-source ones.
+	extra := map[string]any{"store.redis.wait_replicas": 1, "limits.anonymous_connects_per_second": 100000}
 	if plan.cluster {
 		r.cl = redistest.StartClusterWithReplicas(t, 3)
 		for _, n := range r.cl.Nodes {
@@ -182,9 +186,8 @@ func newSoakRig(t *testing.T, plan soakPlan) *soakRig {
 			r.front = append(r.front, px)
 			addrs[i] = []string{px.Addr()}
 		}
-		// A failover loses no acknowledged transition with the wait, and
-		// the consumer reads the replica (TestFailoverToLaggingReplica).
-		extra["store.redis.wait_replicas"] = 1
+		// The consumer reads the replica: what it saw survives a failover
+		// (TestFailoverToLaggingReplica).
 		r.col = newCollector(t, r.replica.Addr)
 	}
 	r.gws = startGatewaysWith(t, extra, addrs...)
@@ -340,6 +343,11 @@ func (r *soakRig) inject(f *faultRun) func() {
 	case redisRestart:
 		n := r.redisNode(f)
 		n.Restart()
+		if r.cl == nil {
+			// A promoted replica restarts with its --replicaof: it is the
+			// primary, empty.
+			redisCLI(t, n.Addr, "REPLICAOF", "NO", "ONE")
+		}
 		r.fastSync(n)
 		r.waitRedisSettled()
 	case redisFlush:

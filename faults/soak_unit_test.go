@@ -127,14 +127,15 @@ func spanOf(f plannedFault) [2]time.Duration {
 }
 
 // The soak's checker counts what it must, on a made-up truth and log:
-// a clean device, a false offline, an offline held by a cut gateway, the
-// offline of a goodbye after the device came back, a missed offline, a
-// repeated version, a resurrection after a goodbye, unseen evidence, and
-// two onlines across a Cluster failover.
+// a clean device, a false offline, an expiry after the device's gateway
+// was down past its deadline (not false), an offline held by a cut
+// gateway, the offline of a goodbye after the device came back, a missed
+// offline, a repeated version, a resurrection after a goodbye, unseen
+// evidence, and two onlines across a Cluster failover.
 func TestSoakChecker(t *testing.T) {
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	at := func(d time.Duration) time.Time { return t0.Add(d) }
-	ids := []string{"clean", "false", "held", "back", "missed", "repeat", "revived", "unseen", "across"}
+	ids := []string{"clean", "false", "late", "held", "back", "missed", "repeat", "revived", "unseen", "across"}
 	var plans []devicePlan
 	for _, id := range ids {
 		plans = append(plans, devicePlan{id: id, kind: kindCoAP})
@@ -163,6 +164,11 @@ func TestSoakChecker(t *testing.T) {
 	live("clean", 0, 5*time.Second, false)
 	send("false", 0, 30*time.Second, 0)
 	live("false", 0, 0, false)
+	// late: its gateway down from 3 to 7.2 s; its session expires at its
+	// deadline, 7 s, and the offline comes after its next evidence
+	send("late", 0, 3*time.Second, 0)
+	send("late", 7200*time.Millisecond, 30*time.Second, 0)
+	live("late", 0, 0, false)
 	// held: moves to gw-b at 11 s, which is cut from 10 to 16 s; its
 	// session on gw-a expires at 14 s
 	send("held", 0, 10500*time.Millisecond, 0)
@@ -207,6 +213,9 @@ func TestSoakChecker(t *testing.T) {
 		ev("false", "online", 1, 100*time.Millisecond, "connect", "gw-a"),
 		ev("false", "offline", 2, 10*time.Second, "expired", "gw-a"),
 		ev("false", "online", 3, 10500*time.Millisecond, "replay", "gw-a"),
+		ev("late", "online", 1, 100*time.Millisecond, "connect", "gw-a"),
+		{device: "late", state: "offline", ver: 2, at: at(7300 * time.Millisecond), deadline: at(7 * time.Second), reason: "expired", gw: "gw-a"},
+		ev("late", "online", 3, 7400*time.Millisecond, "connect", "gw-a"),
 		ev("held", "online", 1, 100*time.Millisecond, "connect", "gw-a"),
 		ev("held", "offline", 2, 14*time.Second, "expired", "gw-a"),
 		ev("held", "online", 3, 16500*time.Millisecond, "replay", "gw-b"),
