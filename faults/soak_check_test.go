@@ -51,9 +51,12 @@ type devRecord struct {
 // slotRecord is one instance's evidence: a device keeps one or two
 // sessions of its own at once (a CoAP instance, an MQTT client).
 type slotRecord struct {
-	sends  []time.Time // acknowledged evidence, timed just before sending
-	gws    []int       // the gateway of each send
-	leaves []time.Time // goodbyes that ended the instance's presence, timed before sending
+	sends []time.Time // acknowledged evidence, timed just before sending
+	acks  []time.Time // when each was acknowledged: the gateway had it by then
+	gws   []int       // the gateway of each send
+	// leaves are the goodbyes that ended the instance's presence, timed
+	// before sending.
+	leaves []time.Time
 }
 
 // lifeRecord is one life of a device as it went.
@@ -101,8 +104,7 @@ func (tr *soakTruth) attempt(id string, lf *lifeRecord, slot, gw int, try time.T
 	lf.lastTry[gw] = done
 	if ok {
 		s := &tr.devs[id].slots[slot]
-		s.sends = append(s.sends, try)
-		s.gws = append(s.gws, gw)
+		s.sends, s.acks, s.gws = append(s.sends, try), append(s.acks, done), append(s.gws, gw)
 		lf.lastAck = try
 		tr.heartbeats++
 	}
@@ -390,7 +392,6 @@ func (c *soakChecker) offline(d *devRecord, e event) {
 	if e.reason == "gateway_lost" {
 		c.res.GatewayLost++
 	}
-	x := c.x()
 	early := c.tm.earliestOffline()
 	at := e.at
 	if !e.deadline.IsZero() && e.deadline.Before(at) {
@@ -399,12 +400,14 @@ func (c *soakChecker) offline(d *devRecord, e event) {
 	var recent time.Time
 	seen, cut := 0, 0
 	for _, s := range d.slots {
-		last, ok := x.lastKept(s.sends, at)
+		last, ok := c.lastHeard(s, at)
 		if !ok || at.Sub(last) >= early {
 			continue
 		}
-		bye := lastBefore(s.leaves, at)
-		if bye.After(last) || (!bye.IsZero() && e.reason == "leave" && !at.After(c.goodbyeBy(bye))) {
+		// A goodbye after the evidence, up to the event, ended the
+		// instance (an expiry then names a session it had left behind).
+		bye := lastBefore(s.leaves, e.at)
+		if bye.After(last) || (!bye.IsZero() && e.reason == "leave" && !e.at.After(c.goodbyeBy(bye))) {
 			continue
 		}
 		recent = later(recent, last)
@@ -412,7 +415,7 @@ func (c *soakChecker) offline(d *devRecord, e event) {
 		// device moved to.
 		from := later(later(at.Add(-early), bye), lastBefore(d.moves, at))
 		for i, t := range s.sends {
-			if !t.Before(from) && !t.After(at) {
+			if !t.Before(from) && !s.acks[i].After(at) {
 				seen++
 				if c.cutBetween(s.gws[i], gwIndex(e.gw), t, at) {
 					cut++
@@ -435,6 +438,19 @@ func (c *soakChecker) offline(d *devRecord, e event) {
 	default:
 		c.violation(&c.res.FalseOffline, e.at, d, "false offline %v: evidence %v before", e, at.Sub(recent).Round(time.Millisecond))
 	}
+}
+
+// lastHeard is the newest evidence of instance s that its gateway had
+// acknowledged by at (a stopped gateway reads a request when continued)
+// and no kill may have lost; its sending time.
+func (c *soakChecker) lastHeard(s slotRecord, at time.Time) (time.Time, bool) {
+	x := c.x()
+	for i := sort.Search(len(s.sends), func(i int) bool { return s.sends[i].After(at) }) - 1; i >= 0; i-- {
+		if t := s.sends[i]; !x.mayBeLost(t) && !s.acks[i].After(at) {
+			return t, true
+		}
+	}
+	return time.Time{}, false
 }
 
 // goodbyeBy is when the offline of a goodbye said at bye must have come:
@@ -584,10 +600,10 @@ func allLeft(lf *lifeRecord) (time.Time, bool) {
 	return bye, len(lf.ends) > 0
 }
 
-// readAt is when gateway gw may have read a request sent at at: at, or
-// the end of a fault that kept the gateway from reading (stopped,
-// starved); false while such a fault runs.
-func (c *soakChecker) readAt(gw int, at time.Time) (time.Time, bool) {
+// readLate is the latest time gateway gw may have read a request sent at
+// at: at, or a second after the end of a fault that kept the gateway
+// from reading (stopped, starved); false while such a fault runs.
+func (c *soakChecker) readLate(gw int, at time.Time) (time.Time, bool) {
 	for _, f := range c.faults.runs {
 		if !f.info.readsLate || f.gw != gw || f.start.After(at) {
 			continue
@@ -610,7 +626,7 @@ func (c *soakChecker) lastAttempt(lf *lifeRecord) (time.Time, bool) {
 		if at.IsZero() {
 			continue
 		}
-		r, ok := c.readAt(gw, at)
+		r, ok := c.readLate(gw, at)
 		if !ok {
 			return time.Time{}, false
 		}
@@ -634,7 +650,7 @@ func (c *soakChecker) after() time.Duration {
 func (c *soakChecker) bound(lf *lifeRecord) (time.Time, bool) {
 	var base time.Time
 	for _, e := range lf.ends {
-		at, ok := c.readAt(e.gw, e.at)
+		at, ok := c.readLate(e.gw, e.at)
 		if !ok {
 			return time.Time{}, false
 		}
@@ -649,7 +665,7 @@ func (c *soakChecker) bound(lf *lifeRecord) (time.Time, bool) {
 		return time.Time{}, false
 	}
 	for gw, at := range lf.lastTry {
-		if r, _ := c.readAt(gw, at); !at.IsZero() && r.After(at) {
+		if r, _ := c.readLate(gw, at); !at.IsZero() && r.After(at) {
 			base = later(base, r.Add(c.tm.lease))
 		}
 	}
@@ -737,7 +753,7 @@ func (c *soakChecker) judgeUnseen(d *devRecord, cutoff time.Time) {
 			if !at.After(since) || (!first.IsZero() && !at.Before(first)) {
 				continue
 			}
-			if kept, ok := x.lastKept(s.sends[i:i+1], at); !ok || !kept.Equal(at) {
+			if x.mayBeLost(at) {
 				continue
 			}
 			end, ok := c.chainEnd(s.gws[i], at, at.Add(c.onlineWait()))
@@ -805,7 +821,7 @@ func (c *soakChecker) trim(d *devRecord, cutoff time.Time) {
 	for i := range d.slots {
 		s := &d.slots[i]
 		if n := sort.Search(len(s.sends), func(j int) bool { return s.sends[j].After(old) }); n > 1 {
-			s.sends, s.gws = s.sends[n-1:], s.gws[n-1:]
+			s.sends, s.acks, s.gws = s.sends[n-1:], s.acks[n-1:], s.gws[n-1:]
 		}
 		if n := sort.Search(len(s.leaves), func(j int) bool { return s.leaves[j].After(old) }); n > 1 {
 			s.leaves = s.leaves[n-1:]

@@ -128,14 +128,16 @@ func spanOf(f plannedFault) [2]time.Duration {
 
 // The soak's checker counts what it must, on a made-up truth and log:
 // a clean device, a false offline, an expiry after the device's gateway
-// was down past its deadline (not false), an offline held by a cut
+// was down past its deadline, one after its gateway acknowledged a
+// request only after it, one of a session left behind that ran out after
+// the device's goodbye (none of them false), an offline held by a cut
 // gateway, the offline of a goodbye after the device came back, a missed
 // offline, a repeated version, a resurrection after a goodbye, unseen
 // evidence, and two onlines across a Cluster failover.
 func TestSoakChecker(t *testing.T) {
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	at := func(d time.Duration) time.Time { return t0.Add(d) }
-	ids := []string{"clean", "false", "late", "held", "back", "missed", "repeat", "revived", "unseen", "across"}
+	ids := []string{"clean", "false", "late", "acklate", "dangling", "held", "back", "missed", "repeat", "revived", "unseen", "across"}
 	var plans []devicePlan
 	for _, id := range ids {
 		plans = append(plans, devicePlan{id: id, kind: kindCoAP})
@@ -145,7 +147,7 @@ func TestSoakChecker(t *testing.T) {
 	send := func(id string, from, to time.Duration, gw int) {
 		s := &tr.devs[id].slots[0]
 		for d := from; d <= to; d += 500 * time.Millisecond {
-			s.sends, s.gws = append(s.sends, at(d)), append(s.gws, gw)
+			s.sends, s.acks, s.gws = append(s.sends, at(d)), append(s.acks, at(d+5*time.Millisecond)), append(s.gws, gw)
 		}
 	}
 	// a life from..to (to 0: running) ending with silence or a goodbye
@@ -169,6 +171,17 @@ func TestSoakChecker(t *testing.T) {
 	send("late", 0, 3*time.Second, 0)
 	send("late", 7200*time.Millisecond, 30*time.Second, 0)
 	live("late", 0, 0, false)
+	// acklate: its gateway stopped from 3 to 7.25 s; a request sent at
+	// 6.9 s is acknowledged at 7.3 s, after the deadline (7 s)
+	send("acklate", 0, 3*time.Second, 0)
+	sl := &tr.devs["acklate"].slots[0]
+	sl.sends, sl.acks, sl.gws = append(sl.sends, at(6900*time.Millisecond)), append(sl.acks, at(7300*time.Millisecond)), append(sl.gws, 0)
+	live("acklate", 0, 0, false)
+	// dangling: a session it left behind (deadline 9.25 s, held by a
+	// fault) expires at 13.3 s, after its goodbye at 11.8 s ended the
+	// other one
+	send("dangling", 0, 11500*time.Millisecond, 0)
+	live("dangling", 0, 11800*time.Millisecond, true)
 	// held: moves to gw-b at 11 s, which is cut from 10 to 16 s; its
 	// session on gw-a expires at 14 s
 	send("held", 0, 10500*time.Millisecond, 0)
@@ -216,6 +229,11 @@ func TestSoakChecker(t *testing.T) {
 		ev("late", "online", 1, 100*time.Millisecond, "connect", "gw-a"),
 		{device: "late", state: "offline", ver: 2, at: at(7300 * time.Millisecond), deadline: at(7 * time.Second), reason: "expired", gw: "gw-a"},
 		ev("late", "online", 3, 7400*time.Millisecond, "connect", "gw-a"),
+		ev("acklate", "online", 1, 100*time.Millisecond, "connect", "gw-a"),
+		{device: "acklate", state: "offline", ver: 2, at: at(7400 * time.Millisecond), deadline: at(7 * time.Second), reason: "expired", gw: "gw-a"},
+		ev("acklate", "online", 3, 7500*time.Millisecond, "connect", "gw-a"),
+		ev("dangling", "online", 1, 100*time.Millisecond, "connect", "gw-a"),
+		{device: "dangling", state: "offline", ver: 2, at: at(13300 * time.Millisecond), deadline: at(9250 * time.Millisecond), reason: "expired", gw: "gw-a"},
 		ev("held", "online", 1, 100*time.Millisecond, "connect", "gw-a"),
 		ev("held", "offline", 2, 14*time.Second, "expired", "gw-a"),
 		ev("held", "online", 3, 16500*time.Millisecond, "replay", "gw-b"),
