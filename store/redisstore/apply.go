@@ -82,7 +82,7 @@ func (s *Store) applyShards(ctx context.Context, c redis.UniversalClient, batche
 			conn := node.Conn()
 			defer conn.Close()
 			s.applyOn(ctx, conn, batches, idx, bels, out)
-			s.waitFor(ctx, conn, batches, idx, out)
+			s.waitFor(ctx, conn, batches, idx, bels, out)
 		})
 	}
 	wg.Wait()
@@ -201,8 +201,12 @@ func (s *Store) applyOn(ctx context.Context, c scripter, batches []gateway.Shard
 
 // waitFor waits until WaitReplicas replicas have the writes of conn when
 // one of the batches at idx wrote events or replayed an outbox; with
-// fewer (or an error), those batches fail with gateway.ErrUnavailable.
-func (s *Store) waitFor(ctx context.Context, conn *redis.Conn, batches []gateway.ShardBatch, idx []int, out []gateway.ShardResult) {
+// fewer (or an error), those batches fail with gateway.ErrUnavailable,
+// their beliefs are forgotten (their writes may be lost with the
+// master), and a reset one of them saw is kept for the shard's next
+// call to report: the caller restores after it, and this call's reply
+// is not read.
+func (s *Store) waitFor(ctx context.Context, conn *redis.Conn, batches []gateway.ShardBatch, idx []int, bels []*beliefs, out []gateway.ShardResult) {
 	waits := func(i int) bool {
 		return out[i].Err == nil && (len(out[i].Result.Events) > 0 || batches[i].Batch.Replay)
 	}
@@ -218,6 +222,10 @@ func (s *Store) waitFor(ctx context.Context, conn *redis.Conn, batches []gateway
 	}
 	for _, i := range idx {
 		if waits(i) {
+			if bel := bels[i]; bel != nil {
+				bel.unreported = bel.unreported || out[i].Result.Reset
+				bel.forget()
+			}
 			out[i] = gateway.ShardResult{Err: unavailable("apply: wait for replicas", err)}
 		}
 	}
