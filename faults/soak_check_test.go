@@ -162,10 +162,12 @@ func (f *faultRun) String() string {
 // touches: the fault may have kept gateway g's writes from the store.
 func (f *faultRun) touches(g int) bool { return f.info.outage && (f.gw < 0 || f.gw == g) }
 
-// boundary is a store change that loses acknowledged writes (a Cluster
-// master failed over with asynchronous replication): the events of its
-// shards lost with the old master were seen all the same, so the
-// alternation of the log is judged within each side of it.
+// boundary is a store change that starts a new incarnation of its
+// shards (a restart without persistence, a FLUSHALL, a failover: each may
+// lose acknowledged writes, and the events lost with them were seen all
+// the same): a device's events alternate within an incarnation (a
+// consumer resyncs at a new one), so the alternation of the log is
+// judged within each side of it.
 type boundary struct {
 	from, to time.Time
 	shards   []int
@@ -219,10 +221,10 @@ type soakResult struct {
 	// Not violations, counted apart: offlines whose only recent
 	// evidence was acknowledged by a gateway cut from the store (it was
 	// in that gateway's outbox; the session that ran out was another
-	// gateway's); same-state events across a Cluster failover; offlines
+	// gateway's); same-state events across a loss (a new incarnation); offlines
 	// with reason gateway_lost, and those after an outage of lease +
 	// grace or longer.
-	HeldByCut, AcrossFailover, GatewayLost, LostAfterLongOutage int
+	HeldByCut, AcrossLoss, GatewayLost, LostAfterLongOutage int
 	Lags                                                        []time.Duration
 	examples                                                    []string
 	held                                                        []string
@@ -342,7 +344,7 @@ func (c *soakChecker) event(d *devRecord, e event) {
 		}
 		if e.state == ck.last.state {
 			if c.acrossBoundary(e.shard, ck.last.at, e.at) {
-				c.res.AcrossFailover++
+				c.res.AcrossLoss++
 			} else {
 				c.violation(&c.res.BrokenAlternation, e.at, d, "broken alternation %v (previous %v)", e, ck.last)
 			}
@@ -863,8 +865,8 @@ func (r soakResult) summary() string {
 		lag = fmt.Sprintf("%.1f / %.1f / %.1f s", quantile(r.Lags, 0.5).Seconds(), quantile(r.Lags, 0.99).Seconds(), quantile(r.Lags, 1).Seconds())
 	}
 	return fmt.Sprintf("devices %d, lives %d (judged %d), heartbeats %d, events %d; false offline %d, missed offline %d, repeated (device, ver) %d, "+
-		"broken alternation %d, versions backwards %d, resurrected %d, unseen %d; apart: held by a cut gateway %d, same state across a failover %d, "+
+		"broken alternation %d, versions backwards %d, resurrected %d, unseen %d; apart: held by a cut gateway %d, same state across a loss %d, "+
 		"gateway_lost %d (after an outage ≥ lease + grace: %d); detection lag p50 / p99 / max %s",
 		r.Devices, r.Lives, r.Judged, r.Heartbeats, r.Events, r.FalseOffline, r.MissedOffline, r.Repeated, r.BrokenAlternation, r.VerBackwards,
-		r.Resurrected, r.Unseen, r.HeldByCut, r.AcrossFailover, r.GatewayLost, r.LostAfterLongOutage, lag)
+		r.Resurrected, r.Unseen, r.HeldByCut, r.AcrossLoss, r.GatewayLost, r.LostAfterLongOutage, lag)
 }

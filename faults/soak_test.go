@@ -343,6 +343,7 @@ func (r *soakRig) inject(f *faultRun) func() {
 	case redisRestart:
 		n := r.redisNode(f)
 		n.Restart()
+		r.lost(f)
 		if r.cl == nil {
 			// A promoted replica restarts with its --replicaof: it is the
 			// primary, empty.
@@ -352,6 +353,7 @@ func (r *soakRig) inject(f *faultRun) func() {
 		r.waitRedisSettled()
 	case redisFlush:
 		redisCLI(t, r.redisNode(f).Addr, "FLUSHALL")
+		r.lost(f)
 	case redisFailover:
 		r.failover(f)
 	case gwPartition:
@@ -411,6 +413,7 @@ func (r *soakRig) failover(f *faultRun) {
 	}
 	r.primary.Kill()
 	redisCLI(t, r.replica.Addr, "REPLICAOF", "NO", "ONE")
+	r.lost(f)
 	for _, px := range r.front {
 		px.Retarget(r.replica.Addr)
 	}
@@ -420,6 +423,16 @@ func (r *soakRig) failover(f *faultRun) {
 	r.replica = redistest.StartReplica(t, r.replLink.Addr())
 	r.fastSync(r.replica)
 	r.col.point(r.replica.Addr)
+}
+
+// lost records that fault f, done by now, started a new incarnation of
+// the shards of its target (standalone: every shard).
+func (r *soakRig) lost(f *faultRun) {
+	shards := r.shardsOf(f.target)
+	if r.cl == nil {
+		shards = r.shardsOf(0)
+	}
+	r.log.addBoundary(boundary{from: f.start, to: time.Now(), shards: shards})
 }
 
 // fastSync makes Redis server n, once a master, start a replica's full

@@ -253,7 +253,7 @@ func TestSoakChecker(t *testing.T) {
 	})
 	chk.window(at(40 * time.Second))
 	r := chk.res
-	got := []int{r.FalseOffline, r.MissedOffline, r.Repeated, r.BrokenAlternation, r.Resurrected, r.Unseen, r.HeldByCut, r.AcrossFailover, r.VerBackwards}
+	got := []int{r.FalseOffline, r.MissedOffline, r.Repeated, r.BrokenAlternation, r.Resurrected, r.Unseen, r.HeldByCut, r.AcrossLoss, r.VerBackwards}
 	// revived is missed too: its resurrection left it online past its bound
 	want := []int{1, 2, 1, 1, 1, 1, 1, 1, 0}
 	if !reflect.DeepEqual(got, want) {
