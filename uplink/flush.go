@@ -58,7 +58,8 @@ func (u *Uplink) Flush(ctx context.Context) error {
 // in one transaction, and their shards are down from then on. Unless
 // force, a leave observed less than the leave grace ago stays queued (a
 // move between gateways with a clean goodbye: the new gateway's connect
-// lands first); a leave bound for the outbox does not wait.
+// lands first), whether the call or the outbox takes the shard's writes:
+// a replay writes a leave at once.
 func (u *Uplink) flushOnce(ctx context.Context, force bool) error {
 	u.sendMu.Lock()
 	defer u.sendMu.Unlock()
@@ -71,7 +72,7 @@ func (u *Uplink) flushOnce(ctx context.Context, force bool) error {
 	var buffered []item
 	for shard, q := range u.queues {
 		if direct[shard] = u.shardUp(shard) && !u.ob.holds(shard); !direct[shard] {
-			its, _ := q.take(math.MaxInt, now, 0)
+			its, _ := q.take(math.MaxInt, now, hold)
 			buffered = append(buffered, its...)
 		}
 	}

@@ -510,3 +510,46 @@ func TestOldestRecordsOfWantedShards(t *testing.T) {
 		t.Fatalf("entries read %v, want shard 2's %v", got, wanted)
 	}
 }
+
+// A leave waits the leave grace in the queue of a shard that is down as
+// well: the outbox's replay writes it at once, so without the wait a
+// device that moved to another gateway and said goodbye here would be
+// offline whenever this gateway's shard was down at the time.
+func TestLeaveGraceWhileShardDown(t *testing.T) {
+	const interval = time.Second
+	sick := &sickShard{sick: 1}
+	e := newEnv(t, Options{FlushInterval: interval, ProbeMin: time.Minute, ProbeMax: time.Minute},
+		OutboxOptions{}, func(db *bolt.DB, c *clocktest.Clock) gateway.Store {
+			sick.Store = embeddedStore(t)(db, c)
+			return sick
+		})
+	u, ctx := e.u, t.Context()
+	d := devicesIn(1, 1, "leaver")[0]
+	mustEnqueue(t, u, evidence(d, gateway.Connect, e.clock.Now()))
+	if err := u.flushOnce(ctx, true); err != nil {
+		t.Fatal(err)
+	}
+	sick.ill.Store(true)
+	mustEnqueue(t, u, evidence(devicesIn(1, 1, "other")[0], gateway.Connect, e.clock.Now()))
+	if err := u.flushOnce(ctx, true); err != nil {
+		t.Fatal(err)
+	}
+	if st := u.Status(); len(st.ShardsDown) != 1 {
+		t.Fatalf("status after shard 1 failed: %+v, want it down", st)
+	}
+	mustEnqueue(t, u, evidence(d, gateway.Leave, e.clock.Now()))
+	e.clock.Advance(LeaveGraceFlushes*interval - time.Millisecond)
+	if err := u.flushOnce(ctx, false); err != nil {
+		t.Fatal(err)
+	}
+	if st := u.Status(); st.Pending != 1 || st.OutboxSessions != 1 {
+		t.Fatalf("inside the leave grace: %+v; want the leave pending, the other connect alone in the outbox", st)
+	}
+	e.clock.Advance(time.Millisecond)
+	if err := u.flushOnce(ctx, false); err != nil {
+		t.Fatal(err)
+	}
+	if st := u.Status(); st.Pending != 0 || st.OutboxSessions != 2 {
+		t.Fatalf("after the leave grace: %+v; want the leave in the outbox", st)
+	}
+}
