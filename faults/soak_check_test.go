@@ -218,20 +218,21 @@ type soakResult struct {
 	FalseOffline, MissedOffline, Repeated      int
 	BrokenAlternation, VerBackwards            int
 	Resurrected, Unseen                        int
-	// Not violations, counted apart: offlines whose only recent
-	// evidence was acknowledged by a gateway cut from the store (it was
-	// in that gateway's outbox; the session that ran out was another
-	// gateway's); same-state events across a loss (a new incarnation); offlines
-	// with reason gateway_lost, and those after an outage of lease +
-	// grace or longer.
-	HeldByCut, AcrossLoss, GatewayLost, LostAfterLongOutage int
-	Lags                                                        []time.Duration
-	examples                                                    []string
-	held                                                        []string
+	// HeldByCut: false offlines whose only recent evidence was
+	// acknowledged by a gateway cut from the store (it was in that
+	// gateway's outbox; the session that ran out was another gateway's),
+	// which the store waits for within the gateway horizon.
+	HeldByCut int
+	// Not violations, counted apart: same-state events across a loss (a
+	// new incarnation); offlines with reason gateway_lost, and those after
+	// an outage of lease + grace or longer.
+	AcrossLoss, GatewayLost, LostAfterLongOutage int
+	Lags                                         []time.Duration
+	examples                                     []string
 }
 
 func (r *soakResult) violations() int {
-	return r.FalseOffline + r.MissedOffline + r.Repeated + r.BrokenAlternation + r.VerBackwards + r.Resurrected + r.Unseen
+	return r.FalseOffline + r.HeldByCut + r.MissedOffline + r.Repeated + r.BrokenAlternation + r.VerBackwards + r.Resurrected + r.Unseen
 }
 
 // soakChecker holds the event log against the truth in windows: each
@@ -432,11 +433,8 @@ func (c *soakChecker) offline(d *devRecord, e event) {
 	case e.reason == "gateway_lost" && c.longOutage(gwIndex(e.gw), e.at):
 		c.res.LostAfterLongOutage++
 	case seen > 0 && cut == seen:
-		c.res.HeldByCut++
-		if len(c.res.held) < 10 {
-			c.res.held = append(c.res.held, fmt.Sprintf("%v: evidence %v before, through a gateway cut from the store; faults: %s",
-				e, at.Sub(recent).Round(time.Millisecond), c.faultsAround(e.at)))
-		}
+		c.violation(&c.res.HeldByCut, e.at, d, "held by a cut gateway %v: evidence %v before, through a gateway cut from the store",
+			e, at.Sub(recent).Round(time.Millisecond))
 	default:
 		c.violation(&c.res.FalseOffline, e.at, d, "false offline %v: evidence %v before", e, at.Sub(recent).Round(time.Millisecond))
 	}
@@ -865,7 +863,7 @@ func (r soakResult) summary() string {
 		lag = fmt.Sprintf("%.1f / %.1f / %.1f s", quantile(r.Lags, 0.5).Seconds(), quantile(r.Lags, 0.99).Seconds(), quantile(r.Lags, 1).Seconds())
 	}
 	return fmt.Sprintf("devices %d, lives %d (judged %d), heartbeats %d, events %d; false offline %d, missed offline %d, repeated (device, ver) %d, "+
-		"broken alternation %d, versions backwards %d, resurrected %d, unseen %d; apart: held by a cut gateway %d, same state across a loss %d, "+
+		"broken alternation %d, versions backwards %d, resurrected %d, unseen %d, held by a cut gateway %d; apart: same state across a loss %d, "+
 		"gateway_lost %d (after an outage ≥ lease + grace: %d); detection lag p50 / p99 / max %s",
 		r.Devices, r.Lives, r.Judged, r.Heartbeats, r.Events, r.FalseOffline, r.MissedOffline, r.Repeated, r.BrokenAlternation, r.VerBackwards,
 		r.Resurrected, r.Unseen, r.HeldByCut, r.AcrossLoss, r.GatewayLost, r.LostAfterLongOutage, lag)

@@ -120,9 +120,6 @@ func TestSoak(t *testing.T) {
 	}
 	t.Logf("soak: seed %d: faults injected %d (%s)", seed, len(r.log.runs), strings.Join(inj, ", "))
 	t.Logf("soak: seed %d: %s", seed, res.summary())
-	for _, h := range res.held {
-		t.Logf("soak: held by a cut gateway: %s", h)
-	}
 	if res.violations() > 0 || res.Heartbeats == 0 || res.Events == 0 {
 		t.Errorf("soak FAILED, seed %d (%s): %d violations; first ones:\n  %s\nreplay: %s",
 			seed, plan.topology(), res.violations(), strings.Join(res.examples, "\n  "), replay)

@@ -257,10 +257,10 @@ func TestSoakChecker(t *testing.T) {
 	// revived is missed too: its resurrection left it online past its bound
 	want := []int{1, 2, 1, 1, 1, 1, 1, 1, 0}
 	if !reflect.DeepEqual(got, want) {
-		t.Fatalf("false, missed, repeated, broken alternation, resurrected, unseen, held by a cut gateway, across a failover, backwards = %v, want %v; examples:\n%s",
+		t.Fatalf("false, missed, repeated, broken alternation, resurrected, unseen, held by a cut gateway, across a loss, backwards = %v, want %v; examples:\n%s",
 			got, want, strings.Join(r.examples, "\n"))
 	}
-	for i, want := range []string{"false offline false ", "missed offline missed:", "repeated repeat ", "broken alternation repeat ",
+	for i, want := range []string{"false offline false ", "held by a cut gateway ", "missed offline missed:", "repeated repeat ", "broken alternation repeat ",
 		"resurrected revived ", "missed offline revived:", "unseen unseen:"} {
 		if i >= len(r.examples) || !strings.HasPrefix(r.examples[i], want) {
 			t.Fatalf("violations:\n%s\nwant them in this order: %s ...", strings.Join(r.examples, "\n"), want)
