@@ -5,7 +5,7 @@ PKGS    := ./...
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -X main.version=$(VERSION)
 
-.PHONY: all build plugins generate run test test-faults deps vet bench fuzz clean deb rpm packages test-packages
+.PHONY: all build plugins generate run test test-faults soak deps vet bench fuzz clean deb rpm packages test-packages
 
 all: build
 
@@ -98,6 +98,30 @@ fuzz: deps
 test-faults: deps
 	$(GO) vet -tags faults ./faults/
 	$(GO) test -tags faults -count=1 -parallel 2 -timeout 15m -v ./faults/
+
+# The randomized fault soak (faults/soak_test.go, build tags faults and
+# soak; neither `make test` nor `make test-faults` runs it): gateways
+# running the runner on Redis (a primary with a replica, or a Cluster), a
+# churning CoAP + MQTT fleet, and a nemesis running a schedule of faults
+# drawn from SEED, checked in windows and at the end (docs/reliability.md).
+# A failing run prints its seed and the line that replays it. TOPOLOGY
+# (standalone|cluster), GATEWAYS (2|3) and DEVICES override the draw;
+# SOAK_DUMP=dir keeps the event log and the gateways' logs.
+#   make soak DURATION=30m SEED=42
+DURATION ?= 30m
+SEED     ?= $(shell date +%s)
+TOPOLOGY ?=
+GATEWAYS ?=
+DEVICES  ?= 120
+# go test's -timeout: DURATION + 10m, in seconds.
+SOAK_TIMEOUT = $(shell echo '$(DURATION)' | awk '{ s = 0; d = $$0; \
+	while (match(d, /^[0-9.]+(h|ms|m|s)/)) { u = substr(d, 1, RLENGTH); d = substr(d, RLENGTH + 1); \
+	  n = u + 0; sub(/^[0-9.]+/, "", u); s += n * (u == "h" ? 3600 : u == "m" ? 60 : u == "s" ? 1 : 0.001) } \
+	printf "%ds", s + 600 }')
+soak: deps
+	$(GO) vet -tags 'faults soak' ./faults/
+	SOAK_SEED=$(SEED) SOAK_DURATION=$(DURATION) SOAK_TOPOLOGY=$(TOPOLOGY) SOAK_GATEWAYS=$(GATEWAYS) SOAK_DEVICES=$(DEVICES) \
+	  $(GO) test -tags 'faults soak' -count=1 -run '^TestSoak$$' -timeout $(SOAK_TIMEOUT) -v ./faults/
 
 # Benchmarks with their ceilings measured in the same run; figures go to
 # docs/benchmarks.md. go test runs the packages' benchmarks one package at a

@@ -50,7 +50,7 @@ func newFixture(t *testing.T) *fixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ob, err := uplink.OpenOutbox(db, uplink.OutboxOptions{})
+	ob, err := uplink.OpenOutbox(db, uplink.OutboxOptions{Shards: shards})
 	if err != nil {
 		t.Fatal(err)
 	}

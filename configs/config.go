@@ -107,7 +107,8 @@ type RedisConfig struct {
 	TLSKeyFile    string `yaml:"tls_key_file"`
 	// WaitReplicas: a flush that writes events (or replays the outbox)
 	// waits until this many replicas have it before the gateway drops it
-	// from its outbox (Redis WAIT); 0 does not wait.
+	// from its outbox (Redis WAIT, on each Cluster master it wrote to);
+	// 0 does not wait.
 	WaitReplicas int `yaml:"wait_replicas"`
 }
 

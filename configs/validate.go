@@ -147,8 +147,6 @@ func (c Config) validateStore(p *problems) {
 	}
 	if r.WaitReplicas < 0 || r.WaitReplicas > 16 {
 		p.add("store.redis.wait_replicas", "must be 0 to 16, got %d", r.WaitReplicas)
-	} else if r.WaitReplicas > 0 && len(r.Addrs) > 1 {
-		p.add("store.redis.wait_replicas", "needs a standalone server (one address) and its replicas; a Redis Cluster is not supported")
 	}
 	if r.KeyPrefix == "" || strings.ContainsAny(r.KeyPrefix, "{} \t\r\n") {
 		p.add("store.redis.key_prefix", "must be set and hold no braces or white space, got %q", r.KeyPrefix)
@@ -274,9 +272,12 @@ func oneOf(s string, allowed ...string) bool {
 }
 
 // Bounds are the presence timings that follow from a configuration,
-// measured from a device's last evidence. uplink.flush_interval is not
-// part of the detection bounds: writes carry the evidence's age, so a
-// late flush does not move a deadline.
+// measured from a device's last evidence. Writes carry the evidence's
+// age, so a late flush does not move a deadline; but a device is
+// reported offline only once its gateway's coverage has passed its
+// deadline (docs/design.md §7, invariant 11), which takes up to three
+// flush intervals: the coverage's margin of one, up to one until the
+// next flush, and the reap's recheck of one (CoverageWait).
 type Bounds struct {
 	// Suspect: a device turns suspect after presence.suspect_after
 	// without evidence.
@@ -285,9 +286,10 @@ type Bounds struct {
 	// the last renewal from the store, so the central deadline can be this
 	// close to the last evidence.
 	EarliestOffline Duration `json:"earliest_offline" yaml:"earliest_offline"`
-	// WorstCaseDetection is lease + runner.interval: the deadline of the
-	// last evidence plus the runner's longest sleep. Reaping a backlog
-	// larger than runner.batch adds its processing time.
+	// WorstCaseDetection is lease + 3 × flush_interval + runner.interval:
+	// the deadline of the last evidence, the wait for its gateway's
+	// coverage, and the runner's longest sleep. Reaping a backlog larger
+	// than runner.batch adds its processing time.
 	WorstCaseDetection Duration `json:"worst_case_detection" yaml:"worst_case_detection"`
 	// WorstCaseDetectionFailover adds runner.lock_ttl: the wait before
 	// another runner takes over a shard whose runner died holding it.
@@ -307,8 +309,8 @@ type Bounds struct {
 	// MaxLease is the longest lease a device may ask for: max_lease, or
 	// lease when it is 0. MaxLeaseHeartbeat is the Max-Age such a device
 	// is answered with (MaxLease − (lease − heartbeat_interval)), and
-	// WorstCaseDetectionMaxLease = MaxLease + runner.interval its
-	// worst-case detection.
+	// WorstCaseDetectionMaxLease = MaxLease + 3 × flush_interval +
+	// runner.interval its worst-case detection.
 	MaxLease                   Duration `json:"max_lease" yaml:"max_lease"`
 	MaxLeaseHeartbeat          Duration `json:"max_lease_heartbeat" yaml:"max_lease_heartbeat"`
 	WorstCaseDetectionMaxLease Duration `json:"worst_case_detection_max_lease" yaml:"worst_case_detection_max_lease"`
@@ -318,14 +320,15 @@ type Bounds struct {
 func (c Config) Bounds() Bounds {
 	pr := c.Presence
 	tm := c.Timing()
+	wait := Duration(gateway.CoverageWait(c.Uplink.FlushInterval.Std()))
 	return Bounds{
 		MaxLease:                      Duration(tm.Grant(tm.MaxLease)),
 		MaxLeaseHeartbeat:             Duration(tm.HeartbeatFor(tm.Grant(tm.MaxLease))),
-		WorstCaseDetectionMaxLease:    Duration(tm.Grant(tm.MaxLease)) + c.Runner.Interval,
+		WorstCaseDetectionMaxLease:    Duration(tm.Grant(tm.MaxLease)) + wait + c.Runner.Interval,
 		Suspect:                       pr.SuspectAfter,
 		EarliestOffline:               pr.Lease - pr.RenewEvery,
-		WorstCaseDetection:            pr.Lease + c.Runner.Interval,
-		WorstCaseDetectionFailover:    pr.Lease + c.Runner.Interval + c.Runner.LockTTL,
+		WorstCaseDetection:            pr.Lease + wait + c.Runner.Interval,
+		WorstCaseDetectionFailover:    pr.Lease + wait + c.Runner.Interval + c.Runner.LockTTL,
 		WorstCaseDetectionLostGateway: pr.Lease + pr.GatewayGrace + c.Runner.Interval,
 		Leave:                         3 * c.Uplink.FlushInterval,
 		HeartbeatMargin:               pr.Lease - pr.RenewEvery - c.Uplink.FlushInterval - heartbeatsInside*pr.HeartbeatInterval,
@@ -342,14 +345,14 @@ func (b Bounds) String() string {
 	}{
 		{"suspect after", b.Suspect, "presence.suspect_after without evidence"},
 		{"earliest offline", b.EarliestOffline, "lease - renew_every after the last evidence"},
-		{"worst-case detection", b.WorstCaseDetection, "lease + runner.interval after the last evidence, plus backlog processing"},
+		{"worst-case detection", b.WorstCaseDetection, "lease + 3 x uplink.flush_interval (the gateway's coverage) + runner.interval after the last evidence, plus backlog processing"},
 		{"  after runner failover", b.WorstCaseDetectionFailover, "+ runner.lock_ttl when a runner dies holding a shard"},
 		{"  of a lost gateway", b.WorstCaseDetectionLostGateway, "lease + gateway_grace + runner.interval, for devices of a gateway the store does not hear"},
 		{"offline after a leave", b.Leave, "3 x uplink.flush_interval (the leave grace, then a flush)"},
 		{"heartbeat margin", b.HeartbeatMargin, "lease - renew_every - uplink.flush_interval - 2 x heartbeat_interval"},
 		{"longest device lease", b.MaxLease, "presence.max_lease (CoAP l=), lease when 0"},
 		{"  heartbeat asked", b.MaxLeaseHeartbeat, "its Max-Age: longest device lease - (lease - heartbeat_interval)"},
-		{"  worst-case detection", b.WorstCaseDetectionMaxLease, "longest device lease + runner.interval after its last evidence"},
+		{"  worst-case detection", b.WorstCaseDetectionMaxLease, "longest device lease + 3 x uplink.flush_interval + runner.interval after its last evidence"},
 	}
 	var sb strings.Builder
 	for _, r := range rows {

@@ -32,6 +32,13 @@ func TestValidate(t *testing.T) {
 			c.Store.Backend = configs.BackendRedis
 			c.Store.Redis.Addrs = []string{"10.0.0.1:6379", "redis-2.example:6380", "[::1]:6379"}
 		}, ""},
+		{"wait_replicas on a Cluster", func(c *configs.Config) {
+			c.Store.Backend = configs.BackendRedis
+			c.Store.Redis.Addrs = []string{"10.0.0.1:6379", "10.0.0.2:6379", "10.0.0.3:6379"}
+			c.Store.Redis.WaitReplicas = 1
+		}, ""},
+		{"wait_replicas out of range", func(c *configs.Config) { c.Store.Redis.WaitReplicas = 17 },
+			"store.redis.wait_replicas: must be 0 to 16, got 17"},
 		{"redis addr without port", func(c *configs.Config) { c.Store.Redis.Addrs = []string{"10.0.0.1"} },
 			`store.redis.addrs[0]: "10.0.0.1" is not host:port: missing port in address`},
 		{"redis addr port out of range", func(c *configs.Config) { c.Store.Redis.Addrs = []string{"a:1", "a:70000"} },
@@ -155,14 +162,14 @@ func TestBounds(t *testing.T) {
 	want := configs.Bounds{
 		Suspect:                       sec(45),
 		EarliestOffline:               sec(70),
-		WorstCaseDetection:            sec(91),
-		WorstCaseDetectionFailover:    sec(96),
+		WorstCaseDetection:            sec(94),
+		WorstCaseDetectionFailover:    sec(99),
 		WorstCaseDetectionLostGateway: sec(151),
 		Leave:                         sec(3),
 		HeartbeatMargin:               sec(9),
 		MaxLease:                      sec(90),
 		MaxLeaseHeartbeat:             sec(30),
-		WorstCaseDetectionMaxLease:    sec(91),
+		WorstCaseDetectionMaxLease:    sec(94),
 	}
 	if b != want {
 		t.Fatalf("bounds %+v, want %+v", b, want)
@@ -170,21 +177,21 @@ func TestBounds(t *testing.T) {
 	const text = "" +
 		"suspect after            45s      presence.suspect_after without evidence\n" +
 		"earliest offline         70s      lease - renew_every after the last evidence\n" +
-		"worst-case detection     91s      lease + runner.interval after the last evidence, plus backlog processing\n" +
-		"  after runner failover  96s      + runner.lock_ttl when a runner dies holding a shard\n" +
+		"worst-case detection     94s      lease + 3 x uplink.flush_interval (the gateway's coverage) + runner.interval after the last evidence, plus backlog processing\n" +
+		"  after runner failover  99s      + runner.lock_ttl when a runner dies holding a shard\n" +
 		"  of a lost gateway      151s     lease + gateway_grace + runner.interval, for devices of a gateway the store does not hear\n" +
 		"offline after a leave    3s       3 x uplink.flush_interval (the leave grace, then a flush)\n" +
 		"heartbeat margin         9s       lease - renew_every - uplink.flush_interval - 2 x heartbeat_interval\n" +
 		"longest device lease     90s      presence.max_lease (CoAP l=), lease when 0\n" +
 		"  heartbeat asked        30s      its Max-Age: longest device lease - (lease - heartbeat_interval)\n" +
-		"  worst-case detection   91s      longest device lease + runner.interval after its last evidence\n"
+		"  worst-case detection   94s      longest device lease + 3 x uplink.flush_interval + runner.interval after its last evidence\n"
 	if got := b.String(); got != text {
 		t.Fatalf("String():\n%s\nwant:\n%s", got, text)
 	}
 	// A device may ask for up to a day.
 	c := configs.Default()
 	c.Presence.MaxLease = configs.Duration(24 * time.Hour)
-	if b := c.Bounds(); b.MaxLease != sec(86400) || b.MaxLeaseHeartbeat != sec(86400-60) || b.WorstCaseDetectionMaxLease != sec(86401) {
+	if b := c.Bounds(); b.MaxLease != sec(86400) || b.MaxLeaseHeartbeat != sec(86400-60) || b.WorstCaseDetectionMaxLease != sec(86404) {
 		t.Fatalf("bounds with max_lease 24h: %+v", b)
 	}
 }

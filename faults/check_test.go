@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fleetgate/fleetgate/gateway"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -192,12 +193,17 @@ func (x expectations) lossWindow() time.Duration { return x.tm.flush + 100*time.
 func (x expectations) lastKept(ts []time.Time, at time.Time) (time.Time, bool) {
 	i := sort.Search(len(ts), func(i int) bool { return ts[i].After(at) })
 	for ; i > 0; i-- {
-		s := ts[i-1]
-		if !slices.ContainsFunc(x.kills, func(k time.Time) bool { return !s.After(k) && k.Sub(s) <= x.lossWindow() }) {
+		if s := ts[i-1]; !x.mayBeLost(s) {
 			return s, true
 		}
 	}
 	return time.Time{}, false
+}
+
+// mayBeLost: evidence acknowledged at s may have died in a killed
+// gateway's queue.
+func (x expectations) mayBeLost(s time.Time) bool {
+	return slices.ContainsFunc(x.kills, func(k time.Time) bool { return !s.After(k) && k.Sub(s) <= x.lossWindow() })
 }
 
 // result is one scenario's figures (the columns of docs/reliability.md).
@@ -365,7 +371,7 @@ func (x expectations) bound(d *devTruth) time.Time {
 	if !d.lastTry.IsZero() && d.lastTry.After(end) {
 		end = d.lastTry
 	}
-	after := tm.runnerInterval + tm.lockTTL + tm.processing
+	after := gateway.CoverageWait(tm.flush) + tm.runnerInterval + tm.lockTTL + tm.processing
 	b := end.Add(hold)
 	if !x.faultEnd.IsZero() && end.Add(hold+after).After(x.faultStart) {
 		// A device whose gateway the store did not hear at its deadline

@@ -167,22 +167,47 @@ type link interface {
 func (f *fleet) dial(ctx context.Context, d *devTruth, gw int) (link, error) {
 	g := f.gws[gw].cfg
 	if d.proto == "coap" {
-		cc, err := udp.Dial(g.CoAP, options.WithErrors(func(error) {}))
+		c, err := dialCoAP(g.CoAP, d.id, "")
 		if err != nil {
 			return nil, err
 		}
-		return &coapLink{cc: cc, id: d.id}, nil
+		return c, nil
 	}
-	nc, err := (&net.Dialer{}).DialContext(ctx, "tcp", g.MQTT)
+	m, err := dialMQTT(ctx, g.MQTT, d.id, false)
+	if err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// dialCoAP opens a CoAP link of instance inst (empty: main) of device id
+// to addr.
+func dialCoAP(addr, id, inst string) (*coapLink, error) {
+	cc, err := udp.Dial(addr, options.WithErrors(func(error) {}))
+	if err != nil {
+		return nil, err
+	}
+	return &coapLink{cc: cc, id: id, inst: inst}, nil
+}
+
+// dialMQTT connects MQTT 5 client id to addr, asking the broker to keep
+// its session when persistent (a sleepy device, docs/design.md §6.8).
+func dialMQTT(ctx context.Context, addr, id string, persistent bool) (*mqttLink, error) {
+	nc, err := (&net.Dialer{}).DialContext(ctx, "tcp", addr)
 	if err != nil {
 		return nil, err
 	}
 	c := paho.NewClient(paho.ClientConfig{Conn: nc, OnClientError: func(error) {}, OnServerDisconnect: func(*paho.Disconnect) {}})
-	if _, err := c.Connect(ctx, &paho.Connect{ClientID: d.id, KeepAlive: 5, CleanStart: true}); err != nil {
+	cp := &paho.Connect{ClientID: id, KeepAlive: 5, CleanStart: !persistent}
+	if persistent {
+		expiry := uint32(60)
+		cp.Properties = &paho.ConnectProperties{SessionExpiryInterval: &expiry}
+	}
+	if _, err := c.Connect(ctx, cp); err != nil {
 		nc.Close()
 		return nil, err
 	}
-	return &mqttLink{c: c, nc: nc, topic: "devices/" + d.id + "/hb"}, nil
+	return &mqttLink{c: c, nc: nc, topic: "devices/" + id + "/hb"}, nil
 }
 
 // drive runs one device's plan until it ends or the fleet stops.
@@ -308,12 +333,18 @@ func (f *fleet) finish(d *devTruth, l link, leave bool, cur int) {
 type coapLink struct {
 	cc *udpClient.Conn
 	id string
+	// inst is the device's instance, its session (empty: main).
+	inst string
 }
 
 func (c *coapLink) do(ctx context.Context, code codes.Code) error {
+	inst := c.inst
+	if inst == "" {
+		inst = "main"
+	}
 	q := []message.Option{
 		{ID: message.URIQuery, Value: []byte("d=" + c.id)},
-		{ID: message.URIQuery, Value: []byte("s=main")},
+		{ID: message.URIQuery, Value: []byte("s=" + inst)},
 	}
 	var resp interface{ Code() codes.Code }
 	var err error

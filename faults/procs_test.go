@@ -21,6 +21,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/fleetgate/fleetgate/gateway"
 	"github.com/fleetgate/fleetgate/internal/redistest"
 )
 
@@ -50,7 +51,7 @@ func (tm timing) earliestOffline() time.Duration { return tm.lease - tm.renewEve
 // failover, plus processing: the missed-offline bound of a device whose
 // path to the store stayed up.
 func (tm timing) detection() time.Duration {
-	return tm.lease + tm.runnerInterval + tm.lockTTL + tm.processing
+	return tm.lease + gateway.CoverageWait(tm.flush) + tm.runnerInterval + tm.lockTTL + tm.processing
 }
 
 // gwConfig is what the harness writes into a gateway's YAML. Extra holds

@@ -12,6 +12,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/fleetgate/fleetgate/gateway"
 	"github.com/fleetgate/fleetgate/internal/redistest"
 )
 
@@ -95,9 +96,9 @@ func (r *rig) finish() result {
 	}
 	r.at(last + 200*time.Millisecond)
 	tm := r.tm
-	until := time.Now().Add(tm.lease + tm.runnerInterval + tm.processing)
+	until := time.Now().Add(tm.lease + gateway.CoverageWait(tm.flush) + tm.runnerInterval + tm.processing)
 	if !r.x.faultEnd.IsZero() {
-		if u := r.x.faultEnd.Add(tm.lease + tm.grace + tm.runnerInterval + tm.lockTTL + tm.processing); u.After(until) {
+		if u := r.x.faultEnd.Add(tm.lease + tm.grace + gateway.CoverageWait(tm.flush) + tm.runnerInterval + tm.lockTTL + tm.processing); u.After(until) {
 			until = u
 		}
 	}
@@ -242,27 +243,55 @@ func TestFailoverToLaggingReplica(t *testing.T) {
 // Gateways and runners follow the new topology, the outbox loses
 // nothing, and no device that kept sending goes offline.
 func TestClusterMasterKilled(t *testing.T) {
-	clusterMasterLost(t, "killed", (*redistest.Server).Kill)
+	clusterMasterLost(t, clusterLoss{how: "killed", lose: (*redistest.Server).Kill})
 }
 
 // The same with the master stopped (SIGSTOP) instead, for good: it
 // refuses nothing, so every call to it waits for its timeout, as with a
-// host that drops packets. (It is not continued: a master continued
-// after its replica's promotion runs the calls of clients whose slot
-// map is not yet refreshed until it learns it was demoted, and what it
-// wrote then, events included, is gone when it resyncs as a replica;
-// docs/reliability.md, "Known limits".)
+// host that drops packets.
 func TestClusterMasterStopped(t *testing.T) {
-	clusterMasterLost(t, "stopped", func(s *redistest.Server) { s.Signal(syscall.SIGSTOP) })
+	clusterMasterLost(t, clusterLoss{how: "stopped", lose: func(s *redistest.Server) { s.Signal(syscall.SIGSTOP) }})
 }
 
-// clusterMasterLost runs the Cluster scenario: lose takes the master
-// holding the most shards away.
-func clusterMasterLost(t *testing.T, how string, lose func(*redistest.Server)) {
+// The stopped master continued (SIGCONT) as soon as its replica is
+// promoted, with store.redis.wait_replicas: 1 on the gateways. Until it
+// learns it was demoted it may run the calls of clients whose slot map
+// is not yet refreshed, and what it writes then is gone when it resyncs
+// as a replica of the promoted one; the wait keeps the gateways from
+// taking such a call for done when it wrote events or a replay (the
+// demoted master has no replica to acknowledge it): it stays in the
+// outbox. The promoted master has no replica either until the old one
+// has resynced, so its shards' event-writing batches wait in the outbox
+// meanwhile. The fault ends when the old master replicates the new one.
+func TestClusterMasterContinued(t *testing.T) {
+	clusterMasterLost(t, clusterLoss{
+		how:      "stopped, continued after the promotion,",
+		settings: map[string]any{"store.redis.wait_replicas": 1},
+		lose:     func(s *redistest.Server) { s.Signal(syscall.SIGSTOP) },
+		back: func(t *testing.T, s *redistest.Server) {
+			s.Signal(syscall.SIGCONT)
+			s.WaitReplicaLinkUp(t, 30*time.Second)
+		},
+	})
+}
+
+// clusterLoss is how a Cluster scenario takes a master away: lose it,
+// and once its replica is promoted, back (nil: leave it lost); the
+// gateways run with settings.
+type clusterLoss struct {
+	how      string
+	settings map[string]any
+	lose     func(*redistest.Server)
+	back     func(*testing.T, *redistest.Server)
+}
+
+// clusterMasterLost runs the Cluster scenario on the master holding the
+// most shards.
+func clusterMasterLost(t *testing.T, l clusterLoss) {
 	t.Parallel()
 	cl := redistest.StartClusterWithReplicas(t, 3)
 	addrs := cl.Addrs()
-	gws := startGateways(t, addrs, addrs)
+	gws := startGatewaysWith(t, l.settings, addrs, addrs)
 	r := newRig(t, newCollector(t, addrs...), gws...)
 	owned := map[int]int{}
 	victim := -1
@@ -278,11 +307,16 @@ func clusterMasterLost(t *testing.T, how string, lose func(*redistest.Server)) {
 	r.fleet.start()
 	r.at(warm)
 	r.faultFrom()
-	lose(cl.Nodes[victim])
+	l.lose(cl.Nodes[victim])
 	waitClusterOK(t, cl, victim, 30*time.Second)
+	promoted := time.Since(r.x.faultStart)
+	if l.back != nil {
+		l.back(t, cl.Nodes[victim])
+	}
 	r.faultTo()
-	t.Logf("cluster: %s master %s (%d of %d shards); promoted after %v",
-		how, cl.Nodes[victim].Addr, owned[victim], shards, r.x.faultEnd.Sub(r.x.faultStart).Round(time.Millisecond))
+	t.Logf("cluster: %s master %s (%d of %d shards); promoted after %v, fault over after %v",
+		l.how, cl.Nodes[victim].Addr, owned[victim], shards, promoted.Round(time.Millisecond),
+		r.x.faultEnd.Sub(r.x.faultStart).Round(time.Millisecond))
 	r.finish()
 }
 

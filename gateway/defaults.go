@@ -27,3 +27,9 @@ const (
 	DefaultRunnerBatch    = 500
 	DefaultRunnerLockTTL  = 5 * time.Second
 )
+
+// CoverageWait is how long past a device's deadline a store may wait for
+// the coverage of a gateway that keeps flushing every flush (gateway.Batch
+// Covers): the coverage's margin of one flush interval, up to one more
+// until the next flush, and the reap's recheck of one.
+func CoverageWait(flush time.Duration) time.Duration { return 3 * flush }

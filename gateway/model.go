@@ -126,6 +126,13 @@ type Write struct {
 	// travels with the evidence through the queue and the outbox, so a
 	// reload changes nothing already observed); 0 means Batch.Lease.
 	Lease time.Duration
+	// Coalesced says that this connect or renew stands for several
+	// observations of its session, of which the sender kept only the
+	// newest (its sending was held up, and its queue merged them): as for
+	// Batch.Replay, the store allows it up to the gateway grace after its
+	// session's deadline, since what bridged the delay may be gone. The
+	// other writes of the batch keep the plain rule.
+	Coalesced bool
 }
 
 // LeaseOr is the write's lease: its own, else the batch's lease def.
@@ -146,9 +153,10 @@ type Batch struct {
 	// Replay marks writes replayed from the outbox: an online event they
 	// cause carries ReasonReplay.
 	Replay bool
-	// Behind says that the gateway's outbox still holds writes: until it
-	// has caught up, the store's runner holds (does not reap) the devices
-	// it wrote last (gateway grace).
+	// Behind says that the gateway's outbox still holds writes of the
+	// batch's shard: until it has caught up there, the store's runner
+	// holds (does not reap) the devices of the shard it wrote last
+	// (gateway grace).
 	Behind bool
 	// Restore marks renewals that re-send this gateway's live sessions of
 	// a shard after the store lost or replaced its state there
@@ -159,14 +167,17 @@ type Batch struct {
 	// renewals that bridged the gap were acknowledged by the lost state);
 	// otherwise it is a renewal.
 	Restore bool
-	// Coalesced says that some connects or renews of the batch stand for
-	// several observations of their session, of which the sender kept
-	// only the newest (its sending was held up, and its queue merged
-	// them): as for Replay, the store allows them up to the gateway grace
-	// after their session's deadline, since what bridged the delay may be
-	// gone.
-	Coalesced bool
-	Writes    []Write
+	// Covers says that CoverAge is set: every evidence the gateway
+	// observed for the batch's shard up to CoverAge before the call was
+	// made is in this batch or in a call the store applied before it.
+	// The store keeps the latest such moment per gateway and shard on its
+	// own clock, the gateway's coverage, and expires a session only once
+	// the coverage of its gateway has reached the session's deadline
+	// (Store; invariant 11). A batch without it leaves the coverage as it
+	// is.
+	Covers   bool
+	CoverAge time.Duration
+	Writes   []Write
 }
 
 // ApplyResult reports what a batch changed.

@@ -62,18 +62,26 @@ var (
 //     the deadline index.
 //   - The device's deadline is the max over its live sessions.
 //
-// Reap, with a gateway grace (the Redis store; the embedded store is
-// written by its own gateway only, which it always hears), holds a due
-// device instead of reaping it while the gateway that wrote it last is
-// not heard (no call within the allowed silence, Batch.Behind, or not
-// since the last store outage the caller saw): its deadline moves by
-// the grace. Evidence observed before the held deadline keeps it (no
+// With a gateway grace, a session expires (in a reap, or dropped by a
+// write) only once its gateway could have renewed it after its deadline
+// and did not: the store keeps, per gateway and shard, the coverage the
+// gateway's applied calls reported (Batch.Covers), and a session whose
+// deadline the coverage of its gateway has not reached waits. A reap
+// holds such a device instead of reaping it: it looks again soon while
+// the gateway is heard (a call within the allowed silence, since the
+// last store outage the caller saw), or at the end of the grace when it
+// is not. Evidence observed before the held deadline keeps it (no
 // event), and so does replayed or coalesced evidence (Batch.Replay,
-// Batch.Coalesced) observed at most the grace after a session's
+// Write.Coalesced: per write, so a plain write of the same batch keeps
+// the plain rule) observed at most the grace after a session's
 // deadline, held or not: an outbox or a held-up queue keeps only a
 // session's newest evidence, so what bridged an outage may be gone.
 // At the end of the grace a held device is reaped with its true
-// deadline, reason gateway_lost if its gateway is still not heard.
+// deadline, reason gateway_lost if its gateway's coverage has still not
+// reached it. A gateway that reports no coverage (an older release) is
+// judged by its last call instead: it counts as having covered a
+// deadline when it was heard within the silence, is not behind, and was
+// heard since the last outage.
 //
 // So replaying a batch is harmless: a duplicate connect or renew extends
 // nothing, a duplicate leave finds no session. A device's record (state,
@@ -109,6 +117,13 @@ type Writer interface {
 	// The uplink writes through it alone: flushes, the epoch announcement
 	// and outbox replays.
 	ApplyShards(ctx context.Context, batches []ShardBatch) []ShardResult
+	// Probe reports, per shard, whether the part of the store that holds
+	// it answers (nil) or not, in one round trip (one per Cluster node,
+	// in parallel), by reading it: it writes nothing, records no epoch
+	// and no liveness, so the first write after an outage is still the
+	// caller's own (the uplink probes the shards it found down before it
+	// replays their outbox entries). The result has one entry per shard.
+	Probe(ctx context.Context, shards []int) []error
 	// Now is the store's clock.
 	Now(ctx context.Context) (time.Time, error)
 }

@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/fleetgate/fleetgate/gateway"
 	"github.com/fleetgate/fleetgate/sim/check"
 )
 
@@ -72,8 +73,12 @@ func (o *Options) validate() error {
 	return nil
 }
 
-// Bound is the worst-case detection the run is judged against.
-func (o Options) Bound() time.Duration { return o.Lease + o.RunnerInterval + o.Slack }
+// Bound is the worst-case detection the run is judged against: the
+// bound check-config prints (lease, the wait for the gateways' coverage,
+// the runner's interval) and the slack.
+func (o Options) Bound() time.Duration {
+	return o.Lease + gateway.CoverageWait(o.FlushInterval) + o.RunnerInterval + o.Slack
+}
 
 // Run plays the fleet, waits for what should follow, reads the events
 // and compares them with the truth.

@@ -43,7 +43,7 @@ type slot struct {
 	kindLease, leaveLease time.Duration
 	// merged: kind stands for several observations of which only the
 	// newest is kept; the older ones may have been what bridged a delay
-	// in sending (gateway.Batch.Coalesced).
+	// in sending (gateway.Write.Coalesced).
 	merged bool
 }
 
@@ -162,11 +162,13 @@ type timedWrite struct {
 }
 
 // appendWrites appends the writes of items, ordered by observation time
-// (a device's sessions then reach the store in the order they happened).
+// (a device's sessions then reach the store in the order they happened);
+// a connect or renew that stands for several observations is marked
+// Coalesced.
 func appendWrites(dst []timedWrite, items []item) []timedWrite {
 	start := len(dst)
 	for _, it := range items {
-		kind := timedWrite{it.at, gateway.Write{Device: it.device, Session: it.session, Kind: it.kind, Lease: it.kindLease}}
+		kind := timedWrite{it.at, gateway.Write{Device: it.device, Session: it.session, Kind: it.kind, Lease: it.kindLease, Coalesced: it.merged}}
 		if it.kind != 0 && it.kindFirst {
 			dst = append(dst, kind)
 		}
@@ -298,6 +300,20 @@ func (q *queue) peek() []item {
 		items[i] = item{k, *q.slots[k]}
 	}
 	return items
+}
+
+// oldest is the earliest observation of the evidence pending (zero when
+// none is).
+func (q *queue) oldest() time.Time {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	var o time.Time
+	for _, s := range q.slots {
+		if f := s.first(); o.IsZero() || f.Before(o) {
+			o = f
+		}
+	}
+	return o
 }
 
 // pending is the number of writes waiting.

@@ -294,7 +294,7 @@ func TestCoalescingKeepsStoreOutcome(t *testing.T) {
 }
 
 // A slot that merged two connects or renews says so (they stand for
-// several observations, gateway.Batch.Coalesced); one observation, or a
+// several observations, gateway.Write.Coalesced); one observation, or a
 // visit and a leave, does not; merge keeps the mark.
 func TestSlotMerged(t *testing.T) {
 	C, R, L := gateway.Connect, gateway.Renew, gateway.Leave

@@ -58,7 +58,7 @@ func BenchmarkOutboxReplay100k(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		ob, err := OpenOutbox(db, OutboxOptions{})
+		ob, err := OpenOutbox(db, OutboxOptions{Shards: benchShards})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -147,7 +147,7 @@ func BenchmarkFlushRoundTrips(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer db.Close()
-	ob, err := OpenOutbox(db, OutboxOptions{})
+	ob, err := OpenOutbox(db, OutboxOptions{Shards: benchShards})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -84,7 +84,7 @@ func TestOutboxEntryOfAnotherBootReplaced(t *testing.T) {
 	if got := u.Status().Dropped.UnknownAge; got != 1 {
 		t.Fatalf("dropped.unknown_age = %d, want 1 (the leave of the other boot)", got)
 	}
-	perShard, unknown, bad, err := e.ob.oldestRecords(testShards, 10, 10, nil)
+	perShard, unknown, bad, err := e.ob.oldestRecords(everyShard(testShards), 10, 10, nil)
 	if err != nil || len(unknown) != 0 || len(bad) != 0 {
 		t.Fatal(err, unknown, bad)
 	}

@@ -59,7 +59,7 @@ func crashChild(path, addr, prefix string) error {
 	if err != nil {
 		return err
 	}
-	ob, err := OpenOutbox(db, OutboxOptions{Logger: log})
+	ob, err := OpenOutbox(db, OutboxOptions{Shards: testShards, Logger: log})
 	if err != nil {
 		return err
 	}
@@ -118,7 +118,7 @@ func TestOutboxSurvivesKill9(t *testing.T) {
 		if !strings.Contains(logs.String(), "checked after an unclean stop") {
 			t.Errorf("round %d: no check after kill -9; log: %s", round, logs.String())
 		}
-		ob, err := OpenOutbox(db, OutboxOptions{})
+		ob, err := OpenOutbox(db, OutboxOptions{Shards: testShards})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -1,12 +1,10 @@
 package uplink
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"math"
-	"slices"
 	"time"
 
 	"github.com/fleetgate/fleetgate/gateway"
@@ -36,8 +34,9 @@ func (u *Uplink) flushLoop(ctx context.Context) {
 }
 
 // Flush sends everything pending now: to the store, or to the outbox
-// while the store is down or the outbox is not yet replayed. An error
-// means writes could be neither sent nor buffered; they stay queued.
+// for a shard that is down or whose outbox entries are not yet replayed.
+// An error means writes could be neither sent nor buffered; they stay
+// queued.
 func (u *Uplink) Flush(ctx context.Context) error {
 	t := u.timing()
 	rounds := t.queueLimit/t.maxBatch + 2
@@ -52,68 +51,55 @@ func (u *Uplink) Flush(ctx context.Context) error {
 	return nil
 }
 
-// flushOnce takes up to MaxBatch writes per shard and sends them in one
-// store call; what fails goes to the outbox in one transaction. While the
-// uplink is down or the outbox holds entries it moves everything pending
-// to the outbox instead. Unless force, a leave observed less than the
-// leave grace ago stays queued (a move between gateways with a clean
-// goodbye: the new gateway's connect lands first).
+// flushOnce moves everything pending of a shard that is down or whose
+// outbox holds entries to the outbox (order per session), in one
+// transaction, then takes up to MaxBatch writes of every other shard and
+// sends them in one store call; the batches that fail go to the outbox
+// in one transaction, and their shards are down from then on. Unless
+// force, a leave observed less than the leave grace ago stays queued (a
+// move between gateways with a clean goodbye: the new gateway's connect
+// lands first), whether the call or the outbox takes the shard's writes:
+// a replay writes a leave at once.
 func (u *Uplink) flushOnce(ctx context.Context, force bool) error {
 	u.sendMu.Lock()
 	defer u.sendMu.Unlock()
 	t := u.timing()
-	toOutbox := !u.isUp() || u.ob.Len() > 0
-	limit := t.maxBatch
-	now, hold := u.clock.Now(), time.Duration(0)
-	if !force && !toOutbox {
-		hold = t.leaveGrace
+	now, hold := u.clock.Now(), t.leaveGrace
+	if force {
+		hold = 0
 	}
-	if toOutbox {
-		limit = math.MaxInt
-	}
-	taken := make([][]item, u.shards)
-	total := 0
-	for i, q := range u.queues {
-		var n int
-		taken[i], n = q.take(limit, now, hold)
-		total += n
-	}
-	if total == 0 {
-		if !toOutbox && u.keepAliveDue() {
-			u.write(ctx, t, flushWrite, nil)
+	direct := make([]bool, u.shards)
+	var buffered []item
+	for shard, q := range u.queues {
+		if direct[shard] = u.shardUp(shard) && !u.ob.holds(shard); !direct[shard] {
+			its, _ := q.take(math.MaxInt, now, hold)
+			buffered = append(buffered, its...)
 		}
-		return nil
 	}
-	var failed []item
-	if toOutbox {
-		for _, items := range taken {
-			failed = append(failed, items...)
+	// into the outbox before the call, so that the coverage of its
+	// batches counts them (cover.go)
+	err := u.bufferOrRequeue(buffered)
+	var (
+		ws   []shardWrites
+		sent [][]item
+	)
+	for shard, q := range u.queues {
+		if !direct[shard] {
+			continue
 		}
-	} else {
-		var ws []shardWrites
-		var items [][]item
-		for shard, its := range taken {
-			if len(its) > 0 {
-				ws = append(ws, shardWrites{shard: shard, tws: appendWrites(nil, its), coalesced: slices.ContainsFunc(its, merged)})
-				items = append(items, its)
+		if its, _ := q.take(t.maxBatch, now, hold); len(its) > 0 {
+			ws = append(ws, shardWrites{shard: shard, tws: appendWrites(nil, its)})
+			sent = append(sent, its)
+		}
+	}
+	if len(ws) > 0 || u.idleDue(t) {
+		var failed []item
+		for i, werr := range u.write(ctx, t, flushWrite, ws) {
+			if werr != nil {
+				failed = append(failed, sent[i]...)
 			}
 		}
-		var first error
-		for i, err := range u.write(ctx, t, flushWrite, ws) {
-			if err != nil {
-				failed = append(failed, items[i]...)
-				first = cmp.Or(first, err)
-			}
-		}
-		if first != nil {
-			u.markDown(first)
-		}
-	}
-	if len(failed) > 0 {
-		if err := u.buffer(failed); err != nil {
-			u.requeue(failed)
-			return err
-		}
+		err = errors.Join(err, u.bufferOrRequeue(failed))
 	}
 	for _, q := range u.queues {
 		if q.pending() >= t.maxBatch {
@@ -121,19 +107,14 @@ func (u *Uplink) flushOnce(ctx context.Context, force bool) error {
 			break
 		}
 	}
-	return nil
+	return err
 }
 
-// shardWrites is one shard's writes for a store call; coalesced says
-// that some stand for several observations (gateway.Batch.Coalesced).
+// shardWrites is one shard's writes for a store call.
 type shardWrites struct {
-	shard     int
-	tws       []timedWrite
-	coalesced bool
+	shard int
+	tws   []timedWrite
 }
-
-// merged reports whether it stands for several observations.
-func merged(it item) bool { return it.merged }
 
 // writeKind says what a write call carries.
 type writeKind int
@@ -150,41 +131,48 @@ const (
 // computed just before it, counted by one set of metrics. It returns,
 // per element, nil when the store applied the batch or, but for a
 // restore, refused it for good (dropped, logged and counted: see
-// refused), else the error of a store that did not take it. Called with
-// sendMu held.
+// refused), else the error of a store that did not take it; the shards
+// of those batches are down from then on (health.go). Called with sendMu
+// held, and never for a shard that is down.
 //
 // The call also carries an empty batch for each shard ws leaves out that
-// has not heard from this process for KeepAlive (gateway liveness), and
-// for every such shard until this process's epoch is recorded on all of
-// them: the stores keep the newest epoch per shard, so without it a
-// delayed batch of an older process of this gateway would still be
-// accepted on a shard this process has not written to yet (invariant 3).
-// Every batch says whether the outbox still holds writes (Behind).
+// is up and has not heard from this process for KeepAlive (gateway
+// liveness), or in a flush for half a flush interval (so that its
+// coverage moves on), or ever: the stores keep the newest epoch per
+// shard, so until this process's epoch is recorded on a shard a delayed
+// batch of an older process of this gateway would still be accepted
+// there (invariant 3). Every batch says whether the outbox still holds
+// writes of its shard (Behind) and up to when this gateway's evidence of
+// its shard is written (Covers, cover.go).
 //
 // A shard whose state the store lost or replaced (ApplyResult.Reset)
 // gets its live sessions restored (restoreShards) unless the call was
 // itself a restore: the next calls' renewals write what is left.
 func (u *Uplink) write(ctx context.Context, t timing, kind writeKind, ws []shardWrites) []error {
 	now := u.clock.Now()
-	behind := u.ob.Len() > 0
 	batches := make([]gateway.ShardBatch, 0, len(ws))
-	for _, w := range ws {
-		b := u.batch(t, kind == replayWrite, behind, withAges(w.tws, now))
-		b.Restore = kind == restoreWrite
-		b.Coalesced = w.coalesced
-		batches = append(batches, gateway.ShardBatch{Shard: w.shard, Batch: b})
-	}
 	has := make([]bool, u.shards)
 	for _, w := range ws {
+		b := u.batch(t, kind == replayWrite, u.ob.holds(w.shard), withAges(w.tws, now))
+		b.Restore = kind == restoreWrite
+		batches = append(batches, gateway.ShardBatch{Shard: w.shard, Batch: b})
 		has[w.shard] = true
 	}
+	idle := u.keepAlive
+	if kind == flushWrite {
+		idle = min(idle, t.interval/2)
+	}
 	for shard := range has {
-		if !has[shard] && (!u.announced || now.Sub(u.heard[shard]) >= u.keepAlive) {
-			batches = append(batches, gateway.ShardBatch{Shard: shard, Batch: u.batch(t, false, behind, nil)})
+		if !has[shard] && now.Sub(u.heard[shard]) >= idle && u.shardUp(shard) {
+			batches = append(batches, gateway.ShardBatch{Shard: shard, Batch: u.batch(t, false, u.ob.holds(shard), nil)})
 		}
 	}
 	if len(batches) == 0 {
 		return nil
+	}
+	for i := range batches {
+		b := &batches[i].Batch
+		b.Covers, b.CoverAge = true, now.Sub(u.coverage(batches[i].Shard, now, t.interval))
 	}
 	parent := ctx
 	ctx, cancel := context.WithTimeout(ctx, u.timeout)
@@ -200,7 +188,10 @@ func (u *Uplink) write(ctx context.Context, t timing, kind writeKind, ws []shard
 		}
 	}
 	errs := make([]error, len(batches))
-	var reset []int
+	var (
+		reset, applied, down []int
+		downErrs             []error
+	)
 	for i, r := range results {
 		sb := batches[i]
 		u.m.flushes.Inc()
@@ -210,6 +201,7 @@ func (u *Uplink) write(ctx context.Context, t timing, kind writeKind, ws []shard
 		}
 		if r.Err == nil {
 			u.heard[sb.Shard] = now
+			applied = append(applied, sb.Shard)
 			for _, w := range sb.Batch.Writes {
 				u.m.written.WithLabelValues(w.Kind.String()).Inc()
 			}
@@ -217,14 +209,17 @@ func (u *Uplink) write(ctx context.Context, t timing, kind writeKind, ws []shard
 		}
 		u.m.flushErrors.Inc()
 		err := fmt.Errorf("uplink: apply shard %d: %w", sb.Shard, r.Err)
+		refused := u.refused(err, sb.Shard, len(sb.Batch.Writes))
+		if !refused {
+			down, downErrs = append(down, sb.Shard), append(downErrs, err)
+		}
 		// a refused restore is reported too: no session of it was restored
-		if !u.refused(err, sb.Shard, len(sb.Batch.Writes)) || kind == restoreWrite {
+		if !refused || kind == restoreWrite {
 			errs[i] = err
 		}
 	}
-	if !u.announced && !slices.ContainsFunc(errs, func(err error) bool { return err != nil }) {
-		u.announced = true
-	}
+	u.answered(applied)
+	u.markDown(down, downErrs)
 	if len(reset) > 0 && kind != restoreWrite {
 		u.restoreShards(parent, t, reset)
 	}
@@ -236,12 +231,13 @@ func (u *Uplink) batch(t timing, replay, behind bool, ws []gateway.Write) gatewa
 	return gateway.Batch{Gateway: u.gw, Epoch: u.epoch, Lease: t.lease, Replay: replay, Behind: behind, Writes: ws}
 }
 
-// keepAliveDue reports whether a shard has not heard from this process
-// for KeepAlive. Called with sendMu held.
-func (u *Uplink) keepAliveDue() bool {
+// idleDue reports whether a shard that is up has not heard from this
+// process for half a flush interval (its coverage would not move on).
+// Called with sendMu held.
+func (u *Uplink) idleDue(t timing) bool {
 	now := u.clock.Now()
-	for _, h := range u.heard {
-		if now.Sub(h) >= u.keepAlive {
+	for shard, h := range u.heard {
+		if now.Sub(h) >= min(u.keepAlive, t.interval/2) && u.shardUp(shard) {
 			return true
 		}
 	}
@@ -268,7 +264,7 @@ func (u *Uplink) refused(err error, shard, writes int) bool {
 	return false
 }
 
-// buffer puts items into the outbox and wakes the health loop.
+// buffer puts items into the outbox and wakes the replay loop.
 func (u *Uplink) buffer(items []item) error {
 	evicted, unknown, err := u.ob.put(items)
 	if err != nil {
@@ -282,6 +278,19 @@ func (u *Uplink) buffer(items []item) error {
 	}
 	u.signal(u.wake)
 	return nil
+}
+
+// bufferOrRequeue buffers items, or puts them back into their queues when
+// the outbox cannot take them (the error says so).
+func (u *Uplink) bufferOrRequeue(items []item) error {
+	if len(items) == 0 {
+		return nil
+	}
+	err := u.buffer(items)
+	if err != nil {
+		u.requeue(items)
+	}
+	return err
 }
 
 // countUnknownAge counts outbox writes dropped because their age is

@@ -81,7 +81,7 @@ func TestStateFileV1OutboxReplayed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ob, err := OpenOutbox(db, OutboxOptions{Logger: testLogger(t), Clock: clock})
+	ob, err := OpenOutbox(db, OutboxOptions{Shards: testShards, Logger: testLogger(t), Clock: clock})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -36,10 +36,12 @@ type applyCall struct {
 // counted apart, and so are the ApplyShards calls (round trips).
 type countingStore struct {
 	gateway.Store
+	clock     *clocktest.Clock
 	mu        sync.Mutex
 	calls     []applyCall
 	announces int
 	multis    int
+	covered   map[int]time.Time // per shard, the last coverage sent
 }
 
 var _ gateway.Store = (*countingStore)(nil)
@@ -64,6 +66,12 @@ func (c *countingStore) ApplyShards(ctx context.Context, batches []gateway.Shard
 func (c *countingStore) record(shard int, b gateway.Batch, err error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if b.Covers && c.clock != nil {
+		if c.covered == nil {
+			c.covered = map[int]time.Time{}
+		}
+		c.covered[shard] = c.clock.Now().Add(-b.CoverAge)
+	}
 	if len(b.Writes) == 0 {
 		c.announces++
 	} else {
@@ -82,6 +90,14 @@ func (c *countingStore) Announces() int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.announces
+}
+
+// Covered is the coverage the last batch for shard reported (zero when
+// none did).
+func (c *countingStore) Covered(shard int) time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.covered[shard]
 }
 
 func (c *countingStore) Calls() []applyCall {
@@ -123,11 +139,11 @@ func newEnv(t *testing.T, o Options, ob OutboxOptions, open func(db *bolt.DB, c 
 	}
 	t.Cleanup(func() { db.Close() })
 	e.db = db
-	ob.Logger, ob.Clock = testLogger(t), e.clock
+	ob.Logger, ob.Clock, ob.Shards = testLogger(t), e.clock, testShards
 	if e.ob, err = OpenOutbox(db, ob); err != nil {
 		t.Fatal(err)
 	}
-	e.store = &countingStore{Store: open(db, e.clock)}
+	e.store = &countingStore{Store: open(db, e.clock), clock: e.clock}
 	if o.Gateway == "" {
 		o.Gateway = "gw-test"
 	}
@@ -294,6 +310,15 @@ func metricValue(t testing.TB, reg *prometheus.Registry, name, labelName, labelV
 	}
 	t.Fatalf("no series %s{%s=%q}", name, labelName, labelValue)
 	return 0
+}
+
+// everyShard is the want of Outbox.oldestRecords for every one of shards.
+func everyShard(shards int) []bool {
+	want := make([]bool, shards)
+	for i := range want {
+		want[i] = true
+	}
+	return want
 }
 
 // testBoot is the boot the tests' records are written in.

@@ -76,13 +76,17 @@ func newMetrics(u *Uplink, reg prometheus.Registerer) *metrics {
 		}, func() float64 { return u.outboxOldest().Seconds() }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "fleetgate_uplink_up",
-			Help: "1 while the central store answers, 0 while the uplink is down.",
+			Help: "1 while the central store answers for every shard, 0 while one is down.",
 		}, func() float64 {
 			if u.isUp() {
 				return 1
 			}
 			return 0
 		}),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "fleetgate_uplink_shards_down",
+			Help: "Shards the central store does not answer for: their writes go to the outbox until a probe succeeds (which ones: /v1/status uplink.shards_down).",
+		}, func() float64 { return float64(u.shardsDown()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "fleetgate_uplink_pending",
 			Help: "Writes waiting in the batcher's queues.",

@@ -40,6 +40,11 @@ const DefaultOutboxMaxSessions = 1_000_000
 
 // OutboxOptions configure an Outbox.
 type OutboxOptions struct {
+	// Shards is the store's shard count (presence.shards): the outbox
+	// counts its entries per shard (gateway.ShardOf of their device), so
+	// that a shard with none sends straight to the store while another's
+	// entries wait. Required; the uplink's store must have as many.
+	Shards int
 	// MaxSessions bounds the entries (one per session); over it the oldest
 	// entries are dropped and counted. Default DefaultOutboxMaxSessions.
 	MaxSessions int
@@ -66,8 +71,11 @@ type Outbox struct {
 
 	wmu sync.Mutex // serializes put and remove with their size bookkeeping
 
+	shards int
+
 	mu     sync.Mutex
 	n      int       // entries
+	held   []int     // entries per shard
 	oldest time.Time // first observation of the oldest entry (boot clock); zero when empty
 }
 
@@ -88,8 +96,11 @@ type record struct {
 }
 
 // OpenOutbox creates the outbox's buckets in db if needed and reads its
-// size. The outbox does not own db.
+// size, in all and per shard. The outbox does not own db.
 func OpenOutbox(db *bolt.DB, o OutboxOptions) (*Outbox, error) {
+	if o.Shards < 1 {
+		return nil, fmt.Errorf("uplink: open outbox: %d shards", o.Shards)
+	}
 	if o.MaxSessions <= 0 {
 		o.MaxSessions = DefaultOutboxMaxSessions
 	}
@@ -110,7 +121,7 @@ func OpenOutbox(db *bolt.DB, o OutboxOptions) (*Outbox, error) {
 			o.Boot = b
 		}
 	}
-	ob := &Outbox{db: db, max: o.MaxSessions, log: o.Logger, clock: o.Clock, boot: o.Boot}
+	ob := &Outbox{db: db, max: o.MaxSessions, log: o.Logger, clock: o.Clock, boot: o.Boot, shards: o.Shards, held: make([]int, o.Shards)}
 	err := db.Update(func(tx *bolt.Tx) error {
 		sb, err := tx.CreateBucketIfNotExists(bucketSessions)
 		if err != nil {
@@ -128,12 +139,21 @@ func OpenOutbox(db *bolt.DB, o OutboxOptions) (*Outbox, error) {
 			}
 		}
 		ob.oldest = oldestIn(tb)
-		return nil
+		return tx.Bucket(bucketSessions).ForEach(func(sk, _ []byte) error {
+			ob.held[ob.shardOf(sk)]++
+			return nil
+		})
 	})
 	if err != nil {
 		return nil, fmt.Errorf("uplink: open outbox: %w", err)
 	}
 	return ob, nil
+}
+
+// shardOf is the shard of the device of a session key.
+func (o *Outbox) shardOf(sk []byte) int {
+	dev, _, _ := bytes.Cut(sk, []byte{0})
+	return gateway.ShardOf(gateway.DeviceID(dev), o.shards)
 }
 
 // rebuildIndex recreates the time index from the session entries,
@@ -181,6 +201,13 @@ func (o *Outbox) Len() int {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	return o.n
+}
+
+// holds reports whether the outbox has entries of shard.
+func (o *Outbox) holds(shard int) bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.held[shard] > 0
 }
 
 // Oldest is the observation time of the oldest entry's oldest write, on
@@ -272,17 +299,19 @@ func (o *Outbox) put(items []item) (evicted, unknown int, err error) {
 	defer o.wmu.Unlock()
 	var (
 		added  int
+		delta  []int // entries per shard
 		oldest time.Time
 	)
 	err = o.db.Update(func(tx *bolt.Tx) error {
 		sb, tb := tx.Bucket(bucketSessions), tx.Bucket(bucketByTime)
-		added, evicted, unknown = 0, 0, 0
+		added, evicted, unknown, delta = 0, 0, 0, make([]int, o.shards)
 		for _, it := range items {
 			sk := sessionKey(it.key)
 			s := it.slot
 			switch v := sb.Get(sk); {
 			case v == nil:
 				added++
+				delta[o.shardOf(sk)]++
 			default:
 				old, err := decodeRecord(sk, v)
 				if err != nil {
@@ -329,6 +358,7 @@ func (o *Outbox) put(items []item) (evicted, unknown int, err error) {
 			}
 			evicted += writes
 			added--
+			delta[o.shardOf(sk)]--
 		}
 		oldest = oldestIn(tb)
 		return nil
@@ -336,29 +366,37 @@ func (o *Outbox) put(items []item) (evicted, unknown int, err error) {
 	if err != nil {
 		return 0, 0, fmt.Errorf("uplink: outbox put: %w", err)
 	}
-	o.setSize(added, oldest)
+	o.setSize(added, delta, oldest)
 	return evicted, unknown, nil
 }
 
-// oldestRecords reads entries oldest first for one replay round: per
-// shard at most maxWrites writes, scanning at most scan entries besides
-// those whose sequence number is in skip (being deleted), with their
-// times on the outbox's clock. Entries of unknown age are returned as
-// unknown, and entries that cannot be decoded as bad, to be removed.
-func (o *Outbox) oldestRecords(shards, maxWrites, scan int, skip map[uint64]bool) (perShard [][]record, unknown []record, bad [][]byte, err error) {
+// oldestRecords reads entries oldest first for one replay round, of the
+// shards in want only: per shard at most maxWrites writes, scanning at
+// most scan entries of those shards besides those whose sequence number
+// is in skip (being deleted), with their times on the outbox's clock;
+// entries of the other shards are passed over (only their session key is
+// read). Entries of unknown age are returned as unknown, and entries that
+// cannot be decoded as bad, to be removed.
+func (o *Outbox) oldestRecords(want []bool, maxWrites, scan int, skip map[uint64]bool) (perShard [][]record, unknown []record, bad [][]byte, err error) {
 	boot, since, err := o.boot.Boot()
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("uplink: outbox read: %w", err)
 	}
 	now := o.clock.Now()
-	perShard = make([][]record, shards)
-	writes := make([]int, shards)
-	full := 0
+	perShard = make([][]record, o.shards)
+	writes := make([]int, o.shards)
+	full, shards := 0, 0
+	for _, w := range want {
+		if w {
+			shards++
+		}
+	}
 	err = o.db.View(func(tx *bolt.Tx) error {
 		sb, tb := tx.Bucket(bucketSessions), tx.Bucket(bucketByTime)
 		c := tb.Cursor()
 		for tk, sk := c.First(); tk != nil && scan > 0 && full < shards; tk, sk = c.Next() {
-			if skip[seqOf(tk)] {
+			sh := o.shardOf(sk)
+			if !want[sh] || skip[seqOf(tk)] {
 				continue
 			}
 			scan--
@@ -373,7 +411,6 @@ func (o *Outbox) oldestRecords(shards, maxWrites, scan int, skip map[uint64]bool
 				unknown = append(unknown, r)
 				continue
 			}
-			sh := gateway.ShardOf(r.device, shards)
 			if writes[sh] == maxWrites {
 				continue
 			}
@@ -408,11 +445,12 @@ func (o *Outbox) remove(recs []record, bad [][]byte) error {
 	defer o.wmu.Unlock()
 	var (
 		removed int
+		delta   []int // entries per shard
 		oldest  time.Time
 	)
 	err := o.db.Update(func(tx *bolt.Tx) error {
 		sb, tb := tx.Bucket(bucketSessions), tx.Bucket(bucketByTime)
-		removed = 0
+		removed, delta = 0, make([]int, o.shards)
 		for _, r := range recs {
 			sk := sessionKey(r.key)
 			v := sb.Get(sk)
@@ -435,6 +473,7 @@ func (o *Outbox) remove(recs []record, bad [][]byte) error {
 				}
 			}
 			removed++
+			delta[o.shardOf(sk)]--
 		}
 		for _, tk := range bad {
 			sk := tb.Get(tk)
@@ -447,6 +486,7 @@ func (o *Outbox) remove(recs []record, bad [][]byte) error {
 						return err
 					}
 					removed++
+					delta[o.shardOf(sk)]--
 				}
 			}
 			if err := tb.Delete(tk); err != nil {
@@ -459,15 +499,18 @@ func (o *Outbox) remove(recs []record, bad [][]byte) error {
 	if err != nil {
 		return fmt.Errorf("uplink: outbox remove: %w", err)
 	}
-	o.setSize(-removed, oldest)
+	o.setSize(-removed, delta, oldest)
 	return nil
 }
 
-// setSize records a committed transaction's change of size and oldest
-// entry (callers hold wmu).
-func (o *Outbox) setSize(delta int, oldest time.Time) {
+// setSize records a committed transaction's change of size, in all and
+// per shard, and its oldest entry (callers hold wmu).
+func (o *Outbox) setSize(n int, perShard []int, oldest time.Time) {
 	o.mu.Lock()
-	o.n += delta
+	o.n += n
+	for sh, d := range perShard {
+		o.held[sh] += d
+	}
 	o.oldest = oldest
 	o.mu.Unlock()
 }

@@ -30,7 +30,7 @@ func TestOutboxMatchesModel(t *testing.T) {
 		}
 		defer db.Close()
 		maxSessions := rapid.IntRange(1, 6).Draw(rt, "max sessions")
-		ob, err := OpenOutbox(db, OutboxOptions{MaxSessions: maxSessions, Clock: wallBoot(t0.Add(time.Hour))})
+		ob, err := OpenOutbox(db, OutboxOptions{Shards: 3, MaxSessions: maxSessions, Clock: wallBoot(t0.Add(time.Hour))})
 		if err != nil {
 			rt.Fatal(err)
 		}
@@ -91,11 +91,25 @@ type modelEntry struct {
 	seq uint64
 }
 
-// checkOutbox compares the outbox's buckets and cached size and oldest
-// time with want.
+// checkOutbox compares the outbox's buckets and cached size, in all and
+// per shard (as kept and as counted again by a new open), and oldest time
+// with want.
 func checkOutbox(rt fataler, db *bolt.DB, ob *Outbox, want map[key]modelEntry) {
+	held := make([]int, ob.shards)
+	for k := range want {
+		held[gateway.ShardOf(k.device, ob.shards)]++
+	}
+	again, err := OpenOutbox(db, OutboxOptions{Shards: ob.shards, Clock: ob.clock, Boot: ob.boot})
+	if err != nil {
+		rt.Fatal(err)
+	}
+	for sh, n := range held {
+		if ob.held[sh] != n || again.held[sh] != n || ob.holds(sh) != (n > 0) {
+			rt.Fatalf("shard %d: %d entries kept, %d counted at open; model %d", sh, ob.held[sh], again.held[sh], n)
+		}
+	}
 	var oldest time.Time
-	err := db.View(func(tx *bolt.Tx) error {
+	err = db.View(func(tx *bolt.Tx) error {
 		sb, tb := tx.Bucket(bucketSessions), tx.Bucket(bucketByTime)
 		if n, m := sb.Stats().KeyN, tb.Stats().KeyN; n != len(want) || m != len(want) {
 			rt.Fatalf("%d session entries and %d index entries, model %d", n, m, len(want))

@@ -30,8 +30,9 @@ func (b *busy) stalledAt(now time.Time, limit time.Duration) (time.Duration, boo
 
 // Stalled names the first of the uplink's loops that has been inside one
 // step for longer than limit at now: "batcher" (a flush, to the store or
-// into the outbox) or "outbox" (a probe or replay round, with its outbox
-// deletions); "" when neither is. A loop waiting for work is not stalled.
+// into the outbox), "outbox" (a replay round, with its outbox deletions)
+// or "probe" (a probe of the shards that are down); "" when none is. A
+// loop waiting for work is not stalled.
 // now is on the uplink's clock (Options.Clock).
 // The service watchdog stops its keep-alives while this is not "".
 func (u *Uplink) Stalled(now time.Time, limit time.Duration) (loop string, busyFor time.Duration) {
@@ -40,6 +41,9 @@ func (u *Uplink) Stalled(now time.Time, limit time.Duration) (loop string, busyF
 	}
 	if d, ok := u.outboxBusy.stalledAt(now, limit); ok {
 		return "outbox", d
+	}
+	if d, ok := u.probeBusy.stalledAt(now, limit); ok {
+		return "probe", d
 	}
 	return "", 0
 }

@@ -3,6 +3,7 @@ package uplink
 import (
 	"cmp"
 	"context"
+	"slices"
 	"time"
 )
 
@@ -42,14 +43,16 @@ func (r *replayer) wait() {
 	}
 }
 
-// round sends one round of the outbox, oldest entries first: per shard
-// about replayChunks batches of at most MaxBatch writes each
-// (Batch.Replay), in as many writes, each carrying the next batch of
-// every shard (one round trip each), ages recomputed just before each.
-// Evidence whose lease has run out is dropped, never sent. An entry is deleted only after the store
+// round sends one round of the outbox entries of the shards that are up,
+// oldest entries first: per shard about replayChunks batches of at most
+// MaxBatch writes each (Batch.Replay), in as many writes, each carrying
+// the next batch of every such shard (one round trip each), ages
+// recomputed just before each. Evidence whose lease has run out is
+// dropped, never sent. An entry is deleted only after the store
 // acknowledged its batch (a crash in between replays it again, which the
 // store tolerates), or when all of it lapsed or the store refused it for
-// good. It returns the first error of a store that did not answer.
+// good. The entries of a shard that is down wait for a probe of it to
+// succeed. It returns the first error of a store that did not answer.
 func (r *replayer) round(ctx context.Context) error {
 	u := r.u
 	u.sendMu.Lock()
@@ -59,7 +62,15 @@ func (r *replayer) round(ctx context.Context) error {
 	if r.prev != nil {
 		skip = r.prev.skip
 	}
-	perShard, unknown, bad, err := u.ob.oldestRecords(u.shards, replayChunks*t.maxBatch, replayChunks*t.maxBatch*u.shards, skip)
+	want := make([]bool, u.shards)
+	for sh := range want {
+		want[sh] = u.ob.holds(sh) && u.shardUp(sh)
+	}
+	if !slices.Contains(want, true) {
+		r.wait()
+		return nil
+	}
+	perShard, unknown, bad, err := u.ob.oldestRecords(want, replayChunks*t.maxBatch, replayChunks*t.maxBatch*u.shards, skip)
 	if err != nil {
 		return err
 	}

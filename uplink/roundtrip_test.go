@@ -44,7 +44,7 @@ func TestFlushIsOneRoundTrip(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer db.Close()
-	ob, err := OpenOutbox(db, OutboxOptions{})
+	ob, err := OpenOutbox(db, OutboxOptions{Shards: shards})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -89,7 +89,7 @@ func TestAnnounceFencesOlderEpochEverywhere(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer db.Close()
-	ob, err := OpenOutbox(db, OutboxOptions{})
+	ob, err := OpenOutbox(db, OutboxOptions{Shards: shards})
 	if err != nil {
 		t.Fatal(err)
 	}

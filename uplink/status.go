@@ -4,11 +4,15 @@ import "time"
 
 // Status is the uplink's state for /v1/status (marshalled as it is).
 type Status struct {
-	// Up is false while the store does not answer; Since is when Up last
-	// changed, LastError why it went down.
+	// Up is false while the store does not answer for some shard; Since
+	// is when Up last changed, LastError the newest error of a shard
+	// that is down.
 	Up        bool      `json:"up"`
 	Since     time.Time `json:"since"`
 	LastError string    `json:"last_error,omitempty"`
+	// ShardsDown lists the shards that are down (their writes go to the
+	// outbox until a probe of them succeeds), by shard; none while Up.
+	ShardsDown []ShardDown `json:"shards_down,omitempty"`
 	// OutboxSessions is the outbox's entries; OutboxOldest the age of the
 	// oldest evidence in it (0 when empty).
 	OutboxSessions int           `json:"outbox_sessions"`
@@ -16,6 +20,14 @@ type Status struct {
 	// Pending is the writes waiting in the batcher.
 	Pending int     `json:"pending"`
 	Dropped Dropped `json:"dropped"`
+}
+
+// ShardDown is a shard the store does not answer for: since when, and
+// the newest error of a call or probe of it.
+type ShardDown struct {
+	Shard     int       `json:"shard"`
+	Since     time.Time `json:"since"`
+	LastError string    `json:"last_error"`
 }
 
 // Dropped counts writes given up, by reason.
@@ -37,9 +49,14 @@ type Dropped struct {
 // Status reports the uplink's state.
 func (u *Uplink) Status() Status {
 	u.hmu.Lock()
-	s := Status{Up: u.up, Since: u.since}
+	s := Status{Up: u.ndown == 0, Since: u.since}
 	if u.lastErr != nil {
 		s.LastError = u.lastErr.Error()
+	}
+	for sh, h := range u.health {
+		if h.down {
+			s.ShardsDown = append(s.ShardsDown, ShardDown{Shard: sh, Since: h.since, LastError: h.lastErr.Error()})
+		}
 	}
 	u.hmu.Unlock()
 	s.OutboxSessions = u.ob.Len()

@@ -4,15 +4,17 @@
 // max_batch, with a bounded queue that pushes back on the session table;
 // a bbolt outbox that buffers what the store could not take, coalesced
 // per session and bounded, and replays it once the store answers; and the
-// uplink's health (up/down, probed with jittered backoff).
+// uplink's health per shard (up/down, probed with jittered backoff): a
+// shard the store does not answer for sends to the outbox while the
+// others are written at once (health.go).
 //
 // Pending writes coalesce per session, in the queue and in the outbox
 // alike: the newest evidence wins, except that a leave is kept ahead of a
 // later connect or renew of the same session (both are sent, leave first,
 // so the store writes the offline and online events that happened).
 // Order per session is kept across an outage: while the outbox holds
-// anything, new writes go through it too, so an older buffered write never
-// overtakes a newer one.
+// entries of a shard, new writes of that shard go through it too, so an
+// older buffered write never overtakes a newer one.
 package uplink
 
 import (
@@ -56,14 +58,14 @@ type Options struct {
 	// QueueLimit is the pending writes per shard at which Enqueue blocks
 	// (backpressure); default 4*MaxBatch, never below MaxBatch.
 	QueueLimit int
-	// Timeout bounds one store call (Apply, or Now when probing) and the
-	// final flush of Run.
+	// Timeout bounds one store call (ApplyShards, or Probe of the down
+	// shards) and the final flush of Run.
 	Timeout time.Duration
 	// ProbeMin and ProbeMax bound the jittered exponential backoff between
-	// probes of a down store.
+	// probes of a down shard.
 	ProbeMin, ProbeMax time.Duration
 	// KeepAlive is the longest the uplink leaves a shard without a store
-	// call while the store is up: a shard not written for that long gets
+	// call while the shard is up: a shard not written for that long gets
 	// an empty batch in the next call (one is made for it when nothing
 	// else is pending), so that the store hears from this gateway on
 	// every shard (gateway liveness, see gateway.Batch.Behind). Default
@@ -103,25 +105,31 @@ type Uplink struct {
 	tmu sync.Mutex
 	tm  timing
 
-	queues []*queue
-	kick   chan struct{} // a shard reached MaxBatch, or the timing changed
-	wake   chan struct{} // the health loop has work: down, or outbox filled
+	queues  []*queue
+	blocked blocked       // Enqueue calls waiting for room (cover.go)
+	kick    chan struct{} // a shard reached MaxBatch, or the timing changed
+	wake    chan struct{} // the replay loop may have work: outbox filled, or a shard up
+	probe   chan struct{} // a shard went down
 
 	// sendMu serializes flushes and replay rounds, so that the choice
-	// between store and outbox and the order per session hold.
+	// between store and outbox and the order per session hold. Probes
+	// write nothing and run without it.
 	sendMu sync.Mutex
-	// announced: this process's epoch is recorded on every shard (write).
-	announced bool // under sendMu
-	// heard is when each shard last took a call of this process.
+	// heard is when each shard last took a call of this process (zero:
+	// none yet, so its epoch is not recorded there).
 	heard     []time.Time // under sendMu
 	keepAlive time.Duration
-	// flushBusy and outboxBusy: the flush loop and the replay loop are
-	// inside a step (see Stalled).
-	flushBusy, outboxBusy busy
-	sessions              func(fn func(gateway.SessionView) bool)
+	// flushBusy, outboxBusy and probeBusy: the flush, replay and probe
+	// loops are inside a step (see Stalled).
+	flushBusy, outboxBusy, probeBusy busy
+	sessions                         func(fn func(gateway.SessionView) bool)
 
+	// hmu guards the health of the shards (health.go): ndown of them are
+	// down; since is when the uplink (every shard) last went down or up,
+	// lastErr the newest error of a down shard.
 	hmu      sync.Mutex
-	up       bool
+	health   []shardHealth
+	ndown    int
 	since    time.Time
 	lastErr  error
 	lapsed   atomic.Uint64
@@ -144,9 +152,13 @@ type timing struct {
 
 var _ gateway.Uplink = (*Uplink)(nil)
 
-// New returns an uplink to store that buffers in ob. Call Run to start
-// its flush and health loops.
+// New returns an uplink to store that buffers in ob, which must be opened
+// for the store's shard count (it panics otherwise). Call Run to start
+// its flush, probe and replay loops.
 func New(store gateway.Writer, ob *Outbox, o Options) *Uplink {
+	if ob.shards != store.Shards() {
+		panic(fmt.Sprintf("uplink: outbox opened for %d shards, the store has %d", ob.shards, store.Shards()))
+	}
 	if o.Clock == nil {
 		o.Clock = gateway.SystemClock{}
 	}
@@ -181,11 +193,12 @@ func New(store gateway.Writer, ob *Outbox, o Options) *Uplink {
 		sessions:      o.Sessions,
 		kick:          make(chan struct{}, 1),
 		wake:          make(chan struct{}, 1),
-		up:            true,
+		probe:         make(chan struct{}, 1),
 		since:         o.Clock.Now(),
 	}
 	u.tm = u.makeTiming(o.Lease, o.FlushInterval, o.MaxBatch)
 	u.heard = make([]time.Time, u.shards)
+	u.health = make([]shardHealth, u.shards)
 	u.queues = make([]*queue, u.shards)
 	for i := range u.queues {
 		u.queues[i] = newQueue()
@@ -249,6 +262,12 @@ func (u *Uplink) Enqueue(ctx context.Context, ev gateway.Evidence) error {
 		// changes nothing already queued or buffered.
 		ev.Lease = u.timing().lease
 	}
+	var done func()
+	defer func() {
+		if done != nil {
+			done()
+		}
+	}()
 	for {
 		t := u.timing()
 		ok, space := q.tryAdd(ev, t.queueLimit)
@@ -257,6 +276,11 @@ func (u *Uplink) Enqueue(ctx context.Context, ev gateway.Evidence) error {
 				u.signal(u.kick)
 			}
 			return nil
+		}
+		if done == nil {
+			// what waits here is not yet written: the coverage stops
+			// before it (cover.go)
+			done = u.blocked.wait(ev.ObservedAt)
 		}
 		u.signal(u.kick)
 		select {
@@ -268,13 +292,14 @@ func (u *Uplink) Enqueue(ctx context.Context, ev gateway.Evidence) error {
 }
 
 // Run flushes every flush interval (or when a shard reaches MaxBatch),
-// watches the store's health and replays the outbox, until ctx is done;
-// then it does a final flush, to the store or the outbox, bounded by
-// Options.Timeout. It returns only the final flush's error.
+// probes the shards that are down and replays the outbox, until ctx is
+// done; then it does a final flush, to the store or the outbox, bounded
+// by Options.Timeout. It returns only the final flush's error.
 func (u *Uplink) Run(ctx context.Context) error {
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { u.flushLoop(gctx); return nil })
-	g.Go(func() error { u.healthLoop(gctx); return nil })
+	g.Go(func() error { u.probeLoop(gctx); return nil })
+	g.Go(func() error { u.replayLoop(gctx); return nil })
 	_ = g.Wait()
 	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), u.timeout)
 	defer cancel()

@@ -197,7 +197,7 @@ func TestBufferedSessionNotOvertakenByNewEvidence(t *testing.T) {
 func TestOutboxCoalescesAndEvictsOldest(t *testing.T) {
 	_, e := newEmbeddedUplink(t, Options{})
 	e.clock.Advance(time.Minute) // every entry is observed before now
-	ob, err := OpenOutbox(e.db, OutboxOptions{MaxSessions: 5, Clock: e.clock})
+	ob, err := OpenOutbox(e.db, OutboxOptions{Shards: 1, MaxSessions: 5, Clock: e.clock})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -222,7 +222,7 @@ func TestOutboxCoalescesAndEvictsOldest(t *testing.T) {
 	if n := put("d5", gateway.Connect, 11); n != 1 {
 		t.Fatalf("evicted %d writes, want 1", n)
 	}
-	perShard, _, bad, err := ob.oldestRecords(1, 100, 100, nil)
+	perShard, _, bad, err := ob.oldestRecords([]bool{true}, 100, 100, nil)
 	if err != nil || len(bad) != 0 {
 		t.Fatal(err, bad)
 	}
@@ -235,7 +235,7 @@ func TestOutboxCoalescesAndEvictsOldest(t *testing.T) {
 		t.Fatalf("entries oldest first %v, want %s", got, want)
 	}
 	// Reopening recounts the same state from the file.
-	again, err := OpenOutbox(e.db, OutboxOptions{MaxSessions: 5, Clock: e.clock})
+	again, err := OpenOutbox(e.db, OutboxOptions{Shards: 1, MaxSessions: 5, Clock: e.clock})
 	if err != nil || again.Len() != 5 || !again.Oldest().Equal(at(2)) {
 		t.Fatalf("reopened: len %d oldest %v err %v", again.Len(), again.Oldest(), err)
 	}
@@ -247,14 +247,14 @@ func TestReplayRemovesOnlyUnchangedEntries(t *testing.T) {
 	if _, _, err := e.ob.put([]item{{k, slot{kind: gateway.Renew, at: at(1)}}}); err != nil {
 		t.Fatal(err)
 	}
-	perShard, _, _, err := e.ob.oldestRecords(1, 10, 10, nil)
+	perShard, _, _, err := e.ob.oldestRecords(everyShard(testShards), 10, 10, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if _, _, err := e.ob.put([]item{{k, slot{kind: gateway.Renew, at: at(2)}}}); err != nil {
 		t.Fatal(err)
 	}
-	if err := e.ob.remove(perShard[0], nil); err != nil {
+	if err := e.ob.remove(perShard[gateway.ShardOf(k.device, testShards)], nil); err != nil {
 		t.Fatal(err)
 	}
 	if e.ob.Len() != 1 || !e.ob.Oldest().Equal(at(2)) {
@@ -283,7 +283,7 @@ func TestOpenOutboxRebuildsDamagedIndex(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ob, err := OpenOutbox(e.db, OutboxOptions{Logger: testLogger(t), Clock: e.clock})
+	ob, err := OpenOutbox(e.db, OutboxOptions{Shards: 1, Logger: testLogger(t), Clock: e.clock})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -293,7 +293,7 @@ func TestOpenOutboxRebuildsDamagedIndex(t *testing.T) {
 	if _, _, err := ob.put([]item{{key{"d", "s"}, slot{kind: gateway.Renew, at: at(0)}}}); err != nil {
 		t.Fatal(err)
 	}
-	perShard, _, bad, err := ob.oldestRecords(1, 10, 10, nil)
+	perShard, _, bad, err := ob.oldestRecords([]bool{true}, 10, 10, nil)
 	if err != nil || len(bad) != 0 {
 		t.Fatal(err, bad)
 	}

@@ -123,9 +123,10 @@ func applyRuns(lines []monitorLine) [][]monitorLine {
 }
 
 // isApply tells the apply script calls (EVALSHA or EVAL with the apply
-// script's many arguments; a reap has 11) from other commands.
+// script's many arguments; a reap has 20 with its 7 keys) from other
+// commands.
 func isApply(l monitorLine) bool {
-	const applyMinArgs = 20 // EVALSHA sha 5 keys..5 + 12 header arguments
+	const applyMinArgs = 26 // EVALSHA sha 7 keys..7 + 19 header arguments: 29
 	return (l.name == "EVALSHA" || l.name == "EVAL") && l.args >= applyMinArgs
 }
 
@@ -266,7 +267,7 @@ func TestFlushIsOnePipeline(t *testing.T) {
 }
 
 // What MONITOR shows of large pipelines, against a real server: a
-// pipeline of 16 apply-sized calls, 62 KB, is read by Redis in parts
+// pipeline of 16 apply-sized calls, 75 KB, is read by Redis in parts
 // with another client's commands run between them, so applyRuns may
 // count it as several runs; pipelines joins the parts into one group of
 // 16 per pipeline.
@@ -295,9 +296,9 @@ func TestMonitorJoinsTheReadsOfAPipeline(t *testing.T) {
 		}
 	}()
 	defer func() { close(stop); <-busy }()
-	arg := strings.Repeat("a", 200) // 16 calls × 20 args: 62 KB
+	arg := strings.Repeat("a", 200) // 16 calls × 24 args: 75 KB
 	call := func(r redis.Scripter, shard int) {
-		args := make([]any, 20)
+		args := make([]any, 24)
 		for i := range args {
 			args[i] = arg
 		}
@@ -338,5 +339,5 @@ func TestMonitorJoinsTheReadsOfAPipeline(t *testing.T) {
 	if len(runs) < n {
 		t.Errorf("applyRuns: %d runs, fewer than the %d pipelines", len(runs), n)
 	}
-	t.Logf("%d pipelines of 16 calls (62 KB), another client busy: %d runs (applyRuns), %d pipelines", n, len(runs), len(piped))
+	t.Logf("%d pipelines of 16 calls (75 KB), another client busy: %d runs (applyRuns), %d pipelines", n, len(runs), len(piped))
 }

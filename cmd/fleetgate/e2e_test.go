@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fleetgate/fleetgate/gateway"
 	"github.com/fleetgate/fleetgate/internal/redistest"
 )
 
@@ -37,7 +38,7 @@ func TestE2EOnlineThenOfflineWithinBound(t *testing.T) {
 	}
 	lag := evs[1].at.Sub(last)
 	earliest := tm.lease - tm.renewEvery - 300*time.Millisecond
-	worst := tm.lease + tm.runnerInterval + 1500*time.Millisecond
+	worst := tm.lease + gateway.CoverageWait(tm.flush) + tm.runnerInterval + 1500*time.Millisecond
 	if lag < earliest || lag > worst {
 		t.Fatalf("offline %v after the last heartbeat, want within [%v, %v]", lag, earliest, worst)
 	}

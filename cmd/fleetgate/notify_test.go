@@ -134,7 +134,7 @@ func TestWatchdogStopsWhileFlushStalls(t *testing.T) {
 	t.Setenv("NOTIFY_SOCKET", sock.path)
 	log := slog.New(slog.DiscardHandler)
 
-	db, err := statefile.Open(filepath.Join(t.TempDir(), stateFile), log, uplink.Migrations)
+	db, err := statefile.Open(filepath.Join(t.TempDir(), stateFile), log, stateMigrations)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -143,7 +143,7 @@ func TestWatchdogStopsWhileFlushStalls(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ob, err := uplink.OpenOutbox(db, uplink.OutboxOptions{})
+	ob, err := uplink.OpenOutbox(db, uplink.OutboxOptions{Shards: 4})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -236,7 +236,7 @@ func TestRunRefusesNewerStateFile(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		return b.Put([]byte("version"), []byte{0, 0, 0, 0, 0, 0, 0, byte(statefile.Version(uplink.Migrations)) + 1})
+		return b.Put([]byte("version"), []byte{0, 0, 0, 0, 0, 0, 0, byte(statefile.Version(stateMigrations)) + 1})
 	})
 	if cerr := db.Close(); err == nil {
 		err = cerr

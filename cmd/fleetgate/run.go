@@ -9,11 +9,13 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"sync"
 	"syscall"
 	"time"
 
 	"github.com/fleetgate/fleetgate/internal/statefile"
+	"github.com/fleetgate/fleetgate/store/embedded"
 
 	"github.com/coreos/go-systemd/v22/daemon"
 	"github.com/prometheus/client_golang/prometheus"
@@ -34,6 +36,10 @@ import (
 // stateFile is the gateway's bbolt file in gateway.state_dir: epoch,
 // outbox and (with store.backend: embedded) the presence store.
 const stateFile = "fleetgate.db"
+
+// stateMigrations is every change of the state file's format, oldest
+// first, from the owners of its buckets (internal/statefile).
+var stateMigrations = slices.Concat(uplink.Migrations, embedded.Migrations)
 
 // shutdownGrace bounds the final flush at SIGTERM.
 const shutdownGrace = 10 * time.Second
@@ -90,7 +96,7 @@ func (g *gatewayProcess) run(ctx context.Context) (err error) {
 	if err := os.MkdirAll(cfg.Gateway.StateDir, 0o750); err != nil {
 		return fmt.Errorf("state dir: %w", err)
 	}
-	db, err := statefile.Open(filepath.Join(cfg.Gateway.StateDir, stateFile), g.log, uplink.Migrations)
+	db, err := statefile.Open(filepath.Join(cfg.Gateway.StateDir, stateFile), g.log, stateMigrations)
 	if err != nil {
 		return err
 	}
@@ -118,7 +124,7 @@ func (g *gatewayProcess) run(ctx context.Context) (err error) {
 		return err
 	}
 	outbox, err := uplink.OpenOutbox(db, uplink.OutboxOptions{
-		MaxSessions: cfg.Uplink.OutboxMaxSessions, Logger: log,
+		Shards: cfg.Presence.Shards, MaxSessions: cfg.Uplink.OutboxMaxSessions, Logger: log,
 		Clock: gateway.SystemClock{}, Boot: boot,
 	})
 	if err != nil {

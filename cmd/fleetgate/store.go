@@ -19,7 +19,11 @@ import (
 // (runner), openStore waits until Redis answers or ctx ends.
 func openStore(ctx context.Context, cfg configs.Config, db *bolt.DB, log *slog.Logger, background bool, fatal chan<- error) (gateway.Store, error) {
 	if cfg.Store.Backend == configs.BackendEmbedded {
-		s, err := embedded.Open(db, embedded.Options{Shards: cfg.Presence.Shards, EventsMaxLen: eventsPerShard(cfg), Logger: log})
+		s, err := embedded.Open(db, embedded.Options{
+			Shards: cfg.Presence.Shards, EventsMaxLen: eventsPerShard(cfg), Logger: log,
+			GatewayGrace: cfg.Presence.GatewayGrace.Std(), GatewayRecheck: cfg.Uplink.FlushInterval.Std(),
+			GatewayHorizon: cfg.Presence.Lease.Std() + cfg.Presence.GatewayGrace.Std(),
+		})
 		if err != nil {
 			return nil, err
 		}
@@ -37,6 +41,7 @@ func openStore(ctx context.Context, cfg configs.Config, db *bolt.DB, log *slog.L
 		Options: redisstore.Options{
 			Prefix: rc.KeyPrefix, Shards: cfg.Presence.Shards, EventsMaxLen: eventsPerShard(cfg), Logger: log,
 			GatewayGrace: cfg.Presence.GatewayGrace.Std(), GatewaySilence: cfg.GatewaySilence(), GatewayLost: cfg.Presence.Lease.Std(),
+			GatewayRecheck: cfg.Uplink.FlushInterval.Std(), GatewayHorizon: cfg.Presence.Lease.Std() + cfg.Presence.GatewayGrace.Std(),
 			WaitReplicas: rc.WaitReplicas,
 		},
 		Background: background,

@@ -95,3 +95,30 @@ func TestStartClusterWithReplicas(t *testing.T) {
 		t.Fatalf("MasterOfKey = node %d, a %q", m, c.Role(m))
 	}
 }
+
+// A delayed proxy answers no sooner than the delay, in order, and at
+// once again when the delay ends.
+func TestProxyDelay(t *testing.T) {
+	srv := Start(t)
+	px := NewProxy(t, srv.Addr)
+	c := redis.NewClient(&redis.Options{Addr: px.Addr(), ReadTimeout: 5 * time.Second})
+	defer c.Close()
+	if err := c.Ping(t.Context()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	px.SetDelay(300*time.Millisecond, 400*time.Millisecond)
+	start := time.Now()
+	for i := range 3 {
+		if got, err := c.Incr(t.Context(), "n").Result(); err != nil || got != int64(i+1) {
+			t.Fatalf("INCR %d through the delay: %d, %v", i, got, err)
+		}
+	}
+	if took := time.Since(start); took < 900*time.Millisecond {
+		t.Fatalf("3 calls through a delay of 300-400 ms took %v", took)
+	}
+	px.SetDelay(0, 0)
+	start = time.Now()
+	if err := c.Ping(t.Context()).Err(); err != nil || time.Since(start) > 200*time.Millisecond {
+		t.Fatalf("PING after the delay ended: %v after %v", err, time.Since(start))
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"net"
 	"strings"
 	"testing"
+	"time"
 
 	pb "github.com/fleetgate/fleetgate/plugins/proto"
 	"github.com/fleetgate/fleetgate/plugins/sdk"
@@ -82,6 +83,10 @@ func TestMalformedLinesCountedStreamGoesOn(t *testing.T) {
 		if ev.GetKind() != want.kind || ev.GetDevice() != want.dev || ev.GetInstance() != want.ins {
 			t.Fatalf("got %v, want %+v", ev, want)
 		}
+	}
+	// the last bad line follows the last good one: counted just after
+	for i := 0; a.malformed.Load() < 3 && i < 200; i++ {
+		time.Sleep(5 * time.Millisecond)
 	}
 	if n := a.malformed.Load(); n != 3 {
 		t.Fatalf("malformed = %d, want 3", n)

@@ -1,6 +1,7 @@
 package embedded
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -62,6 +63,13 @@ func (s *Store) ApplyShards(ctx context.Context, batches []gateway.ShardBatch) [
 			if err != nil {
 				return err
 			}
+			var cover int64
+			if sb.Batch.Covers {
+				cover = w.now - sb.Batch.CoverAge.Milliseconds()
+			}
+			if err := w.heard(sb.Batch.Gateway, cover); err != nil {
+				return err
+			}
 			for j := range sb.Batch.Writes {
 				if err := w.apply(&sb.Batch, &sb.Batch.Writes[j]); err != nil {
 					return err
@@ -81,6 +89,19 @@ func (s *Store) ApplyShards(ctx context.Context, batches []gateway.ShardBatch) [
 			out[i].Err = fmt.Errorf("%s: %w", op, err)
 		default:
 			out[i].Result = gateway.ApplyResult{Events: events[i]}
+		}
+	}
+	return out
+}
+
+// Probe answers for every valid shard whose file can be read (the
+// embedded store has no part that can be down while the others answer).
+func (s *Store) Probe(ctx context.Context, shards []int) []error {
+	out := make([]error, len(shards))
+	read := s.db.View(func(*bolt.Tx) error { return nil })
+	for i, sh := range shards {
+		if err := cmp.Or(s.checkShard(ctx, sh), read); err != nil {
+			out[i] = fmt.Errorf("embedded: probe: %w", err)
 		}
 	}
 	return out
@@ -154,15 +175,20 @@ func (w *writer) apply(b *gateway.Batch, wr *gateway.Write) error {
 	}
 	// Late but valid evidence: a connect or renew observed at or before
 	// its session's deadline extends that session even when the deadline
-	// has passed by now (an outage delayed it): no offline, no online.
+	// has passed by now (an outage delayed it): no offline, no online. A
+	// replayed or coalesced write may be up to the gateway grace late, a
+	// restore any late (see lua/apply.lua).
 	var late gateway.SessionID
 	if wr.Kind != gateway.Leave && d > w.now {
-		// (a restore may be any late: see lua/apply.lua)
-		if i := r.find(wr.Session); i >= 0 && r.sessions[i].deadline <= w.now && (b.Restore || obs <= r.sessions[i].deadline) {
+		var grace int64
+		if b.Replay || wr.Coalesced {
+			grace = w.s.grace
+		}
+		if i := r.find(wr.Session); i >= 0 && r.sessions[i].deadline <= w.now && (b.Restore || obs <= r.sessions[i].deadline+grace) {
 			late = wr.Session
 		}
 	}
-	if _, err := w.dropExpired(wr.Device, e, late); err != nil {
+	if _, err := w.dropExpired(wr.Device, e, late, true, gateway.ReasonExpired); err != nil {
 		return err
 	}
 	switch wr.Kind {

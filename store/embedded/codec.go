@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/fleetgate/fleetgate/gateway"
+	"github.com/fleetgate/fleetgate/internal/statefile"
+	bolt "go.etcd.io/bbolt"
 )
 
 // On-disk format (schema 1). All integers named "u64" are 8-byte
@@ -28,6 +30,9 @@ import (
 //
 //	"tail"  u64 ms, u64 seq of the last event ID; u64 events in the log
 //	"lock"  u64 lease expiry ms, then the owner's bytes (runner lock)
+//	"cover.<gateway>"  u64 ms the gateway's coverage on this shard
+//	        (gateway.Batch.Covers: the latest any of its batches reported,
+//	        0 for none), u64 ms its last batch (its contact)
 //	dev/    device ID → device record
 //	exp/    u64 deadline ms ‖ device ID → empty (deadline index: a cursor
 //	        walk from the first key finds the due entries in order)
@@ -48,8 +53,18 @@ import (
 // Event:
 //
 //	byte format (1), str device, byte state, uv ver, uv at,
-//	byte reason (1 connect, 2 renew, 3 leave, 4 expired, 5 replay),
+//	byte reason (1 connect, 2 renew, 3 leave, 4 expired, 5 replay,
+//	6 gateway_lost: written from state file format 3 on),
 //	str gateway, str session, uv deadline (0 unless reason expired)
+//
+// Migrations are the embedded store's changes of the state file format
+// (internal/statefile): format 3 lets its events carry reason
+// gateway_lost, which a release that reads up to format 2 cannot decode,
+// so that such a release refuses the file rather than fail on the event.
+var Migrations = []statefile.Migration{
+	{To: 3, What: "embedded store events may carry reason gateway_lost", Run: func(*bolt.Tx) error { return nil }},
+}
+
 const (
 	schema       = 1
 	recordFormat = 2
@@ -66,6 +81,7 @@ var (
 	keySchema    = []byte("schema")
 	keyTail      = []byte("tail")
 	keyLock      = []byte("lock")
+	keyCover     = "cover."
 )
 
 func shardBucket(n int) []byte { return fmt.Appendf(nil, "store.shard.%d", n) }
@@ -272,6 +288,7 @@ var reasons = [...]gateway.Reason{
 	3: gateway.ReasonLeave,
 	4: gateway.ReasonExpired,
 	5: gateway.ReasonReplay,
+	6: gateway.ReasonGatewayLost,
 }
 
 func reasonCode(r gateway.Reason) byte {
@@ -474,4 +491,20 @@ func (r *record) entomb(id gateway.SessionID, at, horizon int64) {
 		kept = kept[n:]
 	}
 	r.tombs = kept
+}
+
+// encode is a liveness's value: u64 cover, u64 contact.
+func (l liveness) encode() []byte {
+	return binary.BigEndian.AppendUint64(u64(uint64(l.cover)), uint64(l.contact))
+}
+
+// decodeLiveness reads a liveness value; nil is none.
+func decodeLiveness(b []byte) (liveness, error) {
+	switch len(b) {
+	case 0:
+		return liveness{}, nil
+	case 16:
+		return liveness{cover: int64(binary.BigEndian.Uint64(b)), contact: int64(binary.BigEndian.Uint64(b[8:]))}, nil
+	}
+	return liveness{}, fmt.Errorf("%w: liveness of %d bytes", errCorrupt, len(b))
 }

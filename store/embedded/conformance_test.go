@@ -18,6 +18,12 @@ import (
 // file skips fsync: the property runs open hundreds of stores.
 func open(t *testing.T, shards int, now func() time.Time) gateway.Store {
 	t.Helper()
+	return openGrace(t, shards, now, 0)
+}
+
+// openGrace is open with a gateway grace (storetest.GraceOpener).
+func openGrace(t *testing.T, shards int, now func() time.Time, grace time.Duration) gateway.Store {
+	t.Helper()
 	db, err := bolt.Open(filepath.Join(t.TempDir(), "fleetgate.db"), 0o600, &bolt.Options{Timeout: time.Second, NoSync: true})
 	if err != nil {
 		t.Fatalf("open bbolt: %v", err)
@@ -32,6 +38,10 @@ func open(t *testing.T, shards int, now func() time.Time) gateway.Store {
 		EventsMaxLen: 100_000,
 		Now:          now,
 		Logger:       slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn})),
+
+		GatewayGrace:   grace,
+		GatewayRecheck: storetest.CoverRecheck,
+		GatewayHorizon: storetest.CoverHorizon,
 	})
 	if err != nil {
 		t.Fatalf("embedded.Open: %v", err)
@@ -47,3 +57,5 @@ func open(t *testing.T, shards int, now func() time.Time) gateway.Store {
 func TestConformance(t *testing.T) { storetest.Run(t, open) }
 
 func TestProperties(t *testing.T) { storetest.RunProperties(t, open) }
+
+func TestCoverage(t *testing.T) { storetest.RunCoverage(t, openGrace) }

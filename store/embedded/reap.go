@@ -3,17 +3,27 @@ package embedded
 import (
 	"context"
 	"fmt"
+	"time"
 
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/fleetgate/fleetgate/gateway"
 )
 
+// waitScan bounds the due entries one reap looks at beyond its limit:
+// those of devices left waiting for their gateway's coverage.
+const waitScan = 1024
+
 // Reap handles at most limit due entries (deadline ≤ now) of shard in one
 // bolt transaction: it drops their expired sessions and, for a device
-// left with none, writes its offline event and removes its entry. Next is
-// the earliest deadline left in the shard; More says whether it is due.
-// A limit ≤ 0 handles nothing but still reports More and Next.
+// left with none, writes its offline event and removes its entry. With a
+// gateway grace, a due device one of whose gateways has not covered its
+// deadline (gateway.Batch.Covers) is left as it is and counted in Held,
+// until the end of the grace: then it goes offline with reason
+// gateway_lost. Next is the earliest deadline left in the shard that is
+// not waiting, or a recheck from now when devices wait; More says
+// whether the call left due entries it did not look at. A limit ≤ 0
+// handles nothing but still reports More and Next.
 func (s *Store) Reap(ctx context.Context, shard int, limit int) (gateway.ReapResult, error) {
 	const op = "embedded: reap"
 	if err := s.checkShard(ctx, shard); err != nil {
@@ -26,21 +36,34 @@ func (s *Store) Reap(ctx context.Context, shard int, limit int) (gateway.ReapRes
 			return err
 		}
 		var due [][]byte
-		c := w.sh.exp.Cursor()
-		for k, _ := c.First(); k != nil && len(due) < limit; k, _ = c.Next() {
-			ms, _, ok := parseExpKey(k)
-			if ok && ms > w.now {
+		if limit > 0 {
+			c := w.sh.exp.Cursor()
+			for k, _ := c.First(); k != nil && len(due) < limit+waitScan; k, _ = c.Next() {
+				if ms, _, ok := parseExpKey(k); ok && ms > w.now {
+					break
+				}
+				due = append(due, append([]byte(nil), k...))
+			}
+		}
+		waiting := map[string]bool{}
+		handled := 0
+		for _, k := range due {
+			if handled == limit {
 				break
 			}
-			due = append(due, append([]byte(nil), k...))
-		}
-		for _, k := range due {
-			trimmed, err := w.reap(k)
+			trimmed, wait, err := w.reap(k)
 			if err != nil {
 				return err
 			}
-			if trimmed {
+			switch {
+			case wait:
+				waiting[string(k)] = true
+				res.Held++
+			case trimmed:
 				res.Trimmed++
+				handled++
+			default:
+				handled++
 			}
 		}
 		if err := w.commit(); err != nil {
@@ -48,11 +71,7 @@ func (s *Store) Reap(ctx context.Context, shard int, limit int) (gateway.ReapRes
 		}
 		res.Offline = w.events
 		res.Now = msTime(w.now)
-		if k, _ := w.sh.exp.Cursor().First(); k != nil {
-			ms, _, _ := parseExpKey(k)
-			res.Next = msTime(ms)
-			res.More = ms <= w.now
-		}
+		res.Next, res.More = w.next(waiting, limit > 0 && handled == limit)
 		return nil
 	})
 	if err != nil {
@@ -61,22 +80,66 @@ func (s *Store) Reap(ctx context.Context, shard int, limit int) (gateway.ReapRes
 	return res, nil
 }
 
+// next is the earliest deadline left in the shard but those waiting, and
+// whether it is due; full says the reap stopped at its limit. With
+// devices waiting it is at most a recheck from now: a due entry that a
+// reap which did not stop at its limit left is behind more waiting
+// devices than it looks at, and is looked at then.
+func (w *writer) next(waiting map[string]bool, full bool) (time.Time, bool) {
+	c := w.sh.exp.Cursor()
+	k, _ := c.First()
+	for k != nil && waiting[string(k)] {
+		k, _ = c.Next()
+	}
+	var next int64
+	more := false
+	if k != nil {
+		next, _, _ = parseExpKey(k)
+		more = next <= w.now
+	}
+	if len(waiting) > 0 && !(more && full) {
+		if recheck := w.now + w.s.recheck; next == 0 || more || next > recheck {
+			next, more = recheck, false
+		}
+	}
+	if next == 0 {
+		return time.Time{}, false
+	}
+	return msTime(next), more
+}
+
 // reap handles the due index entry k; it reports whether the device kept
-// a live session (trimmed, no event).
-func (w *writer) reap(k []byte) (bool, error) {
+// a live session (trimmed, no event), or waits for its gateway's coverage
+// (nothing changed).
+func (w *writer) reap(k []byte) (trimmed, wait bool, err error) {
 	ms, d, ok := parseExpKey(k)
 	if !ok {
 		w.s.log.Warn("dropping malformed deadline index key", "shard", w.sh.n, "key", fmt.Sprintf("%x", k))
-		return false, w.sh.exp.Delete(k)
+		return false, false, w.sh.exp.Delete(k)
 	}
 	e, err := w.load(d)
 	if err != nil {
-		return false, err
+		return false, false, err
 	}
 	if !e.exists || e.deadline != ms {
 		// Not the record's entry: the index is repaired, never trusted.
 		w.s.log.Warn("dropping stale deadline index entry", "shard", w.sh.n, "device", d, "deadline", ms)
-		return false, w.sh.exp.Delete(k)
+		return false, false, w.sh.exp.Delete(k)
 	}
-	return w.dropExpired(d, e, "")
+	reason := gateway.ReasonExpired
+	if w.s.grace > 0 && e.rec.online {
+		wait, own, err := w.waitFor(&e.rec)
+		if err != nil {
+			return false, false, err
+		}
+		if wait && w.now < ms+w.s.grace {
+			return false, true, nil
+		}
+		if wait && own {
+			// the grace is over: the device goes, lost with its gateway
+			reason = gateway.ReasonGatewayLost
+		}
+	}
+	trimmed, err = w.dropExpired(d, e, "", false, reason)
+	return trimmed, false, err
 }

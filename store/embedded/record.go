@@ -2,6 +2,7 @@ package embedded
 
 import (
 	"fmt"
+	"strings"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -22,6 +23,8 @@ type writer struct {
 	tail    tail
 	added   int
 	events  []gateway.Event
+	live    map[string]liveness // gateways read or written
+	laggard *liveness           // the shard's slowest heard gateway, once read
 }
 
 // entry is a device record loaded by a writer.
@@ -42,7 +45,7 @@ func (s *Store) begin(tx *bolt.Tx, n int) (*writer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("shard %d tail: %w", n, err)
 	}
-	return &writer{s: s, sh: sh, now: s.nowMs(), devices: map[gateway.DeviceID]*entry{}, tail: t}, nil
+	return &writer{s: s, sh: sh, now: s.nowMs(), devices: map[gateway.DeviceID]*entry{}, tail: t, live: map[string]liveness{}}, nil
 }
 
 // load is the entry of device d, its record read on first use.
@@ -60,12 +63,88 @@ func (w *writer) load(d gateway.DeviceID) (*entry, error) {
 	return e, nil
 }
 
+// liveness is what the store knows of a gateway on one shard: its
+// coverage (ms on the store clock, gateway.Batch.Covers; 0 while it has
+// reported none) and its contact (the store time of its last batch).
+type liveness struct{ cover, contact int64 }
+
+// gateway is the liveness of gw on the writer's shard.
+func (w *writer) gateway(gw string) (liveness, error) {
+	if l, ok := w.live[gw]; ok {
+		return l, nil
+	}
+	l, err := decodeLiveness(w.sh.root.Get([]byte(keyCover + gw)))
+	if err != nil {
+		return l, fmt.Errorf("liveness of %s: %w", gw, err)
+	}
+	w.live[gw] = l
+	return l, nil
+}
+
+// heard records a batch of gw at now, covering cover when it is not 0; a
+// coverage only moves forward.
+func (w *writer) heard(gw string, cover int64) error {
+	l, err := w.gateway(gw)
+	if err != nil {
+		return err
+	}
+	l.contact, l.cover = w.now, max(l.cover, cover)
+	w.live[gw] = l
+	return w.sh.root.Put([]byte(keyCover+gw), l.encode())
+}
+
+// uncovered says that a session that ran out must wait: its gateway
+// reports coverage, and that coverage has not reached the session's
+// deadline (the gateway may hold evidence of it not yet written).
+func (w *writer) uncovered(x session) bool {
+	l, err := w.gateway(x.gw)
+	return err == nil && l.cover != 0 && l.cover < x.deadline
+}
+
+// waitFor says whether a due device must wait, and whether for the
+// gateway of one of its own sessions: one of its sessions that ran out is
+// uncovered, or a gateway heard within the horizon reports coverage that
+// has not reached the device's deadline (the device may have moved to
+// it).
+func (w *writer) waitFor(r *record) (wait, own bool, err error) {
+	for _, x := range r.sessions {
+		if x.deadline <= w.now && w.uncovered(x) {
+			return true, true, nil
+		}
+	}
+	if w.laggard == nil {
+		l, err := w.slowest()
+		if err != nil {
+			return false, false, err
+		}
+		w.laggard = &l
+	}
+	return w.laggard.cover != 0 && w.laggard.cover < r.deadline(), false, nil
+}
+
+// slowest is the liveness of the gateway of the shard heard within the
+// horizon with the least coverage (zero when none reports coverage).
+func (w *writer) slowest() (liveness, error) {
+	var out liveness
+	c := w.sh.root.Cursor()
+	for k, v := c.Seek([]byte(keyCover)); k != nil && strings.HasPrefix(string(k), keyCover); k, v = c.Next() {
+		l, err := decodeLiveness(v)
+		if err != nil {
+			return out, fmt.Errorf("liveness of %s: %w", k[len(keyCover):], err)
+		}
+		if l.cover != 0 && w.now-l.contact <= w.s.horizon && (out.cover == 0 || l.cover < out.cover) {
+			out = l
+		}
+	}
+	return out, nil
+}
+
 // dropExpired drops the sessions whose deadline is ≤ now, except keep
-// (a session late but valid evidence is about to extend; "" for none);
-// when that ends an online device's last session it writes the offline
-// event (reason expired) at the old deadline. It reports whether a
-// session was left.
-func (w *writer) dropExpired(d gateway.DeviceID, e *entry, keep gateway.SessionID) (bool, error) {
+// (a session late but valid evidence is about to extend; "" for none)
+// and, with wait, the uncovered ones; when that ends an online device's
+// last session it writes the offline event, with reason, at the old
+// deadline. It reports whether a session was left.
+func (w *writer) dropExpired(d gateway.DeviceID, e *entry, keep gateway.SessionID, wait bool, reason gateway.Reason) (bool, error) {
 	r := &e.rec
 	if len(r.sessions) == 0 {
 		return false, nil
@@ -78,7 +157,7 @@ func (w *writer) dropExpired(d gateway.DeviceID, e *entry, keep gateway.SessionI
 	}
 	kept := r.sessions[:0]
 	for _, x := range r.sessions {
-		if x.deadline > w.now || (keep != "" && x.id == keep) {
+		if x.deadline > w.now || (keep != "" && x.id == keep) || (wait && w.uncovered(x)) {
 			kept = append(kept, x)
 		}
 	}
@@ -89,7 +168,7 @@ func (w *writer) dropExpired(d gateway.DeviceID, e *entry, keep gateway.SessionI
 	r.sessions = kept
 	e.dirty = true
 	if len(kept) == 0 && r.online {
-		return false, w.transition(d, e, false, gateway.ReasonExpired, last.gw, last.id, last.deadline)
+		return false, w.transition(d, e, false, reason, last.gw, last.id, last.deadline)
 	}
 	return len(kept) > 0, nil
 }

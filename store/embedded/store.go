@@ -5,6 +5,7 @@
 package embedded
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -29,6 +30,21 @@ type Options struct {
 	Now func() time.Time
 	// Logger defaults to discarding.
 	Logger *slog.Logger
+	// GatewayGrace is presence.gateway_grace: how long past its deadline
+	// a due device waits (is not reaped) while the coverage of a gateway
+	// of its sessions has not reached it (gateway.Batch.Covers); at its
+	// end the device goes offline with reason gateway_lost. Zero waits
+	// for nothing.
+	GatewayGrace time.Duration
+	// GatewayRecheck is how soon after a reap that left devices waiting
+	// it reports them due again (ReapResult.Next): uplink.flush_interval;
+	// default one second.
+	GatewayRecheck time.Duration
+	// GatewayHorizon is how long after its last call on a shard a
+	// gateway's coverage still holds every due device of the shard back
+	// (a device may have moved to it; its evidence there is late but
+	// valid up to the grace): presence.lease + presence.gateway_grace.
+	GatewayHorizon time.Duration
 }
 
 // Store is the embedded presence store. It is safe for concurrent use;
@@ -41,6 +57,8 @@ type Store struct {
 	log    *slog.Logger
 	closed atomic.Bool
 	wake   wakeup // readers waiting for events (watch.go)
+
+	grace, recheck, horizon int64 // ms, Options.GatewayGrace, GatewayRecheck and GatewayHorizon
 }
 
 var (
@@ -71,7 +89,9 @@ func Open(db *bolt.DB, o Options) (*Store, error) {
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
-	s := &Store{db: db, shards: o.Shards, maxLen: uint64(o.EventsMaxLen), now: o.Now, log: o.Logger}
+	s := &Store{db: db, shards: o.Shards, maxLen: uint64(o.EventsMaxLen), now: o.Now, log: o.Logger,
+		grace: o.GatewayGrace.Milliseconds(), recheck: cmp.Or(o.GatewayRecheck, time.Second).Milliseconds(),
+		horizon: o.GatewayHorizon.Milliseconds()}
 	err := db.Update(func(tx *bolt.Tx) error {
 		meta, err := tx.CreateBucketIfNotExists(bucketMeta)
 		if err != nil {

@@ -2,9 +2,10 @@ package redisstore
 
 import (
 	"context"
-	"errors"
 	"fmt"
+	"slices"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -49,72 +50,167 @@ func (s *Store) ApplyShards(ctx context.Context, batches []gateway.ShardBatch) [
 	return s.applyShards(ctx, c, batches)
 }
 
-// applyShards is ApplyShards on client c; with WaitReplicas it runs on one
-// connection of c, so that WAIT counts the replicas that have its writes.
+// applyShards is ApplyShards on client c: one pipeline per master, the
+// masters in parallel. Without WaitReplicas each pipeline runs on c (a
+// Cluster client then follows MOVED and ASK); one go-redis Cluster
+// pipeline over every master would not do: when it waits for a hung
+// master and retries it, it sets the context's error on every command,
+// those the other masters answered too, and a hung master would fail
+// every shard. With WaitReplicas, each master's batches go on one
+// connection to it, and the wait runs there after them (waitFor): WAIT
+// counts the replicas that have the writes of its own connection.
 func (s *Store) applyShards(ctx context.Context, c redis.UniversalClient, batches []gateway.ShardBatch) []gateway.ShardResult {
 	out := make([]gateway.ShardResult, len(batches))
-	var conn *redis.Conn
-	if s.waitReplicas > 0 {
-		sc, ok := c.(*redis.Client)
-		if !ok {
-			for i := range out {
-				out[i].Err = errors.New("redisstore: wait_replicas needs a standalone server")
-			}
-			return out
-		}
-		conn = sc.Conn()
-		defer conn.Close()
-	}
-	pipelined, run := c.Pipelined, func(keys []string, args []any) *redis.Cmd { return s.apply.Run(ctx, c, keys, args...) }
-	if conn != nil {
-		pipelined, run = conn.Pipelined, func(keys []string, args []any) *redis.Cmd { return s.apply.Run(ctx, conn, keys, args...) }
-	}
-	cmds := make([]*redis.Cmd, len(batches))
-	args := make([][]any, len(batches))
 	bels, unlock := s.beliefs.lockAll(batches)
 	defer unlock()
+	shards := make([]int, len(batches))
+	for i, sb := range batches {
+		shards[i] = sb.Shard
+	}
+	errs := make([]error, len(batches))
+	groups := s.masters(ctx, c, "apply", shards, errs)
+	for i, err := range errs {
+		out[i].Err = err
+	}
+	var wg sync.WaitGroup
+	for node, idx := range groups {
+		wg.Go(func() {
+			if s.waitReplicas == 0 {
+				s.applyOn(ctx, c, batches, idx, bels, out)
+				return
+			}
+			conn := node.Conn()
+			defer conn.Close()
+			s.applyOn(ctx, conn, batches, idx, bels, out)
+			s.waitFor(ctx, conn, batches, idx, bels, out)
+		})
+	}
+	wg.Wait()
+	return out
+}
+
+// Probe reads one key of each shard (EXISTS of its deadline index), in
+// one pipeline per master (as applyShards, so that a hung master fails
+// its own shards only), on the master that holds it; a shard whose
+// master answers is up.
+func (s *Store) Probe(ctx context.Context, shards []int) []error {
+	errs := make([]error, len(shards))
+	c, err := s.client()
+	if err != nil {
+		for i := range errs {
+			errs[i] = err
+		}
+		return errs
+	}
+	cmds := make([]*redis.IntCmd, len(shards))
+	var wg sync.WaitGroup
+	for _, idx := range s.masters(ctx, c, "probe", shards, errs) {
+		wg.Go(func() {
+			_, _ = c.Pipelined(ctx, func(p redis.Pipeliner) error {
+				for _, i := range idx {
+					cmds[i] = p.Exists(ctx, s.keys[shards[i]].data[0])
+				}
+				return nil
+			})
+		})
+	}
+	wg.Wait()
+	for i, cmd := range cmds {
+		if cmd != nil && cmd.Err() != nil {
+			errs[i] = unavailable("probe", cmd.Err())
+		}
+	}
+	return errs
+}
+
+// masters groups the indexes of shards by the client of the master that
+// holds each: c itself for a standalone server, the node's client (from
+// the slot map, as a pipeline would route them) on a Cluster. A shard
+// out of range or whose master is not known gets its error in errs (op
+// names the call).
+func (s *Store) masters(ctx context.Context, c redis.UniversalClient, op string, shards []int, errs []error) map[*redis.Client][]int {
+	groups := make(map[*redis.Client][]int)
+	for i, sh := range shards {
+		if errs[i] = s.checkShard(op, sh); errs[i] != nil {
+			continue
+		}
+		var node *redis.Client
+		switch c := c.(type) {
+		case *redis.Client:
+			node = c
+		case *redis.ClusterClient:
+			n, err := c.MasterForKey(ctx, s.keys[sh].data[0])
+			if err != nil {
+				errs[i] = unavailable(op+": master of the shard", err)
+				continue
+			}
+			node = n
+		default:
+			errs[i] = fmt.Errorf("redisstore: %s needs a standalone server or a Cluster, not a %T", op, c)
+			continue
+		}
+		groups[node] = append(groups[node], i)
+	}
+	return groups
+}
+
+// scripter is what applyOn needs of a client or a connection.
+type scripter interface {
+	redis.Scripter
+	Pipelined(ctx context.Context, fn func(redis.Pipeliner) error) ([]redis.Cmder, error)
+}
+
+// applyOn applies the batches at idx in one pipeline of EVALSHA calls on
+// c, bels their beliefs, and sets their results in out. A batch whose
+// script is missing on its node (NOSCRIPT) is sent again on its own with
+// EVAL. On a connection to one node, a batch whose slot that node does
+// not serve (MOVED, ASK: a failover or a migration the slot map has not
+// caught up with) fails as unavailable; the client reloads its map
+// within clusterReload.
+func (s *Store) applyOn(ctx context.Context, c scripter, batches []gateway.ShardBatch, idx []int, bels []*beliefs, out []gateway.ShardResult) {
+	cmds := make([]*redis.Cmd, len(idx))
+	args := make([][]any, len(idx))
 	sent := s.localNow()
 	// Each command carries its own error (a network failure is set on
 	// all of them), so the pipeline's first error needs no reading.
-	_, _ = pipelined(ctx, func(p redis.Pipeliner) error {
-		for i, sb := range batches {
+	_, _ = c.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for j, i := range idx {
+			sb := batches[i]
 			a, err := s.applyArgs(ctx, sb.Shard, sb.Batch, bels[i])
 			if err != nil {
 				out[i].Err = err
 				continue
 			}
-			args[i] = a
-			cmds[i] = s.apply.EvalSha(ctx, p, s.keys[sb.Shard].data, a...)
+			args[j] = a
+			cmds[j] = s.apply.EvalSha(ctx, p, s.keys[sb.Shard].data, a...)
 		}
 		return nil
 	})
-	for i, sb := range batches {
-		if cmds[i] == nil {
+	for j, i := range idx {
+		if cmds[j] == nil {
 			continue
 		}
-		res, err := cmds[i].Slice()
+		sb := batches[i]
+		res, err := cmds[j].Slice()
 		if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
-			res, err = run(s.keys[sb.Shard].data, args[i]).Slice()
+			res, err = s.apply.Run(ctx, c, s.keys[sb.Shard].data, args[j]...).Slice()
 		}
 		out[i].Result, out[i].Err = s.applyResult(sb.Shard, sb.Batch, res, err, bels[i], sent)
 	}
-	if conn != nil {
-		s.waitFor(ctx, conn, batches, out)
-	}
-	return out
 }
 
-// waitFor waits until WaitReplicas replicas have the writes of conn when a
-// batch of the call wrote events or replayed an outbox; with fewer (or an
-// error), those batches fail with gateway.ErrUnavailable.
-func (s *Store) waitFor(ctx context.Context, conn *redis.Conn, batches []gateway.ShardBatch, out []gateway.ShardResult) {
-	need := false
-	for i, r := range out {
-		if r.Err == nil && (len(r.Result.Events) > 0 || batches[i].Batch.Replay) {
-			need = true
-		}
+// waitFor waits until WaitReplicas replicas have the writes of conn when
+// one of the batches at idx wrote events or replayed an outbox; with
+// fewer (or an error), those batches fail with gateway.ErrUnavailable,
+// their beliefs are forgotten (their writes may be lost with the
+// master), and a reset one of them saw is kept for the shard's next
+// call to report: the caller restores after it, and this call's reply
+// is not read.
+func (s *Store) waitFor(ctx context.Context, conn *redis.Conn, batches []gateway.ShardBatch, idx []int, bels []*beliefs, out []gateway.ShardResult) {
+	waits := func(i int) bool {
+		return out[i].Err == nil && (len(out[i].Result.Events) > 0 || batches[i].Batch.Replay)
 	}
-	if !need {
+	if !slices.ContainsFunc(idx, waits) {
 		return
 	}
 	n, err := conn.Wait(ctx, s.waitReplicas, s.waitTimeout).Result()
@@ -124,8 +220,12 @@ func (s *Store) waitFor(ctx context.Context, conn *redis.Conn, batches []gateway
 	if err == nil {
 		err = fmt.Errorf("%d of %d replicas acknowledged within %v", n, s.waitReplicas, s.waitTimeout)
 	}
-	for i, r := range out {
-		if r.Err == nil && (len(r.Result.Events) > 0 || batches[i].Batch.Replay) {
+	for _, i := range idx {
+		if waits(i) {
+			if bel := bels[i]; bel != nil {
+				bel.unreported = bel.unreported || out[i].Result.Reset
+				bel.forget()
+			}
 			out[i] = gateway.ShardResult{Err: unavailable("apply: wait for replicas", err)}
 		}
 	}
@@ -162,7 +262,7 @@ func (s *Store) applyArgs(ctx context.Context, shard int, b gateway.Batch, bel *
 		sessions, ages, devices = joinSessions(b.Writes, order, nfast), packAges(b.Writes, order, nfast), joinDevices(b.Writes, order, nfast)
 		beliefAt = strconv.FormatInt(oldest, 10)
 	}
-	args := make([]any, 0, 17+writeArgs*(len(b.Writes)-nfast))
+	args := make([]any, 0, 19+writeArgs*(len(b.Writes)-nfast))
 	replay, behind := "0", "0"
 	switch {
 	case b.Restore:
@@ -173,9 +273,14 @@ func (s *Store) applyArgs(ctx context.Context, shard int, b gateway.Batch, bel *
 	if b.Behind {
 		behind = "1"
 	}
-	replayGrace := int64(0)
-	if b.Replay || b.Coalesced {
+	// The grace of late evidence: every write of a replay, else the
+	// coalesced writes (one byte per write in batch order, 1 for a
+	// coalesced one; "" for none).
+	replayGrace, graced := int64(0), ""
+	if b.Replay {
 		replayGrace = s.grace
+	} else if slices.ContainsFunc(b.Writes, func(w gateway.Write) bool { return w.Coalesced }) {
+		replayGrace, graced = s.grace, gracedWrites(b.Writes)
 	}
 	// The header, in the order of apply.lua's A_ positions.
 	args = append(args,
@@ -196,6 +301,8 @@ func (s *Store) applyArgs(ctx context.Context, shard int, b gateway.Batch, bel *
 		replayGrace,                     // A_GRACE
 		beliefAt,                        // A_BELIEFAT
 		seen,                            // A_SEEN
+		s.covered(b),                    // A_COVERED
+		graced,                          // A_GRACED
 	)
 	// From A_WRITES on: the other writes, writeArgs arguments each.
 	for i, w := range b.Writes {
@@ -205,6 +312,19 @@ func (s *Store) applyArgs(ctx context.Context, shard int, b gateway.Batch, bel *
 		}
 	}
 	return args, nil
+}
+
+// gracedWrites is apply.lua's A_GRACED for writes: one byte per write,
+// 1 for a coalesced one (gateway.Write.Coalesced), else 0.
+func gracedWrites(ws []gateway.Write) string {
+	b := make([]byte, len(ws))
+	for i, w := range ws {
+		b[i] = '0'
+		if w.Coalesced {
+			b[i] = '1'
+		}
+	}
+	return string(b)
 }
 
 // applyResult reads the apply script's reply (or the error of its call)

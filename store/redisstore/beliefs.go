@@ -47,6 +47,10 @@ type beliefs struct {
 	// forget (the calls of an outage fail): a reply of another one means
 	// the shard's state was lost or replaced (ApplyResult.Reset).
 	seen string
+	// unreported is a reset seen by a call that then failed (its
+	// replicas did not acknowledge it): the next successful call
+	// reports it.
+	unreported bool
 }
 
 type belief struct {
@@ -172,8 +176,8 @@ func (b *beliefs) believed(batch gateway.Batch) (order []byte, n int, oldest int
 // earlier belief. The beliefs keep the batch's own strings (those the
 // session table holds), not the reply's copies.
 func (b *beliefs) learn(inc string, status []any, writes []gateway.Write, now int64) (reset bool) {
-	reset = b.seen != "" && b.seen != inc
-	b.seen = inc
+	reset = b.unreported || b.seen != "" && b.seen != inc
+	b.seen, b.unreported = inc, false
 	if b.inc != inc {
 		clear(b.steady)
 		b.inc = inc

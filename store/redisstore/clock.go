@@ -4,6 +4,8 @@ import (
 	"context"
 	"strconv"
 	"time"
+
+	"github.com/fleetgate/fleetgate/gateway"
 )
 
 // Now is the store clock: Redis TIME, or Options.Now in tests.
@@ -101,6 +103,27 @@ func (s *Store) notAfter(ctx context.Context) string {
 	s.rmu.Lock()
 	defer s.rmu.Unlock()
 	ms, ok := s.clock.notAfter(s.localNow(), wait)
+	if !ok {
+		return ""
+	}
+	return strconv.FormatInt(ms, 10)
+}
+
+// covered is the store time (ms) of the coverage of a batch (Batch.Covers,
+// made now): a lower bound of the store's clock when the gateway's
+// coverage point passed, so that the store never takes a gateway to have
+// covered more than it did; "" when the batch reports none or the
+// store's clock has not been seen yet.
+func (s *Store) covered(b gateway.Batch) string {
+	if !b.Covers {
+		return ""
+	}
+	if s.now != nil {
+		return strconv.FormatInt(s.now().Add(-b.CoverAge).UnixMilli(), 10)
+	}
+	s.rmu.Lock()
+	defer s.rmu.Unlock()
+	ms, ok := s.clock.notAfter(s.localNow()-b.CoverAge, 0)
 	if !ok {
 		return ""
 	}

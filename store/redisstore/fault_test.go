@@ -408,3 +408,49 @@ func TestWaitReplicas(t *testing.T) {
 		t.Fatalf("dev-2 on the replica after the replay: %v %v", d, err)
 	}
 }
+
+// A reset (the shard's state lost: a restart without persistence, a
+// FLUSHALL) seen by a call that then fails its wait for the replicas is
+// reported by the next call that succeeds: the caller restores after it,
+// though the failed call already carried the new incarnation.
+func TestWaitReplicasKeepsReset(t *testing.T) {
+	primary := redistest.Start(t)
+	link := redistest.NewProxy(t, primary.Addr)
+	redistest.StartReplica(t, link.Addr())
+	c := redis.NewClient(&redis.Options{Addr: primary.Addr})
+	t.Cleanup(func() { c.Close() })
+	clock := clocktest.New(time.UnixMilli(startMs))
+	s, err := Open(t.Context(), c, Options{Prefix: uniquePrefix(), Shards: 1, Now: clock.Now,
+		WaitReplicas: 1, WaitTimeout: 300 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	ctx := t.Context()
+	waitFor(t, 10*time.Second, "the replica to sync", func() bool {
+		_, err := s.Apply(ctx, 0, batch("gw", 1, write("dev-1", "s", gateway.Connect, 0)))
+		return err == nil
+	})
+
+	link.SetCut(true)
+	if err := c.FlushAll(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	replay := batch("gw", 1, write("dev-2", "s", gateway.Connect, 0))
+	replay.Replay = true
+	if _, err := s.Apply(ctx, 0, replay); !errors.Is(err, gateway.ErrUnavailable) {
+		t.Fatalf("replay onto the lost state while the replica is cut off: %v, want ErrUnavailable", err)
+	}
+	link.SetCut(false)
+	var res gateway.ApplyResult
+	waitFor(t, 10*time.Second, "a call to be acknowledged", func() bool {
+		res, err = s.Apply(ctx, 0, replay)
+		return err == nil
+	})
+	if !res.Reset {
+		t.Fatal("the first acknowledged call after the loss did not report the reset")
+	}
+	if res, err := s.Apply(ctx, 0, batch("gw", 1, write("dev-2", "s", gateway.Renew, 0))); err != nil || res.Reset {
+		t.Fatalf("the call after: reset %v %v, want none", res.Reset, err)
+	}
+}

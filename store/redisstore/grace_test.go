@@ -260,32 +260,3 @@ func TestGatewayLostAndBack(t *testing.T) {
 		}
 	})
 }
-
-// A renewal observed after its session's deadline, with no reap in
-// between: alone it is new evidence after a gap (the session expires and
-// comes back, two events); in a Batch.Coalesced it stands for several
-// observations whose older ones bridged the gap, so within the grace it
-// extends the session with no event, as a replay does.
-func TestCoalescedEvidenceHasTheGrace(t *testing.T) {
-	forBackends(t, func(t *testing.T, c redis.UniversalClient) {
-		const dev = gateway.DeviceID("dev-c")
-		for _, coalesced := range []bool{false, true} {
-			e := newGraceEnv(t, c)
-			t0 := e.clock.Now()
-			e.apply(0, leased("gw-a", false, write(dev, "coap/default", gateway.Connect, 0)))
-			e.clock.Advance(testLease + 2*time.Second)
-			b := leased("gw-a", false, write(dev, "coap/default", gateway.Renew, time.Second))
-			b.Coalesced = coalesced
-			evs := e.apply(0, b)
-			switch {
-			case coalesced && len(evs) != 0:
-				t.Fatalf("coalesced renewal 1 s after the deadline wrote %s, want nothing", describe(evs))
-			case !coalesced && (len(evs) != 2 || evs[0].Reason != gateway.ReasonExpired || evs[1].Reason != gateway.ReasonRenew):
-				t.Fatalf("lone renewal 1 s after the deadline wrote %s, want expired then renew", describe(evs))
-			}
-			if d := e.device(dev); d.State != gateway.Online || !d.Deadline.Equal(t0.Add(2*testLease+time.Second)) {
-				t.Fatalf("coalesced=%v: device %+v", coalesced, d)
-			}
-		}
-	})
-}

@@ -91,6 +91,24 @@ func sharedCluster() *redistest.Cluster {
 	return shared.cluster
 }
 
+// clusterStore starts a Cluster of 3 masters with a replica each and
+// dials a store on it with o (closed at cleanup); master[sh] is the index
+// in cl.Nodes of the master of shard sh.
+func clusterStore(t *testing.T, o Options) (cl *redistest.Cluster, s *Store, master []int) {
+	t.Helper()
+	cl = redistest.StartClusterWithReplicas(t, 3)
+	s, err := Dial(t.Context(), DialConfig{Addrs: cl.Addrs(), Options: o})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	master = make([]int, o.Shards)
+	for sh := range master {
+		master[sh] = cl.MasterOfKey(t, s.keys[sh].data[0])
+	}
+	return cl, s, master
+}
+
 // backend is a Redis deployment a test runs against.
 type backend struct {
 	name   string

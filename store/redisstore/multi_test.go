@@ -26,10 +26,29 @@ func devicesPerShard(shards int, prefix string) []gateway.DeviceID {
 	return devs
 }
 
-// ApplyShards sends every shard's batch in one pipeline; a batch is
+// masters is the number of masters holding s's shards (1 on a
+// standalone server).
+func masters(t *testing.T, c redis.UniversalClient, s *Store) int64 {
+	t.Helper()
+	cc, ok := c.(*redis.ClusterClient)
+	if !ok {
+		return 1
+	}
+	addrs := map[string]bool{}
+	for _, k := range s.keys {
+		m, err := cc.MasterForKey(t.Context(), k.data[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		addrs[m.Options().Addr] = true
+	}
+	return int64(len(addrs))
+}
+
+// ApplyShards sends every shard's batch in one pipeline per master; a batch is
 // fenced on its own; after SCRIPT FLUSH the NOSCRIPT replies are sent
 // again with EVAL and succeed.
-func TestApplyShardsOnePipeline(t *testing.T) {
+func TestApplyShardsOnePipelinePerMaster(t *testing.T) {
 	forBackends(t, func(t *testing.T, c redis.UniversalClient) {
 		const shards = 8
 		e := newEnv(t, c, shards)
@@ -48,8 +67,8 @@ func TestApplyShardsOnePipeline(t *testing.T) {
 		}
 		before := rt.Singles()
 		res := e.store.ApplyShards(e.ctx, batches(2, gateway.Connect))
-		if p, s := rt.Pipelines(), rt.Singles()-before; p != 1 || s != 0 {
-			t.Fatalf("ApplyShards made %d pipelines and %d single calls, want 1 and 0", p, s)
+		if p, s, want := rt.Pipelines(), rt.Singles()-before, masters(t, c, e.store); p != want || s != 0 {
+			t.Fatalf("ApplyShards made %d pipelines and %d single calls, want %d (one per master) and 0", p, s, want)
 		}
 		for sh, r := range res {
 			if r.Err != nil || len(r.Result.Events) != 1 || r.Result.Events[0].State != gateway.Online || r.Result.Events[0].Device != devs[sh] {

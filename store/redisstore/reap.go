@@ -56,6 +56,8 @@ func (s *Store) Reap(ctx context.Context, shard int, limit int) (gateway.ReapRes
 		since,           // R_SINCE
 		s.notAfter(ctx), // R_NOTAFTER
 		lostAfter,       // R_LOSTAFTER
+		s.recheck,       // R_RECHECK
+		s.horizon,       // R_HORIZON
 	).Slice()
 	if err == nil && len(res) == 2 && num(res[0]) == -1 {
 		s.seen(num(res[1]), sent)

@@ -10,6 +10,7 @@
 package redisstore
 
 import (
+	"cmp"
 	"context"
 	_ "embed"
 	"errors"
@@ -56,10 +57,21 @@ type Options struct {
 	Now func() time.Time
 	// Logger receives warnings; default slog.Default().
 	Logger *slog.Logger
-	// GatewayGrace is presence.gateway_grace: how long a due device is
-	// held (not reaped) while the gateway that wrote it last is not heard
-	// (record.lua, "Held devices"). Zero holds nothing.
+	// GatewayGrace is presence.gateway_grace: how long past its deadline
+	// a due device is held (not reaped) while the coverage of a gateway of
+	// its sessions has not reached it (record.lua, "Held devices"). Zero
+	// holds nothing.
 	GatewayGrace time.Duration
+	// GatewayRecheck is how soon a reap looks again at a held device
+	// whose gateway is heard (its coverage moves on with its next flush):
+	// uplink.flush_interval; default one second.
+	GatewayRecheck time.Duration
+	// GatewayHorizon is how long after its last call on a shard a
+	// gateway's coverage still holds every due device of the shard back
+	// (a device may have moved to it; its evidence there is late but
+	// valid up to the grace): presence.lease + presence.gateway_grace.
+	// Zero waits only for the gateways of a device's own sessions.
+	GatewayHorizon time.Duration
 	// GatewaySilence is the longest a live gateway goes without a store
 	// call on a shard (its keep-alive with a margin); a gateway not heard
 	// for longer is silent.
@@ -75,8 +87,10 @@ type Options struct {
 	// many replicas have its writes, for at most WaitTimeout; with fewer,
 	// each such batch fails with gateway.ErrUnavailable, so that the
 	// uplink keeps it in its outbox and replays it (a replay is
-	// idempotent). A standalone server only (with its replicas): a
-	// Cluster is refused.
+	// idempotent). On a standalone server the call waits on its
+	// connection; on a Cluster each master that the call wrote to is
+	// waited on, on the connection that wrote there, and only that
+	// master's batches fail.
 	WaitReplicas int
 	WaitTimeout  time.Duration
 	// WatchWaits caps the waits (WaitEvents: idle watch streams) the
@@ -105,6 +119,8 @@ type Store struct {
 	opened  time.Time // localNow's origin
 
 	grace, silence int64 // ms, Options.GatewayGrace and GatewaySilence
+	recheck        int64 // ms, Options.GatewayRecheck
+	horizon        int64 // ms, Options.GatewayHorizon
 	lostAfter      int64 // ms, Options.GatewayLost
 	waitReplicas   int
 	waitTimeout    time.Duration
@@ -183,6 +199,8 @@ func newStore(o Options) (*Store, error) {
 		grace:  o.GatewayGrace.Milliseconds(),
 		reaps:  make([]reapState, o.Shards),
 	}
+	s.recheck = cmp.Or(o.GatewayRecheck, time.Second).Milliseconds()
+	s.horizon = o.GatewayHorizon.Milliseconds()
 	s.silence = o.GatewaySilence.Milliseconds()
 	s.lostAfter = o.GatewayLost.Milliseconds()
 	s.waitReplicas, s.waitTimeout = o.WaitReplicas, o.WaitTimeout

@@ -115,6 +115,7 @@ func testShardErrors(t *testing.T, open Opener) {
 		_, calls["Events"] = e.store.Events(e.ctx, shard, "", 10)
 		_, calls["AcquireShard"] = e.store.AcquireShard(e.ctx, shard, "runner-1", time.Minute)
 		calls["ReleaseShard"] = e.store.ReleaseShard(e.ctx, shard, "runner-1")
+		calls["Probe"] = e.store.Probe(e.ctx, []int{shard})[0]
 		for name, err := range calls {
 			if !errors.Is(err, gateway.ErrBadShard) {
 				t.Errorf("%s(shard %d) = %v, want ErrBadShard", name, shard, err)
@@ -122,6 +123,32 @@ func testShardErrors(t *testing.T, open Opener) {
 		}
 	}
 	e.checkAbsent(in0)
+}
+
+// testProbe: Probe answers nil for every shard of a store that answers,
+// one result per shard asked for, in order (ErrBadShard for one out of
+// range), and writes nothing.
+func testProbe(t *testing.T, open Opener) {
+	e := newEnv(t, open, 4)
+	errs := e.store.Probe(e.ctx, []int{3, 0, 4, 1, 2})
+	if len(errs) != 5 {
+		t.Fatalf("Probe of 5 shards: %d results", len(errs))
+	}
+	for i, err := range errs {
+		if i == 2 {
+			if !errors.Is(err, gateway.ErrBadShard) {
+				t.Errorf("Probe(shard 4 of 4) = %v, want ErrBadShard", err)
+			}
+		} else if err != nil {
+			t.Errorf("Probe, result %d: %v", i, err)
+		}
+	}
+	for s := range 4 {
+		e.checkLogLen("after probes", s, 0)
+	}
+	if page, err := e.store.List(e.ctx, gateway.ListQuery{Limit: 10}); err != nil || len(page.Devices) != 0 {
+		t.Errorf("devices after probes: %+v, %v; want none", page, err)
+	}
 }
 
 // testVerContinues: invariant 5 over connect, leave, renew, expiry and

@@ -34,6 +34,7 @@ func Run(t *testing.T, open Opener) {
 		{"FencedBatchWritesNoExpiry", testFencedNoExpiry},
 		{"EmptyBatchRecordsEpoch", testEmptyBatchRecordsEpoch},
 		{"ShardErrors", testShardErrors},
+		{"Probe", testProbe},
 		{"DeviceNotFound", testDeviceNotFound},
 		{"VerContinues", testVerContinues},
 		{"DuplicateWritesInBatch", testDuplicateWrites},

@@ -12,12 +12,15 @@
 --   the store time after which the call is stale ("" for none: a call the
 --   caller gave up on may still run when a paused server resumes, with
 --   ages that are no longer true; it then does nothing), the grace ms of
---   a replay or a coalesced batch (below; 0 otherwise), the store time the oldest belief the
+--   a replay or of a batch with coalesced writes (below; 0 otherwise), the store time the oldest belief the
 --   believed renewals stand on was learned at ("" when F is 0; beliefs
 --   older than BELIEF_TTL on the store clock are not used: the reap keeps
 --   invalidations for an hour on the same clock), the incarnation of the
 --   caller's last successful call ("" for none: a new process, or a
---   caller without beliefs),
+--   caller without beliefs), the store time of the gateway's coverage
+--   (gateway.Batch.Covers; "" for none), the writes the grace applies
+--   to ("" for every write; else one byte per write in batch order, "1"
+--   for a coalesced write: gateway.Write.Coalesced),
 --   then from A_WRITES the other writes, W_ARGS arguments each: device,
 --   session, kind (1 connect, 2 renew, 3 leave), age ms, lease ms (the
 --   write's own: the lease in force when its evidence was observed;
@@ -29,8 +32,8 @@
 -- now on, or "" where it must drop its belief (record.lua, "Beliefs").
 local A_GW, A_EPOCH, A_LEASE, A_REPLAY, A_NOW, A_MAXLEN = 1, 2, 3, 4, 5, 6
 local A_INC, A_NFAST, A_ORDER, A_FASTSIDS, A_FASTAGES, A_FASTDEVS = 7, 8, 9, 10, 11, 12
-local A_BEHIND, A_NOTAFTER, A_GRACE, A_BELIEFAT, A_SEEN = 13, 14, 15, 16, 17
-local A_WRITES = 18
+local A_BEHIND, A_NOTAFTER, A_GRACE, A_BELIEFAT, A_SEEN, A_COVERED = 13, 14, 15, 16, 17, 18
+local A_GRACED, A_WRITES = 19, 20
 local BELIEF_TTL = 600000
 local W_ARGS = 5
 local BELIEVED = byte('1')
@@ -39,7 +42,8 @@ local KIND_CONNECT, KIND_RENEW, KIND_LEAVE = '1', '2', '3'
 local gw, epoch, lease = ARGV[A_GW], tonumber(ARGV[A_EPOCH]), tonumber(ARGV[A_LEASE])
 local replay, restore = ARGV[A_REPLAY] == '1', ARGV[A_REPLAY] == '2'
 local now, maxlen = clock(ARGV[A_NOW]), ARGV[A_MAXLEN]
-local replaygrace = tonumber(ARGV[A_GRACE]) or 0
+local replaygrace, graced = tonumber(ARGV[A_GRACE]) or 0, ARGV[A_GRACED]
+local GRACED = byte('1')
 local nowstr = string.format('%d', now)
 local notafter = tonumber(ARGV[A_NOTAFTER])
 if notafter and now > notafter then return {-1, now} end
@@ -66,8 +70,17 @@ local inc = incarnation(seen[3], redis.call('HGET', KEYS[2], INC), seen[4], now,
 -- restore batch does, gateway.Batch.Restore): the caller re-sends its
 -- other live sessions (ApplyResult.Reset).
 if ARGV[A_SEEN] ~= '' and ARGV[A_SEEN] ~= inc then restore = true end
--- The gateway's liveness on this shard (record.lua, "Gateway liveness").
-redis.call('HSET', KEYS[4], LIVE .. gwref, nowstr .. ' ' .. ARGV[A_BEHIND])
+-- The gateway's liveness on this shard (record.lua, "Gateway liveness"):
+-- its coverage only moves forward (a call its caller gave up on may run
+-- after a later one).
+local _, _, covered = liveness(gwref)
+local cov = tonumber(ARGV[A_COVERED])
+if cov and (not covered or cov > covered) then covered = cov end
+if covered then
+  redis.call('HSET', KEYS[4], LIVE .. gwref, nowstr .. ' ' .. ARGV[A_BEHIND] .. ' ' .. string.format('%d', covered))
+else
+  redis.call('HSET', KEYS[4], LIVE .. gwref, nowstr .. ' ' .. ARGV[A_BEHIND])
+end
 local status = {}
 -- A batch without writes only records the epoch (the uplink announces a
 -- new process on every shard so that older epochs are fenced everywhere).
@@ -164,8 +177,14 @@ if nfast > 0 then
 end
 if nslow == 0 then return {1, inc, status, now} end
 -- The general writes in batch order: the believed renewals sent back above
--- (as renewals) and the others: device, session, kind, age ms, lease ms.
-local gdev, gsid, gkind, gage, glease = {}, {}, {}, {}, {}
+-- (as renewals) and the others: device, session, kind, age ms, lease ms,
+-- and the grace of late evidence (the write's batch position p in
+-- A_GRACED).
+local gdev, gsid, gkind, gage, glease, ggrace = {}, {}, {}, {}, {}, {}
+local function gracefor(p)
+  if graced == '' or byte(graced, p) == GRACED then return replaygrace end
+  return 0
+end
 local fastsids
 local f, oi, j = 1, first, 0
 for p = 1, nfast > 0 and #order or nslow do
@@ -177,11 +196,13 @@ for p = 1, nfast > 0 and #order or nslow do
       end
       j = j + 1
       gdev[j], gsid[j], gkind[j], gage[j], glease[j] = fastdev[f], fastsids[f], KIND_RENEW, fastage(f), lease
+      ggrace[j] = gracefor(p)
     end
     f = f + 1
   else
     j = j + 1
     gdev[j], gsid[j], gkind[j], gage[j], glease[j] = ARGV[oi], ARGV[oi + 1], ARGV[oi + 2], ARGV[oi + 3], tonumber(ARGV[oi + 4])
+    ggrace[j] = gracefor(p)
     oi = oi + W_ARGS
   end
 end
@@ -243,10 +264,27 @@ end
 local events = {1, inc, status, now}
 local function event(...) events[#events + 1] = emit(...) end
 
+-- uncovered says that an expired session must wait rather than be
+-- dropped by a write: its gateway reports coverage, and that coverage
+-- has not reached the session's deadline (record.lua, "Gateway
+-- liveness"). A gateway that reports none is not waited for here (the
+-- reap judges it by its contact).
+local coverage = {[gwref] = covered or false}
+local function uncovered(ss)
+  local c = coverage[ss.gw]
+  if c == nil then
+    local _, _, cv = liveness(ss.gw)
+    c = cv or false
+    coverage[ss.gw] = c
+  end
+  return c and c < ss.dl
+end
+
 -- general applies one write to device k's decoded record (rec[k]); zk is
 -- the device deadline as loaded or as renewed so far; d is the deadline
--- the write's evidence gives (observed at d - wlease, its lease).
-local function general(dev, sid, kind, d, k, zk, wlease)
+-- the write's evidence gives (observed at d - wlease, its lease); wgrace
+-- is how late past its session's deadline it may be (below).
+local function general(dev, sid, kind, d, k, zk, wlease, wgrace)
   local r = rec[k]
   if not r and packed[k] then
     r = decode(packed[k], zk)
@@ -259,21 +297,22 @@ local function general(dev, sid, kind, d, k, zk, wlease)
   -- Late but valid evidence: a connect or renew observed at or before
   -- its session's deadline extends that session even when the deadline
   -- has passed by now (an outage delayed it): no offline, no online.
-  -- A replay, or a batch whose queue coalesced evidence while its
-  -- sending was held up (Batch.Coalesced; the caller sends the grace in
-  -- A_GRACE for both), may be up to the gateway grace late: the outbox
-  -- and the queue keep only a session's newest evidence, so the evidence
-  -- that bridged the outage may be gone (as for a held device, above). A restore may be
-  -- any late: the renewals that bridged the gap were acknowledged by the
+  -- A replayed write, or one whose queue coalesced evidence while its
+  -- sending was held up (Write.Coalesced; the caller sends the grace in
+  -- A_GRACE and the writes it applies to in A_GRACED), may be up to the
+  -- gateway grace late (wgrace): the outbox and the queue keep only a
+  -- session's newest evidence, so the evidence that bridged the outage
+  -- may be gone (as for a held device, above). A restore may be any
+  -- late: the renewals that bridged the gap were acknowledged by the
   -- state that was lost (a failover to a replica that lacked them).
   local late
   if r and kind ~= KIND_LEAVE and d > now then
     for _, x in ipairs(r.sess) do
-      if x.sid == sid and x.dl <= now and (restore or obs <= x.dl + replaygrace) then late = x break end
+      if x.sid == sid and x.dl <= now and (restore or obs <= x.dl + wgrace) then late = x break end
     end
   end
   if r and r.on then
-    local gone = dropexpired(r, now, late)
+    local gone = dropexpired(r, now, late, uncovered)
     if gone then
       dirty[k] = true
       setz(k, maxdl(r))
@@ -365,7 +404,7 @@ for j = 1, nslow do
     if d > zk then z[k], moved[k] = d, true end
     kept[k] = sid
   else
-    general(dev, sid, kind, d, k, zk, wlease)
+    general(dev, sid, kind, d, k, zk, wlease, ggrace[j])
   end
 end
 

@@ -10,7 +10,12 @@
 -- while the server was paused) may still run when the server resumes,
 -- and must then do nothing; it returns {-1, now}; and how long a gateway
 -- may go unheard before it is reported lost (ms; 0: no gateway events,
--- the caller passes it for shard 0 only).
+-- the caller passes it for shard 0 only), how soon a held device of a
+-- gateway that is heard is looked at again (ms: about a flush interval,
+-- the time that gateway's coverage takes to move on), and how long after
+-- its last call a gateway's coverage still holds every due device back
+-- (ms: lease + gateway grace; evidence it holds can be late but valid
+-- until then).
 -- Returns one flat array:
 --   {trimmed, more (1|0), next deadline or -1, orphans, now, held,
 --    incarnation, then per offline event: id, device, ver, gw, session,
@@ -18,10 +23,10 @@
 -- Every reap event is state offline at now, so those are not repeated per
 -- event (the Go side fills them in); deadline is the device's true lease
 -- end; reason is expired, or gateway_lost at the end of a hold whose
--- gateway is still not heard. orphans counts due entries without an
+-- gateway's coverage still has not reached it. orphans counts due entries without an
 -- online record (removed, no event); held the devices held this call
 -- (record.lua, "Held devices").
-local R_LIMIT, R_NOW, R_MAXLEN, R_GRACE, R_SILENCE, R_SINCE, R_NOTAFTER, R_LOSTAFTER = 1, 2, 3, 4, 5, 6, 7, 8
+local R_LIMIT, R_NOW, R_MAXLEN, R_GRACE, R_SILENCE, R_SINCE, R_NOTAFTER, R_LOSTAFTER, R_RECHECK, R_HORIZON = 1, 2, 3, 4, 5, 6, 7, 8, 9, 10
 local limit, now, maxlen = tonumber(ARGV[R_LIMIT]), clock(ARGV[R_NOW]), ARGV[R_MAXLEN]
 local grace, silence = tonumber(ARGV[R_GRACE]) or 0, tonumber(ARGV[R_SILENCE]) or 0
 local since, nosince = tonumber(ARGV[R_SINCE]) or 0, ARGV[R_SINCE] == 'now'
@@ -29,6 +34,8 @@ if nosince then since = now + 1 end
 local notafter = tonumber(ARGV[R_NOTAFTER])
 if notafter and now > notafter then return {-1, now} end
 local lostafter = tonumber(ARGV[R_LOSTAFTER]) or 0
+local recheck = tonumber(ARGV[R_RECHECK]) or 1000
+local horizon = tonumber(ARGV[R_HORIZON]) or 0
 local nowstr, nowpacked = string.format('%d', now), struct.pack('>I6', now)
 local rcall, evkey = redis.call, KEYS[3]
 local incs = rcall('HMGET', KEYS[4], INC, REPL)
@@ -110,32 +117,67 @@ if #devs > 0 then
   if rcall('EXISTS', KEYS[6]) == 1 then heldv = mcall('HMGET', KEYS[6], devs) end
 end
 
--- live says whether gateway ref was heard on this shard within the
--- silence, since the last outage, and is not behind.
-local lives = {}
-local function live(ref)
-  local v = lives[ref]
-  if v == nil then
-    v = false
-    local s = rcall('HGET', KEYS[4], LIVE .. ref)
-    if s then
-      local at, behind = string.match(s, '^(%d+) (%d)$')
-      at = tonumber(at)
-      v = at ~= nil and at >= since and now - at <= silence and behind == '0'
-    end
-    lives[ref] = v
+-- gateway is what the reap needs of gateway ref's liveness record:
+-- heard, whether it was heard on this shard within the silence and since
+-- the last outage; recent, whether within the horizon; behind; cov, its
+-- coverage (nil when it reports none).
+-- covers says whether it has covered a session deadline dl: its coverage
+-- has reached dl, or, for a gateway that reports no coverage (an older
+-- release), it is heard and not behind (record.lua, "Gateway liveness").
+local gws = {}
+local function gateway(ref)
+  local g = gws[ref]
+  if not g then
+    local at, behind, cov = liveness(ref)
+    g = {at = at, heard = at ~= nil and at >= since and now - at <= silence, recent = at ~= nil and now - at <= horizon,
+      behind = behind, cov = cov}
+    gws[ref] = g
   end
-  return v
+  return g
+end
+local function covers(ref, dl)
+  local g = gateway(ref)
+  if g.cov then return g.cov >= dl end
+  return g.heard and not g.behind
 end
 
--- writer is the gateway ref of the session of a record that runs out
--- last: the gateway whose silence may be why the device is due.
-local function writer(p, deadline)
+-- laggard is the gateway of the shard heard within the horizon with the
+-- least coverage (nil when none reports coverage), read once per call: a
+-- device may have moved to it (a CoAP session is named by the device, not
+-- the gateway), so its evidence of any device may still be on its way,
+-- even while the store does not hear it (a cut link, a hung shard).
+local laggard
+local function slowest()
+  if laggard == nil then
+    laggard = false
+    local last = tonumber(redis.call('HGET', KEYS[4], '#')) or 0
+    for ref = 1, last do
+      local g = gateway(ref)
+      if g.recent and g.cov and (not laggard or g.cov < gateway(laggard).cov) then laggard = ref end
+    end
+  end
+  return laggard
+end
+
+-- waitfor is the gateway ref a due online record must wait for, or nil,
+-- and whether it is the gateway of one of the device's sessions: the
+-- gateway of a session that ran out (they all have, or the device would
+-- not be due) before that gateway's coverage reached it, or else a
+-- gateway heard within the horizon whose coverage has not reached the
+-- device's deadline. truedl
+-- is the device's true deadline (the sessions' offsets count from it).
+local function waitfor(p, truedl)
   local g = owner(p)
-  if g then return g end
-  local r = decode(p, deadline)
-  local last = newest(r)
-  return last and last.gw or r.lastgw
+  if g then
+    if not covers(g, truedl) then return g, true end
+  else
+    for _, ss in ipairs(decode(p, truedl).sess) do
+      if ss.dl <= now and not covers(ss.gw, ss.dl) then return ss.gw, true end
+    end
+  end
+  local l = slowest()
+  if l and gateway(l).cov < truedl then return l, false end
+  return nil, false
 end
 
 -- out[1..7] are filled in at the end; n is the last index used.
@@ -145,29 +187,42 @@ local trimmed, orphans, nheld = 0, 0, 0
 local hset, zadd, zrem, hold, unhold = {}, {}, {}, {}, {}
 for k, dev in ipairs(devs) do
   local p, old = packed[k], due[2 * k]
-  -- truedl is the lease end that ran out; ending says a hold ends here
-  local truedl, ending = old, false
+  -- truedl is the lease end that ran out (the index entry, or the true
+  -- deadline of a device this reap held); ending says its grace is over
+  local truedl, washeld = tonumber(old), false
   if heldv[k] then
     local t, u = heldfields(heldv[k])
-    if u == tonumber(old) then truedl, ending = string.format('%d', t), true end
+    if u == truedl then truedl, washeld = t, true end
     unhold[#unhold + 1] = dev
   end
+  local ending = washeld and tonumber(old) >= truedl + grace
   local rec, ver, gw, sid, reason = nil, nil, nil, nil, 'expired'
   local held = false
-  if p and isonline(p) and (grace > 0 or ending) and not live(writer(p, tonumber(old))) then
-    if ending then
-      reason = 'gateway_lost'
-    else
-      -- hold: the index entry moves by the grace, the record stays
-      local untildl = tonumber(old) + grace
+  if p and isonline(p) and (grace > 0 or washeld) then
+    local g, own = waitfor(p, truedl)
+    if g and ending then
+      -- the grace is over: the device goes, lost with its gateway when
+      -- one of its own did not cover it
+      if own then reason = 'gateway_lost' end
+    elseif g then
+      -- hold: the index entry moves, the record stays; to a recheck
+      -- while the gateway waited for is heard, to the end of the grace
+      -- (or of another gateway's horizon) while it is not
+      local untildl, gg = truedl + grace, gateway(g)
+      if gg.heard then
+        untildl = math.min(now + recheck, untildl)
+      elseif not own then
+        untildl = math.min(gg.at + horizon + 1, untildl)
+      end
       zadd[#zadd + 1] = untildl
       zadd[#zadd + 1] = dev
       hold[#hold + 1] = dev
-      hold[#hold + 1] = old .. ' ' .. string.format('%d', untildl)
+      hold[#hold + 1] = string.format('%d %d', truedl, untildl)
       nheld = nheld + 1
       held = true
     end
   end
+  truedl = string.format('%d', truedl)
   if p and not held then rec, ver, gw, sid = offline(p) end
   if not rec and not held then
     local r = p and decode(p, tonumber(old))

@@ -134,21 +134,37 @@ local MAX_SESSIONS = 256
 local TOMB_KEEP = 86400000
 
 -- Gateway liveness: every apply call records, in the epochs hash under
--- LIVE..ref, the store time of the call and whether the gateway is behind
--- (its outbox still holds writes). The uplink makes a call on every shard
--- at least every keep-alive, so a gateway whose record is older than the
--- silence the runner allows has lost the store (or died).
+-- LIVE..ref, "<contact> <behind> <coverage>": the store time of the call,
+-- whether the gateway is behind (its outbox still holds writes), and the
+-- gateway's coverage on this shard (gateway.Batch.Covers: every evidence
+-- it observed before that store time has reached the store), the latest
+-- any of its calls reported (absent while none did: an older release).
+-- The uplink makes a call on every shard at least every keep-alive, so a
+-- gateway whose contact is older than the silence the runner allows has
+-- lost the store (or died).
 local LIVE = '!'
 
--- Held devices: a device that falls due while its last writer is silent
--- or behind (or before that gateway was heard again after an outage the
--- runner saw) is not reaped but held: its deadline in the index moves by
--- the grace (its record is unchanged: session deadlines are offsets from
--- the index entry) and {P:s}:held keeps its true deadline and the new
--- one. Late but valid evidence replayed meanwhile is judged against the
--- true deadline and undoes the hold (apply); at the end of the grace the
--- reap writes the offline event with the true deadline, reason
--- gateway_lost if the gateway is still not heard, else expired.
+-- liveness reads gateway ref's liveness record: its contact (nil when it
+-- has none), whether it is behind, and its coverage (nil when none).
+local function liveness(ref)
+  local s = redis.call('HGET', KEYS[4], LIVE .. ref)
+  if not s then return nil, false, nil end
+  local at, behind, cov = string.match(s, '^(%d+) (%d) ?(%d*)$')
+  return tonumber(at), behind == '1', tonumber(cov)
+end
+
+-- Held devices: a device that falls due while the coverage of one of its
+-- sessions' gateways has not reached that session's deadline (that
+-- gateway may hold evidence not yet written: a slow store, a slow
+-- gateway, an outage) is not reaped but held: its deadline in the index
+-- moves (its record is unchanged: session deadlines are offsets from the
+-- index entry) and {P:s}:held keeps its true deadline and the new one.
+-- While the gateway is heard the reap looks again a recheck later; while
+-- it is not, at the end of the grace. Late but valid evidence replayed
+-- meanwhile is judged against the true deadline and undoes the hold
+-- (apply); at the end of the grace the reap writes the offline event
+-- with the true deadline, reason gateway_lost if the coverage has still
+-- not reached it, else expired.
 local function heldfields(s)
   local a, b = string.match(s, '^(%d+) (%d+)$')
   return tonumber(a), tonumber(b)
@@ -460,12 +476,13 @@ end
 
 -- dropexpired removes the sessions whose deadline is <= now, except keep
 -- (a session that late but valid evidence is about to extend; may be
--- nil). It returns the removed session that ran out last (the one an
+-- nil) and those for which wait (a function of the session; may be nil)
+-- is true. It returns the removed session that ran out last (the one an
 -- expiry of the device names), or nil when none was removed.
-local function dropexpired(r, now, keep)
+local function dropexpired(r, now, keep, wait)
   local kept, last = {}, nil
   for _, ss in ipairs(r.sess) do
-    if ss.dl > now or ss == keep then
+    if ss.dl > now or ss == keep or (wait and wait(ss)) then
       kept[#kept + 1] = ss
     elseif not last or ss.dl > last.dl then
       last = ss

@@ -1,0 +1,81 @@
+package uplink
+
+import (
+	"sync"
+	"time"
+)
+
+// Coverage (gateway.Batch.Covers): every call tells the store up to when
+// this gateway has sent everything it observed for the call's shard, so
+// that the store expires a session only once this gateway could have
+// renewed it and did not (invariant 11). Evidence not yet written is in
+// one of four places, and the coverage of a call stops before the oldest
+// of them:
+//
+//   - the shard's queue (what this call did not take),
+//   - the outbox, when it holds entries of the shard (its oldest entry,
+//     of any shard, is a lower bound of the shard's oldest; another
+//     shard's entries do not hold this one back),
+//   - an Enqueue waiting for room in a full queue (blocked),
+//   - on its way from a front end's read to Enqueue: a flush interval is
+//     allowed for it (the margin).
+//
+// What the call itself carries is written with it, and what an earlier
+// call carried is either applied or, when that call failed, in the
+// outbox or the queue again.
+
+// blocked tracks the evidence of Enqueue calls waiting for room.
+type blocked struct {
+	mu   sync.Mutex
+	next uint64
+	at   map[uint64]time.Time
+}
+
+// wait records evidence observed at at as waiting; done ends it.
+func (b *blocked) wait(at time.Time) (done func()) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.at == nil {
+		b.at = make(map[uint64]time.Time)
+	}
+	b.next++
+	id := b.next
+	b.at[id] = at
+	return func() {
+		b.mu.Lock()
+		delete(b.at, id)
+		b.mu.Unlock()
+	}
+}
+
+// oldest is the observation time of the oldest waiting evidence (zero
+// when none waits).
+func (b *blocked) oldest() time.Time {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var o time.Time
+	for _, at := range b.at {
+		if o.IsZero() || at.Before(o) {
+			o = at
+		}
+	}
+	return o
+}
+
+// coverage is the point up to which a call made at now for shard has this
+// gateway's evidence of that shard written, given the call takes what it
+// carries: before the oldest evidence still queued, buffered or waiting,
+// and a margin before now.
+func (u *Uplink) coverage(shard int, now time.Time, margin time.Duration) time.Time {
+	c := now
+	var buffered time.Time
+	if u.ob.holds(shard) {
+		buffered = u.ob.Oldest()
+	}
+	for _, o := range [...]time.Time{buffered, u.blocked.oldest(), u.queues[shard].oldest()} {
+		if !o.IsZero() && o.Before(c) {
+			c = o
+		}
+	}
+	return c.Add(-margin)
+}
