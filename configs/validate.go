@@ -302,6 +302,11 @@ type Bounds struct {
 	// intervals in the gateway (a device moving to another gateway with a
 	// clean goodbye must not flap), then goes out with the next flush.
 	Leave Duration `json:"leave" yaml:"leave"`
+	// LeaveHeld is Leave + 3 × flush_interval + runner.interval: a leave
+	// of a device's last session written while another gateway's coverage
+	// lags (the device may have moved there, its connect on the way) is
+	// judged by the reap once that gateway has covered it.
+	LeaveHeld Duration `json:"leave_held" yaml:"leave_held"`
 	// HeartbeatMargin is lease − renew_every − flush_interval −
 	// 2 × heartbeat_interval: the slack left after one lost heartbeat.
 	// Validate refuses a negative margin (the flap rule).
@@ -331,6 +336,7 @@ func (c Config) Bounds() Bounds {
 		WorstCaseDetectionFailover:    pr.Lease + wait + c.Runner.Interval + c.Runner.LockTTL,
 		WorstCaseDetectionLostGateway: pr.Lease + pr.GatewayGrace + c.Runner.Interval,
 		Leave:                         3 * c.Uplink.FlushInterval,
+		LeaveHeld:                     3*c.Uplink.FlushInterval + wait + c.Runner.Interval,
 		HeartbeatMargin:               pr.Lease - pr.RenewEvery - c.Uplink.FlushInterval - heartbeatsInside*pr.HeartbeatInterval,
 	}
 }
@@ -349,6 +355,7 @@ func (b Bounds) String() string {
 		{"  after runner failover", b.WorstCaseDetectionFailover, "+ runner.lock_ttl when a runner dies holding a shard"},
 		{"  of a lost gateway", b.WorstCaseDetectionLostGateway, "lease + gateway_grace + runner.interval, for devices of a gateway the store does not hear"},
 		{"offline after a leave", b.Leave, "3 x uplink.flush_interval (the leave grace, then a flush)"},
+		{"  a gateway lagging", b.LeaveHeld, "+ 3 x uplink.flush_interval (its coverage) + runner.interval"},
 		{"heartbeat margin", b.HeartbeatMargin, "lease - renew_every - uplink.flush_interval - 2 x heartbeat_interval"},
 		{"longest device lease", b.MaxLease, "presence.max_lease (CoAP l=), lease when 0"},
 		{"  heartbeat asked", b.MaxLeaseHeartbeat, "its Max-Age: longest device lease - (lease - heartbeat_interval)"},

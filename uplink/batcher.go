@@ -45,12 +45,19 @@ type slot struct {
 	// newest is kept; the older ones may have been what bridged a delay
 	// in sending (gateway.Write.Coalesced).
 	merged bool
+	// since is the earliest observation folded into the slot, merged
+	// away or not (zero in a slot read from the outbox): until the slot
+	// is written the gateway's coverage stops before it (cover.go).
+	since time.Time
 }
 
 // add folds one piece of evidence, observed at under lease, into the slot.
 // Merging two pieces of the same kind keeps the newer observation and
 // the later of their deadlines (observation + lease).
 func (s *slot) add(k gateway.Kind, at time.Time, lease time.Duration) {
+	if s.since.IsZero() || at.Before(s.since) {
+		s.since = at
+	}
 	if k == gateway.Leave {
 		if !s.leave.IsZero() && !at.After(s.leave) {
 			return // an older (or the same) leave: the pending one covers it
@@ -107,6 +114,9 @@ func sticky(a, b gateway.Kind) gateway.Kind {
 
 // merge folds every write of o into s, in o's order.
 func (s *slot) merge(o slot) {
+	if !o.since.IsZero() && (s.since.IsZero() || o.since.Before(s.since)) {
+		s.since = o.since
+	}
 	if o.kind != 0 && o.kindFirst {
 		s.add(o.kind, o.at, o.kindLease)
 	}
@@ -140,6 +150,15 @@ func (s *slot) first() time.Time {
 		return s.at
 	}
 	return s.leave
+}
+
+// unwritten is the earliest observation the slot stands for: its first
+// write's, or an older one merged into it (since).
+func (s *slot) unwritten() time.Time {
+	if f := s.first(); s.since.IsZero() || f.Before(s.since) {
+		return f
+	}
+	return s.since
 }
 
 // key names a session of a device.
@@ -302,14 +321,14 @@ func (q *queue) peek() []item {
 	return items
 }
 
-// oldest is the earliest observation of the evidence pending (zero when
-// none is).
+// oldest is the earliest observation of the evidence pending, merged
+// away or not (zero when none is).
 func (q *queue) oldest() time.Time {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	var o time.Time
 	for _, s := range q.slots {
-		if f := s.first(); o.IsZero() || f.Before(o) {
+		if f := s.unwritten(); o.IsZero() || f.Before(o) {
 			o = f
 		}
 	}

@@ -10,12 +10,16 @@ import (
 // that the store expires a session only once this gateway could have
 // renewed it and did not (invariant 11). Evidence not yet written is in
 // one of four places, and the coverage of a call stops before the oldest
-// of them:
+// of them. A queue slot or an outbox entry keeps a session's newest
+// evidence only; the older evidence merged into it is unwritten too, and
+// it may be what renewed the session before a deadline the newest one is
+// past, so it counts (slot.unwritten, Outbox.unwritten):
 //
 //   - the shard's queue (what this call did not take),
-//   - the outbox, when it holds entries of the shard (its oldest entry,
-//     of any shard, is a lower bound of the shard's oldest; another
-//     shard's entries do not hold this one back),
+//   - the outbox, when it holds entries of the shard (its oldest
+//     evidence, of any shard and kept since the outbox was last empty, is
+//     a lower bound of the shard's oldest; another shard's entries do not
+//     hold this one back),
 //   - an Enqueue waiting for room in a full queue (blocked),
 //   - on its way from a front end's read to Enqueue: a flush interval is
 //     allowed for it (the margin).
@@ -70,7 +74,7 @@ func (u *Uplink) coverage(shard int, now time.Time, margin time.Duration) time.T
 	c := now
 	var buffered time.Time
 	if u.ob.holds(shard) {
-		buffered = u.ob.Oldest()
+		buffered = u.ob.unwritten()
 	}
 	for _, o := range [...]time.Time{buffered, u.blocked.oldest(), u.queues[shard].oldest()} {
 		if !o.IsZero() && o.Before(c) {

@@ -2,6 +2,7 @@ package uplink
 
 import (
 	"context"
+	"math"
 	"testing"
 	"time"
 
@@ -63,7 +64,7 @@ func TestCoverageStopsBeforeOutboxAndBlocked(t *testing.T) {
 	ctx := context.Background()
 	buffered := e.clock.Now()
 	d := devicesIn(2, 1, "ob")[0]
-	if err := u.buffer([]item{{key{d, "s"}, slot{kind: gateway.Renew, at: buffered}}}); err != nil {
+	if err := u.buffer([]item{{key{d, "coap/default"}, slot{kind: gateway.Renew, at: buffered}}}); err != nil {
 		t.Fatal(err)
 	}
 	e.clock.Advance(5 * time.Second)
@@ -101,5 +102,37 @@ func TestCoverageStopsBeforeOutboxAndBlocked(t *testing.T) {
 	}
 	if err := <-done; err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A session's evidence merged in the queue or the outbox keeps only the
+// newest observation; until it is written the coverage stops before the
+// oldest one it stands for, which may have renewed the session before a
+// deadline the newest one is past (a reap between would expire it).
+func TestCoverageStopsAtMergedEvidence(t *testing.T) {
+	u, e := newEmbeddedUplink(t, Options{FlushInterval: time.Second})
+	d := devicesIn(0, 1, "merged")[0]
+	first := e.clock.Now()
+	mustEnqueue(t, u, evidence(d, gateway.Renew, first))
+	e.clock.Advance(3 * time.Second)
+	mustEnqueue(t, u, evidence(d, gateway.Renew, e.clock.Now()))
+	if c := u.coverage(0, e.clock.Now(), 0); c.After(first) {
+		t.Fatalf("queue: coverage %v, past the first merged observation %v", c, first)
+	}
+	// the same in the outbox: buffered, then newer evidence merged in
+	its, _ := u.queues[0].take(math.MaxInt, e.clock.Now(), 0)
+	if err := u.bufferOrRequeue(its); err != nil {
+		t.Fatal(err)
+	}
+	e.clock.Advance(3 * time.Second)
+	mustEnqueue(t, u, evidence(d, gateway.Renew, e.clock.Now()))
+	if its, _ = u.queues[0].take(math.MaxInt, e.clock.Now(), 0); len(its) != 1 {
+		t.Fatalf("queue took %d items, want 1", len(its))
+	}
+	if err := u.bufferOrRequeue(its); err != nil {
+		t.Fatal(err)
+	}
+	if c := u.coverage(0, e.clock.Now(), 0); c.After(first) {
+		t.Fatalf("outbox: coverage %v, past the first merged observation %v", c, first)
 	}
 }

@@ -77,6 +77,12 @@ type Outbox struct {
 	n      int       // entries
 	held   []int     // entries per shard
 	oldest time.Time // first observation of the oldest entry (boot clock); zero when empty
+	// floor is the earliest observation put since the outbox was last
+	// empty, merged away or not (boot clock; zero when empty): an entry
+	// keeps a session's newest evidence only, and until it is written
+	// the gateway's coverage stops before the oldest it stands for. Not
+	// kept across a restart (the oldest entry's then).
+	floor time.Time
 }
 
 // record is one outbox entry as read back: its times are on the boot
@@ -216,6 +222,22 @@ func (o *Outbox) Oldest() time.Time {
 	o.mu.Lock()
 	oldest := o.oldest
 	o.mu.Unlock()
+	return o.onClock(oldest)
+}
+
+// unwritten is Oldest, or older evidence merged into an entry since the
+// outbox was last empty (its floor), on the outbox's clock: the coverage
+// stops before it (cover.go).
+func (o *Outbox) unwritten() time.Time {
+	o.mu.Lock()
+	oldest := minTime(o.oldest, o.floor)
+	o.mu.Unlock()
+	return o.onClock(oldest)
+}
+
+// onClock turns a time since boot into a time on the outbox's clock (zero
+// for zero, or when the boot clock cannot be read).
+func (o *Outbox) onClock(oldest time.Time) time.Time {
 	if oldest.IsZero() {
 		return time.Time{}
 	}
@@ -242,6 +264,9 @@ func toBoot(items []item, now time.Time, since time.Duration) []item {
 		}
 		if !it.leave.IsZero() {
 			it.leave = onBoot(since - now.Sub(it.leave))
+		}
+		if !it.since.IsZero() {
+			it.since = onBoot(since - now.Sub(it.since))
 		}
 		out[i] = it
 	}
@@ -283,6 +308,18 @@ func (r *record) readable(now time.Time, boot gateway.BootID, since time.Duratio
 	}
 	r.boot = boot
 	return true
+}
+
+// earliest is the earliest observation items stand for, merged away or
+// not (zero for none).
+func earliest(items []item) time.Time {
+	var e time.Time
+	for _, it := range items {
+		if u := it.unwritten(); e.IsZero() || u.Before(e) {
+			e = u
+		}
+	}
+	return e
 }
 
 // put stores items, observed on the outbox's clock, in one transaction,
@@ -366,7 +403,7 @@ func (o *Outbox) put(items []item) (evicted, unknown int, err error) {
 	if err != nil {
 		return 0, 0, fmt.Errorf("uplink: outbox put: %w", err)
 	}
-	o.setSize(added, delta, oldest)
+	o.setSize(added, delta, oldest, earliest(items))
 	return evicted, unknown, nil
 }
 
@@ -499,20 +536,38 @@ func (o *Outbox) remove(recs []record, bad [][]byte) error {
 	if err != nil {
 		return fmt.Errorf("uplink: outbox remove: %w", err)
 	}
-	o.setSize(-removed, delta, oldest)
+	o.setSize(-removed, delta, oldest, time.Time{})
 	return nil
 }
 
 // setSize records a committed transaction's change of size, in all and
-// per shard, and its oldest entry (callers hold wmu).
-func (o *Outbox) setSize(n int, perShard []int, oldest time.Time) {
+// per shard, its oldest entry and the earliest observation it put (zero
+// for none; callers hold wmu).
+func (o *Outbox) setSize(n int, perShard []int, oldest, put time.Time) {
 	o.mu.Lock()
 	o.n += n
 	for sh, d := range perShard {
 		o.held[sh] += d
 	}
 	o.oldest = oldest
+	switch {
+	case o.n == 0:
+		o.floor = time.Time{}
+	case o.floor.IsZero() || (!put.IsZero() && put.Before(o.floor)):
+		o.floor = minTime(oldest, put)
+	}
+	if o.floor.After(oldest) && !oldest.IsZero() {
+		o.floor = oldest
+	}
 	o.mu.Unlock()
+}
+
+// minTime is the earlier of two times, a zero one ignored.
+func minTime(a, b time.Time) time.Time {
+	if a.IsZero() || (!b.IsZero() && b.Before(a)) {
+		return b
+	}
+	return a
 }
 
 func oldestIn(tb *bolt.Bucket) time.Time {

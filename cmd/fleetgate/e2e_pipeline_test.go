@@ -126,7 +126,7 @@ func applyRuns(lines []monitorLine) [][]monitorLine {
 // script's many arguments; a reap has 20 with its 7 keys) from other
 // commands.
 func isApply(l monitorLine) bool {
-	const applyMinArgs = 26 // EVALSHA sha 7 keys..7 + 19 header arguments: 29
+	const applyMinArgs = 26 // EVALSHA sha 7 keys..7 + 20 header arguments: 30
 	return (l.name == "EVALSHA" || l.name == "EVAL") && l.args >= applyMinArgs
 }
 

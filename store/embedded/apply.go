@@ -188,7 +188,11 @@ func (w *writer) apply(b *gateway.Batch, wr *gateway.Write) error {
 			late = wr.Session
 		}
 	}
-	if _, err := w.dropExpired(wr.Device, e, late, true, gateway.ReasonExpired); err != nil {
+	// evidence of another session observed by the deadline of the last
+	// one that ran out bridges it: the device was never silent (a move
+	// whose new gateway wrote late), no offline
+	bridged := func(deadline int64) bool { return wr.Kind != gateway.Leave && d > w.now && obs <= deadline }
+	if _, err := w.dropExpired(wr.Device, e, late, true, gateway.ReasonExpired, bridged); err != nil {
 		return err
 	}
 	switch wr.Kind {
@@ -200,7 +204,7 @@ func (w *writer) apply(b *gateway.Batch, wr *gateway.Write) error {
 		// new as its session's takes the session (deadline, gateway,
 		// epoch), older evidence changes nothing of it, and the device's
 		// last writer is the write of its newest evidence.
-		first := len(r.sessions) == 0
+		first := len(r.sessions) == 0 && !r.online // online with none left: bridged above
 		newest := d >= r.deadline()
 		if i := r.find(wr.Session); i < 0 {
 			if len(r.sessions) >= gateway.MaxStoreSessions {
@@ -243,6 +247,22 @@ func (w *writer) apply(b *gateway.Batch, wr *gateway.Write) error {
 		e.dirty = true
 		if i < 0 {
 			return nil
+		}
+		if len(r.sessions) == 1 && r.online {
+			wait, err := w.awaited(b.Gateway, obs)
+			if err != nil {
+				return err
+			}
+			if wait {
+				// the device's last session leaves while another
+				// gateway's coverage lags: it ends at the leave, as a
+				// session that ran out there, for the reap to judge
+				// behind that gateway (its tombstone names the offline a
+				// leave, record.leftAt)
+				r.sessions[0] = session{id: wr.Session, deadline: obs, gw: b.Gateway, epoch: b.Epoch}
+				w.touch(e, b.Gateway, wr.Session)
+				return nil
+			}
 		}
 		r.sessions = append(r.sessions[:i], r.sessions[i+1:]...)
 		w.touch(e, b.Gateway, wr.Session)

@@ -473,6 +473,19 @@ func (r *record) tombed(id gateway.SessionID, obs, now int64) bool {
 	return false
 }
 
+// leftAt reports whether session x ended with its leave: a tombstone of
+// its id observed at or after its deadline (a last session that left
+// while another gateway's coverage lagged is kept until the reap with the
+// leave's time as its deadline, apply.go); its offline is a leave.
+func (r *record) leftAt(x session) bool {
+	for _, t := range r.tombs {
+		if t.id == x.id && t.at >= x.deadline {
+			return true
+		}
+	}
+	return false
+}
+
 // entomb records that session id left, observed at at, and forgets the
 // tombstones observed at or before horizon (now - tombKeep) and the
 // oldest beyond maxTombs.

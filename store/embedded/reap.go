@@ -140,6 +140,6 @@ func (w *writer) reap(k []byte) (trimmed, wait bool, err error) {
 			reason = gateway.ReasonGatewayLost
 		}
 	}
-	trimmed, err = w.dropExpired(d, e, "", false, reason)
+	trimmed, err = w.dropExpired(d, e, "", false, reason, nil)
 	return trimmed, false, err
 }

@@ -139,12 +139,37 @@ func (w *writer) slowest() (liveness, error) {
 	return out, nil
 }
 
+// awaited says whether a gateway other than gw, heard within the horizon,
+// reports coverage that has not reached obs: a device whose last session
+// leaves at obs may have moved to it, its connect still on the way.
+func (w *writer) awaited(gw string, obs int64) (bool, error) {
+	if w.s.horizon <= 0 {
+		return false, nil
+	}
+	c := w.sh.root.Cursor()
+	for k, v := c.Seek([]byte(keyCover)); k != nil && strings.HasPrefix(string(k), keyCover); k, v = c.Next() {
+		if string(k[len(keyCover):]) == gw {
+			continue
+		}
+		l, err := decodeLiveness(v)
+		if err != nil {
+			return false, fmt.Errorf("liveness of %s: %w", k[len(keyCover):], err)
+		}
+		if l.cover != 0 && w.now-l.contact <= w.s.horizon && l.cover < obs {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
 // dropExpired drops the sessions whose deadline is ≤ now, except keep
 // (a session late but valid evidence is about to extend; "" for none)
 // and, with wait, the uncovered ones; when that ends an online device's
-// last session it writes the offline event, with reason, at the old
-// deadline. It reports whether a session was left.
-func (w *writer) dropExpired(d gateway.DeviceID, e *entry, keep gateway.SessionID, wait bool, reason gateway.Reason) (bool, error) {
+// last session it writes the offline event, with reason (a leave when
+// that session ended with its leave), at the old deadline, unless
+// bridged (evidence observed by then is about to keep the device
+// online). It reports whether a session was left.
+func (w *writer) dropExpired(d gateway.DeviceID, e *entry, keep gateway.SessionID, wait bool, reason gateway.Reason, bridged func(deadline int64) bool) (bool, error) {
 	r := &e.rec
 	if len(r.sessions) == 0 {
 		return false, nil
@@ -167,7 +192,10 @@ func (w *writer) dropExpired(d gateway.DeviceID, e *entry, keep gateway.SessionI
 	clear(r.sessions[len(kept):])
 	r.sessions = kept
 	e.dirty = true
-	if len(kept) == 0 && r.online {
+	if len(kept) == 0 && r.online && (bridged == nil || !bridged(last.deadline)) {
+		if reason == gateway.ReasonExpired && r.leftAt(last) {
+			reason = gateway.ReasonLeave
+		}
 		return false, w.transition(d, e, false, reason, last.gw, last.id, last.deadline)
 	}
 	return len(kept) > 0, nil

@@ -262,7 +262,7 @@ func (s *Store) applyArgs(ctx context.Context, shard int, b gateway.Batch, bel *
 		sessions, ages, devices = joinSessions(b.Writes, order, nfast), packAges(b.Writes, order, nfast), joinDevices(b.Writes, order, nfast)
 		beliefAt = strconv.FormatInt(oldest, 10)
 	}
-	args := make([]any, 0, 19+writeArgs*(len(b.Writes)-nfast))
+	args := make([]any, 0, 20+writeArgs*(len(b.Writes)-nfast))
 	replay, behind := "0", "0"
 	switch {
 	case b.Restore:
@@ -303,6 +303,7 @@ func (s *Store) applyArgs(ctx context.Context, shard int, b gateway.Batch, bel *
 		seen,                            // A_SEEN
 		s.covered(b),                    // A_COVERED
 		graced,                          // A_GRACED
+		s.horizon,                       // A_HORIZON
 	)
 	// From A_WRITES on: the other writes, writeArgs arguments each.
 	for i, w := range b.Writes {

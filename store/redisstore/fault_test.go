@@ -364,23 +364,8 @@ func waitFor(t *testing.T, limit time.Duration, what string, cond func() bool) {
 // link is back succeeds, writing no second event. A call without events
 // does not wait.
 func TestWaitReplicas(t *testing.T) {
-	primary := redistest.Start(t)
-	link := redistest.NewProxy(t, primary.Addr)
-	replica := redistest.StartReplica(t, link.Addr())
-	c := redis.NewClient(&redis.Options{Addr: primary.Addr})
-	t.Cleanup(func() { c.Close() })
-	clock := clocktest.New(time.UnixMilli(startMs))
-	s, err := Open(t.Context(), c, Options{Prefix: uniquePrefix(), Shards: 1, Now: clock.Now,
-		WaitReplicas: 1, WaitTimeout: 300 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
+	s, _, link, replica := waitingStore(t)
 	ctx := t.Context()
-	waitFor(t, 10*time.Second, "the replica to sync", func() bool {
-		_, err := s.Apply(ctx, 0, batch("gw", 1, write("dev-1", "s", gateway.Connect, 0)))
-		return err == nil
-	})
 	if n, err := replica.Client(t).Exists(ctx, s.keys[0].data[2]).Result(); err != nil || n != 1 {
 		t.Fatalf("events stream on the replica after a waited call: %d %v", n, err)
 	}
@@ -414,23 +399,8 @@ func TestWaitReplicas(t *testing.T) {
 // reported by the next call that succeeds: the caller restores after it,
 // though the failed call already carried the new incarnation.
 func TestWaitReplicasKeepsReset(t *testing.T) {
-	primary := redistest.Start(t)
-	link := redistest.NewProxy(t, primary.Addr)
-	redistest.StartReplica(t, link.Addr())
-	c := redis.NewClient(&redis.Options{Addr: primary.Addr})
-	t.Cleanup(func() { c.Close() })
-	clock := clocktest.New(time.UnixMilli(startMs))
-	s, err := Open(t.Context(), c, Options{Prefix: uniquePrefix(), Shards: 1, Now: clock.Now,
-		WaitReplicas: 1, WaitTimeout: 300 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
+	s, c, link, _ := waitingStore(t)
 	ctx := t.Context()
-	waitFor(t, 10*time.Second, "the replica to sync", func() bool {
-		_, err := s.Apply(ctx, 0, batch("gw", 1, write("dev-1", "s", gateway.Connect, 0)))
-		return err == nil
-	})
 
 	link.SetCut(true)
 	if err := c.FlushAll(ctx).Err(); err != nil {
@@ -444,6 +414,7 @@ func TestWaitReplicasKeepsReset(t *testing.T) {
 	link.SetCut(false)
 	var res gateway.ApplyResult
 	waitFor(t, 10*time.Second, "a call to be acknowledged", func() bool {
+		var err error
 		res, err = s.Apply(ctx, 0, replay)
 		return err == nil
 	})
@@ -453,4 +424,28 @@ func TestWaitReplicasKeepsReset(t *testing.T) {
 	if res, err := s.Apply(ctx, 0, batch("gw", 1, write("dev-2", "s", gateway.Renew, 0))); err != nil || res.Reset {
 		t.Fatalf("the call after: reset %v %v, want none", res.Reset, err)
 	}
+}
+
+// waitingStore opens a one-shard store with wait_replicas: 1 on a primary
+// whose replica replicates through link, and returns it once the replica
+// acknowledges a call (dev-1 connected), with its client.
+func waitingStore(t *testing.T) (*Store, *redis.Client, *redistest.Proxy, *redistest.Server) {
+	t.Helper()
+	primary := redistest.Start(t)
+	link := redistest.NewProxy(t, primary.Addr)
+	replica := redistest.StartReplica(t, link.Addr())
+	c := redis.NewClient(&redis.Options{Addr: primary.Addr})
+	t.Cleanup(func() { c.Close() })
+	clock := clocktest.New(time.UnixMilli(startMs))
+	s, err := Open(t.Context(), c, Options{Prefix: uniquePrefix(), Shards: 1, Now: clock.Now,
+		WaitReplicas: 1, WaitTimeout: 300 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	waitFor(t, 10*time.Second, "the replica to sync", func() bool {
+		_, err := s.Apply(t.Context(), 0, batch("gw", 1, write("dev-1", "s", gateway.Connect, 0)))
+		return err == nil
+	})
+	return s, c, link, replica
 }

@@ -42,6 +42,9 @@ func RunCoverage(t *testing.T, open GraceOpener) {
 		{"NoCoverageReportedReapsAsBefore", testNoCoverage},
 		{"Property", checkCoverageProperty},
 		{"CoalescedWriteHasTheGrace", testCoalescedWriteHasTheGrace},
+		{"LeaveWaitsForALaggingGateway", testLeaveWaitsForLaggard},
+		{"HeldLeaveReapedAsALeave", testHeldLeaveReaped},
+		{"LateConnectBridgesAnExpiredSession", testLateConnectBridges},
 	} {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(t, open) })
 	}
@@ -295,4 +298,91 @@ func testCoalescedWriteHasTheGrace(t *testing.T, open GraceOpener) {
 			t.Errorf("device %s: %+v, want online until %v", d, got, dl)
 		}
 	}
+}
+
+// A move with a goodbye whose new gateway writes late: A's leave of the
+// device's last session arrives while B, heard, has not covered the
+// leave. No offline; B's connect, observed before the leave, then keeps
+// the device online with no event at all.
+func testLeaveWaitsForLaggard(t *testing.T, open GraceOpener) {
+	e := newCoverEnv(t, open, 2)
+	d, _ := connectCovered(e)
+	e.clock.Advance(2 * time.Second)
+	e.cover(0, gwB, 2*time.Second) // heard, covered up to the connect only
+	res := e.apply(covering(batch(gwA, 1, wr(d, "s1", gateway.Leave, 0)), 0))
+	if len(res.Events) != 0 {
+		t.Fatalf("leave of the last session while B lags: events %s, want none", describeEvents(res.Events))
+	}
+	if got := e.device(d); got.State != gateway.Online {
+		t.Fatalf("device %s after the held leave: %+v, want online", d, got)
+	}
+	if r := e.reap(0, 100); len(r.Offline) != 0 {
+		t.Fatalf("reap while B lags: %s", describeEvents(r.Offline))
+	}
+	e.clock.Advance(500 * time.Millisecond)
+	res = e.apply(covering(batch(gwB, 1, wr(d, "s2", gateway.Connect, time.Second+500*time.Millisecond)), 0))
+	if len(res.Events) != 0 {
+		t.Fatalf("B's connect, observed before the leave: events %s, want none", describeEvents(res.Events))
+	}
+	e.cover(0, gwA, 0)
+	if evs := e.reapUntil(0, e.now().Add(lease/2), CoverRecheck); len(evs) != 0 {
+		t.Fatalf("reaps while B's session lives: %s", describeEvents(evs))
+	}
+	if got := e.device(d); got.State != gateway.Online || len(liveSessions(got.Sessions, e.now())) != 1 {
+		t.Fatalf("device %s: %+v, want online with B's session alone", d, got)
+	}
+}
+
+// A held leave whose device never shows up elsewhere: once the lagging
+// gateway covers the leave, the reap writes the offline, reason leave,
+// with the leave's time as its deadline.
+func testHeldLeaveReaped(t *testing.T, open GraceOpener) {
+	e := newCoverEnv(t, open, 2)
+	d, _ := connectCovered(e)
+	e.clock.Advance(2 * time.Second)
+	e.cover(0, gwB, 2*time.Second)
+	left := e.now()
+	if res := e.apply(covering(batch(gwA, 1, wr(d, "s1", gateway.Leave, 0)), 0)); len(res.Events) != 0 {
+		t.Fatalf("leave while B lags: events %s, want none", describeEvents(res.Events))
+	}
+	e.clock.Advance(CoverRecheck)
+	e.cover(0, gwA, 0)
+	e.cover(0, gwB, 0)
+	evs := e.reapUntil(0, e.now().Add(2*CoverRecheck), CoverRecheck/4)
+	checkOffline(t, "reap once B covered the leave", evs, d, gateway.ReasonLeave, left)
+	if evs[0].Gateway != gwA || evs[0].Session != "s1" {
+		t.Fatalf("offline %s: want A's session s1", describeEvents(evs))
+	}
+}
+
+// A device whose session on A ran out (A covered it) while its new
+// session on B was already open, B's connect written late: the connect
+// bridges the expired session, no offline and no online.
+func testLateConnectBridges(t *testing.T, open GraceOpener) {
+	e := newCoverEnv(t, open, 2)
+	d, dl := connectCovered(e)
+	e.clock.Advance(lease + time.Second)
+	e.cover(0, gwA, 0)
+	age := e.now().Sub(dl) + 500*time.Millisecond // observed before A's deadline
+	if res := e.apply(covering(batch(gwB, 1, wr(d, "s2", gateway.Connect, age)), 0)); len(res.Events) != 0 {
+		t.Fatalf("B's late connect, observed before A's deadline: events %s, want none", describeEvents(res.Events))
+	}
+	// one observed after the deadline of the session that ran out is not
+	// a bridge: the device was silent in between
+	d2, dl2 := connectCovered2(e)
+	e.clock.Advance(lease + time.Second)
+	e.cover(0, gwA, 0)
+	age = e.now().Sub(dl2) - 500*time.Millisecond
+	res := e.apply(covering(batch(gwB, 1, wr(d2, "s2", gateway.Connect, age)), 0))
+	if len(res.Events) != 2 || res.Events[0].State != gateway.Offline || res.Events[1].State != gateway.Online {
+		t.Fatalf("B's connect observed after A's deadline: events %s, want an offline then an online", describeEvents(res.Events))
+	}
+}
+
+// connectCovered2 is connectCovered for a second device of shard 0.
+func connectCovered2(e *env) (gateway.DeviceID, time.Time) {
+	e.t.Helper()
+	d := devicesIn(e.t, e.shards, 0, 2, "cover")[1]
+	e.apply(covering(batch(gwA, 1, wr(d, "s1", gateway.Connect, 0)), 0))
+	return d, e.now().Add(lease)
 }

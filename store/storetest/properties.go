@@ -518,7 +518,10 @@ func (m *model) apply(shard int, b gateway.Batch, now time.Time) (want []wantEve
 		if cur, ok := md.sessions[w.Session]; ok && w.Kind != gateway.Leave && d.After(now) && !cur.After(now) && !now.Add(-w.Age).After(cur) {
 			late = w.Session
 		}
-		if ev, ok := md.dropExpired(w.Device, now, late); ok {
+		// evidence observed by the deadline of the sessions that ran out
+		// bridges them: the device was never silent, no offline
+		bridge := w.Kind != gateway.Leave && d.After(now) && !obs.After(md.deadline())
+		if ev, ok := md.dropExpired(w.Device, now, late, bridge); ok {
 			want = append(want, ev)
 		}
 		switch w.Kind {
@@ -613,11 +616,12 @@ func (md *modelDevice) transition(s gateway.State, now time.Time) {
 }
 
 // dropExpired drops the sessions whose deadline is not after now, but
-// keep; if that ends an online device, it returns the expired event.
-func (md *modelDevice) dropExpired(d gateway.DeviceID, now time.Time, keep gateway.SessionID) (wantEvent, bool) {
+// keep; if that ends an online device, it returns the expired event,
+// unless bridge (the write's evidence came by their deadline).
+func (md *modelDevice) dropExpired(d gateway.DeviceID, now time.Time, keep gateway.SessionID, bridge bool) (wantEvent, bool) {
 	old := md.deadline()
 	maps.DeleteFunc(md.sessions, func(id gateway.SessionID, dl time.Time) bool { return !dl.After(now) && id != keep })
-	if len(md.sessions) > 0 || md.state != gateway.Online {
+	if len(md.sessions) > 0 || md.state != gateway.Online || bridge {
 		return wantEvent{}, false
 	}
 	md.transition(gateway.Offline, now)

@@ -20,7 +20,9 @@
 --   caller without beliefs), the store time of the gateway's coverage
 --   (gateway.Batch.Covers; "" for none), the writes the grace applies
 --   to ("" for every write; else one byte per write in batch order, "1"
---   for a coalesced write: gateway.Write.Coalesced),
+--   for a coalesced write: gateway.Write.Coalesced), the gateway horizon
+--   ms (how long after its last call another gateway's coverage holds a
+--   leave back, below; 0: none),
 --   then from A_WRITES the other writes, W_ARGS arguments each: device,
 --   session, kind (1 connect, 2 renew, 3 leave), age ms, lease ms (the
 --   write's own: the lease in force when its evidence was observed;
@@ -33,7 +35,7 @@
 local A_GW, A_EPOCH, A_LEASE, A_REPLAY, A_NOW, A_MAXLEN = 1, 2, 3, 4, 5, 6
 local A_INC, A_NFAST, A_ORDER, A_FASTSIDS, A_FASTAGES, A_FASTDEVS = 7, 8, 9, 10, 11, 12
 local A_BEHIND, A_NOTAFTER, A_GRACE, A_BELIEFAT, A_SEEN, A_COVERED = 13, 14, 15, 16, 17, 18
-local A_GRACED, A_WRITES = 19, 20
+local A_GRACED, A_HORIZON, A_WRITES = 19, 20, 21
 local BELIEF_TTL = 600000
 local W_ARGS = 5
 local BELIEVED = byte('1')
@@ -43,6 +45,7 @@ local gw, epoch, lease = ARGV[A_GW], tonumber(ARGV[A_EPOCH]), tonumber(ARGV[A_LE
 local replay, restore = ARGV[A_REPLAY] == '1', ARGV[A_REPLAY] == '2'
 local now, maxlen = clock(ARGV[A_NOW]), ARGV[A_MAXLEN]
 local replaygrace, graced = tonumber(ARGV[A_GRACE]) or 0, ARGV[A_GRACED]
+local horizon = tonumber(ARGV[A_HORIZON]) or 0
 local GRACED = byte('1')
 local nowstr = string.format('%d', now)
 local notafter = tonumber(ARGV[A_NOTAFTER])
@@ -280,6 +283,26 @@ local function uncovered(ss)
   return c and c < ss.dl
 end
 
+-- awaited says whether another gateway than the caller, heard on the
+-- shard within the horizon, has not covered obs: a device whose last
+-- session leaves at obs may have moved to it, its connect still on the
+-- way (record.lua, "Gateway liveness"). Read once per call.
+local lagging
+local function awaited(obs)
+  if horizon <= 0 then return false end
+  if lagging == nil then
+    lagging = false
+    local last = tonumber(redis.call('HGET', KEYS[4], '#')) or 0
+    for ref = 1, last do
+      if ref ~= gwref then
+        local at, _, cv = liveness(ref)
+        if at and cv and now - at <= horizon and (not lagging or cv < lagging) then lagging = cv end
+      end
+    end
+  end
+  return lagging and lagging < obs
+end
+
 -- general applies one write to device k's decoded record (rec[k]); zk is
 -- the device deadline as loaded or as renewed so far; d is the deadline
 -- the write's evidence gives (observed at d - wlease, its lease); wgrace
@@ -316,9 +339,13 @@ local function general(dev, sid, kind, d, k, zk, wlease, wgrace)
     if gone then
       dirty[k] = true
       setz(k, maxdl(r))
-      if not z[k] then
+      -- evidence of another session observed by the deadline of the
+      -- last one that ran out bridges it: the device was never silent (a
+      -- move whose new gateway wrote late), no offline
+      if not z[k] and not (kind ~= KIND_LEAVE and d > now and obs <= gone.dl) then
         r.on, r.ver, r.since = false, nextver(r, now), now
-        event(dev, 'offline', r.ver, nowstr, 'expired', gwname(gone.gw), gone.sid, zk)
+        local reason = leftat(r, gone) and 'leave' or 'expired'
+        event(dev, 'offline', r.ver, nowstr, reason, gwname(gone.gw), gone.sid, zk)
       end
     end
   end
@@ -388,8 +415,18 @@ local function general(dev, sid, kind, d, k, zk, wlease, wgrace)
       r.lastgw, r.lastsid = gwref, sid
       setz(k, maxdl(r))
       if not z[k] and r.on then
-        r.on, r.ver, r.since = false, nextver(r, now), now
-        event(dev, 'offline', r.ver, nowstr, 'leave', gw, sid)
+        if awaited(obs) then
+          -- the device's last session leaves while another gateway's
+          -- coverage lags: it ends at the leave, as a session that ran
+          -- out there, for the reap to judge behind that gateway (its
+          -- tombstone names the offline a leave, reap.lua)
+          ss.dl, ss.gw, ss.ep = obs, gwref, epoch
+          r.sess[1] = ss
+          setz(k, obs)
+        else
+          r.on, r.ver, r.since = false, nextver(r, now), now
+          event(dev, 'offline', r.ver, nowstr, 'leave', gw, sid)
+        end
       end
     end
   end

@@ -240,6 +240,8 @@ for k, dev in ipairs(devs) do
         r.on, r.ver, r.since = false, nextver(r, now), now
         ver = r.ver
         if gone then gw, sid = gone.gw, gone.sid else gw, sid = r.lastgw, r.lastsid end
+        -- a last session kept past its leave (apply.lua): a leave
+        if gone and reason == 'expired' and leftat(r, gone) then reason = 'leave' end
       end
       hset[#hset + 1] = dev
       hset[#hset + 1] = encode(r)

@@ -356,6 +356,17 @@ local function tombed(r, sid, obs, now)
   return false
 end
 
+-- leftat says whether session ss ended with its leave: a tombstone of
+-- its sid observed at or after its deadline (a last session that left
+-- while another gateway's coverage lagged is kept until the reap with the
+-- leave's time as its deadline, apply.lua); its offline is a leave.
+local function leftat(r, ss)
+  for _, x in ipairs(r.tombs) do
+    if x.sid == ss.sid and x.t >= ss.dl then return true end
+  end
+  return false
+end
+
 -- entomb records that session sid left, observed at t (the oldest
 -- tombstones beyond MAX_TOMBS go; the write-back prunes those past
 -- TOMB_KEEP, prunetombs).
