@@ -260,3 +260,27 @@ func TestGatewayLostAndBack(t *testing.T) {
 		}
 	})
 }
+
+// A device whose grace runs out during a store outage the runner saw
+// gets a grace after it: its gateway, behind, replays once the store
+// answers, and the first reap after the outage must not end it first.
+func TestHeldGraceCountsFromRunnerOutage(t *testing.T) {
+	e := newGraceEnv(t, sharedServer().Client(t))
+	e.apply(0, leased("gw-a", false, write("dev-1", "s", gateway.Connect, 0)))
+	e.reap(0, 10)
+	e.clock.Advance(testLease / 2)
+	e.apply(0, leased("gw-a", true)) // gw-a's outbox holds writes
+	// the runner cannot reach the store past the device's deadline and grace
+	e.store.reaps[0].failed = true
+	e.clock.Advance(testLease + testGrace)
+	for range 2 {
+		if r := e.reap(0, 10); len(r.Offline) != 0 {
+			t.Fatalf("reap right after the outage: %s, want the device held", describe(r.Offline))
+		}
+	}
+	e.clock.Advance(testGrace + time.Millisecond)
+	r := e.reap(0, 10)
+	if len(r.Offline) != 1 || r.Offline[0].Reason != gateway.ReasonGatewayLost {
+		t.Fatalf("reap a grace after the outage: %s, want dev-1 gateway_lost", describe(r.Offline))
+	}
+}

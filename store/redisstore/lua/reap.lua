@@ -195,7 +195,11 @@ for k, dev in ipairs(devs) do
     if u == truedl then truedl, washeld = t, true end
     unhold[#unhold + 1] = dev
   end
-  local ending = washeld and tonumber(old) >= truedl + grace
+  -- the grace counts from the deadline, or from the end of the caller's
+  -- last outage when that is later: the gateways replay once the store
+  -- answers (as a gateway's loss counts, above)
+  local from = math.max(truedl, nosince and now or since)
+  local ending = washeld and tonumber(old) >= from + grace
   local rec, ver, gw, sid, reason = nil, nil, nil, nil, 'expired'
   local held = false
   if p and isonline(p) and (grace > 0 or washeld) then
@@ -208,7 +212,7 @@ for k, dev in ipairs(devs) do
       -- hold: the index entry moves, the record stays; to a recheck
       -- while the gateway waited for is heard, to the end of the grace
       -- (or of another gateway's horizon) while it is not
-      local untildl, gg = truedl + grace, gateway(g)
+      local untildl, gg = from + grace, gateway(g)
       if gg.heard then
         untildl = math.min(now + recheck, untildl)
       elseif not own then
