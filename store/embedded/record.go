@@ -113,7 +113,7 @@ func (w *writer) waitFor(r *record) (wait, own bool, err error) {
 		}
 	}
 	if w.laggard == nil {
-		l, err := w.slowest()
+		l, err := w.slowest("")
 		if err != nil {
 			return false, false, err
 		}
@@ -122,12 +122,16 @@ func (w *writer) waitFor(r *record) (wait, own bool, err error) {
 	return w.laggard.cover != 0 && w.laggard.cover < r.deadline(), false, nil
 }
 
-// slowest is the liveness of the gateway of the shard heard within the
-// horizon with the least coverage (zero when none reports coverage).
-func (w *writer) slowest() (liveness, error) {
+// slowest is the liveness of the gateway of the shard, other than except
+// ("" for none), heard within the horizon with the least coverage (zero
+// when none reports coverage).
+func (w *writer) slowest(except string) (liveness, error) {
 	var out liveness
 	c := w.sh.root.Cursor()
 	for k, v := c.Seek([]byte(keyCover)); k != nil && strings.HasPrefix(string(k), keyCover); k, v = c.Next() {
+		if except != "" && string(k[len(keyCover):]) == except {
+			continue
+		}
 		l, err := decodeLiveness(v)
 		if err != nil {
 			return out, fmt.Errorf("liveness of %s: %w", k[len(keyCover):], err)
@@ -146,20 +150,8 @@ func (w *writer) awaited(gw string, obs int64) (bool, error) {
 	if w.s.horizon <= 0 {
 		return false, nil
 	}
-	c := w.sh.root.Cursor()
-	for k, v := c.Seek([]byte(keyCover)); k != nil && strings.HasPrefix(string(k), keyCover); k, v = c.Next() {
-		if string(k[len(keyCover):]) == gw {
-			continue
-		}
-		l, err := decodeLiveness(v)
-		if err != nil {
-			return false, fmt.Errorf("liveness of %s: %w", k[len(keyCover):], err)
-		}
-		if l.cover != 0 && w.now-l.contact <= w.s.horizon && l.cover < obs {
-			return true, nil
-		}
-	}
-	return false, nil
+	l, err := w.slowest(gw)
+	return l.cover != 0 && l.cover < obs, err
 }
 
 // dropExpired drops the sessions whose deadline is ≤ now, except keep
