@@ -165,7 +165,13 @@ type Batch struct {
 	// loss; its next event has a ver above every lost one); one that finds
 	// its session expired extends it without an event, however late (the
 	// renewals that bridged the gap were acknowledged by the lost state);
-	// otherwise it is a renewal.
+	// otherwise it is a renewal. A renewal whose deadline has already
+	// passed re-sends a session that ran out before the loss, whose
+	// offline may never have been written: where it finds no record it
+	// creates it online without an event, its session ending at the
+	// call, so that the reap writes the offline (reason expired) once the
+	// gateway's coverage reaches it; where the record exists it changes
+	// nothing.
 	Restore bool
 	// Covers says that CoverAge is set: every evidence the gateway
 	// observed for the batch's shard up to CoverAge before the call was

@@ -198,7 +198,13 @@ func (w *writer) apply(b *gateway.Batch, wr *gateway.Write) error {
 	switch wr.Kind {
 	case gateway.Connect, gateway.Renew:
 		if d <= w.now {
-			return nil
+			// a restore of a session that ran out before the loss, whose
+			// record the store lost: online again without an event, its
+			// session ending now, for the reap to end (lua/apply.lua)
+			if !b.Restore || e.exists || wr.Kind != gateway.Renew {
+				return nil
+			}
+			d = w.now
 		}
 		// One rule in both stores (lua/apply.lua): evidence at least as
 		// new as its session's takes the session (deadline, gateway,

@@ -45,6 +45,7 @@ func RunCoverage(t *testing.T, open GraceOpener) {
 		{"LeaveWaitsForALaggingGateway", testLeaveWaitsForLaggard},
 		{"HeldLeaveReapedAsALeave", testHeldLeaveReaped},
 		{"LateConnectBridgesAnExpiredSession", testLateConnectBridges},
+		{"LapsedRestoreIsReapedOnceCovered", testLapsedRestore},
 	} {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(t, open) })
 	}
@@ -385,4 +386,39 @@ func connectCovered2(e *env) (gateway.DeviceID, time.Time) {
 	d := devicesIn(e.t, e.shards, 0, 2, "cover")[1]
 	e.apply(covering(batch(gwA, 1, wr(d, "s1", gateway.Connect, 0)), 0))
 	return d, e.now().Add(lease)
+}
+
+// A restore of a session that ran out before the store lost its state
+// (its offline may never have been written): on a record the store lost
+// it brings the device back online without an event, the session ending
+// at the restore, and the reap writes its offline, reason expired, once
+// the gateway's coverage reaches that; on a record the store has it
+// changes nothing.
+func testLapsedRestore(t *testing.T, open GraceOpener) {
+	e := newCoverEnv(t, open, 2)
+	ds := devicesIn(t, e.shards, 0, 2, "lapsed")
+	lost, known := ds[0], ds[1]
+	e.apply(covering(batch(gwA, 1, wr(known, "s1", gateway.Connect, 0)), 0))
+	e.apply(covering(batch(gwA, 1, wr(known, "s1", gateway.Leave, 0)), 0))
+	before := e.device(known)
+	e.clock.Advance(time.Second)
+	at := e.now()
+	ran := lease + 2*time.Second // observed so long ago that its deadline passed 2 s ago
+	res := e.apply(covering(restored(batch(gwA, 1, wr(lost, "s1", gateway.Renew, ran), wr(known, "s1", gateway.Renew, ran))), time.Second))
+	if len(res.Events) != 0 {
+		t.Fatalf("restore of sessions that ran out wrote %s, want nothing", describeEvents(res.Events))
+	}
+	if got := e.device(lost); got.State != gateway.Online || got.Ver != uint64(at.UnixMilli()) || !got.Deadline.Equal(at) {
+		t.Fatalf("lost device after its lapsed restore: %+v; want online at ver %d until %v", got, at.UnixMilli(), at)
+	}
+	if got := e.device(known); got.State != gateway.Offline || got.Ver != before.Ver {
+		t.Fatalf("known device after a lapsed restore: %+v; want it unchanged (%+v)", got, before)
+	}
+	e.clock.Advance(CoverRecheck / 2)
+	if r := e.reap(0, 100); len(r.Offline) != 0 || r.Held != 1 {
+		t.Fatalf("reap before the gateway covers the restore: %s, %d held; want none and 1", describeEvents(r.Offline), r.Held)
+	}
+	e.cover(0, gwA, 0)
+	evs := e.reapUntil(0, e.now().Add(CoverRecheck), CoverRecheck/4)
+	checkOffline(t, "reap once the restore is covered", evs, lost, gateway.ReasonExpired, at)
 }

@@ -357,7 +357,16 @@ local function general(dev, sid, kind, d, k, zk, wlease, wgrace)
   end
   local sh = shift[k] or 0
   if kind ~= KIND_LEAVE then
-    if d <= now then return end
+    if d <= now then
+      -- A restore of a session that ran out before the loss, whose record
+      -- the store lost: its offline may never have been written. The
+      -- record comes back online, without an event, its session ending
+      -- now, for the reap to end it once this gateway's coverage reaches
+      -- it (gateway.Batch.Restore). Otherwise evidence that ran out
+      -- changes nothing.
+      if not (restore and not r and kind == KIND_RENEW) then return end
+      d = now
+    end
     local created = not r
     if created then
       r = newrecord(now)
