@@ -65,6 +65,11 @@ type TableOptions struct {
 	// ErrAnonymousLimit, so that strangers cannot make devices (and
 	// store records) without bound. Default DefaultMaxAnonymousDevices.
 	MaxAnonymousDevices int
+	// KeepLapsed is how long Sweep keeps a session it dropped, for
+	// Restorable: lease + presence.gateway_grace, the longest the store
+	// may take to write its offline (a restore after the store lost its
+	// state re-sends it). Zero keeps none.
+	KeepLapsed time.Duration
 	// Clock is the table's time source. Default SystemClock.
 	Clock Clock
 }
@@ -142,6 +147,10 @@ type Table struct {
 	anonLimited atomic.Uint64
 	timing      atomic.Pointer[timing]
 	protos      protocols
+	// lapsed holds the sessions Sweep dropped within keepLapsed.
+	keepLapsed time.Duration
+	lapsedMu   sync.Mutex
+	lapsed     []SessionView
 }
 
 var _ Observer = (*Table)(nil)
@@ -226,6 +235,8 @@ func NewTable(up Uplink, o TableOptions) *Table {
 
 		perDevice: int32(min(o.MaxSessionsPerDevice, math.MaxInt32)),
 		maxAnon:   int64(o.MaxAnonymousDevices),
+
+		keepLapsed: o.KeepLapsed,
 	}
 	for i := range t.shards {
 		t.shards[i].m = make(map[string]*entry)
@@ -406,15 +417,21 @@ func checkEvidence(ev Evidence) error {
 
 // Sweep drops the sessions whose local lease ran out at now (no
 // evidence whose lease reaches past now) and returns how many. It sends
-// nothing: the central lease of each session ends on its own.
+// nothing: the central lease of each session ends on its own. It keeps
+// those the uplink had accepted a write of for KeepLapsed after their
+// deadline (Restorable).
 func (t *Table) Sweep(now time.Time) int {
 	cutoff := t.offset(now)
 	dropped := 0
+	var lapsed []SessionView
 	for i := range t.shards {
 		sh := &t.shards[i]
 		sh.mu.Lock()
 		for k, e := range sh.m {
 			if e.dl <= cutoff {
+				if t.keepLapsed > 0 && e.sentOK && e.dl > cutoff-int64(t.keepLapsed) {
+					lapsed = append(lapsed, t.view(k, e))
+				}
 				delete(sh.m, k)
 				t.forget(sh, DeviceID(k[:strings.IndexByte(k, 0)]))
 				dropped++
@@ -423,7 +440,36 @@ func (t *Table) Sweep(now time.Time) int {
 		sh.mu.Unlock()
 	}
 	t.n.Add(-int64(dropped))
+	if t.keepLapsed > 0 {
+		t.lapsedMu.Lock()
+		t.lapsed = append(slices.DeleteFunc(t.lapsed, func(v SessionView) bool {
+			return !v.Deadline.Add(t.keepLapsed).After(now)
+		}), lapsed...)
+		t.lapsedMu.Unlock()
+	}
 	return dropped
+}
+
+// Restorable calls fn, until it returns false, for each session a
+// restore after the store lost its state re-sends (uplink
+// Options.Sessions): each live session (Range), then each session Sweep
+// dropped whose deadline passed less than KeepLapsed before the last
+// Sweep and of which the uplink had accepted a write (the store may have
+// lost it before it wrote its offline).
+func (t *Table) Restorable(fn func(SessionView) bool) {
+	more := true
+	t.Range(func(v SessionView) bool { more = fn(v); return more })
+	if !more {
+		return
+	}
+	t.lapsedMu.Lock()
+	views := slices.Clone(t.lapsed)
+	t.lapsedMu.Unlock()
+	for _, v := range views {
+		if !fn(v) {
+			return
+		}
+	}
 }
 
 // RunSweep calls Sweep every interval on the table's clock until ctx is

@@ -272,6 +272,41 @@ func TestTableMaxSessions(t *testing.T) {
 	f.expect(w("dev-2 coap/default", gateway.Leave, 21*s), w("dev-3 coap/default", gateway.Connect, 22*s))
 }
 
+// Sweep keeps a session it drops for KeepLapsed after its deadline, for
+// a restore (Restorable lists it after the live ones), if a write of it
+// was accepted.
+func TestTableKeepsLapsedForRestore(t *testing.T) {
+	f := newFixture(t, gateway.TableOptions{KeepLapsed: 100 * time.Second}, 1)
+	const s = time.Second
+	f.mustObserve("dev-sent", "coap/default", gateway.Renew, 0)
+	// the queue is full: dev-refused's connect is refused
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := f.tbl.Observe(ctx, gateway.Evidence{Device: "dev-refused", Session: "coap/default", Kind: gateway.Renew, ObservedAt: t0, Protocol: "coap"}); err == nil {
+		t.Fatal("observe with a full queue and a done context: no error")
+	}
+	f.up.take()
+	f.mustObserve("dev-live", "coap/default", gateway.Renew, 60*s)
+	restorable := func() []string {
+		var got []string
+		f.tbl.Restorable(func(v gateway.SessionView) bool {
+			got = append(got, fmt.Sprintf("%s %v", v.Device, v.Deadline.Sub(t0)))
+			return true
+		})
+		return got
+	}
+	if n := f.tbl.Sweep(t0.Add(95 * s)); n != 2 {
+		t.Fatalf("Sweep dropped %d, want 2", n)
+	}
+	if got, want := fmt.Sprint(restorable()), "[dev-live 2m30s dev-sent 1m30s]"; got != want {
+		t.Fatalf("restorable after the sweep: %s, want %s", got, want)
+	}
+	f.tbl.Sweep(t0.Add(190 * s)) // dev-sent's deadline + 100 s: forgotten
+	if got, want := fmt.Sprint(restorable()), "[dev-live 2m30s]"; got != want {
+		t.Fatalf("restorable past KeepLapsed: %s, want %s", got, want)
+	}
+}
+
 func TestTableSweep(t *testing.T) {
 	f := newFixture(t, gateway.TableOptions{}, 16)
 	const s = time.Second

@@ -7,9 +7,12 @@ import (
 	"github.com/fleetgate/fleetgate/gateway"
 )
 
-// restoreShards re-sends this gateway's live sessions of the shards whose
+// restoreShards re-sends this gateway's sessions of the shards whose
 // state the store lost or replaced (Options.Sessions), as renewals of
 // their newest evidence in restore batches of at most MaxBatch writes:
+// the live ones, and those that ran out recently (with their passed
+// deadlines: the store may have lost them before it wrote their offline)
+// of which a write had been accepted;
 // round k writes the k-th batch of every shard, all in one write call.
 // A session with a connect still queued is left out: that connect, not a
 // silent restore, must bring it online. A session whose leave is queued
@@ -40,19 +43,24 @@ func (u *Uplink) restoreShards(ctx context.Context, t timing, shards []int) {
 			}
 		}
 	}
+	lapsed := 0
 	u.sessions(func(v gateway.SessionView) bool {
 		s := gateway.ShardOf(v.Device, u.shards)
 		sl, isQueued := queued[key{v.Device, v.Session}]
+		live := v.Deadline.After(now)
 		// its newest evidence, with the lease that holds it until the
 		// session's deadline
-		if want[s] && v.Deadline.After(now) && !(isQueued && (sl.kind == gateway.Connect || !sl.leave.IsZero())) {
+		if want[s] && (live || !v.LastSent.IsZero()) && !(isQueued && (sl.kind == gateway.Connect || !sl.leave.IsZero())) {
 			per[s] = append(per[s], timedWrite{v.LastSeen, gateway.Write{Device: v.Device, Session: v.Session, Kind: gateway.Renew,
 				Lease: v.Deadline.Sub(v.LastSeen)}})
 			n++
+			if !live {
+				lapsed++
+			}
 		}
 		return true
 	})
-	u.log.Warn("store lost or replaced this gateway's shards: restoring their live sessions", "shards", shards, "sessions", n)
+	u.log.Warn("store lost or replaced this gateway's shards: restoring their sessions", "shards", shards, "sessions", n, "ran_out", lapsed)
 	for len(per) > 0 {
 		var ws []shardWrites
 		for s, tws := range per {

@@ -151,13 +151,77 @@ func TestRestoreIsOneCallPerRound(t *testing.T) {
 	}
 }
 
+// restoreKeepLapsed is the restore tests' lease + gateway grace.
+const restoreKeepLapsed = 40 * time.Second
+
+// A session that ran out before the store lost its state may have lost
+// its offline with it (the runner had not reaped it yet): the restore
+// re-sends it with its passed deadline, whether the table has swept it
+// or not, and the store's next reap writes its offline. A session that
+// ran out longer than lease + grace before is not re-sent.
+func TestRestoreEndsSessionsThatRanOut(t *testing.T) {
+	srv, e, table := restoreEnv(t)
+	ctx := t.Context()
+	observe := func(devs ...gateway.DeviceID) {
+		t.Helper()
+		for _, d := range devs {
+			if err := table.Observe(ctx, gateway.Evidence{Device: d, Session: "coap/default", Kind: gateway.Renew, ObservedAt: e.clock.Now()}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	observe("long-gone")
+	if err := e.u.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	e.clock.Advance(31 * time.Second)
+	table.Sweep(e.clock.Now()) // long-gone ran out 1 s ago
+	e.clock.Advance(restoreKeepLapsed)
+	observe("swept", "unswept")
+	if err := e.u.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	e.clock.Advance(31 * time.Second)
+	table.Sweep(e.clock.Now()) // swept ran out 1 s ago; long-gone's keep has passed
+	if err := srv.Client(t).FlushAll(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	e.clock.Advance(2 * time.Second)
+	if err := e.u.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := metricValue(t, e.reg, "fleetgate_uplink_restored_sessions_total", "", ""); got != 2 {
+		t.Fatalf("restored %v sessions, want 2 (swept and unswept)", got)
+	}
+	var offline []gateway.DeviceID
+	for shard := range testShards {
+		r, err := e.store.Reap(ctx, shard, 100)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, ev := range r.Offline {
+			if ev.Reason != gateway.ReasonExpired {
+				t.Errorf("offline %+v, want reason expired", ev)
+			}
+			offline = append(offline, ev.Device)
+		}
+	}
+	slices.Sort(offline)
+	if !slices.Equal(offline, []gateway.DeviceID{"swept", "unswept"}) {
+		t.Fatalf("offline after the restore: %v, want swept and unswept", offline)
+	}
+	if info, err := e.store.Device(ctx, "long-gone"); err == nil && info.State == gateway.Online {
+		t.Errorf("long-gone after the restore: %+v, want unknown", info)
+	}
+}
+
 // restoreEnv is an uplink on a fresh redis-server (on the test clock, as
 // the ages are) with a session table whose sessions it restores.
 func restoreEnv(t *testing.T) (*redistest.Server, *env, *gateway.Table) {
 	srv := redistest.Start(t)
 	var table *gateway.Table
 	e := newEnv(t, Options{Lease: 30 * time.Second, FlushInterval: time.Second, KeepAlive: time.Second,
-		Sessions: func(fn func(gateway.SessionView) bool) { table.Range(fn) }}, OutboxOptions{},
+		Sessions: func(fn func(gateway.SessionView) bool) { table.Restorable(fn) }}, OutboxOptions{},
 		func(_ *bolt.DB, c *clocktest.Clock) gateway.Store {
 			s, err := redisstore.Open(t.Context(), redisClient(t, srv.Addr), redisstore.Options{
 				Prefix: "up", Shards: testShards, Now: c.Now, Logger: testLogger(t)})
@@ -166,6 +230,7 @@ func restoreEnv(t *testing.T) (*redistest.Server, *env, *gateway.Table) {
 			}
 			return s
 		})
-	table = gateway.NewTable(e.u, gateway.TableOptions{Lease: 30 * time.Second, RenewEvery: 5 * time.Second, Clock: e.clock})
+	table = gateway.NewTable(e.u, gateway.TableOptions{Lease: 30 * time.Second, RenewEvery: 5 * time.Second,
+		KeepLapsed: restoreKeepLapsed, Clock: e.clock})
 	return srv, e, table
 }

@@ -71,14 +71,16 @@ type Options struct {
 	// every shard (gateway liveness, see gateway.Batch.Behind). Default
 	// DefaultKeepAlive.
 	KeepAlive time.Duration
-	// Sessions calls fn for each live session of this gateway (the session
-	// table's Range) until fn returns false. After a store call answers
+	// Sessions calls fn for each live session of this gateway and each
+	// whose lease ran out lately (the session table's Restorable) until
+	// fn returns false. After a store call answers
 	// that a shard's state was lost or replaced (gateway.ApplyResult.Reset)
 	// the uplink re-sends those of that shard as a restore
 	// (gateway.Batch.Restore), so that the store knows again every device
 	// this gateway holds: none is reported online twice, and one that
-	// stopped just before the loss still gets its offline. Nil re-sends
-	// nothing.
+	// stopped before the loss still gets its offline. A session whose
+	// deadline has passed is re-sent only if a write of it had been
+	// accepted (SessionView.LastSent). Nil re-sends nothing.
 	Sessions func(fn func(gateway.SessionView) bool)
 
 	Clock      gateway.Clock

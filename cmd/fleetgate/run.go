@@ -134,13 +134,14 @@ func (g *gatewayProcess) run(ctx context.Context) (err error) {
 		Gateway: cfg.Gateway.ID, Epoch: g.epoch,
 		Lease: cfg.Presence.Lease.Std(), FlushInterval: cfg.Uplink.FlushInterval.Std(), MaxBatch: cfg.Uplink.MaxBatch,
 		KeepAlive: cfg.GatewayKeepAlive(), ProbeMax: cfg.UplinkProbeMax(),
-		Sessions: func(fn func(gateway.SessionView) bool) { g.table.Range(fn) },
+		Sessions: func(fn func(gateway.SessionView) bool) { g.table.Restorable(fn) },
 		Clock:    gateway.SystemClock{}, Logger: log, Registerer: reg,
 	})
 	g.table = gateway.NewTable(g.up, gateway.TableOptions{
 		Lease: cfg.Presence.Lease.Std(), RenewEvery: cfg.Presence.RenewEvery.Std(),
 		MaxSessions: cfg.Presence.MaxSessions, MaxSessionsPerDevice: cfg.Limits.MaxSessionsPerDevice,
 		MaxAnonymousDevices: cfg.Limits.AnonymousMaxDevices,
+		KeepLapsed:          cfg.Presence.Lease.Std() + cfg.Presence.GatewayGrace.Std(),
 		Clock:               gateway.SystemClock{},
 	})
 	reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
