@@ -341,8 +341,11 @@ local function general(dev, sid, kind, d, k, zk, wlease, wgrace)
       setz(k, maxdl(r))
       -- evidence of another session observed by the deadline of the
       -- last one that ran out bridges it: the device was never silent (a
-      -- move whose new gateway wrote late), no offline
-      if not z[k] and not (kind ~= KIND_LEAVE and d > now and obs <= gone.dl) then
+      -- move whose new gateway wrote late), no offline; so does any live
+      -- evidence of a device whose session ran out before this
+      -- incarnation began (a replaced state: it says nothing of the
+      -- device since)
+      if not z[k] and not (kind ~= KIND_LEAVE and d > now and (obs <= gone.dl or gone.dl < incsince)) then
         r.on, r.ver, r.since = false, nextver(r, now), now
         local reason = leftat(r, gone) and 'leave' or 'expired'
         event(dev, 'offline', r.ver, nowstr, reason, gwname(gone.gw), gone.sid, zk)

@@ -197,26 +197,35 @@ for k, dev in ipairs(devs) do
   end
   -- the grace counts from the deadline, or from the end of the caller's
   -- last outage when that is later: the gateways replay once the store
-  -- answers (as a gateway's loss counts, above)
-  local from = math.max(truedl, nosince and now or since)
+  -- answers (as a gateway's loss counts, above); or from the start of
+  -- this incarnation: a record whose deadline passed before it comes
+  -- from a state that was replaced (a failover, a restart that loaded an
+  -- older snapshot), and the gateways that hold its device restore it
+  -- only once they have called here (ApplyResult.Reset)
+  local from = math.max(truedl, nosince and now or since, incsince)
   local ending = washeld and tonumber(old) >= from + grace
+  local stale = truedl < incsince
   local rec, ver, gw, sid, reason = nil, nil, nil, nil, 'expired'
   local held = false
   if p and isonline(p) and (grace > 0 or washeld) then
     local g, own = waitfor(p, truedl)
-    if g and ending then
+    if (g or stale) and ending then
       -- the grace is over: the device goes, lost with its gateway when
       -- one of its own did not cover it
       if own then reason = 'gateway_lost' end
-    elseif g then
+    elseif g or stale then
       -- hold: the index entry moves, the record stays; to a recheck
       -- while the gateway waited for is heard, to the end of the grace
-      -- (or of another gateway's horizon) while it is not
-      local untildl, gg = from + grace, gateway(g)
-      if gg.heard then
-        untildl = math.min(now + recheck, untildl)
-      elseif not own then
-        untildl = math.min(gg.at + horizon + 1, untildl)
+      -- (or of another gateway's horizon) while it is not; a stale
+      -- record to the end of the grace
+      local untildl = from + grace
+      if g and not stale then
+        local gg = gateway(g)
+        if gg.heard then
+          untildl = math.min(now + recheck, untildl)
+        elseif not own then
+          untildl = math.min(gg.at + horizon + 1, untildl)
+        end
       end
       zadd[#zadd + 1] = untildl
       zadd[#zadd + 1] = dev
