@@ -329,6 +329,13 @@ local function general(dev, sid, kind, d, k, zk, wlease, wgrace)
   -- late: the renewals that bridged the gap were acknowledged by the
   -- state that was lost (a failover to a replica that lacked them).
   local late
+  -- sh is how far a hold moved the device's index entry, so its
+  -- sessions' decoded deadlines (record.lua, "Held devices")
+  local sh = shift[k] or 0
+  -- stale: online only by sessions that ran out before this incarnation
+  -- began (a replaced state: consumers may have seen its offline since,
+  -- in the history that was lost)
+  local stale = r and r.on and maxdl(r) and maxdl(r) - sh < incsince
   if r and kind ~= KIND_LEAVE and d > now then
     for _, x in ipairs(r.sess) do
       if x.sid == sid and x.dl <= now and (restore or obs <= x.dl + wgrace) then late = x break end
@@ -345,7 +352,7 @@ local function general(dev, sid, kind, d, k, zk, wlease, wgrace)
       -- evidence of a device whose session ran out before this
       -- incarnation began (a replaced state: it says nothing of the
       -- device since)
-      if not z[k] and not (kind ~= KIND_LEAVE and d > now and (obs <= gone.dl or gone.dl < incsince)) then
+      if not z[k] and not (kind ~= KIND_LEAVE and d > now and (obs <= gone.dl or gone.dl - sh < incsince)) then
         r.on, r.ver, r.since = false, nextver(r, now), now
         local reason = leftat(r, gone) and 'leave' or 'expired'
         event(dev, 'offline', r.ver, nowstr, reason, gwname(gone.gw), gone.sid, zk)
@@ -358,7 +365,6 @@ local function general(dev, sid, kind, d, k, zk, wlease, wgrace)
       if x.sid == sid then ss, at = x, j break end
     end
   end
-  local sh = shift[k] or 0
   if kind ~= KIND_LEAVE then
     if d <= now then
       -- A restore of a session that ran out before the loss, whose record
@@ -403,7 +409,9 @@ local function general(dev, sid, kind, d, k, zk, wlease, wgrace)
       -- a restore of a record the store lost: online, no event, a ver
       -- above the lost ones for the next (gateway.Batch.Restore)
       r.on, r.ver, r.since, dirty[k] = true, now, now, true
-    elseif not r.on then
+    elseif not r.on or stale then
+      -- online, or online again after a stale record (above): the same
+      -- state twice across the incarnation at worst
       r.on, r.ver, r.since, dirty[k] = true, nextver(r, now), now, true
       local reason = 'renew'
       if replay then reason = 'replay' elseif kind == KIND_CONNECT then reason = 'connect' end
