@@ -179,7 +179,7 @@ func (w *writer) apply(b *gateway.Batch, wr *gateway.Write) error {
 	// replayed or coalesced write may be up to the gateway grace late, a
 	// restore any late (see lua/apply.lua).
 	var late gateway.SessionID
-	if wr.Kind != gateway.Leave && d > w.now {
+	if wr.Kind != gateway.Leave {
 		var grace int64
 		if b.Replay || wr.Coalesced {
 			grace = w.s.grace
@@ -202,6 +202,13 @@ func (w *writer) apply(b *gateway.Batch, wr *gateway.Write) error {
 			// record the store lost: online again without an event, its
 			// session ending now, for the reap to end (lua/apply.lua)
 			if !b.Restore || e.exists || wr.Kind != gateway.Renew {
+				// lapsed but late and valid evidence of a session the
+				// online record still holds moves its passed deadline,
+				// for the reap to judge with the true one (lua/apply.lua)
+				if i := r.find(late); late != "" && r.online && i >= 0 && d > r.sessions[i].deadline {
+					r.sessions[i].deadline = d
+					e.dirty = true
+				}
 				return nil
 			}
 			d = w.now

@@ -370,8 +370,10 @@ func testLateButValidRenewal(t *testing.T, open Opener) {
 			res := e.apply(tc.ev.batch(tc.gw, 1, d, "s1", age))
 			if tc.stale >= lease {
 				// observed at the deadline, but its own lease ran out too:
-				// lapsed, never written; the session's expiry is
-				e.checkEvents("lapsed evidence", res.Events, shard, expired(d, 2, e.now(), deadline))
+				// lapsed; it moves the session's passed deadline to its
+				// own, and the reap writes the offline with that
+				e.checkEvents("lapsed evidence", res.Events, shard)
+				e.checkEvents("the reap after lapsed evidence", e.reap(shard, 100).Offline, shard, expired(d, 2, e.now(), deadline.Add(lease)))
 				return
 			}
 			e.checkEvents("late but valid evidence", res.Events, shard)

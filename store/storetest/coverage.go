@@ -46,6 +46,7 @@ func RunCoverage(t *testing.T, open GraceOpener) {
 		{"HeldLeaveReapedAsALeave", testHeldLeaveReaped},
 		{"LateConnectBridgesAnExpiredSession", testLateConnectBridges},
 		{"LapsedRestoreIsReapedOnceCovered", testLapsedRestore},
+		{"LapsedReplayMovesThePassedDeadline", testLapsedReplay},
 	} {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(t, open) })
 	}
@@ -421,4 +422,45 @@ func testLapsedRestore(t *testing.T, open GraceOpener) {
 	e.cover(0, gwA, 0)
 	evs := e.reapUntil(0, e.now().Add(CoverRecheck), CoverRecheck/4)
 	checkOffline(t, "reap once the restore is covered", evs, lost, gateway.ReasonExpired, at)
+}
+
+// Evidence replayed after an outage longer than its lease has lapsed when
+// it arrives, but if it was observed before its session's deadline (up to
+// the grace after, as any replay) the device did not fall silent there:
+// the session's passed deadline moves to the evidence's, and the reap
+// writes the offline with that, the true deadline. Evidence observed more
+// than the grace after the deadline moves nothing.
+func testLapsedReplay(t *testing.T, open GraceOpener) {
+	e := newCoverEnv(t, open, 2)
+	ds := devicesIn(t, e.shards, 0, 3, "lapsedreplay")
+	valid, gap, held := ds[0], ds[1], ds[2]
+	t0 := e.now()
+	e.apply(covering(batch(gwA, 1, wr(valid, "s1", gateway.Connect, 0), wr(gap, "s1", gateway.Connect, 0)), 0))
+	e.apply(covering(batch(gwB, 1, wr(held, "s1", gateway.Connect, 0)), 0))
+	// the devices are held past their deadline: gw-b's coverage stops
+	// short of it (held's own gateway; the others', within the horizon)
+	e.clock.Set(t0.Add(lease + time.Second))
+	e.cover(0, gwB, 5*time.Second)
+	if r := e.reap(0, 100); len(r.Offline) != 0 || r.Held == 0 {
+		t.Fatalf("reap with gw-b behind: %s, %d held; want the devices held", describeEvents(r.Offline), r.Held)
+	}
+	e.clock.Set(t0.Add(85 * time.Second))
+	// valid and held observed at t0+10s (their deadline t0+30s), gap at
+	// t0+52s (beyond the grace after its deadline): all lapsed by now
+	// (the write may expire gap itself, §5 of the design)
+	res := e.apply(covering(replayed(batch(gwA, 1, wr(valid, "s1", gateway.Renew, 75*time.Second),
+		wr(gap, "s1", gateway.Renew, 33*time.Second))), 0))
+	evs := res.Events
+	res = e.apply(covering(replayed(batch(gwB, 1, wr(held, "s1", gateway.Renew, 75*time.Second))), 0))
+	evs = append(evs, res.Events...)
+	evs = append(evs, e.reapUntil(0, e.now(), time.Second)...)
+	want := map[gateway.DeviceID]time.Time{valid: t0.Add(40 * time.Second), gap: t0.Add(lease), held: t0.Add(40 * time.Second)}
+	if len(evs) != 3 {
+		t.Fatalf("reap: %s, want the offlines of all three", describeEvents(evs))
+	}
+	for _, ev := range evs {
+		if ev.State != gateway.Offline || ev.Reason != gateway.ReasonExpired || !ev.Deadline.Equal(want[ev.Device]) {
+			t.Errorf("reap: %s; want %s offline, expired, deadline %v", describeEvents([]gateway.Event{ev}), ev.Device, want[ev.Device])
+		}
+	}
 }

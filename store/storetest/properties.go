@@ -515,7 +515,7 @@ func (m *model) apply(shard int, b gateway.Batch, now time.Time) (want []wantEve
 			continue
 		}
 		var late gateway.SessionID // late but valid evidence keeps its session
-		if cur, ok := md.sessions[w.Session]; ok && w.Kind != gateway.Leave && d.After(now) && !cur.After(now) && !now.Add(-w.Age).After(cur) {
+		if cur, ok := md.sessions[w.Session]; ok && w.Kind != gateway.Leave && !cur.After(now) && !now.Add(-w.Age).After(cur) {
 			late = w.Session
 		}
 		// evidence observed by the deadline of the sessions that ran out
@@ -527,6 +527,10 @@ func (m *model) apply(shard int, b gateway.Batch, now time.Time) (want []wantEve
 		switch w.Kind {
 		case gateway.Connect, gateway.Renew:
 			if !d.After(now) {
+				// lapsed: it moves only a passed deadline of a late session
+				if cur, ok := md.sessions[late]; late != "" && md.state == gateway.Online && ok && d.After(cur) {
+					md.sessions[late] = d
+				}
 				continue
 			}
 			if cur, ok := md.sessions[w.Session]; !ok || d.After(cur) {

@@ -231,15 +231,17 @@ for k = 1, #devs do z[k] = tonumber(scores[k]) or false end
 -- keeps only a session's newest evidence, so the evidence that bridged
 -- the outage may be gone), and it sets the session's deadline from
 -- itself; a leave is judged against the true deadline. The hold ends
--- with the first write of the device.
-local unhold, shift = {}, {}
+-- with the first write of the device that changes its record or a
+-- session's deadline (one that changes nothing, such as lapsed evidence,
+-- leaves the hold and its true deadline).
+local washeld, shift, renewed = {}, {}, {}
 if anyheld then
   local held = mcall('HMGET', KEYS[6], devs)
   for k = 1, #devs do
     if held[k] then
       local truedl, untildl = heldfields(held[k])
       if z[k] == untildl then shift[k] = untildl - truedl end
-      unhold[#unhold + 1] = devs[k]
+      washeld[k] = true
     end
   end
 end
@@ -336,9 +338,9 @@ local function general(dev, sid, kind, d, k, zk, wlease, wgrace)
   -- began (a replaced state: consumers may have seen its offline since,
   -- in the history that was lost)
   local stale = r and r.on and maxdl(r) and maxdl(r) - sh < incsince
-  if r and kind ~= KIND_LEAVE and d > now then
+  if r and kind ~= KIND_LEAVE then
     for _, x in ipairs(r.sess) do
-      if x.sid == sid and x.dl <= now and (restore or obs <= x.dl + wgrace) then late = x break end
+      if x.sid == sid and x.dl - sh <= now and (restore or obs <= x.dl - sh + wgrace) then late = x break end
     end
   end
   if r and r.on then
@@ -355,7 +357,7 @@ local function general(dev, sid, kind, d, k, zk, wlease, wgrace)
       if not z[k] and not (kind ~= KIND_LEAVE and d > now and (obs <= gone.dl or gone.dl - sh < incsince)) then
         r.on, r.ver, r.since = false, nextver(r, now), now
         local reason = leftat(r, gone) and 'leave' or 'expired'
-        event(dev, 'offline', r.ver, nowstr, reason, gwname(gone.gw), gone.sid, zk)
+        event(dev, 'offline', r.ver, nowstr, reason, gwname(gone.gw), gone.sid, zk and zk - sh)
       end
     end
   end
@@ -373,7 +375,18 @@ local function general(dev, sid, kind, d, k, zk, wlease, wgrace)
       -- now, for the reap to end it once this gateway's coverage reaches
       -- it (gateway.Batch.Restore). Otherwise evidence that ran out
       -- changes nothing.
-      if not (restore and not r and kind == KIND_RENEW) then return end
+      if not (restore and not r and kind == KIND_RENEW) then
+        -- Lapsed but late and valid evidence of a session the online
+        -- record still holds (a replay after an outage longer than the
+        -- lease): the session's passed deadline moves to the evidence's,
+        -- so that the reap, which judges the device due either way,
+        -- writes its offline with its true deadline.
+        if late and r.on and d > late.dl - sh then
+          late.dl, dirty[k] = d, true
+          setz(k, maxdl(r))
+        end
+        return
+      end
       d = now
     end
     local created = not r
@@ -393,7 +406,7 @@ local function general(dev, sid, kind, d, k, zk, wlease, wgrace)
       dirty[k] = true
     elseif d >= ss.dl - sh then
       if d ~= ss.dl or sh ~= 0 then
-        ss.dl = d
+        ss.dl, renewed[k] = d, true
         -- other sessions store offsets from the device deadline
         if #r.sess > 1 then dirty[k] = true end
       end
@@ -468,8 +481,9 @@ end
 -- Write back; a record another gateway may hold a belief about (record.lua,
 -- believer) that changes here is invalidated for that gateway, and every
 -- device of the general writes gets its status for the caller.
-local hset, zadd, zrem, inv = {}, {}, {}, {}
+local hset, zadd, zrem, inv, unhold = {}, {}, {}, {}, {}
 for k, dev in ipairs(devs) do
+  if washeld[k] and (moved[k] or dirty[k] or renewed[k] or not shift[k]) then unhold[#unhold + 1] = dev end
   if dirty[k] then
     prunetombs(rec[k], now - TOMB_KEEP)
     hset[#hset + 1] = dev
