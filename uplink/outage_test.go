@@ -11,7 +11,10 @@ import (
 	"time"
 
 	"github.com/fleetgate/fleetgate/gateway"
+	"github.com/fleetgate/fleetgate/gateway/clocktest"
 	"github.com/fleetgate/fleetgate/internal/redistest"
+	"github.com/fleetgate/fleetgate/store/redisstore"
+	bolt "go.etcd.io/bbolt"
 )
 
 // TestOutageBuffersAndReplays hangs a real Redis with SIGSTOP: writes go
@@ -250,4 +253,74 @@ func TestRunFinalFlush(t *testing.T) {
 			t.Fatalf("after the final flush: %+v; want the write in the outbox", st)
 		}
 	})
+}
+
+// Evidence whose lease ran out in the outbox by less than the gateway
+// grace is still replayed: the store moves the passed deadline of its
+// session to it (the device's offline then names its true deadline);
+// beyond the grace it is dropped as lapsed.
+func TestReplayKeepsLapsedEvidenceForTheGrace(t *testing.T) {
+	srv := redistest.Start(t)
+	e := newEnv(t, Options{Lease: 10 * time.Second, Timeout: 300 * time.Millisecond, GatewayGrace: 20 * time.Second,
+		ProbeMin: 100 * time.Millisecond, ProbeMax: 100 * time.Millisecond}, OutboxOptions{},
+		func(_ *bolt.DB, c *clocktest.Clock) gateway.Store { // on the test clock, as the ages are
+			s, err := redisstore.Open(t.Context(), redisClient(t, srv.Addr), redisstore.Options{
+				Prefix: "up", Shards: testShards, Now: c.Now, Logger: testLogger(t)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return s
+		})
+	u, ctx := e.u, context.Background()
+	e.run()
+	t0 := e.clock.Now()
+	mustEnqueue(t, u, evidence("within", gateway.Connect, t0), evidence("beyond", gateway.Connect, t0))
+	if err := u.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	srv.Signal(syscall.SIGSTOP)
+	stopped := true
+	t.Cleanup(func() {
+		if stopped {
+			srv.Signal(syscall.SIGCONT)
+		}
+	})
+	// The first flush into the hung server fails on every shard; its
+	// request may still run when the server resumes, so it carries only
+	// devices of no concern. Then the shards are down: writes go to the
+	// outbox with no store call.
+	for i, seen := 0, map[int]bool{}; len(seen) < testShards && i < 1000; i++ {
+		d := gateway.DeviceID(fmt.Sprintf("other-%d", i))
+		if s := gateway.ShardOf(d, testShards); !seen[s] {
+			seen[s] = true
+			mustEnqueue(t, u, evidence(d, gateway.Connect, e.clock.Now()))
+		}
+	}
+	if err := u.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	e.clock.Advance(4 * time.Second)
+	mustEnqueue(t, u, evidence("beyond", gateway.Renew, e.clock.Now()))
+	e.clock.Advance(2 * time.Second)
+	mustEnqueue(t, u, evidence("within", gateway.Renew, e.clock.Now()))
+	if err := u.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// within's renewal lapsed 18.9 s ago, beyond's 20.9 s ago
+	e.clock.Set(t0.Add(34900 * time.Millisecond))
+	srv.Signal(syscall.SIGCONT)
+	stopped = false
+	waitFor(t, "outbox replayed", 20*time.Second, func() { e.clock.Advance(10 * time.Millisecond) }, func() bool {
+		st := u.Status()
+		return st.Up && st.OutboxSessions == 0
+	})
+	if st := u.Status(); st.Dropped.Lapsed != testShards+1 {
+		t.Fatalf("after replay: %+v; want beyond's write and the others' dropped as lapsed", st)
+	}
+	for d, want := range map[gateway.DeviceID]time.Time{"within": t0.Add(16 * time.Second), "beyond": t0.Add(10 * time.Second)} {
+		info, err := e.store.Device(ctx, d)
+		if err != nil || !info.Deadline.Equal(want) {
+			t.Errorf("%s after the replay: %+v, %v; want deadline %v", d, info, err, want)
+		}
+	}
 }

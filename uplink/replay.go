@@ -47,8 +47,9 @@ func (r *replayer) wait() {
 // oldest entries first: per shard about replayChunks batches of at most
 // MaxBatch writes each (Batch.Replay), in as many writes, each carrying
 // the next batch of every such shard (one round trip each), ages
-// recomputed just before each. Evidence whose lease has run out is
-// dropped, never sent. An entry is deleted only after the store
+// recomputed just before each. Evidence whose lease ran out more than
+// the gateway grace ago, and a leave whose lease ran out, are dropped,
+// never sent. An entry is deleted only after the store
 // acknowledged its batch (a crash in between replays it again, which the
 // store tolerates), or when all of it lapsed or the store refused it for
 // good. The entries of a shard that is down wait for a probe of it to
@@ -93,7 +94,7 @@ func (r *replayer) round(ctx context.Context) error {
 			if !live.leave.IsZero() && now.Sub(live.leave) >= cmp.Or(live.leaveLease, t.lease) {
 				live.leave = time.Time{}
 			}
-			if live.kind != 0 && now.Sub(live.at) >= cmp.Or(live.kindLease, t.lease) {
+			if live.kind != 0 && now.Sub(live.at) >= cmp.Or(live.kindLease, t.lease)+u.grace {
 				live.kind, live.at = 0, time.Time{}
 			}
 			if live.n() == 0 {

@@ -64,6 +64,11 @@ type Options struct {
 	// ProbeMin and ProbeMax bound the jittered exponential backoff between
 	// probes of a down shard.
 	ProbeMin, ProbeMax time.Duration
+	// GatewayGrace is presence.gateway_grace: the outbox replays evidence
+	// whose lease has run out by up to this much (the store still takes
+	// late but valid evidence then, and moves a passed deadline to it),
+	// and drops it after.
+	GatewayGrace time.Duration
 	// KeepAlive is the longest the uplink leaves a shard without a store
 	// call while the shard is up: a shard not written for that long gets
 	// an empty batch in the next call (one is made for it when nothing
@@ -121,6 +126,7 @@ type Uplink struct {
 	// none yet, so its epoch is not recorded there).
 	heard     []time.Time // under sendMu
 	keepAlive time.Duration
+	grace     time.Duration // Options.GatewayGrace
 	// flushBusy, outboxBusy and probeBusy: the flush, replay and probe
 	// loops are inside a step (see Stalled).
 	flushBusy, outboxBusy, probeBusy busy
@@ -192,6 +198,7 @@ func New(store gateway.Writer, ob *Outbox, o Options) *Uplink {
 		probeMax:      o.ProbeMax,
 		queueLimitOpt: o.QueueLimit,
 		keepAlive:     o.KeepAlive,
+		grace:         max(o.GatewayGrace, 0),
 		sessions:      o.Sessions,
 		kick:          make(chan struct{}, 1),
 		wake:          make(chan struct{}, 1),

@@ -133,7 +133,7 @@ func (g *gatewayProcess) run(ctx context.Context) (err error) {
 	g.up = uplink.New(g.store, outbox, uplink.Options{
 		Gateway: cfg.Gateway.ID, Epoch: g.epoch,
 		Lease: cfg.Presence.Lease.Std(), FlushInterval: cfg.Uplink.FlushInterval.Std(), MaxBatch: cfg.Uplink.MaxBatch,
-		KeepAlive: cfg.GatewayKeepAlive(), ProbeMax: cfg.UplinkProbeMax(),
+		KeepAlive: cfg.GatewayKeepAlive(), ProbeMax: cfg.UplinkProbeMax(), GatewayGrace: cfg.Presence.GatewayGrace.Std(),
 		Sessions: func(fn func(gateway.SessionView) bool) { g.table.Restorable(fn) },
 		Clock:    gateway.SystemClock{}, Logger: log, Registerer: reg,
 	})
