@@ -57,6 +57,9 @@ type slotRecord struct {
 	// leaves are the goodbyes that ended the instance's presence, timed
 	// before sending.
 	leaves []time.Time
+	// unsure are the goodbyes that got no answer, timed before sending:
+	// a stopped gateway reads them when continued, so a leave may follow.
+	unsure []time.Time
 }
 
 // lifeRecord is one life of a device as it went.
@@ -127,6 +130,15 @@ func (tr *soakTruth) left(id string, slot int, at time.Time) {
 	defer tr.mu.Unlock()
 	s := &tr.devs[id].slots[slot]
 	s.leaves = append(s.leaves, at)
+}
+
+// leftUnsure records a goodbye of instance slot (timed before sending)
+// that got no answer: it may still be read.
+func (tr *soakTruth) leftUnsure(id string, slot int, at time.Time) {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	s := &tr.devs[id].slots[slot]
+	s.unsure = append(s.unsure, at)
 }
 
 // moved records a move of the device, timed before its first attempt to
@@ -411,6 +423,10 @@ func (c *soakChecker) offline(d *devRecord, e event) {
 		// instance (an expiry then names a session it had left behind).
 		bye := lastBefore(s.leaves, e.at)
 		if bye.After(last) || (!bye.IsZero() && e.reason == "leave" && !e.at.After(c.goodbyeBy(bye))) {
+			continue
+		}
+		// the leave of a goodbye that got no answer, read late
+		if u := lastBefore(s.unsure, e.at); !u.IsZero() && e.reason == "leave" && !e.at.After(c.goodbyeBy(u)) {
 			continue
 		}
 		recent = later(recent, last)
@@ -825,6 +841,9 @@ func (c *soakChecker) trim(d *devRecord, cutoff time.Time) {
 		}
 		if n := sort.Search(len(s.leaves), func(j int) bool { return s.leaves[j].After(old) }); n > 1 {
 			s.leaves = s.leaves[n-1:]
+		}
+		if n := sort.Search(len(s.unsure), func(j int) bool { return s.unsure[j].After(old) }); n > 1 {
+			s.unsure = s.unsure[n-1:]
 		}
 	}
 	if n := sort.Search(len(d.moves), func(j int) bool { return d.moves[j].After(old) }); n > 1 {

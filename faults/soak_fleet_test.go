@@ -22,6 +22,9 @@ type soakFleet struct {
 	seed     uint64
 	duration time.Duration
 
+	// modbus answers for the Modbus devices.
+	modbus *modbusFleet
+
 	stormMu sync.Mutex
 	// storms holds a channel per gateway that a reconnect storm closes
 	// (and replaces): every MQTT connection to it drops and reconnects.
@@ -65,6 +68,14 @@ func (f *soakFleet) stormOf(g int) <-chan struct{} {
 
 func (f *soakFleet) drive(i int, p devicePlan) {
 	defer f.wg.Done()
+	if p.kind == kindModbus {
+		for _, l := range p.lives {
+			if !f.wait(l.start) || !f.modbus.live(f, p.id, l) {
+				return
+			}
+		}
+		return
+	}
 	d := &soakDevice{f: f, id: p.id, kind: p.kind, jitter: soakRand(f.seed, streamJitter+uint64(i))}
 	for _, l := range p.lives {
 		if !f.wait(l.start) || !d.live(l) {
@@ -339,6 +350,7 @@ func (d *soakDevice) end(slot int, leave bool) {
 			d.f.truth.sessionEnded(d.lf, d.cur, bye, true)
 			return
 		}
+		d.f.truth.leftUnsure(d.id, slot, bye)
 	}
 	// Silence: the session lasts a lease from the last attempt (a CoAP
 	// session is the device's, whichever gateway carried it).

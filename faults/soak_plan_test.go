@@ -27,12 +27,13 @@ type soakPlan struct {
 
 // soakStreams names the PCG streams drawn from the seed: one for the
 // set-up, one for the nemesis, two per device (its plan and its
-// heartbeat jitter).
+// heartbeat jitter), one per Modbus device (its plan).
 const (
 	streamSetup = iota
 	streamNemesis
 	streamDevices = 1 << 32
 	streamJitter  = 2 << 32
+	streamModbus  = 3 << 32
 )
 
 func soakRand(seed, stream uint64) *rand.Rand { return rand.New(rand.NewPCG(seed, stream)) }
@@ -74,6 +75,9 @@ func newSoakPlan(seed uint64, duration time.Duration, topology string, gateways,
 	for i := range devices {
 		p.devices = append(p.devices, planDevice(soakRand(seed, streamDevices+uint64(i)), i, devices, p.gateways, duration))
 	}
+	for i := range max(2, devices/10) {
+		p.devices = append(p.devices, planModbus(soakRand(seed, streamModbus+uint64(i)), i, p.gateways, duration))
+	}
 	p.faults = planFaults(soakRand(seed, streamNemesis), p.cluster, p.gateways, duration)
 	return p, nil
 }
@@ -93,9 +97,10 @@ const (
 	kindCoAP2                 // CoAP, two instances (main and aux), the aux one ending on its own
 	kindMQTT                  // MQTT 5, a clean session per connection; reconnect storms drop it
 	kindSleepy                // MQTT 5 with a persistent session: connect, publish, disconnect, sleep
+	kindModbus                // a Modbus TCP server that one gateway's modbus adapter polls
 )
 
-func (k devKind) String() string { return [...]string{"coap", "coap2", "mqtt", "sleepy"}[k] }
+func (k devKind) String() string { return [...]string{"coap", "coap2", "mqtt", "sleepy", "modbus"}[k] }
 
 // slots is how many sessions of its own a device keeps at once.
 func (k devKind) slots() int {
@@ -180,6 +185,20 @@ func planDevice(rng *rand.Rand, i, n, gateways int, duration time.Duration) devi
 		} else {
 			t = l.end + between(5*time.Second, 60*time.Second)
 		}
+	}
+	return d
+}
+
+// planModbus draws Modbus device i: lives drawn as planDevice draws
+// them, each polled by gateway i mod gateways (the adapter's device list
+// is its config), without moves or goodbyes (a Modbus device only
+// answers, or stops answering).
+func planModbus(rng *rand.Rand, i, gateways int, duration time.Duration) devicePlan {
+	d := planDevice(rng, 0, 1, gateways, duration)
+	d.id, d.kind = fmt.Sprintf("soak-modbus-%03d", i), kindModbus
+	for j := range d.lives {
+		l := &d.lives[j]
+		l.gw, l.leave, l.moves, l.auxEnd = i%gateways, false, nil, 0
 	}
 	return d
 }

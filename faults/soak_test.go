@@ -5,6 +5,7 @@ package faults
 import (
 	"context"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -67,8 +68,9 @@ func TestSoak(t *testing.T) {
 		kinds[d.kind]++
 		lives += len(d.lives)
 	}
-	t.Logf("soak: seed %d, %v, %s, %d gateways, %d devices (coap %d, coap2 %d, mqtt %d, sleepy %d; %d lives planned), %d faults planned; replay: %s",
-		seed, duration, plan.topology(), plan.gateways, devices, kinds[kindCoAP], kinds[kindCoAP2], kinds[kindMQTT], kinds[kindSleepy], lives, len(plan.faults), replay)
+	t.Logf("soak: seed %d, %v, %s, %d gateways, %d devices (coap %d, coap2 %d, mqtt %d, sleepy %d, modbus %d; %d lives planned), %d faults planned; replay: %s",
+		seed, duration, plan.topology(), plan.gateways, len(plan.devices), kinds[kindCoAP], kinds[kindCoAP2], kinds[kindMQTT], kinds[kindSleepy], kinds[kindModbus],
+		lives, len(plan.faults), replay)
 
 	r := newSoakRig(t, plan)
 	chk := newSoakChecker(fast, r.truth, r.log, t.Logf)
@@ -187,9 +189,18 @@ func newSoakRig(t *testing.T, plan soakPlan) *soakRig {
 		// (TestFailoverToLaggingReplica).
 		r.col = newCollector(t, r.replica.Addr)
 	}
-	r.gws = startGatewaysWith(t, extra, addrs...)
 	r.truth = newSoakTruth(plan.gateways, plan.devices)
+	mb := newModbusFleet(t, plan, r.truth)
+	for i, a := range addrs {
+		g := newGateway(t, "gw-"+string(rune('a'+i)), a)
+		maps.Copy(g.cfg.Extra, extra)
+		maps.Copy(g.cfg.Extra, mb.config(i))
+		g.writeConfig()
+		g.start()
+		r.gws = append(r.gws, g)
+	}
 	r.fleet = newSoakFleet(t, plan, r.gws, r.truth)
+	r.fleet.modbus = mb
 	return r
 }
 

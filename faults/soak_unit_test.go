@@ -36,6 +36,7 @@ func TestSoakPlan(t *testing.T) {
 				drawn[f.kind] = true
 			}
 			checkSchedule(t, a)
+			checkModbusPlan(t, a, 12)
 		}
 	}
 	for k := redisStop; k <= mqttStorm; k++ {
@@ -54,6 +55,27 @@ func TestSoakPlan(t *testing.T) {
 	}
 	if _, err := newSoakPlan(1, 10*time.Second, "", 0, 50); err == nil {
 		t.Errorf("a run shorter than the warm-up and the tail was accepted")
+	}
+}
+
+// checkModbusPlan: the plan has want Modbus devices, each polled by one
+// gateway in every life, without moves or goodbyes.
+func checkModbusPlan(t *testing.T, p soakPlan, want int) {
+	t.Helper()
+	n := 0
+	for _, d := range p.devices {
+		if d.kind != kindModbus {
+			continue
+		}
+		n++
+		for _, l := range d.lives {
+			if l.gw != d.lives[0].gw || l.leave || len(l.moves) > 0 || l.auxEnd != 0 {
+				t.Fatalf("seed %d: Modbus device %s life %+v: want no move, goodbye or aux, one gateway", p.seed, d.id, l)
+			}
+		}
+	}
+	if n != want {
+		t.Errorf("seed %d: %d Modbus devices, want %d", p.seed, n, want)
 	}
 }
 
