@@ -42,7 +42,7 @@ func newMetrics(u *Uplink, reg prometheus.Registerer) *metrics {
 		}),
 		dropped: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "fleetgate_outbox_dropped_total",
-			Help: "Writes dropped from the outbox: overflow (oldest entries over outbox_max_sessions), lapsed (lease ran out before replay) or unknown_age (observed before a reboot, or ahead of the boot clock).",
+			Help: "Writes dropped from the outbox: overflow (oldest entries over outbox_max_sessions), lapsed (lease ran out more than presence.gateway_grace before replay) or unknown_age (observed before a reboot, or ahead of the boot clock).",
 		}, []string{"reason"}),
 		restored: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "fleetgate_uplink_restored_sessions_total",

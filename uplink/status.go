@@ -34,7 +34,8 @@ type ShardDown struct {
 type Dropped struct {
 	// Overflow: oldest outbox entries dropped over outbox_max_sessions.
 	Overflow uint64 `json:"overflow"`
-	// Lapsed: outbox evidence whose lease ran out before it was replayed.
+	// Lapsed: outbox evidence whose lease ran out more than the gateway
+	// grace before it could be replayed.
 	Lapsed uint64 `json:"lapsed"`
 	// UnknownAge: outbox evidence whose age could not be known (observed
 	// before a reboot, or ahead of the boot clock); never replayed.
