@@ -300,7 +300,8 @@ func TestStaleSnapshotHeldForTheGrace(t *testing.T) {
 	srv := redistest.Start(t)
 	e := newGraceEnv(t, srv.Client(t))
 	if evs := e.apply(0, leased("gw-a", false, write("moved", "coap/main", gateway.Connect, 0),
-		write("gone", "coap/main", gateway.Connect, 0), write("renamed", "mqtt/x", gateway.Connect, 0))); len(evs) != 3 {
+		write("gone", "coap/main", gateway.Connect, 0), write("renamed", "mqtt/x", gateway.Connect, 0),
+		write("twice", "coap/main", gateway.Connect, 0), write("twice", "coap/aux", gateway.Connect, 0))); len(evs) != 4 {
 		t.Fatalf("connects: %s", describe(evs))
 	}
 	if err := srv.Client(t).Save(t.Context()).Err(); err != nil {
@@ -316,14 +317,16 @@ func TestStaleSnapshotHeldForTheGrace(t *testing.T) {
 	if evs := e.apply(0, leased("gw-c", false, write("renamed", "mqtt/y", gateway.Connect, 0))); len(evs) != 1 || evs[0].State != gateway.Online {
 		t.Fatalf("a new session of renamed after the restart: %s, want its online only", describe(evs))
 	}
-	if r := e.reap(0, 10); len(r.Offline) != 0 || r.Held != 2 {
-		t.Fatalf("reap right after the restart: %s, %d held; want none and 2 held", describe(r.Offline), r.Held)
+	if r := e.reap(0, 10); len(r.Offline) != 0 || r.Held != 3 {
+		t.Fatalf("reap right after the restart: %s, %d held; want none and 3 held", describe(r.Offline), r.Held)
 	}
 	e.clock.Advance(testGrace / 2)
-	restore := leased("gw-c", false, write("moved", "coap/main", gateway.Renew, 0))
+	// one online per device, however many of its sessions come back
+	restore := leased("gw-c", false, write("moved", "coap/main", gateway.Renew, 0),
+		write("twice", "coap/main", gateway.Renew, 0), write("twice", "coap/aux", gateway.Renew, 0))
 	restore.Restore = true
-	if evs := e.apply(0, restore); len(evs) != 1 || evs[0].State != gateway.Online || evs[0].Device != "moved" {
-		t.Fatalf("gw-c's restore: %s, want the online of moved only", describe(evs))
+	if evs := e.apply(0, restore); len(evs) != 2 || evs[0].State != gateway.Online || evs[0].Device != "moved" || evs[1].Device != "twice" {
+		t.Fatalf("gw-c's restore: %s, want the online of moved and of twice", describe(evs))
 	}
 	e.clock.Set(start.Add(testGrace - time.Millisecond))
 	if r := e.reap(0, 10); len(r.Offline) != 0 {
@@ -335,7 +338,7 @@ func TestStaleSnapshotHeldForTheGrace(t *testing.T) {
 	if len(r.Offline) != 1 || r.Offline[0].Device != "gone" || r.Offline[0].Reason != gateway.ReasonExpired {
 		t.Fatalf("reap at the grace's end: %s, want gone expired", describe(r.Offline))
 	}
-	for _, d := range []gateway.DeviceID{"moved", "renamed"} {
+	for _, d := range []gateway.DeviceID{"moved", "renamed", "twice"} {
 		if info := e.device(d); info.State != gateway.Online {
 			t.Errorf("%s: %+v, want online", d, info)
 		}

@@ -334,10 +334,11 @@ local function general(dev, sid, kind, d, k, zk, wlease, wgrace)
   -- sh is how far a hold moved the device's index entry, so its
   -- sessions' decoded deadlines (record.lua, "Held devices")
   local sh = shift[k] or 0
-  -- stale: online only by sessions that ran out before this incarnation
-  -- began (a replaced state: consumers may have seen its offline since,
-  -- in the history that was lost)
-  local stale = r and r.on and maxdl(r) and maxdl(r) - sh < incsince
+  -- stale: online since before this incarnation began, only by sessions
+  -- that ran out before it (a replaced state: consumers may have seen its
+  -- offline since, in the history that was lost); the online event it
+  -- gets (below) makes it current
+  local stale = r and r.on and r.since < incsince and maxdl(r) and maxdl(r) - sh < incsince
   if r and kind ~= KIND_LEAVE then
     for _, x in ipairs(r.sess) do
       if x.sid == sid and x.dl - sh <= now and (restore or obs <= x.dl - sh + wgrace) then late = x break end
