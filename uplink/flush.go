@@ -146,8 +146,9 @@ const (
 // its shard is written (Covers, cover.go).
 //
 // A shard whose state the store lost or replaced (ApplyResult.Reset)
-// gets its live sessions restored (restoreShards) unless the call was
-// itself a restore: the next calls' renewals write what is left.
+// gets its sessions restored (restoreShards) unless the call was itself
+// a restore, and again after each call the shard answers until the
+// restore has gone through.
 func (u *Uplink) write(ctx context.Context, t timing, kind writeKind, ws []shardWrites) []error {
 	now := u.clock.Now()
 	batches := make([]gateway.ShardBatch, 0, len(ws))
@@ -196,7 +197,7 @@ func (u *Uplink) write(ctx context.Context, t timing, kind writeKind, ws []shard
 		sb := batches[i]
 		u.m.flushes.Inc()
 		u.m.flushSeconds.Observe(took)
-		if r.Err == nil && r.Result.Reset {
+		if r.Err == nil && (r.Result.Reset || u.restoreDue[sb.Shard]) {
 			reset = append(reset, sb.Shard)
 		}
 		if r.Err == nil {

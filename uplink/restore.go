@@ -11,16 +11,18 @@ import (
 // state the store lost or replaced (Options.Sessions), as renewals of
 // their newest evidence in restore batches of at most MaxBatch writes:
 // the live ones, and those that ran out recently (with their passed
-// deadlines: the store may have lost them before it wrote their offline)
-// of which a write had been accepted;
-// round k writes the k-th batch of every shard, all in one write call.
-// A session with a connect still queued is left out: that connect, not a
-// silent restore, must bring it online. A session whose leave is queued
-// (it is gone from the table) is restored from the leave's observation,
-// so that the leave still finds it and writes its offline. It is best
-// effort: a failed batch is logged and its shard's later batches are not
-// sent, and the sessions' next renewals write them anyway. Called with
-// sendMu held.
+// deadlines: the store may have lost them before it wrote their
+// offline) of which a write had been accepted. Round k writes the k-th
+// batch of every shard, all in one write call. A session with a connect
+// still queued is left out: that connect, not a silent restore, must
+// bring it online. A session whose leave is queued (it is gone from the
+// table) is restored from the leave's observation, so that the leave
+// still finds it and writes its offline. A failed batch is logged, its
+// shard's later batches are not sent, and the shard stays due
+// (restoreDue) until a whole restore of it has gone through: the next
+// call it answers tries again (the sessions' renewals would write the
+// live ones, but nothing would write the offline of a device that
+// stopped). Called with sendMu held.
 func (u *Uplink) restoreShards(ctx context.Context, t timing, shards []int) {
 	if u.sessions == nil {
 		return
@@ -60,6 +62,10 @@ func (u *Uplink) restoreShards(ctx context.Context, t timing, shards []int) {
 		}
 		return true
 	})
+	for _, s := range shards {
+		// due until its last batch is acknowledged (none: done now)
+		u.restoreDue[s] = len(per[s]) > 0
+	}
 	u.log.Warn("store lost or replaced this gateway's shards: restoring their sessions", "shards", shards, "sessions", n, "ran_out", lapsed)
 	for len(per) > 0 {
 		var ws []shardWrites
@@ -79,6 +85,7 @@ func (u *Uplink) restoreShards(ctx context.Context, t timing, shards []int) {
 				per[w.shard] = rest
 			} else {
 				delete(per, w.shard)
+				u.restoreDue[w.shard] = false
 			}
 		}
 	}

@@ -1,8 +1,10 @@
 package uplink
 
 import (
+	"context"
 	"fmt"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -233,4 +235,70 @@ func restoreEnv(t *testing.T) (*redistest.Server, *env, *gateway.Table) {
 	table = gateway.NewTable(e.u, gateway.TableOptions{Lease: 30 * time.Second, RenewEvery: 5 * time.Second,
 		KeepLapsed: restoreKeepLapsed, Clock: e.clock})
 	return srv, e, table
+}
+
+// A restore that fails (here the store refuses it once, as a call that
+// times out or whose replicas do not acknowledge it would) is tried
+// again with the next call its shard answers: a device that stopped
+// before the loss would otherwise never get its offline.
+func TestRestoreRetriedAfterItFailed(t *testing.T) {
+	srv := redistest.Start(t)
+	var table *gateway.Table
+	var st *failFirstRestore
+	e := newEnv(t, Options{Lease: 30 * time.Second, FlushInterval: time.Second, KeepAlive: time.Second,
+		Sessions: func(fn func(gateway.SessionView) bool) { table.Restorable(fn) }}, OutboxOptions{},
+		func(_ *bolt.DB, c *clocktest.Clock) gateway.Store {
+			s, err := redisstore.Open(t.Context(), redisClient(t, srv.Addr), redisstore.Options{
+				Prefix: "up", Shards: testShards, Now: c.Now, Logger: testLogger(t)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			st = &failFirstRestore{Store: s}
+			return st
+		})
+	table = gateway.NewTable(e.u, gateway.TableOptions{Lease: 30 * time.Second, RenewEvery: 5 * time.Second, Clock: e.clock})
+	ctx := t.Context()
+	if err := table.Observe(ctx, gateway.Evidence{Device: "stopped", Session: "coap/default", Kind: gateway.Renew, ObservedAt: e.clock.Now()}); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.u.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Client(t).FlushAll(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	e.run()
+	waitFor(t, "a second restore", 20*time.Second, func() { e.clock.Advance(100 * time.Millisecond) },
+		func() bool { return st.restores.Load() >= 2 })
+	if n := st.restores.Load(); n != 2 {
+		t.Fatalf("%d restore calls, want 2 (the one refused, then the one that went through)", n)
+	}
+	if info, err := e.store.Device(ctx, "stopped"); err != nil || info.State != gateway.Online {
+		t.Fatalf("stopped after the restore: %+v, %v; want online again (its offline to come)", info, err)
+	}
+}
+
+// failFirstRestore is a store that refuses the first call carrying a
+// restore batch.
+type failFirstRestore struct {
+	gateway.Store
+	restores atomic.Int32
+}
+
+var _ gateway.Store = (*failFirstRestore)(nil)
+
+func (f *failFirstRestore) ApplyShards(ctx context.Context, batches []gateway.ShardBatch) []gateway.ShardResult {
+	for _, sb := range batches {
+		if sb.Batch.Restore {
+			if f.restores.Add(1) == 1 {
+				out := make([]gateway.ShardResult, len(batches))
+				for i := range out {
+					out[i].Err = gateway.ErrUnavailable
+				}
+				return out
+			}
+			break
+		}
+	}
+	return f.Store.ApplyShards(ctx, batches)
 }

@@ -124,9 +124,12 @@ type Uplink struct {
 	sendMu sync.Mutex
 	// heard is when each shard last took a call of this process (zero:
 	// none yet, so its epoch is not recorded there).
-	heard     []time.Time // under sendMu
-	keepAlive time.Duration
-	grace     time.Duration // Options.GatewayGrace
+	heard []time.Time // under sendMu
+	// restoreDue marks the shards whose restore has not gone through yet
+	// (restoreShards): each call that the shard answers tries again.
+	restoreDue []bool // under sendMu
+	keepAlive  time.Duration
+	grace      time.Duration // Options.GatewayGrace
 	// flushBusy, outboxBusy and probeBusy: the flush, replay and probe
 	// loops are inside a step (see Stalled).
 	flushBusy, outboxBusy, probeBusy busy
@@ -207,6 +210,7 @@ func New(store gateway.Writer, ob *Outbox, o Options) *Uplink {
 	}
 	u.tm = u.makeTiming(o.Lease, o.FlushInterval, o.MaxBatch)
 	u.heard = make([]time.Time, u.shards)
+	u.restoreDue = make([]bool, u.shards)
 	u.health = make([]shardHealth, u.shards)
 	u.queues = make([]*queue, u.shards)
 	for i := range u.queues {
