@@ -400,7 +400,8 @@ func gwIndex(id string) int {
 // it and did not say goodbye since (the harness's rule, evidence a kill
 // may have lost excepted). An expiry is judged at its deadline, when the
 // lease ran out: evidence sent after it (its gateway was down until
-// then) came too late to keep the session. The offline of a goodbye that
+// then) came too late to keep the session, unless the deadline is from
+// before a loss of the shard's state. The offline of a goodbye that
 // comes after the instance is back (a device that says goodbye and comes
 // back at once) is the goodbye's, within its bound.
 func (c *soakChecker) offline(d *devRecord, e event) {
@@ -409,7 +410,10 @@ func (c *soakChecker) offline(d *devRecord, e event) {
 	}
 	early := c.tm.earliestOffline()
 	at := e.at
-	if !e.deadline.IsZero() && e.deadline.Before(at) {
+	// (a deadline from before a loss of the shard's state comes from an
+	// older state a restart brought back, design §3.6 "Replaced state":
+	// it is judged when written)
+	if !e.deadline.IsZero() && e.deadline.Before(at) && !c.acrossBoundary(e.shard, e.deadline, e.at) {
 		at = e.deadline
 	}
 	var recent time.Time
