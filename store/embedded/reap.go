@@ -132,7 +132,14 @@ func (w *writer) reap(k []byte) (trimmed, wait bool, err error) {
 		if err != nil {
 			return false, false, err
 		}
-		if wait && w.now < ms+w.s.grace {
+		// the wait lasts the grace; for another gateway than the
+		// device's own (it may have moved there, its evidence held up by
+		// that gateway's outage), up to that gateway's horizon
+		span := w.s.grace
+		if wait && !own {
+			span = max(span, w.s.horizon)
+		}
+		if wait && w.now < ms+span {
 			return false, true, nil
 		}
 		if wait && own {

@@ -39,6 +39,7 @@ func RunCoverage(t *testing.T, open GraceOpener) {
 		{"WriteDoesNotDropUncovered", testWriteKeepsUncovered},
 		{"HeardGatewayBehindIsWaitedFor", testHeardLaggard},
 		{"SilentGatewayWaitedForUntilTheHorizon", testSilentLaggard},
+		{"SilentGatewayWaitedForPastTheGrace", testSilentLaggardPastGrace},
 		{"NoCoverageReportedReapsAsBefore", testNoCoverage},
 		{"Property", checkCoverageProperty},
 		{"CoalescedWriteHasTheGrace", testCoalescedWriteHasTheGrace},
@@ -253,6 +254,32 @@ func testSilentLaggard(t *testing.T, open GraceOpener) {
 	checkOffline(t, "reap once B is beyond the horizon", evs, d, gateway.ReasonExpired, dl)
 	if at := evs[0].At; at.Before(silent.Add(CoverHorizon)) || !at.Before(dl.Add(coverGrace)) {
 		t.Fatalf("offline at %v: want after B's horizon %v and before the end of the grace %v", at, silent.Add(CoverHorizon), dl.Add(coverGrace))
+	}
+}
+
+// A gateway cut from the store just before a device's deadline may hold
+// evidence of it (the device moved there) until its horizon ends, which
+// may be after the device's grace: the device is held until then, not
+// ended at the grace's end (the cut is shorter than lease + grace).
+func testSilentLaggardPastGrace(t *testing.T, open GraceOpener) {
+	e := newCoverEnv(t, open, 2)
+	d, dl := connectCovered(e)
+	e.clock.Set(dl.Add(-time.Second))
+	silent := e.now()
+	e.cover(0, gwB, 2*time.Second) // B's last call: its coverage stays before the deadline
+	e.clock.Set(dl.Add(coverGrace + 5*time.Second))
+	e.cover(0, gwA, 0)
+	var evs []gateway.Event
+	for range maxPages {
+		if evs = e.reap(0, 100).Offline; len(evs) > 0 || e.now().After(silent.Add(CoverHorizon+5*time.Second)) {
+			break
+		}
+		e.clock.Advance(CoverRecheck / 2)
+		e.cover(0, gwA, 0)
+	}
+	checkOffline(t, "reap once B is beyond the horizon", evs, d, gateway.ReasonExpired, dl)
+	if at := evs[0].At; !at.After(silent.Add(CoverHorizon)) {
+		t.Fatalf("offline at %v: want after B's horizon %v (past the grace's end %v)", at, silent.Add(CoverHorizon), dl.Add(coverGrace))
 	}
 }
 

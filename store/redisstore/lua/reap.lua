@@ -203,12 +203,17 @@ for k, dev in ipairs(devs) do
   -- older snapshot), and the gateways that hold its device restore it
   -- only once they have called here (ApplyResult.Reset)
   local from = math.max(truedl, nosince and now or since, incsince)
-  local ending = washeld and tonumber(old) >= from + grace
   local stale = truedl < incsince
   local rec, ver, gw, sid, reason = nil, nil, nil, nil, 'expired'
   local held = false
   if p and isonline(p) and (grace > 0 or washeld) then
     local g, own = waitfor(p, truedl)
+    -- the wait lasts the grace; for another gateway than the device's
+    -- own (it may have moved there, its evidence held up by that
+    -- gateway's outage), up to lease + grace: that gateway's horizon
+    local span = grace
+    if g and not own and not stale then span = math.max(grace, horizon) end
+    local ending = washeld and tonumber(old) >= from + span
     if (g or stale) and ending then
       -- the grace is over: the device goes, lost with its gateway when
       -- one of its own did not cover it
@@ -218,7 +223,7 @@ for k, dev in ipairs(devs) do
       -- while the gateway waited for is heard, to the end of the grace
       -- (or of another gateway's horizon) while it is not; a stale
       -- record to the end of the grace
-      local untildl = from + grace
+      local untildl = from + span
       if g and not stale then
         local gg = gateway(g)
         if gg.heard then
