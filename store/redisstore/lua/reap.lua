@@ -229,7 +229,10 @@ for k, dev in ipairs(devs) do
         if gg.heard then
           untildl = math.min(now + recheck, untildl)
         elseif not own then
+          -- to its horizon, looked at again each silence (it may be
+          -- heard again, and covered, before that)
           untildl = math.min(gg.at + horizon + 1, untildl)
+          if silence > 0 then untildl = math.min(now + silence, untildl) end
         end
       end
       zadd[#zadd + 1] = untildl
