@@ -66,9 +66,11 @@ type TableOptions struct {
 	// store records) without bound. Default DefaultMaxAnonymousDevices.
 	MaxAnonymousDevices int
 	// KeepLapsed is how long Sweep keeps a session it dropped, for
-	// Restorable: lease + presence.gateway_grace, the longest the store
-	// may take to write its offline (a restore after the store lost its
-	// state re-sends it). Zero keeps none.
+	// Restorable: at least the longest the store may take to write its
+	// offline (a restore after the store lost its state re-sends it);
+	// the gateway keeps 2 × (lease + presence.gateway_grace): a due device
+	// may wait up to lease + grace after the end of a store outage as long.
+	// Zero keeps none.
 	KeepLapsed time.Duration
 	// Clock is the table's time source. Default SystemClock.
 	Clock Clock

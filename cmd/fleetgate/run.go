@@ -141,7 +141,7 @@ func (g *gatewayProcess) run(ctx context.Context) (err error) {
 		Lease: cfg.Presence.Lease.Std(), RenewEvery: cfg.Presence.RenewEvery.Std(),
 		MaxSessions: cfg.Presence.MaxSessions, MaxSessionsPerDevice: cfg.Limits.MaxSessionsPerDevice,
 		MaxAnonymousDevices: cfg.Limits.AnonymousMaxDevices,
-		KeepLapsed:          cfg.Presence.Lease.Std() + cfg.Presence.GatewayGrace.Std(),
+		KeepLapsed:          2 * (cfg.Presence.Lease.Std() + cfg.Presence.GatewayGrace.Std()),
 		Clock:               gateway.SystemClock{},
 	})
 	reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
