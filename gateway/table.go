@@ -69,8 +69,8 @@ type TableOptions struct {
 	// Restorable: at least the longest the store may take to write its
 	// offline (a restore after the store lost its state re-sends it);
 	// the gateway keeps 2 × (lease + presence.gateway_grace): a due device
-	// may wait up to lease + grace after the end of a store outage as long.
-	// Zero keeps none.
+	// may wait lease + grace after the end of a store outage that itself
+	// lasted up to that. Zero keeps none.
 	KeepLapsed time.Duration
 	// Clock is the table's time source. Default SystemClock.
 	Clock Clock
