@@ -307,6 +307,11 @@ type Bounds struct {
 	// lags (the device may have moved there, its connect on the way) is
 	// judged by the reap once that gateway has covered it.
 	LeaveHeld Duration `json:"leave_held" yaml:"leave_held"`
+	// LeaveCut is Leave + lease + gateway_grace + runner.interval: a leave
+	// written while another gateway is cut from the store (the device may
+	// have moved there, its connect held up by the cut) waits until that
+	// gateway's horizon ends.
+	LeaveCut Duration `json:"leave_cut" yaml:"leave_cut"`
 	// HeartbeatMargin is lease − renew_every − flush_interval −
 	// 2 × heartbeat_interval: the slack left after one lost heartbeat.
 	// Validate refuses a negative margin (the flap rule).
@@ -337,6 +342,7 @@ func (c Config) Bounds() Bounds {
 		WorstCaseDetectionLostGateway: pr.Lease + pr.GatewayGrace + c.Runner.Interval,
 		Leave:                         3 * c.Uplink.FlushInterval,
 		LeaveHeld:                     3*c.Uplink.FlushInterval + wait + c.Runner.Interval,
+		LeaveCut:                      3*c.Uplink.FlushInterval + pr.Lease + pr.GatewayGrace + c.Runner.Interval,
 		HeartbeatMargin:               pr.Lease - pr.RenewEvery - c.Uplink.FlushInterval - heartbeatsInside*pr.HeartbeatInterval,
 	}
 }
@@ -356,6 +362,7 @@ func (b Bounds) String() string {
 		{"  of a lost gateway", b.WorstCaseDetectionLostGateway, "lease + gateway_grace + runner.interval, for devices of a gateway the store does not hear"},
 		{"offline after a leave", b.Leave, "3 x uplink.flush_interval (the leave grace, then a flush)"},
 		{"  a gateway lagging", b.LeaveHeld, "+ 3 x uplink.flush_interval (its coverage) + runner.interval"},
+		{"  a gateway cut", b.LeaveCut, "+ lease + gateway_grace + runner.interval (until its horizon ends)"},
 		{"heartbeat margin", b.HeartbeatMargin, "lease - renew_every - uplink.flush_interval - 2 x heartbeat_interval"},
 		{"longest device lease", b.MaxLease, "presence.max_lease (CoAP l=), lease when 0"},
 		{"  heartbeat asked", b.MaxLeaseHeartbeat, "its Max-Age: longest device lease - (lease - heartbeat_interval)"},

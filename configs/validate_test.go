@@ -167,6 +167,7 @@ func TestBounds(t *testing.T) {
 		WorstCaseDetectionLostGateway: sec(151),
 		Leave:                         sec(3),
 		LeaveHeld:                     sec(7),
+		LeaveCut:                      sec(154),
 		HeartbeatMargin:               sec(9),
 		MaxLease:                      sec(90),
 		MaxLeaseHeartbeat:             sec(30),
@@ -183,6 +184,7 @@ func TestBounds(t *testing.T) {
 		"  of a lost gateway      151s     lease + gateway_grace + runner.interval, for devices of a gateway the store does not hear\n" +
 		"offline after a leave    3s       3 x uplink.flush_interval (the leave grace, then a flush)\n" +
 		"  a gateway lagging      7s       + 3 x uplink.flush_interval (its coverage) + runner.interval\n" +
+		"  a gateway cut          154s     + lease + gateway_grace + runner.interval (until its horizon ends)\n" +
 		"heartbeat margin         9s       lease - renew_every - uplink.flush_interval - 2 x heartbeat_interval\n" +
 		"longest device lease     90s      presence.max_lease (CoAP l=), lease when 0\n" +
 		"  heartbeat asked        30s      its Max-Age: longest device lease - (lease - heartbeat_interval)\n" +

@@ -3,6 +3,7 @@ package embedded
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -132,11 +133,13 @@ func (w *writer) reap(k []byte) (trimmed, wait bool, err error) {
 		if err != nil {
 			return false, false, err
 		}
-		// the wait lasts the grace; for another gateway than the
-		// device's own (it may have moved there, its evidence held up by
-		// that gateway's outage), up to that gateway's horizon
+		// the wait lasts the grace; for a held leave (its session ends at
+		// the leave's time, not a lease after the last evidence) waiting
+		// for another gateway than the device's own (it may have moved
+		// there, its connect held up by that gateway's outage), up to
+		// that gateway's horizon
 		span := w.s.grace
-		if wait && !own {
+		if wait && !own && slices.ContainsFunc(e.rec.sessions, e.rec.leftAt) {
 			span = max(span, w.s.horizon)
 		}
 		if wait && w.now < ms+span {

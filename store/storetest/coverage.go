@@ -257,29 +257,33 @@ func testSilentLaggard(t *testing.T, open GraceOpener) {
 	}
 }
 
-// A gateway cut from the store just before a device's deadline may hold
-// evidence of it (the device moved there) until its horizon ends, which
-// may be after the device's grace: the device is held until then, not
-// ended at the grace's end (the cut is shorter than lease + grace).
+// A device's goodbye to one gateway, written while another gateway that
+// was cut from the store just before has not covered it (the device may
+// have moved there, its connect held up by the cut), is held until that
+// gateway's horizon ends, which may be after the grace counted from the
+// leave (the cut is shorter than lease + grace); then it is a leave.
 func testSilentLaggardPastGrace(t *testing.T, open GraceOpener) {
 	e := newCoverEnv(t, open, 2)
-	d, dl := connectCovered(e)
-	e.clock.Set(dl.Add(-time.Second))
+	d, _ := connectCovered(e)
+	e.clock.Advance(10 * time.Second)
 	silent := e.now()
-	e.cover(0, gwB, 2*time.Second) // B's last call: its coverage stays before the deadline
-	e.clock.Set(dl.Add(coverGrace + 5*time.Second))
-	e.cover(0, gwA, 0)
+	e.cover(0, gwB, 2*time.Second) // B's last call: its coverage stays before the leave
+	e.clock.Advance(time.Second)
+	left := e.now()
+	if res := e.apply(covering(batch(gwA, 1, wr(d, "s1", gateway.Leave, 0)), 0)); len(res.Events) != 0 {
+		t.Fatalf("leave with B cut and behind: %s, want it held", describeEvents(res.Events))
+	}
 	var evs []gateway.Event
 	for range maxPages {
+		e.clock.Advance(CoverRecheck / 2)
+		e.cover(0, gwA, 0)
 		if evs = e.reap(0, 100).Offline; len(evs) > 0 || e.now().After(silent.Add(CoverHorizon+5*time.Second)) {
 			break
 		}
-		e.clock.Advance(CoverRecheck / 2)
-		e.cover(0, gwA, 0)
 	}
-	checkOffline(t, "reap once B is beyond the horizon", evs, d, gateway.ReasonExpired, dl)
+	checkOffline(t, "reap once B is beyond the horizon", evs, d, gateway.ReasonLeave, left)
 	if at := evs[0].At; !at.After(silent.Add(CoverHorizon)) {
-		t.Fatalf("offline at %v: want after B's horizon %v (past the grace's end %v)", at, silent.Add(CoverHorizon), dl.Add(coverGrace))
+		t.Fatalf("offline at %v: want after B's horizon %v (past the grace after the leave, %v)", at, silent.Add(CoverHorizon), left.Add(coverGrace))
 	}
 }
 

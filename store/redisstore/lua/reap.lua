@@ -208,11 +208,18 @@ for k, dev in ipairs(devs) do
   local held = false
   if p and isonline(p) and (grace > 0 or washeld) then
     local g, own = waitfor(p, truedl)
-    -- the wait lasts the grace; for another gateway than the device's
-    -- own (it may have moved there, its evidence held up by that
-    -- gateway's outage), up to lease + grace: that gateway's horizon
+    -- the wait lasts the grace; for a held leave (its session ends at
+    -- the leave's time, not a lease after the last evidence) waiting for
+    -- another gateway than the device's own (it may have moved there, its
+    -- connect held up by that gateway's outage), up to lease + grace:
+    -- that gateway's horizon
     local span = grace
-    if g and not own and not stale then span = math.max(grace, horizon) end
+    if g and not own and not stale then
+      local r = decode(p, truedl)
+      for _, x in ipairs(r.sess) do
+        if leftat(r, x) then span = math.max(grace, horizon) break end
+      end
+    end
     local ending = washeld and tonumber(old) >= from + span
     if (g or stale) and ending then
       -- the grace is over: the device goes, lost with its gateway when
@@ -246,7 +253,9 @@ for k, dev in ipairs(devs) do
   truedl = string.format('%d', truedl)
   if p and not held then rec, ver, gw, sid = offline(p) end
   if not rec and not held then
-    local r = p and decode(p, tonumber(old))
+    -- (a held device's sessions count from its true deadline, not from
+    -- the index entry the hold moved)
+    local r = p and decode(p, washeld and tonumber(truedl) or tonumber(old))
     if not r or not r.on then
       orphans = orphans + 1
       zrem[#zrem + 1] = dev
