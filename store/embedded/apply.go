@@ -192,8 +192,23 @@ func (w *writer) apply(b *gateway.Batch, wr *gateway.Write) error {
 	// one that ran out bridges it: the device was never silent (a move
 	// whose new gateway wrote late), no offline
 	bridged := func(deadline int64) bool { return wr.Kind != gateway.Leave && d > w.now && obs <= deadline }
-	if _, err := w.dropExpired(wr.Device, e, late, true, gateway.ReasonExpired, bridged); err != nil {
+	// an expired session waits (the reap judges it) while its gateway's
+	// coverage, or that of another gateway heard within the horizon (the
+	// device may have moved there), has not reached its deadline
+	var holdErr error
+	hold := func(x session) bool {
+		if w.uncovered(x) {
+			return true
+		}
+		wait, err := w.awaited(b.Gateway, x.deadline)
+		holdErr = cmp.Or(holdErr, err)
+		return wait
+	}
+	if _, err := w.dropExpired(wr.Device, e, late, hold, gateway.ReasonExpired, bridged); err != nil {
 		return err
+	}
+	if holdErr != nil {
+		return holdErr
 	}
 	switch wr.Kind {
 	case gateway.Connect, gateway.Renew:

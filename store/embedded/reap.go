@@ -150,6 +150,6 @@ func (w *writer) reap(k []byte) (trimmed, wait bool, err error) {
 			reason = gateway.ReasonGatewayLost
 		}
 	}
-	trimmed, err = w.dropExpired(d, e, "", false, reason, nil)
+	trimmed, err = w.dropExpired(d, e, "", nil, reason, nil)
 	return trimmed, false, err
 }

@@ -156,12 +156,12 @@ func (w *writer) awaited(gw string, obs int64) (bool, error) {
 
 // dropExpired drops the sessions whose deadline is ≤ now, except keep
 // (a session late but valid evidence is about to extend; "" for none)
-// and, with wait, the uncovered ones; when that ends an online device's
+// and those hold says must wait (nil: none); when that ends an online device's
 // last session it writes the offline event, with reason (a leave when
 // that session ended with its leave), at the old deadline, unless
 // bridged (evidence observed by then is about to keep the device
 // online). It reports whether a session was left.
-func (w *writer) dropExpired(d gateway.DeviceID, e *entry, keep gateway.SessionID, wait bool, reason gateway.Reason, bridged func(deadline int64) bool) (bool, error) {
+func (w *writer) dropExpired(d gateway.DeviceID, e *entry, keep gateway.SessionID, hold func(session) bool, reason gateway.Reason, bridged func(deadline int64) bool) (bool, error) {
 	r := &e.rec
 	if len(r.sessions) == 0 {
 		return false, nil
@@ -174,7 +174,7 @@ func (w *writer) dropExpired(d gateway.DeviceID, e *entry, keep gateway.SessionI
 	}
 	kept := r.sessions[:0]
 	for _, x := range r.sessions {
-		if x.deadline > w.now || (keep != "" && x.id == keep) || (wait && w.uncovered(x)) {
+		if x.deadline > w.now || (keep != "" && x.id == keep) || (hold != nil && hold(x)) {
 			kept = append(kept, x)
 		}
 	}

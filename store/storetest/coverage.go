@@ -44,6 +44,7 @@ func RunCoverage(t *testing.T, open GraceOpener) {
 		{"Property", checkCoverageProperty},
 		{"CoalescedWriteHasTheGrace", testCoalescedWriteHasTheGrace},
 		{"LeaveWaitsForALaggingGateway", testLeaveWaitsForLaggard},
+		{"HeldLeaveOutlivesAWriteWhileAGatewayLags", testHeldLeaveOutlivesWrite},
 		{"HeldLeaveReapedAsALeave", testHeldLeaveReaped},
 		{"LateConnectBridgesAnExpiredSession", testLateConnectBridges},
 		{"LapsedRestoreIsReapedOnceCovered", testLapsedRestore},
@@ -363,6 +364,33 @@ func testLeaveWaitsForLaggard(t *testing.T, open GraceOpener) {
 	}
 	if got := e.device(d); got.State != gateway.Online || len(liveSessions(got.Sessions, e.now())) != 1 {
 		t.Fatalf("device %s: %+v, want online with B's session alone", d, got)
+	}
+}
+
+// A held leave is not ended by a later write of the device through the
+// same gateway (it came back there after a move) while another gateway
+// lags: the device may have been connected there in between, and the
+// reap, not the write, judges it; it trims the left session once that
+// gateway has covered it, with no event.
+func testHeldLeaveOutlivesWrite(t *testing.T, open GraceOpener) {
+	e := newCoverEnv(t, open, 2)
+	d, _ := connectCovered(e)
+	e.clock.Advance(2 * time.Second)
+	e.cover(0, gwB, 2*time.Second) // heard, covered up to the connect only
+	if res := e.apply(covering(batch(gwA, 1, wr(d, "s1", gateway.Leave, 0)), 0)); len(res.Events) != 0 {
+		t.Fatalf("leave of the last session while B lags: events %s, want none", describeEvents(res.Events))
+	}
+	e.clock.Advance(300 * time.Millisecond)
+	if res := e.apply(covering(batch(gwA, 1, wr(d, "s3", gateway.Connect, 0)), 0)); len(res.Events) != 0 {
+		t.Fatalf("A's connect 300 ms after the held leave, while B lags: events %s, want none", describeEvents(res.Events))
+	}
+	e.cover(0, gwB, 0)
+	e.cover(0, gwA, 0)
+	if evs := e.reapUntil(0, e.now().Add(lease/2), CoverRecheck); len(evs) != 0 {
+		t.Fatalf("reaps once B covered: %s, want none", describeEvents(evs))
+	}
+	if got := e.device(d); got.State != gateway.Online || len(liveSessions(got.Sessions, e.now())) != 1 {
+		t.Fatalf("device %s: %+v, want online with s3 alone", d, got)
 	}
 }
 

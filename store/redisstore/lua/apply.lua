@@ -345,7 +345,10 @@ local function general(dev, sid, kind, d, k, zk, wlease, wgrace)
     end
   end
   if r and r.on then
-    local gone = dropexpired(r, now, late, uncovered)
+    -- an expired session waits (the reap judges it) while its gateway's
+    -- coverage, or that of another gateway heard within the horizon (the
+    -- device may have moved there), has not reached its deadline
+    local gone = dropexpired(r, now, late, function(ss) return uncovered(ss) or awaited(ss.dl - sh) end)
     if gone then
       dirty[k] = true
       setz(k, maxdl(r))
