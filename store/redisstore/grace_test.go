@@ -344,3 +344,45 @@ func TestStaleSnapshotHeldForTheGrace(t *testing.T) {
 		}
 	}
 }
+
+// After a loss the gateways restore what they hold once they have
+// called; one may restore, with its passed deadline, the session of a
+// device that moved away from it (its offline may never have been
+// written), before the gateway the device moved to restores the live one.
+// Nothing is reaped during the grace after the incarnation begins: the
+// device restored by both is online with no offline.
+func TestNothingReapedInTheGraceAfterALoss(t *testing.T) {
+	srv := redistest.Start(t)
+	e := newGraceEnv(t, srv.Client(t))
+	if evs := e.apply(0, leased("gw-b", false, write("mover", "coap/main", gateway.Connect, 0))); len(evs) != 1 {
+		t.Fatalf("connect: %s", describe(evs))
+	}
+	// it moved to gw-a (same session); its session at gw-b ran out there
+	e.clock.Advance(testLease + time.Second)
+	if err := srv.Client(t).FlushAll(t.Context()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	lapsed := leased("gw-b", false, write("mover", "coap/main", gateway.Renew, testLease+time.Second))
+	lapsed.Restore = true
+	if evs := e.apply(0, lapsed); len(evs) != 0 {
+		t.Fatalf("gw-b's restore of the session that ran out: %s, want none", describe(evs))
+	}
+	if r := e.reap(0, 10); len(r.Offline) != 0 {
+		t.Fatalf("reap before gw-a's restore: %s, want none", describe(r.Offline))
+	}
+	e.clock.Advance(testGrace / 2)
+	live := leased("gw-a", false, write("mover", "coap/main", gateway.Renew, 0))
+	live.Restore = true
+	e.apply(0, live)
+	// past the grace after the loss, gw-a's renewals go on
+	e.clock.Advance(testLease - time.Second)
+	e.apply(0, leased("gw-a", false, write("mover", "coap/main", gateway.Renew, 0)))
+	e.clock.Advance(2 * time.Second)
+	e.apply(0, leased("gw-b", false))
+	if r := e.reap(0, 10); len(r.Offline) != 0 {
+		t.Fatalf("reap after gw-a's restore: %s, want none", describe(r.Offline))
+	}
+	if info := e.device("mover"); info.State != gateway.Online {
+		t.Fatalf("mover: %+v, want online", info)
+	}
+}

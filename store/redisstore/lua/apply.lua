@@ -72,7 +72,10 @@ local inc = incarnation(seen[3], redis.call('HGET', KEYS[2], INC), seen[4], now,
 -- or replaced since, and its renewals restore what it holds (as a
 -- restore batch does, gateway.Batch.Restore): the caller re-sends its
 -- other live sessions (ApplyResult.Reset).
-if ARGV[A_SEEN] ~= '' and ARGV[A_SEEN] ~= inc then restore = true end
+if ARGV[A_SEEN] ~= '' and ARGV[A_SEEN] ~= inc then
+  restore = true
+  redis.call('HSET', KEYS[4], LOSS, inc)
+end
 -- The gateway's liveness on this shard (record.lua, "Gateway liveness"):
 -- its coverage only moves forward (a call its caller gave up on may run
 -- after a later one).

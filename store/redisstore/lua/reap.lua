@@ -38,8 +38,11 @@ local recheck = tonumber(ARGV[R_RECHECK]) or 1000
 local horizon = tonumber(ARGV[R_HORIZON]) or 0
 local nowstr, nowpacked = string.format('%d', now), struct.pack('>I6', now)
 local rcall, evkey = redis.call, KEYS[3]
-local incs = rcall('HMGET', KEYS[4], INC, REPL)
+local incs = rcall('HMGET', KEYS[4], INC, REPL, LOSS)
 local inc = incarnation(incs[1], rcall('HGET', KEYS[2], INC), incs[2], now, ARGV[R_NOW] ~= '')
+-- fresh: this incarnation began with a loss (record.lua, LOSS) less than
+-- the grace ago, and the gateways may not have restored what they hold
+local fresh = incs[3] == inc and now < incsince + grace
 
 -- offline turns the record of a device whose only session ran out (the
 -- common due entry) into its offline record straight from the packed
@@ -203,7 +206,12 @@ for k, dev in ipairs(devs) do
   -- older snapshot), and the gateways that hold its device restore it
   -- only once they have called here (ApplyResult.Reset)
   local from = math.max(truedl, nosince and now or since, incsince)
-  local stale = truedl < incsince
+  -- stale: its deadline passed before this incarnation began (an older
+  -- state); or the incarnation began with a loss less than the grace ago
+  -- (fresh): the gateways may not have restored what they hold yet (a
+  -- device that moved may come back through another's restore of a
+  -- session that ran out)
+  local stale = truedl < incsince or fresh
   local rec, ver, gw, sid, reason = nil, nil, nil, nil, 'expired'
   local held = false
   if p and isonline(p) and (grace > 0 or washeld) then

@@ -74,6 +74,11 @@ local byte, char, sub, find = string.byte, string.char, string.sub, string.find
 -- may lack the last writes). incarnation() returns "<token>/<replid>" and
 -- sets incsince, the store time since which it holds.
 local INC, REPL = '~', '^'
+-- LOSS names the incarnation in which a caller reported having written
+-- to another one (apply's A_SEEN): this incarnation began with a loss or
+-- a replaced state, not with a new store, and the gateways are restoring
+-- what they hold (reap.lua holds every due device for the grace then).
+local LOSS = '~l'
 local incsince = 0
 --
 -- givenclock says that now is the caller's clock (Store Options.Now)
