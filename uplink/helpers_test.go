@@ -191,6 +191,18 @@ func redisStore(t *testing.T, srv *redistest.Server) func(*bolt.DB, *clocktest.C
 	}
 }
 
+// redisStoreOnClock is redisStore on the test clock, as the ages are.
+func redisStoreOnClock(t *testing.T, srv *redistest.Server) func(*bolt.DB, *clocktest.Clock) gateway.Store {
+	return func(_ *bolt.DB, c *clocktest.Clock) gateway.Store {
+		s, err := redisstore.Open(t.Context(), redisClient(t, srv.Addr), redisstore.Options{
+			Prefix: "up", Shards: testShards, Now: c.Now, Logger: testLogger(t)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+}
+
 func newEmbeddedUplink(t *testing.T, o Options) (*Uplink, *env) {
 	e := newEnv(t, o, OutboxOptions{}, embeddedStore(t))
 	return e.u, e

@@ -11,10 +11,7 @@ import (
 	"time"
 
 	"github.com/fleetgate/fleetgate/gateway"
-	"github.com/fleetgate/fleetgate/gateway/clocktest"
 	"github.com/fleetgate/fleetgate/internal/redistest"
-	"github.com/fleetgate/fleetgate/store/redisstore"
-	bolt "go.etcd.io/bbolt"
 )
 
 // TestOutageBuffersAndReplays hangs a real Redis with SIGSTOP: writes go
@@ -262,15 +259,7 @@ func TestRunFinalFlush(t *testing.T) {
 func TestReplayKeepsLapsedEvidenceForTheGrace(t *testing.T) {
 	srv := redistest.Start(t)
 	e := newEnv(t, Options{Lease: 10 * time.Second, Timeout: 300 * time.Millisecond, GatewayGrace: 20 * time.Second,
-		ProbeMin: 100 * time.Millisecond, ProbeMax: 100 * time.Millisecond}, OutboxOptions{},
-		func(_ *bolt.DB, c *clocktest.Clock) gateway.Store { // on the test clock, as the ages are
-			s, err := redisstore.Open(t.Context(), redisClient(t, srv.Addr), redisstore.Options{
-				Prefix: "up", Shards: testShards, Now: c.Now, Logger: testLogger(t)})
-			if err != nil {
-				t.Fatal(err)
-			}
-			return s
-		})
+		ProbeMin: 100 * time.Millisecond, ProbeMax: 100 * time.Millisecond}, OutboxOptions{}, redisStoreOnClock(t, srv))
 	u, ctx := e.u, context.Background()
 	e.run()
 	t0 := e.clock.Now()

@@ -13,7 +13,6 @@ import (
 	"github.com/fleetgate/fleetgate/gateway"
 	"github.com/fleetgate/fleetgate/gateway/clocktest"
 	"github.com/fleetgate/fleetgate/internal/redistest"
-	"github.com/fleetgate/fleetgate/store/redisstore"
 )
 
 // After Redis loses its data (FLUSHALL here; a restart without
@@ -23,7 +22,7 @@ import (
 // online a second time, and one that stopped just before the loss is
 // known again, so its offline still comes.
 func TestRestoreAfterStoreLostItsData(t *testing.T) {
-	srv, e, table := restoreEnv(t)
+	srv, e, table := restoreEnv(t, nil)
 	ctx := t.Context()
 	devs := []gateway.DeviceID{"keeps-1", "keeps-2", "stopped-1", "stopped-2", "stopped-3", "leaves"}
 	for _, d := range devs {
@@ -98,7 +97,7 @@ func TestRestoreAfterStoreLostItsData(t *testing.T) {
 // each of the testShards shards), counted by the same metrics as a
 // flush (store calls, batches, writes by kind).
 func TestRestoreIsOneCallPerRound(t *testing.T) {
-	srv, e, table := restoreEnv(t)
+	srv, e, table := restoreEnv(t, nil)
 	ctx := t.Context()
 	const perShard = 2
 	count := make([]int, testShards)
@@ -162,7 +161,7 @@ const restoreKeepLapsed = 40 * time.Second
 // or not, and the store's next reap writes its offline. A session that
 // ran out longer than lease + grace before is not re-sent.
 func TestRestoreEndsSessionsThatRanOut(t *testing.T) {
-	srv, e, table := restoreEnv(t)
+	srv, e, table := restoreEnv(t, nil)
 	ctx := t.Context()
 	observe := func(devs ...gateway.DeviceID) {
 		t.Helper()
@@ -218,17 +217,18 @@ func TestRestoreEndsSessionsThatRanOut(t *testing.T) {
 }
 
 // restoreEnv is an uplink on a fresh redis-server (on the test clock, as
-// the ages are) with a session table whose sessions it restores.
-func restoreEnv(t *testing.T) (*redistest.Server, *env, *gateway.Table) {
+// the ages are), wrapped by wrap unless nil, with a session table whose
+// sessions it restores.
+func restoreEnv(t *testing.T, wrap func(gateway.Store) gateway.Store) (*redistest.Server, *env, *gateway.Table) {
 	srv := redistest.Start(t)
 	var table *gateway.Table
+	open := redisStoreOnClock(t, srv)
 	e := newEnv(t, Options{Lease: 30 * time.Second, FlushInterval: time.Second, KeepAlive: time.Second,
 		Sessions: func(fn func(gateway.SessionView) bool) { table.Restorable(fn) }}, OutboxOptions{},
-		func(_ *bolt.DB, c *clocktest.Clock) gateway.Store {
-			s, err := redisstore.Open(t.Context(), redisClient(t, srv.Addr), redisstore.Options{
-				Prefix: "up", Shards: testShards, Now: c.Now, Logger: testLogger(t)})
-			if err != nil {
-				t.Fatal(err)
+		func(db *bolt.DB, c *clocktest.Clock) gateway.Store {
+			s := open(db, c)
+			if wrap != nil {
+				s = wrap(s)
 			}
 			return s
 		})
@@ -242,21 +242,11 @@ func restoreEnv(t *testing.T) (*redistest.Server, *env, *gateway.Table) {
 // again with the next call its shard answers: a device that stopped
 // before the loss would otherwise never get its offline.
 func TestRestoreRetriedAfterItFailed(t *testing.T) {
-	srv := redistest.Start(t)
-	var table *gateway.Table
 	var st *failFirstRestore
-	e := newEnv(t, Options{Lease: 30 * time.Second, FlushInterval: time.Second, KeepAlive: time.Second,
-		Sessions: func(fn func(gateway.SessionView) bool) { table.Restorable(fn) }}, OutboxOptions{},
-		func(_ *bolt.DB, c *clocktest.Clock) gateway.Store {
-			s, err := redisstore.Open(t.Context(), redisClient(t, srv.Addr), redisstore.Options{
-				Prefix: "up", Shards: testShards, Now: c.Now, Logger: testLogger(t)})
-			if err != nil {
-				t.Fatal(err)
-			}
-			st = &failFirstRestore{Store: s}
-			return st
-		})
-	table = gateway.NewTable(e.u, gateway.TableOptions{Lease: 30 * time.Second, RenewEvery: 5 * time.Second, Clock: e.clock})
+	srv, e, table := restoreEnv(t, func(s gateway.Store) gateway.Store {
+		st = &failFirstRestore{Store: s}
+		return st
+	})
 	ctx := t.Context()
 	if err := table.Observe(ctx, gateway.Evidence{Device: "stopped", Session: "coap/default", Kind: gateway.Renew, ObservedAt: e.clock.Now()}); err != nil {
 		t.Fatal(err)
