@@ -273,14 +273,14 @@ func (s *Store) applyArgs(ctx context.Context, shard int, b gateway.Batch, bel *
 	if b.Behind {
 		behind = "1"
 	}
-	// The grace of late evidence: every write of a replay, else the
-	// coalesced writes (one byte per write in batch order, 1 for a
-	// coalesced one; "" for none).
-	replayGrace, graced := int64(0), ""
+	// The gateway grace, and the writes late evidence gets it for: every
+	// write of a replay (""), else the coalesced writes (one byte per
+	// write in batch order, 1 for a coalesced one), else none ("-").
+	replayGrace, graced := s.grace, "-"
 	if b.Replay {
-		replayGrace = s.grace
+		graced = ""
 	} else if slices.ContainsFunc(b.Writes, func(w gateway.Write) bool { return w.Coalesced }) {
-		replayGrace, graced = s.grace, gracedWrites(b.Writes)
+		graced = gracedWrites(b.Writes)
 	}
 	// The header, in the order of apply.lua's A_ positions.
 	args = append(args,

@@ -386,3 +386,37 @@ func TestNothingReapedInTheGraceAfterALoss(t *testing.T) {
 		t.Fatalf("mover: %+v, want online", info)
 	}
 }
+
+// A goodbye written in the grace after a loss is held, not written as an
+// offline: the gateway the device moved to may not have called since the
+// loss (the store lost the liveness records that would say it lags).
+func TestLeaveHeldInTheGraceAfterALoss(t *testing.T) {
+	srv := redistest.Start(t)
+	e := newGraceEnv(t, srv.Client(t))
+	e.apply(0, leased("gw-a", false, write("mover", "mqtt/a", gateway.Connect, 0)))
+	e.apply(0, leased("gw-b", false))
+	if err := srv.Client(t).FlushAll(t.Context()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	e.clock.Advance(time.Second)
+	restore := leased("gw-a", false, write("mover", "mqtt/a", gateway.Renew, 0))
+	restore.Restore = true
+	e.apply(0, restore)
+	// it moved to gw-b (whose connect is on its way) and said goodbye here
+	if evs := e.apply(0, leased("gw-a", false, write("mover", "mqtt/a", gateway.Leave, 0))); len(evs) != 0 {
+		t.Fatalf("goodbye in the grace after the loss: %s, want it held", describe(evs))
+	}
+	e.clock.Advance(time.Second)
+	if evs := e.apply(0, leased("gw-b", false, write("mover", "mqtt/b", gateway.Connect, 1500*time.Millisecond))); len(evs) != 0 {
+		t.Fatalf("gw-b's connect, observed before the goodbye: %s, want none", describe(evs))
+	}
+	e.clock.Advance(testGrace)
+	e.apply(0, leased("gw-a", false))
+	e.apply(0, leased("gw-b", false, write("mover", "mqtt/b", gateway.Renew, 0)))
+	if r := e.reap(0, 10); len(r.Offline) != 0 {
+		t.Fatalf("reap after the grace: %s, want none", describe(r.Offline))
+	}
+	if info := e.device("mover"); info.State != gateway.Online {
+		t.Fatalf("mover: %+v, want online", info)
+	}
+}

@@ -11,16 +11,18 @@
 --   whether the gateway is behind (1: its outbox still holds writes),
 --   the store time after which the call is stale ("" for none: a call the
 --   caller gave up on may still run when a paused server resumes, with
---   ages that are no longer true; it then does nothing), the grace ms of
---   a replay or of a batch with coalesced writes (below; 0 otherwise), the store time the oldest belief the
+--   ages that are no longer true; it then does nothing), the gateway
+--   grace ms (late evidence of the writes below may be that late; and the
+--   grace after a loss, LOSS), the store time the oldest belief the
 --   believed renewals stand on was learned at ("" when F is 0; beliefs
 --   older than BELIEF_TTL on the store clock are not used: the reap keeps
 --   invalidations for an hour on the same clock), the incarnation of the
 --   caller's last successful call ("" for none: a new process, or a
 --   caller without beliefs), the store time of the gateway's coverage
 --   (gateway.Batch.Covers; "" for none), the writes the grace applies
---   to ("" for every write; else one byte per write in batch order, "1"
---   for a coalesced write: gateway.Write.Coalesced), the gateway horizon
+--   to ("" for every write: a replay; "-" for none; else one byte per
+--   write in batch order, "1" for a coalesced write:
+--   gateway.Write.Coalesced), the gateway horizon
 --   ms (how long after its last call another gateway's coverage holds a
 --   leave back, below; 0: none),
 --   then from A_WRITES the other writes, W_ARGS arguments each: device,
@@ -188,7 +190,7 @@ if nslow == 0 then return {1, inc, status, now} end
 -- A_GRACED).
 local gdev, gsid, gkind, gage, glease, ggrace = {}, {}, {}, {}, {}, {}
 local function gracefor(p)
-  if graced == '' or byte(graced, p) == GRACED then return replaygrace end
+  if graced == '' or (graced ~= '-' and byte(graced, p) == GRACED) then return replaygrace end
   return 0
 end
 local fastsids
@@ -293,7 +295,13 @@ end
 -- session leaves at obs may have moved to it, its connect still on the
 -- way (record.lua, "Gateway liveness"). Read once per call.
 local lagging
+-- fresh: the incarnation began with a loss less than the grace ago
+-- (record.lua, LOSS): the gateways that lost their liveness records with
+-- it may not have called yet, so any of them may lag (as the reap holds
+-- every due device then).
+local fresh = redis.call('HGET', KEYS[4], LOSS) == inc and now < incsince + replaygrace
 local function awaited(obs)
+  if fresh then return true end
   if horizon <= 0 then return false end
   if lagging == nil then
     lagging = false
