@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/fleetgate/fleetgate/gateway"
+	"github.com/fleetgate/fleetgate/uplink"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -183,11 +184,20 @@ type expectations struct {
 	// outbox is durable (invariant 8, docs/design.md §7). The false-offline check
 	// does not count on such evidence.
 	kills []time.Time
+	// outageKills are the kills of a gateway whose store calls were
+	// failing or hanging then: its evidence waits in memory for a call to
+	// time out (uplink.DefaultTimeout) before it goes to the outbox, so a
+	// kill may lose that much more (outageLossWindow).
+	outageKills []time.Time
 }
 
 // lossWindow is how long before a kill -9 acknowledged evidence may not
 // have reached the outbox yet: a flush interval and the flush's own time.
 func (x expectations) lossWindow() time.Duration { return x.tm.flush + 100*time.Millisecond }
+
+// outageLossWindow is lossWindow for a kill during a store outage: a
+// store call's timeout more.
+func (x expectations) outageLossWindow() time.Duration { return uplink.DefaultTimeout + x.lossWindow() }
 
 // lastKept is the newest of ts before at that no kill may have lost.
 func (x expectations) lastKept(ts []time.Time, at time.Time) (time.Time, bool) {
@@ -203,7 +213,8 @@ func (x expectations) lastKept(ts []time.Time, at time.Time) (time.Time, bool) {
 // mayBeLost: evidence acknowledged at s may have died in a killed
 // gateway's queue.
 func (x expectations) mayBeLost(s time.Time) bool {
-	return slices.ContainsFunc(x.kills, func(k time.Time) bool { return !s.After(k) && k.Sub(s) <= x.lossWindow() })
+	return slices.ContainsFunc(x.kills, func(k time.Time) bool { return !s.After(k) && k.Sub(s) <= x.lossWindow() }) ||
+		slices.ContainsFunc(x.outageKills, func(k time.Time) bool { return !s.After(k) && k.Sub(s) <= x.outageLossWindow() })
 }
 
 // result is one scenario's figures (the columns of docs/reliability.md).

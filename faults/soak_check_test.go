@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/fleetgate/fleetgate/gateway"
+	"github.com/fleetgate/fleetgate/uplink"
 )
 
 // soakTruth is what the soak's devices did, recorded as they do it and
@@ -187,11 +188,14 @@ type boundary struct {
 
 // faultLog is the nemesis's record, shared with the checker.
 type faultLog struct {
-	mu         sync.Mutex
-	t0         time.Time
-	runs       []*faultRun
-	kills      []time.Time
-	boundaries []boundary
+	mu    sync.Mutex
+	t0    time.Time
+	runs  []*faultRun
+	kills []time.Time
+	// outageKills are the kills during a store outage of that gateway
+	// (expectations.outageKills).
+	outageKills []time.Time
+	boundaries  []boundary
 }
 
 func (fl *faultLog) begin(f *faultRun) {
@@ -201,6 +205,14 @@ func (fl *faultLog) begin(f *faultRun) {
 	fl.runs = append(fl.runs, f)
 	if f.kind == gwKill {
 		fl.kills = append(fl.kills, f.start)
+		// killed while its store calls failed or hung (or had, a call's
+		// timeout ago): it may lose more (outageLossWindow)
+		for _, r := range fl.runs {
+			if r != f && r.touches(f.gw) && (r.end.IsZero() || f.start.Sub(r.end) <= uplink.DefaultTimeout) {
+				fl.outageKills = append(fl.outageKills, f.start)
+				break
+			}
+		}
 	}
 }
 
@@ -309,7 +321,9 @@ func (c *soakChecker) window(cutoff time.Time) {
 	c.res.Heartbeats = c.truth.heartbeats
 }
 
-func (c *soakChecker) x() expectations { return expectations{tm: c.tm, kills: c.faults.kills} }
+func (c *soakChecker) x() expectations {
+	return expectations{tm: c.tm, kills: c.faults.kills, outageKills: c.faults.outageKills}
+}
 
 // violation counts one broken invariant and, for the first few of each
 // kind, prints it at once with the device's truth and events around it
