@@ -345,11 +345,6 @@ local function general(dev, sid, kind, d, k, zk, wlease, wgrace)
   -- sh is how far a hold moved the device's index entry, so its
   -- sessions' decoded deadlines (record.lua, "Held devices")
   local sh = shift[k] or 0
-  -- stale: online since before this incarnation began, only by sessions
-  -- that ran out before it (a replaced state: consumers may have seen its
-  -- offline since, in the history that was lost); the online event it
-  -- gets (below) makes it current
-  local stale = r and r.on and r.since < incsince and maxdl(r) and maxdl(r) - sh < incsince
   if r and kind ~= KIND_LEAVE then
     for _, x in ipairs(r.sess) do
       if x.sid == sid and x.dl - sh <= now and (restore or obs <= x.dl - sh + wgrace) then late = x break end
@@ -437,9 +432,7 @@ local function general(dev, sid, kind, d, k, zk, wlease, wgrace)
       -- a restore of a record the store lost: online, no event, a ver
       -- above the lost ones for the next (gateway.Batch.Restore)
       r.on, r.ver, r.since, dirty[k] = true, now, now, true
-    elseif not r.on or stale then
-      -- online, or online again after a stale record (above): the same
-      -- state twice across the incarnation at worst
+    elseif not r.on then
       r.on, r.ver, r.since, dirty[k] = true, nextver(r, now), now, true
       local reason = 'renew'
       if replay then reason = 'replay' elseif kind == KIND_CONNECT then reason = 'connect' end
