@@ -76,7 +76,13 @@ local inc = incarnation(seen[3], redis.call('HGET', KEYS[2], INC), seen[4], now,
 -- other live sessions (ApplyResult.Reset).
 if ARGV[A_SEEN] ~= '' and ARGV[A_SEEN] ~= inc then
   restore = true
-  redis.call('HSET', KEYS[4], LOSS, inc)
+  -- a new token: the state was lost (a restart without persistence,
+  -- FLUSHALL), the gateways' liveness records with it (record.lua, LOSS);
+  -- a new replication ID alone (a failover, a slot migration, a restart
+  -- from a snapshot) keeps them
+  if string.match(ARGV[A_SEEN], '^[^/]*') ~= string.match(inc, '^[^/]*') then
+    redis.call('HSET', KEYS[4], LOSS, inc)
+  end
 end
 -- The gateway's liveness on this shard (record.lua, "Gateway liveness"):
 -- its coverage only moves forward (a call its caller gave up on may run

@@ -200,18 +200,15 @@ for k, dev in ipairs(devs) do
   end
   -- the grace counts from the deadline, or from the end of the caller's
   -- last outage when that is later: the gateways replay once the store
-  -- answers (as a gateway's loss counts, above); or from the start of
-  -- this incarnation: a record whose deadline passed before it comes
-  -- from a state that was replaced (a failover, a restart that loaded an
-  -- older snapshot), and the gateways that hold its device restore it
-  -- only once they have called here (ApplyResult.Reset)
-  local from = math.max(truedl, nosince and now or since, incsince)
-  -- stale: its deadline passed before this incarnation began (an older
-  -- state); or the incarnation began with a loss less than the grace ago
-  -- (fresh): the gateways may not have restored what they hold yet (a
-  -- device that moved may come back through another's restore of a
-  -- session that ran out)
-  local stale = truedl < incsince or fresh
+  -- answers (as a gateway's loss counts, above); in an incarnation that
+  -- began with a loss less than the grace ago (fresh), every due device
+  -- is held (stale) to the grace's end counted from its start: the
+  -- gateways may not have restored what they hold yet (a device that
+  -- moved may come back through another's restore of a session that ran
+  -- out there), and the loss took their liveness records
+  local from = math.max(truedl, nosince and now or since)
+  if fresh then from = math.max(from, incsince) end
+  local stale = fresh
   local rec, ver, gw, sid, reason = nil, nil, nil, nil, 'expired'
   local held = false
   if p and isonline(p) and (grace > 0 or washeld) then
