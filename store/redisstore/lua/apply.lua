@@ -304,9 +304,13 @@ local lagging
 -- fresh: the incarnation began with a loss less than the grace ago
 -- (record.lua, LOSS): the gateways that lost their liveness records with
 -- it may not have called yet, so any of them may lag (as the reap holds
--- every due device then).
-local fresh = redis.call('HGET', KEYS[4], LOSS) == inc and now < incsince + replaygrace
+-- every due device then). Read at the first awaited of the call, off the
+-- renewals' path.
+local fresh
 local function awaited(obs)
+  if fresh == nil then
+    fresh = now < incsince + replaygrace and redis.call('HGET', KEYS[4], LOSS) == inc
+  end
   if fresh then return true end
   if horizon <= 0 then return false end
   if lagging == nil then

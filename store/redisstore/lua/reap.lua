@@ -202,13 +202,12 @@ for k, dev in ipairs(devs) do
   -- last outage when that is later: the gateways replay once the store
   -- answers (as a gateway's loss counts, above); in an incarnation that
   -- began with a loss less than the grace ago (fresh), every due device
-  -- is held (stale) to the grace's end counted from its start: the
+  -- is held to the grace's end counted from its start: the
   -- gateways may not have restored what they hold yet (a device that
   -- moved may come back through another's restore of a session that ran
   -- out there), and the loss took their liveness records
   local from = math.max(truedl, nosince and now or since)
   if fresh then from = math.max(from, incsince) end
-  local stale = fresh
   local rec, ver, gw, sid, reason = nil, nil, nil, nil, 'expired'
   local held = false
   if p and isonline(p) and (grace > 0 or washeld) then
@@ -219,24 +218,24 @@ for k, dev in ipairs(devs) do
     -- connect held up by that gateway's outage), up to lease + grace:
     -- that gateway's horizon
     local span = grace
-    if g and not own and not stale then
+    if g and not own and not fresh then
       local r = decode(p, truedl)
       for _, x in ipairs(r.sess) do
         if leftat(r, x) then span = math.max(grace, horizon) break end
       end
     end
     local ending = washeld and tonumber(old) >= from + span
-    if (g or stale) and ending then
+    if (g or fresh) and ending then
       -- the grace is over: the device goes, lost with its gateway when
       -- one of its own did not cover it
       if own then reason = 'gateway_lost' end
-    elseif g or stale then
+    elseif g or fresh then
       -- hold: the index entry moves, the record stays; to a recheck
       -- while the gateway waited for is heard, to the end of the grace
-      -- (or of another gateway's horizon) while it is not; a stale
-      -- record to the end of the grace
+      -- (or of another gateway's horizon) while it is not; in a fresh
+      -- incarnation to the end of the grace
       local untildl = from + span
-      if g and not stale then
+      if g and not fresh then
         local gg = gateway(g)
         if gg.heard then
           untildl = math.min(now + recheck, untildl)

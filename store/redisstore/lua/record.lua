@@ -75,9 +75,10 @@ local byte, char, sub, find = string.byte, string.char, string.sub, string.find
 -- sets incsince, the store time since which it holds.
 local INC, REPL = '~', '^'
 -- LOSS names the incarnation in which a caller reported having written
--- to another one (apply's A_SEEN): this incarnation began with a loss or
--- a replaced state, not with a new store, and the gateways are restoring
--- what they hold (reap.lua holds every due device for the grace then).
+-- to one with another token (apply's A_SEEN): this incarnation began
+-- with a loss of the state (a restart without persistence, FLUSHALL),
+-- not with a new store, and the gateways are restoring what they hold
+-- (reap.lua holds every due device for the grace then).
 local LOSS = '~l'
 local incsince = 0
 --
