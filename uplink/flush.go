@@ -143,7 +143,8 @@ const (
 // batch of an older process of this gateway would still be accepted
 // there (invariant 3). Every batch says whether the outbox still holds
 // writes of its shard (Behind) and up to when this gateway's evidence of
-// its shard is written (Covers, cover.go).
+// its shard is written (Covers, cover.go), except while the shard is
+// being restored.
 //
 // A shard whose state the store lost or replaced (ApplyResult.Reset)
 // gets its sessions restored (restoreShards) unless the call was itself
@@ -172,6 +173,11 @@ func (u *Uplink) write(ctx context.Context, t timing, kind writeKind, ws []shard
 		return nil
 	}
 	for i := range batches {
+		// a shard being restored is covered by nothing this process
+		// wrote before: the store's state does not hold it
+		if u.restoreDue[batches[i].Shard] {
+			continue
+		}
 		b := &batches[i].Batch
 		b.Covers, b.CoverAge = true, now.Sub(u.coverage(batches[i].Shard, now, t.interval))
 	}

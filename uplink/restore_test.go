@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -240,7 +241,8 @@ func restoreEnv(t *testing.T, wrap func(gateway.Store) gateway.Store) (*redistes
 // A restore that fails (here the store refuses it once, as a call that
 // times out or whose replicas do not acknowledge it would) is tried
 // again with the next call its shard answers: a device that stopped
-// before the loss would otherwise never get its offline.
+// before the loss would otherwise never get its offline. Until it has
+// gone through, the gateway reports no coverage of that shard.
 func TestRestoreRetriedAfterItFailed(t *testing.T) {
 	var st *failFirstRestore
 	srv, e, table := restoreEnv(t, func(s gateway.Store) gateway.Store {
@@ -266,29 +268,84 @@ func TestRestoreRetriedAfterItFailed(t *testing.T) {
 	if info, err := e.store.Device(ctx, "stopped"); err != nil || info.State != gateway.Online {
 		t.Fatalf("stopped after the restore: %+v, %v; want online again (its offline to come)", info, err)
 	}
+	// no coverage until the restore went through (the reap would count
+	// it against sessions the store does not have yet), then again
+	waitFor(t, "coverage after the restore", 20*time.Second, func() { e.clock.Advance(100 * time.Millisecond) },
+		func() bool { _, after := st.coverageWhileRestoring(); return after })
+	if during, _ := st.coverageWhileRestoring(); during != 0 {
+		t.Fatalf("%d calls reported coverage while the restore was due", during)
+	}
 }
 
 // failFirstRestore is a store that refuses the first call carrying a
-// restore batch.
+// restore batch, and logs every batch.
 type failFirstRestore struct {
 	gateway.Store
 	restores atomic.Int32
+	mu       sync.Mutex
+	batches  []restoreBatch
+}
+
+// restoreBatch is what failFirstRestore logs of a batch: its shard,
+// whether it was a restore, whether it reported coverage, whether it was
+// applied, and whether the store said the shard's state was replaced.
+type restoreBatch struct {
+	shard                      int
+	restore, covers, ok, reset bool
 }
 
 var _ gateway.Store = (*failFirstRestore)(nil)
 
 func (f *failFirstRestore) ApplyShards(ctx context.Context, batches []gateway.ShardBatch) []gateway.ShardResult {
-	for _, sb := range batches {
-		if sb.Batch.Restore {
-			if f.restores.Add(1) == 1 {
-				out := make([]gateway.ShardResult, len(batches))
-				for i := range out {
-					out[i].Err = gateway.ErrUnavailable
-				}
-				return out
-			}
+	restore := slices.ContainsFunc(batches, func(sb gateway.ShardBatch) bool { return sb.Batch.Restore })
+	var out []gateway.ShardResult
+	if restore && f.restores.Add(1) == 1 {
+		out = make([]gateway.ShardResult, len(batches))
+		for i := range out {
+			out[i].Err = gateway.ErrUnavailable
+		}
+	} else {
+		out = f.Store.ApplyShards(ctx, batches)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for i, sb := range batches {
+		ok := i < len(out) && out[i].Err == nil
+		f.batches = append(f.batches, restoreBatch{shard: sb.Shard, restore: sb.Batch.Restore, covers: sb.Batch.Covers,
+			ok: ok, reset: ok && out[i].Result.Reset})
+	}
+	return out
+}
+
+// coverageWhileRestoring returns the batches of the first shard
+// restored, from the first that found its state replaced to its restore
+// that went through, that
+// reported coverage (the store does not hold what that coverage stands
+// for), and whether a batch of that shard after the restore did.
+func (f *failFirstRestore) coverageWhileRestoring() (during int, after bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	shard := -1
+	for _, b := range f.batches {
+		if b.restore {
+			shard = b.shard
 			break
 		}
 	}
-	return f.Store.ApplyShards(ctx, batches)
+	restoring, restored := false, false
+	for _, b := range f.batches {
+		switch {
+		case b.shard != shard:
+		case !restoring:
+			restoring = b.reset
+		case restored:
+			after = after || b.covers
+		default:
+			if b.covers {
+				during++
+			}
+			restored = b.restore && b.ok
+		}
+	}
+	return during, after
 }

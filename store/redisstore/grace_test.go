@@ -389,3 +389,81 @@ func TestLeaveHeldInTheGraceAfterALoss(t *testing.T) {
 		t.Fatalf("mover: %+v, want online", info)
 	}
 }
+
+// A restart that loads an older snapshot brings back sessions whose
+// deadlines passed long ago, under liveness records from before the
+// restart. What a gateway wrote before the new incarnation is not in it
+// until its restore is: the reap neither counts a record from before the
+// incarnation as a gateway's silence nor a call that last wrote to
+// another incarnation as its coverage, so the device the gateway keeps
+// alive is not reported offline, and one that stopped is, once the
+// gateway's restore has gone through and it reports coverage again.
+func TestReplacedStateWaitsForTheRestore(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client(t)
+	clock := clocktest.New(time.UnixMilli(startMs))
+	prefix := uniquePrefix()
+	open := func() *Store {
+		s, err := Open(t.Context(), c, Options{Prefix: prefix, Shards: 1, Now: clock.Now,
+			GatewayGrace: testGrace, GatewaySilence: testSilence, GatewayLost: testLease})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		return s
+	}
+	// gw-a's own store (its beliefs know the incarnation it wrote to) and
+	// the runner's
+	gwa := &env{t: t, ctx: t.Context(), c: c, clock: clock, store: open()}
+	runner := &env{t: t, ctx: t.Context(), c: c, clock: clock, store: open()}
+	covered := func(b gateway.Batch) gateway.Batch {
+		b.Covers = true
+		return b
+	}
+	if evs := gwa.apply(0, covered(leased("gw-a", false,
+		write("keeper", "coap/default", gateway.Connect, 0),
+		write("quitter", "coap/default", gateway.Connect, 0)))); len(evs) != 2 {
+		t.Fatalf("connects: %s", describe(evs))
+	}
+	if err := c.Save(t.Context()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	// keeper goes on (its renewals are lost with the restart), quitter stops
+	for range 6 {
+		clock.Advance(testLease / 2)
+		gwa.apply(0, covered(leased("gw-a", false, write("keeper", "coap/default", gateway.Renew, 0))))
+	}
+	srv.Restart()
+	clock.Advance(time.Second)
+	for i := range 2 {
+		if r := runner.reap(0, 10); len(r.Offline) != 0 {
+			t.Fatalf("reap %d after the restart, before gw-a called: %s, want none", i, describe(r.Offline))
+		}
+	}
+	// gw-a's first call finds the new incarnation; its coverage there
+	// counts for nothing until its restore
+	res, err := gwa.store.Apply(t.Context(), 0, covered(leased("gw-a", false, write("keeper", "coap/default", gateway.Renew, 0))))
+	if err != nil || !res.Reset {
+		t.Fatalf("gw-a's first call after the restart: %+v, %v; want a reset", res, err)
+	}
+	clock.Advance(2 * time.Second)
+	for i := range 2 {
+		if r := runner.reap(0, 10); len(r.Offline) != 0 {
+			t.Fatalf("reap %d before gw-a's restore: %s, want none", i, describe(r.Offline))
+		}
+	}
+	restore := leased("gw-a", false, write("keeper", "coap/default", gateway.Renew, 0))
+	restore.Restore = true
+	if evs := gwa.apply(0, restore); len(evs) != 0 {
+		t.Fatalf("gw-a's restore: %s, want none", describe(evs))
+	}
+	gwa.apply(0, covered(leased("gw-a", false)))
+	clock.Advance(2 * time.Second)
+	r := runner.reap(0, 10)
+	if len(r.Offline) != 1 || r.Offline[0].Device != "quitter" || r.Offline[0].Reason != gateway.ReasonExpired {
+		t.Fatalf("reap after gw-a's restore: %s, want quitter expired", describe(r.Offline))
+	}
+	if info := runner.device("keeper"); info.State != gateway.Online {
+		t.Fatalf("keeper: %+v, want online", info)
+	}
+}

@@ -74,7 +74,8 @@ local inc = incarnation(seen[3], redis.call('HGET', KEYS[2], INC), seen[4], now,
 -- or replaced since, and its renewals restore what it holds (as a
 -- restore batch does, gateway.Batch.Restore): the caller re-sends its
 -- other live sessions (ApplyResult.Reset).
-if ARGV[A_SEEN] ~= '' and ARGV[A_SEEN] ~= inc then
+local unrestored = ARGV[A_SEEN] ~= '' and ARGV[A_SEEN] ~= inc
+if unrestored then
   restore = true
   -- a new token: the state was lost (a restart without persistence,
   -- FLUSHALL), the gateways' liveness records with it (record.lua, LOSS);
@@ -86,10 +87,16 @@ if ARGV[A_SEEN] ~= '' and ARGV[A_SEEN] ~= inc then
 end
 -- The gateway's liveness on this shard (record.lua, "Gateway liveness"):
 -- its coverage only moves forward (a call its caller gave up on may run
--- after a later one).
+-- after a later one), except that a call that last wrote to another
+-- incarnation covers nothing in this one: what it wrote there is not
+-- here until its restore is (the gateway reports no coverage until then).
 local _, _, covered = liveness(gwref)
 local cov = tonumber(ARGV[A_COVERED])
-if cov and (not covered or cov > covered) then covered = cov end
+if unrestored then
+  covered = 0
+elseif cov and (not covered or cov > covered) then
+  covered = cov
+end
 if covered then
   redis.call('HSET', KEYS[4], LIVE .. gwref, nowstr .. ' ' .. ARGV[A_BEHIND] .. ' ' .. string.format('%d', covered))
 else

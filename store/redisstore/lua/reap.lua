@@ -133,7 +133,7 @@ local function gateway(ref)
   if not g then
     local at, behind, cov = liveness(ref)
     g = {at = at, heard = at ~= nil and at >= since and now - at <= silence, recent = at ~= nil and now - at <= horizon,
-      behind = behind, cov = cov}
+      behind = behind, cov = cov, before = at ~= nil and at < incsince}
     gws[ref] = g
   end
   return g
@@ -212,6 +212,10 @@ for k, dev in ipairs(devs) do
   local held = false
   if p and isonline(p) and (grace > 0 or washeld) then
     local g, own = waitfor(p, truedl)
+    -- a gateway not heard since before this incarnation (a replaced
+    -- state, whose records may hold deadlines long passed) gets its grace
+    -- counted from the incarnation's start, as from the end of an outage
+    if g and gateway(g).before then from = math.max(from, incsince) end
     -- the wait lasts the grace; for a held leave (its session ends at
     -- the leave's time, not a lease after the last evidence) waiting for
     -- another gateway than the device's own (it may have moved there, its
@@ -239,6 +243,10 @@ for k, dev in ipairs(devs) do
         local gg = gateway(g)
         if gg.heard then
           untildl = math.min(now + recheck, untildl)
+        elseif gg.before then
+          -- looked at again each silence: it calls once it learns of
+          -- the new incarnation, and is judged as usual from then on
+          untildl = math.min(now + math.max(silence, recheck), untildl)
         elseif not own then
           -- to its horizon, looked at again each silence (it may be
           -- heard again, and covered, before that)

@@ -147,7 +147,10 @@ local TOMB_KEEP = 86400000
 -- any of its calls reported (absent while none did: an older release).
 -- The uplink makes a call on every shard at least every keep-alive, so a
 -- gateway whose contact is older than the silence the runner allows has
--- lost the store (or died).
+-- lost the store (or died). In a new incarnation a gateway covers
+-- nothing until it has restored what it holds: apply records coverage 0
+-- for a call that last wrote to another incarnation, and the gateway
+-- reports none while its restore is under way.
 local LIVE = '!'
 
 -- liveness reads gateway ref's liveness record: its contact (nil when it
@@ -156,7 +159,12 @@ local function liveness(ref)
   local s = redis.call('HGET', KEYS[4], LIVE .. ref)
   if not s then return nil, false, nil end
   local at, behind, cov = string.match(s, '^(%d+) (%d) ?(%d*)$')
-  return tonumber(at), behind == '1', tonumber(cov)
+  at, cov = tonumber(at), tonumber(cov)
+  -- a record from before this incarnation (a replaced state: a failover,
+  -- a restart from a snapshot) tells nothing of what the gateway has
+  -- written to this one: its coverage counts as none until it calls
+  if cov and at < incsince then cov = 0 end
+  return at, behind == '1', cov
 end
 
 -- Held devices: a device that falls due while the coverage of one of its
