@@ -248,8 +248,9 @@ type soakResult struct {
 	// which the store waits for within the gateway horizon.
 	HeldByCut int
 	// Not violations, counted apart: same-state events across a loss (a
-	// new incarnation); offlines with reason gateway_lost, and those after
-	// an outage of lease + grace or longer.
+	// new incarnation) and onlines a new incarnation brought back with no
+	// event (judgeUnseen); offlines with reason gateway_lost, and those
+	// after an outage of lease + grace or longer.
 	AcrossLoss, GatewayLost, LostAfterLongOutage int
 	Lags                                         []time.Duration
 	examples                                     []string
@@ -813,6 +814,14 @@ func (c *soakChecker) judgeUnseen(d *devRecord, cutoff time.Time) {
 		return
 	}
 	ck.unseenDone = true
+	// a new incarnation of its shard in between may have brought back a
+	// state that has the device online: its evidence then renews it with
+	// no event, and a consumer resyncs at the new incarnation and sees it
+	// online there (design §3.6, "Replaced state and loss")
+	if ck.last.state != "" && c.acrossBoundary(ck.last.shard, since, by) {
+		c.res.AcrossLoss++
+		return
+	}
 	c.violation(&c.res.Unseen, by, d, "unseen %s: evidence at %s through gw-%c, no online by %s",
 		d.id, c.faults.rel(first), 'a'+gw, c.faults.rel(by))
 }
