@@ -467,3 +467,88 @@ func TestReplacedStateWaitsForTheRestore(t *testing.T) {
 		t.Fatalf("keeper: %+v, want online", info)
 	}
 }
+
+// A replaced state knows the gateways of its time by records older than
+// the horizon: one that has not called in the new incarnation may hold a
+// device's live session (here mover's, which moved to gw-c after the
+// snapshot), so the reap waits for it until the incarnation is a horizon
+// old, and a device held in the old state gets its grace from the
+// incarnation's start, not from its old deadline.
+func TestReplacedStateWaitsForEveryGatewayItKnew(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client(t)
+	clock := clocktest.New(time.UnixMilli(startMs))
+	prefix := uniquePrefix()
+	open := func() *env {
+		s, err := Open(t.Context(), c, Options{Prefix: prefix, Shards: 1, Now: clock.Now, GatewayGrace: testGrace,
+			GatewaySilence: testSilence, GatewayLost: testLease, GatewayHorizon: testLease + testGrace})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		return &env{t: t, ctx: t.Context(), c: c, clock: clock, store: s}
+	}
+	gwa, gwc, runner := open(), open(), open()
+	covered := func(b gateway.Batch) gateway.Batch {
+		b.Covers = true
+		return b
+	}
+	gwa.apply(0, covered(leased("gw-a", false,
+		write("mover", "coap/default", gateway.Connect, 0), write("quitter", "coap/default", gateway.Connect, 0))))
+	gwc.apply(0, covered(leased("gw-c", false)))
+	// gw-a goes silent past quitter's deadline: the reap holds quitter
+	clock.Advance(testLease + time.Second)
+	gwc.apply(0, covered(leased("gw-c", false)))
+	if r := runner.reap(0, 10); len(r.Offline) != 0 || r.Held == 0 {
+		t.Fatalf("reap with gw-a silent: %+v, want quitter held", r)
+	}
+	if err := c.Save(t.Context()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	// after the snapshot: mover moves to gw-c, gw-a comes back; all lost
+	// with the restart, a horizon and more later
+	gwc.apply(0, covered(leased("gw-c", false, write("mover", "coap/default", gateway.Connect, 0))))
+	for range 8 {
+		clock.Advance(testLease / 2)
+		gwa.apply(0, covered(leased("gw-a", false)))
+		gwc.apply(0, covered(leased("gw-c", false, write("mover", "coap/default", gateway.Renew, 0))))
+	}
+	srv.Restart()
+	clock.Advance(time.Second)
+	// gw-a calls, restores nothing of mover or quitter, covers again
+	if res, err := gwa.store.Apply(t.Context(), 0, covered(leased("gw-a", false))); err != nil || !res.Reset {
+		t.Fatalf("gw-a's first call after the restart: %+v, %v; want a reset", res, err)
+	}
+	restore := leased("gw-a", false)
+	restore.Restore = true
+	gwa.apply(0, restore)
+	gwa.apply(0, covered(leased("gw-a", false)))
+	clock.Advance(2 * time.Second)
+	for i := range 2 {
+		if r := runner.reap(0, 10); len(r.Offline) != 0 {
+			t.Fatalf("reap %d before gw-c called: %s, want none", i, describe(r.Offline))
+		}
+	}
+	if res, err := gwc.store.Apply(t.Context(), 0, covered(leased("gw-c", false))); err != nil || !res.Reset {
+		t.Fatalf("gw-c's first call after the restart: %+v, %v; want a reset", res, err)
+	}
+	restore = leased("gw-c", false, write("mover", "coap/default", gateway.Renew, 0))
+	restore.Restore = true
+	if evs := gwc.apply(0, restore); len(evs) != 0 {
+		t.Fatalf("gw-c's restore: %s, want none", describe(evs))
+	}
+	gwc.apply(0, covered(leased("gw-c", false)))
+	// (a device waiting for a gateway not heard since before the
+	// incarnation is looked at again a silence later)
+	clock.Advance(testSilence + time.Second)
+	var offs []gateway.Event
+	for range 3 {
+		offs = append(offs, runner.reap(0, 10).Offline...)
+	}
+	if len(offs) != 1 || offs[0].Device != "quitter" || offs[0].Reason != gateway.ReasonExpired {
+		t.Fatalf("reaps after both restored: %s, want quitter expired", describe(offs))
+	}
+	if info := runner.device("mover"); info.State != gateway.Online {
+		t.Fatalf("mover: %+v, want online", info)
+	}
+}

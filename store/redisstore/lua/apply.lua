@@ -326,7 +326,7 @@ local function awaited(obs)
     for ref = 1, last do
       if ref ~= gwref then
         local at, _, cv = liveness(ref)
-        if at and cv and now - at <= horizon and (not lagging or cv < lagging) then lagging = cv end
+        if cv and withinhorizon(ref, at, now, horizon) and (not lagging or cv < lagging) then lagging = cv end
       end
     end
   end

@@ -70,11 +70,10 @@ end
 -- Gateway events: every gateway writes to every shard at least every
 -- keep-alive, so shard 0's liveness records tell of all of them. A gateway
 -- not heard for lostafter (counted from the end of the caller's last
--- outage, when that is later: the runner's own outage is not the
--- gateway's) gets one `lost` event in KEYS[7], and one `back` event when
--- it writes again. While the caller cannot tell when its outage ended
+-- outage, or the start of this incarnation, when that is later: the
+-- runner's own outage is not the gateway's) gets one `lost` event in
+-- KEYS[7], and one `back` event when it writes again. While the caller cannot tell when its outage ended
 -- ("now"), no gateway is judged.
-local LOST = 'L'
 local gwevents = 0
 if lostafter > 0 and not nosince then
   local last = tonumber(rcall('HGET', KEYS[4], '#')) or 0
@@ -89,7 +88,9 @@ if lostafter > 0 and not nosince then
       local s, lostat = v[2 * ref - 1], tonumber(v[2 * ref])
       local at = s and tonumber(string.match(s, '^(%d+)'))
       if at then
-        local silent = now - math.max(at, since) > lostafter
+        -- (a record from before this incarnation counts from its start:
+        -- its time is a replaced state's, not the gateway's last call)
+        local silent = now - math.max(at, since, incsince) > lostafter
         local state
         if silent and not lostat then
           state = 'lost'
@@ -132,7 +133,7 @@ local function gateway(ref)
   local g = gws[ref]
   if not g then
     local at, behind, cov = liveness(ref)
-    g = {at = at, heard = at ~= nil and at >= since and now - at <= silence, recent = at ~= nil and now - at <= horizon,
+    g = {at = at, heard = at ~= nil and at >= since and now - at <= silence, recent = withinhorizon(ref, at, now, horizon),
       behind = behind, cov = cov, before = at ~= nil and at < incsince}
     gws[ref] = g
   end
@@ -212,10 +213,12 @@ for k, dev in ipairs(devs) do
   local held = false
   if p and isonline(p) and (grace > 0 or washeld) then
     local g, own = waitfor(p, truedl)
-    -- a gateway not heard since before this incarnation (a replaced
-    -- state, whose records may hold deadlines long passed) gets its grace
-    -- counted from the incarnation's start, as from the end of an outage
-    if g and gateway(g).before then from = math.max(from, incsince) end
+    -- a deadline from before this incarnation (a replaced state's
+    -- records may hold deadlines long passed), or a gateway not heard
+    -- since before it: the grace counts from the incarnation's start, as
+    -- from the end of an outage (the gateways restore what they hold once
+    -- they call)
+    if g and (truedl < incsince or gateway(g).before) then from = math.max(from, incsince) end
     -- the wait lasts the grace; for a held leave (its session ends at
     -- the leave's time, not a lease after the last evidence) waiting for
     -- another gateway than the device's own (it may have moved there, its

@@ -153,6 +153,22 @@ local TOMB_KEEP = 86400000
 -- reports none while its restore is under way.
 local LIVE = '!'
 
+-- LOST..ref in the epochs hash marks a gateway the reap reported lost
+-- (reap.lua, gateway events).
+local LOST = 'L'
+
+-- withinhorizon says whether gateway ref, whose liveness record says it
+-- called at at, may still hold evidence not written: it called within
+-- the horizon; or its record is from before this incarnation (a replaced
+-- state: the time is that state's, not the gateway's last call), it was
+-- not reported lost there, and the incarnation is younger than the
+-- horizon.
+local function withinhorizon(ref, at, now, horizon)
+  if not at then return false end
+  if now - at <= horizon then return true end
+  return at < incsince and now - incsince <= horizon and redis.call('HEXISTS', KEYS[4], LOST .. ref) == 0
+end
+
 -- liveness reads gateway ref's liveness record: its contact (nil when it
 -- has none), whether it is behind, and its coverage (nil when none).
 local function liveness(ref)
