@@ -220,8 +220,8 @@ func TestSinkRefusalsV5(t *testing.T) {
 func TestV311ResendsAfterAFailure(t *testing.T) {
 	k := newSink()
 	s := startServer(t, &recorder{}, Options{Credentials: testCreds(t), Sink: k})
-	o := paho3.NewClientOptions().AddBroker("tcp://"+tcpAddr(s)).SetClientID("dev-2").SetProtocolVersion(4).
-		SetCleanSession(false).SetAutoReconnect(false).SetConnectTimeout(10*time.Second).
+	o := paho3.NewClientOptions().AddBroker("tcp://" + tcpAddr(s)).SetClientID("dev-2").SetProtocolVersion(4).
+		SetCleanSession(false).SetAutoReconnect(false).SetConnectTimeout(10 * time.Second).
 		SetUsername("dev-2").SetPassword("secret-2")
 	c := paho3.NewClient(o)
 	if tok := c.Connect(); !tok.WaitTimeout(10*time.Second) || tok.Error() != nil {

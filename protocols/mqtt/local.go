@@ -217,4 +217,3 @@ func (s *Server) SetClients(clients []LocalClient, passwords gateway.Credentials
 	}
 	return nil
 }
-
