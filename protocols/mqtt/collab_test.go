@@ -200,3 +200,14 @@ func (b *commandBox) state(device gateway.DeviceID) (submitted []gateway.Message
 	defer b.mu.Unlock()
 	return slices.Clone(b.submitted), slices.Clone(b.acked), len(b.pending[device])
 }
+
+// waiters counts the channels Wait handed out that no Submit closed yet.
+func (b *commandBox) waiters() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	n := 0
+	for _, chs := range b.waits {
+		n += len(chs)
+	}
+	return n
+}
