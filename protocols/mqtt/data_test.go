@@ -74,11 +74,14 @@ func TestQoS1PubackWaitsForTheSink(t *testing.T) {
 	release := k.block("dev-1")
 	acked := make(chan error, 1)
 	go func() {
-		_, err := c.Publish(context.Background(), &paho.Publish{
+		resp, err := c.Publish(context.Background(), &paho.Publish{
 			Topic: "devices/dev-1/telemetry/temp", QoS: 1, Payload: []byte(`{"t":21.5}`),
 			Properties: &paho.PublishProperties{ContentType: "application/json",
 				User: paho.UserProperties{{Key: "unit", Value: "C"}, {Key: "seq", Value: "7"}, {Key: "unit", Value: "K"}}},
 		})
+		if err == nil && (resp.ReasonCode != 0 || len(resp.Properties.User) != 0) {
+			err = fmt.Errorf("PUBACK reason code %#x, properties %v", resp.ReasonCode, resp.Properties.User)
+		}
 		acked <- err
 	}()
 	select {

@@ -300,6 +300,10 @@ func New(obs gateway.Observer, o Options) (*Server, error) {
 	caps.ReceiveMaximum = receiveMaximum
 	caps.MaximumInflight = uint16(cmp.Or(o.MaxInflight, DefaultMaxInflight))
 	caps.TopicAliasMaximum = topicAliasMaximum
+	// An acknowledgement carries no properties of the PUBLISH it answers
+	// (mochi echoes its user properties by default, and then writes its
+	// reason code "granted QoS 1", 0x01, which PUBACK does not have).
+	caps.Compatibilities.NoInheritedPropertiesOnAck = true
 	s.broker = mochi.New(&mochi.Options{
 		Capabilities:             caps,
 		ClientNetReadBufferSize:  readBufferSize,
