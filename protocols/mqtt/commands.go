@@ -123,8 +123,11 @@ func (d *delivery) deliver() {
 	if d.closed.Load() {
 		return
 	}
-	// Wait before Pending: a command submitted after Pending closes it.
-	s.watchers.watch(d, s.cmds.Wait(d.device))
+	// Wait before Pending: a command submitted after Pending closes the
+	// channel. One that has not fired yet still serves.
+	if !s.watchers.waiting(d) {
+		s.watchers.watch(d, s.cmds.Wait(d.device))
+	}
 	room := s.maxInflight - d.cl.State.Inflight.Len()
 	if room <= 0 {
 		d.starved.Store(true)
@@ -249,6 +252,13 @@ func (w *watchers) remove(d *delivery) {
 	}
 	delete(g.members, d)
 	g.wake()
+}
+
+// waiting reports whether d's wait channel is set and has not fired.
+func (w *watchers) waiting(d *delivery) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return d.group != nil && d.group.members[d] != nil
 }
 
 // watch sets d's wait channel.

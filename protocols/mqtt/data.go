@@ -108,13 +108,10 @@ func (s *Server) publishUp(cl *mochi.Client, c *conn, pk packets.Packet) error {
 // to a device's command subtree and there are Commands, else the broker
 // routes it as it is.
 func (s *Server) publishLocal(cl *mochi.Client, c *conn, pk packets.Packet) (packets.Packet, error) {
-	if s.cmds == nil {
+	if !s.commandTopic(pk.TopicName) {
 		return pk, nil
 	}
-	device, rest, ok := splitTopic(s.prefix, pk.TopicName)
-	if !ok || !isCommand(rest) {
-		return pk, nil
-	}
+	device, rest, _ := splitTopic(s.prefix, pk.TopicName)
 	ctx, cancel := context.WithTimeout(s.ctx, sinkTimeout)
 	cmd, err := s.cmds.Submit(ctx, message(device, rest, pk, c.local.name, s.clock.Now()))
 	cancel()

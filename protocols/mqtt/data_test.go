@@ -294,6 +294,12 @@ func TestCommandSubtreeRefusedToTheDevice(t *testing.T) {
 		t.Fatalf("command_topic refusals %v", n)
 	}
 
+	// Nor may it leave a will there.
+	if code := connackCode(t, s, &paho.Connect{ClientID: "dev-2", KeepAlive: 30, CleanStart: true, Password: []byte("secret-2"), PasswordFlag: true,
+		WillMessage: &paho.WillMessage{Topic: "devices/dev-2/cmd/reboot", Payload: []byte("x")}}); code != packets.ErrNotAuthorized.Code {
+		t.Fatalf("a will in the command subtree: CONNACK %#x, want 0x87", code)
+	}
+
 	r := dialRaw(t, tcpAddr(s))
 	if code := r.connack(connectPacket(t, 4, "dev-2", "secret-2", 30)); code != 0 {
 		t.Fatalf("connack %#x", code)

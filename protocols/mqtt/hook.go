@@ -101,7 +101,7 @@ func (h *presence) OnConnect(cl *mochi.Client, pk packets.Packet) error {
 	c.admitted = true // the slot is released when the connection ends
 	root := s.topicRoot(device)
 	rev, box, err := s.authorize(device, c.ip, pk)
-	if err == nil && pk.Connect.WillFlag && !underRoot(pk.Connect.WillTopic, root) {
+	if err == nil && pk.Connect.WillFlag && !s.willAllowed(pk.Connect.WillTopic, root) {
 		err = errNotAuthorized
 	}
 	if err == nil && !s.admit(c, cl, device, rev, box) {
@@ -365,4 +365,15 @@ func deliveryOf(cl *mochi.Client) *delivery {
 		return c.delivery.Load()
 	}
 	return nil
+}
+
+// willAllowed reports whether a device with root may leave a will on
+// topic: under its root, and, with Commands, not in its command subtree
+// (the broker would publish it there as if it were a command).
+func (s *Server) willAllowed(topic, root string) bool {
+	if !underRoot(topic, root) {
+		return false
+	}
+	rest, ok := restBelow(topic, root)
+	return !ok || s.cmds == nil || !isCommand(rest)
 }

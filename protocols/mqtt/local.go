@@ -29,7 +29,9 @@ import (
 //   - Access. SUBSCRIBE to a filter every topic of which one of Read
 //     matches (a shared subscription's filter is taken without
 //     "$share/<group>/"); PUBLISH to a topic one of Write matches; a will
-//     as a PUBLISH. Anything else is refused as for a device outside its
+//     as a PUBLISH, but, with Commands, never in a device's command
+//     subtree (the broker would publish it there as if it were a
+//     command: CONNACK "not authorized"). Anything else is refused as for a device outside its
 //     subtree (SUBACK 0x87 / 3.1.1 0x80; PUBACK 0x87, QoS 0 dropped, a
 //     3.1.1 QoS 1/2 PUBLISH ends the connection) and counted.
 //   - Commands. With Options.Commands, a PUBLISH to
@@ -156,7 +158,7 @@ func (s *Server) connectLocal(cl *mochi.Client, c *conn, pk packets.Packet, lc *
 	if pk.Connect.PasswordFlag {
 		err = set.passwords.checkPassword(name, c.ip, pk.Connect.Password)
 	}
-	if err == nil && pk.Connect.WillFlag && !lc.allows(pk.Connect.WillTopic, true) {
+	if err == nil && pk.Connect.WillFlag && (!lc.allows(pk.Connect.WillTopic, true) || s.commandTopic(pk.Connect.WillTopic)) {
 		err = errNotAuthorized
 	}
 	rev := set.revision(lc.name)
@@ -216,4 +218,11 @@ func (s *Server) SetClients(clients []LocalClient, passwords gateway.Credentials
 		s.revoke(cl, "local clients")
 	}
 	return nil
+}
+
+// commandTopic reports whether there are Commands and topic is in a
+// device's command subtree.
+func (s *Server) commandTopic(topic string) bool {
+	_, rest, ok := splitTopic(s.prefix, topic)
+	return s.cmds != nil && ok && isCommand(rest)
 }

@@ -183,6 +183,12 @@ func TestLocalClientCommand(t *testing.T) {
 		t.Fatal("a command went to the sink")
 	}
 
+	// A will there would be published as a command without being one.
+	if code := connackCode(t, s, &paho.Connect{ClientID: "nr-2", KeepAlive: 30, CleanStart: true, Username: "node-red", UsernameFlag: true,
+		Password: []byte("nr-secret"), PasswordFlag: true, WillMessage: &paho.WillMessage{Topic: "devices/dev-1/cmd/x", Payload: []byte("x")}}); code != packets.ErrNotAuthorized.Code {
+		t.Fatalf("a local client's will in a command subtree: CONNACK %#x, want 0x87", code)
+	}
+
 	// Submit's refusals reach the local client as the sink's do a device.
 	box.fail(errors.New("disk: input/output error"))
 	if got := publishCode(t, nr, "devices/dev-2/cmd/x"); got != packets.ErrUnspecifiedError.Code {
