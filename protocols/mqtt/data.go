@@ -130,8 +130,8 @@ func (s *Server) publishLocal(cl *mochi.Client, c *conn, pk packets.Packet) (pac
 	return pk, nil
 }
 
-// refusal is the MQTT 5 reason code of a data path error, whether the
-// refusal is for good, and the metrics reason.
+// refusal is the MQTT 5 reason code of a data path error, and whether
+// the refusal is for good.
 func refusal(err error) (code packets.Code, forGood bool) {
 	switch {
 	case errors.Is(err, gateway.ErrInvalidMessage):

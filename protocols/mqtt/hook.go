@@ -273,9 +273,9 @@ func (h *presence) OnPublishDropped(cl *mochi.Client, pk packets.Packet) {
 }
 
 // OnPublish holds a device's retained messages to its quota
-// (retained.go) and hands its message to the DataSink (data.go); a local
-// client's PUBLISH may be a command (local.go). The ACL check has passed.
-// Commands themselves (the front end's inline client) pass.
+// (retained.go) and hands its message to the DataSink; a local client's
+// PUBLISH may be a command (data.go). The ACL check has passed. Commands
+// themselves (published by the front end's inline client) pass.
 func (h *presence) OnPublish(cl *mochi.Client, pk packets.Packet) (packets.Packet, error) {
 	s := h.srv
 	c, ok := cl.Net.Conn.(*conn)
