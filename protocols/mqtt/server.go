@@ -9,8 +9,10 @@
 // password is checked against the Credentials; one without is admitted
 // only with AllowAnonymous, and only when the device is not listed in the
 // Credentials (a listed device must always authenticate). A user name,
-// when sent, must equal the client ID. Any failure, including a will topic
-// outside the device's subtree, gets "not authorized" (0x87; 0x05 in
+// when sent, must equal the client ID, unless it names a local client
+// (local.go): then the client is that local client. Any failure,
+// including a will topic outside the device's subtree (or, with
+// Commands, in its command subtree), gets "not authorized" (0x87; 0x05 in
 // 3.1.1) and never says which part was wrong. Too many clients, an
 // overloaded gateway, or Credentials that report gateway.ErrOverloaded
 // (no password check slot) get "server busy" (0x89; 3.1.1: 0x03 "server
