@@ -41,9 +41,20 @@ func (r *Reloadable) Reload(path string) error {
 	if err != nil {
 		return fmt.Errorf("devices file not reloaded, keeping the %d devices in use:\n%w", r.Current().Len(), err)
 	}
+	r.Set(d)
+	return nil
+}
+
+// Set makes d, which must not be nil, the current set (a reload of a
+// set not read from a file: NewPasswords). As with Reload, passwords
+// verified before stay verified, and wrong ones keep their backoff, for
+// the entries that did not change.
+func (r *Reloadable) Set(d *Devices) {
+	if d == nil {
+		panic("auth: Reloadable.Set with a nil *Devices")
+	}
 	r.Current().guard.carry(d)
 	r.cur.Store(d)
-	return nil
 }
 
 // CheckPassword is Devices.CheckPassword on the current set.

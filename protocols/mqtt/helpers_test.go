@@ -264,6 +264,8 @@ func encode(t testing.TB, pk packets.Packet) []byte {
 		err = pk.DisconnectEncode(&b)
 	case packets.Subscribe:
 		err = pk.SubscribeEncode(&b)
+	case packets.Puback:
+		err = pk.PubackEncode(&b)
 	default:
 		t.Fatalf("encode: type %d", pk.FixedHeader.Type)
 	}

@@ -31,6 +31,10 @@ import (
 //     error code, a server shutdown and a session taken over by a new
 //     connection of the same client are nothing: the old session stops
 //     renewing and its lease decides.
+//
+// It also carries the data path: a device's PUBLISH to the DataSink
+// (data.go), commands to connected devices (commands.go), and the local
+// clients' admission and access (local.go).
 type presence struct {
 	mochi.HookBase
 	srv *Server
@@ -50,6 +54,10 @@ var provided = []byte{
 	mochi.OnPublish,
 	mochi.OnWill,
 	mochi.OnRetainedExpired,
+	mochi.OnSessionEstablished,
+	mochi.OnSubscribed,
+	mochi.OnQosPublish,
+	mochi.OnQosComplete,
 }
 
 func (h *presence) Provides(b byte) bool { return bytes.IndexByte(provided, b) >= 0 }
@@ -71,6 +79,9 @@ func (h *presence) OnConnect(cl *mochi.Client, pk packets.Packet) error {
 		return refuse(cl, packets.ErrUnspecifiedError, packets.Err3ServerUnavailable)
 	}
 	s.pend.done(c) // CONNECT arrived
+	if lc, set := s.localClientOf(pk); lc != nil {
+		return s.connectLocal(cl, c, pk, lc, set)
+	}
 	device, err := gateway.ParseDeviceID(pk.Connect.ClientIdentifier)
 	if err != nil {
 		s.metrics.refuse(reasonInvalidClientID)
@@ -90,7 +101,7 @@ func (h *presence) OnConnect(cl *mochi.Client, pk packets.Packet) error {
 	c.admitted = true // the slot is released when the connection ends
 	root := s.topicRoot(device)
 	rev, box, err := s.authorize(device, c.ip, pk)
-	if err == nil && pk.Connect.WillFlag && !underRoot(pk.Connect.WillTopic, root) {
+	if err == nil && pk.Connect.WillFlag && !s.willAllowed(pk.Connect.WillTopic, root) {
 		err = errNotAuthorized
 	}
 	if err == nil && !s.admit(c, cl, device, rev, box) {
@@ -176,10 +187,37 @@ func refuse(cl *mochi.Client, v5, v3 packets.Code) error {
 func (h *presence) OnConnectAuthenticate(*mochi.Client, packets.Packet) bool { return true }
 
 // OnACLCheck lets a device publish and subscribe under its own subtree
-// only: "<prefix>/<device>" and "<prefix>/<device>/...".
-func (h *presence) OnACLCheck(cl *mochi.Client, topic string, _ bool) bool {
+// only: "<prefix>/<device>" and "<prefix>/<device>/...", and, with
+// Commands, not publish to its command subtree "<root>/cmd[/...]" (where
+// its commands arrive). A local client may do what its lists allow
+// (local.go). A refusal is counted; mochi answers it (SUBACK 0x87, 3.1.1
+// 0x80; PUBACK 0x87; a QoS 0 PUBLISH is dropped; a 3.1.1 QoS 1/2 PUBLISH
+// ends the connection). A message routed to a client is checked as a
+// SUBSCRIBE, and is always allowed where its subscription was.
+func (h *presence) OnACLCheck(cl *mochi.Client, topic string, write bool) bool {
 	c, ok := cl.Net.Conn.(*conn)
-	return ok && c.session != "" && underRoot(topic, c.root)
+	if !ok {
+		return false
+	}
+	var allowed bool
+	switch {
+	case c.local != nil:
+		allowed = c.local.allows(topic, write)
+	case c.session != "":
+		allowed = underRoot(topic, c.root)
+		if rest, ok := restBelow(topic, c.root); ok && write && h.srv.cmds != nil && isCommand(rest) {
+			h.srv.metrics.messageRefused(reasonCommandTopic)
+			return false
+		}
+	}
+	if !allowed {
+		if write {
+			h.srv.metrics.messageRefused(reasonPublishDenied)
+		} else {
+			h.srv.metrics.messageRefused(reasonSubscribeDenied)
+		}
+	}
+	return allowed
 }
 
 // underRoot reports whether topic (or filter) is root or below it.
@@ -209,7 +247,11 @@ func (h *presence) OnPacketRead(cl *mochi.Client, pk packets.Packet) (packets.Pa
 // DISCONNECT; any other end leaves the session to its lease.
 func (h *presence) OnDisconnect(cl *mochi.Client, _ error, _ bool) {
 	c, ok := cl.Net.Conn.(*conn)
-	if !ok || !c.leaving || c.session == "" {
+	if !ok {
+		return
+	}
+	h.srv.stopDelivery(c)
+	if !c.leaving || c.session == "" {
 		return
 	}
 	if err := h.srv.observe(c.device, c.session, gateway.Leave, h.srv.leaseOf(c), c.anon); err != nil {
@@ -218,8 +260,12 @@ func (h *presence) OnDisconnect(cl *mochi.Client, _ error, _ bool) {
 }
 
 // OnPublishDropped ends a client whose pending writes overflowed
-// (limits.mqtt_max_pending_writes): it is not reading fast enough.
-func (h *presence) OnPublishDropped(cl *mochi.Client, _ packets.Packet) {
+// (limits.mqtt_max_pending_writes): it is not reading fast enough. A
+// command dropped so was not taken (commands.go).
+func (h *presence) OnPublishDropped(cl *mochi.Client, pk packets.Packet) {
+	if d := deliveryOf(cl); d != nil && pk.Origin == commandsClientID {
+		d.dropped.Store(true)
+	}
 	if !cl.Closed() {
 		h.srv.metrics.refuse(reasonTooSlow)
 		cl.Stop(errTooSlow)
@@ -227,20 +273,45 @@ func (h *presence) OnPublishDropped(cl *mochi.Client, _ packets.Packet) {
 }
 
 // OnPublish holds a device's retained messages to its quota
-// (retained.go); the ACL check has passed.
+// (retained.go) and hands its message to the DataSink; a local client's
+// PUBLISH may be a command (data.go). The ACL check has passed. Commands
+// themselves (published by the front end's inline client) pass.
 func (h *presence) OnPublish(cl *mochi.Client, pk packets.Packet) (packets.Packet, error) {
+	s := h.srv
 	c, ok := cl.Net.Conn.(*conn)
-	if !pk.FixedHeader.Retain || !ok || h.srv.retained.retain(c.device, c.anon, pk.TopicName, len(pk.Payload)) {
+	switch {
+	case !ok:
+		return pk, nil
+	case c.local != nil:
+		return s.publishLocal(cl, c, pk)
+	case c.session == "":
 		return pk, nil
 	}
-	return pk, h.srv.refuseRetained(cl, pk)
+	var undo func()
+	if pk.FixedHeader.Retain {
+		if undo, ok = s.retained.retain(c.device, c.anon, pk.TopicName, len(pk.Payload)); !ok {
+			return pk, s.refuseRetained(cl, pk)
+		}
+	}
+	if s.sink != nil {
+		if err := s.publishUp(cl, c, pk); err != nil {
+			if undo != nil {
+				undo()
+			}
+			return pk, err
+		}
+	}
+	return pk, nil
 }
 
 // OnWill sends a retained will beyond the device's quota without
 // retaining it.
 func (h *presence) OnWill(cl *mochi.Client, will mochi.Will) (mochi.Will, error) {
 	c, ok := cl.Net.Conn.(*conn)
-	if will.Retain && ok && c.session != "" && !h.srv.retained.retain(c.device, c.anon, will.TopicName, len(will.Payload)) {
+	if !will.Retain || !ok || c.session == "" {
+		return will, nil
+	}
+	if _, kept := h.srv.retained.retain(c.device, c.anon, will.TopicName, len(will.Payload)); !kept {
 		h.srv.metrics.retainedRefused.Inc()
 		will.Retain = false
 	}
@@ -251,4 +322,58 @@ func (h *presence) OnWill(cl *mochi.Client, will mochi.Will) (mochi.Will, error)
 // its expiry.
 func (h *presence) OnRetainedExpired(topic string) {
 	h.srv.retained.expired(h.srv.deviceOf(topic), topic)
+}
+
+// OnSessionEstablished starts the command delivery to a device whose
+// session is established (after CONNACK and the resend of a persistent
+// session's messages).
+func (h *presence) OnSessionEstablished(cl *mochi.Client, _ packets.Packet) {
+	if c, ok := cl.Net.Conn.(*conn); ok && c.session != "" && h.srv.cmds != nil {
+		h.srv.startDelivery(cl, c)
+	}
+}
+
+// OnSubscribed delivers the commands a new subscription may take. The
+// PUBLISHes may precede the SUBACK, which MQTT allows.
+func (h *presence) OnSubscribed(cl *mochi.Client, _ packets.Packet, _ []byte) {
+	if d := deliveryOf(cl); d != nil {
+		d.trigger()
+	}
+}
+
+// OnQosPublish notes that the broker placed a command in the session of
+// the device being delivered to.
+func (h *presence) OnQosPublish(cl *mochi.Client, pk packets.Packet, _ int64, _ int) {
+	if pk.Origin != commandsClientID {
+		return
+	}
+	if d := deliveryOf(cl); d != nil {
+		d.taken.Store(true)
+	}
+}
+
+// OnQosComplete delivers more commands once a PUBACK made room for them.
+func (h *presence) OnQosComplete(cl *mochi.Client, _ packets.Packet) {
+	if d := deliveryOf(cl); d != nil && d.starved.Load() {
+		d.trigger()
+	}
+}
+
+// deliveryOf is the command delivery to client cl, nil for none.
+func deliveryOf(cl *mochi.Client) *delivery {
+	if c, ok := cl.Net.Conn.(*conn); ok {
+		return c.delivery.Load()
+	}
+	return nil
+}
+
+// willAllowed reports whether a device with root may leave a will on
+// topic: under its root, and, with Commands, not in its command subtree
+// (the broker would publish it there as if it were a command).
+func (s *Server) willAllowed(topic, root string) bool {
+	if !underRoot(topic, root) {
+		return false
+	}
+	rest, ok := restBelow(topic, root)
+	return !ok || s.cmds == nil || !isCommand(rest)
 }

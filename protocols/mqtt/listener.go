@@ -56,6 +56,12 @@ type conn struct {
 	keepAlive uint16
 	lease     time.Duration
 	ip        netip.Addr
+	// local is the local client admitted on the connection (nil: a
+	// device, or not admitted).
+	local *localClient
+	// delivery delivers commands to the device (commands.go); set once
+	// its session is established, read by the delivering goroutines.
+	delivery atomic.Pointer[delivery]
 }
 
 // listener is a mochi listener over a bound net.Listener (TCP, or TLS on

@@ -1,6 +1,8 @@
 package mqtt
 
 import (
+	"strconv"
+
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/fleetgate/fleetgate/gateway"
@@ -23,6 +25,30 @@ const (
 	reasonAnonymousLimit  = "anonymous_limit"
 )
 
+// Reasons a PUBLISH or SUBSCRIBE is refused, the label values of
+// fleetgate_mqtt_messages_refused_total.
+const (
+	// reasonPublishDenied: a PUBLISH outside the device's subtree or a
+	// local client's write list.
+	reasonPublishDenied = "publish_denied"
+	// reasonSubscribeDenied: a SUBSCRIBE outside the device's subtree or
+	// a local client's read list.
+	reasonSubscribeDenied = "subscribe_denied"
+	// reasonCommandTopic: a device's PUBLISH to its own command subtree.
+	reasonCommandTopic = "command_topic"
+	// reasonInvalid, reasonTooLarge, reasonFailed: the DataSink or
+	// Commands refused the message (gateway.ErrInvalidMessage,
+	// gateway.ErrTooLarge, any other error).
+	reasonInvalid  = "invalid"
+	reasonTooLarge = "too_large"
+	reasonFailed   = "failed"
+)
+
+var messageRefusalReasons = []string{
+	reasonPublishDenied, reasonSubscribeDenied, reasonCommandTopic,
+	reasonInvalid, reasonTooLarge, reasonFailed,
+}
+
 var refusalReasons = []string{
 	reasonInvalidClientID, reasonNotAuthorized, reasonMaxClients,
 	reasonRate, reasonOverloaded, reasonError, reasonTooSlow,
@@ -39,6 +65,16 @@ type metrics struct {
 	connections prometheus.Gauge
 	// retainedRefused counts retained messages refused by the quota.
 	retainedRefused prometheus.Counter
+	// upMessages and upBytes (payload) count the devices' messages the
+	// DataSink took, by QoS (0, 1: a QoS 2 PUBLISH goes up as 1).
+	upMessages, upBytes [2]prometheus.Counter
+	// messagesRefused counts refused PUBLISHes and SUBSCRIBEs by reason.
+	messagesRefused map[string]prometheus.Counter
+	// commandsDelivered counts the commands the broker took for a
+	// device; commandsSubmitted those local clients submitted.
+	commandsDelivered, commandsSubmitted prometheus.Counter
+	// localClients is the local clients connected.
+	localClients prometheus.Gauge
 }
 
 // newMetrics builds the collectors and registers them with reg (nil: not
@@ -85,6 +121,10 @@ func newMetrics(reg prometheus.Registerer, retained func() int) (*metrics, error
 		refused:         make(map[string]prometheus.Counter, len(refusalReasons)),
 		connections:     connections,
 		retainedRefused: retainedRefused,
+		messagesRefused: make(map[string]prometheus.Counter, len(messageRefusalReasons)),
+	}
+	if err := m.registerData(reg); err != nil {
+		return nil, err
 	}
 	for _, k := range []gateway.Kind{gateway.Connect, gateway.Renew, gateway.Leave} {
 		m.evidence[k] = evidence.WithLabelValues(k.String())
@@ -98,3 +138,64 @@ func newMetrics(reg prometheus.Registerer, retained func() int) (*metrics, error
 func (m *metrics) accepted(k gateway.Kind) { m.evidence[k].Inc() }
 
 func (m *metrics) refuse(reason string) { m.refused[reason].Inc() }
+
+// registerData builds and registers the data path's collectors.
+func (m *metrics) registerData(reg prometheus.Registerer) error {
+	upMessages, err := promshare.Register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "fleetgate_mqtt_messages_up_total",
+		Help: "Devices' MQTT messages the data path took, by QoS (a QoS 2 PUBLISH counts as 1).",
+	}, []string{"qos"}))
+	if err != nil {
+		return err
+	}
+	upBytes, err := promshare.Register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "fleetgate_mqtt_bytes_up_total",
+		Help: "Payload bytes of the devices' MQTT messages the data path took, by QoS.",
+	}, []string{"qos"}))
+	if err != nil {
+		return err
+	}
+	refused, err := promshare.Register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "fleetgate_mqtt_messages_refused_total",
+		Help: "MQTT PUBLISHes and SUBSCRIBEs refused by the front end, by reason.",
+	}, []string{"reason"}))
+	if err != nil {
+		return err
+	}
+	if m.commandsDelivered, err = promshare.Register(reg, prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "fleetgate_mqtt_commands_delivered_total",
+		Help: "Commands the MQTT broker took for a connected device (and acknowledged to the command queue).",
+	})); err != nil {
+		return err
+	}
+	if m.commandsSubmitted, err = promshare.Register(reg, prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "fleetgate_mqtt_commands_submitted_total",
+		Help: "Commands local MQTT clients submitted.",
+	})); err != nil {
+		return err
+	}
+	if m.localClients, err = promshare.Register(reg, prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "fleetgate_mqtt_local_clients",
+		Help: "Local MQTT clients (auth.clients) connected.",
+	})); err != nil {
+		return err
+	}
+	for q := range m.upMessages {
+		label := strconv.Itoa(q)
+		m.upMessages[q] = upMessages.WithLabelValues(label)
+		m.upBytes[q] = upBytes.WithLabelValues(label)
+	}
+	for _, r := range messageRefusalReasons {
+		m.messagesRefused[r] = refused.WithLabelValues(r)
+	}
+	return nil
+}
+
+// up counts a message of the given QoS (0 or 1) and payload bytes that
+// the DataSink took.
+func (m *metrics) up(qos byte, bytes int) {
+	m.upMessages[qos].Inc()
+	m.upBytes[qos].Add(float64(bytes))
+}
+
+func (m *metrics) messageRefused(reason string) { m.messagesRefused[reason].Inc() }

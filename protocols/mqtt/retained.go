@@ -65,35 +65,54 @@ func newRetainedQuota(perDevice, perDeviceBytes, total int) *retainedQuota {
 // retain accounts a retained message of size payload bytes that device
 // (anon: admitted without a password) sends to topic, replacing the one
 // there; an empty payload deletes it. It reports false, and changes
-// nothing, when the message would go beyond a bound.
-func (q *retainedQuota) retain(device gateway.DeviceID, anon bool, topic string, payload int) bool {
+// nothing, when the message would go beyond a bound; else it returns
+// undo, which puts back what topic held (the message was refused after
+// all).
+func (q *retainedQuota) retain(device gateway.DeviceID, anon bool, topic string, payload int) (undo func(), ok bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	u := q.devices[device]
-	if payload == 0 {
-		if u != nil {
-			q.remove(device, u, topic)
-		}
-		return true
-	}
-	size := len(topic) + payload + retainedOverhead
-	old, had, count, used := 0, false, 0, 0
+	old, count, used := 0, 0, 0
 	if u != nil {
-		old, had = u.topics[topic]
-		count, used = len(u.topics), u.bytes
+		old, count, used = u.topics[topic], len(u.topics), u.bytes
 	}
-	grow := size - old
-	if (!had && count >= q.perDevice) || used+grow > q.perDeviceBytes || q.bytes+grow > q.total ||
-		(anon && q.anonBytes+grow > q.total/anonymousShare) {
-		return false
+	size := 0
+	if payload > 0 {
+		size = len(topic) + payload + retainedOverhead
+		grow := size - old
+		if (old == 0 && count >= q.perDevice) || used+grow > q.perDeviceBytes || q.bytes+grow > q.total ||
+			(anon && q.anonBytes+grow > q.total/anonymousShare) {
+			return nil, false
+		}
 	}
+	q.put(device, anon, topic, size)
+	return func() {
+		q.mu.Lock()
+		defer q.mu.Unlock()
+		q.put(device, anon, topic, old)
+	}, true
+}
+
+// put makes device's message at topic count size bytes (0: none); the
+// caller holds q.mu.
+func (q *retainedQuota) put(device gateway.DeviceID, anon bool, topic string, size int) {
+	u := q.devices[device]
 	if u == nil {
+		if size == 0 {
+			return
+		}
 		u = &retainedUse{anon: anon, topics: make(map[string]int)}
 		q.devices[device] = u
 	}
-	q.move(u, grow)
-	u.topics[topic] = size
-	return true
+	q.move(u, size-u.topics[topic])
+	if size > 0 {
+		u.topics[topic] = size
+		return
+	}
+	delete(u.topics, topic)
+	if len(u.topics) == 0 {
+		delete(q.devices, device)
+	}
 }
 
 // move adds n bytes (negative: takes) to u and to the totals.
@@ -105,26 +124,13 @@ func (q *retainedQuota) move(u *retainedUse, n int) {
 	}
 }
 
-// remove forgets topic of device's use u; the caller holds q.mu.
-func (q *retainedQuota) remove(device gateway.DeviceID, u *retainedUse, topic string) {
-	size, ok := u.topics[topic]
-	if !ok {
-		return
-	}
-	delete(u.topics, topic)
-	q.move(u, -size)
-	if len(u.topics) == 0 {
-		delete(q.devices, device)
-	}
-}
-
 // expired forgets the message of topic, which the broker dropped, held
 // by device.
 func (q *retainedQuota) expired(device gateway.DeviceID, topic string) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if u := q.devices[device]; u != nil {
-		q.remove(device, u, topic)
+		q.put(device, u.anon, topic, 0)
 	}
 }
 

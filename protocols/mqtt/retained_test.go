@@ -299,7 +299,7 @@ func TestRetainedQuotaBounds(t *testing.T) {
 		{"a", false, "t", 0, true},  // deleted
 		{"b", false, "u", 1, true},
 	} {
-		if got := q.retain(c.device, c.anon, c.topic, c.n); got != c.want {
+		if _, got := q.retain(c.device, c.anon, c.topic, c.n); got != c.want {
 			t.Fatalf("step %d: retain(%s, %s, %d) = %v, want %v", i, c.device, c.topic, c.n, got, c.want)
 		}
 	}

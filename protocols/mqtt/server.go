@@ -9,8 +9,10 @@
 // password is checked against the Credentials; one without is admitted
 // only with AllowAnonymous, and only when the device is not listed in the
 // Credentials (a listed device must always authenticate). A user name,
-// when sent, must equal the client ID. Any failure, including a will topic
-// outside the device's subtree, gets "not authorized" (0x87; 0x05 in
+// when sent, must equal the client ID, unless it names a local client
+// (local.go): then the client is that local client. Any failure,
+// including a will topic outside the device's subtree (or, with
+// Commands, in its command subtree), gets "not authorized" (0x87; 0x05 in
 // 3.1.1) and never says which part was wrong. Too many clients, an
 // overloaded gateway, or Credentials that report gateway.ErrOverloaded
 // (no password check slot) get "server busy" (0x89; 3.1.1: 0x03 "server
@@ -21,6 +23,12 @@
 // MaxAnonymousDevices (gateway.ErrAnonymousLimit: 0x97; 3.1.1: 0x03).
 //
 // Retained messages are bounded per device and in all (retained.go).
+//
+// The data path. With a DataSink, a device's PUBLISH goes up (data.go);
+// with Commands, its pending commands come down to it while it is
+// connected (commands.go). Local clients, MQTT clients of the site that
+// are not devices, are admitted by name and held to their topic lists
+// (local.go). Without them the broker works as a local broker only.
 //
 // Revocation. SetCredentials (a reload of the devices file) disconnects
 // every connection whose device's credentials changed or went away (MQTT
@@ -154,6 +162,21 @@ type Options struct {
 	Logger *slog.Logger
 	// Registerer receives the front end's metrics; nil registers none.
 	Registerer prometheus.Registerer
+
+	// Sink takes the devices' messages (data.go); nil: they stay in the
+	// broker.
+	Sink gateway.DataSink
+	// Commands holds the devices' pending commands, delivered to the
+	// connected devices (commands.go); a local client's PUBLISH to a
+	// device's command subtree is submitted to it (local.go). nil: no
+	// commands, and such a PUBLISH is an ordinary message.
+	Commands gateway.Commands
+	// Clients are the local clients (local.go), recognised by their MQTT
+	// user name. ClientPasswords checks their passwords by name
+	// (gateway.DeviceID(name); auth.NewPasswords), and is required with
+	// Clients.
+	Clients         []LocalClient
+	ClientPasswords gateway.Credentials
 }
 
 // Server is the MQTT front end. Create it with New, run it with Serve,
@@ -180,6 +203,17 @@ type Server struct {
 	conns     atomic.Int64 // admitted connections (max_clients slots)
 	connSeq   atomic.Uint64
 	tcp, tls  net.Listener
+
+	// The data path: sink and cmds may be nil. cmdClient is the broker
+	// client commands are published as; watchers wait for new commands;
+	// maxInflight is the room a client has for them.
+	sink        gateway.DataSink
+	cmds        gateway.Commands
+	cmdClient   *mochi.Client
+	watchers    *watchers
+	maxInflight int
+	// local are the local clients in force.
+	local atomic.Pointer[localSet]
 
 	// liveMu guards live: the admitted connections with the credentials
 	// revision they were admitted with, for revocation.
@@ -227,7 +261,17 @@ func New(obs gateway.Observer, o Options) (*Server, error) {
 		maxConns:  int64(cmp.Or(o.MaxClients, DefaultMaxClients)),
 		done:      make(chan struct{}),
 		live:      make(map[*conn]admission),
+
+		sink:        o.Sink,
+		cmds:        o.Commands,
+		maxInflight: cmp.Or(o.MaxInflight, DefaultMaxInflight),
 	}
+	s.watchers = &watchers{srv: s}
+	set, err := newLocalSet(o.Clients, o.ClientPasswords)
+	if err != nil {
+		return nil, fmt.Errorf("mqtt: %w", err)
+	}
+	s.local.Store(set)
 	s.anonRate = ratelimit.New[netip.Prefix](cmp.Or(o.AnonymousConnectsPerSecond, DefaultAnonymousConnectsPerSecond))
 	s.retained = newRetainedQuota(cmp.Or(o.RetainedPerDevice, DefaultRetainedPerDevice),
 		cmp.Or(o.RetainedBytesPerDevice, DefaultRetainedBytesPerDevice), cmp.Or(o.RetainedBytes, DefaultRetainedBytes))
@@ -258,6 +302,10 @@ func New(obs gateway.Observer, o Options) (*Server, error) {
 	caps.ReceiveMaximum = receiveMaximum
 	caps.MaximumInflight = uint16(cmp.Or(o.MaxInflight, DefaultMaxInflight))
 	caps.TopicAliasMaximum = topicAliasMaximum
+	// An acknowledgement carries no properties of the PUBLISH it answers
+	// (mochi echoes its user properties by default, and then writes its
+	// reason code "granted QoS 1", 0x01, which PUBACK does not have).
+	caps.Compatibilities.NoInheritedPropertiesOnAck = true
 	s.broker = mochi.New(&mochi.Options{
 		Capabilities:             caps,
 		ClientNetReadBufferSize:  readBufferSize,
@@ -268,6 +316,7 @@ func New(obs gateway.Observer, o Options) (*Server, error) {
 	if err := s.broker.AddHook(&presence{srv: s}, nil); err != nil {
 		return nil, fmt.Errorf("mqtt: add hook: %w", err)
 	}
+	s.cmdClient = s.broker.NewClient(nil, mochi.LocalListener, commandsClientID, true)
 	if err := s.listen(o); err != nil {
 		s.cancel()
 		return nil, err
@@ -431,13 +480,13 @@ func (s *Server) SetCredentials(c gateway.Credentials) {
 	s.liveMu.Lock()
 	var revoked []*mochi.Client
 	for _, a := range s.live {
-		if box.revision(a.device) != a.rev {
+		if !a.local && box.revision(a.device) != a.rev {
 			revoked = append(revoked, a.client)
 		}
 	}
 	s.liveMu.Unlock()
 	for _, cl := range revoked {
-		s.revoke(cl)
+		s.revoke(cl, "devices file")
 	}
 	s.dropChanged(box)
 }
@@ -459,11 +508,13 @@ func (b *credentials) checkPassword(device gateway.DeviceID, from netip.Addr, pa
 	return b.c.CheckPassword(device, password)
 }
 
-// admission is what a connection was admitted with.
+// admission is what a connection was admitted with: a device, or a
+// local client (local; device is then its name).
 type admission struct {
 	client *mochi.Client
 	device gateway.DeviceID
 	rev    string
+	local  bool
 }
 
 // admit records c as admitted for device at revision rev under the
@@ -486,11 +537,12 @@ func (s *Server) forget(c *conn) {
 	s.liveMu.Unlock()
 }
 
-// revoke disconnects a client whose credentials were revoked: MQTT 5
-// clients are told "not authorized" first.
-func (s *Server) revoke(cl *mochi.Client) {
+// revoke disconnects a client whose credentials a reload of what (the
+// devices file, the local clients) revoked: MQTT 5 clients are told "not
+// authorized" first.
+func (s *Server) revoke(cl *mochi.Client, what string) {
 	s.metrics.refuse(reasonRevoked)
-	s.log.Info("connection revoked by a devices file reload", "device", cl.ID)
+	s.log.Info("connection revoked by a reload", "reload", what, "client", cl.ID)
 	if cl.Properties.ProtocolVersion == 5 {
 		// A client that reads nothing must not hold up the reload.
 		if cl.Net.Conn != nil {
@@ -563,6 +615,9 @@ func (s *Server) release(c *conn) {
 		c.admitted = false
 		s.conns.Add(-1)
 		s.metrics.connections.Dec()
+		if c.local != nil {
+			s.metrics.localClients.Dec()
+		}
 	}
 }
 

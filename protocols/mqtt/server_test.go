@@ -508,8 +508,10 @@ func TestMetricsShared(t *testing.T) {
 		n += len(mf.GetMetric())
 	}
 	// coap renew + mqtt connect/renew/leave, the connections gauge, the
-	// refusal reasons, and the retained refusals and bytes.
-	if n != 1+3+1+len(refusalReasons)+2 {
+	// refusal reasons, the retained refusals and bytes, and the data
+	// path's: messages and bytes up by QoS, message refusals by reason,
+	// commands delivered and submitted, local clients.
+	if n != 1+3+1+len(refusalReasons)+2+4+len(messageRefusalReasons)+3 {
 		t.Fatalf("%d series", n)
 	}
 	if _, err := New(&recorder{}, Options{TCP: "127.0.0.1:0", Gateway: "gw-2", AllowAnonymous: true, HeartbeatInterval: time.Second, Registerer: reg}); err != nil {
@@ -520,15 +522,22 @@ func TestMetricsShared(t *testing.T) {
 func TestOptionsChecked(t *testing.T) {
 	ok := Options{TCP: "127.0.0.1:0", Gateway: "gw-1", AllowAnonymous: true, HeartbeatInterval: time.Second}
 	for name, mut := range map[string]func(*Options){
-		"no address":        func(o *Options) { o.TCP = "" },
-		"tls without cert":  func(o *Options) { o.TLS = "127.0.0.1:0" },
-		"no heartbeat":      func(o *Options) { o.HeartbeatInterval = 0 },
-		"no credentials":    func(o *Options) { o.AllowAnonymous = false },
-		"bad gateway":       func(o *Options) { o.Gateway = "gw 1" },
-		"negative limit":    func(o *Options) { o.MaxClients = -1 },
-		"negative retained": func(o *Options) { o.RetainedBytes = -1 },
-		"inflight too big":  func(o *Options) { o.MaxInflight = 65536 },
-		"bad address":       func(o *Options) { o.TCP = "256.0.0.1:0" },
+		"no address":                func(o *Options) { o.TCP = "" },
+		"tls without cert":          func(o *Options) { o.TLS = "127.0.0.1:0" },
+		"no heartbeat":              func(o *Options) { o.HeartbeatInterval = 0 },
+		"no credentials":            func(o *Options) { o.AllowAnonymous = false },
+		"bad gateway":               func(o *Options) { o.Gateway = "gw 1" },
+		"negative limit":            func(o *Options) { o.MaxClients = -1 },
+		"negative retained":         func(o *Options) { o.RetainedBytes = -1 },
+		"inflight too big":          func(o *Options) { o.MaxInflight = 65536 },
+		"bad address":               func(o *Options) { o.TCP = "256.0.0.1:0" },
+		"clients without passwords": func(o *Options) { o.Clients = []LocalClient{{Name: "nr"}} },
+		"bad client name": func(o *Options) {
+			o.Clients, o.ClientPasswords = []LocalClient{{Name: "node red"}}, bcryptCreds{}
+		},
+		"bad client filter": func(o *Options) {
+			o.Clients, o.ClientPasswords = []LocalClient{{Name: "nr", Read: []string{"a/#/b"}}}, bcryptCreds{}
+		},
 	} {
 		o := ok
 		mut(&o)
