@@ -34,6 +34,7 @@ import (
 	"log/slog"
 	"maps"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -90,6 +91,10 @@ type Queue struct {
 	every  time.Duration
 	clock  gateway.Clock
 	log    *slog.Logger
+
+	// commits counts the transactions committed (tests and benchmarks
+	// read it: messages per commit).
+	commits atomic.Uint64
 
 	// pmu guards the ops waiting for the committer and closing.
 	pmu     sync.Mutex
