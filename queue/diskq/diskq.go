@@ -246,6 +246,9 @@ func (q *Queue) Put(ctx context.Context, msgs []gateway.Message) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
+	if len(msgs) == 0 {
+		return q.live()
+	}
 	o := &op{kind: opPut, vals: make([][]byte, len(msgs)), sizes: make([]int64, len(msgs))}
 	for i, m := range msgs {
 		o.vals[i], o.sizes[i] = encode(m), int64(m.Size())
@@ -378,11 +381,24 @@ func (q *Queue) msgs(tx *bolt.Tx) (*bolt.Bucket, error) {
 // Ack removes the messages with these IDs and returns once that is
 // committed to disk; IDs not held are ignored.
 func (q *Queue) Ack(ids []uint64) error {
+	if len(ids) == 0 {
+		return q.live()
+	}
 	o := &op{kind: opAck, ids: ids}
 	if err := q.submit(o); err != nil {
 		return err
 	}
 	return <-o.done
+}
+
+// live returns ErrQueueClosed once Close has begun, else nil.
+func (q *Queue) live() error {
+	q.pmu.Lock()
+	defer q.pmu.Unlock()
+	if q.closing {
+		return gateway.ErrQueueClosed
+	}
+	return nil
 }
 
 // Stats reports what the queue holds, as committed, and what it dropped

@@ -413,3 +413,17 @@ func TestTwoQueuesInOneFile(t *testing.T) {
 		t.Fatalf("Put to one queue after the other closed: %v", err)
 	}
 }
+
+// Put of no message and Ack of no ID commit nothing (no fsync).
+func TestEmptyCallsCommitNothing(t *testing.T) {
+	f := newFixture(t, Options{})
+	f.put(f.msg(1))
+	before := f.q.commits.Load()
+	f.put()
+	if err := f.q.Ack(nil); err != nil {
+		t.Fatal(err)
+	}
+	if n := f.q.commits.Load() - before; n != 0 {
+		t.Fatalf("an empty Put and an empty Ack made %d commits", n)
+	}
+}
