@@ -69,10 +69,10 @@ func (m meta) encode() []byte {
 	return binary.BigEndian.AppendUint64(b, m.bytes)
 }
 
-// decodeMeta reads a meta record. A newer format is errNewerFormat.
+// decodeMeta reads a meta record. A newer format is ErrNewerFormat.
 func decodeMeta(v []byte) (meta, error) {
 	if len(v) > 0 && v[0] > format {
-		return meta{}, fmt.Errorf("%w: queue format %d, this binary reads up to %d", errNewerFormat, v[0], format)
+		return meta{}, fmt.Errorf("%w: queue format %d, this binary reads up to %d", ErrNewerFormat, v[0], format)
 	}
 	if len(v) != metaLen || v[0] != format {
 		return meta{}, fmt.Errorf("meta record of %d bytes, format %d: want %d bytes, format %d", len(v), firstByte(v), metaLen, format)

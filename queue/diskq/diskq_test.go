@@ -226,11 +226,11 @@ func TestNewerFormatRefused(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if q, err := Open(f.o); !errors.Is(err, errNewerFormat) {
+	if q, err := Open(f.o); !errors.Is(err, ErrNewerFormat) {
 		if q != nil {
 			q.Close()
 		}
-		t.Fatalf("Open of a newer queue = %v, want errNewerFormat", err)
+		t.Fatalf("Open of a newer queue = %v, want ErrNewerFormat", err)
 	}
 	after, err := os.ReadFile(f.path)
 	if err != nil {
