@@ -29,7 +29,7 @@
 //
 // One file may hold several queues, each in its own bucket (the bridge
 // keeps its pending commands beside the messages going up): open the
-// file once and call OpenDB for each.
+// file once (OpenFile) and call OpenDB for each.
 package diskq
 
 import (
@@ -124,23 +124,13 @@ type Queue struct {
 
 var _ gateway.Queue = (*Queue)(nil)
 
-// Open opens (or creates) the bbolt file at o.Path, waiting at most
-// LockTimeout for its lock, and the queue in it; Close closes the file.
-// The file's free list is not written by each commit (bbolt's
-// NoFreelistSync, its hash map free list): a file that held a backlog
-// keeps its pages as free pages, and their list, 8 bytes a page, grows
-// with the backlog: written by every commit, it cost a queue emptied of
-// 200,000 messages (45 MB, 84 KB of list) 5–30 % of its Put rate
-// (BenchmarkPutAfterBacklog), and would cost more at the default 256
-// MiB. bbolt rebuilds the list at Open instead,
-// from the tree: about 0.1 s for a file of 45 MB in the page cache,
-// where reading a written list takes 2 ms (BenchmarkOpen).
-// A gateway that checks the file after an unclean stop and moves a
-// damaged one aside opens it with internal/statefile and calls OpenDB.
+// Open opens (or creates) the bbolt file at o.Path with OpenFile and
+// the queue in it; Close closes the file. For two queues in one file,
+// call OpenFile once and OpenDB for each.
 func Open(o Options) (*Queue, error) {
-	db, err := bolt.Open(o.Path, 0o600, &bolt.Options{Timeout: LockTimeout, NoFreelistSync: true, FreelistType: bolt.FreelistMapType})
+	db, err := OpenFile(o.Path)
 	if err != nil {
-		return nil, fmt.Errorf("diskq: open %s: %w", o.Path, err)
+		return nil, err
 	}
 	q, err := OpenDB(db, o)
 	if err != nil {
@@ -148,6 +138,26 @@ func Open(o Options) (*Queue, error) {
 	}
 	q.ownsDB = true
 	return q, nil
+}
+
+// OpenFile opens (or creates) a bbolt file for queues, waiting at most
+// LockTimeout for its lock. The file's free list is not written by each
+// commit (bbolt's NoFreelistSync, its hash map free list): a file that
+// held a backlog keeps its pages as free pages, and their list, 8 bytes
+// a page, grows with the backlog: written by every commit, it cost a
+// queue emptied of 200,000 messages (45 MB, 84 KB of list) 5–30 % of
+// its Put rate (BenchmarkPutAfterBacklog), and would cost more at the
+// default 256 MiB. bbolt rebuilds the list at open instead, from the
+// tree: about 0.1 s for a file of 45 MB in the page cache, where
+// reading a written list takes 2 ms (BenchmarkOpen). A gateway that
+// checks the file after an unclean stop and moves a damaged one aside
+// opens it with internal/statefile instead.
+func OpenFile(path string) (*bolt.DB, error) {
+	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: LockTimeout, NoFreelistSync: true, FreelistType: bolt.FreelistMapType})
+	if err != nil {
+		return nil, fmt.Errorf("diskq: open %s: %w", path, err)
+	}
+	return db, nil
 }
 
 // OpenDB opens the queue in bucket o.Bucket of db, creating it if

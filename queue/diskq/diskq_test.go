@@ -366,7 +366,7 @@ func TestClosePending(t *testing.T) {
 // Two queues in one file keep apart: their own IDs, sizes and drops,
 // concurrent Puts to both, and one closed leaves the other working.
 func TestTwoQueuesInOneFile(t *testing.T) {
-	db, err := bolt.Open(filepath.Join(t.TempDir(), "bridge.db"), 0o600, nil)
+	db, err := OpenFile(filepath.Join(t.TempDir(), "bridge.db"))
 	if err != nil {
 		t.Fatal(err)
 	}
