@@ -139,6 +139,9 @@ const (
 	DropFull DropReason = "full"
 	// DropExpired: the message was older than the queue's max age.
 	DropExpired DropReason = "expired"
+	// DropCorrupt: the message as stored did not decode (a damaged
+	// disk); a durable queue drops it when it comes to it.
+	DropCorrupt DropReason = "corrupt"
 )
 
 // QueueStats is a queue's state for metrics and /v1/status.
@@ -176,7 +179,14 @@ type QueueStats struct {
 //   - Ack removes the messages with these IDs (forwarded). IDs not in
 //     the queue (acknowledged or dropped already) are ignored. A message
 //     acknowledged is never read again, also after a restart.
-//   - Stats reports what the queue holds and what it dropped.
+//   - Edges, pinned by the suite: a batch larger than the whole queue
+//     keeps its newest messages (the others count as DropFull); a Put
+//     whose ctx ended before the call puts nothing; a message's age is
+//     now − Received, and one exactly max age old is kept; a Read whose
+//     ctx has ended still returns what is there (only the wait ends),
+//     and n < 1 is an error.
+//   - Stats reports what the queue holds and what it dropped; Oldest is
+//     the Received of the message with the lowest ID.
 //   - Close releases the queue; Put, Read and Ack then fail with
 //     ErrQueueClosed, and a Read waiting returns it.
 type Queue interface {

@@ -35,7 +35,7 @@ import (
 //
 // A value that is too short, fails its checksum, has another format or
 // does not parse to its last byte is corrupt: Read drops it and counts
-// it (DropCorrupt). Its Size is not known; the queue's byte count goes
+// it (gateway.DropCorrupt). Its Size is not known; the queue's byte count goes
 // down by its length plus 64, never below zero, and is zero again
 // whenever the queue is empty.
 const (

@@ -186,7 +186,7 @@ func (t *txState) trim(now time.Time) error {
 		}
 		f, err := parse(v)
 		if err != nil || !t.q.expired(f.received, now) {
-			// A damaged head is Read's to drop (DropCorrupt), or a
+			// A damaged head is Read's to drop (gateway.DropCorrupt), or a
 			// Put's that needs its room.
 			return nil
 		}
@@ -196,7 +196,7 @@ func (t *txState) trim(now time.Time) error {
 	}
 }
 
-// dropHead drops the oldest message for reason r (DropCorrupt when it
+// dropHead drops the oldest message for reason r (gateway.DropCorrupt when it
 // is damaged).
 func (t *txState) dropHead(r gateway.DropReason) error {
 	c := t.msgs.Cursor()
@@ -207,7 +207,7 @@ func (t *txState) dropHead(r gateway.DropReason) error {
 		return nil
 	}
 	if _, err := parse(v); err != nil {
-		r = DropCorrupt
+		r = gateway.DropCorrupt
 		t.q.log.Error("damaged message dropped", "key", fmt.Sprintf("%x", k), "err", err)
 	}
 	t.take(valueSize(v))

@@ -19,7 +19,7 @@
 // messages until the next Put or Read.
 //
 // A message whose value is damaged (codec.go) is dropped when Read or
-// a Put making room comes to it, counted under DropCorrupt and logged;
+// a Put making room comes to it, counted under gateway.DropCorrupt and logged;
 // decoding checks the value's checksum, then every length against what
 // is left of the value, so a damaged value is never a crash or a hang.
 //
@@ -47,10 +47,6 @@ import (
 
 	"github.com/fleetgate/fleetgate/gateway"
 )
-
-// DropCorrupt counts the messages dropped because their value on disk
-// did not decode (QueueStats.Dropped).
-const DropCorrupt gateway.DropReason = "corrupt"
 
 // DefaultBucket is the bucket of a queue whose Options name none.
 const DefaultBucket = "queue"
@@ -364,7 +360,7 @@ func (q *Queue) scan(after uint64, n int) ([]gateway.QueuedMessage, *op, bool, e
 			switch {
 			case err != nil:
 				q.log.Error("damaged message dropped", "id", id, "err", err)
-				drop.ids, drop.reasons = append(drop.ids, id), append(drop.reasons, DropCorrupt)
+				drop.ids, drop.reasons = append(drop.ids, id), append(drop.reasons, gateway.DropCorrupt)
 			case q.expired(f.received, now):
 				drop.ids, drop.reasons = append(drop.ids, id), append(drop.reasons, gateway.DropExpired)
 			default:

@@ -121,7 +121,7 @@ func done() context.Context {
 func equal(a, b []string) bool { return fmt.Sprint(a) == fmt.Sprint(b) }
 
 // A damaged message is dropped when Read comes to it and counted under
-// DropCorrupt; the messages around it are read, the queue's counts go
+// gateway.DropCorrupt; the messages around it are read, the queue's counts go
 // down, and its bytes are zero once it is empty.
 func TestDamagedDroppedAtRead(t *testing.T) {
 	f := newFixture(t, Options{})
@@ -131,7 +131,7 @@ func TestDamagedDroppedAtRead(t *testing.T) {
 		t.Fatalf("read %v, want t/1 and t/3", got)
 	}
 	s := f.q.Stats()
-	if s.Messages != 2 || s.Dropped[DropCorrupt] != 1 {
+	if s.Messages != 2 || s.Dropped[gateway.DropCorrupt] != 1 {
 		t.Fatalf("Stats %+v, want 2 messages, 1 dropped as corrupt", s)
 	}
 	if err := f.q.Ack([]uint64{1, 3}); err != nil {
@@ -151,7 +151,7 @@ func TestDamagedHeadDroppedForRoom(t *testing.T) {
 	f.damage(1)
 	f.put(f.msg(4))
 	s := f.q.Stats()
-	if s.Messages != 3 || s.Dropped[DropCorrupt] != 1 || s.Dropped[gateway.DropFull] != 0 {
+	if s.Messages != 3 || s.Dropped[gateway.DropCorrupt] != 1 || s.Dropped[gateway.DropFull] != 0 {
 		t.Fatalf("Stats %+v, want 3 messages and the damaged one dropped as corrupt", s)
 	}
 	if got := f.topics(); !equal(got, []string{"t/2", "t/3", "t/4"}) {
