@@ -78,6 +78,8 @@ type recSink struct {
 }
 
 func (r *recSink) Ready() {}
+
+func (r *recSink) Data(context.Context, sdk.Data) error { return nil }
 func (r *recSink) Send(_ context.Context, ev sdk.Evidence) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
