@@ -43,7 +43,8 @@
 //     closes the go-plugin connection.
 //   - Settle(settlements): the host's answer about QoS 1 data (below):
 //     after it has handled a frame, one call with a settlement for each
-//     QoS 1 item of that frame, in order, before it reads the next frame.
+//     QoS 1 item of that frame (in no particular order), before it reads
+//     the next frame.
 //     An id the adapter does not know (it stopped waiting) is ignored. A
 //     settlement is sent once and never again: one lost with the stream
 //     or the process leaves its item unsettled.

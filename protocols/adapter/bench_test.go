@@ -182,7 +182,7 @@ func BenchmarkRenewalsThroughPlugin(b *testing.B) {
 	defer conn.Close()
 	// run measures one stream into a host: from warm pieces of evidence
 	// to warm+items, wall and CPU time of this process.
-	run := func(open func(context.Context) pb.Adapter_EvidenceClient) (wall, cpu time.Duration) {
+	run := func(open func(context.Context) (pb.AdapterClient, pb.Adapter_EvidenceClient)) (wall, cpu time.Duration) {
 		obs := newTableObserver(warm, warm+items)
 		host, err := New(obs, Options{Lease: 90 * time.Second})
 		if err != nil {
@@ -191,20 +191,21 @@ func BenchmarkRenewalsThroughPlugin(b *testing.B) {
 		p := newProc(host, Spec{Name: "bench", Devices: []string{"*"}})
 		sctx, cancel := context.WithCancel(ctx)
 		defer cancel()
-		stream := open(sctx)
-		go func() { _ = p.receive(sctx, stream) }()
+		client, stream := open(sctx)
+		go func() { _ = p.receive(sctx, client, stream) }()
 		<-obs.warmed
 		start, cpu0 := time.Now(), processCPU(b)
 		<-obs.done
 		return time.Since(start), processCPU(b) - cpu0
 	}
 	plainRun := func() (wall, cpu time.Duration) {
-		return run(func(sctx context.Context) pb.Adapter_EvidenceClient {
-			stream, err := pb.NewAdapterClient(conn).Evidence(sctx, &pb.EvidenceRequest{})
+		return run(func(sctx context.Context) (pb.AdapterClient, pb.Adapter_EvidenceClient) {
+			c := pb.NewAdapterClient(conn)
+			stream, err := c.Evidence(sctx, &pb.EvidenceRequest{})
 			if err != nil {
 				b.Fatal(err)
 			}
-			return stream
+			return c, stream
 		})
 	}
 	// sdkRun: the SDK's server and the benchadapter's loop in this process,
@@ -224,16 +225,16 @@ func BenchmarkRenewalsThroughPlugin(b *testing.B) {
 			b.Fatal(err)
 		}
 		defer conn.Close()
-		return run(func(sctx context.Context) pb.Adapter_EvidenceClient {
+		return run(func(sctx context.Context) (pb.AdapterClient, pb.Adapter_EvidenceClient) {
 			c := pb.NewAdapterClient(conn)
-			if _, err := c.Configure(sctx, &pb.ConfigureRequest{}); err != nil {
+			if _, err := c.Configure(sctx, &pb.ConfigureRequest{Data: true}); err != nil {
 				b.Fatal(err)
 			}
 			stream, err := c.Evidence(sctx, &pb.EvidenceRequest{})
 			if err != nil {
 				b.Fatal(err)
 			}
-			return stream
+			return c, stream
 		})
 	}
 
