@@ -341,14 +341,24 @@ func Conformance(t *testing.T, s Suite) {
 				t.Fatal(err)
 			}
 		}
-		res, err := h.Client.Deliver(c, cc.Accept)
-		if err != nil || !res.GetAccepted() {
-			t.Fatalf("Deliver(%v) = %v, %v; want accepted", cc.Accept, res, err)
+		// The host tries a refused command again: the adapter must take it
+		// within a few seconds of Prepare (it may still be reading what
+		// Prepare made the device send).
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			res, err := h.Client.Deliver(c, cc.Accept)
+			if err == nil && res.GetAccepted() {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("Deliver(%v) = %v, %v; want accepted", cc.Accept, res, err)
+			}
+			time.Sleep(50 * time.Millisecond)
 		}
 		if err := cc.Received(c); err != nil {
 			t.Fatalf("the device did not get the command: %v", err)
 		}
-		res, err = h.Client.Deliver(c, cc.Refuse)
+		res, err := h.Client.Deliver(c, cc.Refuse)
 		if err != nil || res.GetAccepted() || res.GetReason() == "" {
 			t.Fatalf("Deliver(%v) = %v, %v; want refused with a reason", cc.Refuse, res, err)
 		}
