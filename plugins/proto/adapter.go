@@ -77,8 +77,8 @@
 // in. The host checks an item with data as a whole: an invalid topic, a
 // QoS other than 0 or 1, or a message beyond the data path's size rejects
 // the whole item. QoS 1 data is at least once: its id is > 0 and unique
-// within the process, and the host settles it once the data path has
-// answered — DURABLE when it is on disk, else why not (REJECTED or
+// within the process, and the host settles it (any item with an id, valid
+// or not) once the data path has answered — DURABLE when it is on disk, else why not (REJECTED or
 // REFUSED: never taken; DROPPED or FAILED: may be taken if sent again;
 // DISCARDED: the gateway has no data path, the evidence counted). An
 // adapter answers its own source (an HTTP request, a device's

@@ -484,8 +484,9 @@ func (x *Evidence) GetData() *Data {
 // Data is a message of a device, below the device's root topic.
 type Data struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// id numbers a QoS 1 item for Settle: > 0 and unique within the
-	// adapter process. 0 for QoS 0 (never settled).
+	// id numbers an item for Settle: > 0 and unique within the adapter
+	// process for QoS 1 (the host settles every item with an id, valid or
+	// not); 0 for QoS 0 (never settled).
 	Id uint64 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
 	// topic is the rest below the device's root: "" for the root itself,
 	// else levels without wildcards ("telemetry/temp").

@@ -85,14 +85,14 @@ func (f *frameData) add(msg gateway.Message, id uint64) {
 }
 
 // settle records the outcome of item e when it carries data: counted, and
-// settled when it is of QoS 1.
+// settled when it has an id (QoS 1).
 func (f *frameData) settle(e *pb.Evidence, outcome pb.Outcome, reason string) {
 	d := e.GetData()
 	if d == nil {
 		return
 	}
 	f.count(outcome, 1)
-	if d.GetId() != 0 && d.GetQos() == 1 {
+	if d.GetId() != 0 {
 		f.mu.Lock()
 		f.settled = append(f.settled, &pb.Settlement{Id: d.GetId(), Outcome: outcome, Reason: reason})
 		f.mu.Unlock()
@@ -170,8 +170,8 @@ func (p *proc) publish(ctx context.Context, f *frameData) {
 				}
 			}
 			f.count(outcome, uint64(len(b.msgs)))
-			for j, id := range b.ids {
-				if id != 0 && b.msgs[j].QoS == 1 {
+			for _, id := range b.ids {
+				if id != 0 {
 					f.mu.Lock()
 					f.settled = append(f.settled, &pb.Settlement{Id: id, Outcome: outcome, Reason: reason})
 					f.mu.Unlock()
