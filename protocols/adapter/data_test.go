@@ -2,8 +2,10 @@ package adapter_test
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -235,4 +237,104 @@ func TestCommandsReachTheDevice(t *testing.T) {
 	if got := d1.next(500 * time.Millisecond); got != "" {
 		t.Fatalf("dev-1 got %q while the devices file lists it", got)
 	}
+}
+
+// lorawanSpec runs lorawan on addr for devices "lora-*".
+func lorawanSpec(addr string) adapter.Spec {
+	return adapter.Spec{Name: "lora", Path: lorawan, StartTimeout: 10 * time.Second, Devices: []string{"lora-*"},
+		Config: []byte(fmt.Sprintf(`{"listen": %q, "secret": "k", "prefix": "lora-"}`, addr))}
+}
+
+// postUplink posts a ChirpStack uplink of port 1 with payload 0x04 for
+// lora-<eui> and returns the answer's status, or an error.
+func postUplink(addr, eui string) (int, error) {
+	body := `{"deviceInfo": {"devEui": "` + eui + `"}, "fPort": 1, "fCnt": 4, "data": "BA=="}`
+	req, err := http.NewRequest("POST", "http://"+addr+"/chirpstack?event=up", strings.NewReader(body))
+	if err != nil {
+		return 0, err
+	}
+	req.Header.Set("X-Fleetgate-Secret", "k")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	resp.Body.Close()
+	return resp.StatusCode, nil
+}
+
+// TestQoS1DataAnsweredAfterTheSink: lorawan answers a network server's
+// uplink only once the host's data sink has taken its data (QoS 1): not
+// while Publish waits for its disk; 204 after; 503 when the sink fails
+// (the network server may send it again); 204 with no data path, the
+// uplink counted as evidence.
+func TestQoS1DataAnsweredAfterTheSink(t *testing.T) {
+	sink := &recordingSink{}
+	e := newHost(t, func(o *adapter.Options) { o.Data = sink })
+	addr := freeTCP(t)
+	if err := e.host.Apply(ctx(t), []adapter.Spec{lorawanSpec(addr)}); err != nil {
+		t.Fatal(err)
+	}
+	gate := make(chan struct{})
+	sink.set(nil, gate)
+	answer := make(chan int, 1)
+	go func() {
+		code, err := postUplink(addr, "0101010101010101")
+		if err != nil {
+			t.Error(err)
+		}
+		answer <- code
+	}()
+	waitFor(t, 5*time.Second, "the Publish call", func() bool {
+		sink.mu.Lock()
+		defer sink.mu.Unlock()
+		return sink.calls == 1
+	})
+	select {
+	case code := <-answer:
+		t.Fatalf("answered %d while the sink had not taken the data", code)
+	case <-time.After(300 * time.Millisecond):
+	}
+	close(gate)
+	if code := <-answer; code != http.StatusNoContent {
+		t.Fatalf("answered %d once taken, want 204", code)
+	}
+	msgs := sink.messages()
+	if len(msgs) != 1 || msgs[0].Device != "lora-0101010101010101" || msgs[0].Topic != "up/1" || string(msgs[0].Payload) != "\x04" ||
+		msgs[0].QoS != 1 || msgs[0].ContentType != "application/octet-stream" || msgs[0].Source != "lora" ||
+		len(msgs[0].Properties) != 1 || msgs[0].Properties[0] != (gateway.Property{Key: "f_cnt", Value: "4"}) {
+		t.Fatalf("messages %+v", msgs)
+	}
+	if e.count("lora-0101010101010101", gateway.Renew) != 1 {
+		t.Fatalf("evidence %v: want the uplink's renewal", e.rec.Evidence())
+	}
+
+	sink.set(errors.New("queue: disk full"), nil)
+	if code, err := postUplink(addr, "0101010101010101"); err != nil || code != http.StatusServiceUnavailable {
+		t.Fatalf("with a failing sink: %d, %v; want 503", code, err)
+	}
+	if st := e.status(t, "lora"); st.DataPublished != 1 || st.DataFailed != 1 || st.Accepted != 2 {
+		t.Fatalf("status %+v: want 1 published, 1 failed, both uplinks' evidence accepted", st)
+	}
+
+	e2 := newHost(t, nil)
+	addr2 := freeTCP(t)
+	if err := e2.host.Apply(ctx(t), []adapter.Spec{lorawanSpec(addr2)}); err != nil {
+		t.Fatal(err)
+	}
+	if code, err := postUplink(addr2, "0101010101010101"); err != nil || code != http.StatusNoContent {
+		t.Fatalf("without a data path: %d, %v; want 204", code, err)
+	}
+	if st := e2.status(t, "lora"); st.DataDiscarded != 1 || st.Accepted != 1 {
+		t.Fatalf("status %+v: want 1 discarded, its evidence accepted", st)
+	}
+}
+
+func freeTCP(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
 }

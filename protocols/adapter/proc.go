@@ -401,9 +401,6 @@ func (p *proc) accept(ctx context.Context, client pb.AdapterClient, f *pb.Eviden
 	if len(out.batches) > 0 {
 		p.publish(ctx, &out)
 	}
-	if len(out.settled) > 0 {
-		p.settle(ctx, client, out.settled)
-	}
 	m := p.h.metrics.of(p.spec.Name)
 	if accepted > 0 {
 		p.accepted.Add(accepted)
@@ -424,6 +421,11 @@ func (p *proc) accept(ctx context.Context, client pb.AdapterClient, f *pb.Eviden
 	p.data.add(&out.counts, m)
 	p.sessions.Store(int64(l.sessions.len()))
 	p.devices.Store(int64(l.sessions.devices()))
+	// Last: what the adapter answers its sources once settled is counted
+	// by then.
+	if len(out.settled) > 0 {
+		p.settle(ctx, client, out.settled)
+	}
 }
 
 // warnRefused logs a refused item: at warn level at most once every
