@@ -44,7 +44,9 @@
 //   - Settle(settlements): the host's answer about QoS 1 data (below):
 //     after it has handled a frame, one call with a settlement for each
 //     QoS 1 item of that frame (in no particular order), before it reads
-//     the next frame.
+//     the next frame: one call per such frame, so that an adapter may
+//     count the calls to pace its frames (the SDK sends at most two
+//     frames ahead of their settlements).
 //     An id the adapter does not know (it stopped waiting) is ignored. A
 //     settlement is sent once and never again: one lost with the stream
 //     or the process leaves its item unsettled.

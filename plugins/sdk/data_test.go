@@ -262,3 +262,63 @@ func TestDeliver(t *testing.T) {
 		t.Fatalf("Deliver to an adapter without Commander = %v, want Unimplemented", err)
 	}
 }
+
+// crowd sends n QoS 1 items from each of senders goroutines, each waiting
+// for its settlement before the next, as the requests of a network
+// server in flight do.
+type crowd struct{ senders, n int }
+
+func (c *crowd) Configure(context.Context, []byte) error { return nil }
+
+func (c *crowd) Run(ctx context.Context, sink sdk.Sink) error {
+	sink.Ready()
+	for range c.senders {
+		go func() {
+			for range c.n {
+				if err := sink.Data(ctx, sdk.Data{Device: "d", QoS: 1}); err != nil {
+					return
+				}
+			}
+		}()
+	}
+	<-ctx.Done()
+	return nil
+}
+
+// TestQoS1FramesBatched: while the host has not settled the frames it
+// got, the items of senders that wait for their settlements gather into
+// the next frame, instead of going out one per frame as each settlement
+// frees its sender (one host round trip per item).
+func TestQoS1FramesBatched(t *testing.T) {
+	const senders, each = 100, 20
+	h := sdktest.Start(t, sdk.Info{Name: "crowd", Version: "1"}, &crowd{senders: senders, n: each})
+	if _, err := h.Client.Configure(t.Context(), &pb.ConfigureRequest{Data: true}); err != nil {
+		t.Fatal(err)
+	}
+	st, err := h.Client.Evidence(t.Context(), &pb.EvidenceRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, frames := 0, 0
+	for got < senders*each {
+		f, err := st.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		frames++
+		var settled []*pb.Settlement
+		for _, e := range f.GetEvidence() {
+			settled = append(settled, &pb.Settlement{Id: e.GetData().GetId(), Outcome: pb.Outcome_OUTCOME_DURABLE})
+		}
+		got += len(settled)
+		if len(settled) > 0 {
+			if _, err := h.Client.Settle(t.Context(), &pb.SettleRequest{Settlements: settled}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if frames > senders*each/10 {
+		t.Fatalf("%d items came in %d frames: want at least 10 a frame on average", got, frames)
+	}
+	t.Logf("%d items in %d frames", got, frames)
+}

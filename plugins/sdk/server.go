@@ -60,7 +60,7 @@ func NewServer(info Info, a Adapter, log hclog.Logger) *Server {
 	if log == nil {
 		log = hclog.NewNullLogger()
 	}
-	return &Server{info: info, a: a, log: log, shutdown: make(chan struct{}), settle: settler{waiting: make(map[uint64]chan *pb.Settlement)}}
+	return &Server{info: info, a: a, log: log, shutdown: make(chan struct{}), settle: newSettler()}
 }
 
 // Info implements the contract's Info: commands is true when the adapter
@@ -271,7 +271,7 @@ func (k *sink) Data(ctx context.Context, d Data) error {
 	if d.QoS == 0 {
 		return k.enqueue(ctx, item{Evidence: ev, data: &dataItem{d: d}})
 	}
-	id, settled := k.settle.wait()
+	id, settled := k.settle.register()
 	if err := k.enqueue(ctx, item{Evidence: ev, data: &dataItem{id: id, d: d}}); err != nil {
 		k.settle.forget(id)
 		return err
@@ -287,6 +287,17 @@ func (k *sink) Data(ctx context.Context, d Data) error {
 		return fmt.Errorf("%w: the stream ended before the gateway settled it", ErrUnavailable)
 	}
 	return ctx.Err()
+}
+
+// settles reports whether items hold a QoS 1 item (the host settles the
+// frame).
+func settles(items []item) bool {
+	for i := range items {
+		if items[i].data != nil && items[i].data.id != 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // take returns the oldest chunk (at most MaxFrame items, oldest first;
@@ -359,6 +370,7 @@ func (s *Server) Evidence(_ *pb.EvidenceRequest, stream pb.Adapter_EvidenceServe
 	s.mu.Lock()
 	k := newSink(ctx, s.dataPath, &s.settle)
 	s.mu.Unlock()
+	s.settle.restart()
 	runDone := make(chan error, 1)
 	go func() { runDone <- s.a.Run(WithLogger(ctx, s.log), k) }()
 
@@ -368,8 +380,12 @@ func (s *Server) Evidence(_ *pb.EvidenceRequest, stream pb.Adapter_EvidenceServe
 		frame   *pb.EvidenceFrame
 	)
 	send := func(ready bool) error {
+		s.settle.room(ctx, s.shutdown)
 		batch = k.take(batch)
 		frame, scratch = encodeFrame(ready, batch, time.Now(), scratch)
+		if settles(batch) {
+			s.settle.sent()
+		}
 		err := stream.Send(frame)
 		if ready && err == nil {
 			s.mu.Lock()

@@ -15,15 +15,39 @@ import (
 // settler holds the QoS 1 data items waiting for their settlement, by
 // id. Ids are never reused within the process (a Server's streams share
 // one settler), so a late settlement of an earlier stream finds nothing.
+//
+// It also paces the frames that carry QoS 1 items: the host settles each
+// such frame in one Settle call before it reads the next frame, so at
+// most MaxUnsettledFrames of them are sent ahead of their settlements;
+// meanwhile the queue fills the next frame. Without it, every Data
+// waiting for its settlement would go out alone in its own frame as soon
+// as the previous one was settled, one host round trip per item.
 type settler struct {
-	mu      sync.Mutex
-	next    uint64
-	waiting map[uint64]chan *pb.Settlement
+	mu       sync.Mutex
+	next     uint64
+	waiting  map[uint64]chan *pb.Settlement
+	inFlight int           // frames with QoS 1 items sent and not settled
+	settled  chan struct{} // a signal: a Settle call came
 }
 
-// wait registers a new id and returns it with the channel its
+// Pacing of the frames with QoS 1 items.
+const (
+	// MaxUnsettledFrames is how many frames with QoS 1 items are sent
+	// ahead of their settlements.
+	MaxUnsettledFrames = 2
+	// SettleWait bounds the wait for a settlement before the next frame
+	// goes out all the same (a settlement lost, a host that breaks the
+	// contract).
+	SettleWait = time.Second
+)
+
+func newSettler() settler {
+	return settler{waiting: make(map[uint64]chan *pb.Settlement), settled: make(chan struct{}, 1)}
+}
+
+// register registers a new id and returns it with the channel its
 // settlement arrives on.
-func (s *settler) wait() (uint64, <-chan *pb.Settlement) {
+func (s *settler) register() (uint64, <-chan *pb.Settlement) {
 	ch := make(chan *pb.Settlement, 1)
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -47,6 +71,48 @@ func (s *settler) deliver(st *pb.Settlement) {
 	s.mu.Unlock()
 	if ok {
 		ch <- st
+	}
+}
+
+// sent records a frame with QoS 1 items sent.
+func (s *settler) sent() {
+	s.mu.Lock()
+	s.inFlight++
+	s.mu.Unlock()
+}
+
+// restart forgets the frames of an earlier stream.
+func (s *settler) restart() {
+	s.mu.Lock()
+	s.inFlight = 0
+	s.mu.Unlock()
+}
+
+// room waits until fewer than MaxUnsettledFrames frames wait for their
+// settlement, at most SettleWait (then it forgets them), or until ctx
+// ends or stop is closed.
+func (s *settler) room(ctx context.Context, stop <-chan struct{}) {
+	var t *time.Timer
+	for {
+		s.mu.Lock()
+		if s.inFlight < MaxUnsettledFrames {
+			s.mu.Unlock()
+			break
+		}
+		s.mu.Unlock()
+		if t == nil {
+			t = time.NewTimer(SettleWait)
+			defer t.Stop()
+		}
+		select {
+		case <-s.settled:
+		case <-t.C:
+			s.restart()
+		case <-ctx.Done():
+			return
+		case <-stop:
+			return
+		}
 	}
 }
 
@@ -86,11 +152,18 @@ func outcomeName(o pb.Outcome) string {
 }
 
 // Settle implements the contract's Settle: each settlement ends the wait
-// of its Sink.Data call; ids nobody waits for are ignored.
+// of its Sink.Data call; ids nobody waits for are ignored. The call
+// settles one frame (the pacing of frames counts it).
 func (s *Server) Settle(_ context.Context, req *pb.SettleRequest) (*pb.SettleResponse, error) {
 	for _, st := range req.GetSettlements() {
 		s.settle.deliver(st)
 	}
+	s.settle.mu.Lock()
+	if s.settle.inFlight > 0 {
+		s.settle.inFlight--
+	}
+	s.settle.mu.Unlock()
+	notify(s.settle.settled)
 	return &pb.SettleResponse{}, nil
 }
 

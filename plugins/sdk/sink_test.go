@@ -13,7 +13,8 @@ import (
 
 // testSink is a sink of a stream whose host takes data.
 func testSink(t testing.TB) *sink {
-	return newSink(t.Context(), true, &settler{waiting: make(map[uint64]chan *pb.Settlement)})
+	st := newSettler()
+	return newSink(t.Context(), true, &st)
 }
 
 // TestTakeFillsFrames: what is pending goes out in frames of at most
