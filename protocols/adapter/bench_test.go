@@ -394,6 +394,8 @@ func BenchmarkIdleAdapterMemory(b *testing.B) {
 	b.ReportMetric(perAdapter/(1<<20), "bytes/ceiling")
 }
 
+var _ gateway.DataSink = (*countingSink)(nil)
+
 // countingSink is the data sink of BenchmarkDataThroughPlugin: it counts
 // the messages and closes done at want. It keeps nothing and writes no
 // disk: the benchmark measures the plugin path up to the data path.

@@ -104,7 +104,8 @@ type watch struct {
 // comes to life and whenever Commands.Wait says a command was submitted
 // for it, again CommandRetry after a refusal or failure. One goroutine
 // per adapter process: it waits on all the devices' Wait channels in one
-// reflect.Select, and delivers one command at a time.
+// reflect.Select (then looks at each channel, to serve all that fired),
+// and delivers one command at a time.
 func (p *proc) deliverCommands(ctx context.Context, client pb.AdapterClient) {
 	cmds := p.h.o.Commands
 	clock := p.h.o.Clock
@@ -207,11 +208,20 @@ func (p *proc) deliverCommands(ctx context.Context, client pb.AdapterClient) {
 				}
 			}
 		default:
-			d := devs[chosen-fixed]
-			w := watched[d]
-			w.ready = cmds.Wait(d) // before Pending: a submit in between is not missed
-			cases[chosen].Chan = reflect.ValueOf(w.ready)
-			p.deliverTo(ctx, client, d, w)
+			// Every device whose channel has fired, not only the chosen
+			// one: a burst of submits costs one select over all the
+			// channels, not one each.
+			for i, d := range devs {
+				w := watched[d]
+				select {
+				case <-w.ready:
+				default:
+					continue
+				}
+				w.ready = cmds.Wait(d) // before Pending: a submit in between is not missed
+				cases[i+fixed].Chan = reflect.ValueOf(w.ready)
+				p.deliverTo(ctx, client, d, w)
+			}
 		}
 	}
 }

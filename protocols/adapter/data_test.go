@@ -338,3 +338,36 @@ func freeTCP(t *testing.T) string {
 	defer ln.Close()
 	return ln.Addr().String()
 }
+
+// TestCommandsBeyondMaxWatched: of more live devices than the host waits
+// for, the ones beyond MaxWatched get their commands too, looked for
+// every CommandRetry (on the host's clock).
+func TestCommandsBeyondMaxWatched(t *testing.T) {
+	var cmds *recordingCommands
+	e := newHost(t, func(o *adapter.Options) {
+		o.HealthInterval = time.Hour
+		cmds = newRecordingCommands(o.Clock)
+		o.Commands = cmds
+	})
+	addr := freeUDP(t)
+	if err := e.host.Apply(ctx(t), []adapter.Spec{udpSpec("legacy", addr)}); err != nil {
+		t.Fatal(err)
+	}
+	const n = adapter.MaxWatched + 1
+	e.renewMany(t, "legacy", addr, n)
+	// The live devices are known to the delivery loop once the clock has
+	// its look-again timer (health and poll).
+	waitFor(t, 10*time.Second, "the poll timer", func() bool { return e.clock.Timers() == 2 })
+	start := time.Now()
+	for i := range n {
+		cmds.submit(command(fmt.Sprintf("r-%d", i), "cmd", "x"), time.Time{})
+	}
+	waitFor(t, 30*time.Second, "the watched devices' commands", func() bool { return e.status(t, "legacy").CommandsDelivered == n-1 })
+	t.Logf("%d commands, one per watched device, delivered in %s", n-1, time.Since(start).Round(time.Millisecond))
+	time.Sleep(200 * time.Millisecond)
+	if d := e.status(t, "legacy").CommandsDelivered; d != n-1 {
+		t.Fatalf("%d delivered before the poll, want %d (one device is beyond MaxWatched)", d, n-1)
+	}
+	e.clock.Advance(adapter.CommandRetry)
+	waitFor(t, 10*time.Second, "the polled device's command", func() bool { return e.status(t, "legacy").CommandsDelivered == n })
+}
