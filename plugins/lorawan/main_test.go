@@ -42,13 +42,27 @@ func TestParseFixtures(t *testing.T) {
 		want  Message
 		err   error
 	}{
-		{"chirpstack up", cs("up", "chirpstack_up.json"), Message{DevEUI: "0101010101010101", At: time.Date(2022, 7, 18, 9, 34, 15, 775023242, time.UTC)}, nil},
+		{"chirpstack up", cs("up", "chirpstack_up.json"), Message{DevEUI: "0101010101010101", At: time.Date(2022, 7, 18, 9, 34, 15, 775023242, time.UTC),
+			FPort: 1, FCnt: 4, Payload: []byte{4}}, nil},
+		{"chirpstack up decoded", cs("up", "chirpstack_up_decoded.json"), Message{DevEUI: "0101010101010101", At: time.Date(2022, 7, 18, 9, 40, 2, 100000000, time.UTC),
+			FPort: 2, FCnt: 7, Payload: []byte{1, 2, 3}, Object: json.RawMessage(`{"temperature":22.5,"humidity":61}`)}, nil},
+		{"chirpstack up bad data", func() (Message, error) {
+			return ParseChirpStack("up", []byte(`{"deviceInfo":{"devEui":"0101010101010101"},"fPort":1,"data":"!!"}`))
+		}, Message{}, errBadRequest},
+		{"chirpstack up object not an object", func() (Message, error) {
+			return ParseChirpStack("up", []byte(`{"deviceInfo":{"devEui":"0101010101010101"},"fPort":1,"object":[1]}`))
+		}, Message{}, errBadRequest},
 		{"chirpstack join", cs("join", "chirpstack_join.json"), Message{DevEUI: "0101010101010101", Join: true, At: time.Date(2022, 7, 18, 9, 33, 28, 823500726, time.UTC)}, nil},
 		{"chirpstack status", cs("status", "chirpstack_status.json"), Message{}, errIgnored},
 		{"chirpstack up without deviceInfo", func() (Message, error) { return ParseChirpStack("up", []byte(`{"time":"x"}`)) }, Message{}, errBadRequest},
 		{"chirpstack bad json", func() (Message, error) { return ParseChirpStack("up", []byte(`{"deviceInfo":`)) }, Message{}, errBadRequest},
-		{"tts uplink", tts("tts_uplink.json"), Message{DevEUI: "0004a30b001c0530", At: time.Date(2020, 2, 12, 15, 15, 49, 567434000, time.UTC)}, nil},
-		{"tts join", tts("tts_join.json"), Message{DevEUI: "0004a30b001c0530", Join: true, At: time.Date(2020, 2, 12, 15, 15, 49, 567434000, time.UTC)}, nil},
+		{"tts uplink", tts("tts_uplink.json"), Message{DevEUI: "0004a30b001c0530", At: time.Date(2020, 2, 12, 15, 15, 49, 567434000, time.UTC),
+			FPort: 1, FCnt: 45, Payload: []byte{0x82, 0x41, 0xde}, Object: json.RawMessage(`{"temperature":22.5}`), AppID: "app1", DevID: "dev1"}, nil},
+		{"tts join", tts("tts_join.json"), Message{DevEUI: "0004a30b001c0530", Join: true, At: time.Date(2020, 2, 12, 15, 15, 49, 567434000, time.UTC),
+			AppID: "app1", DevID: "dev1"}, nil},
+		{"tts port beyond 223", func() (Message, error) {
+			return ParseTTS([]byte(`{"end_device_ids":{"dev_eui":"0004A30B001C0530"},"uplink_message":{"f_port":224}}`))
+		}, Message{}, errBadRequest},
 		{"tts downlink queued", tts("tts_downlink_queued.json"), Message{}, errIgnored},
 		{"tts bad eui", func() (Message, error) {
 			return ParseTTS([]byte(`{"end_device_ids":{"dev_eui":"XYZ"},"uplink_message":{}}`))
@@ -61,19 +75,32 @@ func TestParseFixtures(t *testing.T) {
 			}
 			continue
 		}
-		if err != nil || got.DevEUI != tc.want.DevEUI || got.Join != tc.want.Join || !got.At.Equal(tc.want.At) {
+		if err != nil || got.DevEUI != tc.want.DevEUI || got.Join != tc.want.Join || !got.At.Equal(tc.want.At) ||
+			got.FPort != tc.want.FPort || got.FCnt != tc.want.FCnt || !bytes.Equal(got.Payload, tc.want.Payload) ||
+			string(got.Object) != string(tc.want.Object) || got.AppID != tc.want.AppID || got.DevID != tc.want.DevID {
 			t.Errorf("%s: %+v, %v; want %+v", tc.name, got, err, tc.want)
 		}
 	}
 }
 
-// recSink is an sdk.Sink for handler tests.
+// recSink is an sdk.Sink for handler tests: it records evidence and data,
+// and answers Data with dataErr.
 type recSink struct {
-	mu  sync.Mutex
-	evs []sdk.Evidence
+	mu      sync.Mutex
+	evs     []sdk.Evidence
+	data    []sdk.Data
+	dataErr error
 }
 
 func (r *recSink) Ready() {}
+
+func (r *recSink) Data(_ context.Context, d sdk.Data) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.data = append(r.data, d)
+	return r.dataErr
+}
+
 func (r *recSink) Send(_ context.Context, ev sdk.Evidence) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -105,6 +132,7 @@ func TestHandlerAnswers(t *testing.T) {
 		{"chirpstack up", "POST", "/chirpstack?event=up", "s3cret", fixture(t, "chirpstack_up.json"), 204},
 		{"chirpstack join", "POST", "/chirpstack?event=join", "s3cret", fixture(t, "chirpstack_join.json"), 204},
 		{"tts uplink", "POST", "/tts", "s3cret", fixture(t, "tts_uplink.json"), 204},
+		{"chirpstack up without payload", "POST", "/chirpstack?event=up", "s3cret", []byte(`{"deviceInfo":{"devEui":"0101010101010102"},"fPort":1}`), 204},
 		{"unknown event", "POST", "/chirpstack?event=txack", "s3cret", []byte(`{}`), 204},
 		{"tts other message", "POST", "/tts", "s3cret", fixture(t, "tts_downlink_queued.json"), 204},
 		{"bad json", "POST", "/tts", "s3cret", []byte(`{"end_device_ids":`), 400},
@@ -119,10 +147,12 @@ func TestHandlerAnswers(t *testing.T) {
 	}
 	sink.mu.Lock()
 	defer sink.mu.Unlock()
+	// The join and the uplink without payload are evidence; the uplinks
+	// with payloads data, which is evidence too.
 	want := []struct {
 		kind sdk.Kind
 		dev  string
-	}{{sdk.Renew, "lw-0101010101010101"}, {sdk.Connect, "lw-0101010101010101"}, {sdk.Renew, "lw-0004a30b001c0530"}}
+	}{{sdk.Connect, "lw-0101010101010101"}, {sdk.Renew, "lw-0101010101010102"}}
 	if len(sink.evs) != len(want) {
 		t.Fatalf("evidence %+v, want %+v", sink.evs, want)
 	}
@@ -131,10 +161,62 @@ func TestHandlerAnswers(t *testing.T) {
 			t.Errorf("evidence %d = %+v, want %+v at about now (the fixtures' times are years old)", i, ev, w)
 		}
 	}
+	wantData := []sdk.Data{
+		{Device: "lw-0101010101010101", Topic: "up/1", Payload: []byte{4}, ContentType: "application/octet-stream", QoS: 1,
+			Properties: []sdk.Property{{Key: "f_cnt", Value: "4"}}},
+		{Device: "lw-0004a30b001c0530", Topic: "up/1", Payload: []byte(`{"temperature":22.5}`), ContentType: "application/json", QoS: 1,
+			Properties: []sdk.Property{{Key: "f_cnt", Value: "45"}}},
+	}
+	if len(sink.data) != len(wantData) {
+		t.Fatalf("data %+v, want %+v", sink.data, wantData)
+	}
+	for i, w := range wantData {
+		d := sink.data[i]
+		if d.Device != w.Device || d.Topic != w.Topic || !bytes.Equal(d.Payload, w.Payload) || d.ContentType != w.ContentType ||
+			d.QoS != 1 || fmt.Sprint(d.Properties) != fmt.Sprint(w.Properties) || time.Since(d.At) > time.Minute {
+			t.Errorf("data %d = %+v, want %+v at about now", i, d, w)
+		}
+	}
+}
+
+// TestUplinkAnsweredByTheDataOutcome: an uplink's answer follows what
+// became of its data: taken (or no data path) 204, refused for good 400,
+// not taken now 503 (the network server may send it again).
+func TestUplinkAnsweredByTheDataOutcome(t *testing.T) {
+	a := &adapter{}
+	if err := a.Configure(t.Context(), []byte(`{"secret":"s"}`)); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		err  error
+		code int
+	}{
+		{nil, 204},
+		{fmt.Errorf("%w: no data path", sdk.ErrNoDataPath), 204},
+		{fmt.Errorf("%w: refused", sdk.ErrRejected), 400},
+		{fmt.Errorf("%w: disk full", sdk.ErrUnavailable), 503},
+		{context.DeadlineExceeded, 503},
+	} {
+		h := a.handler(t.Context(), &recSink{dataErr: tc.err})
+		r := httptest.NewRequest("POST", "/chirpstack?event=up", bytes.NewReader(fixture(t, "chirpstack_up.json")))
+		r.Header.Set("X-Fleetgate-Secret", "s")
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		if w.Code != tc.code {
+			t.Errorf("Data = %v: answered %d, want %d", tc.err, w.Code, tc.code)
+		}
+	}
 }
 
 func TestConfigureRefuses(t *testing.T) {
-	for _, cfg := range []string{`{}`, `{"secret":"x","max_body":1}`, `{"secret":"x","listen":"nope"}`, `{"secret":"x","sekret":"y"}`} {
+	for _, cfg := range []string{`{}`, `{"secret":"x","max_body":1}`, `{"secret":"x","listen":"nope"}`, `{"secret":"x","sekret":"y"}`,
+		`{"secret":"x","chirpstack_api":"http://cs:8090"}`,
+		`{"secret":"x","chirpstack_api":"cs:8090","chirpstack_api_token":"t"}`,
+		`{"secret":"x","chirpstack_api_token":"t"}`,
+		`{"secret":"x","tts_api":"https://eu1.cloud.thethings.network","tts_api_key":"k"}`,
+		`{"secret":"x","tts_api":"https://eu1.cloud.thethings.network","tts_webhook_id":"wh1"}`,
+		`{"secret":"x","tts_api":"https://eu1.cloud.thethings.network","tts_api_key":"k","tts_webhook_id":"Bad_ID"}`,
+	} {
 		if err := (&adapter{}).Configure(t.Context(), []byte(cfg)); err == nil {
 			t.Errorf("Configure(%s) = nil, want an error", cfg)
 		}
@@ -180,17 +262,94 @@ func TestConformance(t *testing.T) {
 			}
 		},
 		BadConfig: []byte(`{"listen": ":8090"}`),
+		SetupData: func(t *testing.T) ([]byte, sdktest.DataTrigger) {
+			addr := freeTCP(t)
+			n := 0
+			cfg, _ := json.Marshal(map[string]any{"listen": addr, "secret": "k", "prefix": "lw-"})
+			return cfg, func(ctx context.Context) (sdktest.ExpectData, <-chan error, error) {
+				n++
+				eui := fmt.Sprintf("00000000000000%02x", n)
+				body := fmt.Sprintf(`{"end_device_ids":{"dev_eui":%q,"device_id":"d%d","application_ids":{"application_id":"app1"}},`+
+					`"uplink_message":{"f_port":3,"f_cnt":%d,"frm_payload":"AQI=","decoded_payload":{"n": %d}}}`, eui, n, n, n)
+				answer := make(chan error, 1)
+				go func() { answer <- post(ctx, "http://"+addr+"/tts", "k", body) }()
+				want := sdktest.ExpectData{Kind: pb.Kind_KIND_RENEW, Device: "lw-" + eui, Topic: "up/3",
+					Payload: []byte(fmt.Sprintf(`{"n":%d}`, n)), ContentType: "application/json", QoS: 1}
+				return want, answer, nil
+			}
+		},
+		SetupCommands: func(t *testing.T) ([]byte, sdktest.CommandCase) {
+			cs := newChirpStack(t)
+			cfg, _ := json.Marshal(map[string]any{"listen": freeTCP(t), "secret": "k", "prefix": "lw-",
+				"chirpstack_api": cs.srv.URL, "chirpstack_api_token": "tok"})
+			return cfg, sdktest.CommandCase{
+				Accept: &pb.Command{Id: 1, Device: "lw-0101010101010101", Topic: "cmd/10", Payload: []byte{1, 2, 3}},
+				Received: func(ctx context.Context) error {
+					select {
+					case r := <-cs.got:
+						return r.err
+					case <-ctx.Done():
+						return ctx.Err()
+					}
+				},
+				Refuse: &pb.Command{Id: 2, Device: "lw-0101010101010101", Topic: "cmd/reboot", Payload: []byte{1}},
+			}
+		},
 	})
+}
+
+// post posts body to target with the secret and wants a 204.
+func post(ctx context.Context, target, secret, body string) error {
+	req, err := http.NewRequestWithContext(ctx, "POST", target, strings.NewReader(body))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("X-Fleetgate-Secret", secret)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 204 {
+		return fmt.Errorf("status %d", resp.StatusCode)
+	}
+	return nil
+}
+
+// checkMessage is what every message a parser accepts holds: a
+// lower-case 16-digit DevEUI; for an uplink, an application port and its
+// data well formed (a compact JSON object, if any); valid The Things
+// Stack IDs, if any; no data on a join.
+func checkMessage(t *testing.T, m Message) {
+	t.Helper()
+	if len(m.DevEUI) != 16 || strings.ToLower(m.DevEUI) != m.DevEUI {
+		t.Fatalf("accepted DevEUI %q", m.DevEUI)
+	}
+	if m.FPort < 0 || m.FPort > maxFPort || (m.Join && m.HasData()) {
+		t.Fatalf("port %d, join %v, data %v", m.FPort, m.Join, m.HasData())
+	}
+	if m.Object != nil {
+		var compact bytes.Buffer
+		if m.Object[0] != '{' || json.Compact(&compact, m.Object) != nil || compact.String() != string(m.Object) {
+			t.Fatalf("decoded object %q", m.Object)
+		}
+	}
+	if (m.AppID == "") != (m.DevID == "") || (m.AppID != "" && (!ttsID.MatchString(m.AppID) || !ttsID.MatchString(m.DevID))) {
+		t.Fatalf("IDs %q %q", m.AppID, m.DevID)
+	}
+	if p, ct := m.Data(); m.HasData() && (len(p) == 0 || (ct != "application/json" && ct != "application/octet-stream")) {
+		t.Fatalf("data %q of %q", p, ct)
+	}
 }
 
 func FuzzParseChirpStack(f *testing.F) {
 	f.Add("up", fixture(f, "chirpstack_up.json"))
+	f.Add("up", fixture(f, "chirpstack_up_decoded.json"))
 	f.Add("join", fixture(f, "chirpstack_join.json"))
 	f.Add("status", fixture(f, "chirpstack_status.json"))
 	f.Fuzz(func(t *testing.T, event string, body []byte) {
-		m, err := ParseChirpStack(event, body)
-		if err == nil && (len(m.DevEUI) != 16 || strings.ToLower(m.DevEUI) != m.DevEUI) {
-			t.Fatalf("accepted DevEUI %q", m.DevEUI)
+		if m, err := ParseChirpStack(event, body); err == nil {
+			checkMessage(t, m)
 		}
 	})
 }
@@ -200,9 +359,8 @@ func FuzzParseTTS(f *testing.F) {
 	f.Add(fixture(f, "tts_join.json"))
 	f.Add(fixture(f, "tts_downlink_queued.json"))
 	f.Fuzz(func(t *testing.T, body []byte) {
-		m, err := ParseTTS(body)
-		if err == nil && (len(m.DevEUI) != 16 || strings.ToLower(m.DevEUI) != m.DevEUI) {
-			t.Fatalf("accepted DevEUI %q", m.DevEUI)
+		if m, err := ParseTTS(body); err == nil {
+			checkMessage(t, m)
 		}
 	})
 }

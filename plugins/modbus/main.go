@@ -1,15 +1,30 @@
 // Command modbus is a fleetgate adapter plugin for PLCs and meters that
 // answer Modbus TCP and never send anything on their own: it polls each
 // configured device, and every successful read is presence evidence for
-// it (a renewal of its "default" session). A failed read is logged at
-// debug level and sends nothing: the lease decides. Config (the adapter's
-// `config` subtree):
+// it (a renewal of its "default" session) and its data: the values read,
+// as JSON on topic "registers",
 //
+//	{"type": "holding", "address": 0, "values": [231, 0, 17]}
+//
+// (booleans for coils and discrete inputs). A failed read is logged at
+// debug level and sends nothing: the lease decides. It takes one command,
+// cmd/write, whose JSON body names the registers or coils to write:
+//
+//	{"type": "holding", "address": 10, "values": [1, 2]}
+//	{"type": "coil", "address": 3, "values": [true]}
+//
+// written with one Modbus write (multiple registers or coils) over the
+// device's connection; the command is taken once the device confirmed
+// the write. Config (the adapter's `config` subtree):
+//
+//	qos: 0                     # the data's QoS: 0, or 1 (each poll waits
+//	                           # until the gateway holds it durably)
 //	devices:
 //	  - device: plc-1          # the device ID
 //	    host: "10.0.0.5:502"   # Modbus TCP address
 //	    unit_id: 1             # 0..255, default 1
-//	    register: 0            # address read, 0..65535
+//	    register: 0            # first address read, 0..65535
+//	    count: 1               # values read: 1..125 registers, 1..2000 bits
 //	    type: holding          # holding, input, coil or discrete
 //	    interval: 10s          # poll period, >= 100ms
 //	    timeout: 2s            # per request, default min(interval, 2s)
@@ -60,23 +75,40 @@ type target struct {
 	Host     string   `json:"host"`
 	UnitID   *int     `json:"unit_id"`
 	Register int      `json:"register"`
+	Count    int      `json:"count"`
 	Type     string   `json:"type"`
 	Interval duration `json:"interval"`
 	Timeout  duration `json:"timeout"`
 }
 
 type config struct {
+	QoS     int      `json:"qos"`
 	Devices []target `json:"devices"`
 }
 
+// Bounds of one read (Modbus: read registers, read coils or inputs).
+const (
+	maxReadRegisters = 125
+	maxReadBits      = 2000
+)
+
 type adapter struct {
-	cfg config
+	cfg   config
+	conns map[string]*conn // by device, made by Configure
 }
+
+var (
+	_ sdk.Adapter   = (*adapter)(nil)
+	_ sdk.Commander = (*adapter)(nil)
+)
 
 func (a *adapter) Configure(_ context.Context, raw []byte) error {
 	var c config
 	if err := sdk.DecodeConfig(raw, &c); err != nil {
 		return err
+	}
+	if c.QoS != 0 && c.QoS != 1 {
+		return fmt.Errorf("qos: must be 0 or 1, got %d", c.QoS)
 	}
 	if len(c.Devices) == 0 {
 		return errors.New("devices: list at least one device to poll")
@@ -112,6 +144,16 @@ func (a *adapter) Configure(_ context.Context, raw []byte) error {
 		default:
 			return fmt.Errorf("%s.type: must be holding, input, coil or discrete, got %q", key, t.Type)
 		}
+		if t.Count == 0 {
+			t.Count = 1
+		}
+		limit := maxReadRegisters
+		if t.Type == "coil" || t.Type == "discrete" {
+			limit = maxReadBits
+		}
+		if t.Count < 1 || t.Count > limit || t.Register+t.Count-1 > 65535 {
+			return fmt.Errorf("%s.count: must be 1..%d for %s, within addresses 0..65535, got %d", key, limit, t.Type, t.Count)
+		}
 		if t.Interval == 0 {
 			t.Interval = duration(10 * time.Second)
 		}
@@ -126,6 +168,10 @@ func (a *adapter) Configure(_ context.Context, raw []byte) error {
 		}
 	}
 	a.cfg = c
+	a.conns = make(map[string]*conn, len(c.Devices))
+	for _, t := range c.Devices {
+		a.conns[t.Device] = &conn{t: t}
+	}
 	return nil
 }
 
@@ -133,49 +179,97 @@ func (a *adapter) Run(ctx context.Context, sink sdk.Sink) error {
 	sink.Ready()
 	var wg sync.WaitGroup
 	for _, t := range a.cfg.Devices {
-		wg.Go(func() { poll(ctx, t, sink) })
+		wg.Go(func() { a.poll(ctx, a.conns[t.Device], sink) })
 	}
 	wg.Wait()
+	for _, c := range a.conns {
+		c.close()
+	}
 	return nil
 }
 
-// poll reads t's register every interval until ctx ends.
-func poll(ctx context.Context, t target, sink sdk.Sink) {
-	lg := sdk.Logger(ctx).With("device", t.Device, "host", t.Host)
-	// The library logs to stdout unless told otherwise; stdout belongs to
-	// the plugin handshake.
-	libLog := log.New(os.Stderr, "modbus: ", 0)
-	var c *modbus.ModbusClient
-	closeClient := func() {
-		if c != nil {
-			_ = c.Close()
-			c = nil
+// conn is the connection to one device, shared by its polls and its
+// commands (one request at a time), opened when needed and closed after
+// a failed request.
+type conn struct {
+	t  target
+	mu sync.Mutex
+	c  *modbus.ModbusClient
+}
+
+// do runs f on the device's connection, opening it first if needed; an
+// error closes it (the next request opens a new one).
+func (c *conn) do(f func(*modbus.ModbusClient) error) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.c == nil {
+		// The library logs to stdout unless told otherwise; stdout belongs
+		// to the plugin handshake.
+		nc, err := modbus.NewClient(&modbus.ClientConfiguration{URL: "tcp://" + c.t.Host, Timeout: time.Duration(c.t.Timeout),
+			Logger: log.New(os.Stderr, "modbus: ", 0)})
+		if err == nil {
+			err = nc.Open()
 		}
+		if err == nil {
+			err = nc.SetUnitId(uint8(*c.t.UnitID))
+		}
+		if err != nil {
+			return fmt.Errorf("connect: %w", err)
+		}
+		c.c = nc
 	}
-	defer closeClient()
+	if err := f(c.c); err != nil {
+		_ = c.c.Close()
+		c.c = nil
+		return err
+	}
+	return nil
+}
+
+func (c *conn) close() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.c != nil {
+		_ = c.c.Close()
+		c.c = nil
+	}
+}
+
+// Registers is the data of one poll (topic "registers").
+type Registers struct {
+	Type    string `json:"type"`
+	Address int    `json:"address"`
+	// Values are numbers (holding, input) or booleans (coil, discrete).
+	Values any `json:"values"`
+}
+
+// poll reads c's registers every interval until ctx ends and sends them.
+func (a *adapter) poll(ctx context.Context, c *conn, sink sdk.Sink) {
+	t := c.t
+	lg := sdk.Logger(ctx).With("device", t.Device, "host", t.Host)
 	tick := time.NewTicker(time.Duration(t.Interval))
 	defer tick.Stop()
 	for {
-		if c == nil {
-			nc, err := modbus.NewClient(&modbus.ClientConfiguration{URL: "tcp://" + t.Host, Timeout: time.Duration(t.Timeout), Logger: libLog})
-			if err == nil {
-				err = nc.Open()
-			}
-			if err == nil {
-				err = nc.SetUnitId(uint8(*t.UnitID))
-			}
+		var values any
+		err := c.do(func(mc *modbus.ModbusClient) (err error) {
+			values, err = read(mc, t)
+			return err
+		})
+		if err != nil {
+			lg.Debug("read failed", "error", err)
+		} else {
+			payload, err := json.Marshal(Registers{Type: t.Type, Address: t.Register, Values: values})
 			if err != nil {
-				lg.Debug("connect failed", "error", err)
+				lg.Error("encode the values", "error", err)
 			} else {
-				c = nc
-			}
-		}
-		if c != nil {
-			if err := read(c, t); err != nil {
-				lg.Debug("read failed", "error", err)
-				closeClient()
-			} else if err := sink.Send(ctx, sdk.Evidence{Kind: sdk.Renew, Device: t.Device}); err != nil {
-				return
+				err = sink.Data(ctx, sdk.Data{Device: t.Device, Topic: "registers", Payload: payload,
+					ContentType: "application/json", QoS: byte(a.cfg.QoS)})
+				switch {
+				case ctx.Err() != nil:
+					return
+				case err != nil && !errors.Is(err, sdk.ErrNoDataPath):
+					lg.Debug("data not taken", "error", err)
+				}
 			}
 		}
 		select {
@@ -186,18 +280,38 @@ func poll(ctx context.Context, t target, sink sdk.Sink) {
 	}
 }
 
-func read(c *modbus.ModbusClient, t target) error {
-	addr := uint16(t.Register)
-	var err error
+// read reads t's values: []uint16 for registers, []bool for bits.
+func read(c *modbus.ModbusClient, t target) (any, error) {
+	addr, n := uint16(t.Register), uint16(t.Count)
 	switch t.Type {
-	case "holding":
-		_, err = c.ReadRegister(addr, modbus.HOLDING_REGISTER)
 	case "input":
-		_, err = c.ReadRegister(addr, modbus.INPUT_REGISTER)
+		return c.ReadRegisters(addr, n, modbus.INPUT_REGISTER)
 	case "coil":
-		_, err = c.ReadCoil(addr)
+		return c.ReadCoils(addr, n)
 	case "discrete":
-		_, err = c.ReadDiscreteInput(addr)
+		return c.ReadDiscreteInputs(addr, n)
 	}
-	return err
+	return c.ReadRegisters(addr, n, modbus.HOLDING_REGISTER)
+}
+
+// Command takes cmd/write for a configured device and writes it; the
+// device's confirmation of the write takes the command.
+func (a *adapter) Command(_ context.Context, cmd sdk.Command) error {
+	c, ok := a.conns[cmd.Device]
+	if !ok {
+		return fmt.Errorf("%s is not a device of this adapter's config", cmd.Device)
+	}
+	if cmd.Topic != "cmd/write" {
+		return fmt.Errorf("topic %q: this adapter takes cmd/write", truncate(cmd.Topic))
+	}
+	w, err := ParseWrite(cmd.Payload)
+	if err != nil {
+		return err
+	}
+	return c.do(func(mc *modbus.ModbusClient) error {
+		if w.Type == "coil" {
+			return mc.WriteCoils(w.Address, w.Coils)
+		}
+		return mc.WriteRegisters(w.Address, w.Registers)
+	})
 }

@@ -10,29 +10,41 @@ import (
 	pb "github.com/fleetgate/fleetgate/plugins/proto"
 )
 
-// Field numbers of pb.Evidence, of its metadata entries and of
-// pb.EvidenceFrame.
+// Field numbers of pb.Evidence, of its metadata entries, of pb.Data, of
+// pb.Property and of pb.EvidenceFrame.
 const (
 	fieldKind     protowire.Number = 1
 	fieldDevice   protowire.Number = 2
 	fieldInstance protowire.Number = 3
 	fieldAge      protowire.Number = 4
 	fieldMetadata protowire.Number = 5
+	fieldData     protowire.Number = 6
 	fieldMapKey   protowire.Number = 1
 	fieldMapValue protowire.Number = 2
+
+	fieldDataID          protowire.Number = 1
+	fieldDataTopic       protowire.Number = 2
+	fieldDataPayload     protowire.Number = 3
+	fieldDataContentType protowire.Number = 4
+	fieldDataQoS         protowire.Number = 5
+	fieldDataProperties  protowire.Number = 6
+	fieldPropertyKey     protowire.Number = 1
+	fieldPropertyValue   protowire.Number = 2
+
 	// fieldFrameEvidence is pb.EvidenceFrame's repeated evidence.
 	fieldFrameEvidence protowire.Number = 2
 )
 
 // encodeFrame encodes items, aged at now, as one pb.EvidenceFrame: each
 // item becomes a record of the frame's field 2 (evidence) holding the
-// bytes of a pb.Evidence message, what proto.Marshal would write (in
-// field order; map entries in map order). The records go into one buffer
+// bytes of a pb.Evidence message (with its pb.Data when it carries data),
+// what proto.Marshal would write (in field order; map entries in map
+// order). The records go into one buffer
 // allocated for the frame and attached to it as its raw fields, which
 // proto writes out verbatim; the host decodes them as the frame's
 // evidence. So no message is built per item. scratch is the caller's,
 // kept between frames.
-func encodeFrame(ready bool, items []Evidence, now time.Time, scratch []int64) (*pb.EvidenceFrame, []int64) {
+func encodeFrame(ready bool, items []item, now time.Time, scratch []int64) (*pb.EvidenceFrame, []int64) {
 	scratch = slices.Grow(scratch[:0], 2*len(items)) // age, size of each item
 	total := 0
 	for i := range items {
@@ -56,7 +68,7 @@ func encodeFrame(ready bool, items []Evidence, now time.Time, scratch []int64) (
 func kindValue(k Kind) uint64 { return uint64(int64(pb.Kind(k))) }
 
 // evidenceSize is the length of appendEvidence's output for ev.
-func evidenceSize(ev *Evidence, age int64) int {
+func evidenceSize(ev *item, age int64) int {
 	n := 0
 	if pb.Kind(ev.Kind) != 0 {
 		n += 1 + protowire.SizeVarint(kindValue(ev.Kind))
@@ -70,11 +82,47 @@ func evidenceSize(ev *Evidence, age int64) int {
 	if age != 0 {
 		n += 1 + protowire.SizeVarint(uint64(age))
 	}
-	if len(ev.Metadata) == 0 {
-		return n
-	}
 	for k, v := range ev.Metadata {
 		n += 1 + protowire.SizeBytes(entrySize(k, v))
+	}
+	if ev.data != nil {
+		n += 1 + protowire.SizeBytes(dataSize(ev.data))
+	}
+	return n
+}
+
+// dataSize is the length of appendData's output for d.
+func dataSize(d *dataItem) int {
+	n := 0
+	if d.id != 0 {
+		n += 1 + protowire.SizeVarint(d.id)
+	}
+	if d.d.Topic != "" {
+		n += 1 + protowire.SizeBytes(len(d.d.Topic))
+	}
+	if len(d.d.Payload) > 0 {
+		n += 1 + protowire.SizeBytes(len(d.d.Payload))
+	}
+	if d.d.ContentType != "" {
+		n += 1 + protowire.SizeBytes(len(d.d.ContentType))
+	}
+	if d.d.QoS != 0 {
+		n += 1 + protowire.SizeVarint(uint64(d.d.QoS))
+	}
+	for _, p := range d.d.Properties {
+		n += 1 + protowire.SizeBytes(propertySize(p))
+	}
+	return n
+}
+
+// propertySize is the length of a pb.Property's encoding.
+func propertySize(p Property) int {
+	n := 0
+	if p.Key != "" {
+		n += 1 + protowire.SizeBytes(len(p.Key))
+	}
+	if p.Value != "" {
+		n += 1 + protowire.SizeBytes(len(p.Value))
 	}
 	return n
 }
@@ -103,7 +151,7 @@ func appendString(b []byte, num protowire.Number, s string) []byte {
 }
 
 // appendEvidence appends the pb.Evidence encoding of ev aged age (µs).
-func appendEvidence(b []byte, ev *Evidence, age int64) []byte {
+func appendEvidence(b []byte, ev *item, age int64) []byte {
 	if pb.Kind(ev.Kind) != 0 {
 		b = appendTag(b, fieldKind, protowire.VarintType)
 		b = appendVarint(b, kindValue(ev.Kind))
@@ -118,14 +166,50 @@ func appendEvidence(b []byte, ev *Evidence, age int64) []byte {
 		b = appendTag(b, fieldAge, protowire.VarintType)
 		b = appendVarint(b, uint64(age))
 	}
-	if len(ev.Metadata) == 0 {
-		return b
-	}
 	for k, v := range ev.Metadata {
 		b = appendTag(b, fieldMetadata, protowire.BytesType)
 		b = appendVarint(b, uint64(entrySize(k, v)))
 		b = appendString(b, fieldMapKey, k)
 		b = appendString(b, fieldMapValue, v)
+	}
+	if ev.data != nil {
+		b = appendTag(b, fieldData, protowire.BytesType)
+		b = appendVarint(b, uint64(dataSize(ev.data)))
+		b = appendData(b, ev.data)
+	}
+	return b
+}
+
+// appendData appends the pb.Data encoding of d.
+func appendData(b []byte, d *dataItem) []byte {
+	if d.id != 0 {
+		b = appendTag(b, fieldDataID, protowire.VarintType)
+		b = appendVarint(b, d.id)
+	}
+	if d.d.Topic != "" {
+		b = appendString(b, fieldDataTopic, d.d.Topic)
+	}
+	if len(d.d.Payload) > 0 {
+		b = appendTag(b, fieldDataPayload, protowire.BytesType)
+		b = appendVarint(b, uint64(len(d.d.Payload)))
+		b = append(b, d.d.Payload...)
+	}
+	if d.d.ContentType != "" {
+		b = appendString(b, fieldDataContentType, d.d.ContentType)
+	}
+	if d.d.QoS != 0 {
+		b = appendTag(b, fieldDataQoS, protowire.VarintType)
+		b = appendVarint(b, uint64(d.d.QoS))
+	}
+	for _, p := range d.d.Properties {
+		b = appendTag(b, fieldDataProperties, protowire.BytesType)
+		b = appendVarint(b, uint64(propertySize(p)))
+		if p.Key != "" {
+			b = appendString(b, fieldPropertyKey, p.Key)
+		}
+		if p.Value != "" {
+			b = appendString(b, fieldPropertyValue, p.Value)
+		}
 	}
 	return b
 }

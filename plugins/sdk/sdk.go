@@ -1,14 +1,17 @@
 // Package sdk is the adapter author's side of fleetgate's adapter
-// contract (plugins/proto): implement Adapter, call Serve from main, and
-// the SDK does the rest — the go-plugin handshake (gRPC, AutoMTLS), the
-// Info/Configure/Evidence/Health/Shutdown calls, batching evidence into
-// frames, SIGTERM, exiting when the gateway is gone, and keeping stdout
-// (the handshake channel) clean. plugins/README.md walks through a
-// complete adapter; sdktest runs one in-process without a gateway.
+// contract (plugins/proto): implement Adapter (and Commander to take
+// commands), call Serve from main, and the SDK does the rest — the
+// go-plugin handshake (gRPC, AutoMTLS), the calls of the contract,
+// batching evidence and data into frames, waiting for the gateway's
+// settlement of QoS 1 data, SIGTERM, exiting when the gateway is gone,
+// and keeping stdout (the handshake channel) clean. plugins/README.md
+// walks through a complete adapter; sdktest runs one in-process without
+// a gateway.
 package sdk
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -67,8 +70,8 @@ type Evidence struct {
 	Metadata map[string]string
 }
 
-// Sink takes an adapter's evidence. Its methods are safe for concurrent
-// use.
+// Sink takes an adapter's evidence and data. Its methods are safe for
+// concurrent use.
 type Sink interface {
 	// Ready tells the host the adapter is listening; the first frame of
 	// the stream goes out at once. Calling it again does nothing.
@@ -76,6 +79,111 @@ type Sink interface {
 	// Send queues evidence for the next frame. It blocks while the queue
 	// is full (the host is slower than the adapter) until ctx ends.
 	Send(ctx context.Context, ev Evidence) error
+	// Data sends a message of a device up to the gateway's data path. It
+	// is evidence of the device's session too (a renewal; a connect when
+	// the session is new), so a device that sends data needs no separate
+	// Send. It blocks while the queue is full, as Send.
+	//
+	// QoS 0: Data returns nil once the item is queued for the next frame
+	// (best effort: it may be lost on the way or in the gateway).
+	//
+	// QoS 1: Data returns once the gateway has settled the item: nil when
+	// it is durable (answer your source now: the 2xx, the device's ack);
+	// an error wrapping ErrRejected (it will never be taken: do not send
+	// it again), ErrUnavailable (not taken now: the source should send it
+	// again later) or ErrNoDataPath (the gateway keeps no data; the
+	// evidence counted). It returns ctx's error when ctx ends first, and
+	// ErrUnavailable when Run's context ends before the settlement: the
+	// item may then have become durable all the same, so a source that
+	// sends again may cause a duplicate — at least once, never lost.
+	//
+	// A gateway that takes no data at all (one older than the data path)
+	// gets the evidence alone, and Data returns ErrNoDataPath at once.
+	// Invalid data (QoS above 1, beyond MaxDataBytes) is refused with
+	// ErrRejected before it is sent. The SDK reads Payload and Properties
+	// when it encodes the frame, after a QoS 0 Data has returned: do not
+	// change them after the call.
+	Data(ctx context.Context, d Data) error
+}
+
+// Data is a message of a device (Sink.Data).
+type Data struct {
+	// Device and Instance name the device and its session, as in
+	// Evidence.
+	Device   string
+	Instance string
+	// Topic is the rest below the device's root topic: "" for the root
+	// itself, else "/"-separated levels without wildcards
+	// ("telemetry/temp").
+	Topic string
+	// Payload is the message's bytes, kept as they are.
+	Payload []byte
+	// ContentType is the payload's MIME type ("application/json"), ""
+	// when unknown.
+	ContentType string
+	// QoS is 0 (best effort) or 1 (at least once: Data waits for the
+	// gateway's settlement).
+	QoS byte
+	// Properties are user properties (MQTT 5 upstream), in order.
+	Properties []Property
+	// At is when the device said it; zero means when Data is called.
+	At time.Time
+}
+
+// Property is one user property.
+type Property struct{ Key, Value string }
+
+// MaxDataBytes bounds one data item as the gateway counts it: payload,
+// device, topic, content type and properties, plus 64 bytes of header
+// (the gateway's gateway.MaxMessageBytes, which also counts the
+// adapter's configured name).
+const MaxDataBytes = 1 << 20
+
+// Errors of Sink.Data, wrapped with the gateway's reason.
+var (
+	// ErrRejected: the gateway will never take this item: it is invalid
+	// (device, instance, topic, size, QoS) or for a device the adapter
+	// may not speak for.
+	ErrRejected = errors.New("data rejected")
+	// ErrUnavailable: the item was not taken now (beyond the adapter's
+	// limits, the data path's disk failed, the stream ended before the
+	// settlement); sending it again later may succeed.
+	ErrUnavailable = errors.New("data not taken now")
+	// ErrNoDataPath: the gateway keeps no device data; the item counted
+	// as evidence of its session.
+	ErrNoDataPath = errors.New("the gateway has no data path")
+)
+
+// Commander is implemented by an adapter that takes commands for its
+// devices (the gateway then calls it; Info tells the gateway so). Command
+// is called only while Run runs (after Ready), one command at a time,
+// with a deadline in ctx, which also ends when Run's context does.
+//
+// Command returns nil when the adapter took the command: it sent it to
+// the device or queued it where the device will get it (a network
+// server's downlink queue). The gateway then counts it delivered and
+// never hands it over again. An error refuses it (say why: the device is
+// unreachable, the topic or payload is not one the adapter can carry):
+// the command stays pending and comes again later, until it expires.
+// Delivery is at least once: the same command (the same ID) may come
+// again after it was taken.
+type Commander interface {
+	Command(ctx context.Context, c Command) error
+}
+
+// Command is a command for one of the adapter's devices.
+type Command struct {
+	// ID is the gateway's ID of the command; the same command delivered
+	// again has the same ID.
+	ID     uint64
+	Device string
+	// Topic is "cmd" or "cmd/<rest>", below the device's root topic.
+	Topic       string
+	Payload     []byte
+	ContentType string
+	Properties  []Property
+	// Expires is when the gateway drops the command; zero for never.
+	Expires time.Time
 }
 
 type loggerKey struct{}

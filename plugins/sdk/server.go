@@ -3,6 +3,7 @@ package sdk
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 
@@ -15,11 +16,18 @@ import (
 
 // Batching bounds.
 const (
-	// QueueSize is how many pieces of evidence wait for a frame before
-	// Sink.Send blocks.
+	// QueueSize is how many items (evidence and data) wait for a frame
+	// before Sink.Send and Sink.Data block.
 	QueueSize = 8192
-	// MaxFrame is the most evidence one frame carries.
+	// QueueBytes bounds the data waiting for a frame (as itemBytes counts
+	// it); Sink.Data blocks beyond it, but an empty queue takes any item.
+	QueueBytes = 16 << 20
+	// MaxFrame is the most items one frame carries.
 	MaxFrame = 1000
+	// MaxFrameBytes bounds the items of one frame (as itemBytes counts
+	// them), far below gRPC's 4 MiB message limit; a frame of a single
+	// item may exceed it by that item.
+	MaxFrameBytes = 2 << 20
 )
 
 // Server implements the Adapter gRPC service around an Adapter, as the
@@ -33,10 +41,14 @@ type Server struct {
 
 	mu         sync.Mutex
 	configured bool
+	dataPath   bool // Configure said the host takes data
 	streaming  bool
-	runErr     error         // set when Run failed
-	shutdown   chan struct{} // closed by Shutdown
-	streamDone chan struct{} // closed when the open stream ends; nil when none
+	ready      context.Context // Run's context once the open stream is ready; nil otherwise
+	runErr     error           // set when Run failed
+	shutdown   chan struct{}   // closed by Shutdown
+	streamDone chan struct{}   // closed when the open stream ends; nil when none
+
+	settle settler
 }
 
 var _ pb.AdapterServer = (*Server)(nil)
@@ -48,12 +60,14 @@ func NewServer(info Info, a Adapter, log hclog.Logger) *Server {
 	if log == nil {
 		log = hclog.NewNullLogger()
 	}
-	return &Server{info: info, a: a, log: log, shutdown: make(chan struct{})}
+	return &Server{info: info, a: a, log: log, shutdown: make(chan struct{}), settle: newSettler()}
 }
 
-// Info implements the contract's Info.
+// Info implements the contract's Info: commands is true when the adapter
+// implements Commander.
 func (s *Server) Info(context.Context, *pb.InfoRequest) (*pb.InfoResponse, error) {
-	return &pb.InfoResponse{Name: s.info.Name, Version: s.info.Version, Protocols: s.info.Protocols}, nil
+	_, commands := s.a.(Commander)
+	return &pb.InfoResponse{Name: s.info.Name, Version: s.info.Version, Protocols: s.info.Protocols, Commands: commands}, nil
 }
 
 // Configure implements the contract's Configure.
@@ -64,6 +78,7 @@ func (s *Server) Configure(ctx context.Context, req *pb.ConfigureRequest) (*pb.C
 		return nil, status.Error(codes.FailedPrecondition, "already configured")
 	}
 	s.configured = true
+	s.dataPath = req.GetData()
 	s.mu.Unlock()
 	cfg := req.GetConfig()
 	if len(cfg) == 0 {
@@ -109,25 +124,69 @@ func (s *Server) Shutdown(ctx context.Context, _ *pb.ShutdownRequest) (*pb.Shutd
 	return &pb.ShutdownResponse{}, nil
 }
 
-// sink is the Sink of one Evidence stream: a bounded queue of evidence
-// values under a mutex (no allocation per item, cheaper than a channel),
-// with wake-ups for the sender. The queue is a list of chunks of at most
-// MaxFrame items, each the content of one frame: the sender takes the
-// oldest chunk whole and encodes it outside the lock (encodeFrame), so
-// nothing is copied or shifted per item, and emptied chunks are reused.
-type sink struct {
-	mu     sync.Mutex
-	chunks [][]Evidence  // oldest first; only the last may be partly filled; At is set
-	queued int           // items in chunks
-	free   [][]Evidence  // emptied chunks (length 0)
-	wake   chan struct{} // a signal: the queue is not empty
-	space  chan struct{} // a signal: the queue is below QueueSize
-	ready  chan struct{}
-	once   sync.Once
+// item is one queued piece of evidence, with the data it carries (nil:
+// none).
+type item struct {
+	Evidence
+	data *dataItem
 }
 
-func newSink() *sink {
-	return &sink{wake: make(chan struct{}, 1), space: make(chan struct{}, 1), ready: make(chan struct{})}
+// dataItem is an item's data: the message and, for QoS 1, its settlement
+// id.
+type dataItem struct {
+	id uint64
+	d  Data
+}
+
+// itemBytes is what an item counts against QueueBytes and MaxFrameBytes:
+// its encoded size, about.
+func itemBytes(it *item) int {
+	n := 16 + len(it.Device) + len(it.Instance)
+	if it.data != nil {
+		n += dataBytes(&it.data.d)
+	}
+	return n
+}
+
+// dataBytes is a data item's size as the gateway counts a message
+// (gateway.Message.Size without the adapter's name).
+func dataBytes(d *Data) int {
+	n := 64 + len(d.Payload) + len(d.Device) + len(d.Topic) + len(d.ContentType)
+	for _, p := range d.Properties {
+		n += len(p.Key) + len(p.Value) + 4
+	}
+	return n
+}
+
+// sink is the Sink of one Evidence stream: a bounded queue of items
+// under a mutex (no allocation per item, cheaper than a channel), with
+// wake-ups for the sender. The queue is a list of chunks of at most
+// MaxFrame items and MaxFrameBytes, each the content of one frame: the
+// sender takes the oldest chunk whole and encodes it outside the lock
+// (encodeFrame), so nothing is copied or shifted per item, and emptied
+// chunks are reused.
+type sink struct {
+	mu     sync.Mutex
+	chunks [][]item      // oldest first; only the last may be partly filled; At is set
+	sizes  []int         // itemBytes of each chunk
+	queued int           // items in chunks
+	bytes  int           // itemBytes of the items in chunks
+	free   [][]item      // emptied chunks (length 0)
+	wake   chan struct{} // a signal: the queue is not empty
+	space  chan struct{} // a signal: the queue is below its bounds
+	ready  chan struct{}
+	once   sync.Once
+
+	// run is Run's context: a QoS 1 Data stops waiting when it ends.
+	run context.Context
+	// dataPath: the host takes data (Configure said so).
+	dataPath bool
+	settle   *settler
+}
+
+func newSink(run context.Context, dataPath bool, settle *settler) *sink {
+	return &sink{wake: make(chan struct{}, 1), space: make(chan struct{}, 1), ready: make(chan struct{}),
+		run: run, dataPath: dataPath, settle: settle}
 }
 
 func (k *sink) Ready() { k.once.Do(func() { close(k.ready) }) }
@@ -140,12 +199,23 @@ func notify(c chan struct{}) {
 }
 
 func (k *sink) Send(ctx context.Context, ev Evidence) error {
-	if ev.At.IsZero() {
-		ev.At = time.Now()
+	return k.enqueue(ctx, item{Evidence: ev})
+}
+
+// full reports whether the queue cannot take an item of n bytes now.
+func (k *sink) full(n int) bool {
+	return k.queued >= QueueSize || (k.queued > 0 && k.bytes+n > QueueBytes)
+}
+
+// enqueue appends it, waiting while the queue is full until ctx ends.
+func (k *sink) enqueue(ctx context.Context, it item) error {
+	if it.At.IsZero() {
+		it.At = time.Now()
 	}
+	n := itemBytes(&it)
 	k.mu.Lock()
 	waited := false
-	for k.queued >= QueueSize {
+	for k.full(n) {
 		k.mu.Unlock()
 		select {
 		case <-k.space:
@@ -156,17 +226,20 @@ func (k *sink) Send(ctx context.Context, ev Evidence) error {
 		k.mu.Lock()
 	}
 	last := len(k.chunks) - 1
-	if last < 0 || len(k.chunks[last]) == MaxFrame {
-		var c []Evidence
-		if n := len(k.free); n > 0 {
-			c, k.free = k.free[n-1], k.free[:n-1]
+	if last < 0 || len(k.chunks[last]) == MaxFrame || (len(k.chunks[last]) > 0 && k.sizes[last]+n > MaxFrameBytes) {
+		var c []item
+		if f := len(k.free); f > 0 {
+			c, k.free = k.free[f-1], k.free[:f-1]
 		}
 		k.chunks = append(k.chunks, c)
+		k.sizes = append(k.sizes, 0)
 		last++
 	}
-	k.chunks[last] = append(k.chunks[last], ev)
+	k.chunks[last] = append(k.chunks[last], it)
+	k.sizes[last] += n
 	k.queued++
-	wasEmpty, room := k.queued == 1, k.queued < QueueSize
+	k.bytes += n
+	wasEmpty, room := k.queued == 1, !k.full(0)
 	k.mu.Unlock()
 	// The sender needs a signal only when it may have found the queue
 	// empty; it signals itself while it leaves items behind (take).
@@ -180,21 +253,70 @@ func (k *sink) Send(ctx context.Context, ev Evidence) error {
 	return nil
 }
 
+// Data implements Sink.Data.
+func (k *sink) Data(ctx context.Context, d Data) error {
+	if d.QoS > 1 {
+		return fmt.Errorf("%w: qos %d (want 0 or 1)", ErrRejected, d.QoS)
+	}
+	if n := dataBytes(&d); n > MaxDataBytes {
+		return fmt.Errorf("%w: %d bytes, more than %d", ErrRejected, n, MaxDataBytes)
+	}
+	ev := Evidence{Kind: Renew, Device: d.Device, Instance: d.Instance, At: d.At}
+	if !k.dataPath {
+		if err := k.Send(ctx, ev); err != nil {
+			return err
+		}
+		return fmt.Errorf("%w: the gateway takes no data", ErrNoDataPath)
+	}
+	if d.QoS == 0 {
+		return k.enqueue(ctx, item{Evidence: ev, data: &dataItem{d: d}})
+	}
+	id, settled := k.settle.register()
+	if err := k.enqueue(ctx, item{Evidence: ev, data: &dataItem{id: id, d: d}}); err != nil {
+		k.settle.forget(id)
+		return err
+	}
+	select {
+	case st := <-settled:
+		return settlementError(st)
+	case <-ctx.Done():
+	case <-k.run.Done():
+	}
+	k.settle.forget(id)
+	if k.run.Err() != nil {
+		return fmt.Errorf("%w: the stream ended before the gateway settled it", ErrUnavailable)
+	}
+	return ctx.Err()
+}
+
+// settles reports whether items hold a QoS 1 item (the host settles the
+// frame).
+func settles(items []item) bool {
+	for i := range items {
+		if items[i].data != nil && items[i].data.id != 0 {
+			return true
+		}
+	}
+	return false
+}
+
 // take returns the oldest chunk (at most MaxFrame items, oldest first;
 // empty when nothing is queued), which the caller owns until its next
 // call, when it hands back done, the chunk it got the last time.
-func (k *sink) take(done []Evidence) []Evidence {
+func (k *sink) take(done []item) []item {
 	clear(done)
 	k.mu.Lock()
 	if done != nil {
 		k.free = append(k.free, done[:0])
 	}
-	var c []Evidence
+	var c []item
 	if len(k.chunks) > 0 {
 		c = k.chunks[0]
 		k.chunks[0] = nil
 		k.chunks = k.chunks[:copy(k.chunks, k.chunks[1:])]
 		k.queued -= len(c)
+		k.bytes -= k.sizes[0]
+		k.sizes = k.sizes[:copy(k.sizes, k.sizes[1:])]
 	}
 	more := k.queued > 0
 	k.mu.Unlock()
@@ -237,6 +359,7 @@ func (s *Server) Evidence(_ *pb.EvidenceRequest, stream pb.Adapter_EvidenceServe
 	defer func() {
 		s.mu.Lock()
 		s.streaming = false
+		s.ready = nil
 		s.streamDone = nil
 		s.mu.Unlock()
 		close(done)
@@ -244,19 +367,32 @@ func (s *Server) Evidence(_ *pb.EvidenceRequest, stream pb.Adapter_EvidenceServe
 
 	ctx, cancel := context.WithCancel(stream.Context())
 	defer cancel()
-	k := newSink()
+	s.mu.Lock()
+	k := newSink(ctx, s.dataPath, &s.settle)
+	s.mu.Unlock()
+	s.settle.restart()
 	runDone := make(chan error, 1)
 	go func() { runDone <- s.a.Run(WithLogger(ctx, s.log), k) }()
 
 	var (
-		batch   []Evidence
+		batch   []item
 		scratch []int64
 		frame   *pb.EvidenceFrame
 	)
 	send := func(ready bool) error {
+		s.settle.room(ctx, s.shutdown)
 		batch = k.take(batch)
 		frame, scratch = encodeFrame(ready, batch, time.Now(), scratch)
-		return stream.Send(frame)
+		if settles(batch) {
+			s.settle.sent()
+		}
+		err := stream.Send(frame)
+		if ready && err == nil {
+			s.mu.Lock()
+			s.ready = ctx
+			s.mu.Unlock()
+		}
+		return err
 	}
 	// finish stops Run (if it is still going), then flushes the queue.
 	finish := func(runErr error, running bool) error {

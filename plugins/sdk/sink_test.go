@@ -11,17 +11,23 @@ import (
 	pb "github.com/fleetgate/fleetgate/plugins/proto"
 )
 
+// testSink is a sink of a stream whose host takes data.
+func testSink(t testing.TB) *sink {
+	st := newSettler()
+	return newSink(t.Context(), true, &st)
+}
+
 // TestTakeFillsFrames: what is pending goes out in frames of at most
 // MaxFrame, oldest first.
 func TestTakeFillsFrames(t *testing.T) {
-	k := newSink()
+	k := testSink(t)
 	for i := range 2500 {
 		if err := k.Send(t.Context(), Evidence{Kind: Renew, Device: fmt.Sprint("d-", i)}); err != nil {
 			t.Fatal(err)
 		}
 	}
 	var sizes []int
-	var batch []Evidence
+	var batch []item
 	next := 0
 	for k.len() > 0 && len(sizes) < 10 {
 		batch = k.take(batch)
@@ -43,20 +49,31 @@ func TestTakeFillsFrames(t *testing.T) {
 // have built from the same evidence, ages included.
 func TestEncodedFrameIsAnEvidenceFrame(t *testing.T) {
 	now := time.Unix(1_700_000_000, 0)
-	items := []Evidence{
-		{Kind: Renew, Device: "d-1", At: now},
-		{Kind: Connect, Device: "dev.2:x", Instance: "gw-7", At: now.Add(-1500 * time.Millisecond)},
-		{Kind: Leave, Device: "d-3", At: now.Add(time.Second)}, // in the future: age 0
-		{Kind: Renew, Device: "d-4", At: now.Add(-time.Hour), Metadata: map[string]string{"rssi": "-97", "": "empty key", "snr": ""}},
-		{Kind: Kind(99), Device: "d-5", At: now},
-		{Kind: Kind(-1), At: now},
+	items := []item{
+		{Evidence: Evidence{Kind: Renew, Device: "d-1", At: now}},
+		{Evidence: Evidence{Kind: Connect, Device: "dev.2:x", Instance: "gw-7", At: now.Add(-1500 * time.Millisecond)}},
+		{Evidence: Evidence{Kind: Leave, Device: "d-3", At: now.Add(time.Second)}}, // in the future: age 0
+		{Evidence: Evidence{Kind: Renew, Device: "d-4", At: now.Add(-time.Hour), Metadata: map[string]string{"rssi": "-97", "": "empty key", "snr": ""}}},
+		{Evidence: Evidence{Kind: Kind(99), Device: "d-5", At: now}},
+		{Evidence: Evidence{Kind: Kind(-1), At: now}},
 		{},
+		{Evidence: Evidence{Kind: Renew, Device: "d-6", At: now}, data: &dataItem{id: 300, d: Data{
+			Topic: "telemetry/temp", Payload: []byte("21.5"), ContentType: "text/plain", QoS: 1,
+			Properties: []Property{{"unit", "C"}, {"", ""}, {"unit", "K"}}}}},
+		{Evidence: Evidence{Kind: Connect, Device: "d-7", At: now.Add(-time.Second)}, data: &dataItem{}},
+		{Evidence: Evidence{Kind: Renew, Device: "d-8", At: now}, data: &dataItem{d: Data{Payload: make([]byte, 300)}}},
 	}
 	want := &pb.EvidenceFrame{Ready: true}
 	for _, ev := range items {
 		age := max(0, now.Sub(ev.At).Microseconds())
-		want.Evidence = append(want.Evidence, &pb.Evidence{Kind: pb.Kind(ev.Kind), Device: ev.Device,
-			Instance: ev.Instance, AgeUs: age, Metadata: ev.Metadata})
+		e := &pb.Evidence{Kind: pb.Kind(ev.Kind), Device: ev.Device, Instance: ev.Instance, AgeUs: age, Metadata: ev.Metadata}
+		if d := ev.data; d != nil {
+			e.Data = &pb.Data{Id: d.id, Topic: d.d.Topic, Payload: d.d.Payload, ContentType: d.d.ContentType, Qos: uint32(d.d.QoS)}
+			for _, p := range d.d.Properties {
+				e.Data.Properties = append(e.Data.Properties, &pb.Property{Key: p.Key, Value: p.Value})
+			}
+		}
+		want.Evidence = append(want.Evidence, e)
 	}
 	wire, err := proto.Marshal(first(encodeFrame(true, items, now, nil)))
 	if err != nil {
@@ -71,12 +88,13 @@ func TestEncodedFrameIsAnEvidenceFrame(t *testing.T) {
 	}
 	// Byte for byte what proto writes, for items without a map (whose
 	// order proto does not fix either).
-	plain := &pb.EvidenceFrame{Ready: true, Evidence: []*pb.Evidence{want.Evidence[0], want.Evidence[1], want.Evidence[4]}}
-	ref, err := proto.Marshal(plain)
+	plain := &pb.EvidenceFrame{Ready: true, Evidence: []*pb.Evidence{want.Evidence[0], want.Evidence[1], want.Evidence[4],
+		want.Evidence[7], want.Evidence[8], want.Evidence[9]}}
+	ref, err := proto.MarshalOptions{Deterministic: true}.Marshal(plain)
 	if err != nil {
 		t.Fatal(err)
 	}
-	mine, err := proto.Marshal(first(encodeFrame(true, []Evidence{items[0], items[1], items[4]}, now, nil)))
+	mine, err := proto.Marshal(first(encodeFrame(true, []item{items[0], items[1], items[4], items[7], items[8], items[9]}, now, nil)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -98,8 +116,8 @@ func cpuTime(b *testing.B) time.Duration {
 // the frame's encoding, in full frames. cpu-ns/op is the process's CPU
 // time (GC included), steadier than wall time on a shared machine.
 func BenchmarkSendAndEncode(b *testing.B) {
-	k := newSink()
-	var batch []Evidence
+	k := testSink(b)
+	var batch []item
 	var ages []int64
 	cpu0 := cpuTime(b)
 	ids := make([]string, MaxFrame)
@@ -129,7 +147,7 @@ func first(f *pb.EvidenceFrame, _ []int64) *pb.EvidenceFrame { return f }
 // no Send stays blocked.
 func TestConcurrentSendersBeyondTheQueue(t *testing.T) {
 	const senders, each = 4, 5000
-	k := newSink()
+	k := testSink(t)
 	errs := make(chan error, senders)
 	for s := range senders {
 		go func() {
@@ -144,7 +162,7 @@ func TestConcurrentSendersBeyondTheQueue(t *testing.T) {
 	}
 	next := make([]int, senders)
 	got, done := 0, 0
-	var batch []Evidence
+	var batch []item
 	deadline := time.Now().Add(20 * time.Second)
 	for got < senders*each {
 		if time.Now().After(deadline) {
@@ -186,5 +204,68 @@ func TestConcurrentSendersBeyondTheQueue(t *testing.T) {
 	}
 	if n := k.len(); n != 0 {
 		t.Fatalf("%d items left in the queue", n)
+	}
+}
+
+// TestFramesBoundedByBytes: big data items go out in frames of at most
+// MaxFrameBytes, oldest first.
+func TestFramesBoundedByBytes(t *testing.T) {
+	k := testSink(t)
+	payload := make([]byte, 600<<10)
+	for i := range 7 {
+		if err := k.Data(t.Context(), Data{Device: fmt.Sprint("d-", i), Payload: payload}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var sizes []int
+	var batch []item
+	next := 0
+	for k.len() > 0 {
+		batch = k.take(batch)
+		n := 0
+		for _, it := range batch {
+			if want := fmt.Sprint("d-", next); it.Device != want {
+				t.Fatalf("item %d is %s, want %s", next, it.Device, want)
+			}
+			n += itemBytes(&it)
+			next++
+		}
+		if n > MaxFrameBytes {
+			t.Fatalf("a frame of %d bytes", n)
+		}
+		sizes = append(sizes, len(batch))
+	}
+	if fmt.Sprint(sizes) != "[3 3 1]" {
+		t.Fatalf("frame sizes %v, want [3 3 1]", sizes)
+	}
+}
+
+// TestQueueBytesBlockData: Data blocks while QueueBytes are queued, and
+// goes on once a frame has taken them.
+func TestQueueBytesBlockData(t *testing.T) {
+	k := testSink(t)
+	payload := make([]byte, MaxDataBytes-200)
+	n := 0
+	for k.bytes+itemBytes(&item{data: &dataItem{d: Data{Payload: payload}}}) <= QueueBytes {
+		if err := k.Data(t.Context(), Data{Payload: payload}); err != nil {
+			t.Fatal(err)
+		}
+		n++
+	}
+	blocked := make(chan error, 1)
+	go func() { blocked <- k.Data(t.Context(), Data{Payload: payload}) }()
+	select {
+	case err := <-blocked:
+		t.Fatalf("Data beyond QueueBytes (%d items queued) returned %v, want it to wait", n, err)
+	case <-time.After(100 * time.Millisecond):
+	}
+	k.take(nil)
+	select {
+	case err := <-blocked:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Data still blocked after a frame took items")
 	}
 }

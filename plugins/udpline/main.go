@@ -1,24 +1,44 @@
 // Command udpline is a fleetgate adapter plugin for legacy controllers
 // that send plain UDP datagrams of text lines:
 //
-//	hb <device> [instance]    a heartbeat (renewal; connect when new)
-//	bye <device> [instance]   a clean leave
+//	hb <device> [instance]                     a heartbeat (renewal; connect when new)
+//	hb <device> [instance] ><topic> <payload>  a heartbeat with data
+//	bye <device> [instance]                    a clean leave
 //
-// One datagram may carry several lines (LF or CRLF). Malformed lines are
-// counted, logged and ignored. Config (the adapter's `config` subtree):
+// One datagram may carry several lines (LF or CRLF). A heartbeat with
+// data sends the payload (the rest of the line after the topic and one
+// space or tab, byte for byte; no content type) as QoS 0 data of the
+// device on <topic> below its root ("" for the root itself: "> 21.5").
+// Lines without ">" are what they always were. Malformed lines are
+// counted, logged and ignored.
+//
+// Commands: udpline takes the commands of a device it has heard a
+// heartbeat from, and sends each as one line, in one datagram from its
+// listen address to the source address of the device's last heartbeat:
+//
+//	cmd <device> ><topic> <payload>
+//
+// (topic "cmd" or "cmd/<rest>"). A command is taken once it is sent: UDP
+// says nothing about its arrival. A command whose payload holds a line
+// break, or that does not fit a datagram, is refused. Config (the
+// adapter's `config` subtree):
 //
 //	listen: "127.0.0.1:5700"   # UDP address (the default)
 //
 // A datagram carries no proof of who sent it, and its source address can
 // be spoofed: whoever can send one to the listen address speaks for every
-// device of the adapter's devices. So it listens on loopback unless told
-// otherwise, and warns at start when it listens on another address.
+// device of the adapter's devices, and receives their commands. So it
+// listens on loopback unless told otherwise, and warns at start when it
+// listens on another address.
 package main
 
 import (
+	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"net"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -38,16 +58,30 @@ type config struct {
 }
 
 // maxDatagram bounds a datagram read; longer ones are truncated and their
-// last line is then malformed or cut.
+// last line is then malformed or cut. A command line is at most as long.
 const maxDatagram = 64 << 10
 
-// adapter is the udpline implementation of sdk.Adapter.
+// maxAddresses bounds the devices whose last source address udpline
+// keeps (for commands); beyond it, one it keeps is forgotten for each new
+// one.
+const maxAddresses = 65536
+
+// adapter is the udpline implementation of sdk.Adapter and sdk.Commander.
 type adapter struct {
 	cfg       config
 	malformed atomic.Uint64
 	// bound receives the bound address when Run listens (tests).
 	bound func(net.Addr)
+
+	mu    sync.Mutex
+	conn  net.PacketConn      // the listening socket while Run runs
+	addrs map[string]net.Addr // device → source of its last heartbeat
 }
+
+var (
+	_ sdk.Adapter   = (*adapter)(nil)
+	_ sdk.Commander = (*adapter)(nil)
+)
 
 func (a *adapter) Configure(_ context.Context, raw []byte) error {
 	c := config{Listen: "127.0.0.1:5700"}
@@ -71,12 +105,23 @@ func (a *adapter) Run(ctx context.Context, sink sdk.Sink) error {
 	defer pc.Close()
 	stop := context.AfterFunc(ctx, func() { pc.Close() })
 	defer stop()
+	a.mu.Lock()
+	a.conn = pc
+	if a.addrs == nil {
+		a.addrs = make(map[string]net.Addr)
+	}
+	a.mu.Unlock()
+	defer func() {
+		a.mu.Lock()
+		a.conn = nil
+		a.mu.Unlock()
+	}()
 	if a.bound != nil {
 		a.bound(pc.LocalAddr())
 	}
 	log.Info("listening", "udp", pc.LocalAddr().String())
 	if sdk.Exposed(pc.LocalAddr()) {
-		log.Warn("listening beyond loopback without authentication: whoever can send a datagram here (source addresses can be spoofed) speaks for every device of this adapter's devices; listen on loopback or a trusted network only",
+		log.Warn("listening beyond loopback without authentication: whoever can send a datagram here (source addresses can be spoofed) speaks for every device of this adapter's devices and gets their commands; listen on loopback or a trusted network only",
 			"udp", pc.LocalAddr().String())
 	}
 	sink.Ready()
@@ -97,11 +142,61 @@ func (a *adapter) Run(ctx context.Context, sink sdk.Sink) error {
 				log.Debug("malformed line", "from", from.String(), "error", l.Err)
 				continue
 			}
-			if err := sink.Send(ctx, sdk.Evidence{Kind: l.Kind, Device: l.Device, Instance: l.Instance, At: now}); err != nil {
+			if l.Kind == sdk.Renew {
+				a.heard(l.Device, from)
+			}
+			if l.Data {
+				err = sink.Data(ctx, sdk.Data{Device: l.Device, Instance: l.Instance, Topic: l.Topic, Payload: l.Payload, At: now})
+				if errors.Is(err, sdk.ErrRejected) || errors.Is(err, sdk.ErrNoDataPath) {
+					log.Debug("data not sent", "device", l.Device, "error", err)
+					continue
+				}
+			} else {
+				err = sink.Send(ctx, sdk.Evidence{Kind: l.Kind, Device: l.Device, Instance: l.Instance, At: now})
+			}
+			if err != nil {
 				return nil // ctx ended
 			}
 		}
 	}
+}
+
+// heard records from as device's address for its commands.
+func (a *adapter) heard(device string, from net.Addr) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if _, ok := a.addrs[device]; !ok && len(a.addrs) >= maxAddresses {
+		for d := range a.addrs {
+			delete(a.addrs, d)
+			break
+		}
+	}
+	a.addrs[device] = from
+}
+
+// Command sends c to the source address of its device's last heartbeat
+// as the line "cmd <device> ><topic> <payload>".
+func (a *adapter) Command(_ context.Context, c sdk.Command) error {
+	if bytes.ContainsAny(c.Payload, "\r\n") {
+		return errors.New("the payload holds a line break, which a line cannot carry")
+	}
+	line := fmt.Appendf(nil, "cmd %s >%s %s\n", c.Device, c.Topic, c.Payload)
+	if len(line) > maxDatagram {
+		return fmt.Errorf("the command line is %d bytes, a datagram holds %d", len(line), maxDatagram)
+	}
+	a.mu.Lock()
+	conn, to := a.conn, a.addrs[c.Device]
+	a.mu.Unlock()
+	switch {
+	case conn == nil:
+		return errors.New("not listening")
+	case to == nil:
+		return fmt.Errorf("no heartbeat from %s since the adapter started: its address is unknown", c.Device)
+	}
+	if _, err := conn.WriteTo(line, to); err != nil {
+		return fmt.Errorf("send to %s: %w", to, err)
+	}
+	return nil
 }
 
 // reportMalformed logs the count of malformed lines once a minute while

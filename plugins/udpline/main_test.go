@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"net"
@@ -48,7 +49,56 @@ func TestConformance(t *testing.T) {
 			}
 		},
 		BadConfig: []byte(`{"listen": "127.0.0.1:99999"}`),
+		SetupData: func(t *testing.T) ([]byte, sdktest.DataTrigger) {
+			addr := freeUDP(t)
+			n := 0
+			return []byte(fmt.Sprintf(`{"listen": %q}`, addr)), func(ctx context.Context) (sdktest.ExpectData, <-chan error, error) {
+				n++
+				dev := fmt.Sprintf("dev-%d", n)
+				want := sdktest.ExpectData{Kind: pb.Kind_KIND_RENEW, Device: dev, Instance: "radio1", Topic: "telemetry/temp", Payload: []byte("21.5 C")}
+				return want, nil, send(ctx, addr, "hb "+dev+" radio1 >telemetry/temp 21.5 C\n")
+			}
+		},
+		SetupCommands: func(t *testing.T) ([]byte, sdktest.CommandCase) {
+			addr := freeUDP(t)
+			device, err := net.ListenPacket("udp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { device.Close() })
+			return []byte(fmt.Sprintf(`{"listen": %q}`, addr)), sdktest.CommandCase{
+				Prepare: func(context.Context) error {
+					to, err := net.ResolveUDPAddr("udp", addr)
+					if err != nil {
+						return err
+					}
+					_, err = device.WriteTo([]byte("hb ctl-1\n"), to)
+					return err
+				},
+				Accept: &pb.Command{Id: 1, Device: "ctl-1", Topic: "cmd/valve", Payload: []byte("open 50%")},
+				Received: func(context.Context) error {
+					return receiveLine(device, "cmd ctl-1 >cmd/valve open 50%\n")
+				},
+				Refuse: &pb.Command{Id: 2, Device: "ctl-1", Topic: "cmd", Payload: []byte("two\nlines")},
+			}
+		},
 	})
+}
+
+// receiveLine reads one datagram from pc and checks it is want.
+func receiveLine(pc net.PacketConn, want string) error {
+	buf := make([]byte, maxDatagram)
+	if err := pc.SetReadDeadline(time.Now().Add(5 * time.Second)); err != nil {
+		return err
+	}
+	n, _, err := pc.ReadFrom(buf)
+	if err != nil {
+		return err
+	}
+	if got := string(buf[:n]); got != want {
+		return fmt.Errorf("got %q, want %q", got, want)
+	}
+	return nil
 }
 
 func TestConfigureRefusesUnknownKeys(t *testing.T) {
@@ -107,6 +157,15 @@ func TestParseDatagram(t *testing.T) {
 		{in: "hb a b c", bad: 1},
 		{in: "hb " + strings.Repeat("x", 201), bad: 1},
 		{in: "hb\td1\ti1", want: []Line{{Kind: sdk.Renew, Device: "d1", Instance: "i1"}}},
+		{in: "hb d1 >t/1 21.5 C", want: []Line{{Kind: sdk.Renew, Device: "d1", Data: true, Topic: "t/1", Payload: []byte("21.5 C")}}},
+		{in: "hb d1 i1 >t  two  blanks \r\n", want: []Line{{Kind: sdk.Renew, Device: "d1", Instance: "i1", Data: true, Topic: "t", Payload: []byte(" two  blanks ")}}},
+		{in: "hb d1 > root", want: []Line{{Kind: sdk.Renew, Device: "d1", Data: true, Payload: []byte("root")}}},
+		{in: "hb d1 >t", want: []Line{{Kind: sdk.Renew, Device: "d1", Data: true, Topic: "t", Payload: []byte{}}}},
+		{in: "hb d1 >t\tx>y", want: []Line{{Kind: sdk.Renew, Device: "d1", Data: true, Topic: "t", Payload: []byte("x>y")}}},
+		{in: "bye d1 >t x", bad: 1},
+		{in: "hb >t x", bad: 1},
+		{in: "hb d1 i1 extra >t x", bad: 1},
+		{in: "hb d1 >" + strings.Repeat("t", 1025) + " x", bad: 1},
 	} {
 		got := ParseDatagram([]byte(tc.in))
 		var ok []Line
@@ -124,8 +183,13 @@ func TestParseDatagram(t *testing.T) {
 	}
 }
 
+// FuzzParseDatagram: every line parsed is well formed — a known verb, a
+// device and instance without blanks, data only on a heartbeat, a topic
+// without blanks and a payload without a line break — and a heartbeat
+// with data written back the way a device writes it parses to the same
+// line.
 func FuzzParseDatagram(f *testing.F) {
-	for _, s := range []string{"hb d1", "bye d1 i1\r\nhb d2\n", "hb", "\xff\xfe", "hb a b c d"} {
+	for _, s := range []string{"hb d1", "bye d1 i1\r\nhb d2\n", "hb", "\xff\xfe", "hb a b c d", "hb d1 i1 >t/1 21.5 C", "hb d1 >", "hb d1 > >x"} {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
@@ -138,6 +202,25 @@ func FuzzParseDatagram(f *testing.F) {
 			}
 			if l.Device == "" || strings.ContainsAny(l.Device+l.Instance, " \t\n") || len(l.Device) > maxField {
 				t.Fatalf("bad fields %q %q", l.Device, l.Instance)
+			}
+			if !l.Data {
+				continue
+			}
+			if l.Kind != sdk.Renew || strings.ContainsAny(l.Topic, " \t\n") || bytes.ContainsAny(l.Payload, "\n") {
+				t.Fatalf("bad data %+v", l)
+			}
+			line := "hb " + l.Device
+			if l.Instance != "" {
+				line += " " + l.Instance
+			}
+			line += " >" + l.Topic + " " + string(l.Payload)
+			again := ParseDatagram([]byte(line + "\n"))
+			if bytes.HasSuffix(l.Payload, []byte("\r")) || len(bytes.TrimSpace([]byte(line))) == 0 {
+				continue // a CR before the line break is the line's end
+			}
+			if len(again) != 1 || again[0].Err != nil || again[0].Device != l.Device || again[0].Instance != l.Instance ||
+				again[0].Topic != l.Topic || !bytes.Equal(again[0].Payload, l.Payload) {
+				t.Fatalf("%+v written as %q parses to %+v", l, line, again)
 			}
 		}
 	})

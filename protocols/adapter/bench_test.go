@@ -182,7 +182,7 @@ func BenchmarkRenewalsThroughPlugin(b *testing.B) {
 	defer conn.Close()
 	// run measures one stream into a host: from warm pieces of evidence
 	// to warm+items, wall and CPU time of this process.
-	run := func(open func(context.Context) pb.Adapter_EvidenceClient) (wall, cpu time.Duration) {
+	run := func(open func(context.Context) (pb.AdapterClient, pb.Adapter_EvidenceClient)) (wall, cpu time.Duration) {
 		obs := newTableObserver(warm, warm+items)
 		host, err := New(obs, Options{Lease: 90 * time.Second})
 		if err != nil {
@@ -191,20 +191,21 @@ func BenchmarkRenewalsThroughPlugin(b *testing.B) {
 		p := newProc(host, Spec{Name: "bench", Devices: []string{"*"}})
 		sctx, cancel := context.WithCancel(ctx)
 		defer cancel()
-		stream := open(sctx)
-		go func() { _ = p.receive(sctx, stream) }()
+		client, stream := open(sctx)
+		go func() { _ = p.receive(sctx, client, stream) }()
 		<-obs.warmed
 		start, cpu0 := time.Now(), processCPU(b)
 		<-obs.done
 		return time.Since(start), processCPU(b) - cpu0
 	}
 	plainRun := func() (wall, cpu time.Duration) {
-		return run(func(sctx context.Context) pb.Adapter_EvidenceClient {
-			stream, err := pb.NewAdapterClient(conn).Evidence(sctx, &pb.EvidenceRequest{})
+		return run(func(sctx context.Context) (pb.AdapterClient, pb.Adapter_EvidenceClient) {
+			c := pb.NewAdapterClient(conn)
+			stream, err := c.Evidence(sctx, &pb.EvidenceRequest{})
 			if err != nil {
 				b.Fatal(err)
 			}
-			return stream
+			return c, stream
 		})
 	}
 	// sdkRun: the SDK's server and the benchadapter's loop in this process,
@@ -224,16 +225,16 @@ func BenchmarkRenewalsThroughPlugin(b *testing.B) {
 			b.Fatal(err)
 		}
 		defer conn.Close()
-		return run(func(sctx context.Context) pb.Adapter_EvidenceClient {
+		return run(func(sctx context.Context) (pb.AdapterClient, pb.Adapter_EvidenceClient) {
 			c := pb.NewAdapterClient(conn)
-			if _, err := c.Configure(sctx, &pb.ConfigureRequest{}); err != nil {
+			if _, err := c.Configure(sctx, &pb.ConfigureRequest{Data: true}); err != nil {
 				b.Fatal(err)
 			}
 			stream, err := c.Evidence(sctx, &pb.EvidenceRequest{})
 			if err != nil {
 				b.Fatal(err)
 			}
-			return stream
+			return c, stream
 		})
 	}
 
@@ -391,4 +392,66 @@ func BenchmarkIdleAdapterMemory(b *testing.B) {
 	}
 	b.ReportMetric(perAdapter, "bytes/adapter")
 	b.ReportMetric(perAdapter/(1<<20), "bytes/ceiling")
+}
+
+var _ gateway.DataSink = (*countingSink)(nil)
+
+// countingSink is the data sink of BenchmarkDataThroughPlugin: it counts
+// the messages and closes done at want. It keeps nothing and writes no
+// disk: the benchmark measures the plugin path up to the data path.
+type countingSink struct {
+	n    atomic.Int64
+	want int64
+	done chan struct{}
+}
+
+func (s *countingSink) Publish(_ context.Context, msgs []gateway.Message) error {
+	n := s.n.Add(int64(len(msgs)))
+	if n >= s.want && n-int64(len(msgs)) < s.want {
+		close(s.done)
+	}
+	return nil
+}
+
+// BenchmarkDataThroughPlugin measures data items of 64 bytes from one
+// adapter process (benchadapter: Sink.Data from 1000 goroutines, as many
+// requests of a network server in flight) through the plugin into the
+// host's data path, a sink that only counts (no queue, no disk): QoS 0,
+// and QoS 1, whose every item waits for its settlement (the host's Settle
+// call after each frame). Reported per item: wall time, CPU of both
+// processes, and the frames' fill.
+func BenchmarkDataThroughPlugin(b *testing.B) {
+	path := buildAdapter(b, "github.com/fleetgate/fleetgate/protocols/adapter/testdata/benchadapter")
+	for _, qos := range []int{0, 1} {
+		b.Run(fmt.Sprintf("qos%d", qos), func(b *testing.B) {
+			items := int64(b.N) * frameItems
+			sink := &countingSink{want: items, done: make(chan struct{})}
+			h, err := New(&counter{done: make(chan struct{})}, Options{Lease: 90 * time.Second, Logger: slog.New(slog.DiscardHandler), Data: sink})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer h.Close()
+			b.ResetTimer()
+			start, hostCPU0 := time.Now(), processCPU(b)
+			if err := h.Apply(b.Context(), []Spec{{Name: "bench", Path: path, StartTimeout: 30 * time.Second, Devices: []string{"bench-*"},
+				Config: fmt.Appendf(nil, `{"items": %d, "data": true, "qos": %d, "bytes": 64, "senders": 1000}`, items, qos)}}); err != nil {
+				b.Fatal(err)
+			}
+			pid := h.Status()[0].PID
+			adapterCPU0 := childCPU(b, pid)
+			<-sink.done
+			wall := time.Since(start)
+			hostCPU, adapterCPU := processCPU(b)-hostCPU0, childCPU(b, pid)-adapterCPU0
+			b.StopTimer()
+			st := h.Status()[0]
+			per := func(d time.Duration) float64 { return float64(d.Nanoseconds()) / float64(items) }
+			b.ReportMetric(per(wall), "ns/item")
+			b.ReportMetric(per(hostCPU+adapterCPU), "cpu-ns/item")
+			b.ReportMetric(per(adapterCPU), "adapter-cpu-ns/item")
+			b.ReportMetric(float64(items)/float64(st.Frames), "items/frame")
+			if st.DataPublished != uint64(items) {
+				b.Fatalf("published %d of %d", st.DataPublished, items)
+			}
+		})
+	}
 }

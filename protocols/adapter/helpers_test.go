@@ -20,8 +20,8 @@ import (
 	"github.com/fleetgate/fleetgate/protocols/adapter"
 )
 
-// udpline is the shipped UDP line adapter, built once by TestMain.
-var udpline string
+// udpline and lorawan are shipped adapters, built once by TestMain.
+var udpline, lorawan string
 
 func TestMain(m *testing.M) {
 	if os.Getenv(hostHelperEnv) != "" {
@@ -31,7 +31,10 @@ func TestMain(m *testing.M) {
 	// The host refuses group-writable executables and directories: build
 	// and write them without group write whatever the caller's umask.
 	syscall.Umask(0o022)
-	buildtest.Main(m, map[string]*string{"github.com/fleetgate/fleetgate/plugins/udpline": &udpline})
+	buildtest.Main(m, map[string]*string{
+		"github.com/fleetgate/fleetgate/plugins/udpline": &udpline,
+		"github.com/fleetgate/fleetgate/plugins/lorawan": &lorawan,
+	})
 }
 
 // syncBuf is a log destination tests read.

@@ -4,7 +4,10 @@
 // under hashicorp/go-plugin (gRPC, AutoMTLS, the contract of
 // plugins/proto); the host turns its evidence frames into
 // gateway.Evidence for a gateway.Observer, with sessions named
-// "<adapter>/<instance>".
+// "<adapter>/<instance>", hands the data its devices send to a
+// gateway.DataSink (settling each QoS 1 item back to the adapter once the
+// sink has answered), and delivers the commands pending in
+// gateway.Commands for the devices it speaks for.
 //
 // The host supervises every adapter: one that exits, or fails its health
 // ping, is restarted with jittered exponential backoff (Backoff), and a
@@ -12,10 +15,11 @@
 // they survive a quick restart and expire normally if it stays down.
 // Each adapter speaks only for the devices of its Spec.Devices, and never
 // for a device of the devices file (SetCredentials); it is held to its
-// limits (evidence per second, sessions, devices). Evidence for another
-// device is refused, evidence beyond the limits dropped, evidence with an
-// invalid device or instance rejected, each counted, while the stream
-// stays up. No adapter outlives the gateway: see launch.
+// limits (evidence per second, sessions, devices, data bytes per second).
+// Evidence for another device is refused, evidence beyond the limits
+// dropped, evidence with an invalid device or instance rejected, each
+// counted, while the stream stays up. No adapter outlives the gateway:
+// see launch.
 package adapter
 
 import (
@@ -75,8 +79,14 @@ type Spec struct {
 	MaxAddressSpace int64
 	MaxOpenFiles    int
 	// EvidencePerSecond bounds the evidence taken from the adapter, with
-	// a burst of as many; 0 is unlimited.
+	// a burst of as many; 0 is unlimited. An item with data is one piece
+	// of evidence.
 	EvidencePerSecond int
+	// DataBytesPerSecond bounds the data taken from the adapter, in bytes
+	// as gateway.Message.Size counts them, with a burst of as many (an
+	// item larger than the burst passes when none was spent); 0 is
+	// unlimited. Data beyond it is dropped, its evidence still counts.
+	DataBytesPerSecond int
 	// Config is the adapter's config subtree as JSON, passed to Configure.
 	Config []byte
 }
@@ -105,6 +115,13 @@ type Options struct {
 	// Jitter returns a number in [0, 1) for the backoff's jitter; nil
 	// means math/rand.
 	Jitter func() float64
+	// Data takes the data the adapters' devices send (Source: the
+	// adapter's name); nil keeps none: data items are counted discarded
+	// (their evidence still counts) and QoS 1 items settled so.
+	Data gateway.DataSink
+	// Commands holds the commands the host delivers to the adapters that
+	// take them; nil delivers none.
+	Commands gateway.Commands
 }
 
 // Host runs the configured adapters. Create it with New, give it the
@@ -247,6 +264,23 @@ type Status struct {
 	// Refused counts evidence for devices the adapter may not speak for.
 	Refused uint64 `json:"evidence_refused"`
 	Dropped uint64 `json:"evidence_dropped"`
+	// Data counts the data items: published (handed to the data path,
+	// durable for QoS 1), rejected (invalid, or refused by the data path
+	// as such), refused (a device the adapter may not speak for),
+	// dropped (beyond the limits), failed (the data path failed) and
+	// discarded (no data path).
+	DataPublished uint64 `json:"data_published"`
+	DataRejected  uint64 `json:"data_rejected"`
+	DataRefused   uint64 `json:"data_refused"`
+	DataDropped   uint64 `json:"data_dropped"`
+	DataFailed    uint64 `json:"data_failed"`
+	DataDiscarded uint64 `json:"data_discarded"`
+	// Commands counts deliveries: delivered (the adapter took the
+	// command), refused (it said why not), failed (an error, no answer in
+	// time); refused and failed commands stay pending.
+	CommandsDelivered uint64 `json:"commands_delivered"`
+	CommandsRefused   uint64 `json:"commands_refused"`
+	CommandsFailed    uint64 `json:"commands_failed"`
 }
 
 // States of an adapter.

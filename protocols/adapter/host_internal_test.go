@@ -37,7 +37,7 @@ func TestNamespaceRefusal(t *testing.T) {
 // leave or lease frees its place.
 func TestSessionsCountDevices(t *testing.T) {
 	now := time.Unix(1000, 0)
-	s := newSessions(0, 2, time.Minute)
+	s := newSessions(0, 2, time.Minute, nil)
 	k := func(d, sess string) sessionKey { return sessionKey{gateway.DeviceID(d), gateway.SessionID(sess)} }
 	for _, step := range []struct {
 		key  sessionKey

@@ -28,6 +28,39 @@ func (r *rate) allow(now time.Time) bool {
 	return ok
 }
 
+// byteRate is a token bucket of bytes: perSecond bytes a second, with a
+// burst of as many. An item larger than the burst passes when the bucket
+// is full and leaves it in debt, so that no item is too large to pass
+// ever, and the rate holds over time. perSecond 0 means unlimited. Not
+// safe for concurrent use (one stream feeds it).
+type byteRate struct {
+	perSecond float64
+	tokens    float64
+	last      time.Time
+}
+
+func newByteRate(perSecond int) *byteRate {
+	return &byteRate{perSecond: float64(perSecond), tokens: float64(perSecond)}
+}
+
+// allow takes n bytes at now.
+func (r *byteRate) allow(n int, now time.Time) bool {
+	if r.perSecond <= 0 {
+		return true
+	}
+	if !r.last.IsZero() && now.After(r.last) {
+		r.tokens = min(r.perSecond, r.tokens+now.Sub(r.last).Seconds()*r.perSecond)
+	}
+	if now.After(r.last) {
+		r.last = now
+	}
+	if r.tokens < min(float64(n), r.perSecond) {
+		return false
+	}
+	r.tokens -= float64(n)
+	return true
+}
+
 // sessionKey names one session of one device.
 type sessionKey struct {
 	device  gateway.DeviceID
@@ -37,8 +70,11 @@ type sessionKey struct {
 // sessions counts an adapter's live sessions and devices for its
 // max_sessions and max_devices limits: a session lives from its last
 // evidence for a lease, or until its leave; a device lives while one of
-// its sessions does. A max of 0 is unlimited; with both 0 nothing is
-// tracked. Not safe for concurrent use.
+// its sessions does. A max of 0 is unlimited; with both 0 and no track
+// nothing is tracked. track, when set, is told each device that comes to
+// life (true) or dies (false) — command delivery follows the live
+// devices —, and sessions are then swept at most once a second as
+// evidence arrives, limits or not. Not safe for concurrent use.
 type sessions struct {
 	maxSessions int
 	maxDevices  int
@@ -46,10 +82,14 @@ type sessions struct {
 	last        map[sessionKey]time.Time
 	perDevice   map[gateway.DeviceID]int
 	lastSweep   time.Time
+	track       func(gateway.DeviceID, bool)
 }
 
-func newSessions(maxSessions, maxDevices int, lease time.Duration) *sessions {
-	return &sessions{maxSessions: maxSessions, maxDevices: maxDevices, lease: lease,
+// sweepEvery is how often at most sessions are swept.
+const sweepEvery = time.Second
+
+func newSessions(maxSessions, maxDevices int, lease time.Duration, track func(gateway.DeviceID, bool)) *sessions {
+	return &sessions{maxSessions: maxSessions, maxDevices: maxDevices, lease: lease, track: track,
 		last: make(map[sessionKey]time.Time), perDevice: make(map[gateway.DeviceID]int)}
 }
 
@@ -58,8 +98,11 @@ func newSessions(maxSessions, maxDevices int, lease time.Duration) *sessions {
 // is refused while maxSessions sessions are live, or, of a device without
 // a live session, while maxDevices devices are.
 func (s *sessions) admit(k sessionKey, kind gateway.Kind, now time.Time) bool {
-	if s.maxSessions <= 0 && s.maxDevices <= 0 {
+	if s.maxSessions <= 0 && s.maxDevices <= 0 && s.track == nil {
 		return true
+	}
+	if s.track != nil && now.Sub(s.lastSweep) >= sweepEvery {
+		s.sweep(now)
 	}
 	if _, ok := s.last[k]; ok {
 		if kind == gateway.Leave {
@@ -72,7 +115,7 @@ func (s *sessions) admit(k sessionKey, kind gateway.Kind, now time.Time) bool {
 	if kind == gateway.Leave {
 		return true
 	}
-	if s.full(k.device) && now.Sub(s.lastSweep) >= time.Second {
+	if s.full(k.device) && now.Sub(s.lastSweep) >= sweepEvery {
 		s.sweep(now)
 	}
 	if s.full(k.device) {
@@ -80,6 +123,9 @@ func (s *sessions) admit(k sessionKey, kind gateway.Kind, now time.Time) bool {
 	}
 	s.last[k] = now
 	s.perDevice[k.device]++
+	if s.perDevice[k.device] == 1 && s.track != nil {
+		s.track(k.device, true)
+	}
 	return true
 }
 
@@ -97,6 +143,9 @@ func (s *sessions) remove(k sessionKey) {
 		s.perDevice[k.device] = n
 	} else {
 		delete(s.perDevice, k.device)
+		if s.track != nil {
+			s.track(k.device, false)
+		}
 	}
 }
 

@@ -10,12 +10,22 @@ type metrics struct {
 	failed   *prometheus.GaugeVec
 	restarts *prometheus.CounterVec
 	evidence *prometheus.CounterVec
+	data     *prometheus.CounterVec
+	commands *prometheus.CounterVec
 }
 
-// adapterCounters are one adapter's evidence counters.
+// adapterCounters are one adapter's evidence, data and command counters.
 type adapterCounters struct {
-	accepted, rejected, refused, dropped prometheus.Counter
+	accepted, rejected, refused, dropped                                             prometheus.Counter
+	dataPublished, dataRejected, dataRefused, dataDropped, dataFailed, dataDiscarded prometheus.Counter
+	commandsDelivered, commandsRefused, commandsFailed                               prometheus.Counter
 }
+
+// Results of the data and commands counters.
+var (
+	dataResults    = []string{"published", "rejected", "refused", "dropped", "failed", "discarded"}
+	commandResults = []string{"delivered", "refused", "failed"}
+)
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
@@ -33,11 +43,19 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"adapter"}),
 		evidence: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "fleetgate_adapter_evidence_total",
-			Help: "Evidence items from the adapter plugin: accepted, rejected (invalid device or instance), refused (a device the adapter may not speak for) or dropped (beyond its limits, or refused by the gateway).",
+			Help: "Evidence items from the adapter plugin (data items included): accepted, rejected (invalid device, instance or data), refused (a device the adapter may not speak for) or dropped (beyond its limits, or refused by the gateway).",
+		}, []string{"adapter", "result"}),
+		data: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "fleetgate_adapter_data_total",
+			Help: "Data items from the adapter plugin: published (handed to the data path; durable for QoS 1), rejected (invalid, or refused by the data path as such), refused (a device the adapter may not speak for), dropped (beyond its limits), failed (the data path failed or timed out) or discarded (the gateway has no data path).",
+		}, []string{"adapter", "result"}),
+		commands: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "fleetgate_adapter_commands_total",
+			Help: "Command deliveries to the adapter plugin: delivered (it took the command), refused (it said why not) or failed (an error or no answer in time); refused and failed commands stay pending and are tried again.",
 		}, []string{"adapter", "result"}),
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.up, m.failed, m.restarts, m.evidence} {
+		for _, c := range []prometheus.Collector{m.up, m.failed, m.restarts, m.evidence, m.data, m.commands} {
 			if err := reg.Register(c); err != nil {
 				return nil, err
 			}
@@ -58,10 +76,19 @@ func (m *metrics) start(name string) {
 
 func (m *metrics) of(name string) adapterCounters {
 	return adapterCounters{
-		accepted: m.evidence.WithLabelValues(name, "accepted"),
-		rejected: m.evidence.WithLabelValues(name, "rejected"),
-		refused:  m.evidence.WithLabelValues(name, "refused"),
-		dropped:  m.evidence.WithLabelValues(name, "dropped"),
+		accepted:          m.evidence.WithLabelValues(name, "accepted"),
+		rejected:          m.evidence.WithLabelValues(name, "rejected"),
+		refused:           m.evidence.WithLabelValues(name, "refused"),
+		dropped:           m.evidence.WithLabelValues(name, "dropped"),
+		dataPublished:     m.data.WithLabelValues(name, "published"),
+		dataRejected:      m.data.WithLabelValues(name, "rejected"),
+		dataRefused:       m.data.WithLabelValues(name, "refused"),
+		dataDropped:       m.data.WithLabelValues(name, "dropped"),
+		dataFailed:        m.data.WithLabelValues(name, "failed"),
+		dataDiscarded:     m.data.WithLabelValues(name, "discarded"),
+		commandsDelivered: m.commands.WithLabelValues(name, "delivered"),
+		commandsRefused:   m.commands.WithLabelValues(name, "refused"),
+		commandsFailed:    m.commands.WithLabelValues(name, "failed"),
 	}
 }
 
@@ -80,5 +107,11 @@ func (m *metrics) forget(name string) {
 	m.restarts.DeleteLabelValues(name)
 	for _, r := range []string{"accepted", "rejected", "refused", "dropped"} {
 		m.evidence.DeleteLabelValues(name, r)
+	}
+	for _, r := range dataResults {
+		m.data.DeleteLabelValues(name, r)
+	}
+	for _, r := range commandResults {
+		m.commands.DeleteLabelValues(name, r)
 	}
 }

@@ -43,6 +43,15 @@ func TestMetricsFromTheStart(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []string{
+		"fleetgate_adapter_commands_total{adapter=line,result=delivered} 0",
+		"fleetgate_adapter_commands_total{adapter=line,result=failed} 0",
+		"fleetgate_adapter_commands_total{adapter=line,result=refused} 0",
+		"fleetgate_adapter_data_total{adapter=line,result=discarded} 0",
+		"fleetgate_adapter_data_total{adapter=line,result=dropped} 0",
+		"fleetgate_adapter_data_total{adapter=line,result=failed} 0",
+		"fleetgate_adapter_data_total{adapter=line,result=published} 0",
+		"fleetgate_adapter_data_total{adapter=line,result=refused} 0",
+		"fleetgate_adapter_data_total{adapter=line,result=rejected} 0",
 		"fleetgate_adapter_evidence_total{adapter=line,result=accepted} 0",
 		"fleetgate_adapter_evidence_total{adapter=line,result=dropped} 0",
 		"fleetgate_adapter_evidence_total{adapter=line,result=refused} 0",

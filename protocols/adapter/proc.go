@@ -16,7 +16,8 @@ import (
 )
 
 // proc supervises one adapter: it starts the process, reads its evidence
-// stream, pings it, and restarts it after a crash.
+// stream, delivers its devices' commands, pings it, and restarts it after
+// a crash.
 type proc struct {
 	h    *Host
 	spec Spec
@@ -48,17 +49,27 @@ type proc struct {
 	rejected atomic.Uint64
 	refused  atomic.Uint64
 	dropped  atomic.Uint64
+	data     dataCounts
+	cmds     commandCounts
+
+	// reach is the devices commands go to; nil when the host delivers
+	// none (Options.Commands nil).
+	reach *reach
 }
 
 func newProc(h *Host, s Spec) *proc {
 	ctx, cancel := context.WithCancel(context.Background())
 	log := h.log.With("adapter", s.Name)
 	h.metrics.start(s.Name)
-	return &proc{
+	p := &proc{
 		h: h, spec: s, log: log, hlog: newSlogLogger(log),
 		ctx: ctx, cancel: cancel, done: make(chan struct{}), first: make(chan struct{}),
 		state: StateStarting, since: h.o.Clock.Now(),
 	}
+	if h.o.Commands != nil {
+		p.reach = newReach(s.Devices)
+	}
+	return p
 }
 
 func (p *proc) setState(state string, pid int, err error) {
@@ -87,6 +98,9 @@ func (p *proc) status() Status {
 		Implementation: p.impl, Version: p.version,
 		Sessions: int(p.sessions.Load()), Devices: int(p.devices.Load()), Frames: p.frames.Load(),
 		Accepted: p.accepted.Load(), Rejected: p.rejected.Load(), Refused: p.refused.Load(), Dropped: p.dropped.Load(),
+		DataPublished: p.data.published.Load(), DataRejected: p.data.rejected.Load(), DataRefused: p.data.refused.Load(),
+		DataDropped: p.data.dropped.Load(), DataFailed: p.data.failed.Load(), DataDiscarded: p.data.discarded.Load(),
+		CommandsDelivered: p.cmds.delivered.Load(), CommandsRefused: p.cmds.refused.Load(), CommandsFailed: p.cmds.failed.Load(),
 	}
 }
 
@@ -154,7 +168,7 @@ func (p *proc) attempt() error {
 	defer proc.release()
 	ctx, cancel := context.WithCancel(p.ctx)
 	defer cancel()
-	stream, err := p.handshake(ctx, proc, begin)
+	stream, commands, err := p.handshake(ctx, proc, begin)
 	if err != nil {
 		p.log.Error("adapter did not start", "pid", proc.pid, "err", err)
 		return err
@@ -162,11 +176,23 @@ func (p *proc) attempt() error {
 	p.setState(StateRunning, proc.pid, nil)
 	p.h.metrics.up.WithLabelValues(s.Name).Set(1)
 	defer p.h.metrics.up.WithLabelValues(s.Name).Set(0)
-	p.log.Info("adapter ready", "pid", proc.pid, "implementation", p.impl, "version", p.version, "startup", time.Since(begin).Round(time.Millisecond))
+	p.log.Info("adapter ready", "pid", proc.pid, "implementation", p.impl, "version", p.version,
+		"commands", commands, "startup", time.Since(begin).Round(time.Millisecond))
 	p.firstDone(nil)
 
+	if p.reach != nil && commands {
+		delivered := make(chan struct{})
+		go func() {
+			defer close(delivered)
+			p.deliverCommands(ctx, proc.adapter)
+		}()
+		defer func() {
+			cancel()
+			<-delivered
+		}()
+	}
 	recvErr := make(chan error, 1)
-	go func() { recvErr <- p.receive(ctx, stream) }()
+	go func() { recvErr <- p.receive(ctx, proc.adapter, stream) }()
 	for {
 		t := p.h.o.Clock.NewTimer(p.h.o.HealthInterval)
 		select {
@@ -200,15 +226,17 @@ func (p *proc) attempt() error {
 	}
 }
 
-// handshake runs Info, Configure and opens the Evidence stream, and waits
-// for its first (ready) frame, all within the start timeout from begin.
-func (p *proc) handshake(ctx context.Context, proc *process, begin time.Time) (pb.Adapter_EvidenceClient, error) {
+// handshake runs Info, Configure (telling the adapter the host takes
+// data) and opens the Evidence stream, and waits for its first (ready)
+// frame, all within the start timeout from begin. commands is what Info
+// said.
+func (p *proc) handshake(ctx context.Context, proc *process, begin time.Time) (stream pb.Adapter_EvidenceClient, commands bool, err error) {
 	s := p.spec
 	start, cancelStart := context.WithDeadline(ctx, begin.Add(s.StartTimeout))
 	defer cancelStart()
 	info, err := proc.adapter.Info(start, &pb.InfoRequest{})
 	if err != nil {
-		return nil, fmt.Errorf("info: %w", err)
+		return nil, false, fmt.Errorf("info: %w", err)
 	}
 	p.mu.Lock()
 	p.impl, p.version = info.GetName(), info.GetVersion()
@@ -217,12 +245,12 @@ func (p *proc) handshake(ctx context.Context, proc *process, begin time.Time) (p
 	if len(cfg) == 0 {
 		cfg = []byte("{}")
 	}
-	if _, err := proc.adapter.Configure(start, &pb.ConfigureRequest{Config: cfg}); err != nil {
-		return nil, fmt.Errorf("configure: %w", err)
+	if _, err := proc.adapter.Configure(start, &pb.ConfigureRequest{Config: cfg, Data: true}); err != nil {
+		return nil, false, fmt.Errorf("configure: %w", err)
 	}
-	stream, err := proc.adapter.Evidence(ctx, &pb.EvidenceRequest{})
+	stream, err = proc.adapter.Evidence(ctx, &pb.EvidenceRequest{})
 	if err != nil {
-		return nil, fmt.Errorf("evidence stream: %w", err)
+		return nil, false, fmt.Errorf("evidence stream: %w", err)
 	}
 	type first struct {
 		f   *pb.EvidenceFrame
@@ -236,20 +264,21 @@ func (p *proc) handshake(ctx context.Context, proc *process, begin time.Time) (p
 	select {
 	case r := <-got:
 		if r.err != nil {
-			return nil, fmt.Errorf("evidence stream: %w", r.err)
+			return nil, false, fmt.Errorf("evidence stream: %w", r.err)
 		}
 		if !r.f.GetReady() {
-			return nil, errors.New("the first evidence frame is not marked ready")
+			return nil, false, errors.New("the first evidence frame is not marked ready")
 		}
-		p.accept(ctx, r.f)
-		return stream, nil
+		p.accept(ctx, proc.adapter, r.f)
+		return stream, info.GetCommands(), nil
 	case <-start.Done():
-		return nil, fmt.Errorf("no ready frame within start_timeout %s", s.StartTimeout)
+		return nil, false, fmt.Errorf("no ready frame within start_timeout %s", s.StartTimeout)
 	}
 }
 
-// receive feeds frames to the observer until the stream ends.
-func (p *proc) receive(ctx context.Context, stream pb.Adapter_EvidenceClient) error {
+// receive feeds frames to the observer and the data sink until the
+// stream ends; client is the adapter's, for settlements.
+func (p *proc) receive(ctx context.Context, client pb.AdapterClient, stream pb.Adapter_EvidenceClient) error {
 	for {
 		f, err := stream.Recv()
 		if err != nil {
@@ -261,7 +290,7 @@ func (p *proc) receive(ctx context.Context, stream pb.Adapter_EvidenceClient) er
 		if f.GetReady() {
 			p.log.Warn("adapter sent a second ready frame; ignoring its flag")
 		}
-		p.accept(ctx, f)
+		p.accept(ctx, client, f)
 	}
 }
 
@@ -279,6 +308,7 @@ func (p *proc) shutdown(proc *process) {
 type limiter struct {
 	devices  namespace
 	rate     *rate
+	bytes    *byteRate
 	sessions *sessions
 	// refusedSince counts the refusals since lastWarned, when the last
 	// one was logged at warn level (at most once a minute).
@@ -310,20 +340,26 @@ func (l *limiter) session(name, instance string) (gateway.SessionID, error) {
 // logged at warn level.
 const refusalWarnEvery = time.Minute
 
-// accept turns a frame into evidence for the observer, item by item:
-// invalid items are rejected, items for devices the adapter may not
-// speak for refused, items beyond the limits dropped, all counted (once
-// per frame); the stream goes on.
-func (p *proc) accept(ctx context.Context, f *pb.EvidenceFrame) {
+// accept turns a frame into evidence for the observer and messages for
+// the data sink, item by item: invalid items are rejected, items for
+// devices the adapter may not speak for refused, items beyond the limits
+// dropped, all counted (once per frame); the stream goes on. The data of
+// the accepted items is then published, and the QoS 1 items settled in
+// one call to client.
+func (p *proc) accept(ctx context.Context, client pb.AdapterClient, f *pb.EvidenceFrame) {
 	p.frames.Add(1)
 	l := p.limits()
 	creds := p.h.credentials()
 	now := p.h.o.Clock.Now()
-	var accepted, rejected, refused, dropped uint64
+	var (
+		accepted, rejected, refused, dropped uint64
+		out                                  frameData
+	)
 	for _, e := range f.GetEvidence() {
-		ev, err := p.evidence(l, e, now)
+		ev, msg, err := p.item(l, e, now)
 		if err != nil {
 			rejected++
+			out.settle(e, pb.Outcome_OUTCOME_REJECTED, err.Error())
 			if p.log.Enabled(ctx, slog.LevelDebug) {
 				p.log.Debug("evidence rejected", "err", err)
 			}
@@ -331,15 +367,18 @@ func (p *proc) accept(ctx context.Context, f *pb.EvidenceFrame) {
 		}
 		if why := l.devices.refusal(ev.Device, creds != nil && creds.Revision(ev.Device) != ""); why != "" {
 			refused++
+			out.settle(e, pb.Outcome_OUTCOME_REFUSED, "the adapter may not speak for "+string(ev.Device)+": "+why)
 			p.warnRefused(l, ev.Device, why, now)
 			continue
 		}
 		if !l.rate.allow(now) || !l.sessions.admit(sessionKey{ev.Device, ev.Session}, ev.Kind, now) {
 			dropped++
+			out.settle(e, pb.Outcome_OUTCOME_DROPPED, "beyond the adapter's limits (evidence_per_second, max_sessions, max_devices)")
 			continue
 		}
 		if err := p.h.obs.Observe(ctx, ev); err != nil {
 			dropped++
+			out.settle(e, pb.Outcome_OUTCOME_DROPPED, "the gateway refused its evidence")
 			if ctx.Err() == nil {
 				p.log.Debug("evidence refused by the gateway", "device", ev.Device, "session", ev.Session, "err", err)
 			}
@@ -349,6 +388,18 @@ func (p *proc) accept(ctx context.Context, f *pb.EvidenceFrame) {
 		if len(e.GetMetadata()) > 0 && p.log.Enabled(ctx, slog.LevelDebug) {
 			p.log.Debug("evidence", "device", ev.Device, "session", ev.Session, "metadata", e.GetMetadata())
 		}
+		switch {
+		case e.GetData() == nil:
+		case p.h.o.Data == nil:
+			out.settle(e, pb.Outcome_OUTCOME_DISCARDED, "the gateway has no data path")
+		case !l.bytes.allow(msg.Size(), now):
+			out.settle(e, pb.Outcome_OUTCOME_DROPPED, "beyond the adapter's data_bytes_per_second")
+		default:
+			out.add(msg, e.GetData().GetId())
+		}
+	}
+	if len(out.batches) > 0 {
+		p.publish(ctx, &out)
 	}
 	m := p.h.metrics.of(p.spec.Name)
 	if accepted > 0 {
@@ -367,8 +418,14 @@ func (p *proc) accept(ctx context.Context, f *pb.EvidenceFrame) {
 		p.dropped.Add(dropped)
 		m.dropped.Add(float64(dropped))
 	}
+	p.data.add(&out.counts, m)
 	p.sessions.Store(int64(l.sessions.len()))
 	p.devices.Store(int64(l.sessions.devices()))
+	// Last: what the adapter answers its sources once settled is counted
+	// by then.
+	if len(out.settled) > 0 {
+		p.settle(ctx, client, out.settled)
+	}
 }
 
 // warnRefused logs a refused item: at warn level at most once every
@@ -391,13 +448,29 @@ func (p *proc) limits() *limiter {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.lim == nil {
+		var track func(gateway.DeviceID, bool)
+		if p.reach != nil {
+			track = p.reach.set
+		}
 		p.lim = &limiter{devices: newNamespace(p.spec.Devices), rate: newRate(p.spec.EvidencePerSecond),
-			sessions: newSessions(p.spec.MaxSessions, p.spec.MaxDevices, p.h.o.Lease), ids: make(map[string]gateway.SessionID)}
+			bytes:    newByteRate(p.spec.DataBytesPerSecond),
+			sessions: newSessions(p.spec.MaxSessions, p.spec.MaxDevices, p.h.o.Lease, track), ids: make(map[string]gateway.SessionID)}
 	}
 	return p.lim
 }
 
-// evidence validates one item.
+// item validates one item: its evidence, and its data when it carries
+// some (then msg is the data's message).
+func (p *proc) item(l *limiter, e *pb.Evidence, now time.Time) (ev gateway.Evidence, msg gateway.Message, err error) {
+	ev, err = p.evidence(l, e, now)
+	if err != nil || e.GetData() == nil {
+		return ev, msg, err
+	}
+	msg, err = p.message(ev, e.GetData())
+	return ev, msg, err
+}
+
+// evidence validates one item's evidence.
 func (p *proc) evidence(l *limiter, e *pb.Evidence, now time.Time) (gateway.Evidence, error) {
 	dev, err := gateway.ParseDeviceID(e.GetDevice())
 	if err != nil {

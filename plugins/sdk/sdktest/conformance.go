@@ -1,6 +1,7 @@
 package sdktest
 
 import (
+	"bytes"
 	"context"
 	"testing"
 	"time"
@@ -19,6 +20,42 @@ type Expect struct {
 	Instance string
 }
 
+// ExpectData is the data a data trigger should produce.
+type ExpectData struct {
+	// Kind is the item's kind: KIND_RENEW for data sent with Sink.Data.
+	Kind        pb.Kind
+	Device      string
+	Instance    string
+	Topic       string
+	Payload     []byte
+	ContentType string
+	QoS         uint32
+}
+
+// DataTrigger makes the running adapter send one data item (for example
+// by posting an uplink to it) and returns what must arrive. For an item
+// of QoS 1 whose source gets an answer (an HTTP request), answer receives
+// that answer once the adapter gave it: nil when the source was told the
+// item is taken (a 2xx), an error otherwise; answer is nil when the
+// source gets none (a datagram, a poll).
+type DataTrigger func(ctx context.Context) (want ExpectData, answer <-chan error, err error)
+
+// CommandCase is how Conformance checks an adapter's commands.
+type CommandCase struct {
+	// Prepare, when set, readies the device once the stream is open (for
+	// example: it sends a datagram, so that the adapter knows where the
+	// device is).
+	Prepare func(ctx context.Context) error
+	// Accept is a command the adapter must take.
+	Accept *pb.Command
+	// Received waits until the device (or its network server) has got
+	// Accept and checks what it got.
+	Received func(ctx context.Context) error
+	// Refuse is a command the adapter must refuse (a topic or payload it
+	// cannot carry).
+	Refuse *pb.Command
+}
+
 // Suite describes one adapter implementation for Conformance.
 type Suite struct {
 	Info sdk.Info
@@ -33,7 +70,19 @@ type Suite struct {
 	// BadConfig is a config the adapter must refuse with
 	// codes.InvalidArgument.
 	BadConfig []byte
+	// SetupData, for an adapter that sends data, returns a valid config
+	// for a fresh adapter and a trigger that makes it send one data item;
+	// each call must produce a new item. Nil: the adapter sends none.
+	SetupData func(t *testing.T) (config []byte, trigger DataTrigger)
+	// SetupCommands, for an adapter that takes commands (a
+	// sdk.Commander), returns a valid config for a fresh adapter and the
+	// commands to try. Nil: the adapter takes none.
+	SetupCommands func(t *testing.T) (config []byte, c CommandCase)
 }
+
+// answerWait is how long Conformance waits for an answer that must not
+// come before the settlement.
+const answerWait = 300 * time.Millisecond
 
 // Conformance checks the contract of plugins/proto against an adapter,
 // in-process. Every adapter's tests call it.
@@ -172,6 +221,146 @@ func Conformance(t *testing.T, s Suite) {
 				t.Fatalf("new stream after cancel: %v", err)
 			}
 			time.Sleep(20 * time.Millisecond)
+		}
+	})
+	t.Run("Data", func(t *testing.T) {
+		if s.SetupData == nil {
+			t.Skip("the adapter sends no data")
+		}
+		h := Start(t, s.Info, s.New(t))
+		cfg, trigger := s.SetupData(t)
+		c := ctx(t)
+		st, err := h.Open(c, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		seen := map[uint64]bool{}
+		for _, outcome := range []pb.Outcome{pb.Outcome_OUTCOME_DURABLE, pb.Outcome_OUTCOME_FAILED, pb.Outcome_OUTCOME_REJECTED} {
+			want, answer, err := trigger(c)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ev, err := st.Next()
+			if err != nil {
+				t.Fatal(err)
+			}
+			d := ev.GetData()
+			if d == nil || ev.GetKind() != want.Kind || ev.GetDevice() != want.Device || ev.GetInstance() != want.Instance || ev.GetAgeUs() < 0 ||
+				d.GetTopic() != want.Topic || !bytes.Equal(d.GetPayload(), want.Payload) || d.GetContentType() != want.ContentType || d.GetQos() != want.QoS {
+				t.Fatalf("item = %v, want %+v with age >= 0", ev, want)
+			}
+			if want.QoS == 0 {
+				if d.GetId() != 0 {
+					t.Fatalf("a QoS 0 item has id %d, want 0 (never settled)", d.GetId())
+				}
+				return // nothing to settle
+			}
+			if d.GetId() == 0 || seen[d.GetId()] {
+				t.Fatalf("QoS 1 item with id %d, want a new id > 0 (seen %v)", d.GetId(), seen)
+			}
+			seen[d.GetId()] = true
+			if answer != nil {
+				select {
+				case err := <-answer:
+					t.Fatalf("the source was answered (%v) before the item was settled", err)
+				case <-time.After(answerWait):
+				}
+			}
+			if err := h.Settle(c, d.GetId(), outcome, "conformance"); err != nil {
+				t.Fatal(err)
+			}
+			if answer == nil {
+				continue
+			}
+			select {
+			case err := <-answer:
+				if (err == nil) != (outcome == pb.Outcome_OUTCOME_DURABLE) {
+					t.Fatalf("settled %v: the source got %v", outcome, err)
+				}
+			case <-c.Done():
+				t.Fatalf("settled %v: the source got no answer", outcome)
+			}
+		}
+	})
+	t.Run("DataToAHostWithoutData", func(t *testing.T) {
+		if s.SetupData == nil {
+			t.Skip("the adapter sends no data")
+		}
+		h := Start(t, s.Info, s.New(t))
+		cfg, trigger := s.SetupData(t)
+		c := ctx(t)
+		st, err := h.OpenWith(c, &pb.ConfigureRequest{Config: cfg})
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, answer, err := trigger(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ev, err := st.Next()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ev.GetData() != nil || ev.GetKind() != want.Kind || ev.GetDevice() != want.Device {
+			t.Fatalf("item = %v, want plain evidence %v of %s (the host takes no data)", ev, want.Kind, want.Device)
+		}
+		if answer != nil {
+			select {
+			case <-answer: // whatever the adapter answers, it does not wait
+			case <-c.Done():
+				t.Fatal("the source got no answer: the adapter waits for a settlement a host without data never sends")
+			}
+		}
+	})
+	t.Run("Commands", func(t *testing.T) {
+		h := Start(t, s.Info, s.New(t))
+		c := ctx(t)
+		info, err := h.Client.Info(c, &pb.InfoRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s.SetupCommands == nil {
+			if info.GetCommands() {
+				t.Fatal("Info says commands, but the suite has no SetupCommands")
+			}
+			_, err := h.Client.Deliver(c, &pb.Command{Id: 1, Device: "x", Topic: "cmd"})
+			wantCode(t, err, codes.Unimplemented, "Deliver to an adapter without commands")
+			return
+		}
+		if !info.GetCommands() {
+			t.Fatal("Info does not say commands, but the suite has SetupCommands")
+		}
+		cfg, cc := s.SetupCommands(t)
+		_, err = h.Client.Deliver(c, cc.Accept)
+		wantCode(t, err, codes.FailedPrecondition, "Deliver before the stream is ready")
+		if _, err := h.Open(c, cfg); err != nil {
+			t.Fatal(err)
+		}
+		if cc.Prepare != nil {
+			if err := cc.Prepare(c); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// The host tries a refused command again: the adapter must take it
+		// within a few seconds of Prepare (it may still be reading what
+		// Prepare made the device send).
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			res, err := h.Client.Deliver(c, cc.Accept)
+			if err == nil && res.GetAccepted() {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("Deliver(%v) = %v, %v; want accepted", cc.Accept, res, err)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		if err := cc.Received(c); err != nil {
+			t.Fatalf("the device did not get the command: %v", err)
+		}
+		res, err := h.Client.Deliver(c, cc.Refuse)
+		if err != nil || res.GetAccepted() || res.GetReason() == "" {
+			t.Fatalf("Deliver(%v) = %v, %v; want refused with a reason", cc.Refuse, res, err)
 		}
 	})
 }

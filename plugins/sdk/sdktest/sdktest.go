@@ -60,18 +60,25 @@ func (w testWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// Stream is an open Evidence stream with the evidence received but not
-// yet taken.
+// Stream is an open Evidence stream with the evidence (data included)
+// received but not yet taken.
 type Stream struct {
 	s       pb.Adapter_EvidenceClient
 	pending []*pb.Evidence
 	frames  int
 }
 
-// Open configures the adapter with config and opens the Evidence stream;
-// it returns once the first (ready) frame has arrived.
+// Open configures the adapter with config, as a host that takes data
+// does, and opens the Evidence stream; it returns once the first (ready)
+// frame has arrived.
 func (h *Harness) Open(ctx context.Context, config []byte) (*Stream, error) {
-	if _, err := h.Client.Configure(ctx, &pb.ConfigureRequest{Config: config}); err != nil {
+	return h.OpenWith(ctx, &pb.ConfigureRequest{Config: config, Data: true})
+}
+
+// OpenWith is Open with the whole Configure request (Data false: a host
+// that takes no data).
+func (h *Harness) OpenWith(ctx context.Context, req *pb.ConfigureRequest) (*Stream, error) {
+	if _, err := h.Client.Configure(ctx, req); err != nil {
 		return nil, err
 	}
 	s, err := h.Client.Evidence(ctx, &pb.EvidenceRequest{})
@@ -105,6 +112,13 @@ func (st *Stream) Next() (*pb.Evidence, error) {
 	ev := st.pending[0]
 	st.pending = st.pending[1:]
 	return ev, nil
+}
+
+// Settle settles the QoS 1 data item id with outcome, as the host does
+// once its data path has answered.
+func (h *Harness) Settle(ctx context.Context, id uint64, outcome pb.Outcome, reason string) error {
+	_, err := h.Client.Settle(ctx, &pb.SettleRequest{Settlements: []*pb.Settlement{{Id: id, Outcome: outcome, Reason: reason}}})
+	return err
 }
 
 // Frames is the number of frames received so far.

@@ -1,23 +1,29 @@
 // Command rawadapter speaks the adapter contract without the SDK, so that
 // a test can send what the SDK never would: its ready frame carries one
 // renewal of device "raw-<i>" for each age_us of its config
-// ({"age_us": [...]}), exactly as given.
+// ({"age_us": [...]}), exactly as given, then the items of its config's
+// "frame" (an EvidenceFrame in protobuf JSON). It writes each settlement
+// it gets to stderr as "settled <id> <outcome> <reason>".
 package main
 
 import (
 	"context"
 	"encoding/json"
+	"fmt"
+	"os"
 	"strconv"
 
 	plugin "github.com/hashicorp/go-plugin"
 	"google.golang.org/grpc"
+	"google.golang.org/protobuf/encoding/protojson"
 
 	pb "github.com/fleetgate/fleetgate/plugins/proto"
 )
 
 type server struct {
 	pb.UnimplementedAdapterServer
-	ages []int64
+	ages  []int64
+	frame *pb.EvidenceFrame
 }
 
 var _ pb.AdapterServer = (*server)(nil)
@@ -28,12 +34,19 @@ func (s *server) Info(context.Context, *pb.InfoRequest) (*pb.InfoResponse, error
 
 func (s *server) Configure(_ context.Context, r *pb.ConfigureRequest) (*pb.ConfigureResponse, error) {
 	var c struct {
-		AgeUs []int64 `json:"age_us"`
+		AgeUs []int64         `json:"age_us"`
+		Frame json.RawMessage `json:"frame"`
 	}
 	if err := json.Unmarshal(r.GetConfig(), &c); err != nil {
 		return nil, err
 	}
 	s.ages = c.AgeUs
+	s.frame = &pb.EvidenceFrame{}
+	if len(c.Frame) > 0 {
+		if err := protojson.Unmarshal(c.Frame, s.frame); err != nil {
+			return nil, err
+		}
+	}
 	return &pb.ConfigureResponse{}, nil
 }
 
@@ -42,11 +55,19 @@ func (s *server) Evidence(_ *pb.EvidenceRequest, stream grpc.ServerStreamingServ
 	for i, age := range s.ages {
 		f.Evidence = append(f.Evidence, &pb.Evidence{Kind: pb.Kind_KIND_RENEW, Device: "raw-" + strconv.Itoa(i), AgeUs: age})
 	}
+	f.Evidence = append(f.Evidence, s.frame.GetEvidence()...)
 	if err := stream.Send(f); err != nil {
 		return err
 	}
 	<-stream.Context().Done()
 	return nil
+}
+
+func (s *server) Settle(_ context.Context, r *pb.SettleRequest) (*pb.SettleResponse, error) {
+	for _, st := range r.GetSettlements() {
+		fmt.Fprintf(os.Stderr, "settled %d %s %s\n", st.GetId(), st.GetOutcome(), st.GetReason())
+	}
+	return &pb.SettleResponse{}, nil
 }
 
 func (s *server) Health(context.Context, *pb.HealthRequest) (*pb.HealthResponse, error) {
