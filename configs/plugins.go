@@ -24,6 +24,9 @@ const (
 	DefaultAdapterMaxSessions       = 2000
 	DefaultAdapterMaxDevices        = 1000
 	DefaultAdapterEvidencePerSecond = 200
+	// DefaultAdapterDataBytesPerSecond bounds an adapter's device data
+	// (the messages' sizes, gateway.Message.Size).
+	DefaultAdapterDataBytesPerSecond = 1 << 20
 	// Bounds of an adapter's OS limits (when set).
 	MinAdapterAddressSpace = 64 << 20
 	MinAdapterOpenFiles    = 32
@@ -74,6 +77,10 @@ type AdapterLimits struct {
 	MaxSessions       int `yaml:"max_sessions"`
 	MaxDevices        int `yaml:"max_devices"`
 	EvidencePerSecond int `yaml:"evidence_per_second"`
+	// DataBytesPerSecond bounds the bytes of device data taken per second
+	// (burst as many); beyond it data is dropped while its evidence
+	// counts. 0: unlimited.
+	DataBytesPerSecond int `yaml:"data_bytes_per_second"`
 	// MaxAddressSpace is RLIMIT_AS in bytes.
 	MaxAddressSpace int `yaml:"max_address_space"`
 	// MaxOpenFiles is RLIMIT_NOFILE.
@@ -110,7 +117,8 @@ func DefaultAdapter(name string) AdapterConfig {
 		Name: name, Devices: DefaultAdapterDevices(name), StartTimeout: Duration(DefaultAdapterStartTimeout),
 		Limits: AdapterLimits{
 			MaxSessions: DefaultAdapterMaxSessions, MaxDevices: DefaultAdapterMaxDevices,
-			EvidencePerSecond: DefaultAdapterEvidencePerSecond,
+			EvidencePerSecond:  DefaultAdapterEvidencePerSecond,
+			DataBytesPerSecond: DefaultAdapterDataBytesPerSecond,
 		},
 	}
 }
@@ -247,6 +255,9 @@ func (a AdapterConfig) problems() []string {
 	}
 	if a.Limits.MaxDevices < 0 {
 		out = append(out, fmt.Sprintf("limits.max_devices: must be >= 0 (0: unlimited), got %d", a.Limits.MaxDevices))
+	}
+	if a.Limits.DataBytesPerSecond < 0 {
+		out = append(out, fmt.Sprintf("limits.data_bytes_per_second: must be >= 0 (0: unlimited), got %d", a.Limits.DataBytesPerSecond))
 	}
 	if a.Limits.EvidencePerSecond < 0 {
 		out = append(out, fmt.Sprintf("limits.evidence_per_second: must be >= 0 (0: unlimited), got %d", a.Limits.EvidencePerSecond))

@@ -104,7 +104,7 @@ func TestAdapterDevicesAndLimitsDefaults(t *testing.T) {
 	if got := a[1].Devices; !reflect.DeepEqual(got, []string{"lw-*", "press-1"}) {
 		t.Errorf("lora devices = %q", got)
 	}
-	want := configs.AdapterLimits{MaxSessions: 2000, MaxDevices: 1000, EvidencePerSecond: 200}
+	want := configs.AdapterLimits{MaxSessions: 2000, MaxDevices: 1000, EvidencePerSecond: 200, DataBytesPerSecond: 1 << 20}
 	if a[0].Limits != want {
 		t.Errorf("default limits = %+v, want %+v", a[0].Limits, want)
 	}

@@ -20,17 +20,18 @@ func adapterSpecs(p configs.PluginsConfig) []adapter.Spec {
 	out := make([]adapter.Spec, 0, len(p.Adapters))
 	for _, a := range p.Adapters {
 		out = append(out, adapter.Spec{
-			Name:              a.Name,
-			Path:              p.AdapterPath(a),
-			SHA256:            a.SHA256,
-			StartTimeout:      a.StartTimeout.Std(),
-			Devices:           a.Devices,
-			MaxSessions:       a.Limits.MaxSessions,
-			MaxDevices:        a.Limits.MaxDevices,
-			MaxAddressSpace:   int64(a.Limits.MaxAddressSpace),
-			MaxOpenFiles:      a.Limits.MaxOpenFiles,
-			EvidencePerSecond: a.Limits.EvidencePerSecond,
-			Config:            a.Config.JSON(),
+			Name:               a.Name,
+			Path:               p.AdapterPath(a),
+			SHA256:             a.SHA256,
+			StartTimeout:       a.StartTimeout.Std(),
+			Devices:            a.Devices,
+			MaxSessions:        a.Limits.MaxSessions,
+			MaxDevices:         a.Limits.MaxDevices,
+			MaxAddressSpace:    int64(a.Limits.MaxAddressSpace),
+			MaxOpenFiles:       a.Limits.MaxOpenFiles,
+			EvidencePerSecond:  a.Limits.EvidencePerSecond,
+			DataBytesPerSecond: a.Limits.DataBytesPerSecond,
+			Config:             a.Config.JSON(),
 		})
 	}
 	return out
