@@ -67,10 +67,10 @@ type scratch struct {
 
 // Levels of build: what an answer keeps.
 const (
-	keepAll       = iota // the command, or the diagnostic; the option
-	keepMarker           // the command replaced by its marker; the option
-	keepOption           // the option
-	keepNothing          // the code (and the request's token)
+	keepAll     = iota // the command, or the diagnostic; the option
+	keepMarker         // the command replaced by its marker; the option
+	keepOption         // the option
+	keepNothing        // the code (and the request's token)
 )
 
 // build sets m's code, options and payload to a in at most limit bytes
