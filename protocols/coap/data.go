@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"strings"
 	"time"
 
@@ -51,10 +52,16 @@ type job struct {
 	// wall-clock time by which it is answered.
 	now      time.Time
 	deadline time.Time
-	peer     fmt.Stringer
-	// reply sends the answer (a worker calls it once, with its scratch).
-	reply func(w *worker, a answer)
+	// src is the request's source. The answer goes to done, for a DTLS
+	// peer that waits for it, or else over plain UDP to src, as the answer
+	// to ex.
+	src  netip.AddrPort
+	done chan<- answer
+	ex   udpExchange
 }
+
+// peer is the job's source address for a log.
+func (j *job) peer() string { return j.src.String() }
 
 // shardOf is the data worker of device: FNV-1a of its ID.
 func shardOf(device gateway.DeviceID) int {
@@ -114,25 +121,56 @@ func (s *Server) submit(j *job) bool {
 // runJob serves j in a data worker and sends the answer.
 func (s *Server) runJob(w *worker, j *job) {
 	defer s.metrics.dataQueued.Dec()
-	var a answer
+	a := s.process(j)
+	if j.done != nil {
+		j.done <- a
+		return
+	}
+	if out := s.encodeAnswer(w, j.ex, a); out != nil {
+		s.send(out, j.src)
+	}
+}
+
+// process serves data path request j and returns its answer.
+func (s *Server) process(j *job) answer {
 	if time.Now().After(j.deadline) {
 		// It waited its time out in the queue: the disk is too slow.
-		a = busy()
 		s.metrics.refused(refusedBusy)
-	} else {
-		ctx, cancel := context.WithDeadline(s.ctx, j.deadline)
-		var err error
-		var msg *gateway.Message
-		if j.rq.data {
-			msg = &j.msg
-		}
-		a, err = s.serve(ctx, j.rq, msg, j.anonymous, j.now, s.cmds != nil)
-		cancel()
-		if err != nil {
-			s.logRefusal(a.code, j.rq, j.peer.String(), err)
-		}
+		return busy()
 	}
-	j.reply(w, a)
+	ctx, cancel := context.WithDeadline(s.ctx, j.deadline)
+	defer cancel()
+	var msg *gateway.Message
+	if j.rq.data {
+		msg = &j.msg
+	}
+	a, err := s.serve(ctx, j.rq, msg, j.anonymous, j.now, s.cmds != nil)
+	if err != nil {
+		s.logRefusal(a.code, j.rq, j.peer(), err)
+	}
+	return a
+}
+
+// dispatch hands j to its data worker and returns nil, or, when the
+// worker's queue is full, the answer to it: 5.03 to a POST /d; a
+// heartbeat is served here all the same, without its acknowledgement and
+// command (a later request carries them). ctx bounds the Observer.
+func (s *Server) dispatch(ctx context.Context, j *job) *answer {
+	if s.submit(j) {
+		return nil
+	}
+	if j.rq.data {
+		s.metrics.refused(refusedBusy)
+		a := busy()
+		return &a
+	}
+	rq := j.rq
+	rq.ack = 0
+	a, err := s.serve(ctx, rq, nil, j.anonymous, j.now, false)
+	if err != nil {
+		s.logRefusal(a.code, rq, j.peer(), err)
+	}
+	return &a
 }
 
 // busy is the answer to a data path request that found its worker's

@@ -338,8 +338,11 @@ func (s *Server) answerDTLS(r *pool.Message, cc *udpClient.Conn, now time.Time) 
 		s.logRefusal(a.code, rq, peer.String(), err)
 		return a
 	}
+	ctx, cancel := context.WithTimeout(s.ctx, observeTimeout)
+	defer cancel()
 	if s.viaWorkers(rq, now) {
-		j := &job{rq: rq, now: now, deadline: time.Now().Add(dataTimeout), peer: peer}
+		done := make(chan answer, 1)
+		j := &job{rq: rq, now: now, deadline: time.Now().Add(dataTimeout), src: endpointOf(peer), done: done}
 		if rq.data {
 			payload, err := r.ReadBody()
 			if err != nil {
@@ -354,22 +357,12 @@ func (s *Server) answerDTLS(r *pool.Message, cc *udpClient.Conn, now time.Time) 
 				return a
 			}
 		}
-		done := make(chan answer, 1)
-		j.reply = func(_ *worker, a answer) { done <- a }
-		if s.submit(j) {
-			return <-done
+		if a := s.dispatch(ctx, j); a != nil {
+			return *a
 		}
-		if rq.data {
-			s.metrics.refused(refusedBusy)
-			return busy()
-		}
-		// A heartbeat is served all the same, without its acknowledgement
-		// and command: a later request carries them.
-		rq.ack = 0
+		return <-done
 	}
-	ctx, cancel := context.WithTimeout(s.ctx, observeTimeout)
 	a, err := s.serve(ctx, rq, nil, false, now, false)
-	cancel()
 	if err != nil {
 		s.logRefusal(a.code, rq, peer.String(), err)
 	}

@@ -93,7 +93,13 @@ func (s *Server) readLoop() {
 			s.log.Debug("coap read", "err", err)
 			continue
 		}
-		if out := s.handle(w, src, w.in[:n]); out != nil && !s.send(out, src) {
+		out, j := s.handle(w, src, w.in[:n])
+		if j != nil {
+			if a := s.dispatch(w.observeContext(s.ctx), j); a != nil {
+				out = s.encodeAnswer(w, j.ex, *a)
+			}
+		}
+		if out != nil && !s.send(out, src) {
 			return
 		}
 	}
@@ -141,71 +147,71 @@ func (h header) isRequest() bool {
 }
 
 // handle decides the answer to datagram b from src, and returns it
-// encoded in w.out, or nil when there is none (also when a data worker
-// answers it). It is the whole UDP request path except the socket:
+// encoded in w.out, or nil when there is none; or a data path request
+// for dispatch (then the answer is the data worker's). It is the whole UDP request path except the socket:
 // limits first, then the codec, then the request.
 //
 // Nothing proves that a plain UDP source receives at its address (it may
 // be spoofed, to aim the answers at a victim), so no answer is larger
 // than its request, and a datagram beyond a rate limit (of its source or
 // of its device) gets none: it is only counted.
-func (s *Server) handle(w *worker, src netip.AddrPort, b []byte) []byte {
+func (s *Server) handle(w *worker, src netip.AddrPort, b []byte) ([]byte, *job) {
 	if len(b) < 4 || b[0]>>6 != 1 {
 		// Not CoAP version 1: nothing to answer (RFC 7252 §3).
 		s.metrics.drop(dropMalformed)
-		return nil
+		return nil, nil
 	}
 	ex := udpExchange{header: parseHeader(b), limit: len(b)}
 	now := s.clock.Now()
 	if ok, _ := s.unproven.allow(src, now); !ok {
 		s.metrics.drop(dropRateLimited)
-		return nil
+		return nil, nil
 	}
 	if len(b) > s.maxSize {
 		if !ex.isRequest() || !ex.ok {
 			s.metrics.drop(dropOversized)
-			return nil
+			return nil, nil
 		}
 		// RFC 7252 §5.9.2.9: Size1 tells the largest acceptable size.
 		return s.encodeResponse(w, ex, answer{code: codes.RequestEntityTooLarge,
-			diag: fmt.Sprintf("message larger than %d bytes", s.maxSize), opt: uintOption{message.Size1, uint32(s.maxSize)}})
+			diag: fmt.Sprintf("message larger than %d bytes", s.maxSize), opt: uintOption{message.Size1, uint32(s.maxSize)}}), nil
 	}
 
 	m := message.Message{Options: w.opts[:0]}
 	if _, err := coder.DefaultCoder.Decode(b, &m); err != nil {
 		switch {
 		case errors.Is(err, message.ErrOptionsTooSmall) && ex.isRequest() && ex.ok:
-			return s.encodeResponse(w, ex, answer{code: codes.BadRequest, diag: "too many options"})
+			return s.encodeResponse(w, ex, answer{code: codes.BadRequest, diag: "too many options"}), nil
 		case ex.typ == message.Confirmable:
 			// RFC 7252 §4.2: a CON that does not parse is rejected with
 			// a Reset.
 			s.metrics.drop(dropMalformed)
-			return s.encode(w, message.Message{Type: message.Reset, Code: codes.Empty, MessageID: int32(ex.mid)})
+			return s.encode(w, message.Message{Type: message.Reset, Code: codes.Empty, MessageID: int32(ex.mid)}), nil
 		default:
 			s.metrics.drop(dropMalformed)
-			return nil
+			return nil, nil
 		}
 	}
 	switch {
 	case ex.isRequest():
 	case m.Type == message.Confirmable && m.Code == codes.Empty:
 		// A CoAP ping (RFC 7252 §4.3) is answered with a Reset.
-		return s.encode(w, message.Message{Type: message.Reset, Code: codes.Empty, MessageID: m.MessageID})
+		return s.encode(w, message.Message{Type: message.Reset, Code: codes.Empty, MessageID: m.MessageID}), nil
 	case m.Type == message.Confirmable:
 		// A stray CON response: acknowledged, and otherwise ignored.
-		return s.encode(w, message.Message{Type: message.Acknowledgement, Code: codes.Empty, MessageID: m.MessageID})
+		return s.encode(w, message.Message{Type: message.Acknowledgement, Code: codes.Empty, MessageID: m.MessageID}), nil
 	default:
 		s.metrics.drop(dropUnexpected)
-		return nil
+		return nil, nil
 	}
 	if id, ok := unknownCritical(m.Options); ok {
 		if m.Type == message.NonConfirmable {
 			// RFC 7252 §5.4.1: a NON with an unrecognised critical option
 			// is rejected without an answer.
 			s.metrics.drop(dropBadOption)
-			return nil
+			return nil, nil
 		}
-		return s.encodeResponse(w, ex, answer{code: codes.BadOption, diag: fmt.Sprintf("unrecognised critical option %d", id)})
+		return s.encodeResponse(w, ex, answer{code: codes.BadOption, diag: fmt.Sprintf("unrecognised critical option %d", id)}), nil
 	}
 
 	ex.noResponse, ex.hasNoResponse = noResponse(m.Options)
@@ -222,14 +228,14 @@ func (s *Server) handle(w *worker, src netip.AddrPort, b []byte) []byte {
 	switch {
 	case errors.Is(err, errDeviceRate):
 		s.metrics.drop(dropRateLimited)
-		return nil
+		return nil, nil
 	case err != nil:
 		a := refusal(err)
 		s.logRefusal(a.code, rq, src.String(), err)
-		return s.encodeAnswer(w, ex, a)
+		return s.encodeAnswer(w, ex, a), nil
 	}
 	if s.viaWorkers(rq, now) {
-		j := &job{rq: rq, anonymous: true, now: now, deadline: time.Now().Add(dataTimeout), peer: src}
+		j := &job{rq: rq, anonymous: true, now: now, deadline: time.Now().Add(dataTimeout), src: src, ex: ex}
 		if rq.data {
 			cf, cfErr := m.Options.GetUint32(message.ContentFormat)
 			j.msg = dataMessage(rq, m.Type, m.Payload, cf, cfErr == nil, now)
@@ -237,31 +243,17 @@ func (s *Server) handle(w *worker, src netip.AddrPort, b []byte) []byte {
 				a, reason := publishRefusal(err)
 				s.metrics.refused(reason)
 				s.logRefusal(a.code, rq, src.String(), err)
-				return s.encodeAnswer(w, ex, a)
+				return s.encodeAnswer(w, ex, a), nil
 			}
 		}
-		ex.token = append(message.Token(nil), ex.token...) // b is the reader's
-		j.reply = func(w *worker, a answer) {
-			if out := s.encodeAnswer(w, ex, a); out != nil {
-				s.send(out, src)
-			}
-		}
-		if s.submit(j) {
-			return nil
-		}
-		if rq.data {
-			s.metrics.refused(refusedBusy)
-			return s.encodeAnswer(w, ex, busy())
-		}
-		// A heartbeat is served all the same, without its acknowledgement
-		// and command: a later request carries them.
-		rq.ack = 0
+		j.ex.token = append(message.Token(nil), ex.token...) // b is the reader's
+		return nil, j
 	}
 	a, err := s.serve(w.observeContext(s.ctx), rq, nil, true, now, false)
 	if err != nil {
 		s.logRefusal(a.code, rq, src.String(), err)
 	}
-	return s.encodeAnswer(w, ex, a)
+	return s.encodeAnswer(w, ex, a), nil
 }
 
 // pathSegment is a Uri-Path option's value as a string; those of the
