@@ -3,6 +3,8 @@ package coap
 import (
 	"errors"
 	"fmt"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -236,10 +238,18 @@ func FuzzParseRequest(f *testing.F) {
 		if rq.lease < 0 || rq.lease%time.Second != 0 || rq.lease > 999999999*time.Second || (rq.lease != 0 && rq.kind != gateway.Renew) {
 			t.Fatalf("accepted lease %v of a %v", rq.lease, rq.kind)
 		}
-		if rq.lease != 0 && !strings.Contains("&"+query+"&", fmt.Sprintf("&l=%d&", rq.lease/time.Second)) {
+		// The number of the query key=, as written (leading zeros too).
+		given := func(key string, want uint64) bool {
+			return slices.ContainsFunc(queries, func(q string) bool {
+				v, found := strings.CutPrefix(q, key+"=")
+				n, err := strconv.ParseUint(v, 10, 64)
+				return found && err == nil && n == want
+			})
+		}
+		if rq.lease != 0 && !given("l", uint64(rq.lease/time.Second)) {
 			t.Fatalf("lease %v is not the l= of %q", rq.lease, query)
 		}
-		if rq.ack != 0 && (!data || !strings.Contains("&"+query, fmt.Sprintf("a=%d", rq.ack))) {
+		if rq.ack != 0 && (!data || !given("a", rq.ack)) {
 			t.Fatalf("acknowledgement %d is not the a= of %q (data path %v)", rq.ack, query, data)
 		}
 		if identity != "" {
