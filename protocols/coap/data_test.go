@@ -1,0 +1,298 @@
+package coap
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/plgd-dev/go-coap/v3/message"
+	"github.com/plgd-dev/go-coap/v3/message/codes"
+	udpClient "github.com/plgd-dev/go-coap/v3/udp/client"
+	"github.com/plgd-dev/go-coap/v3/udp/coder"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/fleetgate/fleetgate/gateway"
+	"github.com/fleetgate/fleetgate/gateway/clocktest"
+)
+
+// startData runs a server with the data path on: a recording sink and
+// command list (collaborators_test.go).
+func startData(t testing.TB, rec *recorder, o Options) (*Server, *sink, *commandList) {
+	t.Helper()
+	k, cmds := &sink{}, &commandList{}
+	o.Sink, o.Commands = k, cmds
+	if o.DTLS != "" {
+		return startDTLS(t, rec, o), k, cmds
+	}
+	return startServer(t, rec, o), k, cmds
+}
+
+// answered is an answer with its options, decoded.
+type answered struct {
+	code    codes.Code
+	typ     message.Type
+	opts    message.Options
+	payload []byte
+}
+
+func (a answered) maxAge() int64 {
+	v, err := a.opts.GetUint32(message.MaxAge)
+	if err != nil {
+		return -1
+	}
+	return int64(v)
+}
+
+// command is the command a carries, if any.
+func (a answered) command(t testing.TB) (gateway.Command, bool) {
+	t.Helper()
+	return readCommand(t, message.Message{Options: a.opts, Payload: a.payload})
+}
+
+// noCF as the Content-Format of post sends none.
+const noCF = -1
+
+// post sends one request with a payload and a Content-Format (noCF:
+// none) through go-coap client cc and returns its answer.
+func post(t testing.TB, cc *udpClient.Conn, typ message.Type, method codes.Code, path string, payload []byte, cf int, queries ...string) answered {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	req := cc.AcquireMessage(ctx)
+	defer cc.ReleaseMessage(req)
+	token, err := cc.GetToken()
+	if err != nil {
+		t.Fatalf("token: %v", err)
+	}
+	req.SetCode(method)
+	req.SetToken(token)
+	req.SetType(typ)
+	if err := req.SetPath(path); err != nil {
+		t.Fatalf("path: %v", err)
+	}
+	for _, q := range queries {
+		req.AddQuery(q)
+	}
+	if cf != noCF {
+		req.SetContentFormat(message.MediaType(cf))
+	}
+	if payload != nil {
+		req.SetBody(bytes.NewReader(payload))
+	}
+	resp, err := cc.Do(req)
+	if err != nil {
+		t.Fatalf("%v %s %v: %v", method, path, queries, err)
+	}
+	defer cc.ReleaseMessage(resp)
+	a := answered{code: resp.Code(), typ: resp.Type()}
+	for _, o := range resp.Options() {
+		a.opts = append(a.opts, message.Option{ID: o.ID, Value: bytes.Clone(o.Value)})
+	}
+	if body, err := resp.ReadBody(); err == nil {
+		a.payload = body
+	}
+	return a
+}
+
+func TestDataUp(t *testing.T) {
+	clock := clocktest.New(start)
+	rec := &recorder{}
+	s, k, _ := startData(t, rec, Options{AllowAnonymous: true, Clock: clock,
+		HeartbeatInterval: 30 * time.Second, Lease: 90 * time.Second, MaxLease: 2 * time.Hour})
+	cc := dial(t, s)
+	cases := []struct {
+		name    string
+		typ     message.Type
+		path    string
+		cf      int
+		payload string
+		queries []string
+		want    gateway.Message
+		session gateway.SessionID
+		lease   time.Duration
+		maxAge  int64
+	}{
+		{"CON JSON is QoS 1", message.Confirmable, "/d/telemetry/temp", 50, `{"t":21.5}`, []string{"d=dev-1"},
+			gateway.Message{Topic: "telemetry/temp", ContentType: "application/json", QoS: 1}, "coap/default", 0, 30},
+		{"NON to the root is QoS 0", message.NonConfirmable, "/d", 60, "\xa1\x01\x02", []string{"d=dev-1"},
+			gateway.Message{ContentType: "application/cbor"}, "coap/default", 0, 30},
+		{"text/plain", message.Confirmable, "/d/log", 0, "booted", []string{"d=dev-1"},
+			gateway.Message{Topic: "log", ContentType: "text/plain;charset=utf-8", QoS: 1}, "coap/default", 0, 30},
+		{"an unregistered Content-Format", message.Confirmable, "/d/x", 12345, "?", []string{"d=dev-1"},
+			gateway.Message{Topic: "x", ContentType: "application/vnd.coap-cf.12345", QoS: 1}, "coap/default", 0, 30},
+		{"no Content-Format, an instance and a lease", message.Confirmable, "/d/a/b/c", noCF, "raw", []string{"s=r2", "d=dev-1", "l=3600"},
+			gateway.Message{Topic: "a/b/c", QoS: 1}, "coap/r2", time.Hour, 3600 - 60},
+		{"an empty payload", message.Confirmable, "/d/ping", noCF, "", []string{"d=dev-1"},
+			gateway.Message{Topic: "ping", QoS: 1}, "coap/default", 0, 30},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			clock.Advance(time.Second)
+			var payload []byte
+			if tc.payload != "" {
+				payload = []byte(tc.payload)
+			}
+			a := post(t, cc, tc.typ, codes.POST, tc.path, payload, tc.cf, tc.queries...)
+			if a.code != codes.Changed || a.maxAge() != tc.maxAge {
+				t.Fatalf("answer %v Max-Age %d %q, want 2.04 Max-Age %d", a.code, a.maxAge(), a.payload, tc.maxAge)
+			}
+			msgs := k.take()
+			want := tc.want
+			want.Device, want.Payload, want.Received, want.Source = "dev-1", payload, clock.Now(), "coap"
+			if len(msgs) != 1 || fmt.Sprint(msgs[0]) != fmt.Sprint(want) {
+				t.Fatalf("published %+v\nwant %+v", msgs, want)
+			}
+			// Renewal evidence of the session, as POST /hb.
+			evs := rec.Take()
+			if len(evs) != 1 || evs[0].Kind != gateway.Renew || evs[0].Session != tc.session || evs[0].Lease != tc.lease ||
+				!evs[0].ObservedAt.Equal(clock.Now()) || !evs[0].Anonymous {
+				t.Fatalf("evidence %+v, want a renewal of %s with lease %v", evs, tc.session, tc.lease)
+			}
+		})
+	}
+}
+
+// Without a DataSink there is no /d, as before the data path.
+func TestDataPathOff(t *testing.T) {
+	rec := &recorder{}
+	for _, o := range []Options{{AllowAnonymous: true}, {AllowAnonymous: true, Commands: &commandList{}}} {
+		s := startServer(t, rec, o)
+		a := post(t, dial(t, s), message.Confirmable, codes.POST, "/d/x", []byte("1"), noCF, "d=dev-1", padding)
+		if a.code != codes.NotFound || !strings.Contains(string(a.payload), "use /hb") {
+			t.Fatalf("POST /d without a sink: %v %q, want 4.04", a.code, a.payload)
+		}
+	}
+	if evs := rec.Evidence(); len(evs) != 0 {
+		t.Fatalf("evidence %+v", evs)
+	}
+}
+
+func TestDataRefusals(t *testing.T) {
+	rec := &recorder{}
+	reg := prometheus.NewRegistry()
+	s, k, _ := startData(t, rec, Options{AllowAnonymous: true, Registerer: reg})
+	cc := dial(t, s)
+	cases := []struct {
+		name     string
+		path     string
+		queries  []string
+		sinkErr  error
+		obsErr   error
+		want     codes.Code
+		diag     string
+		maxAge   int64
+		evidence bool
+	}{
+		{"wildcard level", "/d/a/+", []string{"d=dev-1"}, nil, nil, codes.BadRequest, "level 2 has", -1, false},
+		{"hash level", "/d/#", []string{"d=dev-1"}, nil, nil, codes.BadRequest, "level 1 has", -1, false},
+		{"dollar topic", "/d/$SYS/x", []string{"d=dev-1"}, nil, nil, codes.BadRequest, "must not start with $", -1, false},
+		{"DELETE", "/d/x", []string{"d=dev-1"}, nil, nil, codes.MethodNotAllowed, "allows POST", -1, false},
+		{"no device", "/d/x", nil, nil, nil, codes.BadRequest, "d=<device> required", -1, false},
+		{"bad acknowledgement", "/d/x", []string{"d=dev-1", "a=x"}, nil, nil, codes.BadRequest, "a=<id>", -1, false},
+		{"sink: invalid", "/d/x", []string{"d=dev-1"}, fmt.Errorf("bridge: %w", gateway.ErrInvalidMessage), nil,
+			codes.BadRequest, "invalid message", -1, true},
+		{"sink: too large", "/d/x", []string{"d=dev-1"}, fmt.Errorf("queue: %w", gateway.ErrTooLarge), nil,
+			codes.RequestEntityTooLarge, "too large", -1, true},
+		{"sink: disk failed", "/d/x", []string{"d=dev-1"}, errors.New("bbolt: input/output error"), nil,
+			codes.ServiceUnavailable, "unavailable", retryAfterSeconds, true},
+		{"sink: queue closed", "/d/x", []string{"d=dev-1"}, gateway.ErrQueueClosed, nil,
+			codes.ServiceUnavailable, "unavailable", retryAfterSeconds, true},
+		{"observer overloaded", "/d/x", []string{"d=dev-1"}, nil, fmt.Errorf("uplink: %w", gateway.ErrOverloaded),
+			codes.ServiceUnavailable, "overloaded", retryAfterSeconds, false},
+		{"session limit", "/d/x", []string{"d=dev-1"}, nil, fmt.Errorf("table: %w", gateway.ErrSessionLimit),
+			codes.Forbidden, "too many sessions", -1, false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			k.fail(tc.sinkErr)
+			rec.SetErr(tc.obsErr)
+			method := codes.POST
+			if tc.name == "DELETE" {
+				method = codes.DELETE
+			}
+			a := post(t, cc, message.Confirmable, method, tc.path, []byte("21.5"), 0, append(tc.queries, padding)...)
+			if a.code != tc.want || !strings.Contains(string(a.payload), tc.diag) || a.maxAge() != tc.maxAge {
+				t.Fatalf("answer %v Max-Age %d %q, want %v Max-Age %d with %q", a.code, a.maxAge(), a.payload, tc.want, tc.maxAge, tc.diag)
+			}
+			if msgs := k.take(); len(msgs) != 0 {
+				t.Fatalf("refused message published: %+v", msgs)
+			}
+			if evs := rec.Take(); (len(evs) == 1) != tc.evidence {
+				t.Fatalf("evidence %+v, want some: %v", evs, tc.evidence)
+			}
+		})
+	}
+	got := gather(t, reg)
+	for reason, n := range map[string]float64{"invalid": 1, "too_large": 1, "unavailable": 2, "busy": 0} {
+		if key := `fleetgate_coap_data_refused_total{reason="` + reason + `"}`; got[key] != n {
+			t.Errorf("%s = %v, want %v", key, got[key], n)
+		}
+	}
+}
+
+// Hostile data requests get clear answers: a payload beyond the size
+// limit 4.13 with Size1, many or empty Uri-Path options 4.00, a
+// Content-Format of a length CoAP does not define is passed over (RFC
+// 7252 §5.4.3: an elective option with a bad length is ignored).
+func TestDataHostile(t *testing.T) {
+	rec := &recorder{}
+	s, k, _ := startData(t, rec, Options{AllowAnonymous: true})
+	c := rawConn(t, s)
+	ask := func(b []byte) *message.Message {
+		t.Helper()
+		out, ok := exchange(t, c, b, 5*time.Second)
+		if !ok {
+			t.Fatalf("no answer to %d bytes", len(b))
+		}
+		if len(out) > len(b) {
+			t.Fatalf("answer of %d bytes to %d", len(out), len(b))
+		}
+		m := decode(t, out)
+		return &message.Message{Code: m.Code(), Options: m.Options(), Payload: func() []byte { p, _ := m.ReadBody(); return p }()}
+	}
+	withPayload := func(b []byte, n int) []byte { return append(append(b, 0xff), bytes.Repeat([]byte{'x'}, n)...) }
+
+	huge := withPayload(datagram(t, message.Confirmable, codes.POST, 1, "/d/x", "d=dev-1"), 4000)
+	if m := ask(huge); m.Code != codes.RequestEntityTooLarge {
+		t.Fatalf("4,000-byte payload: %v", m.Code)
+	} else if v, err := m.Options.GetUint32(message.Size1); err != nil || v != DefaultMaxMessageSize {
+		t.Fatalf("4.13 Size1 %d (%v)", v, err)
+	}
+	many := decode(t, datagram(t, message.Confirmable, codes.POST, 2, "", "d=dev-1", padding))
+	for range 40 {
+		many.AddOptionString(message.URIPath, "d")
+	}
+	b, err := many.MarshalWithEncoder(coder.DefaultCoder)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m := ask(b); m.Code != codes.BadRequest || string(m.Payload) != "too many options" {
+		t.Fatalf("40 Uri-Path options: %v %q", m.Code, m.Payload)
+	}
+	empty := decode(t, datagram(t, message.Confirmable, codes.POST, 3, "/d/a", "d=dev-1", padding))
+	empty.AddOptionBytes(message.URIPath, nil)
+	if b, err = empty.MarshalWithEncoder(coder.DefaultCoder); err != nil {
+		t.Fatal(err)
+	}
+	if m := ask(b); m.Code != codes.BadRequest || !strings.Contains(string(m.Payload), "empty topic level 2") {
+		t.Fatalf("an empty Uri-Path option: %v %q", m.Code, m.Payload)
+	}
+	// POST /d/a?d=dev-1 with a Content-Format (12) of 3 bytes (at most 2
+	// are defined): Uri-Path (11) "d", "a"; Content-Format 1 2 3; Uri-Query
+	// (15) "d=dev-1".
+	badCF := append([]byte{0x40, byte(codes.POST), 0, 4, 0xb1, 'd', 0x01, 'a', 0x13, 1, 2, 3, 0x37}, "d=dev-1"...)
+	if m := ask(withPayload(badCF, 3)); m.Code != codes.Changed {
+		t.Fatalf("a 3-byte Content-Format: %v %q", m.Code, m.Payload)
+	}
+	if msgs := k.take(); len(msgs) != 1 || msgs[0].ContentType != "" || msgs[0].Topic != "a" {
+		t.Fatalf("published %+v, want one without a content type", msgs)
+	}
+	// The server still serves everyone.
+	if a := post(t, dial(t, s), message.Confirmable, codes.POST, "/d/after", []byte("ok"), 0, "d=dev-2"); a.code != codes.Changed {
+		t.Fatalf("after hostile data: %v", a.code)
+	}
+}
