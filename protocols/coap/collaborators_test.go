@@ -54,18 +54,18 @@ func (k *sink) Publish(ctx context.Context, msgs []gateway.Message) error {
 }
 
 // hold makes Publish wait (a slow disk) until the returned func is
-// called.
+// called (once or more).
 func (k *sink) hold() (release func()) {
 	gate := make(chan struct{})
 	k.mu.Lock()
 	k.gate = gate
 	k.mu.Unlock()
-	return func() {
+	return sync.OnceFunc(func() {
 		k.mu.Lock()
 		k.gate = nil
 		k.mu.Unlock()
 		close(gate)
-	}
+	})
 }
 
 // fail makes Publish return err (nil: take messages again).

@@ -5,7 +5,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
+	"runtime"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -295,4 +298,185 @@ func TestDataHostile(t *testing.T) {
 	if a := post(t, dial(t, s), message.Confirmable, codes.POST, "/d/after", []byte("ok"), 0, "d=dev-2"); a.code != codes.Changed {
 		t.Fatalf("after hostile data: %v", a.code)
 	}
+}
+
+// A CON is acknowledged (2.04) only once Publish returned: not while the
+// sink holds it (a slow disk), and with 5.03 once dataTimeout passed.
+func TestDataCONAnsweredOnceDurable(t *testing.T) {
+	rec := &recorder{}
+	s, k, _ := startData(t, rec, Options{AllowAnonymous: true})
+	c := rawConn(t, s)
+	release := k.hold()
+	req := append(datagram(t, message.Confirmable, codes.POST, 0x51, "/d/x", "d=dev-1"), 0xff, '1')
+	if b, ok := exchange(t, c, req, 500*time.Millisecond); ok {
+		t.Fatalf("answered while the sink held the message: %v", decode(t, b))
+	}
+	release()
+	b, ok := readDatagram(t, c, 5*time.Second)
+	if !ok || decode(t, b).Code() != codes.Changed || decode(t, b).MessageID() != 0x51 {
+		t.Fatalf("after the sink took it: answered %v", ok)
+	}
+	if msgs := k.take(); len(msgs) != 1 || msgs[0].QoS != 1 {
+		t.Fatalf("published %+v", msgs)
+	}
+
+	k.hold()
+	begin := time.Now()
+	b, ok = exchange(t, c, req, 5*time.Second)
+	took := time.Since(begin)
+	if !ok || decode(t, b).Code() != codes.ServiceUnavailable {
+		t.Fatalf("sink held past the timeout: answered %v", ok)
+	}
+	if took < dataTimeout-100*time.Millisecond || took > dataTimeout+time.Second {
+		t.Fatalf("5.03 after %v, want about %v", took, dataTimeout)
+	}
+}
+
+// TestSlowDiskBounded: while the sink holds every message (a disk that
+// does not commit), a flood of data requests from many devices piles up
+// at most dataShards × (dataShardQueue + 1) of them; the rest get 5.03 at
+// once; every request gets exactly one answer; and the heartbeats of
+// another device are answered on time throughout.
+func TestSlowDiskBounded(t *testing.T) {
+	rec := &recorder{}
+	reg := prometheus.NewRegistry()
+	s, k, _ := startData(t, rec, Options{AllowAnonymous: true, Registerer: reg})
+	release := k.hold()
+	defer release()
+	const bound = dataShards * (dataShardQueue + 1)
+	n := 3 * bound
+	if raceEnabled {
+		n = 2 * bound
+	}
+	payload := bytes.Repeat([]byte{'p'}, 512)
+
+	// Heartbeats of a device beside the flood, every 20 ms: how many, the
+	// slowest, and those not answered 2.04.
+	hb := dial(t, s)
+	type beats struct {
+		n       int
+		slowest time.Duration
+		failed  []string
+	}
+	beaten := make(chan beats, 1)
+	stopBeats := make(chan struct{})
+	go func() {
+		var b beats
+		defer func() { beaten <- b }()
+		for {
+			select {
+			case <-stopBeats:
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+			begin := time.Now()
+			code, err := tryPost(hb, "/hb", "d=beside")
+			took := time.Since(begin)
+			b.n++
+			b.slowest = max(b.slowest, took)
+			if err != nil || code != codes.Changed {
+				b.failed = append(b.failed, fmt.Sprintf("%v %v after %v", code, err, took))
+			}
+		}
+	}()
+
+	heap := heapInUse()
+	socks := make([]*net.UDPConn, 16)
+	for i := range socks {
+		socks[i] = rawConn(t, s)
+	}
+	for i := range n {
+		req := append(datagram(t, message.Confirmable, codes.POST, uint16(i), "/d/t", fmt.Sprintf("d=flood-%d", i)), 0xff)
+		if _, err := socks[i%len(socks)].Write(append(req, payload...)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var queued float64
+	eventually(t, 5*time.Second, "the flood to be read", func() bool {
+		got := gather(t, reg)
+		queued = got["fleetgate_coap_data_queued{}"]
+		return got[`fleetgate_coap_data_refused_total{reason="busy"}`]+queued >= float64(n)
+	})
+	grown := int64(heapInUse()) - int64(heap)
+	got := gather(t, reg)
+	busyNow := got[`fleetgate_coap_data_refused_total{reason="busy"}`]
+	t.Logf("%d data requests with the sink held: %.0f queued (bound %d), %.0f refused busy at once; heap +%d bytes (%.0f per queued request)",
+		n, queued, bound, busyNow, grown, float64(grown)/max(queued, 1))
+	if queued > bound || queued < bound/2 {
+		t.Fatalf("%.0f requests queued, bound %d", queued, bound)
+	}
+	if grown > 8<<20 {
+		t.Fatalf("heap grew by %d bytes with %.0f requests queued", grown, queued)
+	}
+
+	// Every request gets one answer: 5.03 (busy at once, or once its
+	// dataTimeout ran out in the queue or in Publish).
+	var mu sync.Mutex
+	answers := map[string]int{}
+	var readers sync.WaitGroup
+	for _, c := range socks {
+		readers.Go(func() {
+			for {
+				b, ok := readDatagram(t, c, dataTimeout+time.Second)
+				if !ok {
+					return
+				}
+				m := decode(t, b)
+				mu.Lock()
+				answers[fmt.Sprintf("%v/%d", m.Code(), m.MessageID())]++
+				mu.Unlock()
+			}
+		})
+	}
+	readers.Wait()
+	close(stopBeats)
+	b := <-beaten
+	t.Logf("%d heartbeats beside the flood, slowest %v", b.n, b.slowest)
+	if len(b.failed) > 0 || b.slowest > 500*time.Millisecond {
+		t.Errorf("heartbeats beside the flood: slowest %v, not answered 2.04: %v", b.slowest, b.failed)
+	}
+	if len(answers) != n {
+		t.Fatalf("%d of %d requests answered", len(answers), n)
+	}
+	for key, times := range answers {
+		if times != 1 || !strings.HasPrefix(key, codes.ServiceUnavailable.String()) {
+			t.Fatalf("answer %s came %d times", key, times)
+		}
+	}
+	if msgs := k.messages(); len(msgs) != 0 {
+		t.Fatalf("%d messages published while the sink refused to take them", len(msgs))
+	}
+	eventually(t, 5*time.Second, "the queues to drain", func() bool { return gather(t, reg)["fleetgate_coap_data_queued{}"] == 0 })
+	release()
+	if a := post(t, dial(t, s), message.Confirmable, codes.POST, "/d/t", payload, noCF, "d=flood-0"); a.code != codes.Changed {
+		t.Fatalf("after the disk came back: %v", a.code)
+	}
+}
+
+// tryPost sends a CON POST to path without a payload and returns the
+// code, or the transport's error.
+func tryPost(cc *udpClient.Conn, path string, queries ...string) (codes.Code, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	resp, err := cc.Post(ctx, path, message.TextPlain, nil, func() []message.Option {
+		var opts message.Options
+		buf := make([]byte, 256)
+		for _, q := range queries {
+			opts, _, _ = opts.AddString(buf, message.URIQuery, q)
+		}
+		return opts
+	}()...)
+	if err != nil {
+		return 0, err
+	}
+	defer cc.ReleaseMessage(resp)
+	return resp.Code(), nil
+}
+
+// heapInUse is the live heap after a collection.
+func heapInUse() uint64 {
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return ms.HeapAlloc
 }
