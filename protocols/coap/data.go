@@ -72,16 +72,21 @@ func shardOf(device gateway.DeviceID) int {
 	return int(h % dataShards)
 }
 
-// startData starts the data workers; stopData ends them once no reader
-// or DTLS peer can hand them a request any more.
-func (s *Server) startData() {
+// newData makes the data workers' queues when there is a data path.
+func (s *Server) newData() {
 	if s.sink == nil && s.cmds == nil {
 		return
 	}
 	s.shards = make([]chan *job, dataShards)
 	for i := range s.shards {
-		ch := make(chan *job, dataShardQueue)
-		s.shards[i] = ch
+		s.shards[i] = make(chan *job, dataShardQueue)
+	}
+}
+
+// startData starts the data workers; stopData ends them once no reader
+// or DTLS peer can hand them a request any more.
+func (s *Server) startData() {
+	for _, ch := range s.shards {
 		s.dataDone.Go(func() {
 			w := s.newWorker()
 			for j := range ch {

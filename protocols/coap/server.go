@@ -232,6 +232,7 @@ func New(obs gateway.Observer, o Options) (*Server, error) {
 	if o.Credentials != nil {
 		s.creds.Store(&credentials{o.Credentials})
 	}
+	s.newData()
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 
 	if o.Addr != "" {
