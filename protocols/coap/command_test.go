@@ -38,8 +38,8 @@ func TestPickCommand(t *testing.T) {
 		{"expiring now is expired", []gateway.Command{cmd(1, "cmd", nil, now)}, 0, nil},
 		{"no expiry", []gateway.Command{cmd(1, "cmd/a", nil, time.Time{})}, 1, nil},
 		{"too large dropped, the next sent", []gateway.Command{cmd(1, "cmd", big, later), cmd(2, "cmd/b", []byte("b"), later)}, 2, []uint64{1}},
-		{"a level longer than a Location-Path", []gateway.Command{cmd(1, "cmd/" + strings.Repeat("l", 256), nil, later)}, 0, []uint64{1}},
-		{"a level of 255 bytes", []gateway.Command{cmd(1, "cmd/" + strings.Repeat("l", 255), nil, later)}, 1, nil},
+		{"a level longer than a Location-Path", []gateway.Command{cmd(1, "cmd/"+strings.Repeat("l", 256), nil, later)}, 0, []uint64{1}},
+		{"a level of 255 bytes", []gateway.Command{cmd(1, "cmd/"+strings.Repeat("l", 255), nil, later)}, 1, nil},
 		{"an expired large one is only passed over", []gateway.Command{cmd(1, "cmd", big, now), cmd(2, "cmd", big, later)}, 0, []uint64{2}},
 	}
 	for _, tc := range cases {
