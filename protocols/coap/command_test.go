@@ -392,3 +392,40 @@ func TestHeartbeatServedWhenItsWorkerIsBusy(t *testing.T) {
 		t.Fatalf("acknowledged %v while the worker was busy", acks)
 	}
 }
+
+// Over DTLS the device is its PSK identity, for /d and acknowledgements
+// alike, and a proven peer gets a command whole however small its
+// request: only the largest message bounds the answer.
+func TestDataPathDTLS(t *testing.T) {
+	rec := &recorder{}
+	s, k, cmds := startData(t, rec, Options{DTLS: "127.0.0.1:0"})
+	cc := dialDTLS(t, s, "id-1", testDevices["id-1"].key)
+	a := post(t, cc, message.Confirmable, codes.POST, "/d/telemetry", []byte(`{"t":1}`), 50)
+	if a.code != codes.Changed || a.maxAge() != 30 {
+		t.Fatalf("POST /d over DTLS: %v Max-Age %d", a.code, a.maxAge())
+	}
+	if a = post(t, cc, message.NonConfirmable, codes.POST, "/d", []byte("x"), noCF); a.code != codes.Changed || a.typ != message.NonConfirmable {
+		t.Fatalf("NON POST /d over DTLS: %v %v", a.code, a.typ)
+	}
+	msgs := k.take()
+	if len(msgs) != 2 || msgs[0].Device != "dev-1" || msgs[0].QoS != 1 || msgs[0].ContentType != "application/json" ||
+		msgs[0].Topic != "telemetry" || msgs[1].QoS != 0 || msgs[1].Topic != "" {
+		t.Fatalf("published %+v", msgs)
+	}
+	if evs := rec.Take(); len(evs) != 2 || evs[0].Anonymous || evs[0].Device != "dev-1" {
+		t.Fatalf("evidence %+v", evs)
+	}
+	if a = post(t, cc, message.Confirmable, codes.POST, "/d/x", []byte("x"), noCF, "d=dev-2"); a.code != codes.Forbidden {
+		t.Fatalf("d= of another device over DTLS: %v", a.code)
+	}
+
+	c := cmds.add(gateway.Message{Device: "dev-1", Topic: "cmd/config", Payload: bytes.Repeat([]byte("c"), 700)}, time.Now().Add(time.Hour))
+	a = post(t, cc, message.Confirmable, codes.POST, "/hb", nil, noCF)
+	if got, ok := a.command(t); a.code != codes.Changed || !ok || got.ID != c.ID || len(got.Payload) != 700 {
+		t.Fatalf("a small DTLS request: %v carries %d bytes of %d (%v)", a.code, len(got.Payload), got.ID, ok)
+	}
+	a = post(t, cc, message.Confirmable, codes.POST, "/hb", nil, noCF, fmt.Sprintf("a=%d", c.ID))
+	if _, ok := a.command(t); a.code != codes.Changed || ok || len(cmds.pending()) != 0 {
+		t.Fatalf("acknowledged over DTLS: %v, still carries %v, pending %+v", a.code, ok, cmds.pending())
+	}
+}
