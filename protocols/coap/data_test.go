@@ -12,11 +12,16 @@ import (
 	"testing"
 	"time"
 
+	"github.com/plgd-dev/go-coap/v3/dtls"
 	"github.com/plgd-dev/go-coap/v3/message"
 	"github.com/plgd-dev/go-coap/v3/message/codes"
+	"github.com/plgd-dev/go-coap/v3/options"
+	"github.com/plgd-dev/go-coap/v3/pkg/runner/periodic"
 	udpClient "github.com/plgd-dev/go-coap/v3/udp/client"
 	"github.com/plgd-dev/go-coap/v3/udp/coder"
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	"go.uber.org/goleak"
 
 	"github.com/fleetgate/fleetgate/gateway"
 	"github.com/fleetgate/fleetgate/gateway/clocktest"
@@ -479,4 +484,77 @@ func heapInUse() uint64 {
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
 	return ms.HeapAlloc
+}
+
+// Close ends the data workers, also while the sink holds messages of
+// UDP and DTLS devices (a disk that does not commit): their Publish calls
+// end with the server's context, every held request is answered, and no
+// goroutine of the server is left.
+func TestCloseWithDataHeld(t *testing.T) {
+	ignore := goleak.IgnoreCurrent()
+	k, cmds := &sink{}, &commandList{}
+	s, err := New(&recorder{}, Options{
+		Addr: "127.0.0.1:0", DTLS: "127.0.0.1:0", Credentials: testDevices,
+		AllowAnonymous: true, HeartbeatInterval: time.Second, RequestsPerSecond: 1_000_000,
+		Sink: k, Commands: cmds,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan error, 1)
+	go func() { served <- s.Serve(context.Background()) }()
+	release := k.hold()
+	defer release()
+
+	c, err := net.DialUDP("udp", nil, s.Addr().(*net.UDPAddr))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	for i := range 50 {
+		req := append(datagram(t, message.Confirmable, codes.POST, uint16(i), "/d/t", fmt.Sprintf("d=held-%d", i)), 0xff, 'x')
+		if _, err := c.Write(req); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dc, err := handshake(t, s, "id-1", testDevices["id-1"].key, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := make(chan struct{})
+	cc := dtls.Client(dc, options.WithPeriodicRunner(periodic.New(stop, time.Second)),
+		options.WithErrors(func(error) {}), options.WithCloseSocket())
+	dtlsDone := make(chan error, 1)
+	go func() {
+		_, err := tryPost(cc, "/d/t")
+		dtlsDone <- err
+	}()
+	eventually(t, 5*time.Second, "the requests to be held", func() bool { return testutilGauge(s.metrics.dataQueued) >= 51 })
+
+	begin := time.Now()
+	if err := s.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	if took := time.Since(begin); took > 2*time.Second {
+		t.Fatalf("Close took %v with Publish held", took)
+	}
+	if err := <-served; err != nil {
+		t.Fatalf("Serve: %v", err)
+	}
+	if n := testutilGauge(s.metrics.dataQueued); n != 0 {
+		t.Fatalf("%v requests still queued after Close", n)
+	}
+	<-dtlsDone // answered 5.03, or the session closed with the server
+	_ = cc.Close()
+	close(stop)
+	goleak.VerifyNone(t, ignore)
+}
+
+// testutilGauge reads a gauge.
+func testutilGauge(g prometheus.Gauge) float64 {
+	var m dto.Metric
+	if err := g.Write(&m); err != nil {
+		return -1
+	}
+	return m.GetGauge().GetValue()
 }
