@@ -109,7 +109,8 @@ func post(t testing.TB, cc *udpClient.Conn, typ message.Type, method codes.Code,
 func TestDataUp(t *testing.T) {
 	clock := clocktest.New(start)
 	rec := &recorder{}
-	s, k, _ := startData(t, rec, Options{AllowAnonymous: true, Clock: clock,
+	reg := prometheus.NewRegistry()
+	s, k, _ := startData(t, rec, Options{AllowAnonymous: true, Clock: clock, Registerer: reg,
 		HeartbeatInterval: 30 * time.Second, Lease: 90 * time.Second, MaxLease: 2 * time.Hour})
 	cc := dial(t, s)
 	cases := []struct {
@@ -161,6 +162,18 @@ func TestDataUp(t *testing.T) {
 				t.Fatalf("evidence %+v, want a renewal of %s with lease %v", evs, tc.session, tc.lease)
 			}
 		})
+	}
+	got := gather(t, reg)
+	for key, want := range map[string]float64{
+		`fleetgate_coap_data_messages_total{qos="1"}`:            5,
+		`fleetgate_coap_data_messages_total{qos="0"}`:            1,
+		`fleetgate_coap_data_bytes_total{qos="1"}`:               float64(len(`{"t":21.5}`) + len("booted") + len("?") + len("raw")),
+		`fleetgate_coap_data_bytes_total{qos="0"}`:               3,
+		`fleetgate_evidence_total{kind="renew",protocol="coap"}`: 6,
+	} {
+		if got[key] != want {
+			t.Errorf("%s = %v, want %v", key, got[key], want)
+		}
 	}
 }
 
