@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net/netip"
 	"strings"
 	"time"
@@ -83,8 +82,8 @@ func (s *Server) newData() {
 	}
 }
 
-// startData starts the data workers; stopData ends them once no reader
-// or DTLS peer can hand them a request any more.
+// startData starts the data workers, one per queue; Serve ends them with
+// stopData once no reader or DTLS peer can hand them a request any more.
 func (s *Server) startData() {
 	for _, ch := range s.shards {
 		s.dataDone.Go(func() {
@@ -96,6 +95,8 @@ func (s *Server) startData() {
 	}
 }
 
+// stopData closes the queues: the workers serve what is left (their
+// contexts have ended) and return.
 func (s *Server) stopData() {
 	for _, ch := range s.shards {
 		close(ch)
@@ -114,11 +115,12 @@ func (s *Server) viaWorkers(rq intent, now time.Time) bool {
 // submit hands j to its device's data worker, unless that worker's
 // queue is full.
 func (s *Server) submit(j *job) bool {
+	s.metrics.dataQueued.Inc() // before the worker can take it
 	select {
 	case s.shards[shardOf(j.rq.device)] <- j:
-		s.metrics.dataQueued.Inc()
 		return true
 	default:
+		s.metrics.dataQueued.Dec()
 		return false
 	}
 }
@@ -184,6 +186,12 @@ func busy() answer {
 	return answer{code: codes.ServiceUnavailable, diag: "busy, retry after Max-Age", opt: uintOption{message.MaxAge, retryAfterSeconds}}
 }
 
+// unavailable is the answer to a data path request that the DataSink or
+// Commands failed (the queue's disk, its context).
+func unavailable() answer {
+	return answer{code: codes.ServiceUnavailable, diag: "data path unavailable, retry after Max-Age", opt: uintOption{message.MaxAge, retryAfterSeconds}}
+}
+
 // serve turns admitted request rq, read at now, into evidence for the
 // Observer (ctx bounds the calls) and, once that is taken: with down,
 // the acknowledgement of its command (Commands.Ack); its message msg
@@ -211,7 +219,7 @@ func (s *Server) serve(ctx context.Context, rq intent, msg *gateway.Message, ano
 	if down && rq.ack != 0 {
 		if err := s.cmds.Ack(rq.device, rq.ack); err != nil {
 			s.metrics.refused(refusedUnavailable)
-			return busy(), fmt.Errorf("acknowledge command %d: %w", rq.ack, err)
+			return unavailable(), fmt.Errorf("acknowledge command %d: %w", rq.ack, err)
 		}
 		s.metrics.command(commandAcknowledged)
 	}
@@ -229,13 +237,13 @@ func (s *Server) serve(ctx context.Context, rq intent, msg *gateway.Message, ano
 		for _, c := range drop {
 			// It would be sent again and again and never fit: only an
 			// expiry would end it, and it holds up the commands behind it.
-			s.log.Warn("coap command dropped: its answer cannot fit the largest message",
-				"device", rq.device, "command", c.ID, "topic", c.Topic, "bytes", len(c.Payload), "max", s.maxSize)
 			if err := s.cmds.Ack(rq.device, c.ID); err != nil {
-				s.log.Log(ctx, slog.LevelError, "coap command not dropped", "device", rq.device, "command", c.ID, "err", err)
+				s.log.Error("coap command that cannot fit the largest message not dropped", "device", rq.device, "command", c.ID, "err", err)
 				continue
 			}
 			s.metrics.command(commandUndeliverable)
+			s.log.Warn("coap command dropped: its answer cannot fit the largest message",
+				"device", rq.device, "command", c.ID, "topic", c.Topic, "bytes", len(c.Payload), "max", s.maxSize)
 		}
 		a.cmd = pick
 	}
@@ -273,6 +281,5 @@ func publishRefusal(err error) (answer, refusedReason) {
 	case errors.Is(err, gateway.ErrInvalidMessage):
 		return answer{code: codes.BadRequest, diag: diagnostic(strings.ReplaceAll(err.Error(), "\n", ": "))}, refusedInvalid
 	}
-	return answer{code: codes.ServiceUnavailable, diag: "data path unavailable, retry after Max-Age",
-		opt: uintOption{message.MaxAge, retryAfterSeconds}}, refusedUnavailable
+	return unavailable(), refusedUnavailable
 }
