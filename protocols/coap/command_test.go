@@ -372,17 +372,25 @@ func TestHeartbeatServedWhenItsWorkerIsBusy(t *testing.T) {
 	release := k.hold()
 	defer release()
 	cmds.add(gateway.Message{Device: "beat", Topic: "cmd", Payload: []byte("x")}, time.Now().Add(time.Hour))
-	// Devices of beat's data worker fill its queue.
+	// Devices of beat's data worker fill its queue: one more each time it
+	// is not full (one of the first may find it full before the worker
+	// took the one it holds).
 	c := rawConn(t, s)
-	for i, sent := 0, 0; sent < dataShardQueue+1; i++ {
-		if dev := fmt.Sprintf("fill-%d", i); shardOf(gateway.DeviceID(dev)) == shardOf("beat") {
-			if _, err := c.Write(append(datagram(t, message.Confirmable, codes.POST, uint16(i), "/d", "d="+dev), 0xff, 'x')); err != nil {
-				t.Fatal(err)
-			}
-			sent++
+	queue, i := s.shards[shardOf("beat")], 0
+	eventually(t, 5*time.Second, "the worker's queue to fill", func() bool {
+		if len(queue) == dataShardQueue {
+			return true
 		}
-	}
-	eventually(t, 5*time.Second, "the worker's queue to fill", func() bool { return len(s.shards[shardOf("beat")]) == dataShardQueue })
+		for ; ; i++ {
+			if dev := fmt.Sprintf("fill-%d", i); shardOf(gateway.DeviceID(dev)) == shardOf("beat") {
+				if _, err := c.Write(append(datagram(t, message.Confirmable, codes.POST, uint16(i), "/d", "d="+dev), 0xff, 'x')); err != nil {
+					t.Fatal(err)
+				}
+				i++
+				return false
+			}
+		}
+	})
 	begin := time.Now()
 	a := post(t, dial(t, s), message.Confirmable, codes.POST, "/hb", nil, noCF, "d=beat", "a=1", padding)
 	if _, carries := a.command(t); a.code != codes.Changed || carries || time.Since(begin) > time.Second {
