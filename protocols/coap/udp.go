@@ -147,8 +147,9 @@ func (h header) isRequest() bool {
 }
 
 // handle decides the answer to datagram b from src, and returns it
-// encoded in w.out, or nil when there is none; or a data path request
-// for dispatch (then the answer is the data worker's). It is the whole UDP request path except the socket:
+// encoded in w.out, or nil when there is none; or it returns a data path
+// request for dispatch, whose answer is then the data worker's. It is
+// the whole UDP request path except the socket and the data workers:
 // limits first, then the codec, then the request.
 //
 // Nothing proves that a plain UDP source receives at its address (it may
