@@ -30,9 +30,14 @@ import (
 // at most one message (limits.coap_max_message_size); the worker answers
 // it itself (over plain UDP it writes to the socket; a DTLS peer waits
 // for it), by dataTimeout after it was read.
+//
+// The queues take a burst of 4,000 data requests of as many devices (a
+// fleet that wakes at once) with a disk that keeps up, and hold at most
+// 4,160 × (limits.coap_max_message_size + 0.4 KB) when it does not: 6.5
+// MB by default.
 const (
 	dataShards     = 64
-	dataShardQueue = 16
+	dataShardQueue = 64
 	// dataTimeout bounds the time from reading a data path request to its
 	// answer (the wait in the queue, the Observer, Publish, Ack): the
 	// device gets 5.03 before its first CoAP retransmission (ACK_TIMEOUT

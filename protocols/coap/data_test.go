@@ -352,8 +352,8 @@ func TestDataCONAnsweredOnceDurable(t *testing.T) {
 
 // TestSlowDiskBounded: while the sink holds every message (a disk that
 // does not commit), a flood of data requests from many devices piles up
-// at most dataShards × (dataShardQueue + 1) of them; the rest get 5.03 at
-// once; every request gets exactly one answer; and the heartbeats of
+// at most dataShards × (dataShardQueue + 1) of them (4,160); the rest get
+// 5.03 at once; every request gets exactly one answer; and the heartbeats of
 // another device are answered on time throughout.
 func TestSlowDiskBounded(t *testing.T) {
 	rec := &recorder{}
@@ -362,10 +362,7 @@ func TestSlowDiskBounded(t *testing.T) {
 	release := k.hold()
 	defer release()
 	const bound = dataShards * (dataShardQueue + 1)
-	n := 3 * bound
-	if raceEnabled {
-		n = 2 * bound
-	}
+	n := bound + bound/2
 	payload := bytes.Repeat([]byte{'p'}, 512)
 
 	// Heartbeats of a device beside the flood, every 20 ms: how many, the
@@ -402,26 +399,42 @@ func TestSlowDiskBounded(t *testing.T) {
 	socks := make([]*net.UDPConn, 16)
 	for i := range socks {
 		socks[i] = rawConn(t, s)
-	}
-	for i := range n {
-		req := append(datagram(t, message.Confirmable, codes.POST, uint16(i), "/d/t", fmt.Sprintf("d=flood-%d", i)), 0xff)
-		if _, err := socks[i%len(socks)].Write(append(req, payload...)); err != nil {
+		// The answers come in bursts (the held requests time out
+		// together): room for them all.
+		if err := socks[i].SetReadBuffer(1 << 20); err != nil {
 			t.Fatal(err)
 		}
 	}
-	var queued float64
-	eventually(t, 5*time.Second, "the flood to be read", func() bool {
+	// In batches, each read before the next, so that the kernel drops
+	// none: every request sent is then in the figures.
+	accounted := func() (queued, all float64) {
 		got := gather(t, reg)
 		queued = got["fleetgate_coap_data_queued{}"]
-		return got[`fleetgate_coap_data_refused_total{reason="busy"}`]+queued >= float64(n)
-	})
+		return queued, queued + got[`fleetgate_coap_data_refused_total{reason="busy"}`] +
+			got[`fleetgate_coap_data_refused_total{reason="unavailable"}`]
+	}
+	var peak float64
+	const batch = 256
+	for sent := 0; sent < n; {
+		for range min(batch, n-sent) {
+			req := append(datagram(t, message.Confirmable, codes.POST, uint16(sent), "/d/t", fmt.Sprintf("d=flood-%d", sent)), 0xff)
+			if _, err := socks[sent%len(socks)].Write(append(req, payload...)); err != nil {
+				t.Fatal(err)
+			}
+			sent++
+		}
+		eventually(t, 5*time.Second, "the batch to be read", func() bool {
+			queued, all := accounted()
+			peak = max(peak, queued)
+			return all >= float64(sent)
+		})
+	}
+	queued, _ := accounted()
 	grown := int64(heapInUse()) - int64(heap)
-	got := gather(t, reg)
-	busyNow := got[`fleetgate_coap_data_refused_total{reason="busy"}`]
-	t.Logf("%d data requests with the sink held: %.0f queued (bound %d), %.0f refused busy at once; heap +%d bytes (%.0f per queued request)",
-		n, queued, bound, busyNow, grown, float64(grown)/max(queued, 1))
-	if queued > bound || queued < bound/2 {
-		t.Fatalf("%.0f requests queued, bound %d", queued, bound)
+	t.Logf("%d data requests with the sink held: at most %.0f queued (bound %d), %.0f at the end; heap +%d bytes then (%.0f per queued request)",
+		n, peak, bound, queued, grown, float64(grown)/max(queued, 1))
+	if peak > bound || peak < bound/2 {
+		t.Fatalf("at most %.0f requests queued, bound %d", peak, bound)
 	}
 	if grown > 8<<20 {
 		t.Fatalf("heap grew by %d bytes with %.0f requests queued", grown, queued)
@@ -450,7 +463,11 @@ func TestSlowDiskBounded(t *testing.T) {
 	close(stopBeats)
 	b := <-beaten
 	t.Logf("%d heartbeats beside the flood, slowest %v", b.n, b.slowest)
-	if len(b.failed) > 0 || b.slowest > 500*time.Millisecond {
+	slow := 500 * time.Millisecond
+	if raceEnabled {
+		slow *= 2
+	}
+	if len(b.failed) > 0 || b.slowest > slow {
 		t.Errorf("heartbeats beside the flood: slowest %v, not answered 2.04: %v", b.slowest, b.failed)
 	}
 	if len(answers) != n {
@@ -570,4 +587,48 @@ func testutilGauge(g prometheus.Gauge) float64 {
 		return -1
 	}
 	return m.GetGauge().GetValue()
+}
+
+// TestDataBurst: a fleet that wakes at once, 4,000 devices each posting
+// one CON at the same moment, is taken whole when the disk keeps up: the
+// data workers' queues absorb the burst, no request is refused.
+func TestDataBurst(t *testing.T) {
+	s, k, _ := startData(t, &recorder{}, Options{AllowAnonymous: true})
+	const n = 4000
+	socks := make([]*net.UDPConn, 16)
+	for i := range socks {
+		socks[i] = rawConn(t, s)
+		// The answers come in bursts (the held requests time out
+		// together): room for them all.
+		if err := socks[i].SetReadBuffer(1 << 20); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range n {
+		req := append(datagram(t, message.Confirmable, codes.POST, uint16(i), "/d/t", fmt.Sprintf("d=wake-%d", i)), 0xff, '1')
+		if _, err := socks[i%len(socks)].Write(req); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var mu sync.Mutex
+	codesSeen := map[codes.Code]int{}
+	var readers sync.WaitGroup
+	for _, c := range socks {
+		readers.Go(func() {
+			for {
+				b, ok := readDatagram(t, c, time.Second)
+				if !ok {
+					return
+				}
+				mu.Lock()
+				codesSeen[decode(t, b).Code()]++
+				mu.Unlock()
+			}
+		})
+	}
+	readers.Wait()
+	t.Logf("%d CON POST /d at once: answers %v", n, codesSeen)
+	if codesSeen[codes.Changed] != n || len(k.messages()) != n {
+		t.Fatalf("answers %v, %d published; want %d 2.04", codesSeen, len(k.messages()), n)
+	}
 }
