@@ -42,6 +42,7 @@ func hostileDatagrams(t testing.TB, seed uint64) [][]byte {
 	valid := [][]byte{
 		datagram(t, message.Confirmable, codes.POST, 7, "/hb", "d=dev-1", "s=radio2"),
 		datagram(t, message.NonConfirmable, codes.DELETE, 8, "/hb", "d=dev-1"),
+		append(datagram(t, message.Confirmable, codes.POST, 9, "/d/telemetry/temp", "d=dev-1", "a=1"), 0xff, '2', '1'),
 	}
 	for _, v := range valid {
 		for n := range len(v) {
@@ -62,7 +63,8 @@ func hostileDatagrams(t testing.TB, seed uint64) [][]byte {
 
 func TestHostileDatagrams(t *testing.T) {
 	rec := &recorder{}
-	s := startServer(t, rec, Options{AllowAnonymous: true})
+	s, k, cmds := startData(t, rec, Options{AllowAnonymous: true})
+	cmds.add(gateway.Message{Device: "dev-1", Topic: "cmd", Payload: []byte("x")}, time.Now().Add(time.Hour))
 	const seed = 20261129
 	t.Logf("seed %d", seed)
 
@@ -103,7 +105,12 @@ func TestHostileDatagrams(t *testing.T) {
 		}
 	}
 	// Garbage that happened to decode into a request was checked like
-	// any other: whatever reached the Observer is well-formed.
+	// any other: whatever reached the Observer or the sink is well-formed.
+	for _, m := range k.messages() {
+		if err := gateway.ValidateMessage(m); err != nil {
+			t.Fatalf("invalid message published from garbage: %+v: %v", m, err)
+		}
+	}
 	for _, ev := range rec.Evidence() {
 		_, errD := gateway.ParseDeviceID(string(ev.Device))
 		_, errS := gateway.ParseSessionID(string(ev.Session))
