@@ -1,15 +1,14 @@
 package coap
 
 import (
+	"bytes"
 	"context"
 	"crypto/hmac"
 	"crypto/sha256"
 	"errors"
 	"fmt"
-	"io"
 	"math"
 	"net"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -270,27 +269,29 @@ func (s *Server) dtlsProcessor() config.ProcessReceivedMessageFunc[*udpClient.Co
 func ignore(*responsewriter.ResponseWriter[*udpClient.Conn], *pool.Message) {}
 
 // respondDTLS fills in the answer to request r of DTLS peer cc:
-// piggybacked on the ACK of a CON request, a NON for a NON request.
+// piggybacked on the ACK of a CON request, a NON for a NON request. A
+// DTLS peer is proven: its answer may be larger than its request, up to
+// the largest message (a command).
 func (s *Server) respondDTLS(w *responsewriter.ResponseWriter[*udpClient.Conn], r *pool.Message, cc *udpClient.Conn) {
 	now := s.clock.Now()
-	code, diag, opt := s.answerDTLS(r, cc, now)
-	s.metrics.answered(code)
-	var body io.ReadSeeker
-	if diag != "" {
-		body = strings.NewReader(diag)
-	}
+	a := s.answerDTLS(r, cc, now)
+	s.metrics.answered(a.code)
 	resp := w.Message()
 	// SetResponse refuses codes the request's No-Response option (RFC
 	// 7967) suppresses; a CON request then still gets an empty ACK.
-	suppressed := w.SetResponse(code, message.TextPlain, body) != nil
-	switch {
-	case suppressed && r.Type() == message.NonConfirmable:
-		return
-	case suppressed:
+	if w.SetResponse(a.code, message.TextPlain, nil) != nil {
+		if r.Type() == message.NonConfirmable {
+			return
+		}
 		resp.SetCode(codes.Empty)
 		resp.SetToken(nil)
-	case opt.id != 0:
-		resp.SetOptionUint32(opt.id, opt.value)
+	} else {
+		m := message.Message{Token: r.Token()}
+		s.metrics.carried(a.build(&m, s.maxSize, &scratch{}))
+		resp.ResetOptionsTo(m.Options)
+		if len(m.Payload) > 0 {
+			resp.SetBody(bytes.NewReader(m.Payload))
+		}
 	}
 	if r.Type() == message.Confirmable {
 		resp.SetType(message.Acknowledgement)
@@ -301,53 +302,71 @@ func (s *Server) respondDTLS(w *responsewriter.ResponseWriter[*udpClient.Conn], 
 	resp.SetMessageID(cc.GetMessageID())
 }
 
-// uintOption is an option with a uint value of an answer; id 0 is none.
-type uintOption struct {
-	id    message.OptionID
-	value uint32
-}
-
 // answerDTLS decides the answer to request r of DTLS peer cc: the rate
 // limit of proven sources (the session's keys prove r's source), the size
 // limit, then the device of the session's PSK identity (asked again, so
 // that a device removed by a reload is refused at once), then the
-// heartbeat.
-func (s *Server) answerDTLS(r *pool.Message, cc *udpClient.Conn, now time.Time) (codes.Code, string, uintOption) {
+// request; a data path request waits for its data worker.
+func (s *Server) answerDTLS(r *pool.Message, cc *udpClient.Conn, now time.Time) answer {
 	peer := cc.RemoteAddr()
 	if ok, wait := s.proven.allow(endpointOf(peer), now); !ok {
-		return codes.TooManyRequests, "too many requests, retry after Max-Age",
-			uintOption{message.MaxAge, uint32((wait + time.Second - 1) / time.Second)}
+		return answer{code: codes.TooManyRequests, diag: "too many requests, retry after Max-Age",
+			opt: uintOption{message.MaxAge, uint32((wait + time.Second - 1) / time.Second)}}
 	}
 	if requestSize(r) > s.maxSize {
-		return codes.RequestEntityTooLarge, fmt.Sprintf("message larger than %d bytes", s.maxSize),
-			uintOption{message.Size1, uint32(s.maxSize)}
+		return answer{code: codes.RequestEntityTooLarge, diag: fmt.Sprintf("message larger than %d bytes", s.maxSize),
+			opt: uintOption{message.Size1, uint32(s.maxSize)}}
 	}
 	device, err := s.identity(cc)
 	if err != nil {
-		s.logRefusal(codes.Unauthorized, heartbeat{}, peer.String(), err)
-		return codes.Unauthorized, "unauthorized", uintOption{}
+		s.logRefusal(codes.Unauthorized, intent{}, peer.String(), err)
+		return answer{code: codes.Unauthorized, diag: "unauthorized"}
 	}
-	path, err := r.Path()
-	if err != nil {
-		path = "" // no Uri-Path, or one that cannot name /hb
+	var path []string
+	for _, o := range r.Options() {
+		if o.ID == message.URIPath {
+			path = append(path, string(o.Value))
+		}
 	}
 	queries, err := r.Queries()
 	if err != nil && !errors.Is(err, message.ErrOptionNotFound) {
-		return codes.BadRequest, "malformed Uri-Query", uintOption{}
+		return answer{code: codes.BadRequest, diag: "malformed Uri-Query"}
+	}
+	rq, err := s.admit(r.Code(), path, queries, device, now)
+	if err != nil {
+		a := refusal(err)
+		s.logRefusal(a.code, rq, peer.String(), err)
+		return a
 	}
 	ctx, cancel := context.WithTimeout(s.ctx, observeTimeout)
-	code, diag, maxAge, hb, err := s.decide(ctx, r.Code(), path, queries, device, now)
-	cancel()
+	defer cancel()
+	if s.viaWorkers(rq, now) {
+		done := make(chan answer, 1)
+		j := &job{rq: rq, now: now, deadline: time.Now().Add(dataTimeout), src: endpointOf(peer), done: done}
+		if rq.data {
+			payload, err := r.ReadBody()
+			if err != nil {
+				return answer{code: codes.BadRequest, diag: "unreadable payload"}
+			}
+			cf, cfErr := r.GetOptionUint32(message.ContentFormat)
+			j.msg = dataMessage(rq, r.Type(), payload, cf, cfErr == nil, now)
+			if err := gateway.ValidateMessage(j.msg); err != nil {
+				a, reason := publishRefusal(err)
+				s.metrics.refused(reason)
+				s.logRefusal(a.code, rq, peer.String(), err)
+				return a
+			}
+		}
+		if a := s.dispatch(ctx, j); a != nil {
+			return *a
+		}
+		return <-done
+	}
+	a, err := s.serve(ctx, rq, nil, false, now, false)
 	if err != nil {
-		s.logRefusal(code, hb, peer.String(), err)
+		s.logRefusal(a.code, rq, peer.String(), err)
 	}
-	switch code {
-	case codes.Changed:
-		return code, diag, uintOption{message.MaxAge, maxAge}
-	case codes.ServiceUnavailable:
-		return code, diag, uintOption{message.MaxAge, retryAfterSeconds}
-	}
-	return code, diag, uintOption{}
+	return a
 }
 
 // requestSize is the encoded size of request r: what it took in the DTLS

@@ -6,6 +6,8 @@ import (
 	"net"
 	"net/netip"
 	"runtime"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -40,6 +42,7 @@ func hostileDatagrams(t testing.TB, seed uint64) [][]byte {
 	valid := [][]byte{
 		datagram(t, message.Confirmable, codes.POST, 7, "/hb", "d=dev-1", "s=radio2"),
 		datagram(t, message.NonConfirmable, codes.DELETE, 8, "/hb", "d=dev-1"),
+		append(datagram(t, message.Confirmable, codes.POST, 9, "/d/telemetry/temp", "d=dev-1", "a=1"), 0xff, '2', '1'),
 	}
 	for _, v := range valid {
 		for n := range len(v) {
@@ -60,7 +63,8 @@ func hostileDatagrams(t testing.TB, seed uint64) [][]byte {
 
 func TestHostileDatagrams(t *testing.T) {
 	rec := &recorder{}
-	s := startServer(t, rec, Options{AllowAnonymous: true})
+	s, k, cmds := startData(t, rec, Options{AllowAnonymous: true})
+	cmds.add(gateway.Message{Device: "dev-1", Topic: "cmd", Payload: []byte("x")}, time.Now().Add(time.Hour))
 	const seed = 20261129
 	t.Logf("seed %d", seed)
 
@@ -101,7 +105,12 @@ func TestHostileDatagrams(t *testing.T) {
 		}
 	}
 	// Garbage that happened to decode into a request was checked like
-	// any other: whatever reached the Observer is well-formed.
+	// any other: whatever reached the Observer or the sink is well-formed.
+	for _, m := range k.messages() {
+		if err := gateway.ValidateMessage(m); err != nil {
+			t.Fatalf("invalid message published from garbage: %+v: %v", m, err)
+		}
+	}
 	for _, ev := range rec.Evidence() {
 		_, errD := gateway.ParseDeviceID(string(ev.Device))
 		_, errS := gateway.ParseSessionID(string(ev.Session))
@@ -260,12 +269,17 @@ func TestNoGoroutineLeak(t *testing.T) {
 }
 
 // FuzzDatagram runs datagrams through the whole UDP request path but the
-// socket (Server.handle: limits, codec, heartbeat, answer): it never
-// panics, an answer is a small well-formed CoAP message that matches the
-// request (an ACK or RST of a CON with its Message ID, a NON for a NON,
-// the request's token), and only a 2.04 comes with evidence, which is
-// well-formed.
+// socket (Server.handle: limits, codec, request, answer; a data path
+// request is served as a data worker serves it) with the data path on:
+// it never panics; an answer is a well-formed CoAP message no larger than
+// its request that matches it (an ACK or RST of a CON with its Message
+// ID, a NON for a NON, the request's token); only a 2.04 comes with
+// evidence, which is well-formed; a published message is valid and the
+// requesting device's; a command rides only on the answer to its own
+// device, as it was submitted, unexpired; and only the requesting device's
+// commands are acknowledged.
 func FuzzDatagram(f *testing.F) {
+	withPayload := func(b []byte, payload string) []byte { return append(b, append([]byte{0xff}, payload...)...) }
 	for _, b := range [][]byte{
 		datagram(f, message.Confirmable, codes.POST, 1, "/hb", "d=dev-1", "s=radio2"),
 		datagram(f, message.NonConfirmable, codes.DELETE, 2, "/hb", "d=dev-1"),
@@ -274,23 +288,58 @@ func FuzzDatagram(f *testing.F) {
 		datagram(f, message.Acknowledgement, codes.Empty, 5, ""),
 		{0x40, 0, 0, 6},                // ping
 		{0x48, byte(codes.POST), 0, 7}, // token length 8, no token
-		append(datagram(f, message.Confirmable, codes.POST, 8, "/hb", "d=dev-1"), 0xff, 'x'),
+		withPayload(datagram(f, message.Confirmable, codes.POST, 8, "/hb", "d=dev-1"), "x"),
+		withPayload(datagram(f, message.Confirmable, codes.POST, 9, "/d/telemetry/temp", "d=dev-2"), "21.5"),
+		withPayload(datagram(f, message.NonConfirmable, codes.POST, 10, "/d", "d=dev-2", "a=1"), "{}"),
+		datagram(f, message.Confirmable, codes.POST, 11, "/d/a/+", "d=dev-2"),
+		datagram(f, message.Confirmable, codes.POST, 12, "/hb", "d=dev-1", "pad="+strings.Repeat("p", 60)),
+		datagram(f, message.Confirmable, codes.POST, 13, "/hb", "d=dev-1", "a=2", "pad="+strings.Repeat("p", 40)),
+		datagram(f, message.Confirmable, codes.DELETE, 14, "/hb", "d=dev-2", "a=2"),
 	} {
 		f.Add(b)
 	}
-	rec := &recorder{}
+	cf := func(b []byte) []byte {
+		m := decode(f, b)
+		m.SetContentFormat(message.AppJSON)
+		out, err := m.MarshalWithEncoder(coder.DefaultCoder)
+		if err != nil {
+			f.Fatal(err)
+		}
+		return out
+	}
+	f.Add(cf(withPayload(datagram(f, message.Confirmable, codes.POST, 15, "/d/j", "d=dev-1"), "[1]")))
+
+	rec, k, cmds := &recorder{}, &sink{}, &commandList{}
+	clock := clocktest.New(start)
 	s, err := New(rec, Options{
 		Addr: "127.0.0.1:0", AllowAnonymous: true, HeartbeatInterval: 30 * time.Second,
-		MaxMessageSize: 128, RequestsPerSecond: 1_000_000, Clock: clocktest.New(start),
+		MaxMessageSize: 128, RequestsPerSecond: 1_000_000, Clock: clock, Sink: k, Commands: cmds,
 	})
 	if err != nil {
 		f.Fatal(err)
 	}
 	f.Cleanup(func() { _ = s.Close() })
+	commands := []gateway.Command{
+		{ID: 1, Message: gateway.Message{Device: "dev-1", Topic: "cmd", Payload: []byte("on")}},
+		{ID: 2, Message: gateway.Message{Device: "dev-1", Topic: "cmd/led/set", Payload: []byte("{\"r\":255}"), ContentType: "application/json"},
+			Expires: start.Add(time.Hour)},
+		{ID: 3, Message: gateway.Message{Device: "dev-2", Topic: "cmd/big", Payload: make([]byte, 200)}},
+		{ID: 4, Message: gateway.Message{Device: "dev-2", Topic: "cmd/old", Payload: []byte("late")}, Expires: start},
+		{ID: 5, Message: gateway.Message{Device: "dev-2", Topic: "cmd/x"}},
+	}
+	byID := make(map[uint64]gateway.Command)
+	for _, c := range commands {
+		byID[c.ID] = c
+	}
 	w := s.newWorker()
 	src := netip.MustParseAddrPort("127.0.0.1:5683")
 	f.Fuzz(func(t *testing.T, b []byte) {
-		out := s.handle(w, src, b)
+		cmds.reset(commands)
+		out, j := s.handle(w, src, b)
+		if j != nil {
+			// What the request's data worker does.
+			out = s.encodeAnswer(w, j.ex, s.process(j))
+		}
 		evs := rec.Take()
 		for _, ev := range evs {
 			_, errD := gateway.ParseDeviceID(string(ev.Device))
@@ -302,11 +351,25 @@ func FuzzDatagram(f *testing.F) {
 		if len(evs) > 1 {
 			t.Fatalf("%d pieces of evidence from one datagram", len(evs))
 		}
+		msgs := k.take()
+		if len(msgs) > 1 || (len(msgs) == 1 && (len(evs) != 1 || msgs[0].Device != evs[0].Device)) {
+			t.Fatalf("published %+v with evidence %+v", msgs, evs)
+		}
+		for _, m := range msgs {
+			if err := gateway.ValidateMessage(m); err != nil || m.Source != "coap" || !m.Received.Equal(clock.Now()) {
+				t.Fatalf("published %+v: %v", m, err)
+			}
+		}
+		for _, a := range cmds.acked() {
+			if len(evs) != 1 || a.device != evs[0].Device {
+				t.Fatalf("command %d of %s acknowledged with evidence %+v", a.id, a.device, evs)
+			}
+		}
 		if out == nil {
 			return
 		}
-		if len(out) > maxAnswer {
-			t.Fatalf("answer of %d bytes", len(out))
+		if len(out) > len(b) {
+			t.Fatalf("answer of %d bytes to a request of %d", len(out), len(b))
 		}
 		m := message.Message{Options: make(message.Options, 0, maxOptions)}
 		if _, err := coder.DefaultCoder.Decode(out, &m); err != nil {
@@ -328,13 +391,49 @@ func FuzzDatagram(f *testing.F) {
 		if m.Code != codes.Empty && string(m.Token) != string(h.token) {
 			t.Fatalf("token %x, request's %x", m.Token, h.token)
 		}
-		if len(evs) == 1 && m.Code != codes.Changed && m.Code != codes.Empty {
+		if len(evs) == 1 && m.Code != codes.Changed && m.Code != codes.Empty && m.Code != codes.ServiceUnavailable &&
+			m.Code != codes.BadRequest && m.Code != codes.RequestEntityTooLarge {
 			t.Fatalf("evidence with a %v answer", m.Code)
 		}
 		if m.Code == codes.Changed && len(evs) != 1 {
 			t.Fatal("2.04 without evidence")
 		}
+		c, carries := readCommand(t, m)
+		if !carries {
+			return
+		}
+		want, ok := byID[c.ID]
+		if !ok || m.Code != codes.Changed || want.Device != evs[0].Device || !want.Expires.IsZero() && !clock.Now().Before(want.Expires) ||
+			c.Topic != want.Topic || string(c.Payload) != string(want.Payload) || c.ContentType != want.ContentType {
+			t.Fatalf("answer %v to %s carries %+v", m.Code, evs[0].Device, c)
+		}
 	})
+}
+
+// readCommand reads the command an answer carries: its ID from the
+// Location-Query c=, its topic from the Location-Path options, its
+// payload and Content-Format; ok is false without a Location-Query.
+func readCommand(t testing.TB, m message.Message) (c gateway.Command, ok bool) {
+	t.Helper()
+	q, err := m.Options.GetString(message.LocationQuery)
+	if err != nil {
+		return c, false
+	}
+	id, found := strings.CutPrefix(q, "c=")
+	if c.ID, err = strconv.ParseUint(id, 10, 64); !found || err != nil {
+		t.Fatalf("Location-Query %q", q)
+	}
+	var levels []string
+	for _, o := range m.Options {
+		if o.ID == message.LocationPath {
+			levels = append(levels, string(o.Value))
+		}
+	}
+	c.Topic, c.Payload = strings.Join(levels, "/"), m.Payload
+	if cf, err := m.Options.GetUint32(message.ContentFormat); err == nil {
+		c.ContentType = contentType(uint16(cf))
+	}
+	return c, true
 }
 
 // TestHostileSourcesBounded sends garbage and replayed DTLS ClientHellos

@@ -24,7 +24,42 @@ type metrics struct {
 	dtlsPeers prometheus.Gauge
 	// helloVerify counts the DTLS gate's stateless HelloVerifyRequests.
 	helloVerify prometheus.Counter
+
+	// The data path: messages and their payload bytes handed to the
+	// DataSink by QoS, commands by what became of them, data path
+	// requests refused by reason, and those queued for a data worker.
+	dataMessages [2]prometheus.Counter
+	dataBytes    [2]prometheus.Counter
+	commands     map[commandResult]prometheus.Counter
+	dataRefused  map[refusedReason]prometheus.Counter
+	dataQueued   prometheus.Gauge
 }
+
+// commandResult says what became of a command at the front end.
+type commandResult string
+
+// The results a command is counted under.
+const (
+	commandDelivered     commandResult = "delivered"     // carried by an answer (again until acknowledged)
+	commandWaiting       commandResult = "waiting"       // too large for the request: its marker (Size2) was sent instead
+	commandAcknowledged  commandResult = "acknowledged"  // a device's a= taken (Commands.Ack)
+	commandUndeliverable commandResult = "undeliverable" // dropped: its answer cannot fit the largest message
+)
+
+var commandResults = []commandResult{commandDelivered, commandWaiting, commandAcknowledged, commandUndeliverable}
+
+// refusedReason says why the data path refused a request.
+type refusedReason string
+
+// The reasons a data path request is refused.
+const (
+	refusedInvalid     refusedReason = "invalid"     // 4.00: the message is invalid (gateway.ErrInvalidMessage)
+	refusedTooLarge    refusedReason = "too_large"   // 4.13: larger than the data path takes (gateway.ErrTooLarge)
+	refusedBusy        refusedReason = "busy"        // 5.03: its data worker's queue was full, or it waited there past dataTimeout
+	refusedUnavailable refusedReason = "unavailable" // 5.03: Publish or Ack failed (the queue's disk, its context)
+)
+
+var refusedReasons = []refusedReason{refusedInvalid, refusedTooLarge, refusedBusy, refusedUnavailable}
 
 // dropReason says why a datagram got no answer.
 type dropReason string
@@ -81,7 +116,42 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		Name: "fleetgate_coap_dtls_hello_verify_total",
 		Help: "HelloVerifyRequests sent to DTLS ClientHellos without a valid cookie (stateless: no peer state).",
 	})
+	dataMessages := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "fleetgate_coap_data_messages_total",
+		Help: "Device messages (POST /d) the CoAP front end handed to the data path, by QoS (1: CON, acknowledged once durable; 0: NON).",
+	}, []string{"qos"})
+	dataBytes := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "fleetgate_coap_data_bytes_total",
+		Help: "Payload bytes of the device messages the CoAP front end handed to the data path, by QoS.",
+	}, []string{"qos"})
+	commands := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "fleetgate_coap_commands_total",
+		Help: "Commands to CoAP devices by what became of them: delivered (in an answer, again until acknowledged), waiting (a marker instead: too large for the request), acknowledged (a=), undeliverable (dropped: too large for any message).",
+	}, []string{"result"})
+	dataRefused := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "fleetgate_coap_data_refused_total",
+		Help: "CoAP data path requests refused, by reason (invalid, too_large, busy, unavailable).",
+	}, []string{"reason"})
+	dataQueued := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "fleetgate_coap_data_queued",
+		Help: "CoAP data path requests queued for or in a data worker.",
+	})
 	var err error
+	if dataMessages, err = promshare.Register(reg, dataMessages); err != nil {
+		return nil, err
+	}
+	if dataBytes, err = promshare.Register(reg, dataBytes); err != nil {
+		return nil, err
+	}
+	if commands, err = promshare.Register(reg, commands); err != nil {
+		return nil, err
+	}
+	if dataRefused, err = promshare.Register(reg, dataRefused); err != nil {
+		return nil, err
+	}
+	if dataQueued, err = promshare.Register(reg, dataQueued); err != nil {
+		return nil, err
+	}
 	if dtlsPeers, err = promshare.Register(reg, dtlsPeers); err != nil {
 		return nil, err
 	}
@@ -109,6 +179,20 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 
 		dtlsPeers:   dtlsPeers,
 		helloVerify: helloVerify,
+
+		commands:    make(map[commandResult]prometheus.Counter, len(commandResults)),
+		dataRefused: make(map[refusedReason]prometheus.Counter, len(refusedReasons)),
+		dataQueued:  dataQueued,
+	}
+	for qos := range m.dataMessages {
+		m.dataMessages[qos] = dataMessages.WithLabelValues(fmt.Sprint(qos))
+		m.dataBytes[qos] = dataBytes.WithLabelValues(fmt.Sprint(qos))
+	}
+	for _, r := range commandResults {
+		m.commands[r] = commands.WithLabelValues(string(r))
+	}
+	for _, r := range refusedReasons {
+		m.dataRefused[r] = dataRefused.WithLabelValues(string(r))
 	}
 	for _, r := range dropReasons {
 		m.dropped[r] = dropped.WithLabelValues(string(r))
@@ -131,6 +215,26 @@ func (m *metrics) answered(c codes.Code) {
 }
 
 func (m *metrics) drop(r dropReason) { m.dropped[r].Inc() }
+
+// published counts a message the DataSink took.
+func (m *metrics) published(msg *gateway.Message) {
+	m.dataMessages[msg.QoS].Inc()
+	m.dataBytes[msg.QoS].Add(float64(len(msg.Payload)))
+}
+
+func (m *metrics) command(r commandResult) { m.commands[r].Inc() }
+
+// carried counts what an answer did with its command.
+func (m *metrics) carried(c carried) {
+	switch c {
+	case carriedCommand:
+		m.command(commandDelivered)
+	case carriedMarker:
+		m.command(commandWaiting)
+	}
+}
+
+func (m *metrics) refused(r refusedReason) { m.dataRefused[r].Inc() }
 
 func (m *metrics) accepted(k gateway.Kind) {
 	if ctr, ok := m.evidence[k]; ok {

@@ -4,6 +4,13 @@
 // answers 2.04 Changed with Max-Age = the heartbeat interval the gateway
 // wants, or a 4.xx/5.xx code with a short diagnostic payload.
 //
+// With a gateway.DataSink, POST /d/<topic> renews too and carries a
+// message of the device up the data path; with gateway.Commands, the
+// answers to a device's renewals carry its pending commands, which it
+// acknowledges with a=<id> on a later request (command.go). The data
+// path's requests are served by data workers (data.go), so that a slow
+// disk never holds up the reading of the socket.
+//
 // Plain UDP serves anonymous devices named by the query d=<device>
 // (auth.allow_anonymous). Its sources are unproven (a source address can
 // be spoofed), so no answer is larger than its request and a datagram
@@ -111,12 +118,21 @@ type Options struct {
 	Logger *slog.Logger
 	// Registerer receives the front end's metrics; nil registers none.
 	Registerer prometheus.Registerer
+	// Sink takes the devices' messages (POST /d); nil: there is no /d
+	// (4.04).
+	Sink gateway.DataSink
+	// Commands holds the commands pending for devices, which the answers
+	// to their renewals carry; nil: none are sent, and a= is a query like
+	// any other (ignored).
+	Commands gateway.Commands
 }
 
 // Server is the CoAP front end over UDP and DTLS. Create it with New, run
 // it with Serve, and end it with Close.
 type Server struct {
 	obs       gateway.Observer
+	sink      gateway.DataSink // nil without /d
+	cmds      gateway.Commands // nil without commands
 	clock     gateway.Clock
 	log       *slog.Logger
 	metrics   *metrics
@@ -136,6 +152,11 @@ type Server struct {
 
 	udp  *net.UDPConn // nil without plain UDP
 	dtls *dtlsFront   // nil without DTLS
+
+	// shards are the data workers' queues (data.go), nil without a data
+	// path; dataDone waits for the workers.
+	shards   []chan *job
+	dataDone sync.WaitGroup
 
 	// unregister removes the collectors tied to this server's socket.
 	unregister func()
@@ -183,6 +204,8 @@ func New(obs gateway.Observer, o Options) (*Server, error) {
 	}
 	s := &Server{
 		obs:       obs,
+		sink:      o.Sink,
+		cmds:      o.Commands,
 		clock:     o.Clock,
 		log:       o.Logger,
 		metrics:   m,
@@ -209,6 +232,7 @@ func New(obs gateway.Observer, o Options) (*Server, error) {
 	if o.Credentials != nil {
 		s.creds.Store(&credentials{o.Credentials})
 	}
+	s.newData()
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 
 	if o.Addr != "" {
@@ -296,6 +320,7 @@ func (s *Server) Serve(ctx context.Context) error {
 	stop := context.AfterFunc(ctx, s.stop)
 	defer stop()
 
+	s.startData()
 	var wg sync.WaitGroup
 	if s.udp != nil {
 		for range udpReaders() {
@@ -313,6 +338,8 @@ func (s *Server) Serve(ctx context.Context) error {
 	wg.Wait()
 	s.stop()
 	s.work.Wait()
+	// No reader or DTLS peer hands the data workers a request any more.
+	s.stopData()
 	if dtlsErr != nil {
 		return fmt.Errorf("coap: serve dtls %s: %w", s.DTLSAddr(), dtlsErr)
 	}

@@ -13,27 +13,27 @@ import (
 	"github.com/plgd-dev/go-coap/v3/message"
 	"github.com/plgd-dev/go-coap/v3/message/codes"
 	"github.com/plgd-dev/go-coap/v3/udp/coder"
+
+	"github.com/fleetgate/fleetgate/gateway"
 )
 
 // maxOptions bounds the options of a decoded message; a request with more
 // is refused with 4.00 (a heartbeat needs a handful).
 const maxOptions = 32
 
-// maxAnswer bounds an encoded answer: header, token, three options and a
-// diagnostic of at most maxDiagnosticLen bytes.
+// maxAnswer bounds an encoded answer without a command: header, token,
+// three options and a diagnostic of at most maxDiagnosticLen bytes.
 const maxAnswer = 4 + message.MaxTokenSize + 3*6 + 1 + maxDiagnosticLen
 
-// worker is the scratch space of one goroutine reading the UDP socket,
-// so that handling a datagram allocates little.
+// worker is the scratch space of one goroutine reading the UDP socket or
+// serving the data path, so that handling a datagram allocates little.
 type worker struct {
 	in      []byte // MaxMessageSize + 1, to tell an oversized datagram
-	out     []byte
+	out     []byte // an answer: at most maxAnswer, or MaxMessageSize with a command
 	opts    message.Options
+	path    []string
 	queries []string
-	val     [4]byte // the uint option value of an answer
-	// limit is the size of the datagram being answered: no answer to it
-	// is larger (encodeResponse).
-	limit int
+	sc      scratch
 
 	// ctx is the Observer's context, shared by the requests the worker
 	// handles within observeSlack (see observeContext).
@@ -70,9 +70,11 @@ func (w *worker) stop() {
 func (s *Server) newWorker() *worker {
 	return &worker{
 		in:      make([]byte, s.maxSize+1),
-		out:     make([]byte, maxAnswer),
+		out:     make([]byte, max(maxAnswer, s.maxSize)),
 		opts:    make(message.Options, 0, maxOptions),
+		path:    make([]string, 0, maxOptions),
 		queries: make([]string, 0, maxOptions),
+		sc:      scratch{opts: make(message.Options, 0, maxOptions)},
 	}
 }
 
@@ -91,18 +93,29 @@ func (s *Server) readLoop() {
 			s.log.Debug("coap read", "err", err)
 			continue
 		}
-		out := s.handle(w, src, w.in[:n])
-		if out == nil {
-			continue
-		}
-		if _, err := s.udp.WriteToUDPAddrPort(out, src); err != nil {
-			if errors.Is(err, net.ErrClosed) {
-				return
+		out, j := s.handle(w, src, w.in[:n])
+		if j != nil {
+			if a := s.dispatch(w.observeContext(s.ctx), j); a != nil {
+				out = s.encodeAnswer(w, j.ex, *a)
 			}
-			s.metrics.drop(dropWriteError)
-			s.log.Debug("coap write", "peer", src.String(), "err", err)
+		}
+		if out != nil && !s.send(out, src) {
+			return
 		}
 	}
+}
+
+// send writes answer out to dst; it returns false once the socket is
+// closed.
+func (s *Server) send(out []byte, dst netip.AddrPort) bool {
+	if _, err := s.udp.WriteToUDPAddrPort(out, dst); err != nil {
+		if errors.Is(err, net.ErrClosed) {
+			return false
+		}
+		s.metrics.drop(dropWriteError)
+		s.log.Debug("coap write", "peer", dst.String(), "err", err)
+	}
+	return true
 }
 
 // header is what can be read of a datagram that does not decode.
@@ -134,93 +147,126 @@ func (h header) isRequest() bool {
 }
 
 // handle decides the answer to datagram b from src, and returns it
-// encoded in w.out, or nil when there is none. It is the whole UDP
-// request path except the socket: limits first, then the codec, then
-// the heartbeat.
+// encoded in w.out, or nil when there is none; or it returns a data path
+// request for dispatch, whose answer is then the data worker's. It is
+// the whole UDP request path except the socket and the data workers:
+// limits first, then the codec, then the request.
 //
 // Nothing proves that a plain UDP source receives at its address (it may
 // be spoofed, to aim the answers at a victim), so no answer is larger
 // than its request, and a datagram beyond a rate limit (of its source or
 // of its device) gets none: it is only counted.
-func (s *Server) handle(w *worker, src netip.AddrPort, b []byte) []byte {
+func (s *Server) handle(w *worker, src netip.AddrPort, b []byte) ([]byte, *job) {
 	if len(b) < 4 || b[0]>>6 != 1 {
 		// Not CoAP version 1: nothing to answer (RFC 7252 §3).
 		s.metrics.drop(dropMalformed)
-		return nil
+		return nil, nil
 	}
-	w.limit = len(b)
-	h := parseHeader(b)
+	ex := udpExchange{header: parseHeader(b), limit: len(b)}
 	now := s.clock.Now()
 	if ok, _ := s.unproven.allow(src, now); !ok {
 		s.metrics.drop(dropRateLimited)
-		return nil
+		return nil, nil
 	}
 	if len(b) > s.maxSize {
-		if !h.isRequest() || !h.ok {
+		if !ex.isRequest() || !ex.ok {
 			s.metrics.drop(dropOversized)
-			return nil
+			return nil, nil
 		}
 		// RFC 7252 §5.9.2.9: Size1 tells the largest acceptable size.
-		return s.encodeResponse(w, h, codes.RequestEntityTooLarge,
-			fmt.Sprintf("message larger than %d bytes", s.maxSize), message.Size1, uint32(s.maxSize))
+		return s.encodeResponse(w, ex, answer{code: codes.RequestEntityTooLarge,
+			diag: fmt.Sprintf("message larger than %d bytes", s.maxSize), opt: uintOption{message.Size1, uint32(s.maxSize)}}), nil
 	}
 
 	m := message.Message{Options: w.opts[:0]}
 	if _, err := coder.DefaultCoder.Decode(b, &m); err != nil {
 		switch {
-		case errors.Is(err, message.ErrOptionsTooSmall) && h.isRequest() && h.ok:
-			return s.encodeResponse(w, h, codes.BadRequest, "too many options", 0, 0)
-		case h.typ == message.Confirmable:
+		case errors.Is(err, message.ErrOptionsTooSmall) && ex.isRequest() && ex.ok:
+			return s.encodeResponse(w, ex, answer{code: codes.BadRequest, diag: "too many options"}), nil
+		case ex.typ == message.Confirmable:
 			// RFC 7252 §4.2: a CON that does not parse is rejected with
 			// a Reset.
 			s.metrics.drop(dropMalformed)
-			return s.encode(w, message.Message{Type: message.Reset, Code: codes.Empty, MessageID: int32(h.mid)})
+			return s.encode(w, message.Message{Type: message.Reset, Code: codes.Empty, MessageID: int32(ex.mid)}), nil
 		default:
 			s.metrics.drop(dropMalformed)
-			return nil
+			return nil, nil
 		}
 	}
 	switch {
-	case h.isRequest():
+	case ex.isRequest():
 	case m.Type == message.Confirmable && m.Code == codes.Empty:
 		// A CoAP ping (RFC 7252 §4.3) is answered with a Reset.
-		return s.encode(w, message.Message{Type: message.Reset, Code: codes.Empty, MessageID: m.MessageID})
+		return s.encode(w, message.Message{Type: message.Reset, Code: codes.Empty, MessageID: m.MessageID}), nil
 	case m.Type == message.Confirmable:
 		// A stray CON response: acknowledged, and otherwise ignored.
-		return s.encode(w, message.Message{Type: message.Acknowledgement, Code: codes.Empty, MessageID: m.MessageID})
+		return s.encode(w, message.Message{Type: message.Acknowledgement, Code: codes.Empty, MessageID: m.MessageID}), nil
 	default:
 		s.metrics.drop(dropUnexpected)
-		return nil
+		return nil, nil
 	}
 	if id, ok := unknownCritical(m.Options); ok {
 		if m.Type == message.NonConfirmable {
 			// RFC 7252 §5.4.1: a NON with an unrecognised critical option
 			// is rejected without an answer.
 			s.metrics.drop(dropBadOption)
-			return nil
+			return nil, nil
 		}
-		return s.encodeResponse(w, h, codes.BadOption, fmt.Sprintf("unrecognised critical option %d", id), 0, 0)
+		return s.encodeResponse(w, ex, answer{code: codes.BadOption, diag: fmt.Sprintf("unrecognised critical option %d", id)}), nil
 	}
 
-	path := ""
-	if isHeartbeatPath(m.Options) {
-		path = HeartbeatPath
-	}
-	queries := w.queries[:0]
+	ex.noResponse, ex.hasNoResponse = noResponse(m.Options)
+	path, queries := w.path[:0], w.queries[:0]
 	for _, o := range m.Options {
-		if o.ID == message.URIQuery {
+		switch o.ID {
+		case message.URIPath:
+			path = append(path, pathSegment(o.Value))
+		case message.URIQuery:
 			queries = append(queries, string(o.Value))
 		}
 	}
-	code, diag, maxAge, hb, err := s.decide(w.observeContext(s.ctx), m.Code, path, queries, "", now)
-	if errors.Is(err, errDeviceRate) {
+	rq, err := s.admit(m.Code, path, queries, "", now)
+	switch {
+	case errors.Is(err, errDeviceRate):
 		s.metrics.drop(dropRateLimited)
-		return nil
+		return nil, nil
+	case err != nil:
+		a := refusal(err)
+		s.logRefusal(a.code, rq, src.String(), err)
+		return s.encodeAnswer(w, ex, a), nil
 	}
+	if s.viaWorkers(rq, now) {
+		j := &job{rq: rq, anonymous: true, now: now, deadline: time.Now().Add(dataTimeout), src: src, ex: ex}
+		if rq.data {
+			cf, cfErr := m.Options.GetUint32(message.ContentFormat)
+			j.msg = dataMessage(rq, m.Type, m.Payload, cf, cfErr == nil, now)
+			if err := gateway.ValidateMessage(j.msg); err != nil {
+				a, reason := publishRefusal(err)
+				s.metrics.refused(reason)
+				s.logRefusal(a.code, rq, src.String(), err)
+				return s.encodeAnswer(w, ex, a), nil
+			}
+		}
+		j.ex.token = append(message.Token(nil), ex.token...) // b is the reader's
+		return nil, j
+	}
+	a, err := s.serve(w.observeContext(s.ctx), rq, nil, true, now, false)
 	if err != nil {
-		s.logRefusal(code, hb, src.String(), err)
+		s.logRefusal(a.code, rq, src.String(), err)
 	}
-	return s.encodeAnswer(w, &m, code, diag, maxAge)
+	return s.encodeAnswer(w, ex, a), nil
+}
+
+// pathSegment is a Uri-Path option's value as a string; those of the
+// front end's resources without allocating.
+func pathSegment(v []byte) string {
+	switch string(v) {
+	case HeartbeatPath[1:]:
+		return HeartbeatPath[1:]
+	case DataPath[1:]:
+		return DataPath[1:]
+	}
+	return string(v)
 }
 
 // unknownCritical returns the first option of opts that is critical (odd
@@ -234,86 +280,55 @@ func unknownCritical(opts message.Options) (message.OptionID, bool) {
 	return 0, false
 }
 
-// isHeartbeatPath reports whether the Uri-Path options spell exactly
-// HeartbeatPath.
-func isHeartbeatPath(opts message.Options) bool {
-	n := 0
-	for _, o := range opts {
-		if o.ID != message.URIPath {
-			continue
-		}
-		if n++; n > 1 || string(o.Value) != HeartbeatPath[1:] {
-			return false
-		}
-	}
-	return n == 1
+// udpExchange is what the answer to a UDP request needs of it.
+type udpExchange struct {
+	header
+	// noResponse is the request's No-Response option (RFC 7967).
+	noResponse    uint32
+	hasNoResponse bool
+	// limit is the size of the request: no answer to it is larger.
+	limit int
 }
 
-// encodeAnswer encodes the answer to request r: piggybacked on the ACK
-// of a CON, a NON for a NON. A code the request's No-Response option
-// (RFC 7967) suppresses leaves a NON unanswered and a CON with an empty
-// ACK.
-func (s *Server) encodeAnswer(w *worker, r *message.Message, code codes.Code, diag string, maxAge uint32) []byte {
-	if suppressed(r.Options, code) {
-		s.metrics.answered(code)
-		if r.Type == message.NonConfirmable {
+// noResponse is the value of the No-Response option of opts, if any.
+func noResponse(opts message.Options) (uint32, bool) {
+	v, err := opts.GetUint32(message.NoResponse)
+	return v, err == nil
+}
+
+// suppressed reports whether the request's No-Response option asks for
+// no answer with code: bit 2^(class-1) of its value (RFC 7967 §2).
+func (ex udpExchange) suppressed(code codes.Code) bool {
+	class := uint32(code) >> 5
+	return ex.hasNoResponse && class > 0 && ex.noResponse&(1<<(class-1)) != 0
+}
+
+// encodeAnswer encodes answer a to request ex: piggybacked on the ACK of
+// a CON, a NON for a NON. A code the request's No-Response option
+// suppresses leaves a NON unanswered and a CON with an empty ACK.
+func (s *Server) encodeAnswer(w *worker, ex udpExchange, a answer) []byte {
+	if ex.suppressed(a.code) {
+		s.metrics.answered(a.code)
+		if ex.typ == message.NonConfirmable {
 			return nil
 		}
-		return s.encode(w, message.Message{Type: message.Acknowledgement, Code: codes.Empty, MessageID: r.MessageID})
+		return s.encode(w, message.Message{Type: message.Acknowledgement, Code: codes.Empty, MessageID: int32(ex.mid)})
 	}
-	h := header{typ: r.Type, mid: uint16(r.MessageID), token: r.Token, ok: true}
-	switch code {
-	case codes.Changed:
-		return s.encodeResponse(w, h, code, "", message.MaxAge, maxAge)
-	case codes.ServiceUnavailable:
-		return s.encodeResponse(w, h, code, diag, message.MaxAge, retryAfterSeconds)
-	}
-	return s.encodeResponse(w, h, code, diag, 0, 0)
+	return s.encodeResponse(w, ex, a)
 }
 
-// suppressed reports whether the No-Response option of a request asks
-// for no answer with code: bit 2^(class-1) of its value (RFC 7967 §2).
-func suppressed(opts message.Options, code codes.Code) bool {
-	v, err := opts.GetUint32(message.NoResponse)
-	if err != nil {
-		return false
-	}
-	class := uint32(code) >> 5
-	return class > 0 && v&(1<<(class-1)) != 0
-}
-
-// encodeResponse encodes and counts the answer to request h with code,
-// diagnostic diag (text/plain) and, unless opt is 0, option opt = val,
-// in at most w.limit bytes: what does not fit is left out, the diagnostic
-// first, then the option. The header and the request's token always fit.
-func (s *Server) encodeResponse(w *worker, h header, code codes.Code, diag string, opt message.OptionID, val uint32) []byte {
-	s.metrics.answered(code)
-	m := message.Message{Token: h.token, Code: code, Options: w.opts[:0]}
-	if h.typ == message.Confirmable {
-		m.Type, m.MessageID = message.Acknowledgement, int32(h.mid)
+// encodeResponse encodes and counts answer a to request ex in at most
+// ex.limit bytes (answer.build: what does not fit is left out).
+func (s *Server) encodeResponse(w *worker, ex udpExchange, a answer) []byte {
+	s.metrics.answered(a.code)
+	m := message.Message{Token: ex.token}
+	if ex.typ == message.Confirmable {
+		m.Type, m.MessageID = message.Acknowledgement, int32(ex.mid)
 	} else {
 		m.Type, m.MessageID = message.NonConfirmable, int32(uint16(s.mid.Add(1)))
 	}
-	// Options in ascending number: Content-Format 12, Max-Age 14, Size1 60.
-	if diag != "" {
-		// text/plain is 0, which encodes as no bytes.
-		m.Options = append(m.Options, message.Option{ID: message.ContentFormat})
-		m.Payload = []byte(diag)
-	}
-	if opt != 0 {
-		n, _ := message.EncodeUint32(w.val[:], val)
-		m.Options = append(m.Options, message.Option{ID: opt, Value: w.val[:n]})
-	}
-	out := s.encode(w, m)
-	if len(out) > w.limit && diag != "" {
-		m.Options, m.Payload = m.Options[1:], nil
-		out = s.encode(w, m)
-	}
-	if len(out) > w.limit && opt != 0 {
-		m.Options = nil
-		out = s.encode(w, m)
-	}
-	return out
+	s.metrics.carried(a.build(&m, ex.limit, &w.sc))
+	return s.encode(w, m)
 }
 
 // encode marshals m into w.out; m is always small enough.
