@@ -46,6 +46,7 @@ type Config struct {
 	Auth     AuthConfig     `yaml:"auth"`
 	Limits   LimitsConfig   `yaml:"limits"`
 	Plugins  PluginsConfig  `yaml:"plugins"`
+	Bridge   BridgeConfig   `yaml:"bridge"`
 	Log      LogConfig      `yaml:"log"`
 }
 
@@ -179,6 +180,8 @@ type AuthConfig struct {
 	// TopicPrefix: an MQTT device may publish and subscribe only under
 	// <topic_prefix>/<device>/#.
 	TopicPrefix string `yaml:"topic_prefix"`
+	// Clients are the MQTT clients that are not devices (bridge.go).
+	Clients []LocalClient `yaml:"clients"`
 }
 
 // LimitsConfig bounds what devices can make the gateway spend. Rates are
@@ -242,7 +245,7 @@ func Default() Config {
 			MQTT:  MQTTListen{TCP: ":1883"},
 			Admin: AdminListen{HTTP: "127.0.0.1:9180"},
 		},
-		Auth: AuthConfig{DevicesFile: "/etc/fleetgate/devices.yaml", TopicPrefix: "devices"},
+		Auth: AuthConfig{DevicesFile: "/etc/fleetgate/devices.yaml", TopicPrefix: "devices", Clients: []LocalClient{}},
 		Limits: LimitsConfig{
 			MQTTMaxPacketSize:     65536,
 			MQTTMaxClients:        100000,
@@ -264,6 +267,7 @@ func Default() Config {
 			AnonymousConnectsPerSecond: 100,
 		},
 		Plugins: PluginsConfig{Dir: "/usr/lib/fleetgate/plugins", Adapters: []AdapterConfig{}},
+		Bridge:  defaultBridge(),
 		Log:     LogConfig{Level: "info", Format: "text"},
 	}
 }

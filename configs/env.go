@@ -108,8 +108,16 @@ func setString(v reflect.Value, s string) error {
 			return err
 		}
 		v.Set(reflect.ValueOf(d))
+	case v.Type() == byteSizeType:
+		var b ByteSize
+		if err := b.UnmarshalText([]byte(s)); err != nil {
+			return err
+		}
+		v.Set(reflect.ValueOf(b))
 	case v.Type() == adapterListType:
 		v.Set(reflect.ValueOf(adapterNames(s)))
+	case v.Kind() == reflect.Slice && v.Type().Elem().Kind() == reflect.Struct:
+		return errors.New("a list of entries: set it in the configuration file")
 	case v.Type() == stringListType:
 		list := []string{}
 		if s != "" {

@@ -70,6 +70,7 @@ type decoder struct {
 
 var (
 	durationType   = reflect.TypeFor[Duration]()
+	byteSizeType   = reflect.TypeFor[ByteSize]()
 	stringListType = reflect.TypeFor[[]string]()
 )
 
@@ -109,8 +110,17 @@ func (d *decoder) value(n *yaml.Node, path string, v reflect.Value) {
 			return
 		}
 		v.Set(reflect.ValueOf(dur))
+	case v.Type() == byteSizeType:
+		var b ByteSize
+		if err := b.UnmarshalYAML(n); err != nil {
+			d.errs.Add(n, "%s: %v", path, err)
+			return
+		}
+		v.Set(reflect.ValueOf(b))
 	case v.Type() == stringListType:
 		d.stringList(n, path, v)
+	case v.Kind() == reflect.Slice && v.Type().Elem().Kind() == reflect.Struct:
+		d.structList(n, path, v)
 	case v.Kind() == reflect.String:
 		if n.Kind != yaml.ScalarNode {
 			d.errs.Add(n, "%s: want a string, got %s", path, describe(n))
@@ -168,6 +178,23 @@ func (d *decoder) mapping(n *yaml.Node, path string, v reflect.Value) {
 		}
 		d.value(val, join(path, k.Value), v.Field(idx))
 	}
+}
+
+// structList decodes a list of mappings (auth.clients), each element
+// from its type's zero value.
+func (d *decoder) structList(n *yaml.Node, path string, v reflect.Value) {
+	if n.Kind != yaml.SequenceNode {
+		d.errs.Add(n, "%s: want a list, got %s", path, describe(n))
+		return
+	}
+	list := reflect.MakeSlice(v.Type(), len(n.Content), len(n.Content))
+	for i, e := range n.Content {
+		if e.Kind == yaml.AliasNode {
+			e = e.Alias
+		}
+		d.mapping(e, fmt.Sprintf("%s[%d]", path, i), list.Index(i))
+	}
+	v.Set(list)
 }
 
 func (d *decoder) stringList(n *yaml.Node, path string, v reflect.Value) {

@@ -23,6 +23,7 @@ import (
 var secretKeys = []string{
 	"store.redis.password",
 	"events.mqtt.password",
+	"bridge.mqtt.password",
 }
 
 // FileSuffix turns a secret's key into the key of the file holding it

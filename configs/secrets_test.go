@@ -24,6 +24,7 @@ var secretName = regexp.MustCompile(`password|token|key|secret|psk`)
 var holdsNoSecret = map[string]string{
 	"store.redis.key_prefix": "the prefix of Redis key names",
 	"events.mqtt.tls.key":    "the name of a PEM file",
+	"bridge.mqtt.tls.key":    "the name of a PEM file",
 }
 
 func TestEverySecretIsRedacted(t *testing.T) {

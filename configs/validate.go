@@ -73,6 +73,8 @@ func (c Config) Validate() error {
 			c.Events.MaxLen, c.Presence.Shards, c.Presence.Shards)
 	}
 	c.validateEventsMQTT(&p)
+	c.validateBridge(&p)
+	c.validateClients(&p)
 	c.validateListen(&p)
 	c.validateAuth(&p)
 	c.validateLimits(&p)

@@ -1,11 +1,11 @@
 // Package layering holds the test of the repository's import rules: the
 // domain in gateway imports nothing of the module; the parts beside it
-// (front ends, stores, uplink, runner, admin, events, auth, configs, sim)
-// meet only in gateway's types and internal helpers, never importing
-// each other; cmd/fleetgate wires them; the adapter plugins, built as
-// their own binaries, import only the plugin contract and SDK. Go
-// refuses import cycles itself; these rules also refuse an import that
-// runs upward or sideways.
+// (front ends, stores, queues, uplink, runner, admin, events, auth,
+// configs, sim) meet only in gateway's types and internal helpers, never
+// importing each other; cmd/fleetgate wires them; the adapter plugins,
+// built as their own binaries, import only the plugin contract and SDK.
+// Go refuses import cycles itself; these rules also refuse an import
+// that runs upward or sideways.
 package layering
 
 import (
@@ -27,8 +27,8 @@ func part(pkg string) string {
 
 // collections are the top-level directories whose packages are
 // alternatives of one kind (the stores, the front ends, the event
-// outlets), kept apart from each other.
-var collections = map[string]bool{"store": true, "protocols": true, "events": true}
+// outlets, the data path's queues), kept apart from each other.
+var collections = map[string]bool{"store": true, "protocols": true, "events": true, "queue": true}
 
 // allowed says whether pkg may import dep (both relative to the module),
 // and why not when it may not.
@@ -106,6 +106,10 @@ func TestAllowed(t *testing.T) {
 		{"protocols/adapter", "plugins/proto", true},
 		{"protocols/coap", "protocols/mqtt", false},
 		{"store/embedded", "store/redisstore", false},
+		{"queue/diskq", "queue/memq", false},
+		{"queue/memq", "queue/queuetest", false},
+		{"queue/queuetest", "gateway/clocktest", true},
+		{"queue/diskq", "internal/statefile", true},
 		{"protocols/coap", "auth", false},
 		{"store/storetest", "gateway/clocktest", true},
 		{"sim/naive", "sim", true},
