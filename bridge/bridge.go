@@ -148,6 +148,7 @@ type Bridge struct {
 	nForwarded atomic.Uint64
 	mu         sync.Mutex
 	connected  bool
+	subscribed bool
 	connects   uint64
 	since      time.Time
 }
@@ -188,7 +189,8 @@ func New(ctx context.Context, o Options) (*Bridge, error) {
 		return b, nil
 	}
 	lc := linkConfig{url: b.url, clientID: o.ClientID, username: o.Username, password: o.Password, tls: o.TLS,
-		connectTimeout: o.ConnectTimeout, log: b.log, onUp: b.onUp, onDown: b.onDown, onCommand: b.onCommand}
+		connectTimeout: o.ConnectTimeout, log: b.log, onUp: b.onUp, onDown: b.onDown, onSubscribed: b.onSubscribed,
+		onCommand: b.onCommand}
 	if b.url.Scheme == "tls" && lc.tls == nil {
 		lc.tls = &tls.Config{MinVersion: tls.VersionTLS12}
 	}
@@ -472,7 +474,13 @@ func (b *Bridge) onUp() {
 func (b *Bridge) onDown() {
 	b.m.connected.Set(0)
 	b.mu.Lock()
-	b.connected, b.since = false, b.clock.Now()
+	b.connected, b.subscribed, b.since = false, false, b.clock.Now()
+	b.mu.Unlock()
+}
+
+func (b *Bridge) onSubscribed() {
+	b.mu.Lock()
+	b.subscribed = true
 	b.mu.Unlock()
 }
 
@@ -527,6 +535,9 @@ type UpstreamStatus struct {
 	// URL is the broker's, without its password; "" without an upstream.
 	URL       string `json:"url,omitempty"`
 	Connected bool   `json:"connected"`
+	// Subscribed: the broker acknowledged the commands subscription on
+	// this connection (Down).
+	Subscribed bool `json:"subscribed"`
 	// Connects counts the connections made; Since is when the connection
 	// last went up or down (zero before the first).
 	Connects uint64    `json:"connects"`
@@ -548,7 +559,7 @@ type QueueStatus struct {
 func (b *Bridge) Status() Status {
 	var s Status
 	b.mu.Lock()
-	s.Upstream = UpstreamStatus{Connected: b.connected, Connects: b.connects, Since: b.since, Forwarded: b.nForwarded.Load()}
+	s.Upstream = UpstreamStatus{Connected: b.connected, Subscribed: b.subscribed, Connects: b.connects, Since: b.since, Forwarded: b.nForwarded.Load()}
 	b.mu.Unlock()
 	if b.url != nil {
 		s.Upstream.URL = b.url.Redacted()

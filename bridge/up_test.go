@@ -261,7 +261,7 @@ func TestRefusedMessageDropped(t *testing.T) {
 			logs := &logBuffer{t: t}
 			durable := memQueue(t, nil)
 			b := startBridge(t, bridge.Options{URL: brokerURL(br), ClientID: "c", TopicPrefix: "fg", Registerer: reg,
-				Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelWarn})),
+				Logger:  slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelWarn})),
 				Durable: durable, Memory: memQueue(t, nil), Commands: memQueue(t, nil)})
 			start := time.Now()
 			for _, m := range []gateway.Message{tc.bad, msg("d1", "ok", "after", 1, "coap")} {

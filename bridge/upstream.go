@@ -82,6 +82,7 @@ type linkConfig struct {
 	log           *slog.Logger
 	onUp          func()
 	onDown        func()
+	onSubscribed  func()
 	onCommand     func(inbound)
 }
 
@@ -255,6 +256,7 @@ func (u *mqtt5) subscribe(cm *autopaho.ConnectionManager) {
 		sa, err := cm.Subscribe(sctx, &paho.Subscribe{Subscriptions: []paho.SubscribeOptions{{Topic: u.cfg.down, QoS: 1}}})
 		cancel()
 		if err == nil && len(sa.Reasons) == 1 && sa.Reasons[0] < 0x80 {
+			u.cfg.onSubscribed()
 			return
 		}
 		if err == nil {
@@ -370,6 +372,7 @@ func (u *mqtt311) subscribe(c mqtt3.Client) {
 		if err == nil {
 			st := tok.(*mqtt3.SubscribeToken)
 			if qos := st.Result()[u.cfg.down]; qos <= 1 {
+				u.cfg.onSubscribed()
 				return
 			}
 			err = errors.New("the broker refused the subscription (0x80)")
