@@ -1,6 +1,7 @@
 package bridge_test
 
 import (
+	"errors"
 	"fmt"
 	"strconv"
 	"sync"
@@ -8,6 +9,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/goleak"
 
 	"github.com/fleetgate/fleetgate/bridge"
 	"github.com/fleetgate/fleetgate/gateway"
@@ -68,4 +70,37 @@ func firsts(msgs []upMsg) int {
 		seen[m.topic+"#"+m.payload] = true
 	}
 	return len(seen)
+}
+
+// Close returns at once while the broker is away and messages wait in
+// the lanes, leaves them in the durable queue (they are sent after a
+// restart), and leaves no goroutine behind.
+func TestCloseWhileBrokerDown(t *testing.T) {
+	br := startBroker(t)
+	durable := diskQueue(t, t.TempDir(), "durable")
+	ignore := goleak.IgnoreCurrent()
+	b, err := bridge.New(t.Context(), bridge.Options{URL: brokerURL(br), ClientID: "c", TopicPrefix: "fg", Down: true,
+		Durable: durable, Memory: memQueue(t, nil), Commands: memQueue(t, nil), Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	await(t, 10*time.Second, "connected", func() bool { return b.Status().Upstream.Connected })
+	br.Kill()
+	for i := range 100 {
+		if err := b.Publish(t.Context(), []gateway.Message{msg(fmt.Sprintf("d%d", i%10), "seq", strconv.Itoa(i), 1, "coap")}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t0 := time.Now()
+	b.Close()
+	if d := time.Since(t0); d > 3*time.Second {
+		t.Errorf("Close took %v", d)
+	}
+	if n := durable.Stats().Messages; n != 100 {
+		t.Errorf("durable queue holds %d after Close, want the 100 not forwarded", n)
+	}
+	if err := b.Publish(t.Context(), []gateway.Message{msg("d1", "", "late", 1, "coap")}); !errors.Is(err, gateway.ErrQueueClosed) {
+		t.Errorf("Publish after Close = %v, want ErrQueueClosed", err)
+	}
+	goleak.VerifyNone(t, ignore)
 }
