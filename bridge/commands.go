@@ -80,6 +80,9 @@ func (c *commands) load(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("bridge: read the commands queue: %w", err)
 		}
+		if len(msgs) == 0 {
+			break
+		}
 		read += len(msgs)
 		c.after = msgs[len(msgs)-1].ID
 		drop = append(drop, c.index(msgs)...)
@@ -114,6 +117,9 @@ func (c *commands) submit(ctx context.Context, msgs []gateway.Message) ([]gatewa
 		batch, err := c.q.Read(ctx, c.after, 256)
 		if err != nil {
 			return nil, err
+		}
+		if len(batch) == 0 {
+			continue
 		}
 		c.after = batch[len(batch)-1].ID
 		got = append(got, batch...)
