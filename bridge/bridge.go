@@ -201,9 +201,9 @@ func New(ctx context.Context, o Options) (*Bridge, error) {
 		b.wg.Go(func() { b.runInbox(b.ctx) })
 	}
 	if o.ProtocolVersion == 4 {
-		b.up = dial311(lc)
+		b.up = dial311(b.ctx, lc)
 	} else {
-		up, err := dial5(lc)
+		up, err := dial5(b.ctx, lc)
 		if err != nil {
 			b.Close()
 			return nil, fmt.Errorf("bridge: connect %s: %w", b.url.Redacted(), err)

@@ -187,7 +187,7 @@ func (f *forwarder) forward(ctx context.Context, m gateway.QueuedMessage) bool {
 		if err := f.b.up.awaitConnection(ctx); err != nil {
 			return false
 		}
-		err := f.b.up.publish(ctx, o)
+		err := f.b.up.publish(o)
 		if err == nil {
 			f.b.forwarded(m.Message)
 			return true

@@ -51,17 +51,19 @@ func (e *refusedError) Error() string { return "refused: " + e.why }
 
 // upstream is the connection to the upstream broker: MQTT 5 with
 // paho.golang's autopaho, or 3.1.1 with paho.mqtt.golang. Both keep
-// reconnecting until closed.
+// reconnecting until the context they were dialled with ends.
 type upstream interface {
 	// publish sends o once and returns nil after its PUBACK (QoS 1) or
 	// once written (QoS 0), a *refusedError, or another error: the
-	// connection failed or was lost while o waited for its PUBACK, and o
-	// is to be sent again once connected.
-	publish(ctx context.Context, o *outgoing) error
-	// awaitConnection returns once connected (nil) or when ctx ends.
+	// connection failed, was lost while o waited for its PUBACK, or the
+	// PUBACK took longer than publishTimeout, and o is to be sent again
+	// once connected.
+	publish(o *outgoing) error
+	// awaitConnection returns once connected (nil) or when ctx or the
+	// upstream's context ends.
 	awaitConnection(ctx context.Context) error
-	// close disconnects and stops reconnecting, waiting at most until
-	// ctx ends.
+	// close disconnects, waiting at most until ctx ends, once the
+	// upstream's context has ended.
 	close(ctx context.Context)
 }
 
@@ -90,32 +92,35 @@ type linkConfig struct {
 // on a connection that was lost: neither client reports a PUBACK that
 // will never come on a clean session (paho.golang drops the waiter,
 // paho.mqtt.golang keeps its token open), so every publish waits on the
-// context of the connection it was sent on.
+// context of the connection it was sent on, which the upstream's context
+// (the bridge's) also ends.
 type connState struct {
+	base   context.Context
 	mu     sync.Mutex
 	up     chan struct{} // closed while connected
 	ctx    context.Context
 	cancel context.CancelFunc
-	closed chan struct{}
 }
 
-func newConnState() *connState {
-	ctx, cancel := context.WithCancel(context.Background())
+func newConnState(base context.Context) *connState {
+	ctx, cancel := context.WithCancel(base)
 	cancel()
-	return &connState{up: make(chan struct{}), ctx: ctx, cancel: cancel, closed: make(chan struct{})}
+	return &connState{base: base, up: make(chan struct{}), ctx: ctx, cancel: cancel}
 }
 
-// connected starts a new connection's context and wakes its waiters.
-func (s *connState) connected() {
+// connected starts a new connection's context, wakes its waiters and
+// returns the context.
+func (s *connState) connected() context.Context {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.cancel()
-	s.ctx, s.cancel = context.WithCancel(context.Background())
+	s.ctx, s.cancel = context.WithCancel(s.base)
 	select {
 	case <-s.up:
 	default:
 		close(s.up)
 	}
+	return s.ctx
 }
 
 // lost cancels what waits on the connection.
@@ -147,24 +152,14 @@ func (s *connState) await(ctx context.Context) error {
 		return nil
 	case <-ctx.Done():
 		return ctx.Err()
-	case <-s.closed:
-		return errClosed
+	case <-s.base.Done():
+		return s.base.Err()
 	}
 }
 
-var errClosed = errors.New("bridge: closed")
-
-// onConnection returns ctx also cancelled when the connection up now is
-// lost, and its cancel function.
-func (s *connState) onConnection(ctx context.Context) (context.Context, context.CancelFunc) {
-	conn := s.current()
-	ctx, cancel := context.WithCancel(ctx)
-	stop := context.AfterFunc(conn, cancel)
-	return ctx, func() { stop(); cancel() }
-}
-
-// publishTimeout bounds the wait for one PUBACK on a connection that is
-// up: a broker that holds it longer gets the message again.
+// publishTimeout bounds the wait for one PUBACK (and SUBACK) on a
+// connection that is up: a broker that holds it longer gets the message
+// again.
 const publishTimeout = 10 * time.Second
 
 // mqtt5 is the MQTT 5 connection (autopaho).
@@ -172,12 +167,11 @@ type mqtt5 struct {
 	cfg       linkConfig
 	state     *connState
 	cm        *autopaho.ConnectionManager
-	cancel    context.CancelFunc
 	maxPacket atomic.Uint32 // the broker's maximum packet size, 0 for none
 }
 
-func dial5(cfg linkConfig) (*mqtt5, error) {
-	u := &mqtt5{cfg: cfg, state: newConnState()}
+func dial5(ctx context.Context, cfg linkConfig) (*mqtt5, error) {
+	u := &mqtt5{cfg: cfg, state: newConnState(ctx)}
 	redacted := cfg.url.Redacted()
 	ac := autopaho.ClientConfig{
 		ServerUrls:                    []*url.URL{cfg.url},
@@ -196,13 +190,13 @@ func dial5(cfg linkConfig) (*mqtt5, error) {
 			}
 			u.maxPacket.Store(maxPacket)
 			cfg.log.Info("connected to the upstream broker", "url", redacted, "session_present", ca.SessionPresent)
+			ctx := u.state.connected()
+			cfg.onUp()
 			if cfg.down != "" {
 				// every connection subscribes: the broker may have lost
 				// the session (restarted from an older save)
-				go u.subscribe(cm)
+				go u.subscribe(ctx, cm)
 			}
-			u.state.connected()
-			cfg.onUp()
 		},
 		OnConnectionDown: func() bool {
 			u.state.lost()
@@ -215,6 +209,7 @@ func dial5(cfg linkConfig) (*mqtt5, error) {
 		},
 		ClientConfig: paho.ClientConfig{
 			ClientID:                   cfg.clientID,
+			PacketTimeout:              publishTimeout,
 			EnableManualAcknowledgment: cfg.down != "",
 		},
 	}
@@ -236,25 +231,19 @@ func dial5(cfg linkConfig) (*mqtt5, error) {
 			return true, nil
 		}}
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	cm, err := autopaho.NewConnection(ctx, ac)
+	cm, err := autopaho.NewConnection(context.WithoutCancel(ctx), ac)
 	if err != nil {
-		cancel()
 		return nil, err
 	}
-	u.cm, u.cancel = cm, cancel
+	u.cm = cm
 	return u, nil
 }
 
 // subscribe subscribes the commands filter at QoS 1, trying again while
 // the connection is up.
-func (u *mqtt5) subscribe(cm *autopaho.ConnectionManager) {
-	ctx, done := u.state.onConnection(context.Background())
-	defer done()
+func (u *mqtt5) subscribe(ctx context.Context, cm *autopaho.ConnectionManager) {
 	for attempt := 0; ctx.Err() == nil; attempt++ {
-		sctx, cancel := context.WithTimeout(ctx, publishTimeout)
-		sa, err := cm.Subscribe(sctx, &paho.Subscribe{Subscriptions: []paho.SubscribeOptions{{Topic: u.cfg.down, QoS: 1}}})
-		cancel()
+		sa, err := cm.Subscribe(ctx, &paho.Subscribe{Subscriptions: []paho.SubscribeOptions{{Topic: u.cfg.down, QoS: 1}}})
 		if err == nil && len(sa.Reasons) == 1 && sa.Reasons[0] < 0x80 {
 			u.cfg.onSubscribed()
 			return
@@ -271,7 +260,7 @@ func (u *mqtt5) subscribe(cm *autopaho.ConnectionManager) {
 
 func (u *mqtt5) awaitConnection(ctx context.Context) error { return u.state.await(ctx) }
 
-func (u *mqtt5) publish(ctx context.Context, o *outgoing) error {
+func (u *mqtt5) publish(o *outgoing) error {
 	pub := &paho.Publish{Topic: o.topic, QoS: o.qos, Payload: o.payload}
 	if o.contentType != "" || len(o.props) > 0 {
 		pub.Properties = &paho.PublishProperties{ContentType: o.contentType}
@@ -284,11 +273,7 @@ func (u *mqtt5) publish(ctx context.Context, o *outgoing) error {
 			return &refusedError{fmt.Sprintf("%d bytes, more than the broker's maximum packet size %d", size, limit)}
 		}
 	}
-	ctx, done := u.state.onConnection(ctx)
-	defer done()
-	ctx, cancel := context.WithTimeout(ctx, publishTimeout)
-	defer cancel()
-	resp, err := u.cm.Publish(ctx, pub)
+	resp, err := u.cm.Publish(u.state.current(), pub) // PacketTimeout bounds its wait
 	switch {
 	case resp != nil && resp.ReasonCode >= 0x80:
 		why := fmt.Sprintf("reason code 0x%02x", resp.ReasonCode)
@@ -302,12 +287,7 @@ func (u *mqtt5) publish(ctx context.Context, o *outgoing) error {
 	return err
 }
 
-func (u *mqtt5) close(ctx context.Context) {
-	close(u.state.closed)
-	_ = u.cm.Disconnect(ctx)
-	u.cancel()
-	<-u.cm.Done()
-}
+func (u *mqtt5) close(ctx context.Context) { _ = u.cm.Disconnect(ctx) }
 
 // mqtt311 is the MQTT 3.1.1 connection (paho.mqtt.golang). MQTT 3.1.1
 // has no reason codes, content type or user properties: a broker cannot
@@ -319,8 +299,8 @@ type mqtt311 struct {
 	c     mqtt3.Client
 }
 
-func dial311(cfg linkConfig) *mqtt311 {
-	u := &mqtt311{cfg: cfg, state: newConnState()}
+func dial311(ctx context.Context, cfg linkConfig) *mqtt311 {
+	u := &mqtt311{cfg: cfg, state: newConnState(ctx)}
 	redacted := cfg.url.Redacted()
 	o := mqtt3.NewClientOptions().
 		AddBroker(cfg.url.String()).
@@ -339,11 +319,11 @@ func dial311(cfg linkConfig) *mqtt311 {
 		SetAutoAckDisabled(cfg.down != "").
 		SetOnConnectHandler(func(c mqtt3.Client) {
 			cfg.log.Info("connected to the upstream broker", "url", redacted)
-			if cfg.down != "" {
-				go u.subscribe(c)
-			}
-			u.state.connected()
+			ctx := u.state.connected()
 			cfg.onUp()
+			if cfg.down != "" {
+				go u.subscribe(ctx, c)
+			}
 		}).
 		SetConnectionLostHandler(func(_ mqtt3.Client, err error) {
 			u.state.lost()
@@ -363,9 +343,7 @@ func dial311(cfg linkConfig) *mqtt311 {
 	return u
 }
 
-func (u *mqtt311) subscribe(c mqtt3.Client) {
-	ctx, done := u.state.onConnection(context.Background())
-	defer done()
+func (u *mqtt311) subscribe(ctx context.Context, c mqtt3.Client) {
 	for attempt := 0; ctx.Err() == nil; attempt++ {
 		tok := c.Subscribe(u.cfg.down, 1, nil)
 		err := waitToken(ctx, tok)
@@ -386,26 +364,25 @@ func (u *mqtt311) subscribe(c mqtt3.Client) {
 
 func (u *mqtt311) awaitConnection(ctx context.Context) error { return u.state.await(ctx) }
 
-func (u *mqtt311) publish(ctx context.Context, o *outgoing) error {
-	ctx, done := u.state.onConnection(ctx)
-	defer done()
-	ctx, cancel := context.WithTimeout(ctx, publishTimeout)
-	defer cancel()
-	return waitToken(ctx, u.c.Publish(o.topic, o.qos, false, o.payload))
+func (u *mqtt311) publish(o *outgoing) error {
+	return waitToken(u.state.current(), u.c.Publish(o.topic, o.qos, false, o.payload))
 }
 
-// waitToken waits for tok or ctx.
+// waitToken waits for tok, at most publishTimeout or until ctx ends.
 func waitToken(ctx context.Context, tok mqtt3.Token) error {
+	t := time.NewTimer(publishTimeout)
+	defer t.Stop()
 	select {
 	case <-tok.Done():
 		return tok.Error()
 	case <-ctx.Done():
 		return ctx.Err()
+	case <-t.C:
+		return errors.New("no acknowledgement within " + publishTimeout.String())
 	}
 }
 
 func (u *mqtt311) close(ctx context.Context) {
-	close(u.state.closed)
 	quiesce := uint(250)
 	if d, ok := ctx.Deadline(); ok {
 		quiesce = uint(max(0, min(time.Until(d), time.Second)) / time.Millisecond)
