@@ -13,6 +13,8 @@ import (
 
 	"github.com/fleetgate/fleetgate/bridge"
 	"github.com/fleetgate/fleetgate/gateway"
+	"github.com/fleetgate/fleetgate/gateway/clocktest"
+	"github.com/fleetgate/fleetgate/queue/memq"
 )
 
 // The upstream broker is killed (SIGKILL) while 20 devices publish at
@@ -103,4 +105,62 @@ func TestCloseWhileBrokerDown(t *testing.T) {
 		t.Errorf("Publish after Close = %v, want ErrQueueClosed", err)
 	}
 	goleak.VerifyNone(t, ignore)
+}
+
+// While the broker is away the queues hold what waits, and report it:
+// depth, bytes and the oldest's age per queue; the memory queue, full,
+// drops its oldest, counted by queue and reason.
+func TestQueueMetricsWhileBrokerDown(t *testing.T) {
+	br := startBroker(t)
+	br.Kill()
+	clock := clocktest.New(start)
+	durable := diskQueue(t, t.TempDir(), "durable")
+	memory, err := memq.New(memq.Options{MaxBytes: 400, Clock: clock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { memory.Close() })
+	reg := prometheus.NewRegistry()
+	b := startBridge(t, bridge.Options{URL: brokerURL(br), ClientID: "c", TopicPrefix: "fg", Registerer: reg, Clock: clock,
+		Durable: durable, Memory: memory, Commands: memQueue(t, clock)})
+	durableBytes := 0
+	for i := range 20 {
+		m := msg("d1", "t", strconv.Itoa(i), byte(i%2), "coap")
+		m.Received = clock.Now()
+		if err := b.Publish(t.Context(), []gateway.Message{m}); err != nil {
+			t.Fatal(err)
+		}
+		if m.QoS == 1 {
+			durableBytes += m.Size()
+		}
+	}
+	clock.Advance(90 * time.Second)
+	for _, tc := range []struct {
+		name  string
+		queue string
+		want  float64
+	}{
+		{"fleetgate_bridge_queue_messages", "durable", 10},
+		{"fleetgate_bridge_queue_bytes", "durable", float64(durableBytes)},
+		{"fleetgate_bridge_queue_oldest_age_seconds", "durable", 90},
+		{"fleetgate_bridge_queue_messages", "commands", 0},
+		{"fleetgate_bridge_queue_oldest_age_seconds", "commands", 0},
+	} {
+		if v := metric(t, reg, tc.name, "queue", tc.queue); v != tc.want {
+			t.Errorf("%s{queue=%s} = %v, want %v", tc.name, tc.queue, v, tc.want)
+		}
+	}
+	mem := metric(t, reg, "fleetgate_bridge_queue_messages", "queue", "memory")
+	full := metric(t, reg, "fleetgate_bridge_dropped_total", "queue", "memory", "reason", "full")
+	if mem == 0 || full == 0 || mem+full != 10 {
+		t.Errorf("memory queue holds %v and dropped %v (full), want both and 10 in all", mem, full)
+	}
+	if v := metric(t, reg, "fleetgate_bridge_upstream_connected"); v != 0 {
+		t.Errorf("connected = %v", v)
+	}
+	s := b.Status()
+	if s.Upstream.Connected || s.Upstream.Connects != 0 || s.Queues[1].Name != "durable" || s.Queues[1].Messages != 10 ||
+		s.Queues[2].Dropped["full"] != uint64(full) {
+		t.Errorf("Status = %+v", s)
+	}
 }
