@@ -30,6 +30,12 @@
 // submitted locally, are pending per device until a front end
 // acknowledges them, they expire (CommandTTL after Received), or the
 // device has MaxPendingPerDevice newer ones.
+//
+// Metrics (fleetgate_bridge_*, no device label): messages and payload
+// bytes in and out by direction and source; each queue's depth, bytes
+// and oldest age; drops by queue and reason; refusals; the upstream
+// connection (gauge) and its connects; the latency from a QoS 1
+// message's Received to its PUBACK. Status is the part of /v1/status.
 package bridge
 
 import (

@@ -93,7 +93,10 @@ type linkConfig struct {
 // will never come on a clean session (paho.golang drops the waiter,
 // paho.mqtt.golang keeps its token open), so every publish waits on the
 // context of the connection it was sent on, which the upstream's context
-// (the bridge's) also ends.
+// (the bridge's) also ends. The lane then sends the message again; in the
+// session kept for the commands (Down) the client also sends it again
+// itself after reconnecting, so it may come twice, never out of order
+// (the lane sends nothing newer before its PUBACK).
 type connState struct {
 	base   context.Context
 	mu     sync.Mutex
