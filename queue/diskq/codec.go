@@ -69,10 +69,10 @@ func (m meta) encode() []byte {
 	return binary.BigEndian.AppendUint64(b, m.bytes)
 }
 
-// decodeMeta reads a meta record. A newer format is errNewerFormat.
+// decodeMeta reads a meta record. A newer format is ErrNewerFormat.
 func decodeMeta(v []byte) (meta, error) {
 	if len(v) > 0 && v[0] > format {
-		return meta{}, fmt.Errorf("%w: queue format %d, this binary reads up to %d", errNewerFormat, v[0], format)
+		return meta{}, fmt.Errorf("%w: queue format %d, this binary reads up to %d", ErrNewerFormat, v[0], format)
 	}
 	if len(v) != metaLen || v[0] != format {
 		return meta{}, fmt.Errorf("meta record of %d bytes, format %d: want %d bytes, format %d", len(v), firstByte(v), metaLen, format)
@@ -124,9 +124,12 @@ func encode(m gateway.Message) []byte {
 		b = appendStr(b, p.Value)
 	}
 	b = append(b, m.Payload...)
-	binary.BigEndian.PutUint32(b, crc32.Checksum(b[crcLen:], castagnoli))
+	binary.BigEndian.PutUint32(b, crc32Of(b[crcLen:]))
 	return b
 }
+
+// crc32Of is the checksum of a value's bytes after the checksum.
+func crc32Of(b []byte) uint32 { return crc32.Checksum(b, castagnoli) }
 
 // parser reads a message value in place.
 type parser struct {
@@ -220,7 +223,7 @@ func parse(v []byte) (fields, error) {
 	if len(v) < crcLen+1 {
 		return f, fmt.Errorf("%w: %d bytes", errCorrupt, len(v))
 	}
-	if sum := crc32.Checksum(v[crcLen:], castagnoli); sum != binary.BigEndian.Uint32(v) {
+	if sum := crc32Of(v[crcLen:]); sum != binary.BigEndian.Uint32(v) {
 		return f, fmt.Errorf("%w: checksum %08x, stored %08x", errCorrupt, sum, binary.BigEndian.Uint32(v))
 	}
 	p := parser{b: v[crcLen:]}

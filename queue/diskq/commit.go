@@ -151,6 +151,7 @@ func (q *Queue) commit(ops []*op) error {
 		q.log.Error("queue commit failed", "ops", len(ops), "err", err)
 		return fmt.Errorf("diskq: commit: %w", err)
 	}
+	q.commits.Add(1)
 	q.mu.Lock()
 	q.state, q.oldest = st, first
 	for r, n := range dropped {

@@ -1,14 +1,16 @@
 // Package diskq is the data path's durable queue: a gateway.Queue in a
-// bbolt file that keeps every message it acknowledged across a crash.
+// bbolt file. A Put returns once its messages are committed and
+// fsynced, and an Ack once the removal is: neither is undone by a crash.
 // The gateway keeps it in its own file, <state_dir>/bridge.db, so that
 // its fsyncs never wait behind the presence outbox's.
 //
 // Puts from many goroutines share commits (group commit): one
 // goroutine per queue takes every Put, Ack and drop that arrived since
-// the last commit and writes them in one bbolt transaction, one fsync.
-// With Options.CommitInterval it commits at most once per interval, so
-// that a burst of messages costs one fsync per interval; a Put then
-// waits at most about the interval and one commit.
+// the last commit and writes them in one bbolt transaction, one fsync,
+// in the order they arrived, each as if it ran alone. With
+// Options.CommitInterval it commits at most once per interval, so that
+// a burst of messages costs one fsync per interval; a Put then waits at
+// most about the interval and one commit.
 //
 // Messages older than MaxAge are dropped (gateway.DropExpired) when
 // Read comes to them and, at the head of the queue, when a Put is
@@ -18,8 +20,12 @@
 //
 // A message whose value is damaged (codec.go) is dropped when Read or
 // a Put making room comes to it, counted under DropCorrupt and logged;
-// decoding checks every length against the value and its checksum
-// first, so a damaged value is never a crash or a hang.
+// decoding checks the value's checksum, then every length against what
+// is left of the value, so a damaged value is never a crash or a hang.
+//
+// Messages come back as they were put, Received at millisecond
+// precision in UTC. Stats.Oldest is the Received of the message with
+// the lowest ID.
 //
 // One file may hold several queues, each in its own bucket (the bridge
 // keeps its pending commands beside the messages going up): open the
@@ -34,6 +40,7 @@ import (
 	"log/slog"
 	"maps"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -52,8 +59,9 @@ const DefaultBucket = "queue"
 // another process with the same file open.
 const LockTimeout = 2 * time.Second
 
-// errNewerFormat marks a queue written by a newer release.
-var errNewerFormat = errors.New("queue written by a newer fleetgate release")
+// ErrNewerFormat is returned by Open and OpenDB for a queue written by
+// a newer release (codec.go); the file is left as it is.
+var ErrNewerFormat = errors.New("queue written by a newer fleetgate release")
 
 // Options configure Open and OpenDB.
 type Options struct {
@@ -90,6 +98,10 @@ type Queue struct {
 	every  time.Duration
 	clock  gateway.Clock
 	log    *slog.Logger
+
+	// commits counts the transactions committed (tests and benchmarks
+	// read it: messages per commit).
+	commits atomic.Uint64
 
 	// pmu guards the ops waiting for the committer and closing.
 	pmu     sync.Mutex
@@ -165,7 +177,7 @@ func OpenDB(db *bolt.DB, o Options) (*Queue, error) {
 		}
 		v := b.Get(keyMeta)
 		m, err := decodeMeta(v)
-		if errors.Is(err, errNewerFormat) {
+		if errors.Is(err, ErrNewerFormat) {
 			return err
 		}
 		lastKey, _ := msgs.Cursor().Last()
@@ -240,6 +252,9 @@ func (q *Queue) Put(ctx context.Context, msgs []gateway.Message) error {
 	}
 	if err := ctx.Err(); err != nil {
 		return err
+	}
+	if len(msgs) == 0 {
+		return q.live()
 	}
 	o := &op{kind: opPut, vals: make([][]byte, len(msgs)), sizes: make([]int64, len(msgs))}
 	for i, m := range msgs {
@@ -373,11 +388,24 @@ func (q *Queue) msgs(tx *bolt.Tx) (*bolt.Bucket, error) {
 // Ack removes the messages with these IDs and returns once that is
 // committed to disk; IDs not held are ignored.
 func (q *Queue) Ack(ids []uint64) error {
+	if len(ids) == 0 {
+		return q.live()
+	}
 	o := &op{kind: opAck, ids: ids}
 	if err := q.submit(o); err != nil {
 		return err
 	}
 	return <-o.done
+}
+
+// live returns ErrQueueClosed once Close has begun, else nil.
+func (q *Queue) live() error {
+	q.pmu.Lock()
+	defer q.pmu.Unlock()
+	if q.closing {
+		return gateway.ErrQueueClosed
+	}
+	return nil
 }
 
 // Stats reports what the queue holds, as committed, and what it dropped

@@ -8,6 +8,7 @@
 // Received at millisecond precision, in UTC, as the durable queue does.
 // Read returns the messages it holds without copying them again: the
 // caller must not change a read message's Payload or Properties.
+// Stats.Oldest is the Received of the message with the lowest ID.
 //
 // Messages older than MaxAge are dropped (DropExpired) when Read comes
 // to them and, at the head of the queue, when Put appends: a queue that
@@ -56,9 +57,12 @@ type Queue struct {
 	bytes   int64 // their Size summed
 	last    uint64
 	dropped map[gateway.DropReason]uint64
-	// wake is closed (and replaced) when messages are put or the queue
-	// is closed: a waiting Read looks again.
-	wake chan struct{}
+	// wake is closed when messages are put (and replaced) or the queue
+	// is closed: a waiting Read looks again. waiting says a Read found
+	// nothing since it was last replaced: a Put with no Read waiting
+	// leaves it.
+	wake    chan struct{}
+	waiting bool
 }
 
 // slot is one message with its ID and Size.
@@ -124,8 +128,10 @@ func (q *Queue) Put(ctx context.Context, msgs []gateway.Message) error {
 		}
 	}
 	q.tidy()
-	close(q.wake)
-	q.wake = make(chan struct{})
+	if q.waiting {
+		close(q.wake)
+		q.wake, q.waiting = make(chan struct{}), false
+	}
 	return nil
 }
 
@@ -183,6 +189,9 @@ func (q *Queue) look(after uint64, n int) ([]gateway.QueuedMessage, <-chan struc
 		}
 	}
 	q.tidy()
+	if len(out) == 0 {
+		q.waiting = true
+	}
 	return out, q.wake, nil
 }
 

@@ -11,9 +11,21 @@
 //	}
 //
 // Every queue runs on a manual clock (gateway/clocktest) that the suite
-// moves by hand, so no age test sleeps. Where the contract is silent the
-// suite pins what fleetgate's queues do, so that the bridge may use
-// either: see the cases' comments.
+// moves by hand, so no age test sleeps.
+//
+// Where the contract is silent the suite pins what fleetgate's queues
+// do, so that the bridge may use either:
+//   - a batch larger than the queue keeps its newest messages, as if
+//     they had been put one by one;
+//   - a message's age is now minus its Received: one exactly max age old
+//     is kept; a Put first drops the expired messages at the head;
+//   - Read with a context that has ended returns the messages there are
+//     (only its wait ends with the context's error); n < 1 is an error;
+//   - a Put whose context ended before the call puts nothing;
+//   - Received comes back at millisecond precision; Stats.Oldest is the
+//     Received of the message with the lowest ID; Stats.Dropped counts
+//     since the queue was opened;
+//   - Close again returns nil.
 package queuetest
 
 import (
