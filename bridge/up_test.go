@@ -174,14 +174,23 @@ func TestUpFilter(t *testing.T) {
 	}
 }
 
-// A device's messages arrive upstream in order at QoS 1, 40 devices in
-// parallel; QoS 0 ones arrive too while the connection holds.
+// A device's messages arrive upstream in order, 40 devices in parallel
+// through 8 lanes, from a backlog (queued while the broker was away) and
+// as they come; at QoS 1 and 0.
 func TestOrderPerDevice(t *testing.T) {
-	br := startBroker(t)
+	br := startBroker(t, "queue_qos0_messages true") // for the subscriber while it reconnects
 	sub := subscribe(t, br, "fg/#")
+	br.Stop() // saves the subscriber's session
 	b := startBridge(t, bridge.Options{URL: brokerURL(br), ClientID: "c", TopicPrefix: "fg", Lanes: 8,
 		Durable: memQueue(t, nil), Memory: memQueue(t, nil), Commands: memQueue(t, nil)})
 	const devices, per = 40, 50
+	started := make(chan struct{})
+	go func() {
+		defer close(started)
+		time.Sleep(100 * time.Millisecond)
+		br.Start()
+	}()
+	defer func() { <-started }()
 	var wg sync.WaitGroup
 	for d := range devices {
 		wg.Go(func() {
