@@ -11,7 +11,7 @@ import (
 )
 
 // A bridge process killed with SIGKILL while its devices publish (and
-// the upstream broker is away), then started again on the same durable
+// its link to the upstream broker is down), then started again on the same durable
 // queue file: every message Publish had acknowledged (on disk) reaches
 // the upstream broker, and each device's first occurrences come in
 // order with no gap.
@@ -19,20 +19,22 @@ func TestBridgeKilled(t *testing.T) {
 	br := startBroker(t)
 	sub := subscribe(t, br, childTopic+"/#")
 	dir := t.TempDir()
-	c := startChild(t, "up", dir, brokerURL(br))
+	link := startProxy(t, br.Addr)
+	c := startChild(t, "up", dir, link.url())
 	await(t, 30*time.Second, "a third of the messages acknowledged", func() bool {
 		return len(c.output("acked ")) >= childDevs*childPer/3
 	})
-	// then the broker goes away (saving the subscriber's session), so
-	// that the messages acknowledged after are only on disk at the kill
-	br.Stop()
+	// then its link to the broker fails, so that the messages
+	// acknowledged after are only on disk at the kill (the broker stays:
+	// a broker stopped while it takes messages may lose some it
+	// acknowledged, mosquitto 2.0.11 did)
+	link.cut()
 	await(t, 30*time.Second, "two thirds of the messages acknowledged", func() bool {
 		return len(c.output("acked ")) >= 2*childDevs*childPer/3
 	})
 	c.kill9(t)
 	acked := c.output("acked ")
 	forwarded := len(sub.snapshot())
-	br.Start()
 
 	durable := diskQueue(t, dir, "durable")
 	held := durable.Stats().Messages

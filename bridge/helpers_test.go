@@ -3,7 +3,9 @@ package bridge_test
 import (
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
+	"net"
 	"net/url"
 	"os"
 	"strings"
@@ -271,4 +273,70 @@ func (l *logBuffer) String() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.sb.String()
+}
+
+// proxy passes TCP connections to a broker until cut, then closes them
+// and every new one: the upstream link fails while the broker itself
+// keeps what it acknowledged.
+type proxy struct {
+	ln     net.Listener
+	target string
+	wg     sync.WaitGroup
+	mu     sync.Mutex
+	conns  []net.Conn
+	closed bool
+}
+
+func startProxy(t testing.TB, target string) *proxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &proxy{ln: ln, target: target}
+	p.wg.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			p.pass(c)
+		}
+	})
+	t.Cleanup(func() {
+		ln.Close()
+		p.cut()
+		p.wg.Wait()
+	})
+	return p
+}
+
+func (p *proxy) url() string { return "mqtt://" + p.ln.Addr().String() }
+
+// pass links c to the target, unless the proxy was cut.
+func (p *proxy) pass(c net.Conn) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	up, err := net.Dial("tcp", p.target)
+	if p.closed || err != nil {
+		c.Close()
+		if up != nil {
+			up.Close()
+		}
+		return
+	}
+	p.conns = append(p.conns, c, up)
+	p.wg.Go(func() { _, _ = io.Copy(up, c); up.Close() })
+	p.wg.Go(func() { _, _ = io.Copy(c, up); c.Close() })
+}
+
+// cut closes the connections and refuses new ones.
+func (p *proxy) cut() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.closed = true
+	for _, c := range p.conns {
+		c.Close()
+	}
+	p.conns = nil
 }
