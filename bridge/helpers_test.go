@@ -2,6 +2,7 @@ package bridge_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -159,13 +160,22 @@ func (s *subscriber) snapshot() []upMsg {
 // await waits (bounded) until cond holds over the messages read.
 func (s *subscriber) await(t testing.TB, limit time.Duration, what string, cond func([]upMsg) bool) {
 	t.Helper()
+	if !s.wait(limit, cond) {
+		t.Fatalf("after %v: %s; read %d messages", limit, what, len(s.snapshot()))
+	}
+}
+
+// wait waits at most limit until cond holds over the messages read, and
+// reports whether it does.
+func (s *subscriber) wait(limit time.Duration, cond func([]upMsg) bool) bool {
 	deadline := time.Now().Add(limit)
 	for !cond(s.snapshot()) {
 		if time.Now().After(deadline) {
-			t.Fatalf("after %v: %s; read %d messages", limit, what, len(s.snapshot()))
+			return false
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+	return true
 }
 
 // publisher is a paho.golang client publishing into the broker (the
@@ -276,15 +286,16 @@ func (l *logBuffer) String() string {
 }
 
 // proxy passes TCP connections to a broker until cut, then closes them
-// and every new one: the upstream link fails while the broker itself
-// keeps what it acknowledged.
+// and every new one until opened again: the bridge's link fails while
+// the broker keeps what it acknowledged, or the bridge is kept from a
+// restarted broker until its subscribers are back.
 type proxy struct {
-	ln     net.Listener
-	target string
-	wg     sync.WaitGroup
-	mu     sync.Mutex
-	conns  []net.Conn
-	closed bool
+	ln      net.Listener
+	target  string
+	wg      sync.WaitGroup
+	mu      sync.Mutex
+	conns   []net.Conn
+	refused bool
 }
 
 func startProxy(t testing.TB, target string) *proxy {
@@ -313,16 +324,17 @@ func startProxy(t testing.TB, target string) *proxy {
 
 func (p *proxy) url() string { return "mqtt://" + p.ln.Addr().String() }
 
-// pass links c to the target, unless the proxy was cut.
+// pass links c to the target, unless the proxy is cut.
 func (p *proxy) pass(c net.Conn) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	up, err := net.Dial("tcp", p.target)
-	if p.closed || err != nil {
+	var up net.Conn
+	err := errors.New("cut")
+	if !p.refused {
+		up, err = net.Dial("tcp", p.target)
+	}
+	if err != nil {
 		c.Close()
-		if up != nil {
-			up.Close()
-		}
 		return
 	}
 	p.conns = append(p.conns, c, up)
@@ -334,9 +346,16 @@ func (p *proxy) pass(c net.Conn) {
 func (p *proxy) cut() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.closed = true
+	p.refused = true
 	for _, c := range p.conns {
 		c.Close()
 	}
 	p.conns = nil
+}
+
+// open passes new connections again.
+func (p *proxy) open() {
+	p.mu.Lock()
+	p.refused = false
+	p.mu.Unlock()
 }
