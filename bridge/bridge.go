@@ -115,7 +115,8 @@ type Options struct {
 
 	// Lanes is the number of devices forwarded in parallel per queue
 	// (default 64); Window the messages a forwarder holds read ahead of
-	// their acknowledgement (default 1024).
+	// their acknowledgement (default 1024; and at most about 16 MiB of
+	// them).
 	Lanes, Window int
 	// ConnectTimeout bounds a connection attempt (default 10s).
 	ConnectTimeout time.Duration

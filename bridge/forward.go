@@ -5,6 +5,7 @@ import (
 	"errors"
 	"hash/fnv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/fleetgate/fleetgate/gateway"
@@ -25,8 +26,8 @@ const readBatch = 64
 // broker in order while devices go in parallel; an acker removes the
 // forwarded messages from the queue in batches. A message stays in its
 // lane until acknowledged: after a lost connection it is sent again
-// first. At most window messages are held between the reader and the
-// acker.
+// first. At most window messages, and about windowBytes (Message.Size),
+// are held between the reader and the acker.
 type forwarder struct {
 	b     *Bridge
 	name  string // "durable" or "memory"
@@ -34,9 +35,13 @@ type forwarder struct {
 	lanes []*lane
 	// slots holds one token per message the forwarder may hold more.
 	slots chan struct{}
-	// acks carries the IDs of the messages done with (forwarded or
-	// dropped) to the acker.
-	acks chan uint64
+	// held is the size of the messages held; the reader reads no more
+	// while it is windowBytes or more, until released is signalled.
+	held     atomic.Int64
+	released chan struct{}
+	// acks carries the messages done with (forwarded or dropped) to the
+	// acker.
+	acks chan done
 }
 
 // lane is one lane's messages, oldest first.
@@ -46,9 +51,19 @@ type lane struct {
 	wake chan struct{} // signalled when msgs was empty and got one
 }
 
+// windowBytes bounds the size of the messages a forwarder holds (it may
+// pass it by a Read of messages larger than those of the Read before).
+const windowBytes = 16 << 20
+
+// done is a message a lane is done with.
+type done struct {
+	id   uint64
+	size int
+}
+
 func newForwarder(b *Bridge, name string, q gateway.Queue, lanes, window int) *forwarder {
 	f := &forwarder{b: b, name: name, q: q, lanes: make([]*lane, lanes),
-		slots: make(chan struct{}, window), acks: make(chan uint64, window)}
+		slots: make(chan struct{}, window), released: make(chan struct{}, 1), acks: make(chan done, window)}
 	for i := range f.lanes {
 		f.lanes[i] = &lane{wake: make(chan struct{}, 1)}
 	}
@@ -79,16 +94,30 @@ func (f *forwarder) run(ctx context.Context) {
 // read hands the queue's messages to the lanes until ctx ends.
 func (f *forwarder) read(ctx context.Context) {
 	var after uint64
+	var mean int64 // of the messages of the last Read
 	backoff := 50 * time.Millisecond
 	for {
+		for f.held.Load() >= windowBytes {
+			select {
+			case <-f.released:
+			case <-ctx.Done():
+				return
+			}
+		}
 		select {
 		case <-f.slots:
 		case <-ctx.Done():
 			return
 		}
+		// as many as fit the bytes left, at the last Read's mean size
+		// (one at first)
+		limit := 1
+		if mean > 0 {
+			limit = int(max(1, min(readBatch, (windowBytes-f.held.Load())/mean)))
+		}
 		n := 1
 	more:
-		for n < readBatch {
+		for n < limit {
 			select {
 			case <-f.slots:
 				n++
@@ -112,11 +141,15 @@ func (f *forwarder) read(ctx context.Context) {
 			continue
 		}
 		backoff = 50 * time.Millisecond
+		var size int64
 		for _, m := range msgs {
+			size += int64(m.Size())
 			f.lanes[laneOf(m.Device, len(f.lanes))].push(m)
 		}
+		f.held.Add(size)
 		if len(msgs) > 0 {
 			after = msgs[len(msgs)-1].ID
+			mean = size / int64(len(msgs))
 		}
 	}
 }
@@ -171,7 +204,7 @@ func (f *forwarder) runLane(ctx context.Context, l *lane) {
 		if !ok || !f.forward(ctx, m) {
 			return
 		}
-		f.acks <- m.ID
+		f.acks <- done{m.ID, m.Size()}
 	}
 }
 
@@ -222,16 +255,18 @@ func (f *forwarder) forward(ctx context.Context, m gateway.QueuedMessage) bool {
 // closed.
 func (f *forwarder) runAcker() {
 	ids := make([]uint64, 0, readBatch)
-	for id := range f.acks {
-		ids = append(ids[:0], id)
+	for d := range f.acks {
+		ids = append(ids[:0], d.id)
+		size := d.size
 	gather:
 		for len(ids) < cap(f.acks) {
 			select {
-			case id, ok := <-f.acks:
+			case d, ok := <-f.acks:
 				if !ok {
 					break gather
 				}
-				ids = append(ids, id)
+				ids = append(ids, d.id)
+				size += d.size
 			default:
 				break gather
 			}
@@ -242,6 +277,11 @@ func (f *forwarder) runAcker() {
 		}
 		for range ids {
 			f.slots <- struct{}{}
+		}
+		f.held.Add(-int64(size))
+		select {
+		case f.released <- struct{}{}:
+		default:
 		}
 	}
 }
