@@ -1,0 +1,258 @@
+package bridge_test
+
+import (
+	"errors"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/eclipse/paho.golang/autopaho"
+	"github.com/eclipse/paho.golang/paho"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/fleetgate/fleetgate/bridge"
+	"github.com/fleetgate/fleetgate/gateway"
+	"github.com/fleetgate/fleetgate/gateway/clocktest"
+)
+
+// publish publishes payload on topic at QoS 1 from pub.
+func publish(t testing.TB, pub *autopaho.ConnectionManager, topic, payload string, props ...paho.UserProperty) {
+	t.Helper()
+	p := &paho.Publish{Topic: topic, QoS: 1, Payload: []byte(payload)}
+	if len(props) > 0 {
+		p.Properties = &paho.PublishProperties{ContentType: "application/json", User: props}
+	}
+	if _, err := pub.Publish(t.Context(), p); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// payloads lists the topics and payloads of commands.
+func payloads(cmds []gateway.Command) []string {
+	var out []string
+	for _, c := range cmds {
+		out = append(out, c.Topic+":"+string(c.Payload))
+	}
+	return out
+}
+
+// Commands down end to end: a command published upstream on
+// <prefix>/devices/<id>/cmd/... wakes the device's Wait and is pending
+// (MQTT 5: with its content type and user properties) until a front end
+// acknowledges it, which removes it from the queue. A command whose
+// device ID is invalid is dropped and counted, not redelivered.
+func TestCommandsFromUpstream(t *testing.T) {
+	for _, version := range []byte{5, 4} {
+		t.Run("v"+string('0'+version), func(t *testing.T) {
+			br := startBroker(t)
+			reg := prometheus.NewRegistry()
+			commands := diskQueue(t, t.TempDir(), "commands")
+			b := startBridge(t, bridge.Options{URL: brokerURL(br), ClientID: "c", TopicPrefix: "fg", Down: true,
+				ProtocolVersion: version, Registerer: reg,
+				Durable: memQueue(t, nil), Memory: memQueue(t, nil), Commands: commands})
+			await(t, 10*time.Second, "subscribed", func() bool { return b.Status().Upstream.Subscribed })
+			wait := b.Wait("d1")
+			pub := publisher(t, br)
+			publish(t, pub, "fg/devices/bad*id/cmd", "x")
+			publish(t, pub, "fg/devices/d1/cmd/reboot", `{"in":5}`, paho.UserProperty{Key: "k", Value: "v"})
+			publish(t, pub, "fg/devices/d1/cmd", "bare")
+			select {
+			case <-wait:
+			case <-time.After(10 * time.Second):
+				t.Fatal("Wait did not fire")
+			}
+			await(t, 10*time.Second, "both pending", func() bool { return len(b.Pending("d1", time.Now(), 10)) == 2 })
+			p := b.Pending("d1", time.Now(), 10)
+			if got := payloads(p); !slices.Equal(got, []string{`cmd/reboot:{"in":5}`, "cmd:bare"}) {
+				t.Fatalf("pending %v", got)
+			}
+			c := p[0]
+			if c.Source != "upstream" || c.QoS != 1 || c.ID >= p[1].ID || !c.Expires.Equal(c.Received.Add(bridge.DefaultCommandTTL)) {
+				t.Errorf("command %+v", c)
+			}
+			if version == 5 && (c.ContentType != "application/json" || !slices.Equal(c.Properties, []gateway.Property{{Key: "k", Value: "v"}})) {
+				t.Errorf("MQTT 5 properties not kept: %q %v", c.ContentType, c.Properties)
+			}
+			if got := b.Pending("d1", time.Now(), 1); len(got) != 1 || got[0].ID != c.ID {
+				t.Errorf("Pending(n=1) = %v", payloads(got))
+			}
+			if err := b.Ack("d1", c.ID); err != nil {
+				t.Fatal(err)
+			}
+			if err := b.Ack("d2", p[1].ID); err != nil { // another device's: ignored
+				t.Fatal(err)
+			}
+			if got := payloads(b.Pending("d1", time.Now(), 10)); !slices.Equal(got, []string{"cmd:bare"}) {
+				t.Errorf("after Ack pending %v", got)
+			}
+			if n := commands.Stats().Messages; n != 1 {
+				t.Errorf("commands queue holds %d, want 1", n)
+			}
+			if v := metric(t, reg, "fleetgate_bridge_dropped_total", "queue", "commands", "reason", "invalid"); v != 1 {
+				t.Errorf("dropped invalid = %v, want 1", v)
+			}
+			if v := metric(t, reg, "fleetgate_bridge_messages_in_total", "direction", "down", "source", "upstream"); v != 2 {
+				t.Errorf("messages in (down) = %v, want 2", v)
+			}
+			if v := metric(t, reg, "fleetgate_bridge_messages_out_total", "direction", "down", "source", "upstream"); v != 1 {
+				t.Errorf("messages out (down) = %v, want 1", v)
+			}
+			if s := b.Status(); s.PendingCommands != 1 || s.PendingDevices != 1 {
+				t.Errorf("Status: %d pending for %d devices", s.PendingCommands, s.PendingDevices)
+			}
+		})
+	}
+}
+
+var start = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+
+// A command expires CommandTTL after it was received: Pending leaves it
+// out from then, and the bridge removes it from the queue then, on its
+// clock.
+func TestCommandsExpire(t *testing.T) {
+	clock := clocktest.New(start)
+	commands := memQueue(t, clock)
+	reg := prometheus.NewRegistry()
+	b := startBridge(t, bridge.Options{Commands: commands, CommandTTL: time.Hour, Clock: clock, Registerer: reg})
+	c1, err := b.Submit(t.Context(), gateway.Message{Device: "d1", Topic: "cmd/a", Source: "local-client"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !c1.Received.Equal(start) || !c1.Expires.Equal(start.Add(time.Hour)) {
+		t.Errorf("command received %v expires %v", c1.Received, c1.Expires)
+	}
+	clock.Advance(30 * time.Minute)
+	if _, err := b.Submit(t.Context(), gateway.Message{Device: "d1", Topic: "cmd/b", Received: clock.Now()}); err != nil {
+		t.Fatal(err)
+	}
+	if got := payloads(b.Pending("d1", start.Add(time.Hour-time.Millisecond), 10)); !slices.Equal(got, []string{"cmd/a:", "cmd/b:"}) {
+		t.Errorf("pending before the first's expiry: %v", got)
+	}
+	if got := payloads(b.Pending("d1", start.Add(time.Hour), 10)); !slices.Equal(got, []string{"cmd/b:"}) {
+		t.Errorf("pending at the first's expiry: %v", got)
+	}
+	clock.Advance(30 * time.Minute)
+	await(t, 5*time.Second, "the expired command removed from the queue", func() bool { return commands.Stats().Messages == 1 })
+	clock.Advance(30 * time.Minute)
+	await(t, 5*time.Second, "both removed", func() bool { return commands.Stats().Messages == 0 })
+	if s := b.Status(); s.PendingCommands != 0 {
+		t.Errorf("%d pending", s.PendingCommands)
+	}
+	if v := metric(t, reg, "fleetgate_bridge_dropped_total", "queue", "commands", "reason", "expired"); v != 2 {
+		t.Errorf("dropped expired = %v, want 2", v)
+	}
+	if v := metric(t, reg, "fleetgate_bridge_messages_in_total", "direction", "down", "source", "local"); v != 2 {
+		t.Errorf("messages in (down, local) = %v, want 2", v)
+	}
+}
+
+// A device's pending commands are bounded: the oldest is dropped to make
+// room (and removed from the queue), counted; other devices keep theirs.
+func TestCommandsBoundPerDevice(t *testing.T) {
+	commands := memQueue(t, nil)
+	reg := prometheus.NewRegistry()
+	b := startBridge(t, bridge.Options{Commands: commands, MaxPendingPerDevice: 4, Registerer: reg})
+	if _, err := b.Submit(t.Context(), gateway.Message{Device: "d2", Topic: "cmd", Payload: []byte("kept")}); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 6 {
+		if _, err := b.Submit(t.Context(), gateway.Message{Device: "d1", Topic: "cmd", Payload: []byte{'0' + byte(i)}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := payloads(b.Pending("d1", time.Now(), 10)); !slices.Equal(got, []string{"cmd:2", "cmd:3", "cmd:4", "cmd:5"}) {
+		t.Errorf("d1 pending %v", got)
+	}
+	if got := payloads(b.Pending("d2", time.Now(), 10)); !slices.Equal(got, []string{"cmd:kept"}) {
+		t.Errorf("d2 pending %v", got)
+	}
+	if n := commands.Stats().Messages; n != 5 {
+		t.Errorf("queue holds %d, want 5", n)
+	}
+	if v := metric(t, reg, "fleetgate_bridge_dropped_total", "queue", "commands", "reason", "device_full"); v != 2 {
+		t.Errorf("dropped device_full = %v, want 2", v)
+	}
+}
+
+// The pending commands outlive a restart of the bridge on the same
+// durable queue: same IDs, topics, payloads and expiries; a new command
+// gets a higher ID.
+func TestCommandsSurviveRestart(t *testing.T) {
+	dir := t.TempDir()
+	q, err := openDisk(dir, "commands")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := bridge.New(t.Context(), bridge.Options{Commands: q, Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want []gateway.Command
+	for i, d := range []gateway.DeviceID{"d1", "d1", "d2", "d1"} {
+		c, err := b.Submit(t.Context(), gateway.Message{Device: d, Topic: "cmd/x", Payload: []byte{'a' + byte(i)}, QoS: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		want = append(want, c)
+	}
+	if err := b.Ack("d1", want[1].ID); err != nil {
+		t.Fatal(err)
+	}
+	b.Close()
+	q.Close()
+
+	q2 := diskQueue(t, dir, "commands")
+	b2 := startBridge(t, bridge.Options{Commands: q2})
+	for _, tc := range []struct {
+		device gateway.DeviceID
+		want   []gateway.Command
+	}{{"d1", []gateway.Command{want[0], want[3]}}, {"d2", want[2:3]}} {
+		got := b2.Pending(tc.device, time.Now(), 10)
+		if len(got) != len(tc.want) {
+			t.Fatalf("%s after the restart: %v, want %v", tc.device, payloads(got), payloads(tc.want))
+		}
+		for i := range got {
+			g, w := got[i], tc.want[i]
+			if g.ID != w.ID || g.Topic != w.Topic || string(g.Payload) != string(w.Payload) || !g.Expires.Equal(w.Expires) || g.QoS != 1 {
+				t.Errorf("%s after the restart: %+v, want %+v", tc.device, g, w)
+			}
+		}
+	}
+	c, err := b2.Submit(t.Context(), gateway.Message{Device: "d1", Topic: "cmd"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.ID <= want[3].ID {
+		t.Errorf("new command's ID %d not above %d", c.ID, want[3].ID)
+	}
+}
+
+// Submit takes only commands; Wait fires for a command submitted after
+// the call, not for one before.
+func TestSubmitAndWait(t *testing.T) {
+	b := startBridge(t, bridge.Options{Commands: memQueue(t, nil)})
+	for _, m := range []gateway.Message{
+		{Device: "d1", Topic: "telemetry"},
+		{Device: "d1", Topic: "cmdx"},
+		{Device: "bad id", Topic: "cmd"},
+		{Device: "d1", Topic: "cmd", QoS: 2},
+	} {
+		if _, err := b.Submit(t.Context(), m); !errors.Is(err, gateway.ErrInvalidMessage) {
+			t.Errorf("Submit(%+v) = %v, want ErrInvalidMessage", m, err)
+		}
+	}
+	w := b.Wait("d1")
+	if _, err := b.Submit(t.Context(), gateway.Message{Device: "d1", Topic: "cmd"}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-w:
+	default:
+		t.Error("Wait did not fire on a command submitted after it")
+	}
+	select {
+	case <-b.Wait("d1"):
+		t.Error("a Wait after the command fired")
+	default:
+	}
+}
