@@ -46,6 +46,7 @@ type Status struct {
 	Uplink    any       `json:"uplink,omitempty"`
 	Runner    any       `json:"runner,omitempty"`
 	Publisher any       `json:"publisher,omitempty"`
+	Bridge    any       `json:"bridge,omitempty"`
 	Adapters  []any     `json:"adapters"`
 	Bounds    any       `json:"bounds"`
 }

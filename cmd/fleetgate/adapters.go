@@ -46,8 +46,8 @@ func adapterSpecs(p configs.PluginsConfig) []adapter.Spec {
 // is logged and retried with backoff.
 func (g *gatewayProcess) openAdapters(ctx context.Context, cfg configs.Config, log *slog.Logger, reg prometheus.Registerer) error {
 	h, err := adapter.New(g.table, adapter.Options{
-		Lease: cfg.Presence.Lease.Std(), Clock: gateway.SystemClock{},
-		Logger: log, Registerer: reg,
+		Lease: cfg.Presence.Lease.Std(), Data: g.data.bridge, Commands: g.data.bridge,
+		Clock: gateway.SystemClock{}, Logger: log, Registerer: reg,
 	})
 	if err != nil {
 		return err

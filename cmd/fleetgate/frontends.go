@@ -66,6 +66,8 @@ func (g *gatewayProcess) openFrontEnds(cfg configs.Config, log *slog.Logger, reg
 			HandshakeTimeout:  l.DTLSHandshakeTimeout.Std(),
 			MaxDTLSPeers:      l.DTLSMaxPeers,
 			DTLSIdleTimeout:   l.DTLSIdleTimeout.Std(),
+			Sink:              g.data.bridge,
+			Commands:          g.data.bridge,
 			Clock:             gateway.SystemClock{},
 			Logger:            log,
 			Registerer:        reg,
@@ -85,6 +87,16 @@ func (g *gatewayProcess) openFrontEnds(cfg configs.Config, log *slog.Logger, reg
 				return err
 			}
 			tlsConfig = &tls.Config{MinVersion: tls.VersionTLS12, GetCertificate: g.cert.get}
+		}
+		clients, pw, err := localClients(cfg)
+		if err != nil {
+			g.closeFrontEnds()
+			return err
+		}
+		var clientPasswords gateway.Credentials
+		if pw != nil {
+			g.clients = auth.NewReloadable(pw)
+			clientPasswords = g.clients
 		}
 		s, err := mqtt.New(g.table, mqtt.Options{
 			TCP:               cfg.Listen.MQTT.TCP,
@@ -111,12 +123,19 @@ func (g *gatewayProcess) openFrontEnds(cfg configs.Config, log *slog.Logger, reg
 			RetainedBytes:          l.MQTTMaxRetainedBytes,
 
 			AnonymousConnectsPerSecond: l.AnonymousConnectsPerSecond,
+
+			Sink:            g.data.bridge,
+			Commands:        g.data.bridge,
+			Clients:         clients,
+			ClientPasswords: clientPasswords,
 		})
 		if err != nil {
 			g.closeFrontEnds()
 			return err
 		}
 		g.fronts = append(g.fronts, s)
+		g.mqtt = s
+		g.data.local.Store(s)
 		tcp, tlsAddr := s.Addrs()
 		log.Info("mqtt listening", "tcp", addrString(tcp), "tls", addrString(tlsAddr), "anonymous", cfg.Auth.AllowAnonymous)
 	}

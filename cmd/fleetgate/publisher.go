@@ -21,7 +21,7 @@ func newPublisher(cfg configs.Config, store gateway.Store, owner string, log *sl
 	if !m.Enabled() {
 		return nil, nil
 	}
-	tc, err := publisherTLS(m.TLS)
+	tc, err := clientTLS("events.mqtt.tls", m.TLS.CA, m.TLS.Cert, m.TLS.Key, "")
 	if err != nil {
 		return nil, err
 	}
@@ -43,27 +43,29 @@ func newPublisher(cfg configs.Config, store gateway.Store, owner string, log *sl
 	return p, nil
 }
 
-// publisherTLS loads events.mqtt.tls (nil when no file is named: the
-// system roots, for mqtts:// URLs).
-func publisherTLS(t configs.EventsMQTTTLS) (*tls.Config, error) {
-	if t.CA == "" && t.Cert == "" {
+// clientTLS loads the TLS settings of an MQTT client's key (events.mqtt.tls,
+// bridge.mqtt.tls): a CA bundle, a client certificate and key, the server
+// name to verify. Nil when none is set: the system roots, for mqtts://
+// URLs.
+func clientTLS(key, ca, cert, certKey, serverName string) (*tls.Config, error) {
+	if ca == "" && cert == "" && serverName == "" {
 		return nil, nil
 	}
-	tc := &tls.Config{MinVersion: tls.VersionTLS12}
-	if t.CA != "" {
-		pem, err := os.ReadFile(t.CA)
+	tc := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: serverName}
+	if ca != "" {
+		pem, err := os.ReadFile(ca)
 		if err != nil {
-			return nil, fmt.Errorf("events.mqtt.tls.ca: %w", err)
+			return nil, fmt.Errorf("%s.ca: %w", key, err)
 		}
 		tc.RootCAs = x509.NewCertPool()
 		if !tc.RootCAs.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("events.mqtt.tls.ca: %s holds no PEM certificate", t.CA)
+			return nil, fmt.Errorf("%s.ca: %s holds no PEM certificate", key, ca)
 		}
 	}
-	if t.Cert != "" {
-		c, err := tls.LoadX509KeyPair(t.Cert, t.Key)
+	if cert != "" {
+		c, err := tls.LoadX509KeyPair(cert, certKey)
 		if err != nil {
-			return nil, fmt.Errorf("events.mqtt.tls: %w", err)
+			return nil, fmt.Errorf("%s: %w", key, err)
 		}
 		tc.Certificates = []tls.Certificate{c}
 	}

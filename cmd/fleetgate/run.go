@@ -29,6 +29,7 @@ import (
 	"github.com/fleetgate/fleetgate/gateway"
 	"github.com/fleetgate/fleetgate/internal/identity"
 	"github.com/fleetgate/fleetgate/protocols/adapter"
+	"github.com/fleetgate/fleetgate/protocols/mqtt"
 	"github.com/fleetgate/fleetgate/runner"
 	"github.com/fleetgate/fleetgate/uplink"
 )
@@ -80,6 +81,9 @@ type gatewayProcess struct {
 	fronts   []frontEnd
 	adapters *adapter.Host    // also in fronts
 	creds    *auth.Reloadable // nil without auth.devices_file
+	data     *dataPath
+	mqtt     *mqtt.Server     // nil without an MQTT listener (also in fronts)
+	clients  *auth.Reloadable // auth.clients' passwords; nil without any
 	cert     *certificate     // nil without listen.mqtt.tls
 	admin    *admin.Server
 }
@@ -171,6 +175,10 @@ func (g *gatewayProcess) run(ctx context.Context) (err error) {
 	if g.pub, err = newPublisher(cfg, g.store, fmt.Sprintf("%s/%d", cfg.Gateway.ID, g.epoch), log, reg); err != nil {
 		return err
 	}
+	if g.data, err = openDataPath(ctx, cfg, log, reg); err != nil {
+		return err
+	}
+	defer func() { err = errors.Join(err, g.data.close()) }()
 	if err := g.openFrontEnds(cfg, log, reg); err != nil {
 		return err
 	}
@@ -309,6 +317,9 @@ func (g *gatewayProcess) reload(ctx context.Context, log *slog.Logger) {
 			g.revoke()
 		}
 	}
+	if g.mqtt != nil {
+		g.reloadClients(next, log)
+	}
 	if g.cert != nil {
 		if err := g.cert.load(next.Listen.MQTT.CertFile, next.Listen.MQTT.KeyFile); err != nil {
 			log.Error("TLS certificate not reloaded; keeping the one in use", "err", err)
@@ -329,6 +340,7 @@ func restartOnly(c configs.Config) string {
 	c.Log.Level = ""
 	c.Plugins = configs.PluginsConfig{}
 	c.Auth.DevicesFile = ""
+	c.Auth.Clients = nil
 	c.Listen.MQTT.CertFile, c.Listen.MQTT.KeyFile = "", ""
 	out, _ := c.YAML()
 	return string(out)
@@ -351,6 +363,9 @@ func (g *gatewayProcess) status() admin.Status {
 	}
 	if g.pub != nil {
 		st.Publisher = g.pub.Stats()
+	}
+	if g.data != nil {
+		st.Bridge = g.data.bridge.Status()
 	}
 	return st
 }

@@ -1,6 +1,7 @@
 package mqtt
 
 import (
+	"fmt"
 	"reflect"
 	"sync"
 	"sync/atomic"
@@ -52,6 +53,9 @@ import (
 // commandsClientID is the broker client commands are published as (the
 // Origin of their packets); not a device ID, so no device can be it.
 const commandsClientID = "$fleetgate/commands"
+
+// dataClientID is the broker client PublishLocal publishes as.
+const dataClientID = "$fleetgate/data"
 
 // groupSize bounds the devices whose wait channels one goroutine selects
 // on: a wake-up costs O(groupSize).
@@ -331,4 +335,25 @@ func (w *watchers) retire(g *watchGroup) {
 			return
 		}
 	}
+}
+
+// PublishLocal publishes m, a device's message that did not come through
+// this broker (CoAP, an adapter), to the local subscribers of topic (its
+// local topic <prefix>/<device>[/<rest>]) at QoS 0, with its content type
+// and user properties: the data path's way to local consumers. It is not
+// retained and not sent up again.
+func (s *Server) PublishLocal(topic string, m gateway.Message) error {
+	pk := packets.Packet{
+		FixedHeader: packets.FixedHeader{Type: packets.Publish},
+		TopicName:   topic,
+		Payload:     m.Payload,
+		Properties:  packets.Properties{ContentType: m.ContentType},
+	}
+	for _, p := range m.Properties {
+		pk.Properties.User = append(pk.Properties.User, packets.UserProperty{Key: p.Key, Val: p.Value})
+	}
+	if err := s.broker.InjectPacket(s.dataClient, pk); err != nil {
+		return fmt.Errorf("mqtt: publish locally on %s: %w", topic, err)
+	}
+	return nil
 }

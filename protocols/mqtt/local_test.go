@@ -340,3 +340,29 @@ func expectRevoked(t testing.TB, c *v5, name string) {
 		t.Fatalf("%s was not disconnected", name)
 	}
 }
+
+// A device message that came over CoAP or an adapter reaches the local
+// consumers through PublishLocal, with its content type and user
+// properties, and is not handed to the sink again.
+func TestPublishLocalReachesLocalClients(t *testing.T) {
+	k := newSink()
+	s := startServer(t, &recorder{}, Options{Credentials: testCreds(t), Clients: siteClients, ClientPasswords: sitePasswords(t),
+		Sink: k, Registerer: prometheus.NewRegistry()})
+	nr := mustConnectLocal(t, s, "nr-1", "node-red", "nr-secret")
+	if got := subscribeCode(t, nr, "devices/#"); got != 1 {
+		t.Fatalf("subscribe: %#x", got)
+	}
+	m := gateway.Message{Device: "coap-7", Topic: "telemetry/temp", Payload: []byte(`{"t":21}`), ContentType: "application/json",
+		Properties: []gateway.Property{{Key: "site", Value: "a"}, {Key: "site", Value: "b"}}, Source: "coap"}
+	if err := s.PublishLocal("devices/coap-7/telemetry/temp", m); err != nil {
+		t.Fatal(err)
+	}
+	p := receive(t, nr, 10*time.Second)
+	if p.Topic != "devices/coap-7/telemetry/temp" || string(p.Payload) != `{"t":21}` || p.Properties == nil ||
+		p.Properties.ContentType != "application/json" || len(p.Properties.User) != 2 || p.Properties.User[1].Value != "b" {
+		t.Fatalf("received %+v", p)
+	}
+	if n := len(k.taken()); n != 0 {
+		t.Fatalf("the sink took %d messages, want none (the message came from the data path)", n)
+	}
+}

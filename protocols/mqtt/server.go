@@ -207,9 +207,11 @@ type Server struct {
 	// The data path: sink and cmds may be nil. cmdClient is the broker
 	// client commands are published as; watchers wait for new commands;
 	// maxInflight is the room a client has for them.
-	sink        gateway.DataSink
-	cmds        gateway.Commands
-	cmdClient   *mochi.Client
+	sink      gateway.DataSink
+	cmds      gateway.Commands
+	cmdClient *mochi.Client
+	// dataClient is the broker client PublishLocal publishes as.
+	dataClient  *mochi.Client
 	watchers    *watchers
 	maxInflight int
 	// local are the local clients in force.
@@ -317,6 +319,7 @@ func New(obs gateway.Observer, o Options) (*Server, error) {
 		return nil, fmt.Errorf("mqtt: add hook: %w", err)
 	}
 	s.cmdClient = s.broker.NewClient(nil, mochi.LocalListener, commandsClientID, true)
+	s.dataClient = s.broker.NewClient(nil, mochi.LocalListener, dataClientID, true)
 	if err := s.listen(o); err != nil {
 		s.cancel()
 		return nil, err
