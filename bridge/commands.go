@@ -104,7 +104,7 @@ func (c *commands) submit(ctx context.Context, msgs []gateway.Message) ([]gatewa
 	if c.b.beforeDurable != nil {
 		c.b.beforeDurable(msgs)
 	}
-	if err := c.q.Put(ctx, msgs); err != nil {
+	if _, err := c.q.Put(ctx, msgs); err != nil {
 		return nil, err
 	}
 	// Read what was put: ours are the newest messages; those before them

@@ -162,7 +162,7 @@ func testEmptyPut(t *testing.T, open Opener) {
 // commit may have put its messages: the contract allows both).
 func testPutDoneContext(t *testing.T, open Opener) {
 	e := newEnv(t, open, caseMaxBytes, 0)
-	if err := e.q.Put(done(), e.msgs(0, 2)); !errors.Is(err, context.Canceled) {
+	if _, err := e.q.Put(done(), e.msgs(0, 2)); !errors.Is(err, context.Canceled) {
 		t.Fatalf("Put with a done context = %v, want context.Canceled", err)
 	}
 	e.readNone(0)
@@ -200,7 +200,7 @@ func testPutAllOrNothing(t *testing.T, open Opener) {
 	e := newEnv(t, open, 1000, 0)
 	held := e.msgs(0, 2)
 	e.put(held...)
-	err := e.q.Put(e.ctx, []gateway.Message{e.sized(2, 100), e.sized(3, 1001), e.sized(4, 100)})
+	_, err := e.q.Put(e.ctx, []gateway.Message{e.sized(2, 100), e.sized(3, 1001), e.sized(4, 100)})
 	if !errors.Is(err, gateway.ErrTooLarge) {
 		t.Fatalf("Put with a message larger than the queue = %v, want ErrTooLarge", err)
 	}
@@ -213,7 +213,7 @@ func testPutAllOrNothing(t *testing.T, open Opener) {
 // everything else).
 func testTooLarge(t *testing.T, open Opener) {
 	e := newEnv(t, open, 1000, 0)
-	if err := e.q.Put(e.ctx, []gateway.Message{e.sized(0, 1001)}); !errors.Is(err, gateway.ErrTooLarge) {
+	if _, err := e.q.Put(e.ctx, []gateway.Message{e.sized(0, 1001)}); !errors.Is(err, gateway.ErrTooLarge) {
 		t.Fatalf("Put of 1001 bytes into 1000 = %v, want ErrTooLarge", err)
 	}
 	e.readNone(0)
@@ -567,7 +567,7 @@ func testCallsAfterClose(t *testing.T, open Opener) {
 		t.Fatalf("Close: %v", err)
 	}
 	e.closed = true
-	if err := e.q.Put(e.ctx, e.msgs(1, 2)); !errors.Is(err, gateway.ErrQueueClosed) {
+	if _, err := e.q.Put(e.ctx, e.msgs(1, 2)); !errors.Is(err, gateway.ErrQueueClosed) {
 		t.Errorf("Put after Close = %v, want ErrQueueClosed", err)
 	}
 	if got, err := e.q.Read(e.ctx, 0, 1); !errors.Is(err, gateway.ErrQueueClosed) || len(got) != 0 {
@@ -608,7 +608,7 @@ func testConcurrent(t *testing.T, open Opener) {
 					batch[j] = gateway.Message{Device: gateway.DeviceID(fmt.Sprintf("dev-%d", p)), Topic: fmt.Sprintf("seq/%d", i*concBatch+j),
 						Payload: []byte(strings.Repeat("x", 10+j)), QoS: 1, Received: e.now(), Source: "mqtt"}
 				}
-				if err := e.q.Put(e.ctx, batch); err != nil {
+				if _, err := e.q.Put(e.ctx, batch); err != nil {
 					errs <- fmt.Errorf("putter %d, put %d: %w", p, i, err)
 					return
 				}

@@ -219,7 +219,7 @@ func (m *machine) put() {
 	for i := range msgs {
 		msgs[i] = m.drawMessage()
 	}
-	err := m.q.Put(context.Background(), msgs)
+	_, err := m.q.Put(context.Background(), msgs)
 	want := m.model.put(msgs, m.clock.Now())
 	m.t.Logf("Put(%s) = %v", describe(msgs), err)
 	if !errors.Is(err, want) {

@@ -133,7 +133,7 @@ func (e *env) now() time.Time { return e.clock.Now() }
 
 func (e *env) put(msgs ...gateway.Message) {
 	e.t.Helper()
-	if err := e.q.Put(e.ctx, msgs); err != nil {
+	if _, err := e.q.Put(e.ctx, msgs); err != nil {
 		e.t.Fatalf("Put(%s): %v", describe(msgs), err)
 	}
 }
