@@ -39,7 +39,7 @@ func BenchmarkForward(b *testing.B) {
 		b.StopTimer()
 		durable := diskQueue(b, b.TempDir(), "durable")
 		for i := 0; i < len(msgs); i += 500 {
-			if err := durable.Put(context.Background(), msgs[i:i+500]); err != nil {
+			if _, err := durable.Put(context.Background(), msgs[i:i+500]); err != nil {
 				b.Fatal(err)
 			}
 		}

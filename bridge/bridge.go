@@ -335,12 +335,12 @@ func (b *Bridge) Publish(ctx context.Context, msgs []gateway.Message) error {
 	}
 	// the QoS 0 messages first: they do not wait for the disk
 	if len(qos0) > 0 {
-		if err := b.o.Memory.Put(ctx, qos0); err != nil {
+		if _, err := b.o.Memory.Put(ctx, qos0); err != nil {
 			return fmt.Errorf("bridge: memory queue: %w", err)
 		}
 	}
 	if len(qos1) > 0 {
-		if err := b.o.Durable.Put(ctx, qos1); err != nil {
+		if _, err := b.o.Durable.Put(ctx, qos1); err != nil {
 			return fmt.Errorf("bridge: durable queue: %w", err)
 		}
 	}

@@ -1,7 +1,6 @@
 package bridge
 
 import (
-	"bytes"
 	"container/heap"
 	"context"
 	"errors"
@@ -22,18 +21,13 @@ const waitSlots = 4096
 
 // commands is the bridge's gateway.Commands: the commands queue (durable)
 // holds them, an index in memory serves them per device. The index is
-// rebuilt from the queue at start; the queue's IDs are the commands'.
+// rebuilt from the queue at start; the queue's IDs are the commands'
+// (those its Put returns).
 type commands struct {
 	b   *Bridge
 	q   gateway.Queue
 	ttl time.Duration
 	max int
-
-	// submitMu serialises the Puts to the queue with the Reads that learn
-	// the IDs the queue gave (Put does not return them); after is the ID
-	// of the last message read.
-	submitMu sync.Mutex
-	after    uint64
 
 	mu       sync.Mutex
 	byDevice map[gateway.DeviceID][]gateway.Command
@@ -61,18 +55,18 @@ func newCommands(b *Bridge, q gateway.Queue, ttl time.Duration, max int) *comman
 }
 
 // load reads the queue into the index: every message it holds, but for
-// those expired or beyond a device's bound, which it removes.
+// those expired or beyond a device's bound, which it removes. It runs
+// before the first submit.
 func (c *commands) load(ctx context.Context) error {
-	c.submitMu.Lock()
-	defer c.submitMu.Unlock()
 	want := c.q.Stats().Messages
 	var read int
+	var after uint64
 	var drop []uint64
 	for read < want {
 		// the queue may hold fewer than it said (it drops expired
 		// messages when they are read): a Read that waits is the end
 		rctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
-		msgs, err := c.q.Read(rctx, c.after, 256)
+		msgs, err := c.q.Read(rctx, after, 256)
 		cancel()
 		if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
 			break
@@ -84,7 +78,7 @@ func (c *commands) load(ctx context.Context) error {
 			break
 		}
 		read += len(msgs)
-		c.after = msgs[len(msgs)-1].ID
+		after = msgs[len(msgs)-1].ID
 		drop = append(drop, c.index(msgs)...)
 	}
 	if len(drop) > 0 {
@@ -96,57 +90,88 @@ func (c *commands) load(ctx context.Context) error {
 }
 
 // submit makes msgs (valid commands, in order) pending commands once
-// durable, and returns them (fewer when the queue dropped the oldest of
-// them to make room).
+// durable, and returns them (fewer when the queue dropped the first of
+// them to make room: a batch larger than the queue). Submits do not wait
+// for each other: concurrent ones share the queue's commits.
+//
+// When ctx ends while the Put waits for its commit, submit returns
+// ctx's error, and the Put goes on without it: the commands it commits
+// are pending all the same (they are in the queue), and indexed as soon
+// as the queue returns their IDs.
 func (c *commands) submit(ctx context.Context, msgs []gateway.Message) ([]gateway.Command, error) {
-	c.submitMu.Lock()
-	defer c.submitMu.Unlock()
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	msgs = slices.Clone(msgs)
+	for i := range msgs {
+		msgs[i] = own(msgs[i])
+	}
 	if c.b.beforeDurable != nil {
 		c.b.beforeDurable(msgs)
 	}
-	if err := c.q.Put(ctx, msgs); err != nil {
-		return nil, err
+	type result struct {
+		cmds []gateway.Command
+		err  error
 	}
-	// Read what was put: ours are the newest messages; those before them
-	// are of Puts that failed after committing (their ctx ended), and
-	// are pending commands too.
-	var got []gateway.QueuedMessage
-	var drop []uint64
-	last := msgs[len(msgs)-1]
-	for len(got) == 0 || !sameMessage(got[len(got)-1].Message, last) {
-		batch, err := c.q.Read(ctx, c.after, 256)
+	res := make(chan result, 1)
+	go func() {
+		ids, err := c.q.Put(context.WithoutCancel(ctx), msgs)
 		if err != nil {
-			return nil, err
+			res <- result{err: err}
+			return
 		}
-		if len(batch) == 0 {
-			continue
+		res <- result{cmds: c.add(msgs, ids)}
+	}()
+	select {
+	case r := <-res:
+		return r.cmds, r.err
+	case <-ctx.Done():
+		select {
+		case r := <-res: // done as well: its result is the truer
+			return r.cmds, r.err
+		default:
+			return nil, ctx.Err()
 		}
-		c.after = batch[len(batch)-1].ID
-		got = append(got, batch...)
-		drop = append(drop, c.index(batch)...)
 	}
-	if len(drop) > 0 {
+}
+
+// own is the copy of m the index keeps, as the queue returns it: its
+// own payload and properties, Received at millisecond precision in UTC
+// (so that a command's Expires is the same after a restart).
+func own(m gateway.Message) gateway.Message {
+	m.Payload = slices.Clone(m.Payload)
+	m.Properties = slices.Clone(m.Properties)
+	m.Received = time.UnixMilli(m.Received.UnixMilli()).UTC()
+	return m
+}
+
+// add indexes msgs, put with IDs ids (0 for one the queue dropped at
+// once), removes from the queue those the index dropped, and returns
+// the commands of those the queue kept.
+func (c *commands) add(msgs []gateway.Message, ids []uint64) []gateway.Command {
+	kept := make([]gateway.QueuedMessage, 0, len(msgs))
+	for i, m := range msgs {
+		if ids[i] != 0 {
+			kept = append(kept, gateway.QueuedMessage{ID: ids[i], Message: m})
+		}
+	}
+	if drop := c.index(kept); len(drop) > 0 {
 		if err := c.q.Ack(drop); err != nil {
 			c.b.log.Warn("remove dropped commands from the queue", "commands", len(drop), "err", err)
 		}
 	}
-	n := min(len(msgs), len(got))
-	out := make([]gateway.Command, n)
-	for i, q := range got[len(got)-n:] {
+	out := make([]gateway.Command, len(kept))
+	for i, q := range kept {
 		out[i] = gateway.Command{ID: q.ID, Message: q.Message, Expires: q.Received.Add(c.ttl)}
 	}
-	return out, nil
-}
-
-// sameMessage reports whether a queue returned b for a (it may keep
-// Received less precise).
-func sameMessage(a, b gateway.Message) bool {
-	return a.Device == b.Device && a.Topic == b.Topic && a.Source == b.Source && bytes.Equal(a.Payload, b.Payload)
+	return out
 }
 
 // index adds msgs to the index, wakes their devices' waiters, and
 // returns the IDs to remove from the queue: commands expired already and
-// those dropped to keep a device's bound.
+// those dropped to keep a device's bound. A device's commands stay in ID
+// order also when concurrent submits index theirs out of it: the oldest
+// is dropped, also when it is one of msgs.
 func (c *commands) index(msgs []gateway.QueuedMessage) []uint64 {
 	now := c.b.clock.Now()
 	c.mu.Lock()
@@ -161,7 +186,12 @@ func (c *commands) index(msgs []gateway.QueuedMessage) []uint64 {
 			expired++
 			continue
 		}
-		list := append(c.byDevice[m.Device], cmd)
+		list := c.byDevice[m.Device]
+		at := len(list)
+		for at > 0 && list[at-1].ID > cmd.ID {
+			at--
+		}
+		list = slices.Insert(list, at, cmd)
 		c.pending++
 		if len(list) > c.max {
 			drop = append(drop, list[0].ID)
@@ -216,6 +246,9 @@ func (c *commands) Submit(ctx context.Context, m gateway.Message) (gateway.Comma
 	cmds, err := c.submit(ctx, []gateway.Message{m})
 	if err != nil {
 		return gateway.Command{}, err
+	}
+	if len(cmds) != 1 { // a message that fits is never dropped by its own Put
+		return gateway.Command{}, errors.New("bridge: the commands queue dropped the command it took")
 	}
 	c.b.received("down", m)
 	return cmds[0], nil

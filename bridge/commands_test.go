@@ -1,8 +1,14 @@
 package bridge_test
 
 import (
+	"context"
 	"errors"
+	"fmt"
+	"path/filepath"
 	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -13,6 +19,7 @@ import (
 	"github.com/fleetgate/fleetgate/bridge"
 	"github.com/fleetgate/fleetgate/gateway"
 	"github.com/fleetgate/fleetgate/gateway/clocktest"
+	"github.com/fleetgate/fleetgate/queue/diskq"
 )
 
 // publish publishes payload on topic at QoS 1 from pub.
@@ -254,5 +261,213 @@ func TestSubmitAndWait(t *testing.T) {
 	case <-b.Wait("d1"):
 		t.Error("a Wait after the command fired")
 	default:
+	}
+}
+
+// hookQueue is a commands queue whose Put calls before (when set) first,
+// failing with its error, and after (when set) once the Put returned.
+type hookQueue struct {
+	gateway.Queue
+	before func() error
+	after  func(ids []uint64)
+}
+
+func (q *hookQueue) Put(ctx context.Context, msgs []gateway.Message) ([]uint64, error) {
+	if q.before != nil {
+		if err := q.before(); err != nil {
+			return nil, err
+		}
+	}
+	ids, err := q.Queue.Put(ctx, msgs)
+	if q.after != nil {
+		q.after(ids)
+	}
+	return ids, err
+}
+
+// Concurrent Submits do not wait for each other: all of them are in the
+// queue's Put at once (they may share its commits), and each gets its
+// own ID, the one the queue holds its command under and Pending returns
+// it with, a device's in ID order.
+func TestConcurrentSubmits(t *testing.T) {
+	const devices, per = 4, 4
+	const n = devices * per
+	commands := diskQueue(t, t.TempDir(), "commands")
+	var inside atomic.Int32
+	all := make(chan struct{})
+	giveUp := time.After(10 * time.Second) // received once: then closed
+	gaveUp := make(chan struct{})
+	go func() {
+		select {
+		case <-giveUp:
+			close(gaveUp)
+		case <-all:
+		}
+	}()
+	q := &hookQueue{Queue: commands, before: func() error {
+		if inside.Add(1) == n {
+			close(all)
+		}
+		select {
+		case <-all:
+			return nil
+		case <-gaveUp:
+			return fmt.Errorf("only %d of %d Puts at once", inside.Load(), n)
+		}
+	}}
+	b := startBridge(t, bridge.Options{Commands: q})
+	got := make([]gateway.Command, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			got[i], errs[i] = b.Submit(t.Context(), gateway.Message{Device: gateway.DeviceID(fmt.Sprintf("d%d", i%devices)),
+				Topic: "cmd", Payload: []byte(strconv.Itoa(i))})
+		})
+	}
+	wg.Wait()
+	byID := map[uint64]gateway.Command{}
+	for i, c := range got {
+		if errs[i] != nil {
+			t.Fatalf("Submit %d: %v", i, errs[i])
+		}
+		if c.ID == 0 || string(c.Payload) != strconv.Itoa(i) || c.Device != gateway.DeviceID(fmt.Sprintf("d%d", i%devices)) {
+			t.Fatalf("Submit %d returned %+v", i, c)
+		}
+		if o, ok := byID[c.ID]; ok {
+			t.Fatalf("Submits of %s and %s both got ID %d", o.Payload, c.Payload, c.ID)
+		}
+		byID[c.ID] = c
+	}
+	held, err := commands.Read(t.Context(), 0, 2*n)
+	if err != nil || len(held) != n {
+		t.Fatalf("the commands queue holds %d, %v; want %d", len(held), err, n)
+	}
+	for _, m := range held {
+		if c, ok := byID[m.ID]; !ok || string(c.Payload) != string(m.Payload) {
+			t.Errorf("the queue holds %s under ID %d, Submit returned %+v for it", m.Payload, m.ID, c)
+		}
+	}
+	for d := range devices {
+		device := gateway.DeviceID(fmt.Sprintf("d%d", d))
+		pending := b.Pending(device, time.Now(), 2*n)
+		if len(pending) != per {
+			t.Fatalf("%s: %d pending, want %d", device, len(pending), per)
+		}
+		for i, p := range pending {
+			c := byID[p.ID]
+			if c.Device != device || string(c.Payload) != string(p.Payload) || !c.Expires.Equal(p.Expires) {
+				t.Errorf("%s: pending %+v, Submit returned %+v for its ID", device, p, c)
+			}
+			if i > 0 && p.ID <= pending[i-1].ID {
+				t.Errorf("%s: pending IDs not increasing: %d after %d", device, p.ID, pending[i-1].ID)
+			}
+		}
+	}
+}
+
+// A Submit whose Put returns after a later one's (both for one device)
+// is indexed in ID order: Pending lists the device's commands oldest
+// first, and its bound drops the oldest, here the one indexed last.
+func TestSubmitsIndexedInIDOrder(t *testing.T) {
+	for _, max := range []int{4, 1} {
+		t.Run(fmt.Sprintf("max%d", max), func(t *testing.T) {
+			commands := memQueue(t, nil)
+			var puts atomic.Int32
+			committed, held := make(chan struct{}), make(chan struct{})
+			release := sync.OnceFunc(func() { close(held) })
+			q := &hookQueue{Queue: commands, after: func([]uint64) {
+				if puts.Add(1) == 1 {
+					close(committed)
+					<-held
+				}
+			}}
+			reg := prometheus.NewRegistry()
+			b := startBridge(t, bridge.Options{Commands: q, MaxPendingPerDevice: max, Registerer: reg})
+			t.Cleanup(release) // before the bridge's Close
+			type result struct {
+				c   gateway.Command
+				err error
+			}
+			submit := func(payload string) <-chan result {
+				res := make(chan result, 1)
+				go func() {
+					c, err := b.Submit(t.Context(), gateway.Message{Device: "d1", Topic: "cmd", Payload: []byte(payload)})
+					res <- result{c, err}
+				}()
+				return res
+			}
+			first := submit("a")
+			<-committed
+			var second gateway.Command
+			select {
+			case r := <-submit("b"):
+				if r.err != nil {
+					t.Fatal(r.err)
+				}
+				second = r.c
+			case <-time.After(10 * time.Second):
+				t.Fatal("a Submit waits for another's Put to return")
+			}
+			release()
+			r := <-first
+			if r.err != nil {
+				t.Fatal(r.err)
+			}
+			if r.c.ID >= second.ID {
+				t.Fatalf("the first Put's ID %d, the second's %d", r.c.ID, second.ID)
+			}
+			want, ids := []string{"cmd:a", "cmd:b"}, []uint64{r.c.ID, second.ID}
+			if max == 1 {
+				want, ids = want[1:], ids[1:]
+				if v := metric(t, reg, "fleetgate_bridge_dropped_total", "queue", "commands", "reason", "device_full"); v != 1 {
+					t.Errorf("dropped device_full = %v, want 1", v)
+				}
+			}
+			p := b.Pending("d1", time.Now(), 10)
+			if got := payloads(p); !slices.Equal(got, want) {
+				t.Fatalf("pending %v, want %v", got, want)
+			}
+			for i, c := range p {
+				if c.ID != ids[i] {
+					t.Errorf("pending %d has ID %d, Submit returned %d", i, c.ID, ids[i])
+				}
+			}
+			if n := commands.Stats().Messages; n != len(want) {
+				t.Errorf("the commands queue holds %d, want %d", n, len(want))
+			}
+		})
+	}
+}
+
+// A Submit whose ctx ends while its Put waits for the commit returns
+// ctx's error; the Put goes on, and the command it commits is pending
+// all the same. A Submit whose ctx ended before puts nothing.
+func TestSubmitContextEnds(t *testing.T) {
+	commands, err := diskq.Open(diskq.Options{Path: filepath.Join(t.TempDir(), "commands.db"), MaxBytes: 1 << 20, CommitInterval: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { commands.Close() })
+	b := startBridge(t, bridge.Options{Commands: commands})
+	// the first commit is at once, the next a second after it
+	if _, err := b.Submit(t.Context(), gateway.Message{Device: "d1", Topic: "cmd", Payload: []byte("first")}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
+	defer cancel()
+	if _, err := b.Submit(ctx, gateway.Message{Device: "d1", Topic: "cmd", Payload: []byte("late")}); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Submit waiting for a commit a second away = %v, want context.DeadlineExceeded", err)
+	}
+	await(t, 10*time.Second, "the late command pending", func() bool {
+		return slices.Equal(payloads(b.Pending("d1", time.Now(), 10)), []string{"cmd:first", "cmd:late"})
+	})
+	ended, end := context.WithCancel(t.Context())
+	end()
+	if _, err := b.Submit(ended, gateway.Message{Device: "d1", Topic: "cmd"}); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Submit with a done ctx = %v, want context.Canceled", err)
+	}
+	if n := commands.Stats().Messages; n != 2 {
+		t.Fatalf("the commands queue holds %d, want 2: a Submit with a done ctx put a command", n)
 	}
 }

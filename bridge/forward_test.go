@@ -22,7 +22,7 @@ func TestForwarderBoundsBytesHeld(t *testing.T) {
 	const size = 512 << 10
 	for i := range 100 {
 		m := gateway.Message{Device: gateway.DeviceID(string(rune('a' + i%26))), Payload: make([]byte, size), QoS: 1, Received: time.Now()}
-		if err := q.Put(t.Context(), []gateway.Message{m}); err != nil {
+		if _, err := q.Put(t.Context(), []gateway.Message{m}); err != nil {
 			t.Fatal(err)
 		}
 	}

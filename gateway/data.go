@@ -165,13 +165,22 @@ type QueueStats struct {
 //
 //   - Put appends msgs in order, all or nothing, each with a new ID
 //     higher than every ID the queue has handed out (also across a
-//     restart of a durable queue). When it returns nil they are in the
-//     queue, and for a durable queue on disk: a crash after that loses
-//     none. Room is made by dropping the oldest messages (DropFull),
-//     never by waiting for the reader; a message larger than the whole
-//     queue fails the call with ErrTooLarge. Puts from many goroutines
-//     may share one commit. ctx bounds the wait for it (its error is
-//     returned; the messages may still be committed).
+//     restart of a durable queue); an ID is never 0. When its error is
+//     nil they are in the queue, and for a durable queue on disk: a
+//     crash after that loses none. Room is made by dropping the oldest
+//     messages (DropFull), never by waiting for the reader; a message
+//     larger than the whole queue fails the call with ErrTooLarge. Puts
+//     from many goroutines may share one commit. ctx bounds the wait for
+//     it (its error is returned; the messages may still be committed).
+//   - Put's ids, with a nil error, are one per message in the order of
+//     msgs (len(ids) == len(msgs)): the ID Read returns for it, until it
+//     is acknowledged, expires or is dropped (a later Put that drops it,
+//     also one sharing the commit, leaves its ID as returned). A message
+//     the call itself dropped to make room (a batch larger than the
+//     queue, below; they are the first of msgs) was never there to read:
+//     its slot holds 0. The other IDs increase along msgs. With an error
+//     ids is nil, also when ctx ended and the messages were committed
+//     all the same.
 //   - Read returns up to n messages with IDs above after, oldest first,
 //     waiting until there is one or ctx ends (ctx's error). A message
 //     older than the queue's max age at the time of reading is dropped
@@ -180,17 +189,17 @@ type QueueStats struct {
 //     the queue (acknowledged or dropped already) are ignored. A message
 //     acknowledged is never read again, also after a restart.
 //   - Edges, pinned by the suite: a batch larger than the whole queue
-//     keeps its newest messages (the others count as DropFull); a Put
-//     whose ctx ended before the call puts nothing; a message's age is
-//     now − Received, and one exactly max age old is kept; a Read whose
-//     ctx has ended still returns what is there (only the wait ends),
-//     and n < 1 is an error.
+//     keeps its newest messages (the others count as DropFull and get 0
+//     for an ID); a Put whose ctx ended before the call puts nothing; a
+//     message's age is now − Received, and one exactly max age old is
+//     kept; a Read whose ctx has ended still returns what is there (only
+//     the wait ends), and n < 1 is an error.
 //   - Stats reports what the queue holds and what it dropped; Oldest is
 //     the Received of the message with the lowest ID.
 //   - Close releases the queue; Put, Read and Ack then fail with
 //     ErrQueueClosed, and a Read waiting returns it.
 type Queue interface {
-	Put(ctx context.Context, msgs []Message) error
+	Put(ctx context.Context, msgs []Message) (ids []uint64, err error)
 	Read(ctx context.Context, after uint64, n int) ([]QueuedMessage, error)
 	Ack(ids []uint64) error
 	Stats() QueueStats

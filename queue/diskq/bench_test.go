@@ -110,7 +110,7 @@ func BenchmarkPut(b *testing.B) {
 						wg.Go(func() {
 							for next.Add(1) <= int64(b.N) {
 								t := time.Now()
-								if err := q.Put(ctx, msgs); err != nil {
+								if _, err := q.Put(ctx, msgs); err != nil {
 									b.Error(err)
 									return
 								}
@@ -154,7 +154,7 @@ func BenchmarkReadAck(b *testing.B) {
 	ctx := context.Background()
 	batch := slices.Repeat([]gateway.Message{benchMessage}, 1000)
 	for n := 0; n < b.N; n += len(batch) {
-		if err := q.Put(ctx, batch); err != nil {
+		if _, err := q.Put(ctx, batch); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -211,7 +211,7 @@ func BenchmarkPutAfterBacklog(b *testing.B) {
 			ctx := context.Background()
 			batch := slices.Repeat([]gateway.Message{benchMessage}, 1000)
 			for range 200 {
-				if err := drained.Put(ctx, batch); err != nil {
+				if _, err := drained.Put(ctx, batch); err != nil {
 					b.Fatal(err)
 				}
 			}
@@ -241,7 +241,7 @@ func BenchmarkPutAfterBacklog(b *testing.B) {
 				k := min(10, b.N-n)
 				start := time.Now()
 				for range k {
-					if err := drained.Put(ctx, msgs); err != nil {
+					if _, err := drained.Put(ctx, msgs); err != nil {
 						b.Fatal(err)
 					}
 				}
@@ -249,7 +249,7 @@ func BenchmarkPutAfterBacklog(b *testing.B) {
 				b.StopTimer()
 				start = time.Now()
 				for range k {
-					if err := fresh.Put(ctx, msgs); err != nil {
+					if _, err := fresh.Put(ctx, msgs); err != nil {
 						b.Fatal(err)
 					}
 				}
@@ -275,7 +275,7 @@ func BenchmarkOpen(b *testing.B) {
 	batch := slices.Repeat([]gateway.Message{benchMessage}, 1000)
 	fill := func(q *Queue) {
 		for range 200 {
-			if err := q.Put(context.Background(), batch); err != nil {
+			if _, err := q.Put(context.Background(), batch); err != nil {
 				b.Fatal(err)
 			}
 		}

@@ -22,14 +22,17 @@ const (
 )
 
 // op is one call's change, waiting for a commit; done receives the
-// commit's error.
+// commit's error. A put's commit writes the IDs it gave vals into
+// assigned (0 for one it dropped), which its caller reads once done
+// said nil.
 type op struct {
-	kind    opKind
-	vals    [][]byte
-	sizes   []int64
-	ids     []uint64
-	reasons []gateway.DropReason
-	done    chan error
+	kind     opKind
+	vals     [][]byte
+	sizes    []int64
+	assigned []uint64
+	ids      []uint64
+	reasons  []gateway.DropReason
+	done     chan error
 }
 
 // submit hands o to the committer, or fails with ErrQueueClosed.
@@ -114,16 +117,22 @@ func (q *Queue) commit(ops []*op) error {
 				if err := ts.trim(now); err != nil {
 					return err
 				}
+				first := st.last + 1
 				for i, v := range o.vals {
 					st.last++
+					o.assigned[i] = st.last
 					if err := msgs.Put(idKey(st.last), v); err != nil {
 						return err
 					}
 					st.count++
 					st.bytes += uint64(o.sizes[i])
 					for st.bytes > uint64(q.max) {
-						if err := ts.dropHead(gateway.DropFull); err != nil {
+						id, err := ts.dropHead(gateway.DropFull)
+						if err != nil {
 							return err
+						}
+						if id >= first {
+							o.assigned[id-first] = 0 // its own: never there to read
 						}
 					}
 				}
@@ -190,29 +199,31 @@ func (t *txState) trim(now time.Time) error {
 			// Put's that needs its room.
 			return nil
 		}
-		if err := t.dropHead(gateway.DropExpired); err != nil {
+		if _, err := t.dropHead(gateway.DropExpired); err != nil {
 			return err
 		}
 	}
 }
 
 // dropHead drops the oldest message for reason r (gateway.DropCorrupt when it
-// is damaged).
-func (t *txState) dropHead(r gateway.DropReason) error {
+// is damaged) and returns its ID (0 when there was none, or its key is
+// not an ID).
+func (t *txState) dropHead(r gateway.DropReason) (uint64, error) {
 	c := t.msgs.Cursor()
 	k, v := c.First()
 	if k == nil {
 		// The meta record counted bytes the bucket does not hold.
 		t.st.count, t.st.bytes = 0, 0
-		return nil
+		return 0, nil
 	}
+	id, _ := keyID(k)
 	if _, err := parse(v); err != nil {
 		r = gateway.DropCorrupt
 		t.q.log.Error("damaged message dropped", "key", fmt.Sprintf("%x", k), "err", err)
 	}
 	t.take(valueSize(v))
 	t.dropped[r]++
-	return c.Delete()
+	return id, c.Delete()
 }
 
 // remove removes message id if it is held, counting it under reason r

@@ -58,7 +58,7 @@ func openShared(t *testing.T, o queuetest.Options) queuetest.Harness {
 			return nil, err
 		}
 		if other.Stats().Messages == 0 {
-			if err := other.Put(t.Context(), []gateway.Message{neighbour}); err != nil {
+			if _, err := other.Put(t.Context(), []gateway.Message{neighbour}); err != nil {
 				return nil, err
 			}
 		}

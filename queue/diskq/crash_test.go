@@ -86,7 +86,7 @@ func crashChild(path string) error {
 						QoS: 1, Received: time.Now(), Source: "mqtt"}
 					n++
 				}
-				if err := q.Put(ctx, batch); err != nil {
+				if _, err := q.Put(ctx, batch); err != nil {
 					errs <- err
 					return
 				}

@@ -251,38 +251,46 @@ func oldest(msgs *bolt.Bucket) time.Time {
 	return time.UnixMilli(f.received).UTC()
 }
 
-// Put appends msgs in order, all or nothing, and returns once they are
-// committed to disk. It fails at once with gateway.ErrTooLarge, putting
-// none, when one is larger than MaxBytes, and with ctx's error when ctx
-// has ended before the call. Its commit first drops the expired
-// messages at the head, then appends each message, dropping the oldest
-// while the queue holds more than MaxBytes (a batch larger than the
-// queue keeps its newest messages). When ctx ends while Put waits for
-// the commit, it returns ctx's error and the messages may be committed.
-func (q *Queue) Put(ctx context.Context, msgs []gateway.Message) error {
+// Put appends msgs in order, all or nothing, and returns their IDs once
+// they are committed to disk. It fails at once with
+// gateway.ErrTooLarge, putting none, when one is larger than MaxBytes,
+// and with ctx's error when ctx has ended before the call. Its commit
+// assigns the IDs: it first drops the expired messages at the head,
+// then appends each message, dropping the oldest while the queue holds
+// more than MaxBytes (a batch larger than the queue keeps its newest
+// messages; the ID of one it drops is 0). When ctx ends while Put waits
+// for the commit, it returns ctx's error and the messages may be
+// committed.
+func (q *Queue) Put(ctx context.Context, msgs []gateway.Message) ([]uint64, error) {
 	for i, m := range msgs {
 		if n := m.Size(); int64(n) > q.max {
-			return fmt.Errorf("diskq: message %d of %d bytes, the queue holds %d: %w", i, n, q.max, gateway.ErrTooLarge)
+			return nil, fmt.Errorf("diskq: message %d of %d bytes, the queue holds %d: %w", i, n, q.max, gateway.ErrTooLarge)
 		}
 	}
 	if err := ctx.Err(); err != nil {
-		return err
+		return nil, err
 	}
 	if len(msgs) == 0 {
-		return q.live()
+		if err := q.live(); err != nil {
+			return nil, err
+		}
+		return []uint64{}, nil
 	}
-	o := &op{kind: opPut, vals: make([][]byte, len(msgs)), sizes: make([]int64, len(msgs))}
+	o := &op{kind: opPut, vals: make([][]byte, len(msgs)), sizes: make([]int64, len(msgs)), assigned: make([]uint64, len(msgs))}
 	for i, m := range msgs {
 		o.vals[i], o.sizes[i] = encode(m), int64(m.Size())
 	}
 	if err := q.submit(o); err != nil {
-		return err
+		return nil, err
 	}
 	select {
 	case err := <-o.done:
-		return err
+		if err != nil {
+			return nil, err
+		}
+		return o.assigned, nil
 	case <-ctx.Done():
-		return ctx.Err()
+		return nil, ctx.Err()
 	}
 }
 

@@ -68,7 +68,7 @@ func (f *fixture) msg(i int) gateway.Message {
 
 func (f *fixture) put(msgs ...gateway.Message) {
 	f.t.Helper()
-	if err := f.q.Put(context.Background(), msgs); err != nil {
+	if _, err := f.q.Put(context.Background(), msgs); err != nil {
 		f.t.Fatalf("Put: %v", err)
 	}
 }
@@ -276,7 +276,7 @@ func TestGroupCommit(t *testing.T) {
 	for i := range putters {
 		wg.Go(func() {
 			start := time.Now()
-			if err := f.q.Put(context.Background(), []gateway.Message{f.msg(i + 1)}); err != nil {
+			if _, err := f.q.Put(context.Background(), []gateway.Message{f.msg(i + 1)}); err != nil {
 				t.Error(err)
 			}
 			mu.Lock()
@@ -321,7 +321,7 @@ func TestPutContextEndsWhileWaiting(t *testing.T) {
 	f.put(f.msg(0))
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
 	defer cancel()
-	if err := f.q.Put(ctx, []gateway.Message{f.msg(1)}); !errors.Is(err, context.DeadlineExceeded) {
+	if _, err := f.q.Put(ctx, []gateway.Message{f.msg(1)}); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Put = %v, want context.DeadlineExceeded", err)
 	}
 	got, err := f.q.Read(context.Background(), 1, 1)
@@ -338,7 +338,7 @@ func TestClosePending(t *testing.T) {
 	var wg sync.WaitGroup
 	results := make([]error, 16)
 	for i := range results {
-		wg.Go(func() { results[i] = f.q.Put(context.Background(), []gateway.Message{f.msg(i + 1)}) })
+		wg.Go(func() { _, results[i] = f.q.Put(context.Background(), []gateway.Message{f.msg(i + 1)}) })
 	}
 	time.Sleep(20 * time.Millisecond)
 	if err := f.q.Close(); err != nil {
@@ -385,10 +385,10 @@ func TestTwoQueuesInOneFile(t *testing.T) {
 	for range 4 {
 		wg.Go(func() {
 			for range 25 {
-				if err := up.Put(context.Background(), []gateway.Message{m}); err != nil {
+				if _, err := up.Put(context.Background(), []gateway.Message{m}); err != nil {
 					t.Error(err)
 				}
-				if err := cmds.Put(context.Background(), []gateway.Message{m}); err != nil {
+				if _, err := cmds.Put(context.Background(), []gateway.Message{m}); err != nil {
 					t.Error(err)
 				}
 			}
@@ -409,7 +409,7 @@ func TestTwoQueuesInOneFile(t *testing.T) {
 	if err != nil || len(got) != 100 || got[0].ID != 1 || got[99].ID != 100 {
 		t.Fatalf("up holds %d messages (%v), want IDs 1..100", len(got), err)
 	}
-	if err := up.Put(context.Background(), []gateway.Message{m}); err != nil {
+	if _, err := up.Put(context.Background(), []gateway.Message{m}); err != nil {
 		t.Fatalf("Put to one queue after the other closed: %v", err)
 	}
 }

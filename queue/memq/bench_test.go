@@ -33,7 +33,7 @@ func BenchmarkPutReadAck(b *testing.B) {
 		k := min(turn, b.N-n)
 		start := time.Now()
 		for range k {
-			if err := q.Put(ctx, m); err != nil {
+			if _, err := q.Put(ctx, m); err != nil {
 				b.Fatal(err)
 			}
 			got, err := q.Read(ctx, after, 1)

@@ -90,40 +90,47 @@ func New(o Options) (*Queue, error) {
 		dropped: map[gateway.DropReason]uint64{}, wake: make(chan struct{})}, nil
 }
 
-// Put appends msgs in order, all or nothing: it fails with
-// gateway.ErrTooLarge, putting none, when one is larger than MaxBytes,
-// and with ctx's error when ctx has ended already. It first drops the
-// expired messages at the head, then appends each message, dropping the
-// oldest while the queue holds more than MaxBytes (a batch larger than
-// the queue keeps its newest messages). It never waits.
-func (q *Queue) Put(ctx context.Context, msgs []gateway.Message) error {
+// Put appends msgs in order, all or nothing, and returns their IDs: it
+// fails with gateway.ErrTooLarge, putting none, when one is larger than
+// MaxBytes, and with ctx's error when ctx has ended already. It first
+// drops the expired messages at the head, then appends each message,
+// dropping the oldest while the queue holds more than MaxBytes (a batch
+// larger than the queue keeps its newest messages; the ID of one it
+// drops is 0). It never waits.
+func (q *Queue) Put(ctx context.Context, msgs []gateway.Message) ([]uint64, error) {
 	for i, m := range msgs {
 		if n := m.Size(); int64(n) > q.maxBytes {
-			return fmt.Errorf("memq: message %d of %d bytes, the queue holds %d: %w", i, n, q.maxBytes, gateway.ErrTooLarge)
+			return nil, fmt.Errorf("memq: message %d of %d bytes, the queue holds %d: %w", i, n, q.maxBytes, gateway.ErrTooLarge)
 		}
 	}
 	if err := ctx.Err(); err != nil {
-		return err
+		return nil, err
 	}
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if q.closed {
-		return gateway.ErrQueueClosed
+		return nil, gateway.ErrQueueClosed
 	}
 	if len(msgs) == 0 {
-		return nil
+		return []uint64{}, nil
 	}
 	now := q.clock.Now()
 	for q.live > 0 && q.expired(q.items[q.head].msg, now) {
 		q.dropAt(q.head, gateway.DropExpired)
 	}
-	for _, m := range msgs {
+	ids := make([]uint64, len(msgs))
+	first := q.last + 1
+	for i, m := range msgs {
 		q.last++
+		ids[i] = q.last
 		s := slot{id: q.last, size: int64(m.Size()), msg: keep(m)}
 		q.items = append(q.items, s)
 		q.live++
 		q.bytes += s.size
 		for q.bytes > q.maxBytes {
+			if id := q.items[q.head].id; id >= first {
+				ids[id-first] = 0 // one of ours: never there to read
+			}
 			q.dropAt(q.head, gateway.DropFull)
 		}
 	}
@@ -132,7 +139,7 @@ func (q *Queue) Put(ctx context.Context, msgs []gateway.Message) error {
 		close(q.wake)
 		q.wake, q.waiting = make(chan struct{}), false
 	}
-	return nil
+	return ids, nil
 }
 
 // keep is the copy of m the queue holds.

@@ -20,11 +20,11 @@ func TestSlotsBounded(t *testing.T) {
 	defer q.Close()
 	ctx := context.Background()
 	m := gateway.Message{Device: "dev-1", Payload: make([]byte, 10), Received: time.Now()}
-	if err := q.Put(ctx, []gateway.Message{m}); err != nil {
+	if _, err := q.Put(ctx, []gateway.Message{m}); err != nil {
 		t.Fatal(err)
 	}
 	for i := range 10_000 {
-		if err := q.Put(ctx, []gateway.Message{m}); err != nil {
+		if _, err := q.Put(ctx, []gateway.Message{m}); err != nil {
 			t.Fatal(err)
 		}
 		if err := q.Ack([]uint64{uint64(i + 2)}); err != nil {
@@ -41,7 +41,7 @@ func TestSlotsBounded(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i := range 10_000 {
-		if err := q.Put(ctx, []gateway.Message{m, m}); err != nil {
+		if _, err := q.Put(ctx, []gateway.Message{m, m}); err != nil {
 			t.Fatal(err)
 		}
 		got, err := q.Read(ctx, 0, 2)

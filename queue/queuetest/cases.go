@@ -95,15 +95,19 @@ func (e *env) expect(got []gateway.QueuedMessage, want []gateway.Message) {
 }
 
 // Put appends in order; Read returns the messages oldest first, byte for
-// byte, with IDs strictly increasing.
+// byte, with IDs strictly increasing: those Put returned for them.
 func testPutReadInOrder(t *testing.T, open Opener) {
 	e := newEnv(t, open, caseMaxBytes, 0)
 	want := e.msgs(0, 10)
-	e.put(want[:1]...)
-	e.put(want[1:4]...)
-	e.put(want[4:]...)
-	e.expect(e.read(0, 100), want)
-	e.expect(e.readAll(0, 3), want)
+	put := e.put(want[:1]...)
+	put = append(put, e.put(want[1:4]...)...)
+	put = append(put, e.put(want[4:]...)...)
+	got := e.read(0, 100)
+	e.expect(got, want)
+	e.expectIDs(got, put)
+	got = e.readAll(0, 3)
+	e.expect(got, want)
+	e.expectIDs(got, put)
 }
 
 // Every field of a message comes back as it was put: payload bytes
@@ -126,11 +130,15 @@ func testEveryFieldKept(t *testing.T, open Opener) {
 			Received: time.Date(1969, 12, 31, 23, 59, 59, 500e6, time.UTC), Source: "modbus-line-7"},
 		{Device: "dev-4", Topic: "cmd/reboot", Payload: []byte("now"), Received: time.Date(2262, 1, 1, 0, 0, 0, 0, time.UTC), Source: "upstream"},
 	}
-	e.put(want...)
-	e.expect(e.read(0, 10), want)
+	put := e.put(want...)
+	got := e.read(0, 10)
+	e.expect(got, want)
+	e.expectIDs(got, put)
 	if e.h.Durable {
 		e.reopen()
-		e.expect(e.read(0, 10), want)
+		got = e.read(0, 10)
+		e.expect(got, want)
+		e.expectIDs(got, put)
 	}
 }
 
@@ -149,7 +157,7 @@ func testPutCopies(t *testing.T, open Opener) {
 	e.expect(e.read(0, 1), []gateway.Message{want})
 }
 
-// Put of no message returns nil and puts nothing.
+// Put of no message returns no ID, a nil error, and puts nothing.
 func testEmptyPut(t *testing.T, open Opener) {
 	e := newEnv(t, open, caseMaxBytes, 0)
 	e.put()
@@ -158,12 +166,12 @@ func testEmptyPut(t *testing.T, open Opener) {
 }
 
 // A Put whose context has ended before the call returns the context's
-// error and puts nothing (one whose context ends while it waits for its
-// commit may have put its messages: the contract allows both).
+// error, no IDs, and puts nothing (one whose context ends while it waits
+// for its commit may have put its messages: the contract allows both).
 func testPutDoneContext(t *testing.T, open Opener) {
 	e := newEnv(t, open, caseMaxBytes, 0)
-	if err := e.q.Put(done(), e.msgs(0, 2)); !errors.Is(err, context.Canceled) {
-		t.Fatalf("Put with a done context = %v, want context.Canceled", err)
+	if got, err := e.q.Put(done(), e.msgs(0, 2)); !errors.Is(err, context.Canceled) || got != nil {
+		t.Fatalf("Put with a done context = %v, %v; want nil, context.Canceled", got, err)
 	}
 	e.readNone(0)
 	e.stats(nil, 0, 0)
@@ -171,28 +179,33 @@ func testPutDoneContext(t *testing.T, open Opener) {
 
 // IDs keep increasing across a restart of a durable queue, also when
 // the queue was emptied before it (the next ID is not derived from the
-// messages held).
+// messages held); a message keeps the ID Put returned for it across a
+// restart.
 func testIDsAcrossRestart(t *testing.T, open Opener) {
 	e := newEnv(t, open, caseMaxBytes, 0)
 	if !e.h.Durable {
 		t.Skip("not durable")
 	}
 	first := e.msgs(0, 3)
-	e.put(first...)
+	put := e.put(first...)
 	got := e.read(0, 10)
 	e.expect(got, first)
+	e.expectIDs(got, put)
 	e.reopen()
-	e.expect(e.read(0, 10), first)
-	e.ack(ids(got)...)
+	got = e.read(0, 10)
+	e.expect(got, first)
+	e.expectIDs(got, put)
+	e.ack(put...)
 	e.reopen()
 	e.readNone(0)
 	second := e.msgs(3, 5)
-	e.put(second...)
+	put2 := e.put(second...)
+	if put2[0] <= put[len(put)-1] {
+		t.Fatalf("after a restart of an emptied queue Put returned ID %d first, the last before was %d", put2[0], put[len(put)-1])
+	}
 	again := e.read(0, 10)
 	e.expect(again, second)
-	if again[0].ID <= got[len(got)-1].ID {
-		t.Fatalf("after a restart of an emptied queue the first ID is %d, the last before was %d", again[0].ID, got[len(got)-1].ID)
-	}
+	e.expectIDs(again, put2)
 }
 
 // A Put that fails puts none of its messages.
@@ -200,9 +213,9 @@ func testPutAllOrNothing(t *testing.T, open Opener) {
 	e := newEnv(t, open, 1000, 0)
 	held := e.msgs(0, 2)
 	e.put(held...)
-	err := e.q.Put(e.ctx, []gateway.Message{e.sized(2, 100), e.sized(3, 1001), e.sized(4, 100)})
-	if !errors.Is(err, gateway.ErrTooLarge) {
-		t.Fatalf("Put with a message larger than the queue = %v, want ErrTooLarge", err)
+	got, err := e.q.Put(e.ctx, []gateway.Message{e.sized(2, 100), e.sized(3, 1001), e.sized(4, 100)})
+	if !errors.Is(err, gateway.ErrTooLarge) || got != nil {
+		t.Fatalf("Put with a message larger than the queue = %v, %v; want nil, ErrTooLarge", got, err)
 	}
 	e.expect(e.read(0, 10), held)
 	e.stats(held, 0, 0)
@@ -213,15 +226,17 @@ func testPutAllOrNothing(t *testing.T, open Opener) {
 // everything else).
 func testTooLarge(t *testing.T, open Opener) {
 	e := newEnv(t, open, 1000, 0)
-	if err := e.q.Put(e.ctx, []gateway.Message{e.sized(0, 1001)}); !errors.Is(err, gateway.ErrTooLarge) {
-		t.Fatalf("Put of 1001 bytes into 1000 = %v, want ErrTooLarge", err)
+	if got, err := e.q.Put(e.ctx, []gateway.Message{e.sized(0, 1001)}); !errors.Is(err, gateway.ErrTooLarge) || got != nil {
+		t.Fatalf("Put of 1001 bytes into 1000 = %v, %v; want nil, ErrTooLarge", got, err)
 	}
 	e.readNone(0)
 	held := e.msgs(1, 4)
 	e.put(held...)
 	whole := e.sized(4, 1000)
-	e.put(whole)
-	e.expect(e.read(0, 10), []gateway.Message{whole})
+	put := e.put(whole)
+	got := e.read(0, 10)
+	e.expect(got, []gateway.Message{whole})
+	e.expectIDs(got, put)
 	e.stats([]gateway.Message{whole}, 3, 0)
 }
 
@@ -231,10 +246,13 @@ func testTooLarge(t *testing.T, open Opener) {
 func testFullDropsOldest(t *testing.T, open Opener) {
 	e := newEnv(t, open, 500, 0)
 	all := e.msgs(0, 8)
+	var put []uint64
 	for _, m := range all {
-		e.put(m)
+		put = append(put, e.put(m)...)
 	}
-	e.expect(e.read(0, 10), all[3:])
+	got := e.read(0, 10)
+	e.expect(got, all[3:])
+	e.expectIDs(got, put[3:])
 	e.stats(all[3:], 3, 0)
 	// One message of 300 bytes needs the room of three.
 	big := e.sized(8, 300)
@@ -251,14 +269,34 @@ func testFullDropsOldest(t *testing.T, open Opener) {
 
 // A batch larger than the queue (each of its messages fitting) keeps
 // its newest messages: it is as if they had been put one by one, and
-// its oldest are dropped as DropFull.
+// its oldest are dropped as DropFull. Put returns 0 for the IDs of those
+// it dropped (never there to read: the first of the batch), and for the
+// others the IDs Read returns; a message dropped by a later Put keeps
+// the ID its own Put returned.
 func testBatchLargerThanQueue(t *testing.T, open Opener) {
 	e := newEnv(t, open, 500, 0)
-	e.put(e.sized(0, 100))
+	first := e.put(e.sized(0, 100))
 	batch := e.msgs(1, 8)
-	e.put(batch...)
-	e.expect(e.read(0, 10), batch[2:])
+	put := e.putDropping(2, batch...)
+	got := e.read(0, 10)
+	e.expect(got, batch[2:])
+	e.expectIDs(got, put[2:])
 	e.stats(batch[2:], 3, 0)
+	if first[0] == 0 || first[0] >= put[2] {
+		t.Fatalf("the first Put's ID %d, the batch's after it %v", first[0], put)
+	}
+	// Each message as large as the queue: only the last is kept, and
+	// everything held before makes room.
+	whole := []gateway.Message{e.sized(8, 500), e.sized(9, 500), e.sized(10, 500)}
+	put = e.putDropping(2, whole...)
+	got = e.read(0, 10)
+	e.expect(got, whole[2:])
+	e.expectIDs(got, put[2:])
+	e.stats(whole[2:], 3+5+2, 0)
+	// The IDs of the dropped are nothing to acknowledge (0 is ignored).
+	e.ack(put...)
+	e.readNone(0)
+	e.stats(nil, 10, 0)
 }
 
 // A message older than max age when read is dropped (DropExpired), not
@@ -354,20 +392,22 @@ func testReadWaitsForPut(t *testing.T, open Opener) {
 	e := newEnv(t, open, caseMaxBytes, 0)
 	res := blockedRead(t, e.ctx, e.q, 0)
 	m := e.sized(0, 100)
-	e.put(m)
+	put := e.put(m)
 	r := await(t, res)
 	if r.err != nil {
 		t.Fatalf("waiting Read: %v", r.err)
 	}
 	e.expect(r.msgs, []gateway.Message{m})
-	res = blockedRead(t, e.ctx, e.q, r.msgs[0].ID)
+	e.expectIDs(r.msgs, put)
+	res = blockedRead(t, e.ctx, e.q, put[0])
 	m2 := e.sized(1, 100)
-	e.put(m2)
+	put = e.put(m2)
 	r = await(t, res)
 	if r.err != nil {
-		t.Fatalf("waiting Read after %d: %v", r.msgs[0].ID, r.err)
+		t.Fatalf("waiting Read after the first: %v", r.err)
 	}
 	e.expect(r.msgs, []gateway.Message{m2})
+	e.expectIDs(r.msgs, put)
 }
 
 // Read of an empty queue waits until its context ends and returns the
@@ -452,21 +492,22 @@ func testReadDoesNotRemove(t *testing.T, open Opener) {
 	e.stats(want, 0, 0)
 }
 
-// Ack removes the messages with those IDs, in any order, leaving the
-// others; they are never read again.
+// Ack removes the messages with those IDs (as Put returned them, read
+// or not), in any order, leaving the others; they are never read again.
 func testAckRemoves(t *testing.T, open Opener) {
 	e := newEnv(t, open, caseMaxBytes, 0)
 	all := e.msgs(0, 6)
-	e.put(all...)
-	got := e.read(0, 10)
-	e.ack(got[4].ID, got[1].ID)
+	put := e.put(all...)
+	e.ack(put[4], put[1])
 	want := []gateway.Message{all[0], all[2], all[3], all[5]}
-	e.expect(e.read(0, 10), want)
+	got := e.read(0, 10)
+	e.expect(got, want)
+	e.expectIDs(got, []uint64{put[0], put[2], put[3], put[5]})
 	e.stats(want, 0, 0)
-	e.ack(got[0].ID)
+	e.ack(put[0])
 	e.expect(e.read(0, 10), want[1:])
 	e.stats(want[1:], 0, 0)
-	e.ack(got[2].ID, got[3].ID, got[5].ID)
+	e.ack(put[2], put[3], put[5])
 	e.readNone(0)
 	e.stats(nil, 0, 0)
 }
@@ -512,8 +553,10 @@ func testAckUnknown(t *testing.T, open Opener) {
 	e.expect(e.read(0, 10), want)
 	e.stats(want, 1, 0)
 	later := e.msgs(5, 21)
-	e.put(later...)
-	e.expect(e.readAll(0, 100), later[len(later)-3:])
+	put := e.putDropping(len(later)-3, later...)
+	got = e.readAll(0, 100)
+	e.expect(got, later[len(later)-3:])
+	e.expectIDs(got, put[len(later)-3:])
 }
 
 // Stats reports the messages and bytes held (Message.Size), the oldest
@@ -567,8 +610,8 @@ func testCallsAfterClose(t *testing.T, open Opener) {
 		t.Fatalf("Close: %v", err)
 	}
 	e.closed = true
-	if err := e.q.Put(e.ctx, e.msgs(1, 2)); !errors.Is(err, gateway.ErrQueueClosed) {
-		t.Errorf("Put after Close = %v, want ErrQueueClosed", err)
+	if ids, err := e.q.Put(e.ctx, e.msgs(1, 2)); !errors.Is(err, gateway.ErrQueueClosed) || ids != nil {
+		t.Errorf("Put after Close = %v, %v; want nil, ErrQueueClosed", ids, err)
 	}
 	if got, err := e.q.Read(e.ctx, 0, 1); !errors.Is(err, gateway.ErrQueueClosed) || len(got) != 0 {
 		t.Errorf("Read after Close = %s, %v, want ErrQueueClosed", describeQueued(got), err)
@@ -595,11 +638,15 @@ const (
 
 // Many goroutines put while one reads and acknowledges: every message
 // is read exactly once, in ID order, each putter's in the order it put
-// them, and the queue ends empty. Run it with -race.
+// them, with the ID its Put returned (Puts sharing a commit get
+// distinct IDs), and the queue ends empty. Run it with -race.
 func testConcurrent(t *testing.T, open Opener) {
 	e := newEnv(t, open, 16<<20, 0)
 	var wg sync.WaitGroup
 	errs := make(chan error, concPutters)
+	// putIDs[p] are the IDs putter p's Puts returned, readIDs[p] those
+	// its messages were read with.
+	var putIDs, readIDs [concPutters][]uint64
 	for p := range concPutters {
 		wg.Go(func() {
 			for i := range concPuts {
@@ -608,10 +655,16 @@ func testConcurrent(t *testing.T, open Opener) {
 					batch[j] = gateway.Message{Device: gateway.DeviceID(fmt.Sprintf("dev-%d", p)), Topic: fmt.Sprintf("seq/%d", i*concBatch+j),
 						Payload: []byte(strings.Repeat("x", 10+j)), QoS: 1, Received: e.now(), Source: "mqtt"}
 				}
-				if err := e.q.Put(e.ctx, batch); err != nil {
+				got, err := e.q.Put(e.ctx, batch)
+				if err != nil {
 					errs <- fmt.Errorf("putter %d, put %d: %w", p, i, err)
 					return
 				}
+				if len(got) != len(batch) {
+					errs <- fmt.Errorf("putter %d, put %d: %d IDs for %d messages", p, i, len(got), len(batch))
+					return
+				}
+				putIDs[p] = append(putIDs[p], got...)
 			}
 		})
 	}
@@ -638,6 +691,7 @@ func testConcurrent(t *testing.T, open Opener) {
 				t.Fatalf("putter %d: read its message %d, want %d", p, seq, next[p])
 			}
 			next[p]++
+			readIDs[p] = append(readIDs[p], m.ID)
 		}
 		read += len(got)
 		if err := e.q.Ack(ids(got)); err != nil {
@@ -648,6 +702,11 @@ func testConcurrent(t *testing.T, open Opener) {
 	close(errs)
 	for err := range errs {
 		t.Error(err)
+	}
+	for p := range concPutters {
+		if !slices.Equal(putIDs[p], readIDs[p]) {
+			t.Errorf("putter %d: Put returned IDs %v, its messages were read with %v", p, putIDs[p], readIDs[p])
+		}
 	}
 	e.readNone(0)
 	e.stats(nil, 0, 0)

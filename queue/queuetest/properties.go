@@ -37,15 +37,19 @@ var (
 )
 
 // RunProperties checks queues made by open against a model with rapid:
-// random sequences of Puts (some too large, with received times around
-// the max age), Reads (after 0 or an ID read before, of 1 to 4
-// messages), Acks (of IDs read before, held or gone, and unknown ones),
-// clock moves and, for a durable queue, restarts. After every step the
-// queue's answers and Stats must equal the model's: the messages read,
-// byte for byte and in order, the messages and bytes held, the oldest's
+// random sequences of Puts (some too large, some batches larger than
+// the queue, with received times around the max age), Reads (after 0 or
+// an ID a Put returned, of 1 to 4 messages), Acks (of IDs Puts
+// returned, held or gone, read or not, and unknown ones), clock moves
+// and, for a durable queue, restarts. After every step the queue's
+// answers and Stats must equal the model's: the messages read, byte for
+// byte and in order, the messages and bytes held, the oldest's
 // Received, and the drops by reason since the last restart. The model
-// does not know the IDs the queue hands out; it learns them from reads
-// and checks that they increase in the order of the puts.
+// does not know the IDs the queue hands out: it learns them from each
+// Put (one per message; 0 exactly for those the Put itself dropped),
+// checks that they increase in the order of the puts, also across
+// restarts, and that Read returns each message with the ID its Put
+// returned.
 //
 // The number of runs is rapid's (-rapid.checks, default 100).
 func RunProperties(t *testing.T, open Opener) {
@@ -69,11 +73,13 @@ func RunProperties(t *testing.T, open Opener) {
 }
 
 // entry is a message the model was given: its place in the order of
-// the puts and its ID once a read showed it (0 before).
+// the puts, the ID its Put returned (0 for one the Put dropped), and
+// whether the model dropped it.
 type entry struct {
-	pos int
-	id  uint64
-	msg gateway.Message
+	pos     int
+	id      uint64
+	msg     gateway.Message
+	dropped bool
 }
 
 // model is what a queue of propMaxBytes and propMaxAge holds.
@@ -88,24 +94,28 @@ func expired(e *entry, now time.Time) bool { return now.Sub(e.msg.Received) > pr
 
 func (m *model) drop(i int, r gateway.DropReason) {
 	m.bytes -= int64(m.held[i].msg.Size())
+	m.held[i].dropped = true
 	m.held = slices.Delete(m.held, i, i+1)
 	m.dropped[r]++
 }
 
 // put is Put: all or nothing; the expired messages at the head go, then
-// each message is appended and the oldest make room.
-func (m *model) put(msgs []gateway.Message, now time.Time) error {
+// each message is appended and the oldest make room. It returns the
+// entries of msgs.
+func (m *model) put(msgs []gateway.Message, now time.Time) ([]*entry, error) {
 	for _, msg := range msgs {
 		if msg.Size() > propMaxBytes {
-			return gateway.ErrTooLarge
+			return nil, gateway.ErrTooLarge
 		}
 	}
 	for len(m.held) > 0 && expired(m.held[0], now) {
 		m.drop(0, gateway.DropExpired)
 	}
-	for _, msg := range msgs {
+	added := make([]*entry, len(msgs))
+	for i, msg := range msgs {
 		msg.Received = ms(msg.Received)
 		e := &entry{pos: len(m.all), msg: msg}
+		added[i] = e
 		m.all = append(m.all, e)
 		m.held = append(m.held, e)
 		m.bytes += int64(msg.Size())
@@ -113,7 +123,7 @@ func (m *model) put(msgs []gateway.Message, now time.Time) error {
 			m.drop(0, gateway.DropFull)
 		}
 	}
-	return nil
+	return added, nil
 }
 
 // read is Read after the entry at pos after (-1: from the oldest): in
@@ -188,8 +198,11 @@ func (m *machine) run() {
 
 func (m *machine) drawMessage() gateway.Message {
 	n := rapid.IntRange(0, propMaxPayload).Draw(m.t, "payload")
-	if rapid.IntRange(0, 19).Draw(m.t, "too large") == 0 {
+	switch rapid.IntRange(0, 19).Draw(m.t, "large") {
+	case 0: // larger than the queue
 		n = propMaxBytes
+	case 1, 2: // two of them are more than the queue holds: a batch drops its own
+		n = propMaxBytes / 2
 	}
 	payload := make([]byte, n)
 	for i := range payload {
@@ -219,16 +232,47 @@ func (m *machine) put() {
 	for i := range msgs {
 		msgs[i] = m.drawMessage()
 	}
-	err := m.q.Put(context.Background(), msgs)
-	want := m.model.put(msgs, m.clock.Now())
-	m.t.Logf("Put(%s) = %v", describe(msgs), err)
+	ids, err := m.q.Put(context.Background(), msgs)
+	added, want := m.model.put(msgs, m.clock.Now())
+	m.t.Logf("Put(%s) = %v, %v", describe(msgs), ids, err)
 	if !errors.Is(err, want) {
 		m.t.Fatalf("Put(%s) = %v, want %v", describe(msgs), err, want)
 	}
+	if err != nil {
+		if ids != nil {
+			m.t.Fatalf("Put(%s) failed and returned IDs %v", describe(msgs), ids)
+		}
+		return
+	}
+	if len(ids) != len(added) {
+		m.t.Fatalf("Put(%s) returned %d IDs, want %d", describe(msgs), len(ids), len(added))
+	}
+	for i, e := range added {
+		if (ids[i] == 0) != e.dropped {
+			m.t.Fatalf("Put(%s) returned IDs %v: message %d dropped by the Put: %v; want 0 for exactly those", describe(msgs), ids, i, e.dropped)
+		}
+		e.id = ids[i]
+	}
+	m.checkIDOrder()
 }
 
-// drawAfter is 0, the ID of an entry read before, or the cursor after
-// the last read, with its position in the order of the puts.
+// checkIDOrder checks that the IDs Puts returned increase in the order
+// of the puts (0s aside).
+func (m *machine) checkIDOrder() {
+	var last uint64
+	for _, e := range m.model.all {
+		if e.id == 0 {
+			continue
+		}
+		if e.id <= last {
+			m.t.Fatalf("message put %d has ID %d, an earlier one %d", e.pos, e.id, last)
+		}
+		last = e.id
+	}
+}
+
+// drawAfter is 0 or the ID a Put returned (for a message held or gone),
+// with its position in the order of the puts.
 func (m *machine) drawAfter() (uint64, int) {
 	known := []*entry{nil}
 	for _, e := range m.model.all {
@@ -258,12 +302,12 @@ func (m *machine) read() {
 	if err != nil {
 		m.t.Fatalf("Read(after %d, %d): %v", after, n, err)
 	}
-	m.learn(got, want)
+	m.check(got, want)
 }
 
-// learn checks that got are the model's entries want, and records their
-// IDs.
-func (m *machine) learn(got []gateway.QueuedMessage, want []*entry) {
+// check checks that got are the model's entries want, each with the ID
+// its Put returned.
+func (m *machine) check(got []gateway.QueuedMessage, want []*entry) {
 	msgs := make([]gateway.Message, len(want))
 	for i, e := range want {
 		msgs[i] = e.msg
@@ -272,20 +316,9 @@ func (m *machine) learn(got []gateway.QueuedMessage, want []*entry) {
 		m.t.Fatal(err)
 	}
 	for i, e := range want {
-		if e.id != 0 && e.id != got[i].ID {
-			m.t.Fatalf("message put %d read with ID %d, before with ID %d", e.pos, got[i].ID, e.id)
+		if e.id != got[i].ID {
+			m.t.Fatalf("message put %d read with ID %d, its Put returned ID %d", e.pos, got[i].ID, e.id)
 		}
-		e.id = got[i].ID
-	}
-	var last uint64
-	for _, e := range m.model.all {
-		if e.id == 0 {
-			continue
-		}
-		if e.id <= last {
-			m.t.Fatalf("message put %d has ID %d, an earlier one %d", e.pos, e.id, last)
-		}
-		last = e.id
 	}
 }
 
@@ -350,7 +383,7 @@ func (m *machine) readAll() {
 		if err != nil {
 			m.t.Fatalf("final Read(after %d): %v", after, err)
 		}
-		m.learn(got, want)
+		m.check(got, want)
 		after, pos = got[len(got)-1].ID, want[len(want)-1].pos
 	}
 }

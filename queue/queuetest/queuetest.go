@@ -13,10 +13,16 @@
 // Every queue runs on a manual clock (gateway/clocktest) that the suite
 // moves by hand, so no age test sleeps.
 //
+// Put's IDs are checked against Read's: each case compares the IDs a
+// Put returned with those Read returns for its messages (the same, in
+// order), and every Put's IDs with all those returned before (higher,
+// also across a restart of a durable queue).
+//
 // Where the contract is silent the suite pins what fleetgate's queues
 // do, so that the bridge may use either:
 //   - a batch larger than the queue keeps its newest messages, as if
-//     they had been put one by one;
+//     they had been put one by one; Put returns 0 for the IDs of those
+//     it dropped;
 //   - a message's age is now minus its Received: one exactly max age old
 //     is kept; a Put first drops the expired messages at the head;
 //   - Read with a context that has ended returns the messages there are
@@ -83,6 +89,9 @@ type env struct {
 	q     gateway.Queue
 	// closed says the case closed q itself (the cleanup does not).
 	closed bool
+	// last is the highest ID a Put returned (since the last restart of
+	// a queue that is not durable).
+	last uint64
 }
 
 // newEnv opens a queue with bounds maxBytes and maxAge on a new manual
@@ -117,6 +126,9 @@ func (e *env) open() {
 		e.t.Fatal("Open returned a nil queue")
 	}
 	e.q, e.closed = q, false
+	if !e.h.Durable {
+		e.last = 0
+	}
 }
 
 // reopen closes the queue and opens it again (a restart).
@@ -131,10 +143,40 @@ func (e *env) reopen() {
 
 func (e *env) now() time.Time { return e.clock.Now() }
 
-func (e *env) put(msgs ...gateway.Message) {
+// put puts msgs, none of which the Put may drop, and returns their IDs.
+func (e *env) put(msgs ...gateway.Message) []uint64 {
 	e.t.Helper()
-	if err := e.q.Put(e.ctx, msgs); err != nil {
+	return e.putDropping(0, msgs...)
+}
+
+// putDropping puts msgs and returns their IDs, checking them: one per
+// message, 0 for the first dropped (the messages the Put itself drops
+// to make room), the others above every ID returned before, increasing.
+func (e *env) putDropping(dropped int, msgs ...gateway.Message) []uint64 {
+	e.t.Helper()
+	got, err := e.q.Put(e.ctx, msgs)
+	if err != nil {
 		e.t.Fatalf("Put(%s): %v", describe(msgs), err)
+	}
+	if len(got) != len(msgs) {
+		e.t.Fatalf("Put(%s) returned %d IDs %v, want %d", describe(msgs), len(got), got, len(msgs))
+	}
+	for i, id := range got {
+		switch {
+		case i < dropped && id != 0, i >= dropped && id <= e.last:
+			e.t.Fatalf("Put(%s) returned IDs %v: want 0 for the first %d (dropped by the Put), then IDs above %d (returned before), increasing", describe(msgs), got, dropped, e.last)
+		case i >= dropped:
+			e.last = id
+		}
+	}
+	return got
+}
+
+// expectIDs checks that got (read) have the IDs want (returned by Put).
+func (e *env) expectIDs(got []gateway.QueuedMessage, want []uint64) {
+	e.t.Helper()
+	if !slices.Equal(ids(got), want) {
+		e.t.Fatalf("Read returned IDs %v, Put returned %v for those messages", ids(got), want)
 	}
 }
 
