@@ -257,7 +257,7 @@ func (o *Options) defaults() error {
 		o.Up = []string{o.LocalPrefix + "/#"}
 	}
 	for _, f := range o.Up {
-		if !validFilter(f) {
+		if !gateway.ValidTopicFilter(f) {
 			return fmt.Errorf("bridge: up filter %q is not an MQTT topic filter", f)
 		}
 	}

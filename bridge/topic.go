@@ -49,29 +49,8 @@ func parseCommandTopic(topicPrefix, topic string) (gateway.DeviceID, string, err
 	return device, rest, nil
 }
 
-// validFilter reports whether f is an MQTT topic filter: non-empty, "+"
-// only as a whole level, "#" only as the whole last level.
-func validFilter(f string) bool {
-	if f == "" || strings.ContainsRune(f, 0) {
-		return false
-	}
-	levels := strings.Split(f, "/")
-	for i, l := range levels {
-		switch {
-		case l == "#":
-			if i != len(levels)-1 {
-				return false
-			}
-		case l == "+":
-		case strings.ContainsAny(l, "+#"):
-			return false
-		}
-	}
-	return true
-}
-
 // matchFilter reports whether topic matches the MQTT topic filter f
-// (validFilter(f) holds): "+" matches one level, a trailing "#" the
+// (gateway.ValidTopicFilter(f) holds): "+" matches one level, a trailing "#" the
 // level before it and every level below. Neither wildcard matches a
 // topic starting with "$" at the first level.
 func matchFilter(f, topic string) bool {

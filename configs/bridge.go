@@ -160,7 +160,7 @@ func (c Config) validateBridge(p *problems) {
 		p.add("bridge.mqtt.tls", "cert and key go together")
 	}
 	for i, f := range m.Up {
-		if !ValidTopicFilter(f) {
+		if !gateway.ValidTopicFilter(f) {
 			p.add(fmt.Sprintf("bridge.mqtt.up[%d]", i), "%q: not an MQTT topic filter (levels separated by /, + alone in a level, # alone and last)", f)
 		}
 	}
@@ -190,28 +190,6 @@ func (c Config) validateBridge(p *problems) {
 // without wildcards, NUL or a leading $.
 func validTopicName(s string) bool {
 	return s != "" && !strings.HasPrefix(s, "$") && gateway.ValidTopicRest(s)
-}
-
-// ValidTopicFilter reports whether f is an MQTT topic filter: levels
-// separated by "/", "+" only alone in a level, "#" only alone in the last
-// level, no NUL; at most 1024 bytes.
-func ValidTopicFilter(f string) bool {
-	if f == "" || len(f) > 1024 || strings.ContainsRune(f, 0) {
-		return false
-	}
-	levels := strings.Split(f, "/")
-	for i, l := range levels {
-		switch {
-		case l == "#":
-			if i != len(levels)-1 {
-				return false
-			}
-		case l == "+":
-		case strings.ContainsAny(l, "+#"):
-			return false
-		}
-	}
-	return true
 }
 
 // ByteSize is a size in bytes, written as a number with a unit: B, KiB,
@@ -302,12 +280,12 @@ func (c Config) validateClients(p *problems) {
 			p.add(key, "%q may neither read nor write: give it read or write filters", cl.Name)
 		}
 		for j, f := range cl.Read {
-			if !ValidTopicFilter(f) {
+			if !gateway.ValidTopicFilter(f) {
 				p.add(fmt.Sprintf("%s.read[%d]", key, j), "%q: not an MQTT topic filter", f)
 			}
 		}
 		for j, f := range cl.Write {
-			if !ValidTopicFilter(f) {
+			if !gateway.ValidTopicFilter(f) {
 				p.add(fmt.Sprintf("%s.write[%d]", key, j), "%q: not an MQTT topic filter", f)
 			}
 		}

@@ -121,12 +121,3 @@ func TestByteSizeRoundTrip(t *testing.T) {
 		}
 	}
 }
-
-func TestValidTopicFilter(t *testing.T) {
-	for f, want := range map[string]bool{"#": true, "+": true, "a/+/b": true, "a/#": true, "/a": true, "a//b": true,
-		"": false, "a#": false, "a/#/b": false, "a+/b": false, "a\x00": false} {
-		if got := configs.ValidTopicFilter(f); got != want {
-			t.Errorf("%q: %v, want %v", f, got, want)
-		}
-	}
-}

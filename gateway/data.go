@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"errors"
+	"strings"
 	"time"
 )
 
@@ -115,6 +116,27 @@ func ValidTopicRest(rest string) bool {
 		}
 	}
 	return level > 0
+}
+
+// ValidTopicFilter reports whether f is an MQTT topic filter: "/"
+// separated levels, "+" only as a whole level, "#" only as the whole last
+// level, no NUL, at most 1024 bytes.
+func ValidTopicFilter(f string) bool {
+	if f == "" || len(f) > 1024 || strings.IndexByte(f, 0) >= 0 {
+		return false
+	}
+	for {
+		level, after, more := strings.Cut(f, "/")
+		switch {
+		case level == "#" && more:
+			return false
+		case level != "#" && level != "+" && strings.ContainsAny(level, "+#"):
+			return false
+		case !more:
+			return true
+		}
+		f = after
+	}
 }
 
 func quoteTopic(s string) string {

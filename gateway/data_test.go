@@ -58,3 +58,12 @@ func FuzzValidTopicRest(f *testing.F) {
 		}
 	})
 }
+
+func TestValidTopicFilter(t *testing.T) {
+	for f, want := range map[string]bool{"#": true, "+": true, "a/+/b": true, "a/#": true, "/a": true, "a//b": true, "+/+/#": true,
+		"": false, "a#": false, "a/#/b": false, "a+/b": false, "a\x00": false, strings.Repeat("a", 1025): false} {
+		if got := ValidTopicFilter(f); got != want {
+			t.Errorf("%q: %v, want %v", f, got, want)
+		}
+	}
+}

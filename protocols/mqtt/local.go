@@ -90,7 +90,7 @@ func newLocalSet(clients []LocalClient, passwords gateway.Credentials) (*localSe
 			return nil, fmt.Errorf("local client %q is listed twice", c.Name)
 		}
 		for _, f := range append(append([]string(nil), c.Read...), c.Write...) {
-			if !validFilter(f) {
+			if !gateway.ValidTopicFilter(f) {
 				return nil, fmt.Errorf("local client %q: %q is not a topic filter", c.Name, f)
 			}
 		}

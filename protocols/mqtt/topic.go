@@ -91,26 +91,6 @@ func covers(r, f string) bool {
 	}
 }
 
-// validFilter reports whether f is a topic filter whose wildcards are
-// whole levels ("+" any level, "#" the last one): not empty, no NUL.
-func validFilter(f string) bool {
-	if f == "" || strings.IndexByte(f, 0) >= 0 {
-		return false
-	}
-	for {
-		level, after, more := strings.Cut(f, "/")
-		switch {
-		case level == "#" && more:
-			return false
-		case level != "#" && level != "+" && strings.ContainsAny(level, "+#"):
-			return false
-		case !more:
-			return true
-		}
-		f = after
-	}
-}
-
 // unshared is filter without a shared subscription's "$share/<group>/".
 // The prefix is matched in any case, as the broker does.
 func unshared(filter string) string {
