@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -290,4 +291,62 @@ func TestE2EDataSurvivesKill(t *testing.T) {
 	if next != n {
 		t.Fatalf("%d of %d messages upstream", next, n)
 	}
+}
+
+// An adapter's data and commands through the binary: udpline's
+// "hb <device> ><topic> <payload>" line reaches the upstream broker and
+// the device's evidence keeps it online; a command published upstream
+// comes back to the device's address as a "cmd" line.
+func TestE2EAdapterDataPath(t *testing.T) {
+	t.Parallel()
+	up := mosquittotest.Start(t, mosquittotest.Options{})
+	gw := newGateway(t, "gw-ad", "", fastTiming)
+	listen := fmt.Sprintf("127.0.0.1:%d", freeUDPPort(t))
+	gw.setAdapters(t, filepath.Dir(udpline), map[string]string{"legacy": listen})
+	withBridge(t, gw, up.Addr)
+	gw.start()
+	reader, upc := readUpstream(t, up.Addr, "reader", "fleetgate/gw-ad/devices/#")
+
+	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pc.Close()
+	dst, err := net.ResolveUDPAddr("udp", listen)
+	if err != nil {
+		t.Fatal(err)
+	}
+	send := func(line string) {
+		if _, err := pc.WriteTo([]byte(line+"\n"), dst); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, 20*time.Second, "the adapter's message upstream", func() bool {
+		send("hb legacy-9 >telemetry/level 42")
+		return reader.find("fleetgate/gw-ad/devices/legacy-9/telemetry/level") != nil
+	})
+	if p := reader.find("fleetgate/gw-ad/devices/legacy-9/telemetry/level"); string(p.Payload) != "42" {
+		t.Fatalf("upstream: %q", p.Payload)
+	}
+	waitFor(t, 10*time.Second, "legacy-9 online (its data is evidence)", func() bool { return gw.device(t, "legacy-9").State == "online" })
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := upc.Publish(ctx, &paho.Publish{Topic: "fleetgate/gw-ad/devices/legacy-9/cmd/valve", QoS: 1, Payload: []byte("open")}); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 512)
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) {
+		send("hb legacy-9")
+		_ = pc.SetReadDeadline(time.Now().Add(500 * time.Millisecond))
+		n, _, err := pc.ReadFrom(buf)
+		if err != nil {
+			continue
+		}
+		if got := strings.TrimSpace(string(buf[:n])); got != "cmd legacy-9 >cmd/valve open" {
+			t.Fatalf("the device got %q, want its command", got)
+		}
+		return
+	}
+	t.Fatal("no command line reached the device's address within 20 s")
 }
