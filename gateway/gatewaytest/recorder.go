@@ -1,5 +1,16 @@
 // Package gatewaytest holds test helpers shared by the protocol front
-// ends: an evidence recorder and a serve-until-cleanup runner.
+// ends: an evidence recorder, reloadable credentials, a
+// serve-until-cleanup runner, and recorders of the data path's
+// collaborators (DataSink, Commands).
+//
+// DataSink and Commands are the one exception to the project's "no fakes
+// but the clock": they are the front ends' collaborators, not the system
+// under test, and a front end may not import the real ones (protocols
+// import only gateway and internal). They keep the contract of
+// gateway/data.go as far as a front end can see it, in memory, and
+// record what they are handed. The real ones, package bridge over
+// queue/diskq and queue/memq, are tested against real brokers in bridge
+// and end to end through the binary in cmd/fleetgate.
 package gatewaytest
 
 import (

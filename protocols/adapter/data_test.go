@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -21,17 +22,17 @@ import (
 // evidence of their sessions, in the order the lines came: dev-1's data
 // renews its session before its leave ends it.
 func TestDataReachesTheSink(t *testing.T) {
-	sink := &recordingSink{}
+	sink := &gatewaytest.DataSink{}
 	e := newHost(t, func(o *adapter.Options) { o.Data = sink })
 	addr := freeUDP(t)
 	if err := e.host.Apply(ctx(t), []adapter.Spec{udpSpec("legacy", addr)}); err != nil {
 		t.Fatal(err)
 	}
 	sendLine(t, addr, "hb dev-1 radio1 >telemetry/temp 21.5 C\nbye dev-1 radio1\nhb dev-2 > on\n")
-	waitFor(t, 5*time.Second, "two messages", func() bool { return len(sink.messages()) == 2 })
+	waitFor(t, 5*time.Second, "two messages", func() bool { return len(sink.Messages()) == 2 })
 	now := e.clock.Now()
 	got := map[gateway.DeviceID]gateway.Message{}
-	for _, m := range sink.messages() {
+	for _, m := range sink.Messages() {
 		got[m.Device] = m
 	}
 	if m := got["dev-1"]; m.Topic != "telemetry/temp" || string(m.Payload) != "21.5 C" || m.QoS != 0 || m.Source != "legacy" ||
@@ -84,7 +85,7 @@ func TestDataItemsCheckedAsAWhole(t *testing.T) {
 	)
 	spec := adapter.Spec{Name: "raw", Path: path, StartTimeout: 10 * time.Second, Devices: []string{"raw-*"}, Config: config,
 		DataBytesPerSecond: 200}
-	sink := &recordingSink{}
+	sink := &gatewaytest.DataSink{}
 	e := newHost(t, func(o *adapter.Options) { o.Data = sink })
 	if err := e.host.Apply(ctx(t), []adapter.Spec{spec}); err != nil {
 		t.Fatal(err)
@@ -107,8 +108,8 @@ func TestDataItemsCheckedAsAWhole(t *testing.T) {
 		st.DataRefused != 1 || st.DataDropped != 1 {
 		t.Fatalf("status %+v: want evidence 3 accepted, 3 rejected, 1 refused; data 2 published, 3 rejected, 1 refused, 1 dropped", st)
 	}
-	if e.count("raw-e", gateway.Connect) != 1 || len(sink.messages()) != 2 {
-		t.Fatalf("evidence %v, messages %v: want raw-e's connect counted without its data, raw-c's two messages", e.rec.Evidence(), sink.messages())
+	if e.count("raw-e", gateway.Connect) != 1 || len(sink.Messages()) != 2 {
+		t.Fatalf("evidence %v, messages %v: want raw-e's connect counted without its data, raw-c's two messages", e.rec.Evidence(), sink.Messages())
 	}
 
 	// Without a data path: discarded, and settled so.
@@ -179,10 +180,9 @@ func command(dev, topic, payload string) gateway.Message {
 // host's clock) and not after it expired; a device that left, and one of
 // the devices file, get none.
 func TestCommandsReachTheDevice(t *testing.T) {
-	var cmds *recordingCommands
+	cmds := &gatewaytest.Commands{}
 	e := newHost(t, func(o *adapter.Options) {
 		o.HealthInterval = time.Hour // only the retry timer runs on the clock
-		cmds = newRecordingCommands(o.Clock)
 		o.Commands = cmds
 	})
 	addr := freeUDP(t)
@@ -192,28 +192,28 @@ func TestCommandsReachTheDevice(t *testing.T) {
 	d1 := newDevice(t, "dev-1", addr)
 	d1.say("hb dev-1")
 	waitFor(t, 5*time.Second, "dev-1's heartbeat", func() bool { return e.count("dev-1", gateway.Renew) == 1 })
-	c1 := cmds.submit(command("dev-1", "cmd/reboot", "now"), time.Time{})
+	c1 := cmds.Add(command("dev-1", "cmd/reboot", "now"), time.Time{})
 	if got := d1.next(5 * time.Second); got != "cmd dev-1 >cmd/reboot now\n" {
 		t.Fatalf("dev-1 got %q", got)
 	}
-	waitFor(t, 5*time.Second, "the acknowledgement", func() bool { return fmt.Sprint(cmds.ackedIDs()) == fmt.Sprint([]uint64{c1.ID}) })
+	waitFor(t, 5*time.Second, "the acknowledgement", func() bool { return slices.Equal(cmds.Acks(), []gatewaytest.AckCall{{Device: "dev-1", ID: c1.ID}}) })
 
 	// Submitted before dev-2 is heard: delivered when it is.
-	c2 := cmds.submit(command("dev-2", "cmd", "hello"), time.Time{})
+	c2 := cmds.Add(command("dev-2", "cmd", "hello"), time.Time{})
 	d2 := newDevice(t, "dev-2", addr)
 	d2.say("hb dev-2")
 	if got := d2.next(5 * time.Second); got != "cmd dev-2 >cmd hello\n" {
 		t.Fatalf("dev-2 got %q", got)
 	}
-	waitFor(t, 5*time.Second, "the acknowledgement", func() bool { return len(cmds.ackedIDs()) == 2 && cmds.ackedIDs()[1] == c2.ID })
+	waitFor(t, 5*time.Second, "the acknowledgement", func() bool { return len(cmds.Acks()) == 2 && cmds.Acks()[1].ID == c2.ID })
 
 	// Refused (a line break): pending, tried again, until it expires.
-	cmds.submit(command("dev-1", "cmd", "two\nlines"), e.clock.Now().Add(15*time.Second))
+	cmds.Add(command("dev-1", "cmd", "two\nlines"), e.clock.Now().Add(15*time.Second))
 	waitFor(t, 5*time.Second, "the refusal", func() bool { return e.status(t, "legacy").CommandsRefused == 1 })
 	waitFor(t, 5*time.Second, "the retry timer", func() bool { return e.clock.Timers() == 2 }) // health and retry
 	e.clock.Advance(adapter.CommandRetry)
 	waitFor(t, 5*time.Second, "the second refusal", func() bool { return e.status(t, "legacy").CommandsRefused == 2 })
-	if cmds.pendingOf("dev-1") != 1 {
+	if len(cmds.Held("dev-1")) != 1 {
 		t.Fatal("the refused command is not pending")
 	}
 	waitFor(t, 5*time.Second, "the retry timer", func() bool { return e.clock.Timers() == 2 })
@@ -226,14 +226,14 @@ func TestCommandsReachTheDevice(t *testing.T) {
 	// dev-2 leaves: its commands wait.
 	d2.say("bye dev-2")
 	waitFor(t, 5*time.Second, "dev-2's leave", func() bool { return e.count("dev-2", gateway.Leave) == 1 })
-	cmds.submit(command("dev-2", "cmd", "late"), time.Time{})
-	if got := d2.next(500 * time.Millisecond); got != "" || cmds.pendingOf("dev-2") != 1 {
-		t.Fatalf("dev-2 got %q after its leave (pending %d)", got, cmds.pendingOf("dev-2"))
+	cmds.Add(command("dev-2", "cmd", "late"), time.Time{})
+	if got := d2.next(500 * time.Millisecond); got != "" || len(cmds.Held("dev-2")) != 1 {
+		t.Fatalf("dev-2 got %q after its leave (pending %d)", got, len(cmds.Held("dev-2")))
 	}
 
 	// dev-1 joins the devices file: no adapter speaks for it.
 	e.host.SetCredentials(gatewaytest.NewCredentials(devicesFile(t, "dev-1")))
-	cmds.submit(command("dev-1", "cmd", "mine?"), time.Time{})
+	cmds.Add(command("dev-1", "cmd", "mine?"), time.Time{})
 	if got := d1.next(500 * time.Millisecond); got != "" {
 		t.Fatalf("dev-1 got %q while the devices file lists it", got)
 	}
@@ -268,14 +268,13 @@ func postUplink(addr, eui string) (int, error) {
 // (the network server may send it again); 204 with no data path, the
 // uplink counted as evidence.
 func TestQoS1DataAnsweredAfterTheSink(t *testing.T) {
-	sink := &recordingSink{}
+	sink := &gatewaytest.DataSink{}
 	e := newHost(t, func(o *adapter.Options) { o.Data = sink })
 	addr := freeTCP(t)
 	if err := e.host.Apply(ctx(t), []adapter.Spec{lorawanSpec(addr)}); err != nil {
 		t.Fatal(err)
 	}
-	gate := make(chan struct{})
-	sink.set(nil, gate)
+	release := sink.Hold()
 	answer := make(chan int, 1)
 	go func() {
 		code, err := postUplink(addr, "0101010101010101")
@@ -284,21 +283,21 @@ func TestQoS1DataAnsweredAfterTheSink(t *testing.T) {
 		}
 		answer <- code
 	}()
-	waitFor(t, 5*time.Second, "the Publish call", func() bool {
-		sink.mu.Lock()
-		defer sink.mu.Unlock()
-		return sink.calls == 1
-	})
+	select {
+	case <-sink.Began():
+	case <-time.After(5 * time.Second):
+		t.Fatal("timed out after 5s waiting for the Publish call")
+	}
 	select {
 	case code := <-answer:
 		t.Fatalf("answered %d while the sink had not taken the data", code)
 	case <-time.After(300 * time.Millisecond):
 	}
-	close(gate)
+	release()
 	if code := <-answer; code != http.StatusNoContent {
 		t.Fatalf("answered %d once taken, want 204", code)
 	}
-	msgs := sink.messages()
+	msgs := sink.Messages()
 	if len(msgs) != 1 || msgs[0].Device != "lora-0101010101010101" || msgs[0].Topic != "up/1" || string(msgs[0].Payload) != "\x04" ||
 		msgs[0].QoS != 1 || msgs[0].ContentType != "application/octet-stream" || msgs[0].Source != "lora" ||
 		len(msgs[0].Properties) != 1 || msgs[0].Properties[0] != (gateway.Property{Key: "f_cnt", Value: "4"}) {
@@ -308,7 +307,7 @@ func TestQoS1DataAnsweredAfterTheSink(t *testing.T) {
 		t.Fatalf("evidence %v: want the uplink's renewal", e.rec.Evidence())
 	}
 
-	sink.set(errors.New("queue: disk full"), nil)
+	sink.Fail(errors.New("queue: disk full"))
 	if code, err := postUplink(addr, "0101010101010101"); err != nil || code != http.StatusServiceUnavailable {
 		t.Fatalf("with a failing sink: %d, %v; want 503", code, err)
 	}
@@ -343,10 +342,9 @@ func freeTCP(t *testing.T) string {
 // for, the ones beyond MaxWatched get their commands too, looked for
 // every CommandRetry (on the host's clock).
 func TestCommandsBeyondMaxWatched(t *testing.T) {
-	var cmds *recordingCommands
+	cmds := &gatewaytest.Commands{}
 	e := newHost(t, func(o *adapter.Options) {
 		o.HealthInterval = time.Hour
-		cmds = newRecordingCommands(o.Clock)
 		o.Commands = cmds
 	})
 	addr := freeUDP(t)
@@ -360,7 +358,7 @@ func TestCommandsBeyondMaxWatched(t *testing.T) {
 	waitFor(t, 10*time.Second, "the poll timer", func() bool { return e.clock.Timers() == 2 })
 	start := time.Now()
 	for i := range n {
-		cmds.submit(command(fmt.Sprintf("r-%d", i), "cmd", "x"), time.Time{})
+		cmds.Add(command(fmt.Sprintf("r-%d", i), "cmd", "x"), time.Time{})
 	}
 	waitFor(t, 30*time.Second, "the watched devices' commands", func() bool { return e.status(t, "legacy").CommandsDelivered == n-1 })
 	t.Logf("%d commands, one per watched device, delivered in %s", n-1, time.Since(start).Round(time.Millisecond))

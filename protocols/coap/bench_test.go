@@ -40,6 +40,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/fleetgate/fleetgate/gateway"
+	"github.com/fleetgate/fleetgate/gateway/gatewaytest"
 )
 
 // benchChildEnv names the server a re-executed test binary runs: "raw",
@@ -108,7 +109,7 @@ func runBenchChild(mode string) error {
 		case "dtls":
 			o.DTLS, o.Credentials = "127.0.0.1:0", benchDevices{}
 		case "data":
-			o.Sink, o.Commands = &countingSink{}, &commandList{}
+			o.Sink, o.Commands = &countingSink{}, &gatewaytest.Commands{}
 		}
 		s, err := New(&countingObserver{}, o)
 		if err != nil {

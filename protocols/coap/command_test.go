@@ -15,6 +15,7 @@ import (
 
 	"github.com/fleetgate/fleetgate/gateway"
 	"github.com/fleetgate/fleetgate/gateway/clocktest"
+	"github.com/fleetgate/fleetgate/gateway/gatewaytest"
 )
 
 // cmd is a command of device dev-1 with topic and payload.
@@ -214,10 +215,10 @@ func TestCommandsDelivered(t *testing.T) {
 	s, k, cmds := startData(t, rec, Options{AllowAnonymous: true, Clock: clock, Registerer: reg})
 	cc := dial(t, s)
 	hour := start.Add(time.Hour)
-	c1 := cmds.add(gateway.Message{Device: "dev-1", Topic: "cmd/led/set", Payload: []byte(`{"r":255}`), ContentType: "application/json"}, hour)
-	c2 := cmds.add(gateway.Message{Device: "dev-1", Topic: "cmd", Payload: []byte("reboot"), ContentType: "text/plain; charset=utf-8"}, hour)
-	other := cmds.add(gateway.Message{Device: "dev-2", Topic: "cmd/x", Payload: []byte("x")}, hour)
-	gone := cmds.add(gateway.Message{Device: "dev-1", Topic: "cmd/late", Payload: []byte("late")}, start.Add(time.Second))
+	c1 := cmds.Add(gateway.Message{Device: "dev-1", Topic: "cmd/led/set", Payload: []byte(`{"r":255}`), ContentType: "application/json"}, hour)
+	c2 := cmds.Add(gateway.Message{Device: "dev-1", Topic: "cmd", Payload: []byte("reboot"), ContentType: "text/plain; charset=utf-8"}, hour)
+	other := cmds.Add(gateway.Message{Device: "dev-2", Topic: "cmd/x", Payload: []byte("x")}, hour)
+	gone := cmds.Add(gateway.Message{Device: "dev-1", Topic: "cmd/late", Payload: []byte("late")}, start.Add(time.Second))
 	clock.Advance(time.Second) // gone has expired
 
 	carries := func(a answered, want *gateway.Command) {
@@ -258,14 +259,15 @@ func TestCommandsDelivered(t *testing.T) {
 	// A leave acknowledges and carries nothing.
 	carries(post(t, cc, con, codes.DELETE, "/hb", nil, noCF, "d=dev-2", fmt.Sprintf("a=%d", other.ID), padding), nil)
 
-	if left := cmds.pending(); len(left) != 1 || left[0].ID != gone.ID {
+	if left := append(cmds.Held("dev-1"), cmds.Held("dev-2")...); len(left) != 1 || left[0].ID != gone.ID {
 		t.Fatalf("pending %+v, want only the expired one", left)
 	}
-	want := []ackCall{{"dev-1", 1}, {"dev-2", c2.ID}, {"dev-2", 999}, {"dev-1", 1}, {"dev-1", c2.ID}, {"dev-2", other.ID}}
-	if got := cmds.acked(); fmt.Sprint(got) != fmt.Sprint(want) {
+	want := []gatewaytest.AckCall{{Device: "dev-1", ID: 1}, {Device: "dev-2", ID: c2.ID}, {Device: "dev-2", ID: 999},
+		{Device: "dev-1", ID: 1}, {Device: "dev-1", ID: c2.ID}, {Device: "dev-2", ID: other.ID}}
+	if got := cmds.Acks(); fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("Ack calls %v, want %v", got, want)
 	}
-	if msgs := k.messages(); len(msgs) != 2 {
+	if msgs := k.Messages(); len(msgs) != 2 {
 		t.Fatalf("published %+v", msgs)
 	}
 	got := gather(t, reg)
@@ -283,7 +285,7 @@ func TestCommandMarker(t *testing.T) {
 	rec := &recorder{}
 	reg := prometheus.NewRegistry()
 	s, _, cmds := startData(t, rec, Options{AllowAnonymous: true, Registerer: reg})
-	c := cmds.add(gateway.Message{Device: "dev-1", Topic: "cmd/config", Payload: bytes.Repeat([]byte("c"), 300)}, time.Now().Add(time.Hour))
+	c := cmds.Add(gateway.Message{Device: "dev-1", Topic: "cmd/config", Payload: bytes.Repeat([]byte("c"), 300)}, time.Now().Add(time.Hour))
 	conn := rawConn(t, s)
 	ask := func(req []byte) *message.Message {
 		t.Helper()
@@ -332,13 +334,13 @@ func TestCommandUndeliverable(t *testing.T) {
 	rec := &recorder{}
 	reg := prometheus.NewRegistry()
 	s, _, cmds := startData(t, rec, Options{AllowAnonymous: true, Registerer: reg, MaxMessageSize: 512})
-	big := cmds.add(gateway.Message{Device: "dev-1", Topic: "cmd/firmware", Payload: make([]byte, 600)}, time.Now().Add(time.Hour))
-	next := cmds.add(gateway.Message{Device: "dev-1", Topic: "cmd/led", Payload: []byte("on")}, time.Now().Add(time.Hour))
+	big := cmds.Add(gateway.Message{Device: "dev-1", Topic: "cmd/firmware", Payload: make([]byte, 600)}, time.Now().Add(time.Hour))
+	next := cmds.Add(gateway.Message{Device: "dev-1", Topic: "cmd/led", Payload: []byte("on")}, time.Now().Add(time.Hour))
 	a := post(t, dial(t, s), message.Confirmable, codes.POST, "/hb", nil, noCF, "d=dev-1", padding)
 	if got, ok := a.command(t); a.code != codes.Changed || !ok || got.ID != next.ID {
 		t.Fatalf("answer %v carries %+v (%v), want command %d", a.code, got, ok, next.ID)
 	}
-	if acks := cmds.acked(); len(acks) != 1 || acks[0] != (ackCall{"dev-1", big.ID}) {
+	if acks := cmds.Acks(); len(acks) != 1 || acks[0] != (gatewaytest.AckCall{Device: "dev-1", ID: big.ID}) {
 		t.Fatalf("Ack calls %v, want the undeliverable command's", acks)
 	}
 	if n := gather(t, reg)[`fleetgate_coap_commands_total{result="undeliverable"}`]; n != 1 {
@@ -351,13 +353,13 @@ func TestCommandUndeliverable(t *testing.T) {
 func TestCommandAckFails(t *testing.T) {
 	rec := &recorder{}
 	s, _, cmds := startData(t, rec, Options{AllowAnonymous: true})
-	cmds.add(gateway.Message{Device: "dev-1", Topic: "cmd", Payload: []byte("x")}, time.Now().Add(time.Hour))
-	cmds.failAcks(gateway.ErrQueueClosed)
+	cmds.Add(gateway.Message{Device: "dev-1", Topic: "cmd", Payload: []byte("x")}, time.Now().Add(time.Hour))
+	cmds.FailAck(gateway.ErrQueueClosed)
 	a := post(t, dial(t, s), message.Confirmable, codes.POST, "/hb", nil, noCF, "d=dev-1", "a=1", padding)
 	if a.code != codes.ServiceUnavailable || a.maxAge() != retryAfterSeconds {
 		t.Fatalf("answer %v Max-Age %d, want 5.03 Max-Age %d", a.code, a.maxAge(), retryAfterSeconds)
 	}
-	if len(cmds.pending()) != 1 {
+	if len(cmds.Held("dev-1")) != 1 {
 		t.Fatal("command gone")
 	}
 }
@@ -369,9 +371,9 @@ func TestCommandAckFails(t *testing.T) {
 func TestHeartbeatServedWhenItsWorkerIsBusy(t *testing.T) {
 	rec := &recorder{}
 	s, k, cmds := startData(t, rec, Options{AllowAnonymous: true})
-	release := k.hold()
+	release := k.Hold()
 	defer release()
-	cmds.add(gateway.Message{Device: "beat", Topic: "cmd", Payload: []byte("x")}, time.Now().Add(time.Hour))
+	cmds.Add(gateway.Message{Device: "beat", Topic: "cmd", Payload: []byte("x")}, time.Now().Add(time.Hour))
 	// Devices of beat's data worker fill its queue: one more each time it
 	// is not full (one of the first may find it full before the worker
 	// took the one it holds).
@@ -396,7 +398,7 @@ func TestHeartbeatServedWhenItsWorkerIsBusy(t *testing.T) {
 	if _, carries := a.command(t); a.code != codes.Changed || carries || time.Since(begin) > time.Second {
 		t.Fatalf("answer %v after %v, carries a command %v", a.code, time.Since(begin), carries)
 	}
-	if acks := cmds.acked(); len(acks) != 0 {
+	if acks := cmds.Acks(); len(acks) != 0 {
 		t.Fatalf("acknowledged %v while the worker was busy", acks)
 	}
 }
@@ -415,7 +417,7 @@ func TestDataPathDTLS(t *testing.T) {
 	if a = post(t, cc, message.NonConfirmable, codes.POST, "/d", []byte("x"), noCF); a.code != codes.Changed || a.typ != message.NonConfirmable {
 		t.Fatalf("NON POST /d over DTLS: %v %v", a.code, a.typ)
 	}
-	msgs := k.take()
+	msgs := k.Take()
 	if len(msgs) != 2 || msgs[0].Device != "dev-1" || msgs[0].QoS != 1 || msgs[0].ContentType != "application/json" ||
 		msgs[0].Topic != "telemetry" || msgs[1].QoS != 0 || msgs[1].Topic != "" {
 		t.Fatalf("published %+v", msgs)
@@ -427,13 +429,13 @@ func TestDataPathDTLS(t *testing.T) {
 		t.Fatalf("d= of another device over DTLS: %v", a.code)
 	}
 
-	c := cmds.add(gateway.Message{Device: "dev-1", Topic: "cmd/config", Payload: bytes.Repeat([]byte("c"), 700)}, time.Now().Add(time.Hour))
+	c := cmds.Add(gateway.Message{Device: "dev-1", Topic: "cmd/config", Payload: bytes.Repeat([]byte("c"), 700)}, time.Now().Add(time.Hour))
 	a = post(t, cc, message.Confirmable, codes.POST, "/hb", nil, noCF)
 	if got, ok := a.command(t); a.code != codes.Changed || !ok || got.ID != c.ID || len(got.Payload) != 700 {
 		t.Fatalf("a small DTLS request: %v carries %d bytes of %d (%v)", a.code, len(got.Payload), got.ID, ok)
 	}
 	a = post(t, cc, message.Confirmable, codes.POST, "/hb", nil, noCF, fmt.Sprintf("a=%d", c.ID))
-	if _, ok := a.command(t); a.code != codes.Changed || ok || len(cmds.pending()) != 0 {
-		t.Fatalf("acknowledged over DTLS: %v, still carries %v, pending %+v", a.code, ok, cmds.pending())
+	if _, ok := a.command(t); a.code != codes.Changed || ok || len(cmds.Held("dev-1")) != 0 {
+		t.Fatalf("acknowledged over DTLS: %v, still carries %v, pending %+v", a.code, ok, cmds.Held("dev-1"))
 	}
 }

@@ -25,13 +25,14 @@ import (
 
 	"github.com/fleetgate/fleetgate/gateway"
 	"github.com/fleetgate/fleetgate/gateway/clocktest"
+	"github.com/fleetgate/fleetgate/gateway/gatewaytest"
 )
 
 // startData runs a server with the data path on: a recording sink and
-// command list (collaborators_test.go).
-func startData(t testing.TB, rec *recorder, o Options) (*Server, *sink, *commandList) {
+// commands (gatewaytest).
+func startData(t testing.TB, rec *recorder, o Options) (*Server, *gatewaytest.DataSink, *gatewaytest.Commands) {
 	t.Helper()
-	k, cmds := &sink{}, &commandList{}
+	k, cmds := &gatewaytest.DataSink{}, &gatewaytest.Commands{}
 	o.Sink, o.Commands = k, cmds
 	if o.DTLS != "" {
 		return startDTLS(t, rec, o), k, cmds
@@ -149,7 +150,7 @@ func TestDataUp(t *testing.T) {
 			if a.code != codes.Changed || a.maxAge() != tc.maxAge {
 				t.Fatalf("answer %v Max-Age %d %q, want 2.04 Max-Age %d", a.code, a.maxAge(), a.payload, tc.maxAge)
 			}
-			msgs := k.take()
+			msgs := k.Take()
 			want := tc.want
 			want.Device, want.Payload, want.Received, want.Source = "dev-1", payload, clock.Now(), "coap"
 			if len(msgs) != 1 || fmt.Sprint(msgs[0]) != fmt.Sprint(want) {
@@ -180,7 +181,7 @@ func TestDataUp(t *testing.T) {
 // Without a DataSink there is no /d, as before the data path.
 func TestDataPathOff(t *testing.T) {
 	rec := &recorder{}
-	for _, o := range []Options{{AllowAnonymous: true}, {AllowAnonymous: true, Commands: &commandList{}}} {
+	for _, o := range []Options{{AllowAnonymous: true}, {AllowAnonymous: true, Commands: &gatewaytest.Commands{}}} {
 		s := startServer(t, rec, o)
 		a := post(t, dial(t, s), message.Confirmable, codes.POST, "/d/x", []byte("1"), noCF, "d=dev-1", padding)
 		if a.code != codes.NotFound || !strings.Contains(string(a.payload), "use /hb") {
@@ -229,7 +230,7 @@ func TestDataRefusals(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			k.fail(tc.sinkErr)
+			k.Fail(tc.sinkErr)
 			rec.SetErr(tc.obsErr)
 			method := codes.POST
 			if tc.name == "DELETE" {
@@ -239,7 +240,7 @@ func TestDataRefusals(t *testing.T) {
 			if a.code != tc.want || !strings.Contains(string(a.payload), tc.diag) || a.maxAge() != tc.maxAge {
 				t.Fatalf("answer %v Max-Age %d %q, want %v Max-Age %d with %q", a.code, a.maxAge(), a.payload, tc.want, tc.maxAge, tc.diag)
 			}
-			if msgs := k.take(); len(msgs) != 0 {
+			if msgs := k.Take(); len(msgs) != 0 {
 				t.Fatalf("refused message published: %+v", msgs)
 			}
 			if evs := rec.Take(); (len(evs) == 1) != tc.evidence {
@@ -309,7 +310,7 @@ func TestDataHostile(t *testing.T) {
 	if m := ask(withPayload(badCF, 3)); m.Code != codes.Changed {
 		t.Fatalf("a 3-byte Content-Format: %v %q", m.Code, m.Payload)
 	}
-	if msgs := k.take(); len(msgs) != 1 || msgs[0].ContentType != "" || msgs[0].Topic != "a" {
+	if msgs := k.Take(); len(msgs) != 1 || msgs[0].ContentType != "" || msgs[0].Topic != "a" {
 		t.Fatalf("published %+v, want one without a content type", msgs)
 	}
 	// The server still serves everyone.
@@ -324,7 +325,7 @@ func TestDataCONAnsweredOnceDurable(t *testing.T) {
 	rec := &recorder{}
 	s, k, _ := startData(t, rec, Options{AllowAnonymous: true})
 	c := rawConn(t, s)
-	release := k.hold()
+	release := k.Hold()
 	req := append(datagram(t, message.Confirmable, codes.POST, 0x51, "/d/x", "d=dev-1"), 0xff, '1')
 	if b, ok := exchange(t, c, req, 500*time.Millisecond); ok {
 		t.Fatalf("answered while the sink held the message: %v", decode(t, b))
@@ -334,11 +335,11 @@ func TestDataCONAnsweredOnceDurable(t *testing.T) {
 	if !ok || decode(t, b).Code() != codes.Changed || decode(t, b).MessageID() != 0x51 {
 		t.Fatalf("after the sink took it: answered %v", ok)
 	}
-	if msgs := k.take(); len(msgs) != 1 || msgs[0].QoS != 1 {
+	if msgs := k.Take(); len(msgs) != 1 || msgs[0].QoS != 1 {
 		t.Fatalf("published %+v", msgs)
 	}
 
-	k.hold()
+	k.Hold()
 	begin := time.Now()
 	b, ok = exchange(t, c, req, 5*time.Second)
 	took := time.Since(begin)
@@ -359,7 +360,7 @@ func TestSlowDiskBounded(t *testing.T) {
 	rec := &recorder{}
 	reg := prometheus.NewRegistry()
 	s, k, _ := startData(t, rec, Options{AllowAnonymous: true, Registerer: reg})
-	release := k.hold()
+	release := k.Hold()
 	defer release()
 	const bound = dataShards * (dataShardQueue + 1)
 	n := bound + bound/2
@@ -478,7 +479,7 @@ func TestSlowDiskBounded(t *testing.T) {
 			t.Fatalf("answer %s came %d times", key, times)
 		}
 	}
-	if msgs := k.messages(); len(msgs) != 0 {
+	if msgs := k.Messages(); len(msgs) != 0 {
 		t.Fatalf("%d messages published while the sink refused to take them", len(msgs))
 	}
 	eventually(t, 5*time.Second, "the queues to drain", func() bool { return gather(t, reg)["fleetgate_coap_data_queued{}"] == 0 })
@@ -522,7 +523,7 @@ func heapInUse() uint64 {
 // goroutine of the server is left.
 func TestCloseWithDataHeld(t *testing.T) {
 	ignore := goleak.IgnoreCurrent()
-	k, cmds := &sink{}, &commandList{}
+	k, cmds := &gatewaytest.DataSink{}, &gatewaytest.Commands{}
 	s, err := New(&recorder{}, Options{
 		Addr: "127.0.0.1:0", DTLS: "127.0.0.1:0", Credentials: testDevices,
 		AllowAnonymous: true, HeartbeatInterval: time.Second, RequestsPerSecond: 1_000_000,
@@ -533,7 +534,7 @@ func TestCloseWithDataHeld(t *testing.T) {
 	}
 	served := make(chan error, 1)
 	go func() { served <- s.Serve(context.Background()) }()
-	release := k.hold()
+	release := k.Hold()
 	defer release()
 
 	c, err := net.DialUDP("udp", nil, s.Addr().(*net.UDPAddr))
@@ -628,7 +629,7 @@ func TestDataBurst(t *testing.T) {
 	}
 	readers.Wait()
 	t.Logf("%d CON POST /d at once: answers %v", n, codesSeen)
-	if codesSeen[codes.Changed] != n || len(k.messages()) != n {
-		t.Fatalf("answers %v, %d published; want %d 2.04", codesSeen, len(k.messages()), n)
+	if codesSeen[codes.Changed] != n || len(k.Messages()) != n {
+		t.Fatalf("answers %v, %d published; want %d 2.04", codesSeen, len(k.Messages()), n)
 	}
 }

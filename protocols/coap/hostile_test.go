@@ -21,6 +21,7 @@ import (
 
 	"github.com/fleetgate/fleetgate/gateway"
 	"github.com/fleetgate/fleetgate/gateway/clocktest"
+	"github.com/fleetgate/fleetgate/gateway/gatewaytest"
 )
 
 // hostileDatagrams returns random bytes, every truncation of valid CON
@@ -64,7 +65,7 @@ func hostileDatagrams(t testing.TB, seed uint64) [][]byte {
 func TestHostileDatagrams(t *testing.T) {
 	rec := &recorder{}
 	s, k, cmds := startData(t, rec, Options{AllowAnonymous: true})
-	cmds.add(gateway.Message{Device: "dev-1", Topic: "cmd", Payload: []byte("x")}, time.Now().Add(time.Hour))
+	cmds.Add(gateway.Message{Device: "dev-1", Topic: "cmd", Payload: []byte("x")}, time.Now().Add(time.Hour))
 	const seed = 20261129
 	t.Logf("seed %d", seed)
 
@@ -106,10 +107,8 @@ func TestHostileDatagrams(t *testing.T) {
 	}
 	// Garbage that happened to decode into a request was checked like
 	// any other: whatever reached the Observer or the sink is well-formed.
-	for _, m := range k.messages() {
-		if err := gateway.ValidateMessage(m); err != nil {
-			t.Fatalf("invalid message published from garbage: %+v: %v", m, err)
-		}
+	if bad := k.TakeInvalid(); len(bad) != 0 {
+		t.Fatalf("invalid message published from garbage: %+v: %v", bad[0], gateway.ValidateMessage(bad[0]))
 	}
 	for _, ev := range rec.Evidence() {
 		_, errD := gateway.ParseDeviceID(string(ev.Device))
@@ -309,7 +308,7 @@ func FuzzDatagram(f *testing.F) {
 	}
 	f.Add(cf(withPayload(datagram(f, message.Confirmable, codes.POST, 15, "/d/j", "d=dev-1"), "[1]")))
 
-	rec, k, cmds := &recorder{}, &sink{}, &commandList{}
+	rec, k, cmds := &recorder{}, &gatewaytest.DataSink{}, &gatewaytest.Commands{}
 	clock := clocktest.New(start)
 	s, err := New(rec, Options{
 		Addr: "127.0.0.1:0", AllowAnonymous: true, HeartbeatInterval: 30 * time.Second,
@@ -319,13 +318,14 @@ func FuzzDatagram(f *testing.F) {
 		f.Fatal(err)
 	}
 	f.Cleanup(func() { _ = s.Close() })
+	// Only 2 is pending: the others have expired (at start).
 	commands := []gateway.Command{
-		{ID: 1, Message: gateway.Message{Device: "dev-1", Topic: "cmd", Payload: []byte("on")}},
+		{ID: 1, Message: gateway.Message{Device: "dev-1", Topic: "cmd", Payload: []byte("on")}, Expires: start},
 		{ID: 2, Message: gateway.Message{Device: "dev-1", Topic: "cmd/led/set", Payload: []byte("{\"r\":255}"), ContentType: "application/json"},
 			Expires: start.Add(time.Hour)},
-		{ID: 3, Message: gateway.Message{Device: "dev-2", Topic: "cmd/big", Payload: make([]byte, 200)}},
+		{ID: 3, Message: gateway.Message{Device: "dev-2", Topic: "cmd/big", Payload: make([]byte, 200)}, Expires: start},
 		{ID: 4, Message: gateway.Message{Device: "dev-2", Topic: "cmd/old", Payload: []byte("late")}, Expires: start},
-		{ID: 5, Message: gateway.Message{Device: "dev-2", Topic: "cmd/x"}},
+		{ID: 5, Message: gateway.Message{Device: "dev-2", Topic: "cmd/x"}, Expires: start},
 	}
 	byID := make(map[uint64]gateway.Command)
 	for _, c := range commands {
@@ -334,7 +334,7 @@ func FuzzDatagram(f *testing.F) {
 	w := s.newWorker()
 	src := netip.MustParseAddrPort("127.0.0.1:5683")
 	f.Fuzz(func(t *testing.T, b []byte) {
-		cmds.reset(commands)
+		cmds.Reset(commands)
 		out, j := s.handle(w, src, b)
 		if j != nil {
 			// What the request's data worker does.
@@ -351,18 +351,21 @@ func FuzzDatagram(f *testing.F) {
 		if len(evs) > 1 {
 			t.Fatalf("%d pieces of evidence from one datagram", len(evs))
 		}
-		msgs := k.take()
+		msgs := k.Take()
 		if len(msgs) > 1 || (len(msgs) == 1 && (len(evs) != 1 || msgs[0].Device != evs[0].Device)) {
 			t.Fatalf("published %+v with evidence %+v", msgs, evs)
 		}
+		if bad := k.TakeInvalid(); len(bad) != 0 {
+			t.Fatalf("published %+v: %v", bad[0], gateway.ValidateMessage(bad[0]))
+		}
 		for _, m := range msgs {
-			if err := gateway.ValidateMessage(m); err != nil || m.Source != "coap" || !m.Received.Equal(clock.Now()) {
-				t.Fatalf("published %+v: %v", m, err)
+			if m.Source != "coap" || !m.Received.Equal(clock.Now()) {
+				t.Fatalf("published %+v", m)
 			}
 		}
-		for _, a := range cmds.acked() {
-			if len(evs) != 1 || a.device != evs[0].Device {
-				t.Fatalf("command %d of %s acknowledged with evidence %+v", a.id, a.device, evs)
+		for _, a := range cmds.Acks() {
+			if len(evs) != 1 || a.Device != evs[0].Device {
+				t.Fatalf("command %d of %s acknowledged with evidence %+v", a.ID, a.Device, evs)
 			}
 		}
 		if out == nil {

@@ -91,7 +91,7 @@ func TestLibcoapDataAndCommands(t *testing.T) {
 		if out := libcoap(t, client, "-m", "post", "-e", "secret", "-u", "id-1", "-k", string(testDevices["id-1"].key), dtls+"/d/sealed"); !strings.Contains(out, "t:ACK c:2.04") {
 			t.Fatalf("%s DTLS POST /d:\n%s", client, out)
 		}
-		msgs := k.take()
+		msgs := k.Take()
 		want := []string{
 			dev + ` telemetry/temp application/json 1 {"t":21.5}`,
 			dev + " log text/plain;charset=utf-8 0 booted",
@@ -105,7 +105,7 @@ func TestLibcoapDataAndCommands(t *testing.T) {
 			t.Fatalf("%s published\n%s\nwant\n%s", client, strings.Join(got, "\n"), strings.Join(want, "\n"))
 		}
 
-		c := cmds.add(gateway.Message{Device: gateway.DeviceID(dev), Topic: "cmd/led/set", Payload: []byte(`{"r":255}`),
+		c := cmds.Add(gateway.Message{Device: gateway.DeviceID(dev), Topic: "cmd/led/set", Payload: []byte(`{"r":255}`),
 			ContentType: "application/json"}, time.Now().Add(time.Hour))
 		location := fmt.Sprintf("Location-Path:cmd, Location-Path:led, Location-Path:set, Content-Format:application/json, Max-Age:30, Location-Query:c=%d ] :: '{\"r\":255}'", c.ID)
 		if out := libcoap(t, client, "-m", "post", udp+"/hb?d="+dev); !strings.Contains(out, "c:2.04") || !strings.Contains(out, "Size2:") {
@@ -117,8 +117,8 @@ func TestLibcoapDataAndCommands(t *testing.T) {
 			}
 		}
 		out := libcoap(t, client, "-m", "post", fmt.Sprintf("%s/hb?d=%s&a=%d%s", udp, dev, c.ID, pad))
-		if !strings.Contains(out, "c:2.04") || strings.Contains(out, "Location-Query") || len(cmds.pending()) != 0 {
-			t.Fatalf("%s acknowledged: pending %+v\n%s", client, cmds.pending(), out)
+		if !strings.Contains(out, "c:2.04") || strings.Contains(out, "Location-Query") || len(cmds.Held(gateway.DeviceID(dev))) != 0 {
+			t.Fatalf("%s acknowledged: pending %+v\n%s", client, cmds.Held(gateway.DeviceID(dev)), out)
 		}
 		t.Logf("%s: data up (CON, NON, DTLS), a command down and acknowledged", client)
 	}

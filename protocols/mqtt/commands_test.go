@@ -17,6 +17,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/fleetgate/fleetgate/gateway"
+	"github.com/fleetgate/fleetgate/gateway/gatewaytest"
 )
 
 // A command submitted for a connected device that subscribed to its
@@ -24,8 +25,7 @@ import (
 // content type, user properties and remaining lifetime as the message
 // expiry, and is acknowledged to Commands once the broker took it.
 func TestCommandToAConnectedDevice(t *testing.T) {
-	box := newCommandBox()
-	box.ttl = time.Hour
+	box := &gatewaytest.Commands{TTL: time.Hour}
 	s := startServer(t, &recorder{}, Options{Credentials: testCreds(t), Commands: box, Registerer: prometheus.NewRegistry()})
 	c := mustConnectV5(t, s, "dev-1", "secret-1")
 	subscribe(t, c, "devices/dev-1/cmd/#")
@@ -46,8 +46,7 @@ func TestCommandToAConnectedDevice(t *testing.T) {
 		t.Fatalf("message expiry %v, want about 3600 s", e)
 	}
 	eventually(t, 5*time.Second, "the command acknowledged", func() bool {
-		_, acked, pending := box.state("dev-1")
-		return slices.Equal(acked, []uint64{cmd.ID}) && pending == 0
+		return slices.Equal(box.Acks(), []gatewaytest.AckCall{{Device: "dev-1", ID: cmd.ID}}) && len(box.Held("dev-1")) == 0
 	})
 	if n := value(t, s.metrics.commandsDelivered); n != 1 {
 		t.Fatalf("commands delivered %v", n)
@@ -57,20 +56,26 @@ func TestCommandToAConnectedDevice(t *testing.T) {
 	}
 }
 
+// command is a command for device from the upstream broker, received
+// now.
+func command(device gateway.DeviceID, rest, payload string) gateway.Message {
+	return gateway.Message{Device: device, Topic: rest, Payload: []byte(payload), QoS: 1, Received: time.Now(), Source: "upstream"}
+}
+
 // A command waits until the device is subscribed to its topic: commands
 // submitted before the device connected are pending after CONNECT, go
 // when a SUBSCRIBE covers them (each its own), oldest first.
 func TestCommandsWaitForASubscription(t *testing.T) {
-	box := newCommandBox()
+	box := &gatewaytest.Commands{}
 	s := startServer(t, &recorder{}, Options{Credentials: testCreds(t), Commands: box})
-	a := box.submit("dev-1", "cmd/a", "1")
-	b := box.submit("dev-1", "cmd/b", "2")
-	b2 := box.submit("dev-1", "cmd/b", "3")
+	a := box.Add(command("dev-1", "cmd/a", "1"), time.Time{})
+	b := box.Add(command("dev-1", "cmd/b", "2"), time.Time{})
+	b2 := box.Add(command("dev-1", "cmd/b", "3"), time.Time{})
 
 	c := mustConnectV5(t, s, "dev-1", "secret-1")
 	subscribe(t, c, "devices/dev-1/telemetry")
 	time.Sleep(200 * time.Millisecond)
-	if _, acked, pending := box.state("dev-1"); len(acked) != 0 || pending != 3 {
+	if acked, pending := box.Acks(), len(box.Held("dev-1")); len(acked) != 0 || pending != 3 {
 		t.Fatalf("before a matching subscription: acked %v, %d pending", acked, pending)
 	}
 	subscribe(t, c, "devices/dev-1/cmd/b")
@@ -84,10 +89,9 @@ func TestCommandsWaitForASubscription(t *testing.T) {
 		t.Fatalf("received %s, want cmd/a", p.Topic)
 	}
 	eventually(t, 5*time.Second, "all acknowledged", func() bool {
-		_, acked, pending := box.state("dev-1")
-		return pending == 0 && len(acked) == 3
+		return len(box.Held("dev-1")) == 0 && len(box.Acks()) == 3
 	})
-	if _, acked, _ := box.state("dev-1"); !slices.Equal(acked, []uint64{b.ID, b2.ID, a.ID}) {
+	if acked := box.Acks(); !slices.Equal(acked, []gatewaytest.AckCall{{Device: "dev-1", ID: b.ID}, {Device: "dev-1", ID: b2.ID}, {Device: "dev-1", ID: a.ID}}) {
 		t.Fatalf("acknowledged %v", acked)
 	}
 }
@@ -96,7 +100,7 @@ func TestCommandsWaitForASubscription(t *testing.T) {
 // its reconnect the commands submitted while it slept, through the
 // subscription its session kept; nothing is acknowledged while it sleeps.
 func TestCommandsToASleepyDevice(t *testing.T) {
-	box := newCommandBox()
+	box := &gatewaytest.Commands{}
 	s := startServer(t, &recorder{}, Options{Credentials: testCreds(t), Commands: box})
 
 	t.Run("v5", func(t *testing.T) {
@@ -116,10 +120,10 @@ func TestCommandsToASleepyDevice(t *testing.T) {
 		}
 		eventually(t, 5*time.Second, "asleep", func() bool { return s.conns.Load() == 0 })
 		for i := range 3 {
-			box.submit("dev-1", "cmd/set", fmt.Sprint(i))
+			box.Add(command("dev-1", "cmd/set", fmt.Sprint(i)), time.Time{})
 		}
 		time.Sleep(200 * time.Millisecond)
-		if _, acked, pending := box.state("dev-1"); len(acked) != 0 || pending != 3 {
+		if acked, pending := box.Acks(), len(box.Held("dev-1")); len(acked) != 0 || pending != 3 {
 			t.Fatalf("while asleep: acked %v, %d pending", acked, pending)
 		}
 		c = connect() // no SUBSCRIBE: the session has it
@@ -128,7 +132,7 @@ func TestCommandsToASleepyDevice(t *testing.T) {
 				t.Fatalf("command %d: %q", i, p.Payload)
 			}
 		}
-		eventually(t, 5*time.Second, "acknowledged", func() bool { _, _, n := box.state("dev-1"); return n == 0 })
+		eventually(t, 5*time.Second, "acknowledged", func() bool { return len(box.Held("dev-1")) == 0 })
 	})
 
 	t.Run("v3.1.1", func(t *testing.T) {
@@ -147,7 +151,7 @@ func TestCommandsToASleepyDevice(t *testing.T) {
 		}
 		c.Disconnect(50)
 		eventually(t, 5*time.Second, "asleep", func() bool { return s.conns.Load() == 0 })
-		box.submit("dev-2", "cmd", "wake")
+		box.Add(command("dev-2", "cmd", "wake"), time.Time{})
 		if tok := c.Connect(); !tok.WaitTimeout(10*time.Second) || tok.Error() != nil {
 			t.Fatalf("reconnect: %v", tok.Error())
 		}
@@ -159,7 +163,7 @@ func TestCommandsToASleepyDevice(t *testing.T) {
 		case <-time.After(10 * time.Second):
 			t.Fatal("the command did not come at the reconnect")
 		}
-		eventually(t, 5*time.Second, "acknowledged", func() bool { _, _, n := box.state("dev-2"); return n == 0 })
+		eventually(t, 5*time.Second, "acknowledged", func() bool { return len(box.Held("dev-2")) == 0 })
 	})
 }
 
@@ -207,7 +211,7 @@ func (r *raw) readPublish(d time.Duration) (packets.Packet, bool) {
 // order: a device that does not acknowledge is sent no more than its
 // room, and each PUBACK lets one more go.
 func TestCommandsBeyondTheInflightRoom(t *testing.T) {
-	box := newCommandBox()
+	box := &gatewaytest.Commands{}
 	s := startServer(t, &recorder{}, Options{Credentials: testCreds(t), Commands: box, MaxInflight: 4})
 	r := dialRaw(t, tcpAddr(s))
 	if code := r.connack(connectPacket(t, 5, "dev-1", "secret-1", 30)); code != 0 {
@@ -217,7 +221,7 @@ func TestCommandsBeyondTheInflightRoom(t *testing.T) {
 		Filters: packets.Subscriptions{{Filter: "devices/dev-1/cmd/#", Qos: 1}}}))
 	r.ack(packets.Suback)
 	for i := range 10 {
-		box.submit("dev-1", "cmd/step", fmt.Sprint(i))
+		box.Add(command("dev-1", "cmd/step", fmt.Sprint(i)), time.Time{})
 	}
 	var ids []uint16
 	var seq []string
@@ -231,7 +235,7 @@ func TestCommandsBeyondTheInflightRoom(t *testing.T) {
 	if _, ok := r.readPublish(300 * time.Millisecond); ok {
 		t.Fatal("a fifth command came with the room full")
 	}
-	if _, acked, pending := box.state("dev-1"); len(acked) != 4 || pending != 6 {
+	if acked, pending := box.Acks(), len(box.Held("dev-1")); len(acked) != 4 || pending != 6 {
 		t.Fatalf("room full: %d acknowledged, %d pending", len(acked), pending)
 	}
 	for len(seq) < 10 {
@@ -254,7 +258,7 @@ func TestCommandsBeyondTheInflightRoom(t *testing.T) {
 // nothing is left.
 func TestCommandWaitersPerGroup(t *testing.T) {
 	ignore := goleak.IgnoreCurrent()
-	box := newCommandBox()
+	box := &gatewaytest.Commands{}
 	s, err := New(&recorder{}, Options{TCP: "127.0.0.1:0", Gateway: "gw-1", AllowAnonymous: true, HeartbeatInterval: time.Hour,
 		Commands: box, ConnectsPerSecond: 100000, AnonymousConnectsPerSecond: 100000})
 	if err != nil {
@@ -271,13 +275,13 @@ func TestCommandWaitersPerGroup(t *testing.T) {
 			t.Fatalf("connack %#x", code)
 		}
 	}
-	eventually(t, 5*time.Second, "deliveries started", func() bool { return box.waiters() == n })
+	eventually(t, 5*time.Second, "deliveries started", func() bool { return box.Waiters() == n })
 	grew := runtime.NumGoroutine() - before
 	t.Logf("%d devices connected: %d goroutines more (%.2f per device)", n, grew, float64(grew)/n)
 	if want := 2*n + (n+groupSize-1)/groupSize; grew > want+2 {
 		t.Fatalf("%d goroutines for %d devices, want at most %d", grew, n, want+2)
 	}
-	box.submit("dev-299", "cmd", "x") // wakes one group
+	box.Add(command("dev-299", "cmd", "x"), time.Time{}) // wakes one group
 	for _, c := range conns {
 		_ = c.Close()
 	}

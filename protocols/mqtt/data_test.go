@@ -17,6 +17,7 @@ import (
 
 	"github.com/fleetgate/fleetgate/gateway"
 	"github.com/fleetgate/fleetgate/gateway/clocktest"
+	"github.com/fleetgate/fleetgate/gateway/gatewaytest"
 )
 
 // ctx10 is a context for one exchange of a test.
@@ -65,13 +66,13 @@ func nothingReceived(c *v5, d time.Duration) bool {
 // properties in order, QoS 1, the gateway's clock and Source "mqtt";
 // the broker routes it to subscribers only after that.
 func TestQoS1PubackWaitsForTheSink(t *testing.T) {
-	k := newSink()
+	k := &gatewaytest.DataSink{}
 	t0 := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
 	s := startServer(t, &recorder{}, Options{Credentials: testCreds(t), Sink: k, Clock: clocktest.New(t0)})
 	c := mustConnectV5(t, s, "dev-1", "secret-1")
 	subscribe(t, c, "devices/dev-1/#")
 
-	release := k.block("dev-1")
+	release := k.Hold("dev-1")
 	acked := make(chan error, 1)
 	go func() {
 		resp, err := c.Publish(context.Background(), &paho.Publish{
@@ -85,7 +86,7 @@ func TestQoS1PubackWaitsForTheSink(t *testing.T) {
 		acked <- err
 	}()
 	select {
-	case m := <-k.began:
+	case m := <-k.Began():
 		if m.Topic != "telemetry/temp" {
 			t.Fatalf("sink called with topic %q", m.Topic)
 		}
@@ -112,7 +113,7 @@ func TestQoS1PubackWaitsForTheSink(t *testing.T) {
 		t.Fatalf("routed %s", p.Topic)
 	}
 
-	got := k.taken()
+	got := k.Messages()
 	want := gateway.Message{
 		Device: "dev-1", Topic: "telemetry/temp", Payload: []byte(`{"t":21.5}`), ContentType: "application/json",
 		Properties: []gateway.Property{{Key: "unit", Value: "C"}, {Key: "seq", Value: "7"}, {Key: "unit", Value: "K"}},
@@ -138,22 +139,22 @@ func sameMessage(a, b gateway.Message) bool {
 // QoS 0 goes up as QoS 0, QoS 2 as QoS 1 (its PUBREC waits for the sink
 // as a PUBACK does); the root itself is topic "".
 func TestQoSLevelsUp(t *testing.T) {
-	k := newSink()
+	k := &gatewaytest.DataSink{}
 	s := startServer(t, &recorder{}, Options{Credentials: testCreds(t), Sink: k})
 	c := mustConnectV5(t, s, "dev-1", "secret-1")
 	if _, err := c.Publish(ctx10(t), &paho.Publish{Topic: "devices/dev-1", QoS: 0, Payload: []byte("zero")}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 5*time.Second, "QoS 0 message up", func() bool { return len(k.taken()) == 1 })
+	eventually(t, 5*time.Second, "QoS 0 message up", func() bool { return len(k.Messages()) == 1 })
 
-	release := k.block("dev-1")
+	release := k.Hold("dev-1")
 	done := make(chan error, 1)
 	go func() {
 		_, err := c.Publish(context.Background(), &paho.Publish{Topic: "devices/dev-1/two", QoS: 2, Payload: []byte("two")})
 		done <- err
 	}()
-	<-k.began
-	<-k.began
+	<-k.Began()
+	<-k.Began()
 	select {
 	case err := <-done:
 		t.Fatalf("QoS 2 flow ended before the sink returned (%v)", err)
@@ -163,7 +164,7 @@ func TestQoSLevelsUp(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatalf("QoS 2 publish: %v", err)
 	}
-	got := k.taken()
+	got := k.Messages()
 	if len(got) != 2 || got[0].Topic != "" || got[0].QoS != 0 || got[1].Topic != "two" || got[1].QoS != 1 {
 		t.Fatalf("sink took %+v", got)
 	}
@@ -176,7 +177,7 @@ func TestQoSLevelsUp(t *testing.T) {
 // error, for QoS 1 in PUBACK and for QoS 2 in PUBREC; the message is not
 // routed. An empty level is refused by the front end before the sink.
 func TestSinkRefusalsV5(t *testing.T) {
-	k := newSink()
+	k := &gatewaytest.DataSink{}
 	s := startServer(t, &recorder{}, Options{Credentials: testCreds(t), Sink: k, Registerer: prometheus.NewRegistry()})
 	c := mustConnectV5(t, s, "dev-1", "secret-1")
 	subscribe(t, c, "devices/dev-1/#")
@@ -192,7 +193,7 @@ func TestSinkRefusalsV5(t *testing.T) {
 		{nil, "devices/dev-1/", 1, packets.ErrTopicNameInvalid.Code},
 		{errors.New("closed"), "devices/dev-1/t", 2, packets.ErrUnspecifiedError.Code},
 	} {
-		k.fail(tc.err)
+		k.Fail(tc.err)
 		// paho.golang returns the PUBACK's or PUBREC's reason code.
 		resp, err := c.Publish(ctx10(t), &paho.Publish{Topic: tc.topic, QoS: tc.qos, Payload: []byte("x")})
 		if resp == nil || resp.ReasonCode != tc.code {
@@ -202,7 +203,7 @@ func TestSinkRefusalsV5(t *testing.T) {
 	if !nothingReceived(c, 300*time.Millisecond) {
 		t.Fatal("a refused message was routed")
 	}
-	if got := k.taken(); len(got) != 0 {
+	if got := k.Messages(); len(got) != 0 {
 		t.Fatalf("sink took %+v", got)
 	}
 	for reason, want := range map[string]float64{reasonFailed: 2, reasonTooLarge: 1, reasonInvalid: 2} {
@@ -211,7 +212,7 @@ func TestSinkRefusalsV5(t *testing.T) {
 		}
 	}
 	// The device is still connected and its next message goes up.
-	k.fail(nil)
+	k.Fail(nil)
 	if _, err := c.Publish(ctx10(t), &paho.Publish{Topic: "devices/dev-1/t", QoS: 1, Payload: []byte("ok")}); err != nil {
 		t.Fatal(err)
 	}
@@ -221,7 +222,7 @@ func TestSinkRefusalsV5(t *testing.T) {
 // PUBACK, and the client (paho.mqtt.golang with a persistent session)
 // sends it again once it has reconnected, when the sink takes it.
 func TestV311ResendsAfterAFailure(t *testing.T) {
-	k := newSink()
+	k := &gatewaytest.DataSink{}
 	s := startServer(t, &recorder{}, Options{Credentials: testCreds(t), Sink: k})
 	o := paho3.NewClientOptions().AddBroker("tcp://" + tcpAddr(s)).SetClientID("dev-2").SetProtocolVersion(4).
 		SetCleanSession(false).SetAutoReconnect(false).SetConnectTimeout(10 * time.Second).
@@ -232,22 +233,22 @@ func TestV311ResendsAfterAFailure(t *testing.T) {
 	}
 	t.Cleanup(func() { c.Disconnect(0) })
 
-	k.fail(errors.New("disk full"))
+	k.Fail(errors.New("disk full"))
 	tok := c.Publish("devices/dev-2/reading", 1, false, "42")
 	if tok.WaitTimeout(500 * time.Millisecond) {
 		t.Fatalf("publish completed while the sink failed: %v", tok.Error())
 	}
 	c.Disconnect(50)
 	eventually(t, 5*time.Second, "connection ended", func() bool { return s.conns.Load() == 0 })
-	k.fail(nil)
-	if len(k.taken()) != 0 {
+	k.Fail(nil)
+	if len(k.Messages()) != 0 {
 		t.Fatal("the failed message was taken")
 	}
 	if tok := c.Connect(); !tok.WaitTimeout(10*time.Second) || tok.Error() != nil {
 		t.Fatalf("reconnect: %v", tok.Error())
 	}
-	eventually(t, 10*time.Second, "the message sent again", func() bool { return len(k.taken()) == 1 })
-	if m := k.taken()[0]; m.Topic != "reading" || string(m.Payload) != "42" || m.QoS != 1 {
+	eventually(t, 10*time.Second, "the message sent again", func() bool { return len(k.Messages()) == 1 })
+	if m := k.Messages()[0]; m.Topic != "reading" || string(m.Payload) != "42" || m.QoS != 1 {
 		t.Fatalf("sink took %+v", m)
 	}
 }
@@ -255,7 +256,7 @@ func TestV311ResendsAfterAFailure(t *testing.T) {
 // A refusal for good (an invalid topic) ends a 3.1.1 client's
 // connection: it cannot be told, and would send it again for ever.
 func TestV311RefusedForGoodDisconnects(t *testing.T) {
-	k := newSink()
+	k := &gatewaytest.DataSink{}
 	s := startServer(t, &recorder{}, Options{Credentials: testCreds(t), Sink: k})
 	r := dialRaw(t, tcpAddr(s))
 	if code := r.connack(connectPacket(t, 4, "dev-1", "secret-1", 30)); code != 0 {
@@ -271,8 +272,8 @@ func TestV311RefusedForGoodDisconnects(t *testing.T) {
 // there is refused as one outside its subtree (MQTT 5: PUBACK 0x87; 3.1.1:
 // disconnected), never reaches the sink, and is counted.
 func TestCommandSubtreeRefusedToTheDevice(t *testing.T) {
-	k := newSink()
-	s := startServer(t, &recorder{}, Options{Credentials: testCreds(t), Sink: k, Commands: newCommandBox(), Registerer: prometheus.NewRegistry()})
+	k := &gatewaytest.DataSink{}
+	s := startServer(t, &recorder{}, Options{Credentials: testCreds(t), Sink: k, Commands: &gatewaytest.Commands{}, Registerer: prometheus.NewRegistry()})
 	c := mustConnectV5(t, s, "dev-1", "secret-1")
 	subscribe(t, c, "devices/dev-1/cmd/#")
 	for _, topic := range []string{"devices/dev-1/cmd", "devices/dev-1/cmd/reboot"} {
@@ -284,7 +285,7 @@ func TestCommandSubtreeRefusedToTheDevice(t *testing.T) {
 	if _, err := c.Publish(ctx10(t), &paho.Publish{Topic: "devices/dev-1/cmdline", QoS: 1, Payload: []byte("x")}); err != nil {
 		t.Errorf("cmdline is not the command subtree: %v", err)
 	}
-	if got := k.taken(); len(got) != 1 || got[0].Topic != "cmdline" {
+	if got := k.Messages(); len(got) != 1 || got[0].Topic != "cmdline" {
 		t.Fatalf("sink took %+v", got)
 	}
 	if !nothingReceived(c, 200*time.Millisecond) {
@@ -316,7 +317,7 @@ func TestCommandSubtreeRefusedToTheDevice(t *testing.T) {
 // acknowledged as usual. The figure logged is dev-2's PUBACK latency
 // meanwhile.
 func TestSlowSinkHoldsOnlyItsClient(t *testing.T) {
-	k := newSink()
+	k := &gatewaytest.DataSink{}
 	s := startServer(t, &recorder{}, Options{Credentials: testCreds(t), Sink: k})
 	slow := dialRaw(t, tcpAddr(s))
 	if code := slow.connack(connectPacket(t, 5, "dev-1", "secret-1", 30)); code != 0 {
@@ -324,11 +325,11 @@ func TestSlowSinkHoldsOnlyItsClient(t *testing.T) {
 	}
 	fast := mustConnectV5(t, s, "dev-2", "secret-2")
 
-	release := k.block("dev-1")
+	release := k.Hold("dev-1")
 	for i := 1; i <= 5; i++ {
 		slow.publish(5, 1, false, uint16(i), "devices/dev-1/seq", []byte{byte('0' + i)})
 	}
-	<-k.began // the first is in the sink; the rest wait unread
+	<-k.Began() // the first is in the sink; the rest wait unread
 	var worst time.Duration
 	for i := range 20 {
 		begin := time.Now()
@@ -337,7 +338,7 @@ func TestSlowSinkHoldsOnlyItsClient(t *testing.T) {
 		}
 		worst = max(worst, time.Since(begin))
 	}
-	if n := len(k.taken()); n != 20 {
+	if n := len(k.Messages()); n != 20 {
 		t.Fatalf("sink took %d of dev-2's 20 messages while dev-1 was held", n)
 	}
 	t.Logf("dev-2: 20 QoS 1 publishes while dev-1's sink call was held, slowest PUBACK %v", worst)
@@ -351,7 +352,7 @@ func TestSlowSinkHoldsOnlyItsClient(t *testing.T) {
 		}
 	}
 	var seq []string
-	for _, m := range k.taken() {
+	for _, m := range k.Messages() {
 		if m.Device == "dev-1" {
 			seq = append(seq, string(m.Payload))
 		}
@@ -363,7 +364,7 @@ func TestSlowSinkHoldsOnlyItsClient(t *testing.T) {
 
 // mosquitto_pub's MQTT 5 properties reach the sink as they were sent.
 func TestMosquittoPubPropertiesUp(t *testing.T) {
-	k := newSink()
+	k := &gatewaytest.DataSink{}
 	s := startServer(t, &recorder{}, Options{Credentials: testCreds(t), Sink: k})
 	host, port, _ := strings.Cut(tcpAddr(s), ":")
 	mosquitto(t, "mosquitto_pub", "-h", host, "-p", port, "-V", "mqttv5", "-i", "dev-1", "-u", "dev-1", "-P", "secret-1",
@@ -371,7 +372,7 @@ func TestMosquittoPubPropertiesUp(t *testing.T) {
 		"-D", "publish", "content-type", "text/plain",
 		"-D", "publish", "user-property", "site", "north",
 		"-D", "publish", "user-property", "fw", "1.2.3")
-	got := k.taken()
+	got := k.Messages()
 	want := gateway.Message{Device: "dev-1", Topic: "status", Payload: []byte("up"), ContentType: "text/plain",
 		Properties: []gateway.Property{{Key: "site", Value: "north"}, {Key: "fw", Value: "1.2.3"}}, QoS: 1, Source: "mqtt"}
 	if len(got) != 1 {

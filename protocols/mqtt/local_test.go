@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/fleetgate/fleetgate/gateway"
+	"github.com/fleetgate/fleetgate/gateway/gatewaytest"
 )
 
 // siteClients are the local clients of most tests: a flow engine that
@@ -69,7 +70,7 @@ func publishCode(t testing.TB, c *v5, topic string) byte {
 // and a wrong or missing password is refused.
 func TestLocalClientAccess(t *testing.T) {
 	rec := &recorder{}
-	k := newSink()
+	k := &gatewaytest.DataSink{}
 	s := startServer(t, rec, Options{Credentials: testCreds(t), Clients: siteClients, ClientPasswords: sitePasswords(t),
 		Sink: k, Registerer: prometheus.NewRegistry()})
 	nr := mustConnectLocal(t, s, "nr-1", "node-red", "nr-secret")
@@ -111,7 +112,7 @@ func TestLocalClientAccess(t *testing.T) {
 			t.Errorf("telegraf publish %s: %#x, want 0x87", topic, got)
 		}
 	}
-	if got := k.taken(); len(got) != 1 || got[0].Device != "dev-1" {
+	if got := k.Messages(); len(got) != 1 || got[0].Device != "dev-1" {
 		t.Fatalf("sink took %+v: a local client's message is not a device's", got)
 	}
 	for _, ev := range rec.Evidence() {
@@ -147,8 +148,8 @@ func TestLocalClientAccess(t *testing.T) {
 // result of Submit, and routed only by the command delivery (the device
 // and every reader get it once).
 func TestLocalClientCommand(t *testing.T) {
-	box := newCommandBox()
-	k := newSink()
+	box := &gatewaytest.Commands{}
+	k := &gatewaytest.DataSink{}
 	s := startServer(t, &recorder{}, Options{Credentials: testCreds(t), Clients: siteClients, ClientPasswords: sitePasswords(t),
 		Sink: k, Commands: box, Registerer: prometheus.NewRegistry()})
 	dev := mustConnectV5(t, s, "dev-1", "secret-1")
@@ -161,7 +162,7 @@ func TestLocalClientCommand(t *testing.T) {
 	if err != nil || resp.ReasonCode != 0 {
 		t.Fatalf("command: %v %v", resp, err)
 	}
-	submitted, _, _ := box.state("dev-1")
+	submitted := box.Submitted()
 	if len(submitted) != 1 {
 		t.Fatalf("submitted %+v", submitted)
 	}
@@ -178,8 +179,8 @@ func TestLocalClientCommand(t *testing.T) {
 			t.Fatalf("%s received the command twice", name)
 		}
 	}
-	eventually(t, 5*time.Second, "acknowledged", func() bool { _, _, n := box.state("dev-1"); return n == 0 })
-	if len(k.taken()) != 0 {
+	eventually(t, 5*time.Second, "acknowledged", func() bool { return len(box.Held("dev-1")) == 0 })
+	if len(k.Messages()) != 0 {
 		t.Fatal("a command went to the sink")
 	}
 
@@ -190,11 +191,11 @@ func TestLocalClientCommand(t *testing.T) {
 	}
 
 	// Submit's refusals reach the local client as the sink's do a device.
-	box.fail(errors.New("disk: input/output error"))
+	box.FailSubmit(errors.New("disk: input/output error"))
 	if got := publishCode(t, nr, "devices/dev-2/cmd/x"); got != packets.ErrUnspecifiedError.Code {
 		t.Errorf("a failed Submit: %#x, want 0x80", got)
 	}
-	box.fail(nil)
+	box.FailSubmit(nil)
 	if got := publishCode(t, nr, "devices/dev-2/cmd//x"); got != packets.ErrTopicNameInvalid.Code {
 		t.Errorf("an invalid command: %#x, want 0x90", got)
 	}
@@ -234,7 +235,7 @@ func TestLocalClientIDIsNotADevice(t *testing.T) {
 // mosquitto_sub as a local client reads what its list allows and is
 // refused the rest; mosquitto_pub as one sends a command.
 func TestMosquittoLocalClients(t *testing.T) {
-	box := newCommandBox()
+	box := &gatewaytest.Commands{}
 	s := startServer(t, &recorder{}, Options{Credentials: testCreds(t), Clients: siteClients, ClientPasswords: sitePasswords(t), Commands: box})
 	host, port, _ := strings.Cut(tcpAddr(s), ":")
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -264,7 +265,7 @@ func TestMosquittoLocalClients(t *testing.T) {
 
 	mosquitto(t, "mosquitto_pub", "-h", host, "-p", port, "-V", "mqttv5", "-i", "flows", "-u", "node-red", "-P", "nr-secret",
 		"-q", "1", "-t", "devices/dev-2/cmd/light", "-m", "on")
-	if submitted, _, pending := box.state("dev-2"); len(submitted) != 1 || submitted[0].Topic != "cmd/light" || pending != 1 {
+	if submitted, pending := box.Submitted(), len(box.Held("dev-2")); len(submitted) != 1 || submitted[0].Topic != "cmd/light" || pending != 1 {
 		t.Fatalf("submitted %+v, %d pending", submitted, pending)
 	}
 }
@@ -345,7 +346,7 @@ func expectRevoked(t testing.TB, c *v5, name string) {
 // consumers through PublishLocal, with its content type and user
 // properties, and is not handed to the sink again.
 func TestPublishLocalReachesLocalClients(t *testing.T) {
-	k := newSink()
+	k := &gatewaytest.DataSink{}
 	s := startServer(t, &recorder{}, Options{Credentials: testCreds(t), Clients: siteClients, ClientPasswords: sitePasswords(t),
 		Sink: k, Registerer: prometheus.NewRegistry()})
 	nr := mustConnectLocal(t, s, "nr-1", "node-red", "nr-secret")
@@ -362,7 +363,7 @@ func TestPublishLocalReachesLocalClients(t *testing.T) {
 		p.Properties.ContentType != "application/json" || len(p.Properties.User) != 2 || p.Properties.User[1].Value != "b" {
 		t.Fatalf("received %+v", p)
 	}
-	if n := len(k.taken()); n != 0 {
+	if n := len(k.Messages()); n != 0 {
 		t.Fatalf("the sink took %d messages, want none (the message came from the data path)", n)
 	}
 }
