@@ -617,7 +617,7 @@ func TestDataBurst(t *testing.T) {
 	for _, c := range socks {
 		readers.Go(func() {
 			for {
-				b, ok := readDatagram(t, c, time.Second)
+				b, ok := readDatagram(t, c, 3*time.Second)
 				if !ok {
 					return
 				}
@@ -629,7 +629,16 @@ func TestDataBurst(t *testing.T) {
 	}
 	readers.Wait()
 	t.Logf("%d CON POST /d at once: answers %v", n, codesSeen)
-	if codesSeen[codes.Changed] != n || len(k.Messages()) != n {
-		t.Fatalf("answers %v, %d published; want %d 2.04", codesSeen, len(k.Messages()), n)
+	// Every request is answered once: 2.04 once its message was taken, or
+	// 5.03 when its worker's queue was full or it waited past 1.5 s (on a
+	// loaded machine; on a quiet one all 4,000 get 2.04). How many of
+	// each is a figure, not a promise (BenchmarkDataPerCPUSecond).
+	if total := codesSeen[codes.Changed] + codesSeen[codes.ServiceUnavailable]; total != n || len(codesSeen) > 2 {
+		t.Fatalf("answers %v; want each of the %d requests answered once, 2.04 or 5.03", codesSeen, n)
+	}
+	// (a request answered 5.03 at its 1.5 s bound may still be taken
+	// after: the device sends it again, a duplicate QoS 1 allows)
+	if got := len(k.Messages()); got < codesSeen[codes.Changed] {
+		t.Fatalf("%d messages published, %d answered 2.04: a 2.04 must mean taken", got, codesSeen[codes.Changed])
 	}
 }
