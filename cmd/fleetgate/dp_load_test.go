@@ -625,6 +625,9 @@ func mosquittoBridge(t testing.TB, name, upstream string) *mosquittotest.Broker 
 func upstreamBroker(t testing.TB, autosave int) *mosquittotest.Broker {
 	t.Helper()
 	conf := []string{"max_queued_messages 0"}
+	if v := os.Getenv("DPBENCH_UPSTREAM_CONF"); v != "" {
+		conf = append(conf, strings.Split(v, ";")...)
+	}
 	if autosave > 0 {
 		conf = append(conf, "autosave_on_changes false", fmt.Sprintf("autosave_interval %d", autosave))
 	}
