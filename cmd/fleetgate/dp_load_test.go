@@ -90,6 +90,9 @@ type upDevice struct {
 	dups int64
 }
 
+// counterLimit bounds an upCounter's life.
+const counterLimit = 20 * time.Minute
+
 // maxLatencySamples bounds the latencies kept (the counts go on).
 const maxLatencySamples = 4 << 20
 
@@ -101,11 +104,13 @@ const maxLatencySamples = 4 << 20
 func countUpstream(t testing.TB, ctx context.Context, addr, clientID, filter string, qos byte, devices int, persistent bool) *upCounter {
 	t.Helper()
 	u := &upCounter{devs: make([]upDevice, devices), done: make(chan struct{})}
+	ctx, cancel := context.WithTimeout(ctx, counterLimit)
 	for i := range u.devs {
 		u.devs[i].last = -1
 	}
 	first := make(chan error, 1)
 	go func() {
+		defer cancel()
 		defer close(u.done)
 		once := sync.Once{}
 		report := func(err error) { once.Do(func() { first <- err }) }
@@ -497,14 +502,15 @@ func (f *fleet) runDevice(i int, l dpLoad) {
 }
 
 // idle keeps every device's connection alive with a PINGREQ every
-// interval (spread), reading the PINGRESPs, until stop is closed.
+// interval (spread), reading the PINGRESPs, until stop is closed (at
+// most for idleLimit).
 func (f *fleet) idle(every time.Duration, stop <-chan struct{}) {
 	var wg sync.WaitGroup
 	start := time.Now()
 	for i := range f.ids {
 		wg.Go(func() {
 			offset := every * time.Duration(i) / time.Duration(len(f.ids))
-			for k := 0; ; k++ {
+			for k := 0; time.Since(start) < idleLimit; k++ {
 				select {
 				case <-time.After(time.Until(start.Add(offset + time.Duration(k)*every))):
 				case <-stop:
@@ -534,6 +540,9 @@ func (f *fleet) idle(every time.Duration, stop <-chan struct{}) {
 	}
 	wg.Wait()
 }
+
+// idleLimit bounds fleet.idle.
+const idleLimit = 10 * time.Minute
 
 func stopped(c <-chan struct{}) bool {
 	select {
