@@ -593,8 +593,9 @@ func brokerPid(t testing.TB, b *mosquittotest.Broker) int {
 }
 
 // bridgeGateway makes a gateway (not started) that forwards to
-// upstream (a host:port), with bridge (more keys of bridge.queue, YAML
-// flow, "" for none), log level info and the anonymous limits opened
+// upstream (a host:port), with queue (more keys of bridge.queue, YAML
+// flow after a comma, "" for none; commit_interval is the shipped 10ms
+// unless queue sets it), log level info and the anonymous limits opened
 // for a fleet of loopback devices.
 func bridgeGateway(t testing.TB, id, upstream, queue string, tm e2eTiming) *gatewayProc {
 	t.Helper()
@@ -604,7 +605,10 @@ func bridgeGateway(t testing.TB, id, upstream, queue string, tm e2eTiming) *gate
 		t.Fatal(err)
 	}
 	cfg := strings.Replace(string(b), "log: { level: debug }", "log: { level: info }", 1)
-	cfg += fmt.Sprintf("bridge: { mqtt: { url: \"mqtt://%s\" }, queue: { commit_interval: 10ms%s } }\n", upstream, queue)
+	if !strings.Contains(queue, "commit_interval") {
+		queue = ", commit_interval: 10ms" + queue // the shipped one
+	}
+	cfg += fmt.Sprintf("bridge: { mqtt: { url: \"mqtt://%s\" }, queue: { %s } }\n", upstream, strings.TrimPrefix(queue, ", "))
 	cfg += "limits: { anonymous_max_devices: 100000, anonymous_connects_per_second: 100000 }\n"
 	if err := os.WriteFile(g.config, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
