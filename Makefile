@@ -126,8 +126,8 @@ soak: deps
 # Benchmarks with their ceilings measured in the same run; figures go to
 # docs/benchmarks.md. go test runs the packages' benchmarks one package at a
 # time, each benchmark once (1x); -timeout bounds each package (cmd/fleetgate
-# takes about 7 minutes: 2 × 160 s of CommandsPerMessage, 90 s of
-# SimulateSideBySide). BenchmarkSimulateSideBySide writes its table between
+# takes about 15 minutes: 2 × 160 s of CommandsPerMessage, 90 s of
+# SimulateSideBySide, about 8 minutes of the data path's BenchmarkBridge*). BenchmarkSimulateSideBySide writes its table between
 # the side-by-side markers of $(BENCH_DOC) (BENCH_DOC= : nowhere).
 BENCH_DOC ?= docs/benchmarks.md
 bench: deps

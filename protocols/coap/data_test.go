@@ -434,8 +434,11 @@ func TestSlowDiskBounded(t *testing.T) {
 	grown := int64(heapInUse()) - int64(heap)
 	t.Logf("%d data requests with the sink held: at most %.0f queued (bound %d), %.0f at the end; heap +%d bytes then (%.0f per queued request)",
 		n, peak, bound, queued, grown, float64(grown)/max(queued, 1))
-	if peak > bound || peak < bound/2 {
-		t.Fatalf("at most %.0f requests queued, bound %d", peak, bound)
+	// (the gauge counts a request before its worker's queue takes it, so
+	// a reader trying a full queue shows for an instant above the bound:
+	// at most one per UDP reader)
+	if peak > float64(bound+udpReaders()) || peak < bound/2 {
+		t.Fatalf("at most %.0f requests queued, bound %d (+ %d readers)", peak, bound, udpReaders())
 	}
 	if grown > 8<<20 {
 		t.Fatalf("heap grew by %d bytes with %.0f requests queued", grown, queued)
