@@ -91,38 +91,12 @@ type reply struct {
 	payload string
 }
 
+// request sends one request without a payload (post) and returns its
+// answer as a reply.
 func request(t testing.TB, cc *udpClient.Conn, typ message.Type, code codes.Code, path string, queries ...string) reply {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	req := cc.AcquireMessage(ctx)
-	defer cc.ReleaseMessage(req)
-	token, err := cc.GetToken()
-	if err != nil {
-		t.Fatalf("token: %v", err)
-	}
-	req.SetCode(code)
-	req.SetToken(token)
-	req.SetType(typ)
-	if err := req.SetPath(path); err != nil {
-		t.Fatalf("path: %v", err)
-	}
-	for _, q := range queries {
-		req.AddQuery(q)
-	}
-	resp, err := cc.Do(req)
-	if err != nil {
-		t.Fatalf("%v %s %v: %v", code, path, queries, err)
-	}
-	defer cc.ReleaseMessage(resp)
-	r := reply{code: resp.Code(), maxAge: -1, typ: resp.Type()}
-	if v, err := resp.GetOptionUint32(message.MaxAge); err == nil {
-		r.maxAge = int64(v)
-	}
-	if body, err := resp.ReadBody(); err == nil {
-		r.payload = string(body)
-	}
-	return r
+	a := post(t, cc, typ, code, path, nil, noCF, queries...)
+	return reply{code: a.code, maxAge: a.maxAge(), typ: a.typ, payload: string(a.payload)}
 }
 
 // datagram encodes a request the way a device would put it on the wire.
