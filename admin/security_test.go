@@ -2,14 +2,8 @@ package admin_test
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
 	"errors"
-	"math/big"
 	"net"
 	"net/http"
 	"strings"
@@ -17,30 +11,14 @@ import (
 	"time"
 
 	"github.com/fleetgate/fleetgate/admin"
+	"github.com/fleetgate/fleetgate/internal/testcert"
 )
 
-// selfSigned returns a server TLS config for 127.0.0.1 and a client one
-// that trusts it.
+// selfSigned returns a server TLS config for 127.0.0.1 and a client
+// config that trusts it.
 func selfSigned(t *testing.T) (server, client *tls.Config) {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "admin"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)}, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, _ := x509.ParseCertificate(der)
-	pool := x509.NewCertPool()
-	pool.AddCert(cert)
-	return &tls.Config{Certificates: []tls.Certificate{{Certificate: [][]byte{der}, PrivateKey: key}}, MinVersion: tls.VersionTLS12},
-		&tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
+	c := testcert.New(t)
+	return c.Server, c.Client
 }
 
 func serveSecure(t *testing.T, token string, tc *tls.Config) *admin.Server {

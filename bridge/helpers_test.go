@@ -46,7 +46,34 @@ func startBroker(t testing.TB, config ...string) *mosquittotest.Broker {
 	}, config...)})
 }
 
-func brokerURL(b *mosquittotest.Broker) string { return "mqtt://" + b.Addr }
+// brokerUser and brokerPassword are the one account of a TLS broker.
+const brokerUser, brokerPassword = "bridge", "s3cret-pass"
+
+// startTLSBroker is startBroker with a TLS listener and one account
+// (brokerUser); anonymous clients are refused.
+func startTLSBroker(t testing.TB) *mosquittotest.Broker {
+	t.Helper()
+	return mosquittotest.Start(t, mosquittotest.Options{TLS: true, User: brokerUser, Password: brokerPassword,
+		Config: []string{"max_queued_messages 1000000", "max_inflight_messages 0"}})
+}
+
+func brokerURL(b *mosquittotest.Broker) string {
+	if b.TLS != nil {
+		return "mqtts://" + b.Addr
+	}
+	return "mqtt://" + b.Addr
+}
+
+// brokerClient is the part of a test client's configuration that
+// reaches b: its URL, and on a TLS broker its certificate and account.
+func brokerClient(b *mosquittotest.Broker, cfg autopaho.ClientConfig) autopaho.ClientConfig {
+	u, _ := url.Parse(brokerURL(b))
+	cfg.ServerUrls = []*url.URL{u}
+	if b.TLS != nil {
+		cfg.TlsCfg, cfg.ConnectUsername, cfg.ConnectPassword = b.TLS, brokerUser, []byte(brokerPassword)
+	}
+	return cfg
+}
 
 // memQueue is a memory queue closed when the test ends.
 func memQueue(t testing.TB, clock gateway.Clock) *memq.Queue {
@@ -103,10 +130,9 @@ var clientIDs atomic.Int64
 func subscribe(t testing.TB, b *mosquittotest.Broker, filter string) *subscriber {
 	t.Helper()
 	s := &subscriber{}
-	u, _ := url.Parse(brokerURL(b))
 	ctx, cancel := context.WithCancel(context.Background())
 	cfg := autopaho.ClientConfig{
-		ServerUrls: []*url.URL{u}, KeepAlive: 30,
+		KeepAlive:                     30,
 		CleanStartOnInitialConnection: true, SessionExpiryInterval: 600,
 		ReconnectBackoff: autopaho.NewConstantBackoff(50 * time.Millisecond),
 		OnConnectionUp: func(cm *autopaho.ConnectionManager, _ *paho.Connack) {
@@ -130,7 +156,7 @@ func subscribe(t testing.TB, b *mosquittotest.Broker, filter string) *subscriber
 			}},
 		},
 	}
-	cm, err := autopaho.NewConnection(ctx, cfg)
+	cm, err := autopaho.NewConnection(ctx, brokerClient(b, cfg))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -182,13 +208,12 @@ func (s *subscriber) wait(limit time.Duration, cond func([]upMsg) bool) bool {
 // commands' sender upstream).
 func publisher(t testing.TB, b *mosquittotest.Broker) *autopaho.ConnectionManager {
 	t.Helper()
-	u, _ := url.Parse(brokerURL(b))
 	ctx, cancel := context.WithCancel(context.Background())
-	cm, err := autopaho.NewConnection(ctx, autopaho.ClientConfig{
-		ServerUrls: []*url.URL{u}, KeepAlive: 30, CleanStartOnInitialConnection: true,
+	cm, err := autopaho.NewConnection(ctx, brokerClient(b, autopaho.ClientConfig{
+		KeepAlive: 30, CleanStartOnInitialConnection: true,
 		ReconnectBackoff: autopaho.NewConstantBackoff(50 * time.Millisecond),
 		ClientConfig:     paho.ClientConfig{ClientID: fmt.Sprintf("pub-%d", clientIDs.Add(1))},
-	})
+	}))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -311,3 +311,50 @@ func TestRefusedMessageDropped(t *testing.T) {
 		})
 	}
 }
+
+// Over TLS with a password, MQTT 5 and 3.1.1: up in order per device
+// (the packets of concurrent lanes combined into fewer writes, the
+// PUBACKs read through a buffer) and commands down; a bridge that does
+// not trust the broker's certificate does not connect.
+func TestUpAndDownOverTLS(t *testing.T) {
+	for _, version := range []byte{5, 4} {
+		t.Run("v"+string('0'+version), func(t *testing.T) {
+			br := startTLSBroker(t)
+			sub := subscribe(t, br, "fg/#")
+			b := startBridge(t, bridge.Options{URL: brokerURL(br), TLS: br.TLS, Username: brokerUser, Password: brokerPassword,
+				ClientID: "c", TopicPrefix: "fg", Down: true, ProtocolVersion: version,
+				Durable: memQueue(t, nil), Memory: memQueue(t, nil), Commands: memQueue(t, nil)})
+			await(t, 10*time.Second, "subscribed", func() bool { return b.Status().Upstream.Subscribed })
+			const devices, per = 16, 100
+			var wg sync.WaitGroup
+			for d := range devices {
+				wg.Go(func() {
+					for i := range per {
+						if err := b.Publish(t.Context(), []gateway.Message{msg(fmt.Sprintf("d%d", d), "seq", strconv.Itoa(i), 1, "coap")}); err != nil {
+							t.Error(err)
+							return
+						}
+					}
+				})
+			}
+			wg.Wait()
+			if !sub.wait(30*time.Second, func(m []upMsg) bool { return len(m) == devices*per }) {
+				t.Errorf("after 30s %d messages of %d read", len(sub.snapshot()), devices*per)
+			}
+			checkOrder(t, sub.snapshot(), devices, per, true)
+			publish(t, publisher(t, br), "fg/devices/d1/cmd/reboot", "now")
+			await(t, 10*time.Second, "the command pending", func() bool { return len(b.Pending("d1", time.Now(), 10)) == 1 })
+		})
+	}
+	t.Run("untrusted", func(t *testing.T) {
+		br := startTLSBroker(t)
+		logs := &logBuffer{t: t}
+		b := startBridge(t, bridge.Options{URL: brokerURL(br), Username: brokerUser, Password: brokerPassword, ClientID: "c", TopicPrefix: "fg",
+			Logger:  slog.New(slog.NewTextHandler(logs, nil)),
+			Durable: memQueue(t, nil), Memory: memQueue(t, nil), Commands: memQueue(t, nil)})
+		await(t, 10*time.Second, "a failed connection logged", func() bool { return strings.Contains(logs.String(), "certificate") })
+		if b.Status().Upstream.Connected {
+			t.Error("connected to a broker whose certificate it does not trust")
+		}
+	})
+}

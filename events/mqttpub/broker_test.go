@@ -2,20 +2,10 @@ package mqttpub_test
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/json"
-	"encoding/pem"
 	"fmt"
-	"math/big"
-	"net"
 	"net/url"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -36,7 +26,6 @@ type broker struct {
 	tls bool
 	// user and password of the password file (TLS brokers only)
 	user, pass string
-	ca         *x509.CertPool
 }
 
 func startBroker(t testing.TB, withTLS bool) *broker {
@@ -46,7 +35,7 @@ func startBroker(t testing.TB, withTLS bool) *broker {
 	if withTLS {
 		b.user, b.pass = "publisher", "s3cret-pass"
 		o.User, o.Password = b.user, b.pass
-		o.CertFile, o.KeyFile = b.writeCert(t.TempDir())
+		o.TLS = true
 	}
 	b.Broker = mosquittotest.Start(t, o)
 	return b
@@ -63,41 +52,7 @@ func (b *broker) tlsConfig() *tls.Config {
 	if !b.tls {
 		return nil
 	}
-	return &tls.Config{RootCAs: b.ca, ServerName: "127.0.0.1", MinVersion: tls.VersionTLS12}
-}
-
-// writeCert makes a self-signed certificate for 127.0.0.1 in dir.
-func (b *broker) writeCert(dir string) (certFile, keyFile string) {
-	b.t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		b.t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "127.0.0.1"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
-		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, IsCA: true, BasicConstraintsValid: true,
-		KeyUsage: x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		b.t.Fatal(err)
-	}
-	cert, _ := x509.ParseCertificate(der)
-	b.ca = x509.NewCertPool()
-	b.ca.AddCert(cert)
-	kb, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		b.t.Fatal(err)
-	}
-	certFile, keyFile = filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
-	if err := os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
-		b.t.Fatal(err)
-	}
-	if err := os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kb}), 0o600); err != nil {
-		b.t.Fatal(err)
-	}
-	return certFile, keyFile
+	return b.Broker.TLS
 }
 
 // received is one message a subscriber got.

@@ -5,6 +5,7 @@
 package mosquittotest
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -18,6 +19,7 @@ import (
 	"time"
 
 	"github.com/fleetgate/fleetgate/internal/redistest"
+	"github.com/fleetgate/fleetgate/internal/testcert"
 )
 
 // Options configure a broker.
@@ -26,8 +28,9 @@ type Options struct {
 	// broker (a password file written by mosquitto_passwd), and anonymous
 	// clients are refused. Without User anonymous clients are allowed.
 	User, Password string
-	// CertFile and KeyFile (PEM), when set, make the listener TLS.
-	CertFile, KeyFile string
+	// TLS makes the listener TLS, with a self-signed certificate for
+	// 127.0.0.1 that Broker.TLS trusts.
+	TLS bool
 	// Config holds more lines of mosquitto.conf, such as
 	// "max_queued_messages 100000".
 	Config []string
@@ -39,6 +42,9 @@ type Broker struct {
 	Addr string
 	// Dir holds mosquitto.conf, the persistence file and mosquitto.log.
 	Dir string
+	// TLS, for a TLS listener (Options.TLS), is a client configuration
+	// that trusts the broker's certificate; nil otherwise.
+	TLS *tls.Config
 
 	t      testing.TB
 	bin    string
@@ -94,8 +100,11 @@ func Start(t testing.TB, o Options) *Broker {
 	} else {
 		conf = append(conf, "allow_anonymous true")
 	}
-	if o.CertFile != "" {
-		conf = append(conf, "certfile "+o.CertFile, "keyfile "+o.KeyFile)
+	if o.TLS {
+		cert := testcert.New(t)
+		certFile, keyFile := cert.Write(t, b.Dir)
+		conf = append(conf, "certfile "+certFile, "keyfile "+keyFile)
+		b.TLS = cert.Client
 	}
 	conf = append(conf, o.Config...)
 	var err error
