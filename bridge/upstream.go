@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/url"
 	"sync"
 	"sync/atomic"
@@ -177,8 +178,10 @@ func dial5(ctx context.Context, cfg linkConfig) (*mqtt5, error) {
 	u := &mqtt5{cfg: cfg, state: newConnState(ctx)}
 	redacted := cfg.url.Redacted()
 	ac := autopaho.ClientConfig{
-		ServerUrls:                    []*url.URL{cfg.url},
-		TlsCfg:                        cfg.tls,
+		ServerUrls: []*url.URL{cfg.url},
+		AttemptConnection: func(ctx context.Context, _ autopaho.ClientConfig, u *url.URL) (net.Conn, error) {
+			return dialPacketConn(ctx, u, cfg.tls, cfg.connectTimeout)
+		},
 		KeepAlive:                     30,
 		CleanStartOnInitialConnection: cfg.down == "",
 		SessionExpiryInterval:         cfg.sessionExpiry,
