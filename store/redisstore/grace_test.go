@@ -552,3 +552,82 @@ func TestReplacedStateWaitsForEveryGatewayItKnew(t *testing.T) {
 		t.Fatalf("mover: %+v, want online", info)
 	}
 }
+
+// A restore's leave in a replaced state: mover moved from gw-a to gw-b,
+// and the restart lost both writes. gw-a restores first, with mover's
+// leave; gw-b's restore, with mover's live session, comes after. The
+// leave must not end mover at once (the other gateway may hold the
+// device, as for a leave in a state that was not replaced): mover stays
+// online without an event and keeps its session on gw-b. A leaver whose
+// device no other gateway holds ends, with reason leave, once the
+// incarnation's grace has passed.
+func TestReplacedStateLeaveWaitsForTheOtherRestores(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client(t)
+	clock := clocktest.New(time.UnixMilli(startMs))
+	prefix := uniquePrefix()
+	open := func() *env {
+		s, err := Open(t.Context(), c, Options{Prefix: prefix, Shards: 1, Now: clock.Now,
+			GatewayGrace: testGrace, GatewaySilence: testSilence, GatewayLost: testLease, GatewayHorizon: testLease + testGrace})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		return &env{t: t, ctx: t.Context(), c: c, clock: clock, store: s}
+	}
+	gwa, gwb, runner := open(), open(), open()
+	covered := func(b gateway.Batch) gateway.Batch {
+		b.Covers = true
+		return b
+	}
+	gwa.apply(0, covered(leased("gw-a", false)))
+	gwb.apply(0, covered(leased("gw-b", false)))
+	if err := c.Save(t.Context()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	// after the snapshot: mover and leaver connect to gw-a; mover moves
+	// to gw-b; both leave gw-a
+	gwa.apply(0, covered(leased("gw-a", false,
+		write("mover", "mqtt#1", gateway.Connect, 0), write("leaver", "mqtt#1", gateway.Connect, 0))))
+	clock.Advance(time.Second)
+	gwb.apply(0, covered(leased("gw-b", false, write("mover", "mqtt#2", gateway.Connect, 0))))
+	if evs := gwa.apply(0, covered(leased("gw-a", false,
+		write("mover", "mqtt#1", gateway.Leave, 0), write("leaver", "mqtt#1", gateway.Leave, 0)))); len(evs) != 1 || evs[0].Device != "leaver" {
+		t.Fatalf("the leaves before the restart: %s, want leaver's offline", describe(evs))
+	}
+	srv.Restart()
+	clock.Advance(time.Second)
+	if res, err := gwa.store.Apply(t.Context(), 0, covered(leased("gw-a", false))); err != nil || !res.Reset {
+		t.Fatalf("gw-a's first call after the restart: %+v, %v; want a reset", res, err)
+	}
+	restore := covered(leased("gw-a", false, write("mover", "mqtt#1", gateway.Leave, 0), write("leaver", "mqtt#1", gateway.Leave, 0)))
+	restore.Restore = true
+	if evs := gwa.apply(0, restore); len(evs) != 0 {
+		t.Fatalf("gw-a's restore of two leaves: %s, want none while gw-b may hold them", describe(evs))
+	}
+	if r := runner.reap(0, 10); len(r.Offline) != 0 {
+		t.Fatalf("reap before gw-b's restore: %s, want none", describe(r.Offline))
+	}
+	clock.Advance(time.Second)
+	if res, err := gwb.store.Apply(t.Context(), 0, covered(leased("gw-b", false))); err != nil || !res.Reset {
+		t.Fatalf("gw-b's first call after the restart: %+v, %v; want a reset", res, err)
+	}
+	restore = covered(leased("gw-b", false, write("mover", "mqtt#2", gateway.Renew, 0)))
+	restore.Restore = true
+	if evs := gwb.apply(0, restore); len(evs) != 0 {
+		t.Fatalf("gw-b's restore: %s, want none (mover was online)", describe(evs))
+	}
+	var offline []gateway.Event
+	for range 8 {
+		clock.Advance(testGrace / 4)
+		gwa.apply(0, covered(leased("gw-a", false)))
+		gwb.apply(0, covered(leased("gw-b", false, write("mover", "mqtt#2", gateway.Renew, 0))))
+		offline = append(offline, runner.reap(0, 10).Offline...)
+	}
+	if len(offline) != 1 || offline[0].Device != "leaver" || offline[0].Reason != gateway.ReasonLeave {
+		t.Fatalf("reaps over twice the grace: %s, want leaver's offline (leave) alone", describe(offline))
+	}
+	if info := runner.device("mover"); info.State != gateway.Online {
+		t.Fatalf("mover: %+v, want online", info)
+	}
+}

@@ -457,12 +457,22 @@ local function general(dev, sid, kind, d, k, zk, wlease, wgrace)
     end
   elseif not r and restore then
     -- a leave of a session the lost state held (the caller wrote it
-    -- there): its offline, with a ver above the lost ones
+    -- there): its offline, with a ver above the lost ones; but while
+    -- another gateway may not have restored the device yet (it may have
+    -- moved there, as for a leave below), the record comes back online
+    -- without an event, as a restore does, its session ending at the
+    -- leave, for the reap to judge behind that gateway
     r = newrecord(now)
     rec[k] = r
     entomb(r, sid, obs)
     r.lastgw, r.lastsid, r.ver, dirty[k] = gwref, sid, now, true
-    event(dev, 'offline', r.ver, nowstr, 'leave', gw, sid)
+    if awaited(obs) then
+      r.on, r.since = true, now
+      r.sess[1] = {gw = gwref, ep = epoch, dl = obs, sid = sid}
+      setz(k, obs)
+    else
+      event(dev, 'offline', r.ver, nowstr, 'leave', gw, sid)
+    end
   elseif r and not (ss and ss.dl - sh > d) then
     -- a leave of a session the record holds (not renewed since), or of
     -- one it no longer holds: either way its tombstone stands
