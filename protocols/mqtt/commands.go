@@ -18,7 +18,8 @@ import (
 // published through the broker to "<root>/cmd[/<rest>]" at QoS 1 (with
 // the command's content type and user properties, and its remaining
 // lifetime as the MQTT 5 message expiry interval) and acknowledged
-// (Commands.Ack) once the broker took them for the device's session:
+// (Commands.Ack) once the device acknowledged them (PUBACK), or, for a
+// subscription at QoS 0, once the broker took them:
 //
 //   - A command is offered only to a device subscribed to its topic (its
 //     own subtree, a filter such as "<root>/cmd/#"); until it is, the
@@ -30,6 +31,11 @@ import (
 //     0, queued to the open connection. A command the broker could not
 //     take (the client's pending writes overflowed and it is
 //     disconnected, or it went away) stays pending.
+//   - A command taken at QoS 1 stays in Commands until the device's
+//     PUBACK (inflightCmds): the broker's sessions live in memory, so a
+//     gateway that stops, or a session that ends, before the PUBACK
+//     leaves it pending, and it is delivered again. One the broker drops
+//     from the session (its message expiry passed) is pending again.
 //   - Delivery runs when the device connects (also a sleepy device's
 //     reconnect: what was submitted while it slept is pending, and its
 //     subscriptions are kept by its session), when it subscribes, when
@@ -82,8 +88,12 @@ type delivery struct {
 	// starved: pending commands were left for want of room.
 	starved atomic.Bool
 	// taken and dropped are set by the hooks while a command is injected
-	// (synchronously, on the delivering goroutine).
+	// (synchronously, on the delivering goroutine); offering is the ID
+	// of that command, and takenID the packet ID the broker gave it in
+	// the session.
 	taken, dropped atomic.Bool
+	offering       atomic.Uint64
+	takenID        atomic.Uint32
 	// group watches the device's wait channel (guarded by watchers.mu).
 	group *watchGroup
 }
@@ -92,16 +102,22 @@ type delivery struct {
 // client cl, whose session is established.
 func (s *Server) startDelivery(cl *mochi.Client, c *conn) {
 	d := &delivery{srv: s, device: c.device, cl: cl, root: c.root, persistent: c.persistent.Load()}
+	s.inflight.reconcile(cl)
 	c.delivery.Store(d)
 	s.watchers.add(d)
 	d.trigger()
 }
 
-// stopDelivery ends the delivery of a connection that ended.
+// stopDelivery ends the delivery of a connection that ended. The
+// session of a connection that was not persistent ends with it, and the
+// commands it held and the device did not acknowledge are pending again.
 func (s *Server) stopDelivery(c *conn) {
 	if d := c.delivery.Load(); d != nil {
 		d.closed.Store(true)
 		s.watchers.remove(d)
+		if !d.persistent {
+			s.inflight.dropOwner(d.cl.ID, d)
+		}
 	}
 }
 
@@ -138,35 +154,51 @@ func (d *delivery) deliver() {
 		return
 	}
 	now := s.clock.Now()
-	pending := s.cmds.Pending(d.device, now, room+pendingScan)
+	// the commands in the session wait for their PUBACK: pending, not
+	// to be offered again
+	held := s.inflight.held(d.cl.ID)
+	pending := s.cmds.Pending(d.device, now, room+len(held)+pendingScan)
 	d.starved.Store(false)
 	for _, cmd := range pending {
 		if d.closed.Load() {
 			return
 		}
+		if _, ok := held[cmd.ID]; ok {
+			continue
+		}
 		if room == 0 {
 			d.starved.Store(true)
 			return
 		}
-		if !d.offer(cmd, now) {
+		inSession, ok := d.offer(cmd, now)
+		if !ok {
 			continue
 		}
 		room--
 		s.metrics.commandsDelivered.Inc()
-		if err := s.cmds.Ack(d.device, cmd.ID); err != nil {
-			s.log.Warn("command delivered but not acknowledged: it will be delivered again", "device", string(d.device), "id", cmd.ID, "err", err)
+		if !inSession {
+			s.ackCommand(d.device, cmd.ID)
 		}
 	}
 }
 
+// ackCommand acknowledges a delivered command to Commands.
+func (s *Server) ackCommand(device gateway.DeviceID, id uint64) {
+	if err := s.cmds.Ack(device, id); err != nil {
+		s.log.Warn("command delivered but not acknowledged: it will be delivered again", "device", string(device), "id", id, "err", err)
+	}
+}
+
 // offer publishes cmd through the broker when the device is subscribed
-// to its topic, and reports whether the broker took it for the device.
-func (d *delivery) offer(cmd gateway.Command, now time.Time) bool {
+// to its topic, and reports whether the broker took it for the device
+// (ok), and whether in the session's QoS 1 state, where it waits for
+// the device's PUBACK (inSession).
+func (d *delivery) offer(cmd gateway.Command, now time.Time) (inSession, ok bool) {
 	s := d.srv
 	topic := d.root + "/" + cmd.Topic
 	sub, ok := s.broker.Topics.Subscribers(topic).Subscriptions[d.cl.ID]
 	if !ok {
-		return false
+		return false, false
 	}
 	pk := packets.Packet{
 		FixedHeader: packets.FixedHeader{Type: packets.Publish, Qos: 1},
@@ -178,7 +210,7 @@ func (d *delivery) offer(cmd gateway.Command, now time.Time) bool {
 	if !cmd.Expires.IsZero() {
 		left := (cmd.Expires.Sub(now) + time.Second - 1) / time.Second
 		if left <= 0 {
-			return false
+			return false, false
 		}
 		pk.Properties.MessageExpiryInterval = uint32(min(left, 1<<32-1))
 	}
@@ -187,17 +219,125 @@ func (d *delivery) offer(cmd gateway.Command, now time.Time) bool {
 	}
 	d.taken.Store(false)
 	d.dropped.Store(false)
-	if err := s.broker.InjectPacket(s.cmdClient, pk); err != nil {
-		s.log.Warn("command not published", "device", string(d.device), "id", cmd.ID, "err", err)
-		return false
-	}
+	d.offering.Store(cmd.ID)
+	err := s.broker.InjectPacket(s.cmdClient, pk)
+	d.offering.Store(0)
+	taken := d.taken.Load()
 	switch {
+	case err != nil:
+		s.log.Warn("command not published", "device", string(d.device), "id", cmd.ID, "err", err)
 	case d.dropped.Load():
-		return false
 	case sub.Qos > 0:
-		return d.taken.Load() && (d.persistent || !d.cl.Closed())
+		if taken && (d.persistent || !d.cl.Closed()) {
+			return true, true
+		}
+	default:
+		return false, !d.cl.Closed()
 	}
-	return !d.cl.Closed()
+	if taken {
+		s.inflight.drop(d.cl.ID, uint16(d.takenID.Load()))
+	}
+	return false, false
+}
+
+// inflightCmds are the commands in the devices' sessions at QoS 1 that
+// the devices have not acknowledged, by client ID and the packet ID the
+// broker gave each in that client's session. Entries come from
+// OnQosPublish (before the PUBLISH is written, so before its PUBACK can
+// come) and leave at the PUBACK (the command is acknowledged to
+// Commands), when the broker drops the message, when the session ends,
+// and when a new session does not hold them.
+type inflightCmds struct {
+	mu       sync.Mutex
+	byClient map[string]map[uint16]inflightCmd
+}
+
+// inflightCmd is one command in a session.
+type inflightCmd struct {
+	device gateway.DeviceID
+	id     uint64
+	owner  *delivery // the connection it was offered on
+}
+
+func (f *inflightCmds) add(client string, pid uint16, c inflightCmd) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.byClient == nil {
+		f.byClient = make(map[string]map[uint16]inflightCmd)
+	}
+	m := f.byClient[client]
+	if m == nil {
+		m = make(map[uint16]inflightCmd)
+		f.byClient[client] = m
+	}
+	m[pid] = c
+}
+
+// take removes and returns the entry of client's packet pid.
+func (f *inflightCmds) take(client string, pid uint16) (inflightCmd, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	c, ok := f.byClient[client][pid]
+	if ok {
+		f.removeLocked(client, pid)
+	}
+	return c, ok
+}
+
+func (f *inflightCmds) drop(client string, pid uint16) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.removeLocked(client, pid)
+}
+
+func (f *inflightCmds) removeLocked(client string, pid uint16) {
+	m := f.byClient[client]
+	delete(m, pid)
+	if len(m) == 0 {
+		delete(f.byClient, client)
+	}
+}
+
+// dropClient forgets the commands of client's session (it expired).
+func (f *inflightCmds) dropClient(client string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	delete(f.byClient, client)
+}
+
+// dropOwner forgets the commands offered on connection d of client.
+func (f *inflightCmds) dropOwner(client string, d *delivery) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for pid, c := range f.byClient[client] {
+		if c.owner == d {
+			f.removeLocked(client, pid)
+		}
+	}
+}
+
+// held returns the IDs of the commands in client's session.
+func (f *inflightCmds) held(client string) map[uint64]struct{} {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := make(map[uint64]struct{}, len(f.byClient[client]))
+	for _, c := range f.byClient[client] {
+		out[c.id] = struct{}{}
+	}
+	return out
+}
+
+// reconcile keeps, of cl's entries, those its session established now
+// holds: a clean start, or a session the broker did not keep, leaves
+// its commands pending.
+func (f *inflightCmds) reconcile(cl *mochi.Client) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for pid := range f.byClient[cl.ID] {
+		if pk, ok := cl.State.Inflight.Get(pid); !ok || pk.Origin != commandsClientID {
+			f.removeLocked(cl.ID, pid)
+		}
+	}
 }
 
 // watchers watch the Commands.Wait channels of the connected devices, up

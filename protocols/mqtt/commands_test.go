@@ -235,8 +235,8 @@ func TestCommandsBeyondTheInflightRoom(t *testing.T) {
 	if _, ok := r.readPublish(300 * time.Millisecond); ok {
 		t.Fatal("a fifth command came with the room full")
 	}
-	if acked, pending := box.Acks(), len(box.Held("dev-1")); len(acked) != 4 || pending != 6 {
-		t.Fatalf("room full: %d acknowledged, %d pending", len(acked), pending)
+	if acked, pending := box.Acks(), len(box.Held("dev-1")); len(acked) != 0 || pending != 10 {
+		t.Fatalf("room full, no PUBACK: %d acknowledged, %d pending; want 0 and 10", len(acked), pending)
 	}
 	for len(seq) < 10 {
 		r.send(encode(t, packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Puback}, ProtocolVersion: 5, PacketID: ids[0]}))
@@ -249,6 +249,70 @@ func TestCommandsBeyondTheInflightRoom(t *testing.T) {
 	}
 	if got := strings.Join(seq, ""); got != "0123456789" {
 		t.Fatalf("commands came as %s", got)
+	}
+	if acked := len(box.Acks()); acked != 6 {
+		t.Fatalf("%d acknowledged after 6 PUBACKs", acked)
+	}
+}
+
+// rawDevice connects dev-1 over a raw connection (nothing acknowledged
+// but what the test sends) with a clean session and subscribes to its
+// command subtree; the SUBACK is left to readPublish, which skips it (a
+// pending command may come before it).
+func rawDevice(t *testing.T, s *Server) *raw {
+	t.Helper()
+	r := dialRaw(t, tcpAddr(s))
+	if code := r.connack(connectPacket(t, 5, "dev-1", "secret-1", 30)); code != 0 {
+		t.Fatalf("connack %#x", code)
+	}
+	r.send(encode(t, packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Subscribe, Qos: 1}, ProtocolVersion: 5, PacketID: 1,
+		Filters: packets.Subscriptions{{Filter: "devices/dev-1/cmd/#", Qos: 1}}}))
+	return r
+}
+
+// A command stays in Commands until the device's PUBACK: a device that
+// received it and did not acknowledge it gets it again after the
+// gateway restarted (the broker's sessions were in its memory) and after
+// its clean session ended; once acknowledged it is gone and does not
+// come again.
+func TestCommandsAcknowledgedOnlyByThePUBACK(t *testing.T) {
+	box := &gatewaytest.Commands{}
+	box.Add(command("dev-1", "cmd/set", "v1"), time.Time{})
+	expect := func(r *raw) packets.Packet {
+		t.Helper()
+		pk, ok := r.readPublish(10 * time.Second)
+		if !ok || string(pk.Payload) != "v1" {
+			t.Fatalf("received %q (%v), want the command v1", pk.Payload, ok)
+		}
+		return pk
+	}
+	t.Run("received, then the gateway stops", func(t *testing.T) {
+		s := startServer(t, &recorder{}, Options{Credentials: testCreds(t), Commands: box})
+		expect(rawDevice(t, s))
+		time.Sleep(200 * time.Millisecond)
+		if acked, held := box.Acks(), len(box.Held("dev-1")); len(acked) != 0 || held != 1 {
+			t.Fatalf("without a PUBACK: acknowledged %v, %d held", acked, held)
+		}
+	})
+	s := startServer(t, &recorder{}, Options{Credentials: testCreds(t), Commands: box})
+	t.Run("after the restart, the clean session ends", func(t *testing.T) {
+		r := rawDevice(t, s)
+		expect(r)
+		_ = r.Close()
+		eventually(t, 5*time.Second, "disconnected", func() bool { return s.conns.Load() == 0 })
+	})
+	r := rawDevice(t, s)
+	pk := expect(r)
+	if len(box.Acks()) != 0 {
+		t.Fatal("acknowledged before the PUBACK")
+	}
+	r.send(encode(t, packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Puback}, ProtocolVersion: 5, PacketID: pk.PacketID}))
+	eventually(t, 5*time.Second, "acknowledged once", func() bool { return len(box.Acks()) == 1 && len(box.Held("dev-1")) == 0 })
+	if _, ok := r.readPublish(300 * time.Millisecond); ok {
+		t.Fatal("the command came again after its PUBACK")
+	}
+	if n := len(s.inflight.held("dev-1")); n != 0 {
+		t.Fatalf("%d commands still tracked in the session", n)
 	}
 }
 

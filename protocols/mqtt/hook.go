@@ -58,6 +58,8 @@ var provided = []byte{
 	mochi.OnSubscribed,
 	mochi.OnQosPublish,
 	mochi.OnQosComplete,
+	mochi.OnQosDropped,
+	mochi.OnClientExpired,
 }
 
 func (h *presence) Provides(b byte) bool { return bytes.IndexByte(provided, b) >= 0 }
@@ -342,21 +344,49 @@ func (h *presence) OnSubscribed(cl *mochi.Client, _ packets.Packet, _ []byte) {
 }
 
 // OnQosPublish notes that the broker placed a command in the session of
-// the device being delivered to.
+// the device being delivered to, where it waits for the device's PUBACK
+// (commands.go).
 func (h *presence) OnQosPublish(cl *mochi.Client, pk packets.Packet, _ int64, _ int) {
 	if pk.Origin != commandsClientID {
 		return
 	}
-	if d := deliveryOf(cl); d != nil {
+	d := deliveryOf(cl)
+	if d == nil {
+		return
+	}
+	if id := d.offering.Load(); id != 0 {
+		h.srv.inflight.add(cl.ID, pk.PacketID, inflightCmd{device: d.device, id: id, owner: d})
+		d.takenID.Store(uint32(pk.PacketID))
 		d.taken.Store(true)
 	}
 }
 
-// OnQosComplete delivers more commands once a PUBACK made room for them.
-func (h *presence) OnQosComplete(cl *mochi.Client, _ packets.Packet) {
+// OnQosComplete acknowledges to Commands a command the device
+// acknowledged, and delivers more once a PUBACK made room for them.
+func (h *presence) OnQosComplete(cl *mochi.Client, pk packets.Packet) {
+	if c, ok := h.srv.inflight.take(cl.ID, pk.PacketID); ok {
+		h.srv.ackCommand(c.device, c.id)
+	}
 	if d := deliveryOf(cl); d != nil && d.starved.Load() {
 		d.trigger()
 	}
+}
+
+// OnQosDropped makes a command the broker dropped from a session (its
+// message expiry passed) pending again.
+func (h *presence) OnQosDropped(cl *mochi.Client, pk packets.Packet) {
+	if _, ok := h.srv.inflight.take(cl.ID, pk.PacketID); !ok {
+		return
+	}
+	if d := deliveryOf(cl); d != nil {
+		d.trigger()
+	}
+}
+
+// OnClientExpired forgets the commands of a session that expired: they
+// are pending for the device's next session.
+func (h *presence) OnClientExpired(cl *mochi.Client) {
+	h.srv.inflight.dropClient(cl.ID)
 }
 
 // deliveryOf is the command delivery to client cl, nil for none.

@@ -213,6 +213,7 @@ type Server struct {
 	// dataClient is the broker client PublishLocal publishes as.
 	dataClient  *mochi.Client
 	watchers    *watchers
+	inflight    inflightCmds
 	maxInflight int
 	// local are the local clients in force.
 	local atomic.Pointer[localSet]
