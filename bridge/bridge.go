@@ -151,6 +151,11 @@ type Bridge struct {
 	inbox  chan inbound
 	closed atomic.Bool
 	once   sync.Once
+	// puts are the command Puts that outlive their Submit (its context
+	// ended first); Close waits for them. putMu orders their start
+	// before Close's wait.
+	putMu sync.Mutex
+	puts  sync.WaitGroup
 
 	nForwarded atomic.Uint64
 	mu         sync.Mutex
@@ -594,9 +599,12 @@ func (b *Bridge) Status() Status {
 // Submit then fail with gateway.ErrQueueClosed.
 func (b *Bridge) Close() error {
 	b.once.Do(func() {
+		b.putMu.Lock()
 		b.closed.Store(true)
+		b.putMu.Unlock()
 		b.cancel()
 		b.wg.Wait()
+		b.puts.Wait()
 		if b.up != nil {
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 			b.up.close(ctx)
@@ -605,6 +613,18 @@ func (b *Bridge) Close() error {
 		b.unregister()
 	})
 	return nil
+}
+
+// startPut registers a command Put for Close to wait for; false once
+// Close began.
+func (b *Bridge) startPut() bool {
+	b.putMu.Lock()
+	defer b.putMu.Unlock()
+	if b.closed.Load() {
+		return false
+	}
+	b.puts.Add(1)
+	return true
 }
 
 func (b *Bridge) unregister() {

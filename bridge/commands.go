@@ -97,7 +97,7 @@ func (c *commands) load(ctx context.Context) error {
 // When ctx ends while the Put waits for its commit, submit returns
 // ctx's error, and the Put goes on without it: the commands it commits
 // are pending all the same (they are in the queue), and indexed as soon
-// as the queue returns their IDs.
+// as the queue returns their IDs. Close waits for such a Put.
 func (c *commands) submit(ctx context.Context, msgs []gateway.Message) ([]gateway.Command, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -114,7 +114,11 @@ func (c *commands) submit(ctx context.Context, msgs []gateway.Message) ([]gatewa
 		err  error
 	}
 	res := make(chan result, 1)
+	if !c.b.startPut() {
+		return nil, fmt.Errorf("bridge: %w", gateway.ErrQueueClosed)
+	}
 	go func() {
+		defer c.b.puts.Done()
 		ids, err := c.q.Put(context.WithoutCancel(ctx), msgs)
 		if err != nil {
 			res <- result{err: err}

@@ -471,3 +471,29 @@ func TestSubmitContextEnds(t *testing.T) {
 		t.Fatalf("the commands queue holds %d, want 2: a Submit with a done ctx put a command", n)
 	}
 }
+
+// Close waits for a Put that outlived its Submit: when it returns, the
+// command is in the queue (the caller may close the queue next).
+func TestCloseWaitsForAPutItsSubmitLeft(t *testing.T) {
+	commands, err := diskq.Open(diskq.Options{Path: filepath.Join(t.TempDir(), "commands.db"), MaxBytes: 1 << 20, CommitInterval: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { commands.Close() })
+	b := startBridge(t, bridge.Options{Commands: commands})
+	if _, err := b.Submit(t.Context(), gateway.Message{Device: "d1", Topic: "cmd", Payload: []byte("first")}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
+	defer cancel()
+	if _, err := b.Submit(ctx, gateway.Message{Device: "d1", Topic: "cmd", Payload: []byte("late")}); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Submit waiting for a commit a second away = %v, want context.DeadlineExceeded", err)
+	}
+	b.Close()
+	if n := commands.Stats().Messages; n != 2 {
+		t.Fatalf("after Close the commands queue holds %d, want 2", n)
+	}
+	if _, err := b.Submit(t.Context(), gateway.Message{Device: "d1", Topic: "cmd"}); !errors.Is(err, gateway.ErrQueueClosed) {
+		t.Fatalf("Submit after Close = %v, want ErrQueueClosed", err)
+	}
+}
