@@ -70,10 +70,14 @@ func (s *Store) ApplyShards(ctx context.Context, batches []gateway.ShardBatch) [
 			if err := w.heard(sb.Batch.Gateway, cover); err != nil {
 				return err
 			}
+			bridged := bridgedLeaves(&sb.Batch)
 			for j := range sb.Batch.Writes {
-				if err := w.apply(&sb.Batch, &sb.Batch.Writes[j]); err != nil {
+				if err := w.apply(&sb.Batch, &sb.Batch.Writes[j], bridged[j]); err != nil {
 					return err
 				}
+			}
+			if err := w.endLeavers(sb.Batch.Gateway); err != nil {
+				return err
 			}
 			if err := w.commit(); err != nil {
 				return err
@@ -156,8 +160,43 @@ func fence(tx *bolt.Tx, gw string, epoch uint64) error {
 	return b.Put(key, u64(epoch))
 }
 
-// apply applies one write (gateway.Store semantics, in order).
-func (w *writer) apply(b *gateway.Batch, wr *gateway.Write) error {
+// bridgedLeaves says of each write of b whether it is a leave that a
+// later write of the batch bridges: live evidence (its lease longer than
+// its age) of another session of the same device, as when a device moved
+// away and back while its gateway's writes waited in the outbox. Such a
+// leave of the device's last session does not end the device at once:
+// its offline waits for the end of the batch, where it is written only
+// if no write brought the device a live session (the rule of
+// lua/apply.lua).
+func bridgedLeaves(b *gateway.Batch) []bool {
+	out := make([]bool, len(b.Writes))
+	live := make(map[gateway.DeviceID]map[gateway.SessionID]bool)
+	for j := len(b.Writes) - 1; j >= 0; j-- {
+		wr := &b.Writes[j]
+		if wr.Kind == gateway.Leave {
+			for sid := range live[wr.Device] {
+				if sid != wr.Session {
+					out[j] = true
+					break
+				}
+			}
+			continue
+		}
+		if wr.LeaseOr(b.Lease) > wr.Age {
+			m := live[wr.Device]
+			if m == nil {
+				m = make(map[gateway.SessionID]bool)
+				live[wr.Device] = m
+			}
+			m[wr.Session] = true
+		}
+	}
+	return out
+}
+
+// apply applies one write (gateway.Store semantics, in order);
+// leaveBridged is bridgedLeaves' for it.
+func (w *writer) apply(b *gateway.Batch, wr *gateway.Write, leaveBridged bool) error {
 	e, err := w.load(wr.Device)
 	if err != nil {
 		return err
@@ -274,6 +313,12 @@ func (w *writer) apply(b *gateway.Batch, wr *gateway.Write) error {
 		r.entomb(wr.Session, obs, w.now-tombKeep.Milliseconds())
 		e.dirty = true
 		if i < 0 {
+			return nil
+		}
+		if len(r.sessions) == 1 && r.online && leaveBridged {
+			r.sessions = r.sessions[:0]
+			w.touch(e, b.Gateway, wr.Session)
+			w.leaving(wr.Device, wr.Session)
 			return nil
 		}
 		if len(r.sessions) == 1 && r.online {

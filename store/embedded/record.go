@@ -25,6 +25,38 @@ type writer struct {
 	events  []gateway.Event
 	live    map[string]liveness // gateways read or written
 	laggard *liveness           // the shard's slowest heard gateway, once read
+	// leavers are the devices a bridged leave left without a session
+	// (bridgedLeaves), with that session, in the order of the leaves
+	leavers []leaver
+}
+
+// leaver is a device a bridged leave left without a session.
+type leaver struct {
+	device  gateway.DeviceID
+	session gateway.SessionID
+}
+
+// leaving notes a device a bridged leave of session left without a
+// session: its offline waits for the end of the batch (endLeavers).
+func (w *writer) leaving(d gateway.DeviceID, session gateway.SessionID) {
+	w.leavers = append(w.leavers, leaver{d, session})
+}
+
+// endLeavers writes the offline (reason leave, through gw) of each
+// device a bridged leave left without a session that no later write of
+// the batch gave one.
+func (w *writer) endLeavers(gw string) error {
+	for _, l := range w.leavers {
+		e := w.devices[l.device]
+		if e == nil || !e.rec.online || len(e.rec.sessions) > 0 {
+			continue
+		}
+		if err := w.transition(l.device, e, false, gateway.ReasonLeave, gw, l.session, 0); err != nil {
+			return err
+		}
+	}
+	w.leavers = w.leavers[:0]
+	return nil
 }
 
 // entry is a device record loaded by a writer.

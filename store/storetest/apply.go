@@ -240,6 +240,33 @@ func testLeaveLastSession(t *testing.T, open Opener) {
 	e.checkLogLen("connect and leave", shard, 2)
 }
 
+// testLeaveBridgedInBatch: a replayed batch that carries the leave of
+// a device's last session and, later, live evidence of another session
+// (the device moved away and back while the gateway's writes waited in
+// its outbox) keeps the device online with no event, whatever the order;
+// the reap writes nothing for the session that left. Evidence that has
+// lapsed bridges nothing: the leave ends the device.
+func testLeaveBridgedInBatch(t *testing.T, open Opener) {
+	t.Run("bridged", func(t *testing.T) {
+		e, d, shard, t0 := newConnected(t, open, 2)
+		e.clock.Advance(2 * time.Second)
+		res := e.apply(replayed(batch(gwA, 1, wr(d, "s1", gateway.Leave, time.Second), wr(d, "s2", gateway.Connect, 500*time.Millisecond))))
+		e.checkEvents("leave of s1 then connect of s2 in one batch", res.Events, shard)
+		info := e.device(d)
+		if want := e.now().Add(lease - 500*time.Millisecond); info.State != gateway.Online || info.Ver != e.ver(d, 1) || !info.Since.Equal(t0) || !info.Deadline.Equal(want) {
+			t.Errorf("device after the batch: %+v; want online since the connect, deadline %v", info, want)
+		}
+		e.clock.Advance(lease / 2)
+		e.checkReapedNothing("reap with s2 live", e.reap(shard, 10), e.now().Add(lease/2-500*time.Millisecond))
+	})
+	t.Run("lapsed evidence bridges nothing", func(t *testing.T) {
+		e, d, _, _ := newConnected(t, open, 2)
+		e.clock.Advance(2 * time.Second)
+		res := e.apply(replayed(batch(gwA, 1, wr(d, "s1", gateway.Leave, 0), wr(d, "s2", gateway.Connect, lease+time.Second))))
+		e.checkLeft(res.Events, d, gwA, "s1")
+	})
+}
+
 // testLeaveNewerEvidence: a leave removes its session unless the session
 // holds newer evidence than the leave's.
 func testLeaveNewerEvidence(t *testing.T, open Opener) {

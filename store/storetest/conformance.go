@@ -21,6 +21,7 @@ func Run(t *testing.T, open Opener) {
 		{"RenewLiveSession", testRenewLiveSession},
 		{"SecondSessionKeepsDeviceOnline", testSecondSession},
 		{"LeaveLastSession", testLeaveLastSession},
+		{"LeaveBridgedInBatch", testLeaveBridgedInBatch},
 		{"LeaveIgnoredForNewerEvidence", testLeaveNewerEvidence},
 		{"LapsedEvidenceIgnored", testLapsedEvidence},
 		{"RenewAfterDeadlineBeforeReap", testRenewAfterDeadline},

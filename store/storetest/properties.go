@@ -507,7 +507,28 @@ func (m *model) apply(shard int, b gateway.Batch, now time.Time) (want []wantEve
 		return nil, true
 	}
 	m.newest[k] = b.Epoch
-	for _, w := range b.Writes {
+	// bridged[j]: write j is a leave, and a later write of the batch
+	// carries live evidence of another session of its device: the
+	// offline of a leave that leaves the device no session waits for the
+	// end of the batch, and is written only if no later write gave it a
+	// session
+	bridged := make([]bool, len(b.Writes))
+	for j, w := range b.Writes {
+		if w.Kind != gateway.Leave {
+			continue
+		}
+		for _, x := range b.Writes[j+1:] {
+			if x.Device == w.Device && x.Session != w.Session && x.Kind != gateway.Leave && x.LeaseOr(b.Lease) > x.Age {
+				bridged[j] = true
+			}
+		}
+	}
+	type leaver struct {
+		device  gateway.DeviceID
+		session gateway.SessionID
+	}
+	var leavers []leaver
+	for j, w := range b.Writes {
 		md := m.device(w.Device)
 		d := now.Add(b.Lease - w.Age)
 		obs := now.Add(-w.Age)
@@ -560,10 +581,20 @@ func (m *model) apply(shard int, b gateway.Batch, now time.Time) (want []wantEve
 				continue
 			}
 			delete(md.sessions, w.Session)
+			if len(md.sessions) == 0 && bridged[j] {
+				leavers = append(leavers, leaver{w.Device, w.Session})
+				continue
+			}
 			if len(md.sessions) == 0 {
 				md.transition(gateway.Offline, now)
 				want = append(want, leaveEvent(w.Device, md.ver, now, b.Gateway, w.Session))
 			}
+		}
+	}
+	for _, l := range leavers {
+		if md := m.devs[l.device]; md.state == gateway.Online && len(md.sessions) == 0 {
+			md.transition(gateway.Offline, now)
+			want = append(want, leaveEvent(l.device, md.ver, now, b.Gateway, l.session))
 		}
 	}
 	return want, false
@@ -624,8 +655,11 @@ func (md *modelDevice) transition(s gateway.State, now time.Time) {
 // unless bridge (the write's evidence came by their deadline).
 func (md *modelDevice) dropExpired(d gateway.DeviceID, now time.Time, keep gateway.SessionID, bridge bool) (wantEvent, bool) {
 	old := md.deadline()
+	had := len(md.sessions)
 	maps.DeleteFunc(md.sessions, func(id gateway.SessionID, dl time.Time) bool { return !dl.After(now) && id != keep })
-	if len(md.sessions) > 0 || md.state != gateway.Online || bridge {
+	// (a device a bridged leave left without a session, within its
+	// batch, has none to run out)
+	if had == 0 || len(md.sessions) > 0 || md.state != gateway.Online || bridge {
 		return wantEvent{}, false
 	}
 	md.transition(gateway.Offline, now)

@@ -228,6 +228,41 @@ for p = 1, nfast > 0 and #order or nslow do
   end
 end
 
+-- bridged[j]: write j is a leave and a later write of the same call
+-- carries live evidence of another session of its device (a device that
+-- moved away and back while its gateway's writes waited in the outbox).
+-- Such a leave of the device's last session does not end the device at
+-- once: its offline waits for the end of the call (leaving), where it is
+-- written only if no write brought the device a live session.
+local bridged = {}
+do
+  local livesids = {}
+  for j = nslow, 1, -1 do
+    local dev, sid = gdev[j], gsid[j]
+    local later = livesids[dev]
+    if gkind[j] == KIND_LEAVE then
+      if later then
+        for s in pairs(later) do
+          if s ~= sid then bridged[j] = true break end
+        end
+      end
+    elseif glease[j] > tonumber(gage[j]) then
+      if not later then
+        later = {}
+        livesids[dev] = later
+      end
+      later[sid] = true
+    end
+  end
+end
+-- leaving[k]: the session whose bridged leave left device k without a
+-- session in this call; leavers: those k, in the order of the calls
+local leaving, leavers = {}, {}
+local function leave(k, sid)
+  if not leaving[k] then leavers[#leavers + 1] = k end
+  leaving[k] = sid
+end
+
 -- Load every device of the batch once. Device k (idx[dev] = k) has its
 -- packed record packed[k], its deadline z[k] (false when it has none) and,
 -- once decoded, its record rec[k]; dirty[k] and moved[k] say that the
@@ -337,7 +372,7 @@ end
 -- the device deadline as loaded or as renewed so far; d is the deadline
 -- the write's evidence gives (observed at d - wlease, its lease); wgrace
 -- is how late past its session's deadline it may be (below).
-local function general(dev, sid, kind, d, k, zk, wlease, wgrace)
+local function general(dev, sid, kind, d, k, zk, wlease, wgrace, isbridged)
   local r = rec[k]
   if not r and packed[k] then
     r = decode(packed[k], zk)
@@ -466,7 +501,10 @@ local function general(dev, sid, kind, d, k, zk, wlease, wgrace)
     rec[k] = r
     entomb(r, sid, obs)
     r.lastgw, r.lastsid, r.ver, dirty[k] = gwref, sid, now, true
-    if awaited(obs) then
+    if isbridged then
+      r.on, r.since = true, now
+      leave(k, sid)
+    elseif awaited(obs) then
       r.on, r.since = true, now
       r.sess[1] = {gw = gwref, ep = epoch, dl = obs, sid = sid}
       setz(k, obs)
@@ -483,7 +521,9 @@ local function general(dev, sid, kind, d, k, zk, wlease, wgrace)
       r.lastgw, r.lastsid = gwref, sid
       setz(k, maxdl(r))
       if not z[k] and r.on then
-        if awaited(obs) then
+        if isbridged then
+          leave(k, sid)
+        elseif awaited(obs) then
           -- the device's last session leaves while another gateway's
           -- coverage lags: it ends at the leave, as a session that ran
           -- out there, for the reap to judge behind that gateway (its
@@ -509,7 +549,17 @@ for j = 1, nslow do
     if d > zk then z[k], moved[k] = d, true end
     kept[k] = sid
   else
-    general(dev, sid, kind, d, k, zk, wlease, ggrace[j])
+    general(dev, sid, kind, d, k, zk, wlease, ggrace[j], bridged[j])
+  end
+end
+
+-- The offline of a bridged leave whose device no later write of the call
+-- gave a live session.
+for _, k in ipairs(leavers) do
+  local r = rec[k]
+  if r.on and not z[k] then
+    r.on, r.ver, r.since, dirty[k] = false, nextver(r, now), now, true
+    event(devs[k], 'offline', r.ver, nowstr, 'leave', gw, leaving[k])
   end
 end
 
