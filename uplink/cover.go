@@ -23,10 +23,56 @@ import (
 //   - an Enqueue waiting for room in a full queue (blocked),
 //   - on its way from a front end's read to Enqueue: a flush interval is
 //     allowed for it (the margin).
+//   - not read yet, after this process stalled (stopped, starved of CPU,
+//     its VM paused): what devices sent meanwhile waits in the sockets'
+//     buffers and in the adapters' streams (an adapter runs on, and its
+//     evidence is seconds old when it arrives), and the first calls after
+//     the stall would cover it before it is read. A flush timer that
+//     fires late by more than half a flush interval marks a stall, and
+//     the coverage stays at the timer's start until a flush interval
+//     after it fired (stallHold), time for the backlog to be read.
 //
 // What the call itself carries is written with it, and what an earlier
 // call carried is either applied or, when that call failed, in the
 // outbox or the queue again.
+
+// stall is the coverage held after a stall of this process.
+type stall struct {
+	mu          sync.Mutex
+	from, until time.Time
+}
+
+// stallHold decides whether a flush timer started at started for
+// interval that fired at fired marks a stall of the process, and if so
+// from when the coverage is held (the timer's start: the process ran
+// then) and until when (a flush interval after it fired).
+func stallHold(started, fired time.Time, interval time.Duration) (from, until time.Time, stalled bool) {
+	if fired.Sub(started)-interval <= interval/2 {
+		return time.Time{}, time.Time{}, false
+	}
+	return started, fired.Add(interval), true
+}
+
+// note records a stall from from, the coverage held until until.
+func (s *stall) note(from, until time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.until.After(from) && s.from.Before(from) {
+		from = s.from // stalls in a row: held from the first
+	}
+	s.from, s.until = from, until
+}
+
+// held returns the point the coverage is held at, at now (zero when it
+// is not).
+func (s *stall) held(now time.Time) time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if now.Before(s.until) {
+		return s.from
+	}
+	return time.Time{}
+}
 
 // blocked tracks the evidence of Enqueue calls waiting for room.
 type blocked struct {
@@ -69,14 +115,14 @@ func (b *blocked) oldest() time.Time {
 // coverage is the point up to which a call made at now for shard has this
 // gateway's evidence of that shard written, given the call takes what it
 // carries: before the oldest evidence still queued, buffered or waiting,
-// and a margin before now.
+// before a stall while its backlog is read, and a margin before now.
 func (u *Uplink) coverage(shard int, now time.Time, margin time.Duration) time.Time {
 	c := now
 	var buffered time.Time
 	if u.ob.holds(shard) {
 		buffered = u.ob.unwritten()
 	}
-	for _, o := range [...]time.Time{buffered, u.blocked.oldest(), u.queues[shard].oldest()} {
+	for _, o := range [...]time.Time{buffered, u.blocked.oldest(), u.queues[shard].oldest(), u.stall.held(now)} {
 		if !o.IsZero() && o.Before(c) {
 			c = o
 		}

@@ -136,3 +136,96 @@ func TestCoverageStopsAtMergedEvidence(t *testing.T) {
 		t.Fatalf("outbox: coverage %v, past the first merged observation %v", c, first)
 	}
 }
+
+// stallHold: a flush timer that fires more than half an interval late
+// marks a stall; the coverage is held at the timer's start until an
+// interval after it fired.
+func TestStallHold(t *testing.T) {
+	t0 := time.UnixMilli(1_000_000)
+	const interval = time.Second
+	for _, tc := range []struct {
+		fired   time.Duration
+		stalled bool
+	}{
+		{interval, false},
+		{interval + interval/2, false},
+		{interval + interval/2 + time.Millisecond, true},
+		{5 * time.Second, true},
+	} {
+		from, until, stalled := stallHold(t0, t0.Add(tc.fired), interval)
+		if stalled != tc.stalled || stalled && (!from.Equal(t0) || !until.Equal(t0.Add(tc.fired+interval))) {
+			t.Errorf("fired after %v: %v, %v, %v; want stalled %v", tc.fired, from, until, stalled, tc.stalled)
+		}
+	}
+}
+
+// After a stall the coverage of every shard stays at the stall's start
+// (what devices sent meanwhile is still in the sockets and the adapters'
+// streams) until an interval after the process woke, then moves on.
+func TestCoverageHeldAfterAStall(t *testing.T) {
+	const interval = time.Second
+	u, e := newEmbeddedUplink(t, Options{FlushInterval: interval})
+	ctx := context.Background()
+	before := e.clock.Now()
+	e.clock.Advance(5 * time.Second) // stopped
+	woke := e.clock.Now()
+	from, until, stalled := stallHold(before, woke, interval)
+	if !stalled {
+		t.Fatal("a timer 4 s late is not a stall")
+	}
+	u.stall.note(from, until)
+	if err := u.flushOnce(ctx, false); err != nil {
+		t.Fatal(err)
+	}
+	for shard := range testShards {
+		if got, want := e.store.Covered(shard), before.Add(-interval); !got.Equal(want) {
+			t.Errorf("right after the stall, shard %d: coverage %v, want %v (the stall's start)", shard, got, want)
+		}
+	}
+	e.clock.Advance(interval)
+	if err := u.flushOnce(ctx, false); err != nil {
+		t.Fatal(err)
+	}
+	for shard := range testShards {
+		if got, want := e.store.Covered(shard), e.clock.Now().Add(-interval); !got.Equal(want) {
+			t.Errorf("an interval after the stall, shard %d: coverage %v, want %v", shard, got, want)
+		}
+	}
+}
+
+// The flush loop marks the stall itself: its timer, started before the
+// process stopped, fires 4 s late, and the flush that follows covers
+// nothing past the timer's start.
+func TestFlushLoopHoldsCoverageAfterAStall(t *testing.T) {
+	const interval = time.Second
+	u, e := newEmbeddedUplink(t, Options{FlushInterval: interval})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		u.flushLoop(ctx)
+	}()
+	defer func() {
+		cancel()
+		<-done
+	}()
+	await := func(what string, cond func() bool) {
+		t.Helper()
+		deadline := time.Now().Add(5 * time.Second)
+		for !cond() {
+			if time.Now().After(deadline) {
+				t.Fatalf("after 5 s: %s", what)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	await("the loop's timer", func() bool { return e.clock.Timers() == 1 })
+	started := e.clock.Now()
+	e.clock.Advance(5 * time.Second)
+	await("a flush", func() bool { return !e.store.Covered(0).IsZero() })
+	for shard := range testShards {
+		if got, want := e.store.Covered(shard), started.Add(-interval); !got.Equal(want) {
+			t.Errorf("shard %d after the stall: coverage %v, want %v (the timer's start)", shard, got, want)
+		}
+	}
+}

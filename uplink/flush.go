@@ -14,7 +14,9 @@ import (
 // reached MaxBatch, or the timing changed), until ctx is done.
 func (u *Uplink) flushLoop(ctx context.Context) {
 	for {
-		t := u.clock.NewTimer(u.timing().interval)
+		interval := u.timing().interval
+		started := u.clock.Now()
+		t := u.clock.NewTimer(interval)
 		select {
 		case <-ctx.Done():
 			t.Stop()
@@ -22,6 +24,11 @@ func (u *Uplink) flushLoop(ctx context.Context) {
 		case <-t.C():
 		case <-u.kick:
 			t.Stop()
+		}
+		// a wake-up later than the timer's by half an interval: the
+		// process stalled (cover.go)
+		if from, until, stalled := stallHold(started, u.clock.Now(), interval); stalled {
+			u.stall.note(from, until)
 		}
 		// A flush under way finishes (bounded by Options.Timeout) even if
 		// ctx ends meanwhile, so that shutdown does not look like an outage.

@@ -114,6 +114,7 @@ type Uplink struct {
 
 	queues  []*queue
 	blocked blocked       // Enqueue calls waiting for room (cover.go)
+	stall   stall         // the coverage held after this process stalled (cover.go)
 	kick    chan struct{} // a shard reached MaxBatch, or the timing changed
 	wake    chan struct{} // the replay loop may have work: outbox filled, or a shard up
 	probe   chan struct{} // a shard went down
