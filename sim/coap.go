@@ -25,17 +25,21 @@ import (
 // piggybacked ACK and retransmitted by RFC 7252's rules until then, NON
 // ones are answered with a NON.
 type coapFleet struct {
+	ctx     context.Context
+	seed    uint64
 	gws     []*net.UDPAddr
+	dtlsGws []*net.UDPAddr // the same gateways' DTLS listeners
 	ports   []*udpPort
 	devs    []*coapDevice
 	stats   *Stats
 	start   time.Time
 	timeout time.Duration // a NON request unanswered this long is given up
 
-	mu      sync.Mutex
-	pending map[uint64]*pendingReq
-	token   atomic.Uint64
-	readers sync.WaitGroup
+	mu        sync.Mutex
+	pending   map[uint64]*pendingReq
+	token     atomic.Uint64
+	readers   sync.WaitGroup
+	exchanges sync.WaitGroup // DTLS exchanges
 }
 
 type pendingReq struct {
@@ -82,18 +86,31 @@ type coapDevice struct {
 	moveTo    *check.Session
 	// sessions by instance
 	sessions map[string]*check.Session
+	// a DTLS device's exchanges, nil for plain UDP; due is the schedule
+	// of the heartbeat it sends now
+	dtls *dtlsDevice
+	due  time.Time
 }
 
 var _ actor = (*coapDevice)(nil)
 
-func newCoAPFleet(ctx context.Context, gws []string, sockets int, stats *Stats) (*coapFleet, error) {
-	f := &coapFleet{stats: stats, pending: map[uint64]*pendingReq{}, timeout: nonTimeout}
+// newCoAPFleet makes the CoAP fleet of gateways gws (and their DTLS
+// listeners dtls, none or one for each); ctx bounds its DTLS exchanges.
+func newCoAPFleet(ctx context.Context, gws, dtls []string, sockets int, seed uint64, stats *Stats) (*coapFleet, error) {
+	f := &coapFleet{ctx: ctx, seed: seed, stats: stats, pending: map[uint64]*pendingReq{}, timeout: nonTimeout}
 	for _, g := range gws {
 		a, err := net.ResolveUDPAddr("udp4", g)
 		if err != nil {
 			return nil, fmt.Errorf("coap gateway %s: %w", g, err)
 		}
 		f.gws = append(f.gws, a)
+	}
+	for _, g := range dtls {
+		a, err := net.ResolveUDPAddr("udp4", g)
+		if err != nil {
+			return nil, fmt.Errorf("coap dtls gateway %s: %w", g, err)
+		}
+		f.dtlsGws = append(f.dtlsGws, a)
 	}
 	for range sockets {
 		u, err := listenLoopbackUDP(ctx)
@@ -114,6 +131,9 @@ func newCoAPFleet(ctx context.Context, gws []string, sockets int, stats *Stats) 
 func (f *coapFleet) add(i int, p DevicePlan, t *truth) *coapDevice {
 	d := &coapDevice{f: f, plan: p, truth: t, rng: rand.New(rand.NewPCG(p.Seed, 1)), gw: p.Gateway, addr: sourceAddr(i),
 		port: i % len(f.ports), churn: p.Churn != Steady, sessions: map[string]*check.Session{}}
+	if p.DTLS {
+		d.dtls = &dtlsDevice{key: dtlsKey(f.seed, p.ID)}
+	}
 	switch p.Churn {
 	case Move:
 		d.instances = []string{fmt.Sprintf("g%d", p.Gateway)}
@@ -188,7 +208,7 @@ func (f *coapFleet) step(d *coapDevice, at, now time.Time) (time.Time, bool) {
 			f.send(d, d.gw, d.instances[0], codes.DELETE, now)
 			return time.Time{}, false
 		case Visit:
-			f.stats.late(now.Sub(at))
+			f.beat(d, at, now)
 			f.send(d, d.gw, "", codes.POST, now)
 			f.send(d, d.gw, "", codes.DELETE, time.Now())
 			return time.Time{}, false
@@ -199,7 +219,7 @@ func (f *coapFleet) step(d *coapDevice, at, now time.Time) (time.Time, bool) {
 			d.instances = []string{fmt.Sprintf("g%d", d.plan.To)}
 			d.gw = d.plan.To
 			d.moveSince = now
-			f.stats.late(now.Sub(at))
+			f.beat(d, at, now)
 			d.moveTo = f.send(d, d.gw, d.instances[0], codes.POST, now)
 			return now.Add(20 * time.Millisecond), true
 		case Dual:
@@ -209,7 +229,7 @@ func (f *coapFleet) step(d *coapDevice, at, now time.Time) (time.Time, bool) {
 			return now.Add(d.plan.Pause), true
 		}
 	}
-	f.stats.late(now.Sub(at))
+	f.beat(d, at, now)
 	for _, inst := range d.instances {
 		f.send(d, d.gw, inst, codes.POST, now)
 	}
@@ -218,6 +238,16 @@ func (f *coapFleet) step(d *coapDevice, at, now time.Time) (time.Time, bool) {
 		next = at
 	}
 	return next, true
+}
+
+// beat counts a heartbeat of d due at at and sent now; a DTLS device's
+// goes after its handshake, and is counted then.
+func (f *coapFleet) beat(d *coapDevice, at, now time.Time) {
+	if d.dtls != nil {
+		d.due = at
+		return
+	}
+	f.stats.late(now.Sub(at))
 }
 
 // send queues one request of d for instance inst to gateway gw and
@@ -257,6 +287,11 @@ func (f *coapFleet) send(d *coapDevice, gw int, inst string, code codes.Code, no
 	f.stats.sent.Add(1)
 	if err != nil {
 		f.stats.sendErrors.Add(1)
+		return s
+	}
+	if d.dtls != nil {
+		f.dtlsSend(d, dtlsReq{b: b, tok: m.Token(), gw: gw, con: con, sess: s, leave: code == codes.DELETE, due: d.due})
+		d.due = time.Time{}
 		return s
 	}
 	p := &pendingReq{dev: d, sess: s, sentAt: now, leave: code == codes.DELETE}
@@ -331,12 +366,14 @@ func (f *coapFleet) sweep(now time.Time) {
 	}
 }
 
-// close stops the readers; the scheduler must have returned.
+// close stops the readers and waits (bounded by their timeouts: ctx
+// has ended) for the DTLS exchanges; the scheduler must have returned.
 func (f *coapFleet) close() {
 	for _, u := range f.ports {
 		u.close()
 	}
 	f.readers.Wait()
+	f.exchanges.Wait()
 }
 
 // drain waits (bounded) for the answers still in flight.

@@ -18,7 +18,12 @@ import (
 // gateways' settings: the checker judges with them.
 type Options struct {
 	CoAP, MQTT []string // gateway addresses
-	Source     Source   // where the events are read
+	// DTLS are the CoAP gateways' DTLS listeners, in the order of CoAP:
+	// DTLSShare of the CoAP devices speak DTLS with a PSK (their devices
+	// file: WriteDevicesFile).
+	DTLS      []string
+	DTLSShare float64
+	Source    Source // where the events are read
 
 	Devices   int
 	MQTTShare float64
@@ -68,6 +73,10 @@ func (o *Options) validate() error {
 		return errors.New("no gateway: give a CoAP or an MQTT address")
 	case o.Source == nil:
 		return errors.New("no event source")
+	case o.DTLSShare < 0 || o.DTLSShare > 1:
+		return errors.New("dtls share must be within [0, 1]")
+	case o.DTLSShare > 0 && len(o.DTLS) != len(o.CoAP):
+		return errors.New("a DTLS share needs a DTLS address for each CoAP gateway")
 	case o.Parts > 1 && (o.Part < 0 || o.Part >= o.Parts):
 		return fmt.Errorf("part %d of %d: want 0 to %d", o.Part, o.Parts, o.Parts-1)
 	}
@@ -76,6 +85,9 @@ func (o *Options) validate() error {
 	}
 	if len(o.MQTT) == 0 {
 		o.MQTTShare = 0
+	}
+	if len(o.CoAP) == 0 {
+		o.DTLSShare = 0
 	}
 	if o.Sockets < 1 {
 		o.Sockets = 16
@@ -99,13 +111,13 @@ func Run(ctx context.Context, o Options) (Report, error) {
 	if err := o.validate(); err != nil {
 		return Report{}, err
 	}
-	plans := Plan(o.planOptions())
+	plans := Plan(o.PlanOptions())
 	stats := newStats(o.Heartbeat)
 	var truths []*truth
 	var cf *coapFleet
 	var err error
 	if len(o.CoAP) > 0 {
-		if cf, err = newCoAPFleet(ctx, o.CoAP, o.Sockets, stats); err != nil {
+		if cf, err = newCoAPFleet(ctx, o.CoAP, o.DTLS, o.Sockets, o.Seed, stats); err != nil {
 			return Report{}, err
 		}
 	}
@@ -122,12 +134,12 @@ func Run(ctx context.Context, o Options) (Report, error) {
 	mf := &mqttFleet{ctx: fleetCtx, sched: sched, gws: o.MQTT, stats: stats, start: start, keepAlive: keepAlive(o.Heartbeat),
 		timeout: 5 * time.Second, topic: o.Topic, open: map[*mqttc.Conn]struct{}{}}
 	if cf != nil {
-		cf.start = start
+		cf.start, cf.ctx = start, fleetCtx
 		sched.add(sweeper{cf}, start.Add(sweepEvery))
 		sched.flushers = append(sched.flushers, cf.flush)
 	}
 	for i, p := range plans {
-		if i%o.Parts != o.Part {
+		if !inPart(i, o.Part, o.Parts) {
 			continue // another part's
 		}
 		t := &truth{id: p.ID, active: true}
@@ -165,7 +177,7 @@ func Run(ctx context.Context, o Options) (Report, error) {
 	for i, t := range truths {
 		devices[i] = t.device()
 	}
-	played := Truth{Part: o.Part, Parts: o.Parts, Plan: o.planOptions(), Start: start, End: end, Fleet: stats.snapshot(), Devices: devices}
+	played := Truth{Part: o.Part, Parts: o.Parts, Plan: o.PlanOptions(), Start: start, End: end, Fleet: stats.snapshot(), Devices: devices}
 	if o.TruthOut != nil {
 		if err := json.NewEncoder(o.TruthOut).Encode(played); err != nil {
 			return Report{}, fmt.Errorf("write the truth: %w", err)
@@ -183,9 +195,15 @@ func Run(ctx context.Context, o Options) (Report, error) {
 	return rep, nil
 }
 
-func (o Options) planOptions() PlanOptions {
+// inPart reports whether device i of the plan is played by part of
+// parts.
+func inPart(i, part, parts int) bool { return i%parts == part }
+
+// PlanOptions are the options of o's fleet plan.
+func (o Options) PlanOptions() PlanOptions {
 	return PlanOptions{Devices: o.Devices, MQTTShare: o.MQTTShare, Duration: o.Duration, Heartbeat: o.Heartbeat,
-		CoAPGateways: len(o.CoAP), MQTTGateways: len(o.MQTT), Scenarios: o.Scenarios, Seed: o.Seed, Prefix: o.Prefix}
+		CoAPGateways: len(o.CoAP), MQTTGateways: len(o.MQTT), Scenarios: o.Scenarios, Seed: o.Seed, Prefix: o.Prefix,
+		DTLSShare: o.DTLSShare}
 }
 
 // judge waits until every stopped device's bound has passed or its

@@ -11,16 +11,18 @@ import (
 type Stats struct {
 	heartbeat time.Duration
 
-	sent        atomic.Int64 // device messages: CoAP requests, MQTT packets
-	answered    atomic.Int64 // of them acknowledged
-	unanswered  atomic.Int64 // CoAP requests never answered
-	sendErrors  atomic.Int64
-	connects    atomic.Int64 // MQTT connections made
-	connectErr  atomic.Int64 // MQTT connections refused or failed
-	connected   atomic.Int64 // MQTT connections open now
-	reconnects  atomic.Int64 // MQTT connections lost under a device and made again
-	retransmits atomic.Int64 // CoAP CON requests sent again
-	misrouted   atomic.Int64 // CoAP answers that came to another device's address
+	sent           atomic.Int64 // device messages: CoAP requests, MQTT packets
+	answered       atomic.Int64 // of them acknowledged
+	unanswered     atomic.Int64 // CoAP requests never answered
+	sendErrors     atomic.Int64
+	connects       atomic.Int64 // MQTT connections made
+	connectErr     atomic.Int64 // MQTT connections refused or failed
+	connected      atomic.Int64 // MQTT connections open now
+	reconnects     atomic.Int64 // MQTT connections lost under a device and made again
+	retransmits    atomic.Int64 // CoAP CON requests sent again
+	misrouted      atomic.Int64 // CoAP answers that came to another device's address
+	dtlsHandshakes atomic.Int64
+	dtlsFailures   atomic.Int64 // handshakes that failed
 
 	// heartbeats by how late the scheduler sent them
 	scheduled, onTime atomic.Int64 // all, and those within onTimeBound
@@ -90,6 +92,8 @@ type Snapshot struct {
 	CoAPCodes         map[string]int64 `json:"coap_codes"`
 	Retransmits       int64            `json:"coap_retransmits"`
 	Misrouted         int64            `json:"coap_misrouted"`
+	DTLSHandshakes    int64            `json:"dtls_handshakes"`
+	DTLSFailures      int64            `json:"dtls_handshake_failures"`
 	// Heartbeats is how many heartbeats the devices' schedule had them
 	// send, OnTime those sent within 100 ms of it, MaxLateMS the latest.
 	Heartbeats int64   `json:"heartbeats"`
@@ -107,6 +111,7 @@ func (s *Stats) snapshot() Snapshot {
 		share = float64(on) / float64(n)
 	}
 	return Snapshot{Heartbeats: n, OnTime: share, MaxLateMS: float64(s.maxLate.Load()) / 1e6,
+		DTLSHandshakes: s.dtlsHandshakes.Load(), DTLSFailures: s.dtlsFailures.Load(),
 		Retransmits: s.retransmits.Load(), Misrouted: s.misrouted.Load(), Sent: s.sent.Load(), Answered: s.answered.Load(), Unanswered: s.unanswered.Load(),
 		SendErrors: s.sendErrors.Load(), Connects: s.connects.Load(), ConnectErrors: s.connectErr.Load(),
 		Connected: s.connected.Load(), Reconnects: s.reconnects.Load(), CoAPCodes: codes, ConnectErrorKinds: errs}
