@@ -51,9 +51,6 @@ func (w *wheel) add(at time.Time, id int32) {
 	w.n++
 }
 
-// len is the number of entries held.
-func (w *wheel) len() int { return w.n }
-
 // expire calls fire, in tick order, for every entry due at or before
 // now, with the time it was due; fire may add entries, which fire in
 // this call only if they are due in a later tick that now has reached.

@@ -65,8 +65,8 @@ func TestWheelOrderAndBounds(t *testing.T) {
 				t.Fatalf("entry %d fired %d times", id, fired[id])
 			}
 		}
-		if w.len() != 0 {
-			t.Fatalf("%d entries left", w.len())
+		if w.n != 0 {
+			t.Fatalf("%d entries left", w.n)
 		}
 	})
 }
