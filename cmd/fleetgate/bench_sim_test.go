@@ -126,7 +126,8 @@ func BenchmarkSimulatorCost(b *testing.B) {
 	} {
 		b.Run(tc.name, func(b *testing.B) {
 			for range b.N {
-				g := simGateway(b, "gw-cost", "")
+				// the anonymous fleet's cap above the fleet
+				g := simGatewayLimits(b, "gw-cost", "", simTiming, "limits: { coap_requests_per_second: 100000, mqtt_connects_per_second: 100000, anonymous_max_devices: 100000 }\n")
 				fleet := append([]string{"--coap", g.coapAddr, "--mqtt", g.mqttAddr, "--devices", strconv.Itoa(tc.devices),
 					"--prefix", "cost-"}, tc.args...)
 				if tc.name == "dtls" {
