@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -40,6 +41,7 @@ type coapFleet struct {
 	token     atomic.Uint64
 	readers   sync.WaitGroup
 	exchanges sync.WaitGroup // DTLS exchanges
+	enc       *pool.Message  // the request being encoded; the scheduler's
 }
 
 type pendingReq struct {
@@ -122,7 +124,11 @@ func newCoAPFleet(ctx context.Context, gws, dtls []string, sockets int, seed uin
 	}
 	for _, u := range f.ports {
 		f.readers.Add(1)
-		go func() { defer f.readers.Done(); u.read(f.answer) }()
+		go func() {
+			defer f.readers.Done()
+			m := pool.NewMessage(context.Background()) // this reader's, reused
+			u.read(func(b []byte, to net.IP) { f.answer(m, b, to) })
+		}()
 	}
 	return f, nil
 }
@@ -263,7 +269,11 @@ func (f *coapFleet) send(d *coapDevice, gw int, inst string, code codes.Code, no
 		d.sessions[name] = s
 	}
 	tok := f.token.Add(1)
-	m := pool.NewMessage(context.Background())
+	if f.enc == nil {
+		f.enc = pool.NewMessage(context.Background())
+	}
+	m := f.enc // reused: the datagram is copied out below
+	m.Reset()
 	con := d.plan.Proto == CoAPCon
 	if con {
 		m.SetType(message.Confirmable)
@@ -272,13 +282,15 @@ func (f *coapFleet) send(d *coapDevice, gw int, inst string, code codes.Code, no
 	}
 	m.SetCode(code)
 	m.SetMessageID(int32(uint16(tok)))
-	m.SetToken(message.Token{byte(tok >> 56), byte(tok >> 48), byte(tok >> 40), byte(tok >> 32), byte(tok >> 24), byte(tok >> 16), byte(tok >> 8), byte(tok)})
+	token := message.Token{byte(tok >> 56), byte(tok >> 48), byte(tok >> 40), byte(tok >> 32), byte(tok >> 24), byte(tok >> 16), byte(tok >> 8), byte(tok)}
+	m.SetToken(token)
 	_ = m.SetPath("/hb")
 	m.AddQuery("d=" + d.plan.ID)
 	if inst != "" {
 		m.AddQuery("s=" + inst)
 	}
 	b, err := m.MarshalWithEncoder(coder.DefaultCoder)
+	b = slices.Clone(b) // m's buffer; the datagram waits for its batch
 	if code == codes.DELETE {
 		d.truth.left(s, now)
 	} else {
@@ -290,7 +302,7 @@ func (f *coapFleet) send(d *coapDevice, gw int, inst string, code codes.Code, no
 		return s
 	}
 	if d.dtls != nil {
-		f.dtlsSend(d, dtlsReq{b: b, tok: m.Token(), gw: gw, con: con, sess: s, leave: code == codes.DELETE, due: d.due})
+		f.dtlsSend(d, dtlsReq{b: b, tok: token, gw: gw, con: con, sess: s, leave: code == codes.DELETE, due: d.due})
 		d.due = time.Time{}
 		return s
 	}
@@ -307,9 +319,10 @@ func (f *coapFleet) send(d *coapDevice, gw int, inst string, code codes.Code, no
 	return s
 }
 
-// answer takes a datagram received for the address to.
-func (f *coapFleet) answer(b []byte, to net.IP) {
-	m := pool.NewMessage(context.Background())
+// answer takes a datagram received for the address to, decoding it
+// into m.
+func (f *coapFleet) answer(m *pool.Message, b []byte, to net.IP) {
+	m.Reset()
 	if _, err := m.UnmarshalWithDecoder(coder.DefaultCoder, b); err != nil {
 		return
 	}

@@ -271,8 +271,8 @@ func (o Options) progress(ctx context.Context, start time.Time, s *Stats) {
 		if o.ProgressLines {
 			lead, end = time.Now().UTC().Format("15:04:05.000 "), "\n"
 		}
-		fmt.Fprintf(o.Progress, "%s%5.0fs/%s  sent %d  acked %d  on schedule %.2f %%  mqtt connected %d  reconnects %d  errors %d%s",
-			lead, time.Since(start).Seconds(), o.Duration, n.Sent, n.Answered, 100*n.OnTime, n.Connected, n.Reconnects, n.SendErrors+n.ConnectErrors+n.Unanswered, end)
+		fmt.Fprintf(o.Progress, "%s%5.0fs/%s  sent %d  acked %d  mqtt connected %d  reconnects %d  errors %d  on schedule %.2f %%%s",
+			lead, time.Since(start).Seconds(), o.Duration, n.Sent, n.Answered, n.Connected, n.Reconnects, n.SendErrors+n.ConnectErrors+n.Unanswered, 100*n.OnTime, end)
 	}
 }
 
