@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"slices"
 	"time"
 
@@ -83,6 +84,11 @@ func (o *Options) validate() error {
 	if o.Parts < 1 {
 		o.Parts = 1
 	}
+	for _, a := range slices.Concat(o.CoAP, o.MQTT, o.DTLS) {
+		if err := loopback(a); err != nil {
+			return err
+		}
+	}
 	if len(o.MQTT) == 0 {
 		o.MQTTShare = 0
 	}
@@ -94,6 +100,19 @@ func (o *Options) validate() error {
 	}
 	if o.Topic == "" {
 		o.Topic = "devices"
+	}
+	return nil
+}
+
+// loopback checks that addr is a loopback address: the devices play
+// from addresses of their own in 127.0.0.0/8, which reach no other host.
+func loopback(addr string) error {
+	a, err := net.ResolveTCPAddr("tcp4", addr)
+	if err != nil {
+		return fmt.Errorf("gateway %s: %w", addr, err)
+	}
+	if !a.IP.IsLoopback() {
+		return fmt.Errorf("gateway %s: not a loopback address; the simulated devices send from addresses of their own in 127.0.0.0/8", addr)
 	}
 	return nil
 }

@@ -155,8 +155,8 @@ func TestE2ESimulateEmbeddedStore(t *testing.T) {
 	}
 }
 
-// Bad command lines are usage errors (exit 2), and a fleet nobody
-// answers is a failure, not a pass.
+// Bad command lines are usage errors (exit 2), a gateway off loopback
+// is refused, and a fleet nobody answers is a failure, not a pass.
 func TestSimulateUsageAndNobodyAnswers(t *testing.T) {
 	t.Parallel()
 	for _, args := range [][]string{
@@ -173,6 +173,9 @@ func TestSimulateUsageAndNobodyAnswers(t *testing.T) {
 		if code, _, errOut := runCLI(t, args...); code != 2 {
 			t.Errorf("%v: exit %d (%s), want 2", args, code, errOut)
 		}
+	}
+	if code, _, errOut := runCLI(t, "simulate", "--coap", "192.0.2.1:5683", "--admin", "127.0.0.1:1"); code != 1 || !strings.Contains(errOut, "not a loopback address") {
+		t.Errorf("a gateway off loopback: exit %d (%s), want 1", code, errOut)
 	}
 	g := simGateway(t, "gw-q", "")
 	g.start()

@@ -43,7 +43,7 @@ func cmdSimulate(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	seed := fs.Uint64("seed", 1, "seed of the fleet plan (who speaks what, who churns how and when)")
 	scenario := fs.String("scenario", "all", "churn: freeze, leave, roam, move, dual, storm, visit, all or none (comma-separated)")
 	prefix := fs.String("prefix", "", "device ID prefix (default sim<time>-, new each run)")
-	sockets := fs.Int("sockets", 16, "UDP sockets (source ports) the CoAP devices share")
+	sockets := fs.Int("sockets", 16, "UDP sockets (source ports) the CoAP devices share; each device sends from its own 127.0.0.0/8 address")
 	progress := fs.Bool("progress", false, "print a progress line every second on stderr even when it is not a terminal")
 	topic := fs.String("topic-prefix", "devices", "auth.topic_prefix of the gateways: MQTT devices publish under <prefix>/<device>/")
 	split := fs.String("split", "", "I/N: play part I (0 to N-1) of the fleet, the devices whose index is I modulo N; N runs with the same seed, prefix and fleet flags play all of it")
