@@ -140,6 +140,22 @@ func Run(ctx context.Context, o Options) (Report, error) {
 			return Report{}, err
 		}
 	}
+	// the devices are made before the clock starts: at 100,000 that
+	// takes a while, and their first heartbeats are due from the start
+	mf := &mqttFleet{gws: o.MQTT, stats: stats, keepAlive: keepAlive(o.Heartbeat), timeout: 5 * time.Second, topic: o.Topic,
+		open: map[*mqttc.Conn]struct{}{}}
+	for i, p := range plans {
+		if !inPart(i, o.Part, o.Parts) {
+			continue // another part's
+		}
+		t := &truth{id: p.ID, active: true}
+		truths = append(truths, t)
+		if p.Proto.mqtt() {
+			mf.add(i, p, t)
+		} else {
+			cf.add(i, p, t)
+		}
+	}
 	before, haveCounters, err := o.Source.Counters(ctx)
 	if err != nil {
 		return Report{}, err
@@ -150,26 +166,17 @@ func Run(ctx context.Context, o Options) (Report, error) {
 	// the wheel spans a heartbeat and its jitter: most entries fire in
 	// their first revolution
 	sched := newScheduler(start, o.Heartbeat+o.Heartbeat/5+time.Second)
-	mf := &mqttFleet{ctx: fleetCtx, sched: sched, gws: o.MQTT, stats: stats, start: start, keepAlive: keepAlive(o.Heartbeat),
-		timeout: 5 * time.Second, topic: o.Topic, open: map[*mqttc.Conn]struct{}{}}
+	mf.ctx, mf.sched, mf.start = fleetCtx, sched, start
 	if cf != nil {
 		cf.start, cf.ctx = start, fleetCtx
 		sched.add(sweeper{cf}, start.Add(sweepEvery))
 		sched.flushers = append(sched.flushers, cf.flush)
-	}
-	for i, p := range plans {
-		if !inPart(i, o.Part, o.Parts) {
-			continue // another part's
-		}
-		t := &truth{id: p.ID, active: true}
-		truths = append(truths, t)
-		if p.Proto.mqtt() {
-			d := mf.add(i, p, t)
-			d.id = sched.add(d, d.first())
-		} else {
-			d := cf.add(i, p, t)
+		for _, d := range cf.devs {
 			sched.add(d, d.first())
 		}
+	}
+	for _, d := range mf.devs {
+		d.id = sched.add(d, d.first())
 	}
 	progressDone := make(chan struct{})
 	go func() {
