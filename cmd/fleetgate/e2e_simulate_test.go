@@ -324,3 +324,32 @@ func TestE2ESimulateDTLSShare(t *testing.T) {
 		t.Fatalf("exit %d, report %+v", code, rep)
 	}
 }
+
+// MQTT devices (sim/mqttc) whose gateway restarts under them (SIGTERM,
+// then started again on the same ports) see their connections end,
+// connect again with their backoff, and the checker finds nothing.
+func TestE2ESimulateMQTTReconnectsAfterRestart(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	g := simGateway(t, "gw-r", srv.Addr)
+	g.start()
+	type result struct {
+		code int
+		out  string
+		rep  sim.Report
+	}
+	done := make(chan result, 1)
+	go func() {
+		code, out, rep := runSimulate(t, "--mqtt", g.mqttAddr, "--redis", srv.Addr, "--devices", "60", "--mqtt-share", "1",
+			"--duration", "12s", "--scenario", "none")
+		done <- result{code, out, rep}
+	}()
+	time.Sleep(5 * time.Second) // every device connected, heartbeats going
+	g.stop()
+	g.start()
+	r := <-done
+	t.Logf("simulate:\n%s", r.out)
+	if r.code != 0 || r.rep.Failed() || r.rep.Fleet.Reconnects < 60 || r.rep.Fleet.Connects < 120 {
+		t.Fatalf("exit %d, report %+v", r.code, r.rep)
+	}
+}
