@@ -2,413 +2,485 @@ package sim
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net"
-	"net/url"
 	"sync"
-	"sync/atomic"
 	"time"
 
-	"github.com/eclipse/paho.golang/paho"
-	mqtt3 "github.com/eclipse/paho.mqtt.golang"
-
 	"github.com/fleetgate/fleetgate/sim/check"
+	"github.com/fleetgate/fleetgate/sim/mqttc"
 )
 
-// mqttConn is one device connection, whichever the client library.
-type mqttConn interface {
-	// publish sends one QoS 1 message and waits for its PUBACK.
-	publish(ctx context.Context, topic string) error
-	// disconnect ends the connection with a normal DISCONNECT.
-	disconnect()
-	// drop closes the connection without a word.
-	drop()
-	// lost is closed when the connection ends, whoever ended it.
-	lost() <-chan struct{}
-}
-
-type mqttDialer struct {
+// mqttFleet plays the MQTT devices from the scheduler's goroutine with
+// the simulator's own client (sim/mqttc). A connection has one goroutine
+// of its own, which dials, reads the CONNACK and then reads packets and
+// hands them to the scheduler; the device's decisions and its writes
+// happen on the scheduler's goroutine. Each device connects from its
+// own address in 127.0.0.0/8.
+type mqttFleet struct {
+	ctx       context.Context // the fleet's run
+	sched     *scheduler
+	gws       []string
+	stats     *Stats
+	start     time.Time
 	keepAlive time.Duration
-	timeout   time.Duration
+	timeout   time.Duration // dial + CONNACK, and a heartbeat's answer
+	topic     string
+	seq       int64 // sessions, numbered across the fleet
+	devs      []*mqttDevice
+
+	mu      sync.Mutex
+	closing bool
+	open    map[*mqttc.Conn]struct{} // connections to close at the end
+	readers sync.WaitGroup
 }
 
-func (m mqttDialer) dial(ctx context.Context, p Proto, addr, id string) (mqttConn, error) {
-	if p == MQTT5 {
-		return m.dial5(ctx, addr, id)
-	}
-	return m.dial311(addr, id)
-}
+// writeTimeout bounds a write of the scheduler: a gateway that does not
+// read for this long loses the connection, the fleet keeps its pace.
+const writeTimeout = 100 * time.Millisecond
 
-type conn5 struct {
-	nc net.Conn
-	c  *paho.Client
-}
+type linkState uint8
 
-func (m mqttDialer) dial5(ctx context.Context, addr, id string) (mqttConn, error) {
-	d := net.Dialer{Timeout: m.timeout}
-	nc, err := d.DialContext(ctx, "tcp", addr)
-	if err != nil {
-		return nil, err
-	}
-	c := paho.NewClient(paho.ClientConfig{Conn: nc, OnClientError: func(error) {}, OnServerDisconnect: func(*paho.Disconnect) {}})
-	cctx, cancel := context.WithTimeout(ctx, m.timeout)
-	defer cancel()
-	ack, err := c.Connect(cctx, &paho.Connect{ClientID: id, KeepAlive: uint16(max(1, m.keepAlive/time.Second)), CleanStart: true})
-	if err != nil {
-		nc.Close()
-		if ack != nil {
-			return nil, fmt.Errorf("connack %d %s: %w", ack.ReasonCode, ack.Properties.ReasonString, err)
-		}
-		return nil, err
-	}
-	return &conn5{nc: nc, c: c}, nil
-}
+const (
+	linkIdle    linkState = iota // connects at retryAt
+	linkDialing                  // its goroutine dials
+	linkUp
+)
 
-func (c *conn5) lost() <-chan struct{} { return c.c.Done() }
-
-func (c *conn5) publish(ctx context.Context, topic string) error {
-	_, err := c.c.Publish(ctx, &paho.Publish{Topic: topic, QoS: 1, Payload: []byte("21.5")})
-	return err
-}
-
-func (c *conn5) disconnect() {
-	_ = c.c.Disconnect(&paho.Disconnect{ReasonCode: 0})
-	c.wait()
-}
-
-func (c *conn5) drop() {
-	c.nc.Close()
-	c.wait()
-}
-
-// wait lets the client's goroutines end (bounded).
-func (c *conn5) wait() {
-	select {
-	case <-c.c.Done():
-	case <-time.After(5 * time.Second):
-	}
-}
-
-type conn311 struct {
-	mu     sync.Mutex
-	nc     net.Conn
-	c      mqtt3.Client
-	gone   chan struct{}
-	goneMu sync.Once
-}
-
-func (c *conn311) lost() <-chan struct{} { return c.gone }
-
-func (c *conn311) end() { c.goneMu.Do(func() { close(c.gone) }) }
-
-func (m mqttDialer) dial311(addr, id string) (mqttConn, error) {
-	c := &conn311{gone: make(chan struct{})}
-	o := mqtt3.NewClientOptions().AddBroker("tcp://" + addr).SetClientID(id).SetCleanSession(true).
-		SetProtocolVersion(4).SetKeepAlive(max(time.Second, m.keepAlive)).SetAutoReconnect(false).
-		SetConnectRetry(false).SetConnectTimeout(m.timeout).SetWriteTimeout(m.timeout).
-		SetConnectionLostHandler(func(mqtt3.Client, error) { c.end() }).
-		SetCustomOpenConnectionFn(func(*url.URL, mqtt3.ClientOptions) (net.Conn, error) {
-			nc, err := net.DialTimeout("tcp", addr, m.timeout)
-			if err == nil {
-				c.mu.Lock()
-				c.nc = nc
-				c.mu.Unlock()
-			}
-			return nc, err
-		})
-	c.c = mqtt3.NewClient(o)
-	tk := c.c.Connect()
-	if !tk.WaitTimeout(m.timeout + time.Second) {
-		c.drop()
-		return nil, errors.New("connect timed out")
-	}
-	if err := tk.Error(); err != nil {
-		return nil, err
-	}
-	return c, nil
-}
-
-func (c *conn311) publish(ctx context.Context, topic string) error {
-	tk := c.c.Publish(topic, 1, false, "21.5")
-	select {
-	case <-tk.Done():
-		return tk.Error()
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
-
-func (c *conn311) disconnect() {
-	c.c.Disconnect(100)
-	c.end()
-}
-
-func (c *conn311) drop() {
-	c.mu.Lock()
-	if c.nc != nil {
-		c.nc.Close()
-	}
-	c.mu.Unlock()
-	// the client notices the closed connection and ends itself; make
-	// sure it does not linger
-	c.c.Disconnect(0)
-	c.end()
-}
-
-// mqttDevice plays one MQTT device in its own goroutine.
-type mqttDevice struct {
-	plan   DevicePlan
-	truth  *truth
-	gws    []string
-	dialer mqttDialer
-	stats  *Stats
-	topic  string
-	seq    *atomic.Int64
-}
-
-// link is one live connection and its truth session.
+// link is one connection of a device, and its truth session.
 type link struct {
-	c    mqttConn
-	sess *check.Session
+	gw      int
+	state   linkState
+	gen     int // the connection's number: events of older ones are stale
+	retryAt time.Time
+	backoff time.Duration
+	// reconnect: lost under the device; counted when up again
+	reconnect bool
+	visit     bool // a Visit: leaves once its heartbeat is answered
+	// onUp runs once it is up (a Roam or Move ends the old link)
+	onUp   func(now time.Time)
+	sess   *check.Session
+	dialAt time.Time
+	c      *mqttc.Conn
+	// the heartbeat in flight: a PUBLISH's identifier or 0 for a PINGREQ
+	inflight bool
+	pid      uint16
+	sentAt   time.Time
+	nextID   uint16
 }
 
-func (d *mqttDevice) nextSession() string { return fmt.Sprintf("mqtt#%d", d.seq.Add(1)) }
-
-// connect makes a new connection to gateway gw; the session's evidence
-// is the moment the CONNECT went out, once CONNACK came back.
-func (d *mqttDevice) connect(ctx context.Context, gw int) (*link, error) {
-	s := d.truth.session(d.nextSession())
-	at := time.Now()
-	d.truth.sent(s, at)
-	c, err := d.dialer.dial(ctx, d.plan.Proto, d.gws[gw], d.plan.ID)
-	d.stats.sent.Add(1)
-	if err != nil {
-		d.stats.connectError(err)
-		return nil, err
-	}
-	d.stats.connects.Add(1)
-	d.stats.connected.Add(1)
-	d.stats.answered.Add(1)
-	d.truth.acked(s, at)
-	return &link{c: c, sess: s}, nil
+// mqttDevice is one device's state; only the scheduler touches it,
+// except its truth.
+type mqttDevice struct {
+	f     *mqttFleet
+	id    int32 // in the scheduler
+	plan  DevicePlan
+	truth *truth
+	rng   *rand.Rand
+	addr  net.IP
+	topic string
+	links []*link
+	churn bool      // churn still to come
+	hbAt  time.Time // next heartbeat
+	ping  bool      // the next heartbeat is a PINGREQ, not a PUBLISH
+	done  bool
 }
 
-func (d *mqttDevice) publish(ctx context.Context, l *link) error {
-	at := time.Now()
-	d.truth.sent(l.sess, at)
-	d.stats.sent.Add(1)
-	pctx, cancel := context.WithTimeout(ctx, d.dialer.timeout)
-	err := l.c.publish(pctx, d.topic)
-	cancel()
-	if err != nil {
-		d.stats.sendErrors.Add(1)
-		return err
-	}
-	d.stats.answered.Add(1)
-	d.truth.acked(l.sess, at)
-	return nil
+var _ actor = (*mqttDevice)(nil)
+
+func (f *mqttFleet) add(i int, p DevicePlan, t *truth) *mqttDevice {
+	d := &mqttDevice{f: f, plan: p, truth: t, rng: rand.New(rand.NewPCG(p.Seed, 2)), addr: sourceAddr(i),
+		topic: f.topic + "/" + p.ID + "/t", churn: p.Churn != Steady}
+	f.devs = append(f.devs, d)
+	return d
 }
 
-func (d *mqttDevice) drop(l *link) {
-	d.truth.sent(l.sess, time.Now())
-	l.c.drop()
-	d.truth.sent(l.sess, time.Now())
-	d.stats.connected.Add(-1)
-}
-
-func (d *mqttDevice) leave(l *link) {
-	d.truth.left(l.sess, time.Now())
-	l.c.disconnect()
-	d.stats.sent.Add(1)
-	d.stats.connected.Add(-1)
-}
-
-// run plays the device until ctx ends; every connection still open then
-// is dropped without a word.
-func (d *mqttDevice) run(ctx context.Context, start time.Time) {
-	rng := rand.New(rand.NewPCG(d.plan.Seed, 2))
-	var links []*link
-	// wait waits until at, or until the first link is lost (a gateway
-	// restart, a dropped connection); false when the run is over.
-	wait := func(at time.Time) bool {
-		t := time.NewTimer(time.Until(at))
-		defer t.Stop()
-		var lost <-chan struct{}
-		if len(links) > 0 {
-			lost = links[0].c.lost()
-		}
-		select {
-		case <-ctx.Done():
-			return false
-		case <-t.C:
-			return true
-		case <-lost:
-			return true
-		}
-	}
-	churnAt := start.Add(d.plan.At)
+func (d *mqttDevice) first() time.Time {
 	if d.plan.Churn == Visit {
-		if !wait(churnAt) {
-			return
+		return d.f.start.Add(d.plan.At)
+	}
+	return d.f.start.Add(d.plan.Phase)
+}
+
+func (d *mqttDevice) act(_, now time.Time) time.Time {
+	if d.done {
+		return time.Time{}
+	}
+	if d.links == nil && d.plan.Churn != Visit && !d.hbAt.IsZero() {
+		return time.Time{} // every link ended: nothing more to do
+	}
+	if d.hbAt.IsZero() && d.plan.Churn != Visit { // the first act, at its phase
+		d.links = []*link{{gw: d.plan.Gateway}}
+		if d.plan.Churn == Dual {
+			d.links = append(d.links, &link{gw: d.plan.To})
 		}
+		for _, l := range d.links {
+			d.dial(l, now)
+		}
+		d.hbAt = now.Add(jitter(d.rng, d.f.stats.heartbeat))
+		return d.next()
+	}
+	if d.churn && !now.Before(d.f.start.Add(d.plan.At)) {
+		d.churn = false
+		d.churnNow(now)
+		if d.done {
+			return time.Time{}
+		}
+	}
+	for _, l := range d.links {
+		if l.state == linkIdle && !now.Before(l.retryAt) {
+			d.dial(l, now)
+		}
+	}
+	if !d.hbAt.IsZero() && !now.Before(d.hbAt) {
+		d.f.stats.late(now.Sub(d.hbAt))
+		d.heartbeat(now)
+		d.hbAt = now.Add(jitter(d.rng, d.f.stats.heartbeat))
+	}
+	return d.next()
+}
+
+// next is when d must act next: its heartbeat, its churn, a link's
+// retry, whichever comes first.
+func (d *mqttDevice) next() time.Time {
+	if d.done {
+		return time.Time{}
+	}
+	next := d.hbAt
+	if d.churn {
+		next = minTime(next, d.f.start.Add(d.plan.At))
+	}
+	for _, l := range d.links {
+		if l.state == linkIdle {
+			next = minTime(next, l.retryAt)
+		}
+	}
+	return next
+}
+
+func minTime(a, b time.Time) time.Time {
+	if a.IsZero() || (!b.IsZero() && b.Before(a)) {
+		return b
+	}
+	return a
+}
+
+// wake lets d act on what an event changed.
+func (d *mqttDevice) wake() {
+	if next := d.next(); !next.IsZero() {
+		d.f.sched.at(d.id, next)
+	}
+}
+
+func (d *mqttDevice) churnNow(now time.Time) {
+	switch d.plan.Churn {
+	case Freeze:
 		d.truth.setActive(false)
-		l, err := d.connect(ctx, d.plan.Gateway)
-		if err != nil {
+		for _, l := range d.links {
+			d.drop(l, now)
+		}
+		d.links, d.done = nil, true
+	case Leave:
+		d.truth.setActive(false)
+		for _, l := range d.links {
+			d.leave(l, now)
+		}
+		d.links, d.done = nil, true
+	case Roam, Move:
+		if len(d.links) == 0 {
 			return
 		}
-		_ = d.publish(ctx, l)
-		d.leave(l)
-		return
-	}
-	if !wait(start.Add(d.plan.Phase)) {
-		return
-	}
-	defer func() {
-		for _, l := range links {
-			d.drop(l)
+		old := d.links[0]
+		nl := &link{gw: d.plan.To}
+		nl.onUp = func(now time.Time) {
+			if d.plan.Churn == Roam {
+				d.drop(old, now)
+			} else {
+				d.leave(old, now)
+			}
+			d.remove(old)
 		}
+		d.links = append(d.links, nl)
+		d.dial(nl, now)
+	case Dual:
+		if len(d.links) == 2 {
+			d.drop(d.links[0], now)
+			d.links = d.links[1:]
+		}
+	case Storm:
+		for _, l := range d.links {
+			d.drop(l, now)
+			l.retryAt = now.Add(d.plan.Pause)
+		}
+	case Visit:
+		d.truth.setActive(false)
+		l := &link{gw: d.plan.Gateway, visit: true}
+		d.links = []*link{l}
+		d.dial(l, now)
+	}
+}
+
+func (d *mqttDevice) remove(l *link) {
+	for i, x := range d.links {
+		if x == l {
+			d.links = append(d.links[:i], d.links[i+1:]...)
+			return
+		}
+	}
+}
+
+func (d *mqttDevice) nextSession() string {
+	d.f.seq++
+	return fmt.Sprintf("mqtt#%d", d.f.seq)
+}
+
+// dial starts a new connection of l; its evidence is the moment the
+// CONNECT goes, once CONNACK comes back.
+func (d *mqttDevice) dial(l *link, now time.Time) {
+	l.gen++
+	l.state = linkDialing
+	l.sess = d.truth.session(d.nextSession())
+	l.dialAt = now
+	d.truth.sent(l.sess, now)
+	d.f.stats.sent.Add(1)
+	v := mqttc.V311
+	if d.plan.Proto == MQTT5 {
+		v = mqttc.V5
+	}
+	gen, addr, local := l.gen, d.f.gws[l.gw], &net.TCPAddr{IP: d.addr}
+	d.f.readers.Add(1)
+	go func() {
+		defer d.f.readers.Done()
+		c, err := mqttc.Dial(d.f.ctx, v, local, addr, d.plan.ID, d.f.keepAlive, d.f.timeout)
+		if err == nil && !d.f.track(c) {
+			return // the run is over
+		}
+		if !d.f.sched.post(d.f.ctx, func(now time.Time) { d.connected(l, gen, c, err, now) }) || err != nil {
+			return
+		}
+		d.f.serve(c, func(p mqttc.Packet, err error) bool {
+			return d.f.sched.post(d.f.ctx, func(now time.Time) { d.packet(l, gen, p, err, now) })
+		})
 	}()
-	// (re)connect: a refused or failed connection is counted and tried
-	// again after a backoff of 1 s, doubling up to a heartbeat, with jitter
-	connect := func(gw int) *link {
-		backoff := time.Second
-		for ctx.Err() == nil {
-			l, err := d.connect(ctx, gw)
-			if err == nil {
-				return l
-			}
-			if !sleep(ctx, jitter(rng, min(backoff, d.stats.heartbeat))) {
-				return nil
-			}
-			backoff *= 2
-		}
-		return nil
+}
+
+// track registers c to be closed at the end; false (and c closed) when
+// the end has come.
+func (f *mqttFleet) track(c *mqttc.Conn) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.closing {
+		c.Close()
+		return false
 	}
-	gw := d.plan.Gateway // where the first link goes now
-	first := connect(gw)
-	if first == nil {
-		return
-	}
-	links = append(links, first)
-	if d.plan.Churn == Dual {
-		if l := connect(d.plan.To); l != nil {
-			links = append(links, l)
-		}
-	}
-	churn := d.plan.Churn != Steady
+	f.open[c] = struct{}{}
+	return true
+}
+
+// serve reads c's packets and hands each (and the error that ends it)
+// to got until got returns false or the connection ends; it closes c.
+func (f *mqttFleet) serve(c *mqttc.Conn, got func(mqttc.Packet, error) bool) {
+	defer func() {
+		c.Close()
+		f.mu.Lock()
+		delete(f.open, c)
+		f.mu.Unlock()
+	}()
 	for {
-		next := time.Now().Add(jitter(rng, d.stats.heartbeat))
-		if churn && churnAt.Before(next) {
-			next = churnAt
-		}
-		if !wait(next) {
+		p, err := c.Read()
+		if !got(p, err) || err != nil {
 			return
 		}
-		if l := links[0]; isClosed(l.c.lost()) && !(churn && !time.Now().Before(churnAt)) {
-			// lost under it (a gateway restart): back within a second
-			d.drop(l)
-			if !sleep(ctx, time.Duration(rng.Int64N(int64(time.Second)))) {
-				links = links[1:]
-				return
-			}
-			nl := connect(gw)
-			if nl == nil {
-				links = links[1:]
-				return
-			}
-			links[0] = nl
-			d.stats.reconnects.Add(1)
-		}
-		if churn && !time.Now().Before(churnAt) {
-			churn = false
-			switch d.plan.Churn {
-			case Freeze:
-				d.truth.setActive(false)
-				for _, l := range links {
-					d.drop(l)
-				}
-				links = nil
-				return
-			case Leave:
-				d.truth.setActive(false)
-				for _, l := range links {
-					d.leave(l)
-				}
-				links = nil
-				return
-			case Roam, Move:
-				l := connect(d.plan.To)
-				if l == nil {
-					return
-				}
-				old := links[0]
-				links = []*link{l}
-				gw = d.plan.To
-				if d.plan.Churn == Roam {
-					d.drop(old)
-				} else {
-					d.leave(old)
-				}
-			case Dual:
-				if len(links) == 2 {
-					d.drop(links[0])
-					links = links[1:]
-					gw = d.plan.To
-				}
-			case Storm:
-				for _, l := range links {
-					d.drop(l)
-				}
-				links = nil
-				if !sleep(ctx, d.plan.Pause) {
-					return
-				}
-				l := connect(gw)
-				if l == nil {
-					return
-				}
-				links = []*link{l}
-			}
-		}
-		for i := 0; i < len(links); i++ {
-			if err := d.publish(ctx, links[i]); err != nil && ctx.Err() == nil {
-				// the connection broke under it: count on the lease and
-				// connect again
-				d.drop(links[i])
-				to := gw
-				if i > 0 {
-					to = d.plan.To // a Dual's second link
-				}
-				if l := connect(to); l != nil {
-					links[i] = l
-				} else {
-					links = append(links[:i], links[i+1:]...)
-					i--
-				}
-			}
-		}
 	}
 }
 
-// sleep waits d unless ctx ends first (false).
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
+func (d *mqttDevice) connected(l *link, gen int, c *mqttc.Conn, err error, now time.Time) {
+	if gen != l.gen || d.done && !l.visit {
+		if c != nil {
+			c.Close() // given up meanwhile
+		}
+		return
+	}
+	if err != nil {
+		d.f.stats.connectError(err)
+		if l.visit {
+			d.done = true
+			return
+		}
+		l.state = linkIdle
+		l.backoff = max(l.backoff, time.Second)
+		l.retryAt = now.Add(jitter(d.rng, min(l.backoff, d.f.stats.heartbeat)))
+		l.backoff *= 2
+		d.wake()
+		return
+	}
+	d.f.stats.connects.Add(1)
+	d.f.stats.connected.Add(1)
+	d.f.stats.answered.Add(1)
+	d.truth.acked(l.sess, l.dialAt)
+	l.c, l.state, l.backoff, l.inflight = c, linkUp, 0, false
+	if l.reconnect {
+		l.reconnect = false
+		d.f.stats.reconnects.Add(1)
+	}
+	if l.visit {
+		d.send(l, now)
+		return
+	}
+	if l.onUp != nil {
+		up := l.onUp
+		l.onUp = nil
+		up(now)
 	}
 }
 
-func isClosed(c <-chan struct{}) bool {
+// packet takes what l's connection read: a heartbeat's answer, or the
+// end of the connection.
+func (d *mqttDevice) packet(l *link, gen int, p mqttc.Packet, err error, now time.Time) {
+	if gen != l.gen || l.state != linkUp {
+		return
+	}
+	if err != nil || p.Type == mqttc.DISCONNECT {
+		// lost under it (a gateway restart): back within a second
+		d.drop(l, now)
+		l.reconnect = true
+		l.retryAt = now.Add(time.Duration(d.rng.Int64N(int64(time.Second))))
+		if l.visit || d.done {
+			d.done = true
+			return
+		}
+		d.wake()
+		return
+	}
+	answer := p.Type == mqttc.PUBACK && p.ID == l.pid || p.Type == mqttc.PINGRESP && l.pid == 0
+	if !l.inflight || !answer {
+		return
+	}
+	l.inflight = false
+	if p.Code >= 0x80 { // refused
+		d.f.stats.sendErrors.Add(1)
+	} else {
+		d.f.stats.answered.Add(1)
+		d.truth.acked(l.sess, l.sentAt)
+	}
+	if l.visit {
+		d.leave(l, now)
+		d.links, d.done = nil, true
+	}
+}
+
+// heartbeat sends a heartbeat on every link that is up and has none in
+// flight; a link whose last one has gone unanswered for the timeout is
+// dropped and connects again.
+func (d *mqttDevice) heartbeat(now time.Time) {
+	for _, l := range d.links {
+		if l.state != linkUp {
+			continue
+		}
+		if l.inflight {
+			if now.Sub(l.sentAt) > d.f.timeout {
+				d.f.stats.sendErrors.Add(1)
+				d.drop(l, now)
+				l.retryAt = now
+			}
+			continue
+		}
+		d.send(l, now)
+	}
+	d.ping = !d.ping
+}
+
+// send sends one heartbeat on l: a QoS 1 PUBLISH or a PINGREQ, every
+// other one each.
+func (d *mqttDevice) send(l *link, now time.Time) {
+	var b []byte
+	l.pid = 0
+	if d.ping && !l.visit {
+		b = mqttc.PingPacket()
+	} else {
+		l.nextID = max(l.nextID+1, 1)
+		l.pid = l.nextID
+		v := mqttc.V311
+		if d.plan.Proto == MQTT5 {
+			v = mqttc.V5
+		}
+		b = mqttc.PublishPacket(v, d.topic, []byte("21.5"), 1, l.pid)
+	}
+	d.truth.sent(l.sess, now)
+	d.f.stats.sent.Add(1)
+	if err := l.c.Send(b, writeTimeout); err != nil {
+		d.f.stats.sendErrors.Add(1)
+		d.drop(l, now)
+		l.retryAt = now
+		return
+	}
+	l.inflight, l.sentAt = true, now
+}
+
+// drop ends l without a word (a dialing one is abandoned); it may
+// connect again at its retryAt.
+func (d *mqttDevice) drop(l *link, now time.Time) {
+	l.gen++
+	if l.state == linkUp {
+		d.truth.sent(l.sess, now)
+		l.c.Close()
+		d.truth.sent(l.sess, time.Now())
+		d.f.stats.connected.Add(-1)
+	} else if l.state == linkDialing {
+		d.truth.sent(l.sess, now)
+	}
+	l.state, l.c, l.inflight = linkIdle, nil, false
+}
+
+// leave ends l with a DISCONNECT; the gateway closes the connection,
+// its reader sees that (or its deadline) and closes it too.
+func (d *mqttDevice) leave(l *link, now time.Time) {
+	if l.state != linkUp {
+		d.drop(l, now)
+		return
+	}
+	l.gen++
+	d.truth.left(l.sess, now)
+	_ = l.c.Send(mqttc.DisconnectPacket(), writeTimeout)
+	_ = l.c.SetReadDeadline(now.Add(d.f.timeout))
+	d.f.stats.sent.Add(1)
+	d.f.stats.connected.Add(-1)
+	l.state, l.c, l.inflight = linkIdle, nil, false
+}
+
+// stop drops every connection still up once the scheduler has
+// returned, and waits (bounded) for the connections' goroutines.
+func (f *mqttFleet) stop(limit time.Duration) {
+	now := time.Now()
+	for _, d := range f.devs {
+		for _, l := range d.links {
+			if l.state == linkUp || l.state == linkDialing {
+				d.truth.sent(l.sess, now)
+			}
+			if l.state == linkUp {
+				f.stats.connected.Add(-1)
+			}
+		}
+	}
+	f.mu.Lock()
+	f.closing = true
+	for c := range f.open {
+		c.Close()
+	}
+	f.mu.Unlock()
+	after := time.Now()
+	for _, d := range f.devs {
+		for _, l := range d.links {
+			if l.state == linkUp {
+				d.truth.sent(l.sess, after)
+			}
+		}
+	}
+	done := make(chan struct{})
+	go func() { f.readers.Wait(); close(done) }()
 	select {
-	case <-c:
-		return true
-	default:
-		return false
+	case <-done:
+	case <-time.After(limit):
 	}
 }

@@ -104,6 +104,9 @@ type PlanOptions struct {
 	Scenarios                  []Churn
 	Seed                       uint64
 	Prefix                     string
+	// DTLSShare is the share of the CoAP devices that speak CoAP over
+	// DTLS with a PSK (one NON and one CON device of each pair).
+	DTLSShare float64 `json:",omitempty"`
 }
 
 // DevicePlan is one device's part of the run, drawn from the seed.
@@ -123,6 +126,9 @@ type DevicePlan struct {
 	Pause time.Duration
 	// Seed drives its heartbeat jitter.
 	Seed uint64
+	// DTLS: a CoAP device that speaks over DTLS, identified by its PSK
+	// identity, its ID (dtlsKey).
+	DTLS bool
 }
 
 // StormAt is when the reconnect storm strikes, as a share of the run.
@@ -156,6 +162,11 @@ func Plan(o PlanOptions) []DevicePlan {
 		}
 		p.Gateway = i % gws
 		p.To = (p.Gateway + 1) % gws
+		if k := (i - nMQTT) / 2; !p.Proto.mqtt() && o.DTLSShare > 0 {
+			// the pairs spread evenly: pair k if the share's count
+			// rises at it
+			p.DTLS = int(float64(k+1)*o.DTLSShare) > int(float64(k)*o.DTLSShare)
+		}
 		p.Phase = time.Duration(rng.Int64N(int64(o.Heartbeat)))
 		p.Seed = rng.Uint64()
 	}

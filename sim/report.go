@@ -112,6 +112,9 @@ func (r Report) WriteTable(w io.Writer) {
 			fmt.Fprintf(tw, "\t%d\t%s\n", r.Fleet.ConnectErrorKinds[k], k)
 		}
 	}
+	if r.Fleet.Heartbeats > 0 {
+		fmt.Fprintf(tw, "heartbeats on schedule\t%.2f %%\t(of %d within 100 ms; latest %.0f ms late)\n", 100*r.Fleet.OnTime, r.Fleet.Heartbeats, r.Fleet.MaxLateMS)
+	}
 	fmt.Fprintf(tw, "events read\t%d\t\n", r.Events)
 	fmt.Fprintf(tw, "false offline\t%d\t%s\n", r.FalseOffline, mark(r.FalseOffline))
 	fmt.Fprintf(tw, "missed offline\t%d\t%s\n", r.MissedOffline, markLate(r.MissedOffline, r.LateOffline))

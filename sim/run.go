@@ -2,23 +2,29 @@ package sim
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"slices"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/fleetgate/fleetgate/gateway"
 	"github.com/fleetgate/fleetgate/sim/check"
+	"github.com/fleetgate/fleetgate/sim/mqttc"
 )
 
 // Options of a run. Lease, RenewEvery and RunnerInterval are the
 // gateways' settings: the checker judges with them.
 type Options struct {
 	CoAP, MQTT []string // gateway addresses
-	Source     Source   // where the events are read
+	// DTLS are the CoAP gateways' DTLS listeners, in the order of CoAP:
+	// DTLSShare of the CoAP devices speak DTLS with a PSK (their devices
+	// file: WriteDevicesFile).
+	DTLS      []string
+	DTLSShare float64
+	Source    Source // where the events are read
 
 	Devices   int
 	MQTTShare float64
@@ -29,6 +35,14 @@ type Options struct {
 	Prefix    string // device ID prefix
 	Sockets   int    // UDP sockets of the CoAP devices
 	Topic     string // MQTT topic prefix (auth.topic_prefix)
+	// Part and Parts split the fleet: this run plays the devices whose
+	// index is Part modulo Parts (Parts 0 or 1: all of them). Other
+	// runs, here or on other hosts, play the rest of the same seeded
+	// fleet; CheckTruths judges the union of their truths.
+	Part, Parts int
+	// TruthOut, when set, gets the truth of the devices played (JSON),
+	// for CheckTruths.
+	TruthOut io.Writer
 
 	Lease, RenewEvery, RunnerInterval time.Duration
 	// FlushInterval is the gateways' uplink.flush_interval: an online
@@ -60,15 +74,45 @@ func (o *Options) validate() error {
 		return errors.New("no gateway: give a CoAP or an MQTT address")
 	case o.Source == nil:
 		return errors.New("no event source")
+	case o.DTLSShare < 0 || o.DTLSShare > 1:
+		return errors.New("dtls share must be within [0, 1]")
+	case o.DTLSShare > 0 && len(o.DTLS) != len(o.CoAP):
+		return errors.New("a DTLS share needs a DTLS address for each CoAP gateway")
+	case o.Parts > 1 && (o.Part < 0 || o.Part >= o.Parts):
+		return fmt.Errorf("part %d of %d: want 0 to %d", o.Part, o.Parts, o.Parts-1)
+	}
+	if o.Parts < 1 {
+		o.Parts = 1
+	}
+	for _, a := range slices.Concat(o.CoAP, o.MQTT, o.DTLS) {
+		if err := loopback(a); err != nil {
+			return err
+		}
 	}
 	if len(o.MQTT) == 0 {
 		o.MQTTShare = 0
+	}
+	if len(o.CoAP) == 0 {
+		o.DTLSShare = 0
 	}
 	if o.Sockets < 1 {
 		o.Sockets = 16
 	}
 	if o.Topic == "" {
 		o.Topic = "devices"
+	}
+	return nil
+}
+
+// loopback checks that addr is a loopback address: the devices play
+// from addresses of their own in 127.0.0.0/8, which reach no other host.
+func loopback(addr string) error {
+	a, err := net.ResolveTCPAddr("tcp4", addr)
+	if err != nil {
+		return fmt.Errorf("gateway %s: %w", addr, err)
+	}
+	if !a.IP.IsLoopback() {
+		return fmt.Errorf("gateway %s: not a loopback address; the simulated devices send from addresses of their own in 127.0.0.0/8", addr)
 	}
 	return nil
 }
@@ -86,30 +130,32 @@ func Run(ctx context.Context, o Options) (Report, error) {
 	if err := o.validate(); err != nil {
 		return Report{}, err
 	}
-	plans := Plan(PlanOptions{Devices: o.Devices, MQTTShare: o.MQTTShare, Duration: o.Duration, Heartbeat: o.Heartbeat,
-		CoAPGateways: len(o.CoAP), MQTTGateways: len(o.MQTT), Scenarios: o.Scenarios, Seed: o.Seed, Prefix: o.Prefix})
+	plans := Plan(o.PlanOptions())
 	stats := newStats(o.Heartbeat)
-	truths := make([]*truth, len(plans))
+	var truths []*truth
 	var cf *coapFleet
 	var err error
 	if len(o.CoAP) > 0 {
-		if cf, err = newCoAPFleet(o.CoAP, o.Sockets, stats); err != nil {
+		if cf, err = newCoAPFleet(ctx, o.CoAP, o.DTLS, o.Sockets, o.Seed, stats); err != nil {
 			return Report{}, err
 		}
 	}
-	var seq atomic.Int64 // MQTT sessions, numbered across the fleet
-	var mqttDevs []*mqttDevice
+	// the devices are made before the clock starts: at 100,000 that
+	// takes a while, and their first heartbeats are due from the start
+	mf := &mqttFleet{gws: o.MQTT, stats: stats, keepAlive: keepAlive(o.Heartbeat), timeout: 5 * time.Second, topic: o.Topic,
+		open: map[*mqttc.Conn]struct{}{}}
 	for i, p := range plans {
-		truths[i] = &truth{id: p.ID, active: true}
+		if !inPart(i, o.Part, o.Parts) {
+			continue // another part's
+		}
+		t := &truth{id: p.ID, active: true}
+		truths = append(truths, t)
 		if p.Proto.mqtt() {
-			mqttDevs = append(mqttDevs, &mqttDevice{plan: p, truth: truths[i], gws: o.MQTT, stats: stats,
-				dialer: mqttDialer{keepAlive: keepAlive(o.Heartbeat), timeout: 5 * time.Second},
-				topic:  o.Topic + "/" + p.ID + "/t", seq: &seq})
+			mf.add(i, p, t)
 		} else {
-			cf.add(p, truths[i])
+			cf.add(i, p, t)
 		}
 	}
-
 	before, haveCounters, err := o.Source.Counters(ctx)
 	if err != nil {
 		return Report{}, err
@@ -117,22 +163,29 @@ func Run(ctx context.Context, o Options) (Report, error) {
 	start := time.Now()
 	fleetCtx, stop := context.WithTimeout(ctx, o.Duration)
 	defer stop()
-	var wg sync.WaitGroup
+	// the wheel spans a heartbeat and its jitter: most entries fire in
+	// their first revolution
+	sched := newScheduler(start, o.Heartbeat+o.Heartbeat/5+time.Second)
+	mf.ctx, mf.sched, mf.start = fleetCtx, sched, start
 	if cf != nil {
-		wg.Add(1)
-		go func() { defer wg.Done(); cf.run(fleetCtx, start) }()
+		cf.start, cf.ctx = start, fleetCtx
+		sched.add(sweeper{cf}, start.Add(sweepEvery))
+		sched.flushers = append(sched.flushers, cf.flush)
+		for _, d := range cf.devs {
+			sched.add(d, d.first())
+		}
 	}
-	for _, d := range mqttDevs {
-		wg.Add(1)
-		go func() { defer wg.Done(); d.run(fleetCtx, start) }()
+	for _, d := range mf.devs {
+		d.id = sched.add(d, d.first())
 	}
 	progressDone := make(chan struct{})
 	go func() {
 		defer close(progressDone)
 		o.progress(fleetCtx, start, stats)
 	}()
-	wg.Wait()
+	sched.run(fleetCtx)
 	<-progressDone
+	mf.stop(5 * time.Second)
 	if cf != nil {
 		cf.drain(time.Second)
 		cf.close()
@@ -150,25 +203,56 @@ func Run(ctx context.Context, o Options) (Report, error) {
 	for i, t := range truths {
 		devices[i] = t.device()
 	}
+	played := Truth{Part: o.Part, Parts: o.Parts, Plan: o.PlanOptions(), Start: start, End: end, Fleet: stats.snapshot(), Devices: devices}
+	if o.TruthOut != nil {
+		if err := json.NewEncoder(o.TruthOut).Encode(played); err != nil {
+			return Report{}, fmt.Errorf("write the truth: %w", err)
+		}
+	}
+	rep, err := o.judge(ctx, plans, played)
+	if err != nil {
+		return Report{}, err
+	}
+	if haveCounters && rep.HeartbeatsSent > 0 {
+		rep.StoreCalls = after.Calls - before.Calls
+		rep.StoreCallsPerHeartbeat = float64(rep.StoreCalls) / float64(rep.HeartbeatsSent)
+		rep.StoreCPUMicrosPerHeartbeat = float64((after.CPU - before.CPU).Microseconds()) / float64(rep.HeartbeatsSent)
+	}
+	return rep, nil
+}
+
+// inPart reports whether device i of the plan is played by part of
+// parts.
+func inPart(i, part, parts int) bool { return i%parts == part }
+
+// PlanOptions are the options of o's fleet plan.
+func (o Options) PlanOptions() PlanOptions {
+	return PlanOptions{Devices: o.Devices, MQTTShare: o.MQTTShare, Duration: o.Duration, Heartbeat: o.Heartbeat,
+		CoAPGateways: len(o.CoAP), MQTTGateways: len(o.MQTT), Scenarios: o.Scenarios, Seed: o.Seed, Prefix: o.Prefix,
+		DTLSShare: o.DTLSShare}
+}
+
+// judge waits until every stopped device's bound has passed or its
+// offline event is in, and every online event is in or overdue
+// (bounded by MaxWait), and compares the events with the truth.
+func (o Options) judge(ctx context.Context, plans []DevicePlan, t Truth) (Report, error) {
 	params := check.Params{Lease: o.Lease, RenewEvery: o.RenewEvery, Bound: o.Bound(), Tolerance: o.Tolerance,
 		OnlineBound: o.FlushInterval + o.Slack}
-	// Wait until every stopped device's bound has passed or its offline
-	// event is in, and every online event is in or overdue, bounded by
-	// MaxWait.
 	maxWait := o.MaxWait
 	if maxWait <= 0 {
 		maxWait = o.Bound() + 10*time.Second
 	}
-	waitUntil := end.Add(maxWait)
+	waitUntil := t.End.Add(maxWait)
 	var events []check.Event
 	var res check.Result
 	for {
-		events, err = o.Source.Events(ctx, start.Add(-time.Second))
+		var err error
+		events, err = o.Source.Events(ctx, t.Start.Add(-time.Second))
 		if err != nil {
 			return Report{}, err
 		}
 		params.End = time.Now().Add(-o.Tolerance)
-		res = check.Compare(devices, events, params)
+		res = check.Compare(t.Devices, events, params)
 		if res.Pending == 0 || time.Now().After(waitUntil) || ctx.Err() != nil {
 			break
 		}
@@ -183,13 +267,7 @@ func Run(ctx context.Context, o Options) (Report, error) {
 	if o.Progress != nil && !o.ProgressLines {
 		fmt.Fprintln(o.Progress)
 	}
-	rep := newReport(o, plans, devices, events, params, res, stats.snapshot(), end.Sub(start))
-	if haveCounters && rep.HeartbeatsSent > 0 {
-		rep.StoreCalls = after.Calls - before.Calls
-		rep.StoreCallsPerHeartbeat = float64(rep.StoreCalls) / float64(rep.HeartbeatsSent)
-		rep.StoreCPUMicrosPerHeartbeat = float64((after.CPU - before.CPU).Microseconds()) / float64(rep.HeartbeatsSent)
-	}
-	return rep, nil
+	return newReport(o, plans, t.Devices, events, params, res, t.Fleet, t.End.Sub(t.Start)), nil
 }
 
 // keepAlive is what MQTT devices ask for: twice their heartbeat, at
@@ -219,8 +297,8 @@ func (o Options) progress(ctx context.Context, start time.Time, s *Stats) {
 		if o.ProgressLines {
 			lead, end = time.Now().UTC().Format("15:04:05.000 "), "\n"
 		}
-		fmt.Fprintf(o.Progress, "%s%5.0fs/%s  sent %d  acked %d  mqtt connected %d  reconnects %d  errors %d%s",
-			lead, time.Since(start).Seconds(), o.Duration, n.Sent, n.Answered, n.Connected, n.Reconnects, n.SendErrors+n.ConnectErrors+n.Unanswered, end)
+		fmt.Fprintf(o.Progress, "%s%5.0fs/%s  sent %d  acked %d  mqtt connected %d  reconnects %d  errors %d  on schedule %.2f %%%s",
+			lead, time.Since(start).Seconds(), o.Duration, n.Sent, n.Answered, n.Connected, n.Reconnects, n.SendErrors+n.ConnectErrors+n.Unanswered, 100*n.OnTime, end)
 	}
 }
 

@@ -5,12 +5,19 @@
 #   sim/scale.sh restart [MQTT DURATION AT]    # 10,000 MQTT devices; the gateway restarts at AT
 #   sim/scale.sh accept  [DEVICES DURATION SEED SCENARIOS]
 #                        # the issue's acceptance run: 2 gateways, 1,000 devices, all churn, 40 s
+#   sim/scale.sh simcost [COAP MQTT DURATION DTLS_SHARE]
+#                        # the simulator's own cost: 100,000 CoAP (10 % DTLS) + 10,000 MQTT, 3 min 20 s
 #
 # One redis-server and one `fleetgate run` (Redis store, shipped timings,
-# per-source limits raised: the whole fleet comes from 127.0.0.1) on free
-# loopback ports under a temporary directory; everything is stopped at the
-# end. It prints the gateway's CPU per 1,000 devices and RSS per device
-# (from /proc), and simulate's report. `accept` runs two gateways instead,
+# rate limits raised; `simcost` keeps the shipped per-source limits, as
+# every device has its own source address in 127.0.0.0/8) on free loopback ports under a temporary directory;
+# everything is stopped at the end. It prints the gateway's CPU per 1,000
+# devices and RSS per device (from /proc), and simulate's report;
+# `simcost` prints the simulator's CPU over the steady part of the run
+# (from 40 s, after every device's first heartbeat, to 10 s before the
+# end) and its peak RSS (at the end of that part, and of the whole
+# command, sampled each second) instead, with the gateway's DTLS listener and the
+# devices file simulate writes. `accept` runs two gateways instead,
 # with the end-to-end tests' timings (lease 6 s, heartbeat 2 s,
 # renew_every 1 s, flush and runner 100 ms), and exits with simulate's
 # status.
@@ -44,8 +51,8 @@ listen:
   coap: { udp: "127.0.0.1:$cport" }
   mqtt: { tcp: "127.0.0.1:$mport" }
   admin: { http: "127.0.0.1:$aport" }
-limits: { coap_requests_per_second: 1000000, mqtt_connects_per_second: 1000000, mqtt_max_clients: 200000, anonymous_max_devices: 1000000, anonymous_connects_per_second: 1000000 }
-auth: { allow_anonymous: true, devices_file: "" }
+limits: { ${limits:-coap_requests_per_second: 1000000, mqtt_connects_per_second: 1000000, mqtt_max_clients: 200000, anonymous_max_devices: 1000000, anonymous_connects_per_second: 1000000} }
+auth: { allow_anonymous: true, devices_file: "${devices_file:-}" }
 log: { level: warn }
 EOC
 }
@@ -73,10 +80,57 @@ if [ "$mode" = accept ]; then
 	echo "report: $dir/report.json; exit status $status"
 	exit "$status"
 fi
-gwconf scale-1 'lease: 90s' 'flush_interval: 1s' 'enabled: true'
 ticks() { awk '{print $14+$15}' "/proc/$1/stat"; }
-startgw scale-1 "$aport"
 hz=$(getconf CLK_TCK)
+if [ "$mode" = simcost ]; then
+	coap=${2:-100000}; mqtt=${3:-10000}; duration=${4:-200s}; dtls=${5:-0.1}
+	devices=$((coap + mqtt))
+	share=$(python3 -c "print($mqtt/$devices)")
+	secs=${duration%s}
+	devices_file=$dir/devices.yaml
+	# the per-source limits as shipped: only the fleet-wide caps are raised
+	limits='mqtt_max_clients: 200000, anonymous_max_devices: 1000000'
+	gwconf scale-1 'lease: 90s' 'flush_interval: 1s' 'enabled: true'
+	dport=$(udpport)
+	sed -i "s|coap: { udp: \"127.0.0.1:$cport\" }|coap: { udp: \"127.0.0.1:$cport\", dtls: \"127.0.0.1:$dport\" }|" "$dir/scale-1.yaml"
+	fleet=(--coap "127.0.0.1:$cport" --mqtt "127.0.0.1:$mport" --devices "$devices" --mqtt-share "$share" --dtls-share "$dtls" --prefix simcost- --seed 1)
+	"$bin" simulate --write-devices "$devices_file" "${fleet[@]}"
+	startgw scale-1 "$aport"
+	"$bin" simulate "${fleet[@]}" --dtls "127.0.0.1:$dport" --redis "127.0.0.1:$rport" --duration "$duration" \
+		--scenario freeze,leave,dual,storm --report "$dir/report.json" --progress 2>"$dir/progress.log" >"$dir/simulate.out" &
+	spid=$!
+	sleep 40
+	t0=$(ticks "$spid"); s0=$(date +%s.%N)
+	sleep $((secs - 50))
+	t1=$(ticks "$spid"); s1=$(date +%s.%N)
+	hwm_run=$(awk '/VmHWM/{print $2}' "/proc/$spid/status")
+	# the peak of the whole command: its VmHWM each second until it ends
+	# (the check after the run, bounded by --max-wait, included)
+	hwm_all=$hwm_run
+	for _ in $(seq 3600); do
+		h=$(awk '/VmHWM/{print $2}' "/proc/$spid/status" 2>/dev/null) || break
+		[ -n "$h" ] || break
+		hwm_all=$h
+		sleep 1
+	done
+	wait "$spid" || true
+	python3 - "$dir/report.json" "$t0" "$t1" "$s0" "$s1" "$hz" "$hwm_run" "$hwm_all" <<'EOP'
+import json, sys
+r = json.load(open(sys.argv[1])); t0, t1, s0, s1, hz, hwm, hwm_all = (float(x) for x in sys.argv[2:])
+cpu = (t1 - t0) / hz; wall = s1 - s0; f = r['fleet']
+print(f"simulator CPU {cpu:.1f} s over {wall:.0f} s of the steady part = {100*cpu/wall:.1f} % of one core")
+print(f"simulator peak RSS while playing {hwm/1024:.0f} MiB, over the whole command (the check included, sampled each second) {hwm_all/1024:.0f} MiB")
+print(f"heartbeats on schedule (within 100 ms): {100*f['heartbeats_on_time']:.2f} % of {f['heartbeats']}, latest {f['heartbeat_max_late_ms']:.0f} ms")
+print(f"dtls handshakes {f['dtls_handshakes']} ({f['dtls_handshake_failures']} failed); mqtt connects {f['mqtt_connects']} ({f['mqtt_connect_errors']} failed); coap unanswered {f['coap_unanswered']}, retransmits {f['coap_retransmits']}")
+print({k: r[k] for k in ('devices','heartbeats_sent','false_offline','missed_offline','log_violations','missed_online','late_offline','pending','detection_ms','bound_ms')})
+EOP
+	tail -n 30 "$dir/simulate.out"
+	echo "progress: $dir/progress.log"
+	tail -n 3 "$dir/progress.log"
+	exit 0
+fi
+gwconf scale-1 'lease: 90s' 'flush_interval: 1s' 'enabled: true'
+startgw scale-1 "$aport"
 case $mode in
 fleet)
 	coap=${2:-100000}; mqtt=${3:-10000}; duration=${4:-3m}

@@ -2,7 +2,12 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -100,4 +105,61 @@ func BenchmarkSimulateSideBySide(b *testing.B) {
 		b.ReportMetric(float64(nc.MissedOffline), "naive-cut-missed")
 	}
 	writeSideBySide(b, doc, docPath, started, loadStart, table)
+}
+
+// BenchmarkSimulatorCost measures what `fleetgate simulate` itself
+// spends (its process's user + system CPU, from the start of the
+// command to its end, the check included) per heartbeat, by kind of
+// device: plain CoAP (NON and CON), MQTT (3.1.1 and 5, a PUBLISH or a
+// PINGREQ each), and CoAP over DTLS (a handshake per heartbeat, as the
+// gateway closes a session idle for 5 s). Each fleet heartbeats every
+// second for 20 s against one `fleetgate run` on the embedded store.
+func BenchmarkSimulatorCost(b *testing.B) {
+	for _, tc := range []struct {
+		name    string
+		devices int
+		args    []string
+	}{
+		{"coap", 2000, []string{"--mqtt-share", "0"}},
+		{"mqtt", 1000, []string{"--mqtt-share", "1"}},
+		{"dtls", 200, []string{"--mqtt-share", "0", "--dtls-share", "1"}},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			for range b.N {
+				// the anonymous fleet's cap above the fleet
+				g := simGatewayLimits(b, "gw-cost", "", simTiming, "limits: { coap_requests_per_second: 100000, mqtt_connects_per_second: 100000, anonymous_max_devices: 100000 }\n")
+				fleet := append([]string{"--coap", g.coapAddr, "--mqtt", g.mqttAddr, "--devices", strconv.Itoa(tc.devices),
+					"--prefix", "cost-"}, tc.args...)
+				if tc.name == "dtls" {
+					devices := filepath.Join(b.TempDir(), "devices.yaml")
+					var out, errOut strings.Builder
+					if code := dispatch(context.Background(), append([]string{"simulate", "--write-devices", devices}, fleet...), &out, &errOut); code != 0 {
+						b.Fatalf("write-devices: %s%s", out.String(), errOut.String())
+					}
+					g.useDevicesFile(devices)
+					fleet = append(fleet, "--dtls", g.dtlsAddr)
+				}
+				g.start()
+				report := filepath.Join(b.TempDir(), "report.json")
+				cmd := exec.Command(binary, append([]string{"simulate", "--admin", g.admin, "--heartbeat", "1s", "--duration", "20s",
+					"--scenario", "none", "--lease", simTiming.lease.String(), "--renew-every", simTiming.renewEvery.String(),
+					"--runner-interval", simTiming.runnerInterval.String(), "--flush-interval", simTiming.flush.String(),
+					"--report", report}, fleet...)...)
+				out, err := cmd.CombinedOutput()
+				if err != nil {
+					b.Fatalf("simulate: %v\n%s", err, out)
+				}
+				var rep sim.Report
+				if raw, err := os.ReadFile(report); err != nil || json.Unmarshal(raw, &rep) != nil {
+					b.Fatalf("report: %v", err)
+				}
+				cpu := cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()
+				f := rep.Fleet
+				b.Logf("%s: %d devices, %d heartbeats (%d answered, %d DTLS handshakes), %.2f %% on schedule, CPU %s",
+					tc.name, tc.devices, f.Heartbeats, f.Answered, f.DTLSHandshakes, 100*f.OnTime, cpu)
+				b.ReportMetric(float64(cpu.Microseconds())/float64(f.Heartbeats), "µs/heartbeat")
+				b.ReportMetric(100*f.OnTime, "%on-time")
+			}
+		})
+	}
 }

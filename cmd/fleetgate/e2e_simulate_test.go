@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -20,8 +21,10 @@ import (
 // deadline of 1 s in mochi, which rounds keepalive × 1.5 down).
 var simTiming = e2eTiming{lease: 6 * time.Second, heartbeat: 2 * time.Second, renewEvery: time.Second, flush: 100 * time.Millisecond, runnerInterval: 100 * time.Millisecond}
 
-// simGateway is a gateway whose per-source limits let a fleet on one
-// loopback address through.
+// simLimits raise the gateway's rate limits well above a test fleet's.
+const simLimits = "limits: { coap_requests_per_second: 100000, mqtt_connects_per_second: 100000 }\n"
+
+// simGateway is a gateway whose rate limits let a test fleet through.
 func simGateway(t testing.TB, id, redisAddr string) *gatewayProc {
 	t.Helper()
 	return simGatewayWith(t, id, redisAddr, simTiming)
@@ -29,13 +32,19 @@ func simGateway(t testing.TB, id, redisAddr string) *gatewayProc {
 
 func simGatewayWith(t testing.TB, id, redisAddr string, tm e2eTiming) *gatewayProc {
 	t.Helper()
+	return simGatewayLimits(t, id, redisAddr, tm, simLimits)
+}
+
+// simGatewayLimits is a gateway with the limits line given.
+func simGatewayLimits(t testing.TB, id, redisAddr string, tm e2eTiming, limits string) *gatewayProc {
+	t.Helper()
 	g := newGateway(t, id, redisAddr, tm)
 	f, err := os.OpenFile(g.config, os.O_APPEND|os.O_WRONLY, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	if _, err := f.WriteString("limits: { coap_requests_per_second: 100000, mqtt_connects_per_second: 100000 }\n"); err != nil {
+	if _, err := f.WriteString(limits); err != nil {
 		t.Fatal(err)
 	}
 	return g
@@ -46,8 +55,14 @@ func simGatewayWith(t testing.TB, id, redisAddr string, tm e2eTiming) *gatewayPr
 // report.
 func runSimulate(t *testing.T, args ...string) (int, string, sim.Report) {
 	t.Helper()
+	return runSimulateHB(t, "1s", args...)
+}
+
+// runSimulateHB is runSimulate with a device heartbeat of hb.
+func runSimulateHB(t *testing.T, hb string, args ...string) (int, string, sim.Report) {
+	t.Helper()
 	report := filepath.Join(t.TempDir(), "report.json")
-	args = append([]string{"simulate", "--heartbeat", "1s", "--lease", simTiming.lease.String(),
+	args = append([]string{"simulate", "--heartbeat", hb, "--lease", simTiming.lease.String(),
 		"--renew-every", simTiming.renewEvery.String(), "--runner-interval", simTiming.runnerInterval.String(),
 		"--flush-interval", simTiming.flush.String(),
 		"--report", report}, args...)
@@ -140,8 +155,8 @@ func TestE2ESimulateEmbeddedStore(t *testing.T) {
 	}
 }
 
-// Bad command lines are usage errors (exit 2), and a fleet nobody
-// answers is a failure, not a pass.
+// Bad command lines are usage errors (exit 2), a gateway off loopback
+// is refused, and a fleet nobody answers is a failure, not a pass.
 func TestSimulateUsageAndNobodyAnswers(t *testing.T) {
 	t.Parallel()
 	for _, args := range [][]string{
@@ -150,10 +165,17 @@ func TestSimulateUsageAndNobodyAnswers(t *testing.T) {
 		{"simulate", "--coap", "127.0.0.1:1", "--redis", "x:1", "--admin", "y:2"},
 		{"simulate", "--coap", "127.0.0.1:1", "--admin", "y:2", "--scenario", "meteor"},
 		{"simulate", "--coap", "127.0.0.1:1", "--admin", "y:2", "extra"},
+		{"simulate", "--coap", "127.0.0.1:1", "--admin", "y:2", "--prefix", "p-", "--split", "3/3"},
+		{"simulate", "--coap", "127.0.0.1:1", "--admin", "y:2", "--prefix", "p-", "--split", "1/2x"},
+		{"simulate", "--coap", "127.0.0.1:1", "--admin", "y:2", "--split", "0/2"},
+		{"simulate", "--coap", "127.0.0.1:1", "--admin", "y:2", "--check-only", "t.json"},
 	} {
 		if code, _, errOut := runCLI(t, args...); code != 2 {
 			t.Errorf("%v: exit %d (%s), want 2", args, code, errOut)
 		}
+	}
+	if code, _, errOut := runCLI(t, "simulate", "--coap", "192.0.2.1:5683", "--admin", "127.0.0.1:1"); code != 1 || !strings.Contains(errOut, "not a loopback address") {
+		t.Errorf("a gateway off loopback: exit %d (%s), want 1", code, errOut)
 	}
 	g := simGateway(t, "gw-q", "")
 	g.start()
@@ -208,5 +230,126 @@ func TestE2ESimulateMovesAndVisits(t *testing.T) {
 				t.Fatalf("%s: exit %d, report %+v", tc.rule, code, scenarioOf(t, rep, tc.scenario))
 			}
 		})
+	}
+}
+
+// Every device has a source endpoint of its own, as the gateway sees
+// it: with one CoAP request per second per source endpoint and one
+// anonymous MQTT CONNECT per second per source /24, a fleet sharing a
+// few endpoints (or one address) would be refused most of the time;
+// this one is never refused, and no answer reaches another device's
+// address.
+func TestE2ESimulateOwnSourceEndpoints(t *testing.T) {
+	t.Parallel()
+	g := simGatewayLimits(t, "gw-s", "", simTiming, "limits: { coap_requests_per_second: 1, anonymous_connects_per_second: 1, mqtt_connects_per_second: 1 }\n")
+	g.start()
+	code, out, rep := runSimulateHB(t, "2s", "--coap", g.coapAddr, "--mqtt", g.mqttAddr, "--admin", g.admin,
+		"--devices", "200", "--mqtt-share", "0.2", "--duration", "8s", "--scenario", "freeze", "--sockets", "2")
+	t.Logf("simulate:\n%s", out)
+	f := rep.Fleet
+	if code != 0 || rep.Devices != 200 || f.ConnectErrors != 0 || f.Unanswered != 0 || f.Misrouted != 0 || f.SendErrors != 0 {
+		t.Fatalf("exit %d, report %+v", code, rep)
+	}
+	if len(f.CoAPCodes) != 1 || f.CoAPCodes["Changed"] == 0 || f.Heartbeats == 0 || f.OnTime < 0.99 {
+		t.Fatalf("fleet %+v", f)
+	}
+}
+
+// Three simulate processes play the three parts of one seeded fleet at
+// once, each writing its truth; --check-only judges the union: every
+// device of the plan exactly once, and the verdict of a whole run.
+// Parts that do not cover the fleet are refused.
+func TestE2ESimulateSplitFleet(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	a := simGateway(t, "gw-a", srv.Addr)
+	b := simGateway(t, "gw-b", srv.Addr)
+	a.start()
+	b.start()
+	dir := t.TempDir()
+	const parts = 3
+	var truths []string
+	codes := make(chan int, parts)
+	for i := range parts {
+		truth := filepath.Join(dir, fmt.Sprintf("truth-%d.json", i))
+		truths = append(truths, truth)
+		go func() {
+			code, out, rep := runSimulate(t, "--coap", a.coapAddr+","+b.coapAddr, "--mqtt", a.mqttAddr+","+b.mqttAddr,
+				"--redis", srv.Addr, "--devices", "301", "--mqtt-share", "0.3", "--duration", "8s", "--seed", "5",
+				"--scenario", "freeze,leave,roam,storm", "--prefix", "split-", "--split", fmt.Sprintf("%d/%d", i, parts), "--truth", truth)
+			t.Logf("part %d (%d devices):\n%s", i, rep.Devices, out)
+			codes <- code
+		}()
+	}
+	for range parts {
+		if code := <-codes; code != 0 {
+			t.Fatalf("a part exited %d", code)
+		}
+	}
+	code, out, rep := runSimulate(t, "--redis", srv.Addr, "--check-only", strings.Join(truths, ","))
+	t.Logf("check-only:\n%s", out)
+	if code != 0 || rep.Devices != 301 || rep.Failed() || rep.Pending != 0 || rep.Detection.N == 0 {
+		t.Fatalf("exit %d, report %+v", code, rep)
+	}
+	if code, _, errOut := runCLI(t, "simulate", "--redis", srv.Addr, "--check-only", truths[0]+","+truths[2]); code != 1 || !strings.Contains(errOut, "part 1/3 is missing") {
+		t.Fatalf("two parts of three: exit %d, %s", code, errOut)
+	}
+}
+
+// A share of the CoAP devices speaks DTLS with the PSKs of the devices
+// file simulate writes, beside anonymous CoAP and MQTT devices: every
+// handshake succeeds and the checker finds nothing.
+func TestE2ESimulateDTLSShare(t *testing.T) {
+	t.Parallel()
+	g := simGateway(t, "gw-d", "")
+	devices := filepath.Join(t.TempDir(), "devices.yaml")
+	fleet := []string{"--coap", g.coapAddr, "--mqtt", g.mqttAddr, "--devices", "120", "--mqtt-share", "0.2",
+		"--prefix", "dt-", "--dtls-share", "0.5", "--seed", "4"}
+	if code, out, errOut := runCLI(t, append([]string{"simulate", "--write-devices", devices}, fleet...)...); code != 0 || !strings.Contains(out, ": 48 DTLS devices") {
+		t.Fatalf("write-devices: exit %d, %s%s", code, out, errOut)
+	}
+	g.useDevicesFile(devices)
+	b, err := os.ReadFile(g.config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(g.config, []byte(strings.Replace(string(b), "allow_anonymous: false", "allow_anonymous: true", 1)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	g.start()
+	code, out, rep := runSimulate(t, append(fleet, "--dtls", g.dtlsAddr, "--admin", g.admin, "--duration", "8s", "--scenario", "freeze,leave,storm")...)
+	t.Logf("simulate:\n%s", out)
+	f := rep.Fleet
+	if code != 0 || rep.Failed() || rep.Devices != 120 || f.DTLSHandshakes < 48*5 || f.DTLSFailures != 0 || f.Unanswered != 0 {
+		t.Fatalf("exit %d, report %+v", code, rep)
+	}
+}
+
+// MQTT devices (sim/mqttc) whose gateway restarts under them (SIGTERM,
+// then started again on the same ports) see their connections end,
+// connect again with their backoff, and the checker finds nothing.
+func TestE2ESimulateMQTTReconnectsAfterRestart(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	g := simGateway(t, "gw-r", srv.Addr)
+	g.start()
+	type result struct {
+		code int
+		out  string
+		rep  sim.Report
+	}
+	done := make(chan result, 1)
+	go func() {
+		code, out, rep := runSimulate(t, "--mqtt", g.mqttAddr, "--redis", srv.Addr, "--devices", "60", "--mqtt-share", "1",
+			"--duration", "12s", "--scenario", "none")
+		done <- result{code, out, rep}
+	}()
+	time.Sleep(5 * time.Second) // every device connected, heartbeats going
+	g.stop()
+	g.start()
+	r := <-done
+	t.Logf("simulate:\n%s", r.out)
+	if r.code != 0 || r.rep.Failed() || r.rep.Fleet.Reconnects < 60 || r.rep.Fleet.Connects < 120 {
+		t.Fatalf("exit %d, report %+v", r.code, r.rep)
 	}
 }

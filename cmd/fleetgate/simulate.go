@@ -19,9 +19,12 @@ import (
 // with what the fleet did. It exits 1 when fleetgate reported a false
 // offline, missed an offline or an online, or wrote a broken log.
 func cmdSimulate(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs, _ := newFlags("simulate", "simulate (--coap HOST:PORT[,...] | --mqtt HOST:PORT[,...]) (--redis ADDR[,...] | --admin HOST:PORT) [flags]", stderr)
+	fs, _ := newFlags("simulate", "simulate (--coap HOST:PORT[,...] | --mqtt HOST:PORT[,...] | --check-only FILE[,...]) (--redis ADDR[,...] | --admin HOST:PORT) [flags]", stderr)
 	coapAddrs := fs.String("coap", "", "gateways' CoAP UDP addresses, comma-separated")
 	mqttAddrs := fs.String("mqtt", "", "gateways' MQTT TCP addresses, comma-separated")
+	dtlsAddrs := fs.String("dtls", "", "gateways' CoAP DTLS addresses, comma-separated, in the order of --coap")
+	dtlsShare := fs.Float64("dtls-share", 0, "share of the CoAP devices that speak DTLS with a PSK (the gateways load the devices file of --write-devices)")
+	writeDevices := fs.String("write-devices", "", "write the devices file (auth.devices_file) of the fleet's DTLS devices to this file and exit")
 	redisAddrs := fs.String("redis", "", "the Redis store the gateways write (standalone, or Cluster nodes), comma-separated")
 	keyPrefix := fs.String("key-prefix", "fleetgate", "the store's key prefix (store.redis.key_prefix)")
 	adminAddr := fs.String("admin", "", "a gateway's admin API, to read the events of the embedded store")
@@ -40,30 +43,58 @@ func cmdSimulate(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	seed := fs.Uint64("seed", 1, "seed of the fleet plan (who speaks what, who churns how and when)")
 	scenario := fs.String("scenario", "all", "churn: freeze, leave, roam, move, dual, storm, visit, all or none (comma-separated)")
 	prefix := fs.String("prefix", "", "device ID prefix (default sim<time>-, new each run)")
-	sockets := fs.Int("sockets", 16, "UDP sockets (source ports) the CoAP devices share")
+	sockets := fs.Int("sockets", 16, "UDP sockets (source ports) the CoAP devices share; each device sends from its own 127.0.0.0/8 address")
 	progress := fs.Bool("progress", false, "print a progress line every second on stderr even when it is not a terminal")
 	topic := fs.String("topic-prefix", "devices", "auth.topic_prefix of the gateways: MQTT devices publish under <prefix>/<device>/")
+	split := fs.String("split", "", "I/N: play part I (0 to N-1) of the fleet, the devices whose index is I modulo N; N runs with the same seed, prefix and fleet flags play all of it")
+	truthFile := fs.String("truth", "", "write what the devices played did to this file, for --check-only")
+	checkOnly := fs.String("check-only", "", "play nothing: judge the union of the parts whose --truth files are given (comma-separated) against the events")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
 	if err := noArgs(fs); err != nil {
 		return err
 	}
+	part, parts, err := parseSplit(*split)
+	if err != nil {
+		return fmt.Errorf("%w: --split: %v", errUsage, err)
+	}
 	scen, err := sim.ParseScenarios(*scenario)
 	if err != nil {
 		return fmt.Errorf("%w: --scenario: %v", errUsage, err)
 	}
 	o := sim.Options{
-		CoAP: splitList(*coapAddrs), MQTT: splitList(*mqttAddrs),
+		CoAP: splitList(*coapAddrs), MQTT: splitList(*mqttAddrs), DTLS: splitList(*dtlsAddrs), DTLSShare: *dtlsShare,
 		Devices: *devices, MQTTShare: *mqttShare, Duration: *duration, Heartbeat: *heartbeat,
-		Scenarios: scen, Seed: *seed, Prefix: *prefix, Sockets: *sockets, Topic: *topic,
+		Scenarios: scen, Seed: *seed, Prefix: *prefix, Sockets: *sockets, Topic: *topic, Part: part, Parts: parts,
 		Lease: *lease, RenewEvery: *renewEvery, RunnerInterval: *runnerInterval, FlushInterval: *flushInterval,
 		Slack: *slack, Tolerance: *tolerance, MaxWait: *maxWait,
+	}
+	if *dtlsShare < 0 || *dtlsShare > 1 || *dtlsShare > 0 && *writeDevices == "" && len(o.DTLS) != len(o.CoAP) {
+		return fmt.Errorf("%w: --dtls-share within [0, 1], with a --dtls address for each --coap one", errUsage)
+	}
+	if *writeDevices != "" {
+		return writeDevicesFile(*writeDevices, o, stdout)
+	}
+	if o.Prefix == "" && (parts > 1 || o.DTLSShare > 0) {
+		return fmt.Errorf("%w: --split and --dtls-share need a --prefix (that all parts share, that the devices file lists)", errUsage)
 	}
 	if o.Prefix == "" {
 		o.Prefix = fmt.Sprintf("sim%d-", time.Now().Unix()%1_000_000)
 	}
-	if len(o.CoAP) == 0 && len(o.MQTT) == 0 {
+	var truths []sim.Truth
+	if *checkOnly != "" {
+		if len(o.CoAP)+len(o.MQTT) > 0 || *truthFile != "" || *split != "" {
+			return fmt.Errorf("%w: --check-only plays nothing: no --coap, --mqtt, --split or --truth", errUsage)
+		}
+		for _, name := range splitList(*checkOnly) {
+			t, err := readTruth(name)
+			if err != nil {
+				return err
+			}
+			truths = append(truths, t)
+		}
+	} else if len(o.CoAP) == 0 && len(o.MQTT) == 0 {
 		return fmt.Errorf("%w: give the gateways' --coap and/or --mqtt addresses", errUsage)
 	}
 	if len(o.MQTT) == 0 {
@@ -95,7 +126,12 @@ func cmdSimulate(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	} else if *progress {
 		o.Progress, o.ProgressLines = stderr, true
 	}
-	rep, err := sim.Run(ctx, o)
+	var rep sim.Report
+	if truths != nil {
+		rep, err = sim.CheckTruths(ctx, o, truths)
+	} else {
+		rep, err = runFleet(ctx, o, *truthFile)
+	}
 	if err != nil {
 		return err
 	}
@@ -132,4 +168,71 @@ func splitList(s string) []string {
 		}
 	}
 	return out
+}
+
+// parseSplit parses --split I/N; "" is the whole fleet (0, 1).
+func parseSplit(s string) (part, parts int, err error) {
+	if s == "" {
+		return 0, 1, nil
+	}
+	if _, err := fmt.Sscanf(s, "%d/%d", &part, &parts); err != nil || parts < 1 || part < 0 || part >= parts || fmt.Sprintf("%d/%d", part, parts) != s {
+		return 0, 0, fmt.Errorf("%q: want I/N with 0 <= I < N", s)
+	}
+	return part, parts, nil
+}
+
+// runFleet runs o, writing its truth to the file truth unless "".
+func runFleet(ctx context.Context, o sim.Options, truth string) (sim.Report, error) {
+	if truth == "" {
+		return sim.Run(ctx, o)
+	}
+	f, err := os.Create(truth)
+	if err != nil {
+		return sim.Report{}, err
+	}
+	o.TruthOut = f
+	rep, err := sim.Run(ctx, o)
+	if cerr := f.Close(); err == nil && cerr != nil {
+		err = fmt.Errorf("write the truth: %w", cerr)
+	}
+	return rep, err
+}
+
+func readTruth(name string) (sim.Truth, error) {
+	f, err := os.Open(name)
+	if err != nil {
+		return sim.Truth{}, err
+	}
+	defer f.Close()
+	t, err := sim.ReadTruth(f)
+	if err != nil {
+		return sim.Truth{}, fmt.Errorf("%s: %w", name, err)
+	}
+	return t, nil
+}
+
+// writeDevicesFile writes the devices file of o's DTLS devices (mode
+// 0600: it holds their keys). The fleet's flags (--coap and --mqtt
+// included: they decide who speaks what) must be those of the runs.
+func writeDevicesFile(name string, o sim.Options, stdout io.Writer) error {
+	if o.Prefix == "" || o.DTLSShare == 0 || len(o.CoAP) == 0 {
+		return fmt.Errorf("%w: --write-devices needs the runs' --prefix, --coap (and --mqtt) and a --dtls-share", errUsage)
+	}
+	if len(o.MQTT) == 0 {
+		o.MQTTShare = 0 // as the runs do
+	}
+	po := o.PlanOptions()
+	f, err := os.OpenFile(name, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
+	if err != nil {
+		return err
+	}
+	n, err := sim.WriteDevicesFile(f, po)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("write %s: %w", name, err)
+	}
+	fmt.Fprintf(stdout, "%s: %d DTLS devices\n", name, n)
+	return nil
 }
