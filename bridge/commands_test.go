@@ -440,10 +440,11 @@ func TestSubmitsIndexedInIDOrder(t *testing.T) {
 	}
 }
 
-// A Submit whose ctx ends while its Put waits for the commit returns
-// ctx's error; the Put goes on, and the command it commits is pending
-// all the same. A Submit whose ctx ended before puts nothing.
-func TestSubmitContextEnds(t *testing.T) {
+// submitLeft starts a bridge on a durable commands queue that commits at
+// most once a second, submits one command, and then another whose ctx
+// ends (50 ms) while its Put waits for the next commit.
+func submitLeft(t *testing.T) (*bridge.Bridge, *diskq.Queue) {
+	t.Helper()
 	commands, err := diskq.Open(diskq.Options{Path: filepath.Join(t.TempDir(), "commands.db"), MaxBytes: 1 << 20, CommitInterval: time.Second})
 	if err != nil {
 		t.Fatal(err)
@@ -459,6 +460,14 @@ func TestSubmitContextEnds(t *testing.T) {
 	if _, err := b.Submit(ctx, gateway.Message{Device: "d1", Topic: "cmd", Payload: []byte("late")}); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Submit waiting for a commit a second away = %v, want context.DeadlineExceeded", err)
 	}
+	return b, commands
+}
+
+// A Submit whose ctx ends while its Put waits for the commit returns
+// ctx's error; the Put goes on, and the command it commits is pending
+// all the same. A Submit whose ctx ended before puts nothing.
+func TestSubmitContextEnds(t *testing.T) {
+	b, commands := submitLeft(t)
 	await(t, 10*time.Second, "the late command pending", func() bool {
 		return slices.Equal(payloads(b.Pending("d1", time.Now(), 10)), []string{"cmd:first", "cmd:late"})
 	})
@@ -475,20 +484,7 @@ func TestSubmitContextEnds(t *testing.T) {
 // Close waits for a Put that outlived its Submit: when it returns, the
 // command is in the queue (the caller may close the queue next).
 func TestCloseWaitsForAPutItsSubmitLeft(t *testing.T) {
-	commands, err := diskq.Open(diskq.Options{Path: filepath.Join(t.TempDir(), "commands.db"), MaxBytes: 1 << 20, CommitInterval: time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { commands.Close() })
-	b := startBridge(t, bridge.Options{Commands: commands})
-	if _, err := b.Submit(t.Context(), gateway.Message{Device: "d1", Topic: "cmd", Payload: []byte("first")}); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
-	defer cancel()
-	if _, err := b.Submit(ctx, gateway.Message{Device: "d1", Topic: "cmd", Payload: []byte("late")}); !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("Submit waiting for a commit a second away = %v, want context.DeadlineExceeded", err)
-	}
+	b, commands := submitLeft(t)
 	b.Close()
 	if n := commands.Stats().Messages; n != 2 {
 		t.Fatalf("after Close the commands queue holds %d, want 2", n)

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -229,6 +230,25 @@ func publisher(t testing.TB, b *mosquittotest.Broker) *autopaho.ConnectionManage
 		t.Fatal(err)
 	}
 	return cm
+}
+
+// publishSeqs publishes, from a goroutine per device d0..d<devices-1>,
+// per QoS 1 messages on "seq" with payloads 0..per-1 (checkOrder reads
+// them), pause apart; the WaitGroup ends when all are published.
+func publishSeqs(t testing.TB, b *bridge.Bridge, devices, per int, pause time.Duration) *sync.WaitGroup {
+	var wg sync.WaitGroup
+	for d := range devices {
+		wg.Go(func() {
+			for i := range per {
+				if err := b.Publish(t.Context(), []gateway.Message{msg(fmt.Sprintf("d%d", d), "seq", strconv.Itoa(i), 1, "coap")}); err != nil {
+					t.Error(err)
+					return
+				}
+				time.Sleep(pause)
+			}
+		})
+	}
+	return &wg
 }
 
 // await polls cond (bounded).

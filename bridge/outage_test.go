@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"sync"
 	"testing"
 	"time"
 
@@ -40,18 +39,7 @@ func TestBrokerKilled(t *testing.T) {
 	b := startBridge(t, bridge.Options{URL: link.url(), ClientID: "c", TopicPrefix: "fg", Registerer: reg,
 		Durable: durable, Memory: memQueue(t, nil), Commands: memQueue(t, nil)})
 	const devices, per = 20, 200
-	var wg sync.WaitGroup
-	for d := range devices {
-		wg.Go(func() {
-			for i := range per {
-				if err := b.Publish(t.Context(), []gateway.Message{msg(fmt.Sprintf("d%d", d), "seq", strconv.Itoa(i), 1, "coap")}); err != nil {
-					t.Error(err)
-					return
-				}
-				time.Sleep(5 * time.Millisecond)
-			}
-		})
-	}
+	wg := publishSeqs(t, b, devices, per, 5*time.Millisecond)
 	sub.await(t, 10*time.Second, "a fifth forwarded", func(m []upMsg) bool { return len(m) > devices*per/5 })
 	br.Kill()
 	link.cut()

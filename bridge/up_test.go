@@ -326,18 +326,7 @@ func TestUpAndDownOverTLS(t *testing.T) {
 				Durable: memQueue(t, nil), Memory: memQueue(t, nil), Commands: memQueue(t, nil)})
 			await(t, 10*time.Second, "subscribed", func() bool { return b.Status().Upstream.Subscribed })
 			const devices, per = 16, 100
-			var wg sync.WaitGroup
-			for d := range devices {
-				wg.Go(func() {
-					for i := range per {
-						if err := b.Publish(t.Context(), []gateway.Message{msg(fmt.Sprintf("d%d", d), "seq", strconv.Itoa(i), 1, "coap")}); err != nil {
-							t.Error(err)
-							return
-						}
-					}
-				})
-			}
-			wg.Wait()
+			publishSeqs(t, b, devices, per, 0).Wait()
 			if !sub.wait(30*time.Second, func(m []upMsg) bool { return len(m) == devices*per }) {
 				t.Errorf("after 30s %d messages of %d read", len(sub.snapshot()), devices*per)
 			}

@@ -153,12 +153,7 @@ func (f *coapFleet) add(i int, p DevicePlan, t *truth) *coapDevice {
 }
 
 // first is when d acts first.
-func (d *coapDevice) first() time.Time {
-	if d.plan.Churn == Visit {
-		return d.f.start.Add(d.plan.At)
-	}
-	return d.f.start.Add(d.plan.Phase)
-}
+func (d *coapDevice) first() time.Time { return d.plan.firstAt(d.f.start) }
 
 func (d *coapDevice) act(at, now time.Time) time.Time {
 	next, ok := d.f.step(d, at, now)

@@ -96,12 +96,7 @@ func (f *mqttFleet) add(i int, p DevicePlan, t *truth) *mqttDevice {
 	return d
 }
 
-func (d *mqttDevice) first() time.Time {
-	if d.plan.Churn == Visit {
-		return d.f.start.Add(d.plan.At)
-	}
-	return d.f.start.Add(d.plan.Phase)
-}
+func (d *mqttDevice) first() time.Time { return d.plan.firstAt(d.f.start) }
 
 func (d *mqttDevice) act(_, now time.Time) time.Time {
 	if d.done {

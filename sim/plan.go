@@ -131,6 +131,14 @@ type DevicePlan struct {
 	DTLS bool
 }
 
+// firstAt is when the device acts first in a run started at start.
+func (p DevicePlan) firstAt(start time.Time) time.Time {
+	if p.Churn == Visit {
+		return start.Add(p.At)
+	}
+	return start.Add(p.Phase)
+}
+
 // StormAt is when the reconnect storm strikes, as a share of the run.
 const StormAt = 0.5
 

@@ -24,6 +24,17 @@ var simTiming = e2eTiming{lease: 6 * time.Second, heartbeat: 2 * time.Second, re
 // simLimits raise the gateway's rate limits well above a test fleet's.
 const simLimits = "limits: { coap_requests_per_second: 100000, mqtt_connects_per_second: 100000 }\n"
 
+// twoSimGateways starts a redis-server and two started simGateways on it,
+// gw-a and gw-b.
+func twoSimGateways(t testing.TB) (redisAddr string, a, b *gatewayProc) {
+	t.Helper()
+	srv := redistest.Start(t)
+	a, b = simGateway(t, "gw-a", srv.Addr), simGateway(t, "gw-b", srv.Addr)
+	a.start()
+	b.start()
+	return srv.Addr, a, b
+}
+
 // simGateway is a gateway whose rate limits let a test fleet through.
 func simGateway(t testing.TB, id, redisAddr string) *gatewayProc {
 	t.Helper()
@@ -103,14 +114,10 @@ func scenarioOf(t *testing.T, rep sim.Report, name string) sim.ChurnResult {
 // and every detection inside the bound.
 func TestE2ESimulateTwoGatewaysWithChurn(t *testing.T) {
 	t.Parallel()
-	srv := redistest.Start(t)
-	a := simGateway(t, "gw-a", srv.Addr)
-	b := simGateway(t, "gw-b", srv.Addr)
-	a.start()
-	b.start()
+	redisAddr, a, b := twoSimGateways(t)
 	scenarios := "freeze,leave,roam,dual,storm"
 	code, out, rep := runSimulate(t, "--coap", a.coapAddr+","+b.coapAddr, "--mqtt", a.mqttAddr+","+b.mqttAddr,
-		"--redis", srv.Addr, "--devices", "300", "--mqtt-share", "0.3", "--duration", "12s", "--seed", "7",
+		"--redis", redisAddr, "--devices", "300", "--mqtt-share", "0.3", "--duration", "12s", "--seed", "7",
 		"--scenario", scenarios)
 	t.Logf("simulate:\n%s", out)
 	if code != 0 {
@@ -218,13 +225,9 @@ func TestE2ESimulateMovesAndVisits(t *testing.T) {
 	} {
 		t.Run(tc.scenario, func(t *testing.T) {
 			t.Parallel()
-			srv := redistest.Start(t)
-			a := simGateway(t, "gw-a", srv.Addr)
-			b := simGateway(t, "gw-b", srv.Addr)
-			a.start()
-			b.start()
+			redisAddr, a, b := twoSimGateways(t)
 			code, out, rep := runSimulate(t, "--coap", a.coapAddr+","+b.coapAddr, "--mqtt", a.mqttAddr+","+b.mqttAddr,
-				"--redis", srv.Addr, "--devices", "300", "--mqtt-share", "0.3", "--duration", "10s", "--scenario", tc.scenario)
+				"--redis", redisAddr, "--devices", "300", "--mqtt-share", "0.3", "--duration", "10s", "--scenario", tc.scenario)
 			t.Logf("simulate:\n%s", out)
 			if code != 0 || rep.Failed() {
 				t.Fatalf("%s: exit %d, report %+v", tc.rule, code, scenarioOf(t, rep, tc.scenario))
@@ -261,11 +264,7 @@ func TestE2ESimulateOwnSourceEndpoints(t *testing.T) {
 // Parts that do not cover the fleet are refused.
 func TestE2ESimulateSplitFleet(t *testing.T) {
 	t.Parallel()
-	srv := redistest.Start(t)
-	a := simGateway(t, "gw-a", srv.Addr)
-	b := simGateway(t, "gw-b", srv.Addr)
-	a.start()
-	b.start()
+	redisAddr, a, b := twoSimGateways(t)
 	dir := t.TempDir()
 	const parts = 3
 	var truths []string
@@ -275,7 +274,7 @@ func TestE2ESimulateSplitFleet(t *testing.T) {
 		truths = append(truths, truth)
 		go func() {
 			code, out, rep := runSimulate(t, "--coap", a.coapAddr+","+b.coapAddr, "--mqtt", a.mqttAddr+","+b.mqttAddr,
-				"--redis", srv.Addr, "--devices", "301", "--mqtt-share", "0.3", "--duration", "8s", "--seed", "5",
+				"--redis", redisAddr, "--devices", "301", "--mqtt-share", "0.3", "--duration", "8s", "--seed", "5",
 				"--scenario", "freeze,leave,roam,storm", "--prefix", "split-", "--split", fmt.Sprintf("%d/%d", i, parts), "--truth", truth)
 			t.Logf("part %d (%d devices):\n%s", i, rep.Devices, out)
 			codes <- code
@@ -286,12 +285,12 @@ func TestE2ESimulateSplitFleet(t *testing.T) {
 			t.Fatalf("a part exited %d", code)
 		}
 	}
-	code, out, rep := runSimulate(t, "--redis", srv.Addr, "--check-only", strings.Join(truths, ","))
+	code, out, rep := runSimulate(t, "--redis", redisAddr, "--check-only", strings.Join(truths, ","))
 	t.Logf("check-only:\n%s", out)
 	if code != 0 || rep.Devices != 301 || rep.Failed() || rep.Pending != 0 || rep.Detection.N == 0 {
 		t.Fatalf("exit %d, report %+v", code, rep)
 	}
-	if code, _, errOut := runCLI(t, "simulate", "--redis", srv.Addr, "--check-only", truths[0]+","+truths[2]); code != 1 || !strings.Contains(errOut, "part 1/3 is missing") {
+	if code, _, errOut := runCLI(t, "simulate", "--redis", redisAddr, "--check-only", truths[0]+","+truths[2]); code != 1 || !strings.Contains(errOut, "part 1/3 is missing") {
 		t.Fatalf("two parts of three: exit %d, %s", code, errOut)
 	}
 }
