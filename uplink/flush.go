@@ -154,9 +154,9 @@ const (
 // being restored.
 //
 // A shard whose state the store lost or replaced (ApplyResult.Reset)
-// gets its sessions restored (restoreShards) unless the call was itself
-// a restore, and again after each call the shard answers until the
-// restore has gone through.
+// gets its sessions restored (restoreShards), and again after each call
+// the shard answers until the restore has gone through; one told by the
+// keep-alive of a restore of other shards is due from then on.
 func (u *Uplink) write(ctx context.Context, t timing, kind writeKind, ws []shardWrites) []error {
 	now := u.clock.Now()
 	batches := make([]gateway.ShardBatch, 0, len(ws))
@@ -234,8 +234,19 @@ func (u *Uplink) write(ctx context.Context, t timing, kind writeKind, ws []shard
 	}
 	u.answered(applied)
 	u.markDown(down, downErrs)
-	if len(reset) > 0 && kind != restoreWrite {
+	switch {
+	case len(reset) == 0:
+	case kind != restoreWrite:
 		u.restoreShards(parent, t, reset)
+	default:
+		// a restore's keep-alives told other shards (not has) of the
+		// loss: each is due, restored at the next call it answers (the
+		// store reports a loss once, to the first call that meets it)
+		for _, shard := range reset {
+			if !has[shard] {
+				u.restoreDue[shard] = true
+			}
+		}
 	}
 	return errs[:len(ws)]
 }

@@ -349,3 +349,43 @@ func (f *failFirstRestore) coverageWhileRestoring() (during int, after bool) {
 	}
 	return during, after
 }
+
+// A restore call also carries the keep-alives of the idle shards, and
+// the store answers Reset for each shard it finds replaced: a shard that
+// learns of the loss in a restore of others is restored too (at the
+// next call that shard answers), not left out because the call that
+// told it was itself a restore.
+func TestResetSeenInARestoreRestoresThatShardToo(t *testing.T) {
+	srv, e, table := restoreEnv(t, nil)
+	ctx := t.Context()
+	var devs []gateway.DeviceID
+	for shard := range testShards {
+		devs = append(devs, devicesIn(shard, 1, "shard")...)
+	}
+	for _, d := range devs {
+		if err := table.Observe(ctx, gateway.Evidence{Device: d, Session: "coap/default", Kind: gateway.Renew, ObservedAt: e.clock.Now()}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := e.u.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Client(t).FlushAll(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	// shard 0 learns of the loss first (as from its outbox's replay); the
+	// others are idle, so its restore carries their keep-alives
+	e.clock.Advance(2 * time.Second)
+	e.u.sendMu.Lock()
+	e.u.restoreShards(ctx, e.u.timing(), []int{0})
+	e.u.sendMu.Unlock()
+	e.clock.Advance(time.Second)
+	if err := e.u.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range devs {
+		if info, err := e.store.Device(ctx, d); err != nil || info.State != gateway.Online {
+			t.Errorf("%s (shard %d) after the loss: %+v, %v; want it restored, online", d, gateway.ShardOf(d, testShards), info, err)
+		}
+	}
+}
