@@ -9,6 +9,19 @@ import (
 	"github.com/fleetgate/fleetgate/gateway"
 )
 
+// flushCovers flushes once and checks every shard's coverage is want.
+func flushCovers(t *testing.T, e *env, what string, want time.Time) {
+	t.Helper()
+	if err := e.u.flushOnce(context.Background(), false); err != nil {
+		t.Fatal(err)
+	}
+	for shard := range testShards {
+		if got := e.store.Covered(shard); !got.Equal(want) {
+			t.Errorf("%s, shard %d: coverage %v, want %v", what, shard, got, want)
+		}
+	}
+}
+
 // A flush reports, on every shard, idle or not, a coverage a flush
 // interval before now; a shard whose queue keeps evidence (over
 // MaxBatch) reports a coverage before the oldest of it.
@@ -45,14 +58,7 @@ func TestFlushCoverage(t *testing.T) {
 	}
 	// an idle gateway still moves every shard's coverage on
 	e.clock.Advance(interval)
-	if err := u.flushOnce(ctx, false); err != nil {
-		t.Fatal(err)
-	}
-	for shard := range testShards {
-		if got, want := e.store.Covered(shard), e.clock.Now().Add(-interval); !got.Equal(want) {
-			t.Errorf("idle flush, shard %d: coverage %v, want %v", shard, got, want)
-		}
-	}
+	flushCovers(t, e, "idle flush", e.clock.Now().Add(-interval))
 }
 
 // Evidence in the outbox holds the coverage of its shard before it, and
@@ -165,7 +171,6 @@ func TestStallHold(t *testing.T) {
 func TestCoverageHeldAfterAStall(t *testing.T) {
 	const interval = time.Second
 	u, e := newEmbeddedUplink(t, Options{FlushInterval: interval})
-	ctx := context.Background()
 	before := e.clock.Now()
 	e.clock.Advance(5 * time.Second) // stopped
 	woke := e.clock.Now()
@@ -174,23 +179,9 @@ func TestCoverageHeldAfterAStall(t *testing.T) {
 		t.Fatal("a timer 4 s late is not a stall")
 	}
 	u.stall.note(from, until)
-	if err := u.flushOnce(ctx, false); err != nil {
-		t.Fatal(err)
-	}
-	for shard := range testShards {
-		if got, want := e.store.Covered(shard), before.Add(-interval); !got.Equal(want) {
-			t.Errorf("right after the stall, shard %d: coverage %v, want %v (the stall's start)", shard, got, want)
-		}
-	}
+	flushCovers(t, e, "right after the stall (held at its start)", before.Add(-interval))
 	e.clock.Advance(interval)
-	if err := u.flushOnce(ctx, false); err != nil {
-		t.Fatal(err)
-	}
-	for shard := range testShards {
-		if got, want := e.store.Covered(shard), e.clock.Now().Add(-interval); !got.Equal(want) {
-			t.Errorf("an interval after the stall, shard %d: coverage %v, want %v", shard, got, want)
-		}
-	}
+	flushCovers(t, e, "an interval after the stall", e.clock.Now().Add(-interval))
 }
 
 // The flush loop marks the stall itself: its timer, started before the

@@ -416,10 +416,6 @@ func TestReplacedStateWaitsForTheRestore(t *testing.T) {
 	// the runner's
 	gwa := &env{t: t, ctx: t.Context(), c: c, clock: clock, store: open()}
 	runner := &env{t: t, ctx: t.Context(), c: c, clock: clock, store: open()}
-	covered := func(b gateway.Batch) gateway.Batch {
-		b.Covers = true
-		return b
-	}
 	if evs := gwa.apply(0, covered(leased("gw-a", false,
 		write("keeper", "coap/default", gateway.Connect, 0),
 		write("quitter", "coap/default", gateway.Connect, 0)))); len(evs) != 2 {
@@ -468,15 +464,10 @@ func TestReplacedStateWaitsForTheRestore(t *testing.T) {
 	}
 }
 
-// A replaced state knows the gateways of its time by records older than
-// the horizon: one that has not called in the new incarnation may hold a
-// device's live session (here mover's, which moved to gw-c after the
-// snapshot), so the reap waits for it until the incarnation is a horizon
-// old, and a device held in the old state gets its grace from the
-// incarnation's start, not from its old deadline.
-func TestReplacedStateWaitsForEveryGatewayItKnew(t *testing.T) {
-	srv := redistest.Start(t)
-	c := srv.Client(t)
+// horizonEnvs opens three stores on one prefix and one clock, with the
+// grace, silence, loss and the horizon (lease + grace) the gateways run
+// with: two gateways' and a runner's.
+func horizonEnvs(t *testing.T, c redis.UniversalClient) (a, b, runner *env) {
 	clock := clocktest.New(time.UnixMilli(startMs))
 	prefix := uniquePrefix()
 	open := func() *env {
@@ -488,11 +479,26 @@ func TestReplacedStateWaitsForEveryGatewayItKnew(t *testing.T) {
 		t.Cleanup(func() { s.Close() })
 		return &env{t: t, ctx: t.Context(), c: c, clock: clock, store: s}
 	}
-	gwa, gwc, runner := open(), open(), open()
-	covered := func(b gateway.Batch) gateway.Batch {
-		b.Covers = true
-		return b
-	}
+	return open(), open(), open()
+}
+
+// covered is b covering everything this gateway observed (Batch.Covers).
+func covered(b gateway.Batch) gateway.Batch {
+	b.Covers = true
+	return b
+}
+
+// A replaced state knows the gateways of its time by records older than
+// the horizon: one that has not called in the new incarnation may hold a
+// device's live session (here mover's, which moved to gw-c after the
+// snapshot), so the reap waits for it until the incarnation is a horizon
+// old, and a device held in the old state gets its grace from the
+// incarnation's start, not from its old deadline.
+func TestReplacedStateWaitsForEveryGatewayItKnew(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client(t)
+	gwa, gwc, runner := horizonEnvs(t, c)
+	clock := runner.clock
 	gwa.apply(0, covered(leased("gw-a", false,
 		write("mover", "coap/default", gateway.Connect, 0), write("quitter", "coap/default", gateway.Connect, 0))))
 	gwc.apply(0, covered(leased("gw-c", false)))
@@ -564,22 +570,8 @@ func TestReplacedStateWaitsForEveryGatewayItKnew(t *testing.T) {
 func TestReplacedStateLeaveWaitsForTheOtherRestores(t *testing.T) {
 	srv := redistest.Start(t)
 	c := srv.Client(t)
-	clock := clocktest.New(time.UnixMilli(startMs))
-	prefix := uniquePrefix()
-	open := func() *env {
-		s, err := Open(t.Context(), c, Options{Prefix: prefix, Shards: 1, Now: clock.Now,
-			GatewayGrace: testGrace, GatewaySilence: testSilence, GatewayLost: testLease, GatewayHorizon: testLease + testGrace})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { s.Close() })
-		return &env{t: t, ctx: t.Context(), c: c, clock: clock, store: s}
-	}
-	gwa, gwb, runner := open(), open(), open()
-	covered := func(b gateway.Batch) gateway.Batch {
-		b.Covers = true
-		return b
-	}
+	gwa, gwb, runner := horizonEnvs(t, c)
+	clock := runner.clock
 	gwa.apply(0, covered(leased("gw-a", false)))
 	gwb.apply(0, covered(leased("gw-b", false)))
 	if err := c.Save(t.Context()).Err(); err != nil {
