@@ -170,6 +170,19 @@ func fence(tx *bolt.Tx, gw string, epoch uint64) error {
 // lua/apply.lua).
 func bridgedLeaves(b *gateway.Batch) []bool {
 	out := make([]bool, len(b.Writes))
+	// renewals alone (the steady state) need no more than this pass
+	var leaving map[gateway.DeviceID]bool
+	for _, wr := range b.Writes {
+		if wr.Kind == gateway.Leave {
+			if leaving == nil {
+				leaving = make(map[gateway.DeviceID]bool)
+			}
+			leaving[wr.Device] = true
+		}
+	}
+	if leaving == nil {
+		return out
+	}
 	live := make(map[gateway.DeviceID]map[gateway.SessionID]bool)
 	for j := len(b.Writes) - 1; j >= 0; j-- {
 		wr := &b.Writes[j]
@@ -182,7 +195,7 @@ func bridgedLeaves(b *gateway.Batch) []bool {
 			}
 			continue
 		}
-		if wr.LeaseOr(b.Lease) > wr.Age {
+		if leaving[wr.Device] && wr.LeaseOr(b.Lease) > wr.Age {
 			m := live[wr.Device]
 			if m == nil {
 				m = make(map[gateway.SessionID]bool)

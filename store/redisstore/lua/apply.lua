@@ -234,8 +234,16 @@ end
 -- Such a leave of the device's last session does not end the device at
 -- once: its offline waits for the end of the call (leaving), where it is
 -- written only if no write brought the device a live session.
+-- (Renewals alone, the steady state, cost one pass and no table.)
 local bridged = {}
-do
+local leavedevs
+for j = 1, nslow do
+  if gkind[j] == KIND_LEAVE then
+    leavedevs = leavedevs or {}
+    leavedevs[gdev[j]] = true
+  end
+end
+if leavedevs then
   local livesids = {}
   for j = nslow, 1, -1 do
     local dev, sid = gdev[j], gsid[j]
@@ -246,7 +254,7 @@ do
           if s ~= sid then bridged[j] = true break end
         end
       end
-    elseif glease[j] > tonumber(gage[j]) then
+    elseif leavedevs[dev] and glease[j] > tonumber(gage[j]) then
       if not later then
         later = {}
         livesids[dev] = later
