@@ -136,10 +136,17 @@ func TestPacketConnBoundsPending(t *testing.T) {
 			}
 		})
 	}
-	time.Sleep(2 * time.Second)
-	c.mu.Lock()
-	pending := len(c.pending)
-	c.mu.Unlock()
+	full := func() int {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return len(c.pending)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for full() < maxPending && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	time.Sleep(50 * time.Millisecond) // writers that would pass the bound have had the time to
+	pending := full()
 	if pending > maxPending+2000 {
 		t.Errorf("%d bytes pending while the write is stuck, bound %d", pending, maxPending)
 	}
