@@ -623,3 +623,38 @@ func TestReplacedStateLeaveWaitsForTheOtherRestores(t *testing.T) {
 		t.Fatalf("mover: %+v, want online", info)
 	}
 }
+
+// The hold of the grace after a loss counts from the loss, not from the
+// deadline that falls in it: a device that says goodbye in that grace,
+// with no gateway lagging once it is over, is reported offline at its
+// end, not a grace after the goodbye.
+func TestLeaveInTheGraceAfterALossEndsWithThatGrace(t *testing.T) {
+	srv := redistest.Start(t)
+	e := newGraceEnv(t, srv.Client(t))
+	e.apply(0, covered(leased("gw-a", false, write("quitter", "mqtt/a", gateway.Connect, 0))))
+	e.apply(0, covered(leased("gw-b", false)))
+	if err := srv.Client(t).FlushAll(t.Context()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	e.clock.Advance(time.Second)
+	restore := covered(leased("gw-a", false, write("quitter", "mqtt/a", gateway.Renew, 0)))
+	restore.Restore = true
+	e.apply(0, restore)
+	e.apply(0, covered(leased("gw-b", false)))
+	e.clock.Advance(testGrace / 2)
+	if evs := e.apply(0, covered(leased("gw-a", false, write("quitter", "mqtt/a", gateway.Leave, 0)))); len(evs) != 0 {
+		t.Fatalf("goodbye in the grace after the loss: %s, want it held", describe(evs))
+	}
+	if r := e.reap(0, 10); len(r.Offline) != 0 {
+		t.Fatalf("reap in the grace: %s, want none", describe(r.Offline))
+	}
+	// the grace since the loss is over; both gateways have covered the
+	// goodbye since
+	e.clock.Advance(testGrace/2 + time.Second)
+	e.apply(0, covered(leased("gw-a", false)))
+	e.apply(0, covered(leased("gw-b", false)))
+	r := e.reap(0, 10)
+	if len(r.Offline) != 1 || r.Offline[0].Reason != gateway.ReasonLeave {
+		t.Fatalf("reap after the grace since the loss: %s, want quitter's offline (leave)", describe(r.Offline))
+	}
+}

@@ -201,14 +201,8 @@ for k, dev in ipairs(devs) do
   end
   -- the grace counts from the deadline, or from the end of the caller's
   -- last outage when that is later: the gateways replay once the store
-  -- answers (as a gateway's loss counts, above); in an incarnation that
-  -- began with a loss less than the grace ago (fresh), every due device
-  -- is held to the grace's end counted from its start: the
-  -- gateways may not have restored what they hold yet (a device that
-  -- moved may come back through another's restore of a session that ran
-  -- out there), and the loss took their liveness records
+  -- answers (as a gateway's loss counts, above)
   local from = math.max(truedl, nosince and now or since)
-  if fresh then from = math.max(from, incsince) end
   local rec, ver, gw, sid, reason = nil, nil, nil, nil, 'expired'
   local held = false
   if p and isonline(p) and (grace > 0 or washeld) then
@@ -239,10 +233,17 @@ for k, dev in ipairs(devs) do
     elseif g or fresh then
       -- hold: the index entry moves, the record stays; to a recheck
       -- while the gateway waited for is heard, to the end of the grace
-      -- (or of another gateway's horizon) while it is not; in a fresh
-      -- incarnation to the end of the grace
+      -- (or of another gateway's horizon) while it is not. In an
+      -- incarnation that began with a loss less than the grace ago
+      -- (fresh), every due device is held to the end of the grace counted
+      -- from the incarnation's start, then judged as usual: the gateways
+      -- may not have restored what they hold yet (a device that moved may
+      -- come back through another's restore of a session that ran out
+      -- there), and the loss took their liveness records
       local untildl = from + span
-      if g and not fresh then
+      if fresh then
+        untildl = incsince + grace
+      elseif g then
         local gg = gateway(g)
         if gg.heard then
           untildl = math.min(now + recheck, untildl)
