@@ -297,13 +297,14 @@ func (s *Store) applyArgs(ctx context.Context, shard int, b gateway.Batch, bel *
 		ages,                            // A_FASTAGES
 		devices,                         // A_FASTDEVS
 		behind,                          // A_BEHIND
-		s.notAfter(ctx),                 // A_NOTAFTER
+		s.notAfter(ctx, shard),          // A_NOTAFTER
 		replayGrace,                     // A_GRACE
 		beliefAt,                        // A_BELIEFAT
 		seen,                            // A_SEEN
-		s.covered(b),                    // A_COVERED
+		s.covered(shard, b),             // A_COVERED
 		graced,                          // A_GRACED
 		s.horizon,                       // A_HORIZON
+		s.sentAt(shard),                 // A_SENTAT
 	)
 	// From A_WRITES on: the other writes, writeArgs arguments each.
 	for i, w := range b.Writes {
@@ -334,7 +335,7 @@ func gracedWrites(ws []gateway.Write) string {
 func (s *Store) applyResult(shard int, b gateway.Batch, res []any, err error, bel *beliefs, sent time.Duration) (gateway.ApplyResult, error) {
 	r, inc, status, err := parseApply(shard, b, res, err)
 	if now, ok := applyNow(res); ok {
-		s.seen(now, sent)
+		s.seen(shard, now, sent)
 	}
 	if bel != nil {
 		if err != nil {

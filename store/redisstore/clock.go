@@ -88,10 +88,10 @@ func (c *storeClock) notAfter(now, wait time.Duration) (ms int64, ok bool) {
 // the call's timeout and a margin for the clocks.
 const staleAfter = callTimeout + time.Second
 
-// notAfter is the store time after which a call sent now is stale ("" when
-// the store's clock has not been seen yet): the store's clock as estimated
-// now, plus staleAfter (or less, by ctx's deadline).
-func (s *Store) notAfter(ctx context.Context) string {
+// notAfter is the store time after which a call to shard sent now is
+// stale ("" when the shard's clock has not been seen yet): the store's
+// clock as estimated now, plus staleAfter (or less, by ctx's deadline).
+func (s *Store) notAfter(ctx context.Context, shard int) string {
 	if s.now != nil {
 		// a test clock jumps while calls are in flight: no call is stale
 		return ""
@@ -102,7 +102,27 @@ func (s *Store) notAfter(ctx context.Context) string {
 	}
 	s.rmu.Lock()
 	defer s.rmu.Unlock()
-	ms, ok := s.clock.notAfter(s.localNow(), wait)
+	ms, ok := s.clocks[shard].notAfter(s.localNow(), wait)
+	if !ok {
+		return ""
+	}
+	return strconv.FormatInt(ms, 10)
+}
+
+// sentAt is the store time of a call to shard sent now, as estimated from
+// earlier replies: a lower bound ("" when the shard's clock has not been
+// seen yet, or with a test clock). The ages of the call's writes count
+// from it (apply.lua, A_SENTAT), not from the time the call runs, which a
+// starved gateway or server may delay by up to staleAfter: evidence is
+// then not taken as newer than it is, and a gateway's evidence and its
+// coverage (covered) are on one clock.
+func (s *Store) sentAt(shard int) string {
+	if s.now != nil {
+		return ""
+	}
+	s.rmu.Lock()
+	defer s.rmu.Unlock()
+	ms, ok := s.clocks[shard].notAfter(s.localNow(), 0)
 	if !ok {
 		return ""
 	}
@@ -114,7 +134,7 @@ func (s *Store) notAfter(ctx context.Context) string {
 // coverage point passed, so that the store never takes a gateway to have
 // covered more than it did; "" when the batch reports none or the
 // store's clock has not been seen yet.
-func (s *Store) covered(b gateway.Batch) string {
+func (s *Store) covered(shard int, b gateway.Batch) string {
 	if !b.Covers {
 		return ""
 	}
@@ -123,17 +143,17 @@ func (s *Store) covered(b gateway.Batch) string {
 	}
 	s.rmu.Lock()
 	defer s.rmu.Unlock()
-	ms, ok := s.clock.notAfter(s.localNow()-b.CoverAge, 0)
+	ms, ok := s.clocks[shard].notAfter(s.localNow()-b.CoverAge, 0)
 	if !ok {
 		return ""
 	}
 	return strconv.FormatInt(ms, 10)
 }
 
-// seen records the store time now that a script call sent at local time
-// sent (localNow) returned, stale or not.
-func (s *Store) seen(now int64, sent time.Duration) {
+// seen records the store time now that a script call to shard sent at
+// local time sent (localNow) returned, stale or not.
+func (s *Store) seen(shard int, now int64, sent time.Duration) {
 	s.rmu.Lock()
 	defer s.rmu.Unlock()
-	s.clock.observe(now, sent, s.localNow())
+	s.clocks[shard].observe(now, sent, s.localNow())
 }

@@ -69,7 +69,7 @@ func TestLateReplyDoesNotMakeCallsStale(t *testing.T) {
 		// the local time at which the store's clock read now, less a
 		// millisecond for the truncation of store times to milliseconds
 		// (a later send time would say that the store's clock went back).
-		s.seen(now.Add(-10*time.Second).UnixMilli(), before-10*time.Second-time.Millisecond)
+		s.seen(1, now.Add(-10*time.Second).UnixMilli(), before-10*time.Second-time.Millisecond)
 		b.Writes[0].Kind = gateway.Renew
 		for i := range 3 {
 			if _, err := s.Apply(t.Context(), 1, b); err != nil {
@@ -83,7 +83,7 @@ func TestLateReplyDoesNotMakeCallsStale(t *testing.T) {
 		// Force the estimate 10 s behind (as a late reply could leave it): one
 		// call is refused as stale, and its reply puts the clock right.
 		s.rmu.Lock()
-		s.clock.offset -= 10 * time.Second
+		s.clocks[1].offset -= 10 * time.Second
 		s.rmu.Unlock()
 		_, err = s.Apply(t.Context(), 1, b)
 		if !errors.Is(err, gateway.ErrUnavailable) {

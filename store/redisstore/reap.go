@@ -48,19 +48,19 @@ func (s *Store) Reap(ctx context.Context, shard int, limit int) (gateway.ReapRes
 	sent := s.localNow()
 	res, err := s.reap.Run(ctx, c, s.keys[shard].data,
 		// in the order of reap.lua's R_ positions
-		limit,           // R_LIMIT
-		s.nowArg(),      // R_NOW
-		s.maxLen,        // R_MAXLEN
-		s.grace,         // R_GRACE
-		s.silence,       // R_SILENCE
-		since,           // R_SINCE
-		s.notAfter(ctx), // R_NOTAFTER
-		lostAfter,       // R_LOSTAFTER
-		s.recheck,       // R_RECHECK
-		s.horizon,       // R_HORIZON
+		limit,                  // R_LIMIT
+		s.nowArg(),             // R_NOW
+		s.maxLen,               // R_MAXLEN
+		s.grace,                // R_GRACE
+		s.silence,              // R_SILENCE
+		since,                  // R_SINCE
+		s.notAfter(ctx, shard), // R_NOTAFTER
+		lostAfter,              // R_LOSTAFTER
+		s.recheck,              // R_RECHECK
+		s.horizon,              // R_HORIZON
 	).Slice()
 	if err == nil && len(res) == 2 && num(res[0]) == -1 {
-		s.seen(num(res[1]), sent)
+		s.seen(shard, num(res[1]), sent)
 		err = fmt.Errorf("%w: stale call ran at %d, after its caller gave up", gateway.ErrUnavailable, num(res[1]))
 	}
 	if err != nil {
@@ -80,7 +80,7 @@ func (s *Store) Reap(ctx context.Context, shard int, limit int) (gateway.ReapRes
 		s.log.Warn("reap removed due entries without an online record", "shard", shard, "count", orphans)
 	}
 	now := num(res[4])
-	s.seen(now, sent)
+	s.seen(shard, now, sent)
 	held, _ := res[5].(int64)
 	inc := str(res[6])
 	s.rmu.Lock()

@@ -127,8 +127,9 @@ type Store struct {
 	watchWaits     int // Options.WatchWaits
 	rmu            sync.Mutex
 	reaps          []reapState // per shard
-	// clock estimates the store's clock from the script replies (clock.go).
-	clock storeClock
+	// clocks estimate the store's clock from the script replies, per
+	// shard (clock.go): on a Cluster each shard's master has its own.
+	clocks []storeClock
 
 	// ready is closed once c is set and P:meta checked; until then every
 	// call fails with gateway.ErrUnavailable (Dial with Background).
@@ -198,6 +199,7 @@ func newStore(o Options) (*Store, error) {
 		ready:  make(chan struct{}),
 		grace:  o.GatewayGrace.Milliseconds(),
 		reaps:  make([]reapState, o.Shards),
+		clocks: make([]storeClock, o.Shards),
 	}
 	s.recheck = cmp.Or(o.GatewayRecheck, time.Second).Milliseconds()
 	s.horizon = o.GatewayHorizon.Milliseconds()

@@ -24,7 +24,9 @@
 --   write in batch order, "1" for a coalesced write:
 --   gateway.Write.Coalesced), the gateway horizon
 --   ms (how long after its last call another gateway's coverage holds a
---   leave back, below; 0: none),
+--   leave back, below; 0: none), the store time the call was sent at as
+--   the caller estimates it from earlier replies, a lower bound ("" for
+--   none: the writes' ages then count from now),
 --   then from A_WRITES the other writes, W_ARGS arguments each: device,
 --   session, kind (1 connect, 2 renew, 3 leave), age ms, lease ms (the
 --   write's own: the lease in force when its evidence was observed;
@@ -37,7 +39,7 @@
 local A_GW, A_EPOCH, A_LEASE, A_REPLAY, A_NOW, A_MAXLEN = 1, 2, 3, 4, 5, 6
 local A_INC, A_NFAST, A_ORDER, A_FASTSIDS, A_FASTAGES, A_FASTDEVS = 7, 8, 9, 10, 11, 12
 local A_BEHIND, A_NOTAFTER, A_GRACE, A_BELIEFAT, A_SEEN, A_COVERED = 13, 14, 15, 16, 17, 18
-local A_GRACED, A_HORIZON, A_WRITES = 19, 20, 21
+local A_GRACED, A_HORIZON, A_SENTAT, A_WRITES = 19, 20, 21, 22
 local BELIEF_TTL = 600000
 local W_ARGS = 5
 local BELIEVED = byte('1')
@@ -52,6 +54,14 @@ local GRACED = byte('1')
 local nowstr = string.format('%d', now)
 local notafter = tonumber(ARGV[A_NOTAFTER])
 if notafter and now > notafter then return {-1, now} end
+-- evnow is the time the writes' ages count from: when the call was sent,
+-- as the caller estimates the store's clock (a lower bound), when that is
+-- earlier than now. A call its gateway sent late in a starved process, or
+-- that a starved server ran late (at most until notafter), would
+-- otherwise date its evidence that much later than it was observed: a
+-- device's connect to that gateway after its goodbye to another, where
+-- the device connected first. Coverage (A_COVERED) is on the same clock.
+local evnow = math.min(now, tonumber(ARGV[A_SENTAT]) or now)
 
 local seen = redis.call('HMGET', KEYS[4], gw, '@' .. gw, INC, REPL)
 if seen[1] and tonumber(seen[1]) > epoch then return {0, seen[1]} end
@@ -156,7 +166,7 @@ if nfast > 0 then
     end
   end
   -- the hot loop of the steady state: fastage inlined, no # on zfast
-  local zfast, nz, ages, base = {}, 0, ARGV[A_FASTAGES], now + lease
+  local zfast, nz, ages, base = {}, 0, ARGV[A_FASTAGES], evnow + lease
   local list, at = ARGV[A_FASTDEVS], 1
   for f = 1, nfast do
     local stop = find(list, '\n', at, true) or #list + 1
@@ -550,7 +560,7 @@ end
 
 for j = 1, nslow do
   local dev, sid, kind, wlease = gdev[j], gsid[j], gkind[j], glease[j]
-  local d = now - tonumber(gage[j]) + wlease
+  local d = evnow - tonumber(gage[j]) + wlease
   local k = idx[dev]
   local zk = z[k]
   if kind ~= KIND_LEAVE and d > now and zk and zk > now and not shift[k] and not rec[k] and packed[k] and renewsonly(packed[k], sid) then

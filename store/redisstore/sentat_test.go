@@ -1,0 +1,78 @@
+package redisstore
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/fleetgate/fleetgate/gateway"
+	"github.com/fleetgate/fleetgate/internal/redistest"
+)
+
+// beforeSend runs fn (once) after a call's arguments are built and before
+// it is sent: the call's process was starved in between.
+type beforeSend struct{ fn func() }
+
+var _ redis.Hook = (*beforeSend)(nil)
+
+func (h *beforeSend) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *beforeSend) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (h *beforeSend) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if fn := h.fn; fn != nil {
+			h.fn = nil
+			fn()
+		}
+		return next(ctx, cmd)
+	}
+}
+
+// A device moves make-before-break from gw-b to gw-a: gw-a observes its
+// connect, then gw-b its goodbye. gw-a's call carrying the connect leaves
+// late (its process starved after the call was built), after gw-b's
+// goodbye and a keep-alive that covers it are applied. The connect's age
+// counts from when gw-a sent the call, not from when the store ran it: it
+// was observed before the goodbye, so the move bridges it, with no event.
+func TestStarvedCallDatesItsEvidenceWhenSent(t *testing.T) {
+	srv := redistest.Start(t)
+	prefix := uniquePrefix()
+	open := func(c *redis.Client) *env {
+		s, err := Open(t.Context(), c, Options{Prefix: prefix, Shards: 1,
+			GatewayGrace: testGrace, GatewaySilence: testSilence, GatewayLost: testLease,
+			GatewayHorizon: testLease + testGrace})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		return &env{t: t, ctx: t.Context(), c: c, store: s}
+	}
+	ca := srv.Client(t)
+	hook := &beforeSend{}
+	ca.AddHook(hook)
+	gwa, gwb := open(ca), open(srv.Client(t))
+	if evs := gwb.apply(0, covered(leased("gw-b", false, write("mover", "mqtt/b", gateway.Connect, 0)))); len(evs) != 1 {
+		t.Fatalf("connect at gw-b: %s", describe(evs))
+	}
+	// (a store reports coverage once it has seen the store's clock)
+	gwa.apply(0, covered(leased("gw-a", false)))
+	gwa.apply(0, covered(leased("gw-a", false)))
+	hook.fn = func() {
+		time.Sleep(150 * time.Millisecond)
+		if evs := gwb.apply(0, covered(leased("gw-b", false, write("mover", "mqtt/b", gateway.Leave, 0)))); len(evs) != 0 {
+			t.Errorf("goodbye at gw-b while gw-a lags: %s, want it held", describe(evs))
+		}
+		time.Sleep(20 * time.Millisecond)
+		gwb.apply(0, covered(leased("gw-b", false)))
+		time.Sleep(150 * time.Millisecond)
+	}
+	if evs := gwa.apply(0, covered(leased("gw-a", false, write("mover", "mqtt/a", gateway.Connect, 0)))); len(evs) != 0 {
+		t.Fatalf("gw-a's connect, observed before the goodbye and sent late: %s, want none", describe(evs))
+	}
+	if info := gwa.device("mover"); info.State != gateway.Online {
+		t.Fatalf("mover: %+v, want online", info)
+	}
+}
