@@ -231,19 +231,21 @@ func (w *writer) apply(b *gateway.Batch, wr *gateway.Write, leaveBridged bool) e
 	// replayed or coalesced write may be up to the gateway grace late, a
 	// restore any late (see lua/apply.lua).
 	var late gateway.SessionID
+	var grace int64
+	if b.Replay || wr.Coalesced {
+		grace = w.s.grace
+	}
 	if wr.Kind != gateway.Leave {
-		var grace int64
-		if b.Replay || wr.Coalesced {
-			grace = w.s.grace
-		}
 		if i := r.find(wr.Session); i >= 0 && r.sessions[i].deadline <= w.now && (b.Restore || obs <= r.sessions[i].deadline+grace) {
 			late = wr.Session
 		}
 	}
 	// evidence of another session observed by the deadline of the last
 	// one that ran out bridges it: the device was never silent (a move
-	// whose new gateway wrote late), no offline
-	bridged := func(deadline int64) bool { return wr.Kind != gateway.Leave && d > w.now && obs <= deadline }
+	// whose new gateway wrote late), no offline; a replayed or coalesced
+	// write up to the grace after it (its older evidence, the connect
+	// that came first, was merged away)
+	bridged := func(deadline int64) bool { return wr.Kind != gateway.Leave && d > w.now && obs <= deadline+grace }
 	// an expired session waits (the reap judges it) while its gateway's
 	// coverage, or that of another gateway heard within the horizon (the
 	// device may have moved there), has not reached its deadline

@@ -47,6 +47,7 @@ func RunCoverage(t *testing.T, open GraceOpener) {
 		{"HeldLeaveOutlivesAWriteWhileAGatewayLags", testHeldLeaveOutlivesWrite},
 		{"HeldLeaveReapedAsALeave", testHeldLeaveReaped},
 		{"LateConnectBridgesAnExpiredSession", testLateConnectBridges},
+		{"ReplayedEvidenceBridgesWithinTheGrace", testReplayBridgesWithinGrace},
 		{"LapsedRestoreIsReapedOnceCovered", testLapsedRestore},
 		{"LapsedReplayMovesThePassedDeadline", testLapsedReplay},
 	} {
@@ -437,6 +438,42 @@ func testLateConnectBridges(t *testing.T, open GraceOpener) {
 	res := e.apply(covering(batch(gwB, 1, wr(d2, "s2", gateway.Connect, age)), 0))
 	if len(res.Events) != 2 || res.Events[0].State != gateway.Offline || res.Events[1].State != gateway.Online {
 		t.Fatalf("B's connect observed after A's deadline: events %s, want an offline then an online", describeEvents(res.Events))
+	}
+}
+
+// A device moved from A to B while B's writes waited in its outbox: B's
+// replay keeps the session's newest evidence only, observed after the
+// deadline of A's session that ran out; the connect that came before it
+// is gone. As late evidence of its own session may be (a replay, a
+// coalesced write), the replay bridges the expired session if observed
+// within the grace after its deadline: no offline, no online. One
+// observed later did not bridge it: an offline, then an online.
+func testReplayBridgesWithinGrace(t *testing.T, open GraceOpener) {
+	e := newCoverEnv(t, open, 2)
+	d, dl := connectCovered(e)
+	e.clock.Advance(lease + time.Second)
+	e.cover(0, gwA, 0)
+	age := e.now().Sub(dl) - 500*time.Millisecond // observed 0.5 s after A's deadline
+	if res := e.apply(covering(replayed(batch(gwB, 1, wr(d, "s2", gateway.Renew, age))), 0)); len(res.Events) != 0 {
+		t.Fatalf("B's replay observed 0.5 s after A's deadline: events %s, want none", describeEvents(res.Events))
+	}
+	if got := e.device(d); got.State != gateway.Online {
+		t.Fatalf("after B's replay: %+v, want online", got)
+	}
+	d2, dl2 := connectCovered2(e)
+	e.clock.Advance(lease + coverGrace + 2*time.Second)
+	e.cover(0, gwA, 0)
+	e.cover(0, gwB, 0)
+	age = e.now().Sub(dl2) - coverGrace - time.Second
+	res := e.apply(covering(replayed(batch(gwB, 1, wr(d2, "s2", gateway.Renew, age))), 0))
+	var evs []gateway.Event
+	for _, ev := range append(res.Events, e.reapUntil(0, e.now(), time.Second)...) {
+		if ev.Device == d2 {
+			evs = append(evs, ev)
+		}
+	}
+	if len(evs) != 2 || evs[0].State != gateway.Offline || evs[1].State != gateway.Online {
+		t.Fatalf("B's replay observed a grace and 1 s after A's deadline: events %s, want an offline then an online", describeEvents(evs))
 	}
 }
 

@@ -430,11 +430,13 @@ local function general(dev, sid, kind, d, k, zk, wlease, wgrace, isbridged)
       setz(k, maxdl(r))
       -- evidence of another session observed by the deadline of the
       -- last one that ran out bridges it: the device was never silent (a
-      -- move whose new gateway wrote late), no offline; so does any live
+      -- move whose new gateway wrote late), no offline; a replayed or
+      -- coalesced write up to its grace after it (its older evidence, the
+      -- connect that came first, was merged away); so does any live
       -- evidence of a device whose session ran out before this
       -- incarnation began (a replaced state: it says nothing of the
       -- device since)
-      if not z[k] and not (kind ~= KIND_LEAVE and d > now and (obs <= gone.dl or gone.dl - sh < incsince)) then
+      if not z[k] and not (kind ~= KIND_LEAVE and d > now and (obs <= gone.dl + wgrace or gone.dl - sh < incsince)) then
         r.on, r.ver, r.since = false, nextver(r, now), now
         local reason = leftat(r, gone) and 'leave' or 'expired'
         event(dev, 'offline', r.ver, nowstr, reason, gwname(gone.gw), gone.sid, zk and zk - sh)
