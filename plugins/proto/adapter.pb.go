@@ -630,8 +630,16 @@ func (x *Property) GetValue() string {
 type EvidenceFrame struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// ready is true on the first frame of a stream, and only there.
-	Ready         bool        `protobuf:"varint,1,opt,name=ready,proto3" json:"ready,omitempty"`
-	Evidence      []*Evidence `protobuf:"bytes,2,rep,name=evidence,proto3" json:"evidence,omitempty"`
+	Ready    bool        `protobuf:"varint,1,opt,name=ready,proto3" json:"ready,omitempty"`
+	Evidence []*Evidence `protobuf:"bytes,2,rep,name=evidence,proto3" json:"evidence,omitempty"`
+	// sent_unix_us is the adapter's wall clock (Unix microseconds) when the
+	// frame was made, the time its evidence's ages count from; 0 when
+	// unknown. The adapter runs on the gateway's machine, so the host adds
+	// the time the frame waited on its way (its receipt less this, when
+	// that is between 0 and the lease) to every age: a frame that waited
+	// while the gateway was stopped or starved of CPU keeps its evidence's
+	// observation times.
+	SentUnixUs    int64 `protobuf:"varint,3,opt,name=sent_unix_us,json=sentUnixUs,proto3" json:"sent_unix_us,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -678,6 +686,13 @@ func (x *EvidenceFrame) GetEvidence() []*Evidence {
 		return x.Evidence
 	}
 	return nil
+}
+
+func (x *EvidenceFrame) GetSentUnixUs() int64 {
+	if x != nil {
+		return x.SentUnixUs
+	}
+	return 0
 }
 
 type HealthRequest struct {
@@ -1167,10 +1182,12 @@ const file_adapter_proto_rawDesc = "" +
 	"properties\"2\n" +
 	"\bProperty\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value\"a\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value\"\x83\x01\n" +
 	"\rEvidenceFrame\x12\x14\n" +
 	"\x05ready\x18\x01 \x01(\bR\x05ready\x12:\n" +
-	"\bevidence\x18\x02 \x03(\v2\x1e.fleetgate.adapter.v1.EvidenceR\bevidence\"\x0f\n" +
+	"\bevidence\x18\x02 \x03(\v2\x1e.fleetgate.adapter.v1.EvidenceR\bevidence\x12 \n" +
+	"\fsent_unix_us\x18\x03 \x01(\x03R\n" +
+	"sentUnixUs\"\x0f\n" +
 	"\rHealthRequest\"(\n" +
 	"\x0eHealthResponse\x12\x16\n" +
 	"\x06status\x18\x01 \x01(\tR\x06status\"\x11\n" +

@@ -31,15 +31,17 @@ const (
 	fieldPropertyKey     protowire.Number = 1
 	fieldPropertyValue   protowire.Number = 2
 
-	// fieldFrameEvidence is pb.EvidenceFrame's repeated evidence.
+	// fieldFrameEvidence is pb.EvidenceFrame's repeated evidence, and
+	// fieldFrameSent its sent_unix_us.
 	fieldFrameEvidence protowire.Number = 2
+	fieldFrameSent     protowire.Number = 3
 )
 
 // encodeFrame encodes items, aged at now, as one pb.EvidenceFrame: each
 // item becomes a record of the frame's field 2 (evidence) holding the
 // bytes of a pb.Evidence message (with its pb.Data when it carries data),
 // what proto.Marshal would write (in field order; map entries in map
-// order). The records go into one buffer
+// order), then its field 3 (sent_unix_us: now). The records go into one buffer
 // allocated for the frame and attached to it as its raw fields, which
 // proto writes out verbatim; the host decodes them as the frame's
 // evidence. So no message is built per item. scratch is the caller's,
@@ -53,12 +55,16 @@ func encodeFrame(ready bool, items []item, now time.Time, scratch []int64) (*pb.
 		scratch = append(scratch, age, int64(n))
 		total += 1 + protowire.SizeBytes(n)
 	}
+	sent := uint64(max(0, now.UnixMicro()))
+	total += 1 + protowire.SizeVarint(sent)
 	buf := make([]byte, 0, total)
 	for i := range items {
 		buf = appendTag(buf, fieldFrameEvidence, protowire.BytesType)
 		buf = appendVarint(buf, uint64(scratch[2*i+1]))
 		buf = appendEvidence(buf, &items[i], scratch[2*i])
 	}
+	buf = appendTag(buf, fieldFrameSent, protowire.VarintType)
+	buf = appendVarint(buf, sent)
 	f := &pb.EvidenceFrame{Ready: ready}
 	f.ProtoReflect().SetUnknown(protoreflect.RawFields(buf))
 	return f, scratch

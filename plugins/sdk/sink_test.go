@@ -63,7 +63,7 @@ func TestEncodedFrameIsAnEvidenceFrame(t *testing.T) {
 		{Evidence: Evidence{Kind: Connect, Device: "d-7", At: now.Add(-time.Second)}, data: &dataItem{}},
 		{Evidence: Evidence{Kind: Renew, Device: "d-8", At: now}, data: &dataItem{d: Data{Payload: make([]byte, 300)}}},
 	}
-	want := &pb.EvidenceFrame{Ready: true}
+	want := &pb.EvidenceFrame{Ready: true, SentUnixUs: now.UnixMicro()}
 	for _, ev := range items {
 		age := max(0, now.Sub(ev.At).Microseconds())
 		e := &pb.Evidence{Kind: pb.Kind(ev.Kind), Device: ev.Device, Instance: ev.Instance, AgeUs: age, Metadata: ev.Metadata}
@@ -88,7 +88,7 @@ func TestEncodedFrameIsAnEvidenceFrame(t *testing.T) {
 	}
 	// Byte for byte what proto writes, for items without a map (whose
 	// order proto does not fix either).
-	plain := &pb.EvidenceFrame{Ready: true, Evidence: []*pb.Evidence{want.Evidence[0], want.Evidence[1], want.Evidence[4],
+	plain := &pb.EvidenceFrame{Ready: true, SentUnixUs: now.UnixMicro(), Evidence: []*pb.Evidence{want.Evidence[0], want.Evidence[1], want.Evidence[4],
 		want.Evidence[7], want.Evidence[8], want.Evidence[9]}}
 	ref, err := proto.MarshalOptions{Deterministic: true}.Marshal(plain)
 	if err != nil {

@@ -351,12 +351,14 @@ func (p *proc) accept(ctx context.Context, client pb.AdapterClient, f *pb.Eviden
 	l := p.limits()
 	creds := p.h.credentials()
 	now := p.h.o.Clock.Now()
+	// the evidence's ages count from when the frame was made
+	sent := now.Add(-frameWait(time.Now(), f.GetSentUnixUs(), p.h.o.Lease))
 	var (
 		accepted, rejected, refused, dropped uint64
 		out                                  frameData
 	)
 	for _, e := range f.GetEvidence() {
-		ev, msg, err := p.item(l, e, now)
+		ev, msg, err := p.item(l, e, sent)
 		if err != nil {
 			rejected++
 			out.settle(e, pb.Outcome_OUTCOME_REJECTED, err.Error())
@@ -496,6 +498,22 @@ func (p *proc) evidence(l *limiter, e *pb.Evidence, now time.Time) (gateway.Evid
 		return gateway.Evidence{}, err
 	}
 	return gateway.Evidence{Device: dev, Session: sess, Kind: kind, ObservedAt: at, Protocol: p.spec.Name}, nil
+}
+
+// frameWait is how long a frame made at sentUs (the adapter's wall clock,
+// Unix µs; 0: unknown) waited on its way to the host, which read it at
+// wall: the adapter runs on this machine, on the same clock. A wait
+// outside [0, lease] (a clock stepped between the two readings) counts as
+// none.
+func frameWait(wall time.Time, sentUs int64, lease time.Duration) time.Duration {
+	if sentUs <= 0 {
+		return 0
+	}
+	w := wall.Sub(time.UnixMicro(sentUs))
+	if w < 0 || w > lease {
+		return 0
+	}
+	return w
 }
 
 // observedAt is when evidence received at now, ageUs microseconds old,

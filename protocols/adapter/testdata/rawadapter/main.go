@@ -2,7 +2,9 @@
 // a test can send what the SDK never would: its ready frame carries one
 // renewal of device "raw-<i>" for each age_us of its config
 // ({"age_us": [...]}), exactly as given, then the items of its config's
-// "frame" (an EvidenceFrame in protobuf JSON). It writes each settlement
+// "frame" (an EvidenceFrame in protobuf JSON); with "sent_ago_us" the
+// frame says it was made that long before it is sent (sent_unix_us), as
+// a frame that waited on its way. It writes each settlement
 // it gets to stderr as "settled <id> <outcome> <reason>".
 package main
 
@@ -12,6 +14,7 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+	"time"
 
 	plugin "github.com/hashicorp/go-plugin"
 	"google.golang.org/grpc"
@@ -22,8 +25,9 @@ import (
 
 type server struct {
 	pb.UnimplementedAdapterServer
-	ages  []int64
-	frame *pb.EvidenceFrame
+	ages    []int64
+	sentAgo int64
+	frame   *pb.EvidenceFrame
 }
 
 var _ pb.AdapterServer = (*server)(nil)
@@ -34,13 +38,14 @@ func (s *server) Info(context.Context, *pb.InfoRequest) (*pb.InfoResponse, error
 
 func (s *server) Configure(_ context.Context, r *pb.ConfigureRequest) (*pb.ConfigureResponse, error) {
 	var c struct {
-		AgeUs []int64         `json:"age_us"`
-		Frame json.RawMessage `json:"frame"`
+		AgeUs   []int64         `json:"age_us"`
+		SentAgo int64           `json:"sent_ago_us"`
+		Frame   json.RawMessage `json:"frame"`
 	}
 	if err := json.Unmarshal(r.GetConfig(), &c); err != nil {
 		return nil, err
 	}
-	s.ages = c.AgeUs
+	s.ages, s.sentAgo = c.AgeUs, c.SentAgo
 	s.frame = &pb.EvidenceFrame{}
 	if len(c.Frame) > 0 {
 		if err := protojson.Unmarshal(c.Frame, s.frame); err != nil {
@@ -52,6 +57,9 @@ func (s *server) Configure(_ context.Context, r *pb.ConfigureRequest) (*pb.Confi
 
 func (s *server) Evidence(_ *pb.EvidenceRequest, stream grpc.ServerStreamingServer[pb.EvidenceFrame]) error {
 	f := &pb.EvidenceFrame{Ready: true}
+	if s.sentAgo > 0 {
+		f.SentUnixUs = time.Now().UnixMicro() - s.sentAgo
+	}
 	for i, age := range s.ages {
 		f.Evidence = append(f.Evidence, &pb.Evidence{Kind: pb.Kind_KIND_RENEW, Device: "raw-" + strconv.Itoa(i), AgeUs: age})
 	}
