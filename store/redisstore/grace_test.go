@@ -658,3 +658,49 @@ func TestLeaveInTheGraceAfterALossEndsWithThatGrace(t *testing.T) {
 		t.Fatalf("reap after the grace since the loss: %s, want quitter's offline (leave)", describe(r.Offline))
 	}
 }
+
+// A device that moved to gw-a just before a loss: gw-b had written its
+// goodbye, gw-a's connect was still queued when gw-a restored what it
+// held (a queued connect is left out of a restore, to bring the device
+// online itself), and it reached the store after its lease ran out.
+// Evidence observed before the incarnation began that ran out on its way,
+// for a record the store does not have, recreates the record online with
+// no event, its session ending at once, and the reap writes its offline:
+// the lost state had it online. Before, it was dropped and the device
+// never got its offline.
+func TestLapsedConnectAfterALossRecreatesTheRecord(t *testing.T) {
+	srv := redistest.Start(t)
+	e := newGraceEnv(t, srv.Client(t))
+	e.apply(0, covered(leased("gw-b", false, write("mover", "mqtt/b", gateway.Connect, 0))))
+	e.apply(0, covered(leased("gw-a", false)))
+	e.clock.Advance(time.Second)
+	e.apply(0, covered(leased("gw-b", false, write("mover", "mqtt/b", gateway.Leave, 0))))
+	e.apply(0, covered(leased("gw-a", false)))
+	if err := srv.Client(t).FlushAll(t.Context()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	e.clock.Advance(500 * time.Millisecond)
+	for _, gw := range []string{"gw-a", "gw-b"} {
+		r := covered(leased(gw, false))
+		r.Restore = true
+		e.apply(0, r)
+	}
+	// gw-a's connect, observed 1.5 s before the loss, written a lease later
+	e.clock.Advance(testLease)
+	if evs := e.apply(0, covered(leased("gw-a", false, write("mover", "mqtt/a", gateway.Connect, testLease+2*time.Second)))); len(evs) != 0 {
+		t.Fatalf("gw-a's lapsed connect: %s, want none", describe(evs))
+	}
+	if info := e.device("mover"); info.State != gateway.Online {
+		t.Fatalf("mover after gw-a's lapsed connect: %+v, want online (the record recreated)", info)
+	}
+	var offline []gateway.Event
+	for i := 0; i < 40 && len(offline) == 0; i++ {
+		e.clock.Advance(time.Second)
+		e.apply(0, covered(leased("gw-a", false)))
+		e.apply(0, covered(leased("gw-b", false)))
+		offline = e.reap(0, 10).Offline
+	}
+	if len(offline) != 1 || offline[0].Device != "mover" || offline[0].Reason != gateway.ReasonExpired {
+		t.Fatalf("reaps after the lapsed connect: %s, want mover's offline (expired)", describe(offline))
+	}
+}

@@ -449,15 +449,21 @@ local function general(dev, sid, kind, d, k, zk, wlease, wgrace, isbridged)
       if x.sid == sid then ss, at = x, j break end
     end
   end
+  local recreated = false
   if kind ~= KIND_LEAVE then
     if d <= now then
       -- A restore of a session that ran out before the loss, whose record
       -- the store lost: its offline may never have been written. The
       -- record comes back online, without an event, its session ending
       -- now, for the reap to end it once this gateway's coverage reaches
-      -- it (gateway.Batch.Restore). Otherwise evidence that ran out
-      -- changes nothing.
-      if not (restore and not r and kind == KIND_RENEW) then
+      -- it (gateway.Batch.Restore). So does evidence observed before this
+      -- incarnation began with a loss (LOSS) that ran out on its way, for
+      -- a record the store does not have (a connect still queued when its
+      -- gateway restored what it held, written after its lease ran out:
+      -- the lost state may have had the device online). Otherwise
+      -- evidence that ran out changes nothing.
+      recreated = not r and (restore or (obs < incsince and redis.call('HGET', KEYS[4], LOSS) == inc))
+      if not recreated then
         -- Lapsed but late and valid evidence of a session the online
         -- record still holds (a replay after an outage longer than the
         -- lease): the session's passed deadline moves to the evidence's,
@@ -500,7 +506,7 @@ local function general(dev, sid, kind, d, k, zk, wlease, wgrace, isbridged)
       r.lastgw, r.lastsid, dirty[k] = gwref, sid, true
     end
     setz(k, maxdl(r))
-    if not r.on and restore and created and kind == KIND_RENEW then
+    if not r.on and ((restore and created and kind == KIND_RENEW) or recreated) then
       -- a restore of a record the store lost: online, no event, a ver
       -- above the lost ones for the next (gateway.Batch.Restore)
       r.on, r.ver, r.since, dirty[k] = true, now, now, true
