@@ -24,6 +24,7 @@ import (
 
 	"github.com/fleetgate/fleetgate/admin"
 	"github.com/fleetgate/fleetgate/auth"
+	"github.com/fleetgate/fleetgate/canary"
 	"github.com/fleetgate/fleetgate/configs"
 	"github.com/fleetgate/fleetgate/events/mqttpub"
 	"github.com/fleetgate/fleetgate/gateway"
@@ -86,6 +87,11 @@ type gatewayProcess struct {
 	clients  *auth.Reloadable // auth.clients' passwords; nil without any
 	cert     *certificate     // nil without listen.mqtt.tls
 	admin    *admin.Server
+	// canary is nil with canary.enabled off; canaryKey is its PSK when
+	// it speaks DTLS, as canaryID.
+	canary    *canary.Canary
+	canaryKey []byte
+	canaryID  gateway.DeviceID
 }
 
 func (g *gatewayProcess) config() configs.Config {
@@ -172,13 +178,14 @@ func (g *gatewayProcess) run(ctx context.Context) (err error) {
 			Clock: gateway.SystemClock{}, Logger: log, Registerer: reg,
 		})
 	}
-	if g.pub, err = newPublisher(cfg, g.store, fmt.Sprintf("%s/%d", cfg.Gateway.ID, g.epoch), log, reg); err != nil {
+	if g.pub, err = newPublisher(cfg, g.store, fmt.Sprintf("%s/%d", cfg.Gateway.ID, g.epoch), g.published, log, reg); err != nil {
 		return err
 	}
 	if g.data, err = openDataPath(ctx, cfg, log, reg); err != nil {
 		return err
 	}
 	defer func() { err = errors.Join(err, g.data.close()) }()
+	g.canaryKey, g.canaryID = canaryKey(cfg), gateway.DeviceID(cfg.CanaryDevice())
 	if err := g.openFrontEnds(cfg, log, reg); err != nil {
 		return err
 	}
@@ -221,6 +228,9 @@ func (g *gatewayProcess) serve(ctx context.Context, log *slog.Logger) error {
 	backs.Go(func() error { return g.up.Run(back) })
 	if g.runner != nil {
 		backs.Go(func() error { return g.runner.Run(back) })
+	}
+	if g.canary != nil {
+		backs.Go(func() error { return g.canary.Run(back) })
 	}
 	if g.pub != nil {
 		backs.Go(func() error { return g.pub.Run(back) })

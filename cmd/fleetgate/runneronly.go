@@ -64,7 +64,7 @@ func cmdRunner(ctx context.Context, args []string, _, stderr io.Writer) (err err
 		Owner: *owner, Interval: cfg.Runner.Interval.Std(), Batch: cfg.Runner.Batch,
 		LockTTL: cfg.Runner.LockTTL.Std(), Clock: gateway.SystemClock{}, Logger: log, Registerer: reg,
 	})
-	pub, err := newPublisher(cfg, store, *owner, log, reg)
+	pub, err := newPublisher(cfg, store, *owner, nil, log, reg)
 	if err != nil {
 		return err
 	}
