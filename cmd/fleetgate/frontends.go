@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"fmt"
 	"log/slog"
 	"net"
@@ -189,3 +190,12 @@ func (c *certificate) load(certFile, keyFile string) error {
 }
 
 func (c *certificate) get(*tls.ClientHelloInfo) (*tls.Certificate, error) { return c.cur.Load(), nil }
+
+// servedCert is the MQTT TLS listener's certificate in use, nil without
+// one.
+func (g *gatewayProcess) servedCert() *x509.Certificate {
+	if g.cert == nil {
+		return nil
+	}
+	return g.cert.cur.Load().Leaf
+}

@@ -92,6 +92,7 @@ type gatewayProcess struct {
 	canary    *canary.Canary
 	canaryKey []byte
 	canaryID  gateway.DeviceID
+	reloads   *reloads
 }
 
 func (g *gatewayProcess) config() configs.Config {
@@ -122,6 +123,8 @@ func (g *gatewayProcess) run(ctx context.Context) (err error) {
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	registerProcessMetrics(reg, g.config, g.servedCert)
+	g.reloads = newReloads(reg)
 
 	g.fatal = make(chan error, 1)
 	if g.store, err = openStore(ctx, cfg, db, log, true, g.fatal); err != nil {
@@ -306,8 +309,10 @@ func (g *gatewayProcess) reload(ctx context.Context, log *slog.Logger) {
 	next, err := configs.Load(g.path, os.Environ())
 	if err != nil {
 		log.Error("reload refused; keeping the running configuration", "err", err)
+		g.reloads.done(false)
 		return
 	}
+	ok := true
 	g.mu.Lock()
 	old := g.cfg
 	g.cfg = next
@@ -322,6 +327,7 @@ func (g *gatewayProcess) reload(ctx context.Context, log *slog.Logger) {
 	if g.creds != nil && next.Auth.DevicesFile != "" {
 		if err := g.creds.Reload(next.Auth.DevicesFile); err != nil {
 			log.Error("devices file not reloaded; keeping the devices in use", "err", err)
+			ok = false
 		} else {
 			log.Info("devices file reloaded", "path", next.Auth.DevicesFile, "devices", g.creds.Current().Len())
 			g.revoke()
@@ -333,12 +339,14 @@ func (g *gatewayProcess) reload(ctx context.Context, log *slog.Logger) {
 	if g.cert != nil {
 		if err := g.cert.load(next.Listen.MQTT.CertFile, next.Listen.MQTT.KeyFile); err != nil {
 			log.Error("TLS certificate not reloaded; keeping the one in use", "err", err)
+			ok = false
 		}
 	}
 	g.reloadAdapters(ctx, old, next, log)
 	if restartOnly(old) != restartOnly(next) {
 		log.Warn("reloaded; changes to listeners, store, shards, gateway, runner, limits or anonymous access take effect at the next restart")
 	}
+	g.reloads.done(ok)
 	log.Info("configuration reloaded", "lease", p.Lease, "renew_every", p.RenewEvery, "heartbeat_interval", p.HeartbeatInterval, "max_lease", p.MaxLease)
 }
 
