@@ -60,6 +60,11 @@ func TestProcessMetrics(t *testing.T) {
 			t.Errorf("expiry of %s = %v, want %d", key, v, cert.NotAfter.Unix())
 		}
 	}
+	// the gateway's own runner holds every shard (4)
+	waitFor(t, 10*time.Second, "every shard covered", func() bool {
+		m := scrape(t, url)
+		return metric(m, "fleetgate_store_shards") == 4 && metric(m, "fleetgate_runner_shards_covered") == 4
+	})
 	if v := metric(m, "fleetgate_reload_last_success"); v != 1 {
 		t.Errorf("fleetgate_reload_last_success = %v before any reload", v)
 	}
@@ -89,5 +94,25 @@ func TestProcessMetrics(t *testing.T) {
 	}
 	if v := metric(m, "fleetgate_detection_bound_seconds"); v != 8.4 {
 		t.Errorf("fleetgate_detection_bound_seconds after the reload = %v, want 8.4", v)
+	}
+}
+
+// Without any runner no shard is covered, and the metric says so (the
+// store's offline events would never come).
+func TestRunnerCoverageNone(t *testing.T) {
+	t.Parallel()
+	gw := newGateway(t, "gw-nr", "", fastTiming)
+	gw.env = append(gw.env, "FLEETGATE_RUNNER_ENABLED=false")
+	gw.start()
+	m := scrape(t, "http://"+gw.admin+"/metrics")
+	if metric(m, "fleetgate_store_shards") != 4 || metric(m, "fleetgate_runner_shards_covered") != 0 {
+		t.Errorf("store shards %v covered %v, want 4 and 0", metric(m, "fleetgate_store_shards"), metric(m, "fleetgate_runner_shards_covered"))
+	}
+	found := false
+	for _, s := range m {
+		found = found || s.name == "fleetgate_runner_shards_covered"
+	}
+	if !found {
+		t.Errorf("fleetgate_runner_shards_covered not exported")
 	}
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"crypto/x509"
 	"encoding/pem"
 	"os"
@@ -172,4 +173,46 @@ func (r *reloads) done(ok bool) {
 	}
 	r.total.WithLabelValues("refused").Inc()
 	r.last.Set(0)
+}
+
+// coverageTimeout bounds the store read of one scrape of the coverage.
+const coverageTimeout = 2 * time.Second
+
+// runnerCoverage exports fleetgate_runner_shards_covered (the shards some
+// runner, of any process, holds a lease on, read from the store at each
+// scrape; absent while the store does not answer) and
+// fleetgate_store_shards.
+type runnerCoverage struct {
+	store           gateway.Reaper
+	covered, shards *prometheus.Desc
+}
+
+var _ prometheus.Collector = (*runnerCoverage)(nil)
+
+func newRunnerCoverage(store gateway.Reaper) *runnerCoverage {
+	return &runnerCoverage{
+		store: store,
+		covered: prometheus.NewDesc("fleetgate_runner_shards_covered",
+			"Shards some runner (of any process) holds a lease on, read from the store; the others get no offline events.", nil, nil),
+		shards: prometheus.NewDesc("fleetgate_store_shards", "presence.shards: the store's shards.", nil, nil),
+	}
+}
+
+func (c *runnerCoverage) Describe(ch chan<- *prometheus.Desc) { ch <- c.covered; ch <- c.shards }
+
+func (c *runnerCoverage) Collect(ch chan<- prometheus.Metric) {
+	ch <- prometheus.MustNewConstMetric(c.shards, prometheus.GaugeValue, float64(c.store.Shards()))
+	ctx, cancel := context.WithTimeout(context.Background(), coverageTimeout)
+	defer cancel()
+	held, err := c.store.RunnerLeases(ctx)
+	if err != nil {
+		return
+	}
+	n := 0
+	for _, h := range held {
+		if h {
+			n++
+		}
+	}
+	ch <- prometheus.MustNewConstMetric(c.covered, prometheus.GaugeValue, float64(n))
 }
