@@ -36,7 +36,7 @@ func newMetrics(reg prometheus.Registerer, bound time.Duration, upstream bool) *
 		}, []string{"path"}),
 		last: f.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "fleetgate_canary_last_detection_seconds",
-			Help: "The canary's last detection time, by path.",
+			Help: "The canary's last detection time, by path (0 before the first).",
 		}, []string{"path"}),
 		falseOffline: f.NewCounter(prometheus.CounterOpts{
 			Name: "fleetgate_canary_false_offline_total",
@@ -60,6 +60,7 @@ func newMetrics(reg prometheus.Registerer, bound time.Duration, upstream bool) *
 			continue
 		}
 		m.detection.WithLabelValues(p.String())
+		m.last.WithLabelValues(p.String())
 		m.missed.WithLabelValues(p.String())
 	}
 	return m
