@@ -87,12 +87,12 @@ type gatewayProcess struct {
 	clients  *auth.Reloadable // auth.clients' passwords; nil without any
 	cert     *certificate     // nil without listen.mqtt.tls
 	admin    *admin.Server
-	// canary is nil with canary.enabled off; canaryKey is its PSK when
-	// it speaks DTLS, as canaryID.
+	// canary is nil with canary.enabled off; canaryID is its device,
+	// canaryKey its PSK when it speaks DTLS (else nil).
 	canary    *canary.Canary
 	canaryKey []byte
 	canaryID  gateway.DeviceID
-	reloads   *reloads
+	reloads   *reloads // fleetgate_reloads_total, fleetgate_reload_last_success
 }
 
 func (g *gatewayProcess) config() configs.Config {
