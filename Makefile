@@ -39,13 +39,16 @@ run: build
 # libcoap3-bin names coap-client-notls); mosquitto and mosquitto_passwd
 # (the broker of the events publisher's tests); protoc (the plugins/proto
 # staleness test); for systemd/ and test-packages systemd-analyze and
-# systemd-sysusers, promtool, lintian, rpm, dpkg-deb, debootstrap, chroot.
+# systemd-sysusers, promtool, lintian, rpm, dpkg-deb, debootstrap, chroot;
+# for the consumers of docs/events.md curl, node, and Debian's python3 with
+# paho-mqtt (paho: checked as an import of /usr/bin/python3).
 DEPS := redis-server:redis-server redis-cli:redis-server \
 	mosquitto_pub:mosquitto-clients mosquitto_sub:mosquitto-clients \
 	coap-client,coap-client-notls:libcoap3-bin \
 	mosquitto:mosquitto mosquitto_passwd:mosquitto protoc:protobuf-compiler \
 	systemd-analyze:systemd systemd-sysusers:systemd promtool:prometheus \
-	lintian:lintian rpm:rpm dpkg-deb:dpkg-dev debootstrap:debootstrap chroot:coreutils
+	lintian:lintian rpm:rpm dpkg-deb:dpkg-dev debootstrap:debootstrap chroot:coreutils \
+	curl:curl node:nodejs paho:python3-paho-mqtt
 
 # Installs the packages of the DEPS that are missing, as root, with one
 # apt-get call; as another user it names them and fails. mosquitto lives
@@ -54,7 +57,8 @@ DEPS := redis-server:redis-server redis-cli:redis-server \
 deps:
 	@missing() { m=""; for t in $(DEPS); do found=""; \
 	    for c in $$(echo "$${t%%:*}" | tr , ' '); do \
-	      { command -v $$c || { [ $$c = mosquitto ] && [ -x /usr/sbin/mosquitto ]; }; } >/dev/null 2>&1 && found=1; done; \
+	      { command -v $$c || { [ $$c = mosquitto ] && [ -x /usr/sbin/mosquitto ]; } || \
+	        { [ $$c = paho ] && /usr/bin/python3 -c 'import paho.mqtt.client'; }; } >/dev/null 2>&1 && found=1; done; \
 	    [ -n "$$found" ] || case " $$m " in *" $${t#*:} "*) ;; *) m="$$m $${t#*:}";; esac; done; echo "$$m"; }; \
 	m=$$(missing); [ -z "$$m" ] && exit 0; \
 	echo "installing$$m"; \

@@ -14,6 +14,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -84,6 +85,7 @@ type Server struct {
 
 	closing   chan struct{} // closed by Shutdown: ends the watch streams
 	closeOnce sync.Once
+	routes    []string
 }
 
 // Listen binds the admin address; Serve then serves on it.
@@ -103,23 +105,31 @@ func Listen(o Options) (*Server, error) {
 	}
 	s := &Server{o: o, ln: ln, closing: make(chan struct{})}
 	mux := http.NewServeMux()
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
-	mux.HandleFunc("GET /readyz", s.readyz)
-	mux.Handle("GET /metrics", promhttp.HandlerFor(o.Gatherer, promhttp.HandlerOpts{}))
-	mux.HandleFunc("GET /v1/status", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, http.StatusOK, o.Status()) })
-	mux.HandleFunc("GET /v1/devices/{id}", s.device)
-	mux.HandleFunc("GET /v1/devices", s.devices)
-	if o.Sessions != nil {
-		mux.HandleFunc("GET /v1/sessions", s.sessions)
+	handle := func(pattern string, h http.HandlerFunc) {
+		mux.Handle(pattern, h)
+		s.routes = append(s.routes, pattern)
 	}
-	mux.HandleFunc("GET /v1/events", s.events)
-	mux.HandleFunc("GET /v1/snapshot", s.snapshot)
-	mux.HandleFunc("GET /v1/watch", s.watch)
+	handle("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+	handle("GET /readyz", s.readyz)
+	handle("GET /metrics", promhttp.HandlerFor(o.Gatherer, promhttp.HandlerOpts{}).ServeHTTP)
+	handle("GET /v1/status", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, http.StatusOK, o.Status()) })
+	handle("GET /v1/devices/{id}", s.device)
+	handle("GET /v1/devices", s.devices)
+	if o.Sessions != nil {
+		handle("GET /v1/sessions", s.sessions)
+	}
+	handle("GET /v1/events", s.events)
+	handle("GET /v1/snapshot", s.snapshot)
+	handle("GET /v1/watch", s.watch)
 	s.srv = newHTTPServer(mux, o, s.ln.Addr())
 	s.srv.ErrorLog = slog.NewLogLogger(o.Logger.Handler(), slog.LevelWarn)
 	s.srv.RegisterOnShutdown(s.endStreams)
 	return s, nil
 }
+
+// Routes are the patterns served ("GET /v1/devices/{id}"), in the order
+// registered; docs/openapi.yaml documents each.
+func (s *Server) Routes() []string { return slices.Clone(s.routes) }
 
 // Addr is the bound address.
 func (s *Server) Addr() net.Addr { return s.ln.Addr() }

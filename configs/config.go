@@ -47,6 +47,7 @@ type Config struct {
 	Limits   LimitsConfig   `yaml:"limits"`
 	Plugins  PluginsConfig  `yaml:"plugins"`
 	Bridge   BridgeConfig   `yaml:"bridge"`
+	Canary   CanaryConfig   `yaml:"canary"`
 	Log      LogConfig      `yaml:"log"`
 }
 
@@ -268,6 +269,7 @@ func Default() Config {
 		},
 		Plugins: PluginsConfig{Dir: "/usr/lib/fleetgate/plugins", Adapters: []AdapterConfig{}},
 		Bridge:  defaultBridge(),
+		Canary:  CanaryConfig{Live: DefaultCanaryLive},
 		Log:     LogConfig{Level: "info", Format: "text"},
 	}
 }

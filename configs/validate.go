@@ -59,6 +59,7 @@ func (c Config) Validate() error {
 	}
 	c.validatePresence(&p)
 	c.validateStore(&p)
+	c.validateCanary(&p)
 	p.positive("uplink.flush_interval", c.Uplink.FlushInterval)
 	p.atLeast("uplink.max_batch", c.Uplink.MaxBatch, 1)
 	p.atLeast("uplink.outbox_max_sessions", c.Uplink.OutboxMaxSessions, 1)

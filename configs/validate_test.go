@@ -55,6 +55,32 @@ func TestValidate(t *testing.T) {
 			c.Presence.Lease = sec(200000)
 			c.Presence.SuspectAfter = sec(100000)
 		}, "presence.heartbeat_interval: must be between 1s and 18h12m15s (devices are told it in whole seconds), got 18h12m16s"},
+		{"canary on the DTLS listener", func(c *configs.Config) {
+			c.Canary.Enabled = true
+			c.Listen.CoAP.DTLS = "127.0.0.1:5684"
+		}, ""},
+		{"canary on plain UDP with anonymous devices", func(c *configs.Config) {
+			c.Canary.Enabled = true
+			c.Auth.AllowAnonymous = true
+		}, ""},
+		{"canary without a listener it may use", func(c *configs.Config) { c.Canary.Enabled = true },
+			"canary.enabled: the canary needs a CoAP listener it can reach: listen.coap.dtls, or listen.coap.udp with auth.allow_anonymous"},
+		{"canary live shorter than a heartbeat", func(c *configs.Config) {
+			c.Canary.Enabled, c.Auth.AllowAnonymous = true, true
+			c.Canary.Live = sec(29)
+		}, "canary.live: 29s must be at least presence.heartbeat_interval (30s): the canary heartbeats in its live phase"},
+		{"canary live zero while off", func(c *configs.Config) { c.Canary.Live = 0 }, "canary.live: must be > 0, got 0s"},
+		{"canary device invalid", func(c *configs.Config) {
+			c.Canary.Enabled, c.Auth.AllowAnonymous = true, true
+			c.Canary.Device = "can ary"
+		}, `canary.device: "can ary": invalid device id: byte 3 (' ') is not one of A-Z a-z 0-9 . _ : -`},
+		{"canary device of an adapter", func(c *configs.Config) {
+			c.Canary.Enabled, c.Auth.AllowAnonymous = true, true
+			c.Gateway.ID = "gw1"
+			a := configs.DefaultAdapter("lw")
+			a.Devices = []string{"canary-*"}
+			c.Plugins.Adapters = []configs.AdapterConfig{a}
+		}, `canary.device: "canary-gw1" is one of adapter "lw"'s devices ("canary-*"): the canary must be a device of its own`},
 		{"max_lease off", func(c *configs.Config) { c.Presence.MaxLease = 0 }, ""},
 		{"max_lease equal to lease", func(c *configs.Config) { c.Presence.MaxLease = sec(90) }, ""},
 		{"max_lease a week", func(c *configs.Config) { c.Presence.MaxLease = sec(7 * 86400) }, ""},

@@ -300,8 +300,8 @@ func asExpr(n ast.Node) ast.Expr {
 }
 
 // TestDesignNamesAdminEndpoints: every route the admin server registers
-// (mux.Handle and HandleFunc patterns "METHOD /path" in package admin) is
-// in the document as `METHOD /path`.
+// (mux.Handle, HandleFunc and handle patterns "METHOD /path" in package
+// admin) is in the document as `METHOD /path`.
 func TestDesignNamesAdminEndpoints(t *testing.T) {
 	doc := design(t)
 	var routes []string
@@ -311,8 +311,14 @@ func TestDesignNamesAdminEndpoints(t *testing.T) {
 			if !ok || len(call.Args) == 0 {
 				return true
 			}
-			sel, ok := call.Fun.(*ast.SelectorExpr)
-			if !ok || (sel.Sel.Name != "Handle" && sel.Sel.Name != "HandleFunc") {
+			var name string
+			switch fn := call.Fun.(type) {
+			case *ast.SelectorExpr:
+				name = fn.Sel.Name
+			case *ast.Ident: // admin.Listen's handle, which also records the route
+				name = fn.Name
+			}
+			if name != "Handle" && name != "HandleFunc" && name != "handle" {
 				return true
 			}
 			if v, ok := stringLit(call.Args[0]); ok {

@@ -143,6 +143,10 @@ type Reaper interface {
 	AcquireShard(ctx context.Context, shard int, owner string, ttl time.Duration) (bool, error)
 	// ReleaseShard gives up owner's lease of shard (no-op if not held).
 	ReleaseShard(ctx context.Context, shard int, owner string) error
+	// RunnerLeases reports, per shard, whether some runner holds an
+	// unexpired lease of it (on the store's clock): a shard no runner
+	// holds gets no offline events.
+	RunnerLeases(ctx context.Context) ([]bool, error)
 }
 
 // Reader is the query side of the Store contract, what the admin API

@@ -16,11 +16,14 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/fleetgate/fleetgate/internal/testcert"
 )
 
 const (
 	dashboardFile = "../docs/grafana/fleetgate.json"
 	alertsFile    = "../docs/prometheus/alerts.yml"
+	scrapeFile    = "../docs/prometheus/prometheus.yml"
 )
 
 func TestAlertRules(t *testing.T) {
@@ -29,6 +32,9 @@ func TestAlertRules(t *testing.T) {
 	}
 	if out, err := run(t, "promtool", "test", "rules", "testdata/alerts_test.yml"); err != nil {
 		t.Fatalf("promtool test rules: %v\n%s", err, out)
+	}
+	if out, err := run(t, "promtool", "check", "config", scrapeFile); err != nil {
+		t.Fatalf("promtool check config %s: %v\n%s", scrapeFile, err, out)
 	}
 }
 
@@ -112,7 +118,8 @@ func metricNames(exprs []string) []string {
 
 // Every metric the dashboard (its panels and its variables) and the
 // alerts query is exported by the /metrics of a running gateway (embedded
-// store, runner on, CoAP and MQTT listening, the shipped udpline adapter
+// store, runner on, CoAP and MQTT listening, MQTT over TLS, the events
+// publisher configured, the canary on, the shipped udpline adapter
 // running).
 func TestDashboardAndAlertsQueryExportedMetrics(t *testing.T) {
 	var exprs []string
@@ -176,18 +183,21 @@ func scrape(t *testing.T) map[string]string {
 	t.Helper()
 	dir := t.TempDir()
 	admin := fmt.Sprintf("127.0.0.1:%d", freePort(t, "tcp"))
+	certFile, keyFile := testcert.New(t).Write(t, dir)
 	cfg := fmt.Sprintf(`gateway: { id: gw-metrics, state_dir: %q }
 store: { backend: embedded }
 runner: { enabled: true }
+events: { mqtt: { url: "mqtt://127.0.0.1:%d" } }
+canary: { enabled: true }
 listen:
   coap: { udp: "127.0.0.1:%d" }
-  mqtt: { tcp: "127.0.0.1:%d" }
+  mqtt: { tcp: "127.0.0.1:%d", tls: "127.0.0.1:%d", cert_file: %q, key_file: %q }
   admin: { http: %q }
 auth: { allow_anonymous: true, devices_file: "" }
 plugins:
   adapters:
     - { name: line, path: %q, config: { listen: "127.0.0.1:%d" } }
-`, filepath.Join(dir, "state"), freePort(t, "udp"), freePort(t, "tcp"), admin, udpline, freePort(t, "udp"))
+`, filepath.Join(dir, "state"), freePort(t, "tcp"), freePort(t, "udp"), freePort(t, "tcp"), freePort(t, "tcp"), certFile, keyFile, admin, udpline, freePort(t, "udp"))
 	path := filepath.Join(dir, "fleetgate.yaml")
 	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"fmt"
 	"log/slog"
 	"net"
@@ -56,7 +57,7 @@ func (g *gatewayProcess) openFrontEnds(cfg configs.Config, log *slog.Logger, reg
 		s, err := coap.New(g.table, coap.Options{
 			Addr:              cfg.Listen.CoAP.UDP,
 			DTLS:              cfg.Listen.CoAP.DTLS,
-			Credentials:       creds,
+			Credentials:       g.coapCredentials(),
 			AllowAnonymous:    cfg.Auth.AllowAnonymous,
 			HeartbeatInterval: heartbeat,
 			Lease:             lease,
@@ -77,6 +78,10 @@ func (g *gatewayProcess) openFrontEnds(cfg configs.Config, log *slog.Logger, reg
 		}
 		g.fronts = append(g.fronts, s)
 		log.Info("coap listening", "udp", addrString(s.Addr()), "dtls", addrString(s.DTLSAddr()), "anonymous", cfg.Auth.AllowAnonymous)
+		if g.canary, err = g.openCanary(cfg, s, log, reg); err != nil {
+			g.closeFrontEnds()
+			return err
+		}
 	}
 	if cfg.Listen.MQTT.TCP != "" || cfg.Listen.MQTT.TLS != "" {
 		var tlsConfig *tls.Config
@@ -149,6 +154,10 @@ func (g *gatewayProcess) revoke() {
 		return
 	}
 	for _, f := range g.fronts {
+		if _, ok := f.(*coap.Server); ok {
+			f.SetCredentials(g.coapCredentials())
+			continue
+		}
 		f.SetCredentials(g.creds)
 	}
 }
@@ -181,3 +190,12 @@ func (c *certificate) load(certFile, keyFile string) error {
 }
 
 func (c *certificate) get(*tls.ClientHelloInfo) (*tls.Certificate, error) { return c.cur.Load(), nil }
+
+// servedCert is the MQTT TLS listener's certificate in use, nil without
+// one.
+func (g *gatewayProcess) servedCert() *x509.Certificate {
+	if g.cert == nil {
+		return nil
+	}
+	return g.cert.cur.Load().Leaf
+}

@@ -15,8 +15,9 @@ import (
 
 // newPublisher returns the events.mqtt publisher (nil when events.mqtt.url
 // is empty) publishing store's events under the lease owner owner, its
-// metrics registered with reg.
-func newPublisher(cfg configs.Config, store gateway.Store, owner string, log *slog.Logger, reg prometheus.Registerer) (*mqttpub.Publisher, error) {
+// metrics registered with reg; onPublished (may be nil) is called with
+// every event published.
+func newPublisher(cfg configs.Config, store gateway.Store, owner string, onPublished func(gateway.Event), log *slog.Logger, reg prometheus.Registerer) (*mqttpub.Publisher, error) {
 	m := cfg.Events.MQTT
 	if !m.Enabled() {
 		return nil, nil
@@ -35,6 +36,7 @@ func newPublisher(cfg configs.Config, store gateway.Store, owner string, log *sl
 		URL: m.URL, ClientID: clientID, Username: m.Username, Password: m.Password, TLS: tc,
 		TopicPrefix: m.TopicPrefix, QoS: byte(m.QoS), RetainState: m.RetainState,
 		OfflineDelay: m.OfflineDelay.Std(), Owner: owner, Logger: log, Registerer: reg,
+		OnPublished: onPublished,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("events.mqtt: %w", err)

@@ -24,6 +24,7 @@ import (
 
 	"github.com/fleetgate/fleetgate/admin"
 	"github.com/fleetgate/fleetgate/auth"
+	"github.com/fleetgate/fleetgate/canary"
 	"github.com/fleetgate/fleetgate/configs"
 	"github.com/fleetgate/fleetgate/events/mqttpub"
 	"github.com/fleetgate/fleetgate/gateway"
@@ -86,6 +87,12 @@ type gatewayProcess struct {
 	clients  *auth.Reloadable // auth.clients' passwords; nil without any
 	cert     *certificate     // nil without listen.mqtt.tls
 	admin    *admin.Server
+	// canary is nil with canary.enabled off; canaryID is its device,
+	// canaryKey its PSK when it speaks DTLS (else nil).
+	canary    *canary.Canary
+	canaryKey []byte
+	canaryID  gateway.DeviceID
+	reloads   *reloads // fleetgate_reloads_total, fleetgate_reload_last_success
 }
 
 func (g *gatewayProcess) config() configs.Config {
@@ -116,6 +123,8 @@ func (g *gatewayProcess) run(ctx context.Context) (err error) {
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	registerProcessMetrics(reg, g.config, g.servedCert)
+	g.reloads = newReloads(reg)
 
 	g.fatal = make(chan error, 1)
 	if g.store, err = openStore(ctx, cfg, db, log, true, g.fatal); err != nil {
@@ -165,6 +174,7 @@ func (g *gatewayProcess) run(ctx context.Context) (err error) {
 		Help: "Device sessions in the gateway's session table (live on this gateway).",
 	}, func() float64 { return float64(g.table.Len()) }))
 	reg.MustRegister(newDeviceStates(g.table, g.timing))
+	reg.MustRegister(newRunnerCoverage(g.store))
 	if cfg.Runner.Enabled {
 		g.runner = runner.New(g.store, runner.Options{
 			Owner: fmt.Sprintf("%s/%d", cfg.Gateway.ID, g.epoch), Interval: cfg.Runner.Interval.Std(),
@@ -172,13 +182,14 @@ func (g *gatewayProcess) run(ctx context.Context) (err error) {
 			Clock: gateway.SystemClock{}, Logger: log, Registerer: reg,
 		})
 	}
-	if g.pub, err = newPublisher(cfg, g.store, fmt.Sprintf("%s/%d", cfg.Gateway.ID, g.epoch), log, reg); err != nil {
+	if g.pub, err = newPublisher(cfg, g.store, fmt.Sprintf("%s/%d", cfg.Gateway.ID, g.epoch), g.published, log, reg); err != nil {
 		return err
 	}
 	if g.data, err = openDataPath(ctx, cfg, log, reg); err != nil {
 		return err
 	}
 	defer func() { err = errors.Join(err, g.data.close()) }()
+	g.canaryKey, g.canaryID = canaryKey(cfg), gateway.DeviceID(cfg.CanaryDevice())
 	if err := g.openFrontEnds(cfg, log, reg); err != nil {
 		return err
 	}
@@ -221,6 +232,9 @@ func (g *gatewayProcess) serve(ctx context.Context, log *slog.Logger) error {
 	backs.Go(func() error { return g.up.Run(back) })
 	if g.runner != nil {
 		backs.Go(func() error { return g.runner.Run(back) })
+	}
+	if g.canary != nil {
+		backs.Go(func() error { return g.canary.Run(back) })
 	}
 	if g.pub != nil {
 		backs.Go(func() error { return g.pub.Run(back) })
@@ -296,8 +310,10 @@ func (g *gatewayProcess) reload(ctx context.Context, log *slog.Logger) {
 	next, err := configs.Load(g.path, os.Environ())
 	if err != nil {
 		log.Error("reload refused; keeping the running configuration", "err", err)
+		g.reloads.done(false)
 		return
 	}
+	ok := true
 	g.mu.Lock()
 	old := g.cfg
 	g.cfg = next
@@ -312,6 +328,7 @@ func (g *gatewayProcess) reload(ctx context.Context, log *slog.Logger) {
 	if g.creds != nil && next.Auth.DevicesFile != "" {
 		if err := g.creds.Reload(next.Auth.DevicesFile); err != nil {
 			log.Error("devices file not reloaded; keeping the devices in use", "err", err)
+			ok = false
 		} else {
 			log.Info("devices file reloaded", "path", next.Auth.DevicesFile, "devices", g.creds.Current().Len())
 			g.revoke()
@@ -323,12 +340,14 @@ func (g *gatewayProcess) reload(ctx context.Context, log *slog.Logger) {
 	if g.cert != nil {
 		if err := g.cert.load(next.Listen.MQTT.CertFile, next.Listen.MQTT.KeyFile); err != nil {
 			log.Error("TLS certificate not reloaded; keeping the one in use", "err", err)
+			ok = false
 		}
 	}
 	g.reloadAdapters(ctx, old, next, log)
 	if restartOnly(old) != restartOnly(next) {
 		log.Warn("reloaded; changes to listeners, store, shards, gateway, runner, limits or anonymous access take effect at the next restart")
 	}
+	g.reloads.done(ok)
 	log.Info("configuration reloaded", "lease", p.Lease, "renew_every", p.RenewEvery, "heartbeat_interval", p.HeartbeatInterval, "max_lease", p.MaxLease)
 }
 

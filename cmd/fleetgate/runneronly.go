@@ -60,11 +60,13 @@ func cmdRunner(ctx context.Context, args []string, _, stderr io.Writer) (err err
 	defer func() { err = errors.Join(err, store.Close()) }()
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	registerProcessMetrics(reg, func() configs.Config { return cfg }, nil)
+	reg.MustRegister(newRunnerCoverage(store))
 	r := runner.New(store, runner.Options{
 		Owner: *owner, Interval: cfg.Runner.Interval.Std(), Batch: cfg.Runner.Batch,
 		LockTTL: cfg.Runner.LockTTL.Std(), Clock: gateway.SystemClock{}, Logger: log, Registerer: reg,
 	})
-	pub, err := newPublisher(cfg, store, *owner, log, reg)
+	pub, err := newPublisher(cfg, store, *owner, nil, log, reg)
 	if err != nil {
 		return err
 	}

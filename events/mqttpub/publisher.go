@@ -104,6 +104,10 @@ type Options struct {
 	Logger *slog.Logger
 	// Registerer receives the publisher's metrics; nil registers none.
 	Registerer prometheus.Registerer
+	// OnPublished, if set, is called with every event once the broker
+	// acknowledged its messages (or they were skipped), from the shard's
+	// goroutine: it must not block.
+	OnPublished func(gateway.Event)
 }
 
 // Publisher publishes the events of the shards whose lease it holds.
@@ -117,7 +121,7 @@ type Publisher struct {
 	// maxPacket is the broker's maximum packet size (CONNACK), 0 when it
 	// names none.
 	maxPacket atomic.Uint32
-	skipped   prometheus.Counter
+	m         metrics
 	mu        sync.Mutex
 	stats     Stats
 }
@@ -180,12 +184,44 @@ func New(store gateway.PublisherLog, o Options) (*Publisher, error) {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
 	return &Publisher{store: store, o: o, url: u, log: o.Logger.With("component", "mqttpub"),
-		shards: make([]shardState, store.Shards()),
-		skipped: promauto.With(o.Registerer).NewCounter(prometheus.CounterOpts{
+		shards: make([]shardState, store.Shards()), m: newMetrics(o.Registerer),
+	}, nil
+}
+
+// metrics are the publisher's Prometheus metrics.
+type metrics struct {
+	skipped   prometheus.Counter
+	published prometheus.Counter
+	failed    prometheus.Counter
+	lag       prometheus.Histogram
+	connected prometheus.Gauge
+}
+
+func newMetrics(reg prometheus.Registerer) metrics {
+	f := promauto.With(reg)
+	return metrics{
+		skipped: f.NewCounter(prometheus.CounterOpts{
 			Name: "fleetgate_publisher_skipped_total",
 			Help: "Messages to the upstream broker skipped after it refused them RefusalTries times (an ACL, a size or QoS limit).",
 		}),
-	}, nil
+		published: f.NewCounter(prometheus.CounterOpts{
+			Name: "fleetgate_publisher_published_total",
+			Help: "Events published to the upstream broker (every message of the event acknowledged, or skipped).",
+		}),
+		failed: f.NewCounter(prometheus.CounterOpts{
+			Name: "fleetgate_publisher_failed_total",
+			Help: "Publish attempts that failed for the connection's sake (no acknowledgement; sent again once connected).",
+		}),
+		lag: f.NewHistogram(prometheus.HistogramOpts{
+			Name:    "fleetgate_publisher_lag_seconds",
+			Help:    "Time from an event's store time to the broker's acknowledgement of its messages (events of a snapshot are not observed).",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2, 18), // 1ms .. 131s
+		}),
+		connected: f.NewGauge(prometheus.GaugeOpts{
+			Name: "fleetgate_publisher_connected",
+			Help: "1 while the publisher is connected to the upstream broker.",
+		}),
+	}
 }
 
 // Stats reports what the publisher holds and has published.
@@ -252,6 +288,11 @@ func (p *Publisher) Run(ctx context.Context) error {
 }
 
 func (p *Publisher) setConnected(v bool) {
+	if v {
+		p.m.connected.Set(1)
+	} else {
+		p.m.connected.Set(0)
+	}
 	p.mu.Lock()
 	p.stats.Connected = v
 	p.mu.Unlock()
@@ -438,6 +479,14 @@ func (p *Publisher) runShard(ctx context.Context, shard int, pos gateway.Positio
 		if !p.publish(ctx, msgs) {
 			return
 		}
+		acked := time.Now()
+		for _, e := range out {
+			p.m.lag.Observe(acked.Sub(e.At).Seconds())
+			if p.o.OnPublished != nil {
+				p.o.OnPublished(e)
+			}
+		}
+		p.m.published.Add(float64(len(out)))
 		p.mu.Lock()
 		p.stats.Published += uint64(len(out))
 		p.stats.Damped += uint64(damped)
@@ -584,6 +633,7 @@ func (p *Publisher) publishOne(ctx context.Context, m message) bool {
 		case ctx.Err() != nil:
 			return false
 		case why == "":
+			p.m.failed.Inc()
 			if attempt%10 == 0 {
 				p.log.Warn("publish failed; retrying", "topic", m.topic, "attempt", attempt+1, "err", err)
 			}
@@ -620,7 +670,7 @@ func (p *Publisher) send(ctx context.Context, pub *paho.Publish, size int64) (st
 // skip gives m up after the broker refused it RefusalTries times.
 func (p *Publisher) skip(m message, why string) {
 	p.log.Warn("the broker refused a message; skipped", "device", m.device, "ver", m.ver, "topic", m.topic, "tries", RefusalTries, "reason", why)
-	p.skipped.Inc()
+	p.m.skipped.Inc()
 	p.mu.Lock()
 	p.stats.Skipped++
 	p.mu.Unlock()

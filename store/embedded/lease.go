@@ -79,3 +79,29 @@ func readLock(v []byte) (owner string, until time.Time, ok bool) {
 	exp, _ := decodeU64(v[:8])
 	return string(v[8:]), time.UnixMilli(int64(exp)), true
 }
+
+// RunnerLeases reports, per shard, whether a runner holds an unexpired
+// lease of it.
+func (s *Store) RunnerLeases(ctx context.Context) ([]bool, error) {
+	const op = "embedded: runner leases"
+	if err := s.ready(ctx); err != nil {
+		return nil, fmt.Errorf("%s: %w", op, err)
+	}
+	now := time.UnixMilli(s.nowMs())
+	out := make([]bool, s.shards)
+	err := s.db.View(func(tx *bolt.Tx) error {
+		for i := range out {
+			sh, err := openShard(tx, i)
+			if err != nil {
+				return err
+			}
+			_, until, held := readLock(sh.root.Get(keyLock))
+			out[i] = held && until.After(now)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", op, err)
+	}
+	return out, nil
+}

@@ -2,7 +2,12 @@ package redisstore
 
 import (
 	"context"
+	"errors"
+	"strconv"
+	"strings"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // AcquireShard takes or extends the runner lease of shard for owner
@@ -37,4 +42,39 @@ func (s *Store) ReleaseShard(ctx context.Context, shard int, owner string) error
 		return unavailable("release shard", err)
 	}
 	return nil
+}
+
+// RunnerLeases reports, per shard, whether a runner holds an unexpired
+// lease of it: one pipeline of GETs (one per Cluster node), judged
+// against the store's clock.
+func (s *Store) RunnerLeases(ctx context.Context) ([]bool, error) {
+	c, err := s.client()
+	if err != nil {
+		return nil, err
+	}
+	now, err := s.Now(ctx)
+	if err != nil {
+		return nil, err
+	}
+	cmds := make([]*redis.StringCmd, s.shards)
+	_, _ = c.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i := range cmds {
+			cmds[i] = p.Get(ctx, s.keys[i].runner[0])
+		}
+		return nil
+	})
+	out := make([]bool, s.shards)
+	for i, cmd := range cmds {
+		v, err := cmd.Result()
+		switch {
+		case errors.Is(err, redis.Nil):
+			continue
+		case err != nil:
+			return nil, unavailable("runner leases", err)
+		}
+		exp, _, _ := strings.Cut(v, " ")
+		ms, err := strconv.ParseInt(exp, 10, 64)
+		out[i] = err == nil && ms > now.UnixMilli()
+	}
+	return out, nil
 }

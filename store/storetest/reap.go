@@ -1,6 +1,7 @@
 package storetest
 
 import (
+	"slices"
 	"testing"
 	"time"
 
@@ -9,7 +10,7 @@ import (
 
 // testShardLock: AcquireShard takes or extends the runner lease of one
 // shard for one owner until it runs out; ReleaseShard gives it up and is
-// a no-op for anyone else.
+// a no-op for anyone else; RunnerLeases tells the shards held.
 func testShardLock(t *testing.T, open Opener) {
 	e := newEnv(t, open, 2)
 	acquire := func(shard int, owner string, ttl time.Duration, want bool) {
@@ -29,15 +30,28 @@ func testShardLock(t *testing.T, open Opener) {
 			t.Fatalf("ReleaseShard(%d, %s): %v", shard, owner, err)
 		}
 	}
+	leases := func(want ...bool) {
+		t.Helper()
+		got, err := e.store.RunnerLeases(e.ctx)
+		if err != nil {
+			t.Fatalf("RunnerLeases: %v", err)
+		}
+		if !slices.Equal(got, want) {
+			t.Errorf("at +%v RunnerLeases = %v, want %v", e.now().Sub(time.UnixMilli(startMs)), got, want)
+		}
+	}
 	const ttl = 10 * time.Second
+	leases(false, false)
 	release(0, "a") // not held: no-op
 	acquire(0, "a", ttl, true)
 	acquire(0, "b", ttl, false)
 	acquire(1, "b", ttl, true) // shards are independent
+	leases(true, true)
 	e.clock.Advance(6 * time.Second)
 	acquire(0, "a", ttl, true) // extended to +16s
 	e.clock.Advance(6 * time.Second)
 	acquire(0, "b", ttl, false) // +12s: a's extended lease holds
+	leases(true, false)         // b's lease of shard 1 ran out at +10s
 	release(0, "b")             // not the owner: no-op
 	acquire(0, "b", ttl, false)
 	e.clock.Advance(4*time.Second + time.Millisecond)
@@ -46,6 +60,7 @@ func testShardLock(t *testing.T, open Opener) {
 	release(0, "a") // no longer the owner: no-op
 	acquire(0, "a", ttl, false)
 	release(0, "b")
+	leases(false, false)
 	acquire(0, "a", ttl, true)
 	acquire(1, "a", ttl, true) // b's lease of shard 1 (taken at +0) ran out
 }
