@@ -460,9 +460,14 @@ local function general(dev, sid, kind, d, k, zk, wlease, wgrace, isbridged)
       -- incarnation began with a loss (LOSS) that ran out on its way, for
       -- a record the store does not have (a connect still queued when its
       -- gateway restored what it held, written after its lease ran out:
-      -- the lost state may have had the device online). Otherwise
-      -- evidence that ran out changes nothing.
-      recreated = not r and (restore or (obs < incsince and redis.call('HGET', KEYS[4], LOSS) == inc))
+      -- the lost state may have had the device online). So does a
+      -- restore for a record offline since before this incarnation began
+      -- (a replaced state: a restart into an older snapshot may bring
+      -- back an earlier visit's offline record, while consumers last saw
+      -- the device online). Otherwise evidence that ran out changes
+      -- nothing.
+      recreated = (not r and (restore or (obs < incsince and redis.call('HGET', KEYS[4], LOSS) == inc)))
+        or (restore and r and not r.on and r.since < incsince)
       if not recreated then
         -- Lapsed but late and valid evidence of a session the online
         -- record still holds (a replay after an outage longer than the
@@ -509,7 +514,7 @@ local function general(dev, sid, kind, d, k, zk, wlease, wgrace, isbridged)
     if not r.on and ((restore and created and kind == KIND_RENEW) or recreated) then
       -- a restore of a record the store lost: online, no event, a ver
       -- above the lost ones for the next (gateway.Batch.Restore)
-      r.on, r.ver, r.since, dirty[k] = true, now, now, true
+      r.on, r.ver, r.since, dirty[k] = true, created and now or nextver(r, now), now, true
     elseif not r.on then
       r.on, r.ver, r.since, dirty[k] = true, nextver(r, now), now, true
       local reason = 'renew'
