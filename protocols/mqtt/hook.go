@@ -84,39 +84,36 @@ func (h *presence) OnConnect(cl *mochi.Client, pk packets.Packet) error {
 	if lc, set := s.localClientOf(pk); lc != nil {
 		return s.connectLocal(cl, c, pk, lc, set)
 	}
+	remote := c.RemoteAddr().String()
 	device, err := gateway.ParseDeviceID(pk.Connect.ClientIdentifier)
 	if err != nil {
-		s.metrics.refuse(reasonInvalidClientID)
-		s.log.Debug("connect refused: client identifier", "remote", c.RemoteAddr().String(), "err", err)
+		s.refused(reasonInvalidClientID, "", pk.Connect.ClientIdentifier, remote, "the client ID is not a device ID: "+err.Error())
 		return refuse(cl, packets.ErrClientIdentifierNotValid, packets.Err3ClientIdentifierNotValid)
 	}
 	if ok, _ := s.devRate.Allow(device, s.clock.Now()); !ok {
-		s.metrics.refuse(reasonRate)
-		s.log.Debug("connect refused: device connect rate", "device", string(device))
+		s.refused(reasonRate, "", string(device), remote, "CONNECTs beyond limits.mqtt_connects_per_second")
 		return refuse(cl, packets.ErrConnectionRateExceeded, packets.Err3ServerUnavailable)
 	}
 	if !s.reserve() {
-		s.metrics.refuse(reasonMaxClients)
-		s.log.Debug("connect refused: max clients", "device", string(device))
+		s.refused(reasonMaxClients, "", string(device), remote, "limits.mqtt_max_clients reached")
 		return refuse(cl, packets.ErrServerBusy, packets.Err3ServerUnavailable)
 	}
 	c.admitted = true // the slot is released when the connection ends
 	root := s.topicRoot(device)
 	rev, box, err := s.authorize(device, c.ip, pk)
 	if err == nil && pk.Connect.WillFlag && !s.willAllowed(pk.Connect.WillTopic, root) {
-		err = errNotAuthorized
+		err = deniedWill
 	}
 	if err == nil && !s.admit(c, cl, device, rev, box) {
-		err = errNotAuthorized // revoked by a reload during the check
+		err = deniedRevokedRace
 	}
 	if errors.Is(err, gateway.ErrOverloaded) {
-		s.metrics.refuse(reasonOverloaded)
-		s.log.Debug("connect refused: overloaded", "device", string(device), "err", err)
+		s.refused(reasonOverloaded, "", string(device), remote, "no password check slot: "+err.Error())
 		return refuse(cl, packets.ErrServerBusy, packets.Err3ServerUnavailable)
 	}
 	if err != nil {
-		s.metrics.refuse(reasonNotAuthorized)
-		s.log.Debug("connect refused: not authorized", "device", string(device), "remote", c.RemoteAddr().String())
+		d := deniedOf(err)
+		s.refused(reasonNotAuthorized, d.reason, string(device), remote, d.detail)
 		return refuse(cl, packets.ErrNotAuthorized, packets.Err3NotAuthorized)
 	}
 
@@ -132,8 +129,7 @@ func (h *presence) OnConnect(cl *mochi.Client, pk packets.Packet) error {
 	anon := rev == ""
 	if anon {
 		if ok, _ := s.anonRate.Allow(ratelimit.Prefix(c.ip), s.clock.Now()); !ok {
-			s.metrics.refuse(reasonAnonymousRate)
-			s.log.Debug("connect refused: anonymous connect rate", "device", string(device), "remote", c.RemoteAddr().String())
+			s.refused(reasonAnonymousRate, "", string(device), remote, "anonymous CONNECTs from its network beyond limits.anonymous_connects_per_second")
 			return refuse(cl, packets.ErrConnectionRateExceeded, packets.Err3ServerUnavailable)
 		}
 	}
@@ -141,22 +137,19 @@ func (h *presence) OnConnect(cl *mochi.Client, pk packets.Packet) error {
 	switch {
 	case err == nil:
 	case errors.Is(err, gateway.ErrInvalidDeviceID):
-		s.metrics.refuse(reasonInvalidClientID)
+		s.refused(reasonInvalidClientID, "", string(device), remote, err.Error())
 		return refuse(cl, packets.ErrClientIdentifierNotValid, packets.Err3ClientIdentifierNotValid)
 	case errors.Is(err, gateway.ErrAnonymousLimit):
-		s.metrics.refuse(reasonAnonymousLimit)
-		s.log.Debug("connect refused: anonymous_max_devices", "device", string(device), "err", err)
+		s.refused(reasonAnonymousLimit, "", string(device), remote, "limits.anonymous_max_devices reached")
 		return refuse(cl, packets.ErrQuotaExceeded, packets.Err3ServerUnavailable)
 	case errors.Is(err, gateway.ErrSessionLimit):
-		s.metrics.refuse(reasonSessionLimit)
-		s.log.Debug("connect refused: max_sessions_per_device", "device", string(device), "err", err)
+		s.refused(reasonSessionLimit, "", string(device), remote, "limits.max_sessions_per_device reached")
 		return refuse(cl, packets.ErrQuotaExceeded, packets.Err3ServerUnavailable)
 	case errors.Is(err, gateway.ErrOverloaded):
-		s.metrics.refuse(reasonOverloaded)
-		s.log.Debug("connect refused: overloaded", "device", string(device), "err", err)
+		s.refused(reasonOverloaded, "", string(device), remote, err.Error())
 		return refuse(cl, packets.ErrServerBusy, packets.Err3ServerUnavailable)
 	default:
-		s.metrics.refuse(reasonError)
+		s.refused(reasonError, "", string(device), remote, err.Error())
 		s.log.Warn("connect refused: observe", "device", string(device), "session", string(session), "err", err)
 		return refuse(cl, packets.ErrUnspecifiedError, packets.Err3ServerUnavailable)
 	}
@@ -209,14 +202,17 @@ func (h *presence) OnACLCheck(cl *mochi.Client, topic string, write bool) bool {
 		allowed = underRoot(topic, c.root)
 		if rest, ok := restBelow(topic, c.root); ok && write && h.srv.cmds != nil && isCommand(rest) {
 			h.srv.metrics.messageRefused(reasonCommandTopic)
+			h.srv.aclRefused(cl, c, "PUBLISH to its own command subtree")
 			return false
 		}
 	}
 	if !allowed {
 		if write {
 			h.srv.metrics.messageRefused(reasonPublishDenied)
+			h.srv.aclRefused(cl, c, "PUBLISH outside its topic subtree")
 		} else {
 			h.srv.metrics.messageRefused(reasonSubscribeDenied)
+			h.srv.aclRefused(cl, c, "SUBSCRIBE outside its topic subtree")
 		}
 	}
 	return allowed
@@ -269,7 +265,15 @@ func (h *presence) OnPublishDropped(cl *mochi.Client, pk packets.Packet) {
 		d.dropped.Store(true)
 	}
 	if !cl.Closed() {
-		h.srv.metrics.refuse(reasonTooSlow)
+		device := ""
+		if c, ok := cl.Net.Conn.(*conn); ok && c.local == nil {
+			device = string(c.device)
+		}
+		if device != "" {
+			h.srv.refused(reasonTooSlow, "", device, cl.Net.Remote, "its pending writes overflowed limits.mqtt_max_pending_writes")
+		} else {
+			h.srv.metrics.refuse(reasonTooSlow)
+		}
 		cl.Stop(errTooSlow)
 	}
 }

@@ -162,6 +162,9 @@ type Options struct {
 	Logger *slog.Logger
 	// Registerer receives the front end's metrics; nil registers none.
 	Registerer prometheus.Registerer
+	// Refusals takes every refusal of a device (a CONNECT, a PUBLISH or
+	// SUBSCRIBE outside its subtree, a revocation); nil discards them.
+	Refusals gateway.Refusals
 
 	// Sink takes the devices' messages (data.go); nil: they stay in the
 	// broker.
@@ -186,6 +189,7 @@ type Server struct {
 	clock     gateway.Clock
 	log       *slog.Logger
 	metrics   *metrics
+	refusals  gateway.Refusals
 	broker    *mochi.Server
 	gatewayID string
 	epoch     uint64
@@ -258,6 +262,7 @@ func New(obs gateway.Observer, o Options) (*Server, error) {
 		epoch:     o.Epoch,
 		prefix:    o.TopicPrefix,
 		allowAnon: o.AllowAnonymous,
+		refusals:  o.Refusals,
 		rate:      ratelimit.New[netip.Addr](ratelimit.AddressFactor * cmp.Or(o.ConnectsPerSecond, DefaultConnectsPerSecond)),
 		devRate:   ratelimit.New[gateway.DeviceID](cmp.Or(o.ConnectsPerSecond, DefaultConnectsPerSecond)),
 		pend:      newPendingConns(maxPendingPerAddr, maxPendingPerPrefix, maxPending),
@@ -285,6 +290,9 @@ func New(obs gateway.Observer, o Options) (*Server, error) {
 	s.metrics = m
 	if s.clock == nil {
 		s.clock = gateway.SystemClock{}
+	}
+	if s.refusals == nil {
+		s.refusals = gateway.NoRefusals{}
 	}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
@@ -482,15 +490,17 @@ func (s *Server) SetCredentials(c gateway.Credentials) {
 	box := &credentials{c}
 	s.creds.Store(box)
 	s.liveMu.Lock()
-	var revoked []*mochi.Client
+	var revoked []admission
 	for _, a := range s.live {
 		if !a.local && box.revision(a.device) != a.rev {
-			revoked = append(revoked, a.client)
+			revoked = append(revoked, a)
 		}
 	}
 	s.liveMu.Unlock()
-	for _, cl := range revoked {
-		s.revoke(cl, "devices file")
+	for _, a := range revoked {
+		s.refusals.Refuse(gateway.Refusal{Protocol: "mqtt", Device: string(a.device), Reason: gateway.RefusedRevoked,
+			Detail: "a devices file reload removed the device or changed its password", Remote: a.client.Net.Remote, At: s.clock.Now()})
+		s.revoke(a.client, "devices file")
 	}
 	s.dropChanged(box)
 }
@@ -631,7 +641,7 @@ var errNotAuthorized = errors.New("not authorized")
 // authorize checks a CONNECT's credentials for device, sent from address
 // from (the backoff of wrong passwords is kept per address when the
 // Credentials take it), with the credentials box it returns: nil, or
-// errNotAuthorized, or
+// errNotAuthorized (a *denied telling why), or
 // gateway.ErrOverloaded when the Credentials are (no password check slot:
 // the Credentials bound the bcrypt work, see auth). A device without a
 // password is admitted only with AllowAnonymous and only when it is not
@@ -639,20 +649,26 @@ var errNotAuthorized = errors.New("not authorized")
 func (s *Server) authorize(device gateway.DeviceID, from netip.Addr, pk packets.Packet) (string, *credentials, error) {
 	box := s.creds.Load()
 	if pk.Connect.UsernameFlag && string(pk.Connect.Username) != string(device) {
-		return "", box, errNotAuthorized
+		return "", box, deniedUserName
 	}
 	rev := box.revision(device)
 	if !pk.Connect.PasswordFlag || box.c == nil {
-		if s.allowAnon && rev == "" {
+		switch {
+		case s.allowAnon && rev == "":
 			return "", box, nil
+		case rev == "":
+			return "", box, deniedUnknown
 		}
-		return "", box, errNotAuthorized
+		return "", box, deniedNoPassword
 	}
 	if err := box.checkPassword(device, from, pk.Connect.Password); err != nil {
-		if errors.Is(err, gateway.ErrOverloaded) {
+		switch {
+		case errors.Is(err, gateway.ErrOverloaded):
 			return "", box, fmt.Errorf("password check: %w", err)
+		case rev == "":
+			return "", box, deniedUnknown
 		}
-		return "", box, errNotAuthorized
+		return "", box, deniedPassword
 	}
 	return rev, box, nil
 }
