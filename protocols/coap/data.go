@@ -158,7 +158,7 @@ func (s *Server) process(j *job) answer {
 	}
 	a, err := s.serve(ctx, j.rq, msg, j.anonymous, j.now, s.cmds != nil)
 	if err != nil {
-		s.logRefusal(a.code, j.rq, j.peer(), err)
+		s.logRefusal(a.code, j.rq, "", j.peer(), err)
 	}
 	return a
 }
@@ -180,7 +180,7 @@ func (s *Server) dispatch(ctx context.Context, j *job) *answer {
 	rq.ack = 0
 	a, err := s.serve(ctx, rq, nil, j.anonymous, j.now, false)
 	if err != nil {
-		s.logRefusal(a.code, rq, j.peer(), err)
+		s.logRefusal(a.code, rq, "", j.peer(), err)
 	}
 	return &a
 }

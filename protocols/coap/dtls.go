@@ -55,7 +55,8 @@ func (s *Server) newDTLS(addr string, handshakeTimeout, idleTimeout time.Duratio
 	if err != nil {
 		return nil, fmt.Errorf("listen dtls %s: %w", addr, err)
 	}
-	pl := &peerListener{Listener: ln, gate: g, metrics: s.metrics, peers: make(map[*peerConn]struct{}), creds: s.credentials}
+	pl := &peerListener{Listener: ln, gate: g, metrics: s.metrics, peers: make(map[*peerConn]struct{}), creds: s.credentials,
+		refusals: s.refusals, now: s.clock.Now}
 	srv := dtls.NewServer(
 		options.WithContext(s.ctx),
 		options.WithProcessReceivedMessageFunc(s.dtlsProcessor()),
@@ -114,6 +115,9 @@ type peerListener struct {
 	closed  atomic.Bool
 
 	creds func() gateway.Credentials // the current ones
+	// refusals and now report the failed handshakes and revocations.
+	refusals gateway.Refusals
+	now      func() time.Time
 
 	mu    sync.Mutex
 	peers map[*peerConn]struct{} // for revocation
@@ -158,9 +162,48 @@ func (l *peerListener) revoke(cur gateway.Credentials) int {
 	}
 	l.mu.Unlock()
 	for _, pc := range revoked {
+		l.refusals.Refuse(gateway.Refusal{Protocol: "coap", Device: string(pc.device), Reason: gateway.RefusedRevoked,
+			Detail: "a devices file reload removed the device or changed its key", Remote: pc.RemoteAddr().String(), At: l.now()})
 		_ = pc.Close()
 	}
 	return len(revoked)
+}
+
+// handshakeRefused reports a DTLS handshake that failed with err after
+// the client named its PSK identity: unknown (not in the devices file,
+// or without a key there) or, for a device with a key, most likely a
+// wrong key (the server cannot tell it from a client that went away
+// after its key exchange). One that failed before is only counted.
+func (l *peerListener) handshakeRefused(dc *piondtls.Conn, err error) {
+	st, ok := dc.ConnectionState()
+	if !ok || len(st.IdentityHint) == 0 {
+		return
+	}
+	r := gateway.Refusal{Protocol: "coap", Device: string(st.IdentityHint), Remote: dc.RemoteAddr().String(), At: l.now(),
+		Reason: gateway.RefusedUnknownDevice, Detail: "DTLS PSK identity not in the devices file"}
+	cr := l.creds()
+	keyed := false
+	if cr != nil {
+		_, _, kerr := cr.PSK(st.IdentityHint)
+		keyed = kerr == nil
+	}
+	switch {
+	case keyed:
+		r.Reason, r.Detail = gateway.RefusedBadCredentials, "DTLS handshake failed after the PSK identity (wrong key?): "+err.Error()
+	case cr != nil && cr.Revision(gateway.DeviceID(st.IdentityHint)) != "":
+		r.Reason, r.Detail = gateway.RefusedBadCredentials, "DTLS handshake of a device without a psk in the devices file"
+	}
+	l.refusals.Refuse(r)
+}
+
+// identityHint is the PSK identity of DTLS peer cc, "" when unknown.
+func identityHint(cc *udpClient.Conn) string {
+	if pc, ok := cc.NetConn().(*peerConn); ok {
+		if st, ok := pc.ConnectionState(); ok {
+			return string(st.IdentityHint)
+		}
+	}
+	return ""
 }
 
 // Close stops accepting.
@@ -198,6 +241,7 @@ func (c *peerConn) HandshakeContext(ctx context.Context) error {
 	c.gated.endHandshake()
 	if err != nil {
 		c.metrics.drop(dropHandshake)
+		c.l.handshakeRefused(c.Conn, err)
 		return fmt.Errorf("dtls handshake: %w", err)
 	}
 	if st, ok := c.ConnectionState(); ok {
@@ -319,7 +363,7 @@ func (s *Server) answerDTLS(r *pool.Message, cc *udpClient.Conn, now time.Time) 
 	}
 	device, err := s.identity(cc)
 	if err != nil {
-		s.logRefusal(codes.Unauthorized, intent{}, peer.String(), err)
+		s.logRefusal(codes.Unauthorized, intent{}, identityHint(cc), peer.String(), err)
 		return answer{code: codes.Unauthorized, diag: "unauthorized"}
 	}
 	var path []string
@@ -335,7 +379,7 @@ func (s *Server) answerDTLS(r *pool.Message, cc *udpClient.Conn, now time.Time) 
 	rq, err := s.admit(r.Code(), path, queries, device, now)
 	if err != nil {
 		a := refusal(err)
-		s.logRefusal(a.code, rq, peer.String(), err)
+		s.logRefusal(a.code, rq, device, peer.String(), err)
 		return a
 	}
 	ctx, cancel := context.WithTimeout(s.ctx, observeTimeout)
@@ -353,7 +397,7 @@ func (s *Server) answerDTLS(r *pool.Message, cc *udpClient.Conn, now time.Time) 
 			if err := gateway.ValidateMessage(j.msg); err != nil {
 				a, reason := publishRefusal(err)
 				s.metrics.refused(reason)
-				s.logRefusal(a.code, rq, peer.String(), err)
+				s.logRefusal(a.code, rq, "", peer.String(), err)
 				return a
 			}
 		}
@@ -364,7 +408,7 @@ func (s *Server) answerDTLS(r *pool.Message, cc *udpClient.Conn, now time.Time) 
 	}
 	a, err := s.serve(ctx, rq, nil, false, now, false)
 	if err != nil {
-		s.logRefusal(a.code, rq, peer.String(), err)
+		s.logRefusal(a.code, rq, "", peer.String(), err)
 	}
 	return a
 }

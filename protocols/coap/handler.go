@@ -3,6 +3,7 @@ package coap
 import (
 	"errors"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/plgd-dev/go-coap/v3/message/codes"
@@ -47,14 +48,68 @@ func (s *Server) admit(method codes.Code, path, queries []string, identity strin
 }
 
 // logRefusal logs a refused request: at debug level when the device is
-// at fault, as an error when the gateway is.
-func (s *Server) logRefusal(code codes.Code, rq intent, peer string, err error) {
+// at fault, as an error when the gateway is; and reports it to the
+// Refusals as a refusal of the device it names (rq's, else claim: the
+// DTLS identity or the d= query), if it names one.
+func (s *Server) logRefusal(code codes.Code, rq intent, claim, peer string, err error) {
 	level := slog.LevelDebug
 	if code == codes.InternalServerError {
 		level = slog.LevelError
 	}
 	s.log.Log(s.ctx, level, "coap request refused", "code", codeLabel(code), "device", rq.device,
 		"session", rq.session, "peer", peer, "err", err)
+	if rq.device != "" {
+		claim = string(rq.device)
+	}
+	if claim == "" {
+		return // no device: the request is only counted
+	}
+	s.refusals.Refuse(gateway.Refusal{
+		Protocol: "coap", Device: claim, Reason: s.refusedAs(code, claim, err),
+		Detail: codeLabel(code) + " " + err.Error(), Remote: peer, At: s.clock.Now(),
+	})
+}
+
+// refusedAs is the gateway's reason for a request refused with code
+// and err, of a client claiming device claim.
+func (s *Server) refusedAs(code codes.Code, claim string, err error) string {
+	switch code {
+	case codes.Unauthorized:
+		switch {
+		case errors.Is(err, gateway.ErrUnauthorized):
+			// A DTLS session whose identity a reload removed.
+			return gateway.RefusedRevoked
+		case s.listed(gateway.DeviceID(claim)):
+			return gateway.RefusedBadCredentials
+		}
+		return gateway.RefusedUnknownDevice
+	case codes.Forbidden:
+		if errors.Is(err, gateway.ErrSessionLimit) {
+			return gateway.RefusedLimit
+		}
+		return gateway.RefusedNotAuthorized
+	case codes.TooManyRequests:
+		return gateway.RefusedRate
+	case codes.ServiceUnavailable:
+		return gateway.RefusedOverloaded
+	case codes.InternalServerError:
+		return gateway.RefusedError
+	}
+	return gateway.RefusedBadRequest
+}
+
+// claimOf is the device a request claims: the DTLS identity, else its
+// d= query; "" for none.
+func claimOf(identity string, queries []string) string {
+	if identity != "" {
+		return identity
+	}
+	for _, q := range queries {
+		if v, ok := strings.CutPrefix(q, "d="); ok {
+			return v
+		}
+	}
+	return ""
 }
 
 // listed reports whether device is in the credentials (the devices file).

@@ -118,6 +118,10 @@ type Options struct {
 	Logger *slog.Logger
 	// Registerer receives the front end's metrics; nil registers none.
 	Registerer prometheus.Registerer
+	// Refusals takes every refusal of a device (a request refused, a
+	// DTLS handshake that failed after naming its PSK identity, a
+	// revocation); nil discards them.
+	Refusals gateway.Refusals
 	// Sink takes the devices' messages (POST /d); nil: there is no /d
 	// (4.04).
 	Sink gateway.DataSink
@@ -135,6 +139,7 @@ type Server struct {
 	cmds      gateway.Commands // nil without commands
 	clock     gateway.Clock
 	log       *slog.Logger
+	refusals  gateway.Refusals
 	metrics   *metrics
 	allowAnon bool
 	maxSize   int
@@ -209,6 +214,7 @@ func New(obs gateway.Observer, o Options) (*Server, error) {
 		clock:     o.Clock,
 		log:       o.Logger,
 		metrics:   m,
+		refusals:  o.Refusals,
 		allowAnon: o.AllowAnonymous,
 		maxSize:   cmp.Or(o.MaxMessageSize, DefaultMaxMessageSize),
 	}
@@ -217,6 +223,9 @@ func New(obs gateway.Observer, o Options) (*Server, error) {
 	s.devices = ratelimit.NewBounded[gateway.DeviceID](rate, maxRateSources)
 	if s.clock == nil {
 		s.clock = gateway.SystemClock{}
+	}
+	if s.refusals == nil {
+		s.refusals = gateway.NoRefusals{}
 	}
 	if _, err := rand.Read(s.decoy[:]); err != nil {
 		return nil, fmt.Errorf("coap: decoy key: %w", err)

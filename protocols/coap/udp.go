@@ -229,10 +229,12 @@ func (s *Server) handle(w *worker, src netip.AddrPort, b []byte) ([]byte, *job) 
 	switch {
 	case errors.Is(err, errDeviceRate):
 		s.metrics.drop(dropRateLimited)
+		s.refusals.Refuse(gateway.Refusal{Protocol: "coap", Device: string(rq.device), Reason: gateway.RefusedRate,
+			Detail: "requests beyond limits.coap_requests_per_second (dropped, no answer)", Remote: src.String(), At: now})
 		return nil, nil
 	case err != nil:
 		a := refusal(err)
-		s.logRefusal(a.code, rq, src.String(), err)
+		s.logRefusal(a.code, rq, claimOf("", queries), src.String(), err)
 		return s.encodeAnswer(w, ex, a), nil
 	}
 	if s.viaWorkers(rq, now) {
@@ -243,7 +245,7 @@ func (s *Server) handle(w *worker, src netip.AddrPort, b []byte) ([]byte, *job) 
 			if err := gateway.ValidateMessage(j.msg); err != nil {
 				a, reason := publishRefusal(err)
 				s.metrics.refused(reason)
-				s.logRefusal(a.code, rq, src.String(), err)
+				s.logRefusal(a.code, rq, "", src.String(), err)
 				return s.encodeAnswer(w, ex, a), nil
 			}
 		}
@@ -252,7 +254,7 @@ func (s *Server) handle(w *worker, src netip.AddrPort, b []byte) ([]byte, *job) 
 	}
 	a, err := s.serve(w.observeContext(s.ctx), rq, nil, true, now, false)
 	if err != nil {
-		s.logRefusal(a.code, rq, src.String(), err)
+		s.logRefusal(a.code, rq, "", src.String(), err)
 	}
 	return s.encodeAnswer(w, ex, a), nil
 }
