@@ -2,6 +2,7 @@ package adapter_test
 
 import (
 	"fmt"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -9,6 +10,7 @@ import (
 	"github.com/fleetgate/fleetgate/auth"
 	"github.com/fleetgate/fleetgate/gateway"
 	"github.com/fleetgate/fleetgate/gateway/gatewaytest"
+	"github.com/fleetgate/fleetgate/internal/refusal"
 	"github.com/fleetgate/fleetgate/protocols/adapter"
 )
 
@@ -34,7 +36,11 @@ func devicesFile(t *testing.T, ids ...string) *auth.Devices {
 // get through, and a device of its prefix gets through once the devices
 // file no longer lists it.
 func TestAdapterSpeaksOnlyForItsDevices(t *testing.T) {
-	e := newHost(t, nil)
+	refusals, err := refusal.New(slog.New(slog.DiscardHandler), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := newHost(t, func(o *adapter.Options) { o.Refusals = refusals })
 	creds := gatewaytest.NewCredentials(devicesFile(t, "alpha", "legacy-alpha"))
 	e.host.SetCredentials(creds)
 	addr := freeUDP(t)
@@ -54,6 +60,11 @@ func TestAdapterSpeaksOnlyForItsDevices(t *testing.T) {
 	if !strings.Contains(e.logs.String(), "evidence refused: the adapter may not speak for this device") ||
 		!strings.Contains(e.logs.String(), "reason=\"listed in the devices file\"") {
 		t.Errorf("no warning for the refused evidence:\n%s", e.logs.String())
+	}
+	for _, d := range []gateway.DeviceID{"alpha", "press-2"} {
+		if r, ok := refusals.Last(d); !ok || r.Protocol != "legacy" || r.Reason != gateway.RefusedNotAuthorized {
+			t.Errorf("last refusal of %s: %+v, %v; want legacy not_authorized", d, r, ok)
+		}
 	}
 
 	// alpha and legacy-alpha leave the devices file (a reload).

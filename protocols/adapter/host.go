@@ -104,6 +104,10 @@ type Options struct {
 	Logger *slog.Logger
 	// Registerer receives the host's metrics; nil registers none.
 	Registerer prometheus.Registerer
+	// Refusals takes the refusals of devices: evidence for a device the
+	// adapter may not speak for, beyond its limits, or refused by the
+	// gateway (protocol: the adapter's name); nil discards them.
+	Refusals gateway.Refusals
 	// HealthInterval and HealthTimeout drive the health ping; 0 means the
 	// defaults.
 	HealthInterval time.Duration
@@ -150,6 +154,9 @@ func New(obs gateway.Observer, o Options) (*Host, error) {
 	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	if o.Refusals == nil {
+		o.Refusals = gateway.NoRefusals{}
 	}
 	if o.HealthInterval <= 0 {
 		o.HealthInterval = DefaultHealthInterval

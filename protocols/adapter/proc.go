@@ -371,11 +371,13 @@ func (p *proc) accept(ctx context.Context, client pb.AdapterClient, f *pb.Eviden
 			refused++
 			out.settle(e, pb.Outcome_OUTCOME_REFUSED, "the adapter may not speak for "+string(ev.Device)+": "+why)
 			p.warnRefused(l, ev.Device, why, now)
+			p.report(ev.Device, gateway.RefusedNotAuthorized, "the adapter may not speak for it (plugins.adapters[].devices): "+why, now)
 			continue
 		}
 		if !l.rate.allow(now) || !l.sessions.admit(sessionKey{ev.Device, ev.Session}, ev.Kind, now) {
 			dropped++
 			out.settle(e, pb.Outcome_OUTCOME_DROPPED, "beyond the adapter's limits (evidence_per_second, max_sessions, max_devices)")
+			p.report(ev.Device, gateway.RefusedLimit, "beyond the adapter's limits (evidence_per_second, max_sessions, max_devices)", now)
 			continue
 		}
 		if err := p.h.obs.Observe(ctx, ev); err != nil {
@@ -383,6 +385,7 @@ func (p *proc) accept(ctx context.Context, client pb.AdapterClient, f *pb.Eviden
 			out.settle(e, pb.Outcome_OUTCOME_DROPPED, "the gateway refused its evidence")
 			if ctx.Err() == nil {
 				p.log.Debug("evidence refused by the gateway", "device", ev.Device, "session", ev.Session, "err", err)
+				p.report(ev.Device, observeRefusal(err), err.Error(), now)
 			}
 			continue
 		}
@@ -529,4 +532,23 @@ func observedAt(now time.Time, ageUs int64, maxAge time.Duration) (time.Time, er
 		return time.Time{}, fmt.Errorf("age_us %d is beyond the lease (%s)", ageUs, maxAge)
 	}
 	return now.Add(-time.Duration(ageUs) * time.Microsecond), nil
+}
+
+// report reports a refusal of device's evidence from this adapter.
+func (p *proc) report(device gateway.DeviceID, reason, detail string, now time.Time) {
+	p.h.o.Refusals.Refuse(gateway.Refusal{Protocol: p.spec.Name, Device: string(device), Reason: reason, Detail: detail, At: now})
+}
+
+// observeRefusal is the gateway's reason for evidence the Observer
+// refused with err.
+func observeRefusal(err error) string {
+	switch {
+	case errors.Is(err, gateway.ErrOverloaded):
+		return gateway.RefusedOverloaded
+	case errors.Is(err, gateway.ErrSessionLimit), errors.Is(err, gateway.ErrAnonymousLimit):
+		return gateway.RefusedLimit
+	case errors.Is(err, gateway.ErrInvalidDeviceID), errors.Is(err, gateway.ErrInvalidSessionID):
+		return gateway.RefusedBadRequest
+	}
+	return gateway.RefusedError
 }
