@@ -52,6 +52,12 @@ type Status struct {
 	Bounds    any       `json:"bounds"`
 }
 
+// Refusals is where the API finds a device's last refusal by a front
+// end (internal/refusal's Reporter).
+type Refusals interface {
+	Last(device gateway.DeviceID) (gateway.Refusal, bool)
+}
+
 // Timing is what deriving suspect needs; a func so a config reload shows.
 type Timing func() (lease, suspectAfter time.Duration)
 
@@ -66,6 +72,9 @@ type Options struct {
 	Timing   Timing
 	Gatherer prometheus.Gatherer
 	Logger   *slog.Logger
+	// Refusals, when set, gives /v1/devices/{id} the device's last
+	// refusal (nil in a runner-only process: it has no front ends).
+	Refusals Refusals
 	// Token, when set, is the bearer token every request but the probes
 	// must carry (listen.admin.token_file); TLS, when set, serves HTTPS
 	// (listen.admin.cert_file, key_file). security.go.
@@ -165,10 +174,12 @@ func (s *Server) device(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	info, err := s.o.Store.Device(r.Context(), id)
+	last := s.lastRefusal(id)
 	switch {
 	case errors.Is(err, gateway.ErrNotFound):
-		// Said once, whatever the store's wrapping: "device X: not found".
-		writeError(w, http.StatusNotFound, fmt.Errorf("device %s: %w", id, gateway.ErrNotFound))
+		// Said once, whatever the store's wrapping: "device X: not found";
+		// with its last refusal, the likely reason why.
+		writeJSON(w, http.StatusNotFound, apiError{Error: fmt.Errorf("device %s: %w", id, gateway.ErrNotFound).Error(), LastRefusal: last})
 		return
 	case err != nil:
 		writeError(w, http.StatusBadGateway, err)
@@ -183,7 +194,19 @@ func (s *Server) device(w http.ResponseWriter, r *http.Request) {
 	if s.o.Sessions != nil {
 		d.Local = s.o.Sessions.Sessions(id)
 	}
+	d.LastRefusal = last
 	writeJSON(w, http.StatusOK, d)
+}
+
+// lastRefusal is the last refusal of device, nil for none.
+func (s *Server) lastRefusal(device gateway.DeviceID) *gateway.Refusal {
+	if s.o.Refusals == nil {
+		return nil
+	}
+	if r, ok := s.o.Refusals.Last(device); ok {
+		return &r
+	}
+	return nil
 }
 
 // Device is the API's view of one device: the store's record, the state
@@ -193,6 +216,9 @@ type Device struct {
 	gateway.DeviceInfo
 	State gateway.State         `json:"state"`
 	Local []gateway.SessionView `json:"local_sessions,omitempty"`
+	// LastRefusal is the last time a front end of this gateway refused
+	// the device, and why (GET /v1/devices/{id} only).
+	LastRefusal *gateway.Refusal `json:"last_refusal,omitempty"`
 }
 
 func (s *Server) view(now time.Time, info gateway.DeviceInfo) Device {
@@ -276,6 +302,8 @@ func intParam(s string, def, lo, hi int) (int, error) {
 
 type apiError struct {
 	Error string `json:"error"`
+	// LastRefusal: the last refusal of a device not found.
+	LastRefusal *gateway.Refusal `json:"last_refusal,omitempty"`
 }
 
 func writeError(w http.ResponseWriter, code int, err error) {

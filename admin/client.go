@@ -12,6 +12,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/fleetgate/fleetgate/gateway"
 )
 
 // Client asks a running gateway's admin API; the query commands use it.
@@ -105,6 +107,9 @@ type Error struct {
 	// Token tells whether the request carried a bearer token (what a
 	// 401 means).
 	Token bool
+	// LastRefusal is the last refusal of a device not found (404 of
+	// /v1/devices/{id}), when the gateway has one.
+	LastRefusal *gateway.Refusal
 }
 
 // Final reports whether asking again cannot help: the request was
@@ -120,7 +125,7 @@ func (c *Client) apiError(code int, body []byte) *Error {
 	if json.Unmarshal(body, &ae) != nil || ae.Error == "" {
 		ae.Error = string(body)
 	}
-	return &Error{Code: code, Message: ae.Error, Token: c.token != ""}
+	return &Error{Code: code, Message: ae.Error, Token: c.token != "", LastRefusal: ae.LastRefusal}
 }
 
 // Error is the API's message for a request it refused (4xx: the message

@@ -47,7 +47,7 @@ func adapterSpecs(p configs.PluginsConfig) []adapter.Spec {
 func (g *gatewayProcess) openAdapters(ctx context.Context, cfg configs.Config, log *slog.Logger, reg prometheus.Registerer) error {
 	h, err := adapter.New(g.table, adapter.Options{
 		Lease: cfg.Presence.Lease.Std(), Data: g.data.bridge, Commands: g.data.bridge,
-		Clock: gateway.SystemClock{}, Logger: log, Registerer: reg,
+		Clock: gateway.SystemClock{}, Logger: log, Registerer: reg, Refusals: g.refusals,
 	})
 	if err != nil {
 		return err

@@ -72,6 +72,7 @@ func (g *gatewayProcess) openFrontEnds(cfg configs.Config, log *slog.Logger, reg
 			Clock:             gateway.SystemClock{},
 			Logger:            log,
 			Registerer:        reg,
+			Refusals:          g.refusals,
 		})
 		if err != nil {
 			return err
@@ -121,6 +122,7 @@ func (g *gatewayProcess) openFrontEnds(cfg configs.Config, log *slog.Logger, reg
 			Clock:             gateway.SystemClock{},
 			Logger:            log,
 			Registerer:        reg,
+			Refusals:          g.refusals,
 
 			MaxInflight:            l.MQTTMaxInflight,
 			RetainedPerDevice:      l.MQTTMaxRetainedPerDevice,

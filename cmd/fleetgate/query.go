@@ -187,6 +187,10 @@ func devicesGet(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return err
 	}
 	raw, err := c.Device(ctx, q.fs.Arg(0))
+	if ae, ok := errors.AsType[*admin.Error](err); ok && ae.LastRefusal != nil {
+		// Never seen, but refused: why is the answer.
+		return fmt.Errorf("%s; last refused %s", ae.Message, fmtRefusal(*ae.LastRefusal, time.Now(), time.Local))
+	}
 	if err != nil {
 		return explain(err)
 	}

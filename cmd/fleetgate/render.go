@@ -212,7 +212,24 @@ func renderDevice(w io.Writer, d admin.Device, now time.Time, loc *time.Location
 	for _, s := range d.Sessions {
 		fmt.Fprintf(tw, "session %s\tgateway %s, epoch %d, deadline %s\n", s.ID, s.Gateway, s.Epoch, fmtTimeAgo(s.Deadline, now, loc))
 	}
+	if r := d.LastRefusal; r != nil {
+		fmt.Fprintf(tw, "last refused\t%s\n", fmtRefusal(*r, now, loc))
+	}
 	return tw.Flush()
+}
+
+// fmtRefusal says when, over what, why and from where a device was
+// refused: "2025-03-01 12:00:00 (5s ago) over mqtt: bad_credentials
+// (wrong password) from 127.0.0.1:40000".
+func fmtRefusal(r gateway.Refusal, now time.Time, loc *time.Location) string {
+	s := fmt.Sprintf("%s over %s: %s", fmtTimeAgo(r.At, now, loc), r.Protocol, r.Reason)
+	if r.Detail != "" {
+		s += " (" + r.Detail + ")"
+	}
+	if r.Remote != "" {
+		s += " from " + r.Remote
+	}
+	return s
 }
 
 func orDash(s string) string {

@@ -29,6 +29,7 @@ import (
 	"github.com/fleetgate/fleetgate/events/mqttpub"
 	"github.com/fleetgate/fleetgate/gateway"
 	"github.com/fleetgate/fleetgate/internal/identity"
+	"github.com/fleetgate/fleetgate/internal/refusal"
 	"github.com/fleetgate/fleetgate/protocols/adapter"
 	"github.com/fleetgate/fleetgate/protocols/mqtt"
 	"github.com/fleetgate/fleetgate/runner"
@@ -93,6 +94,7 @@ type gatewayProcess struct {
 	canaryKey []byte
 	canaryID  gateway.DeviceID
 	reloads   *reloads // fleetgate_reloads_total, fleetgate_reload_last_success
+	refusals  *refusal.Reporter
 }
 
 func (g *gatewayProcess) config() configs.Config {
@@ -126,6 +128,9 @@ func (g *gatewayProcess) run(ctx context.Context) (err error) {
 	registerProcessMetrics(reg, g.config, g.servedCert)
 	g.reloads = newReloads(reg)
 
+	if g.refusals, err = refusal.New(log, reg); err != nil {
+		return err
+	}
 	g.fatal = make(chan error, 1)
 	if g.store, err = openStore(ctx, cfg, db, log, true, g.fatal); err != nil {
 		return err
@@ -207,7 +212,7 @@ func (g *gatewayProcess) run(ctx context.Context) (err error) {
 		g.admin, err = admin.Listen(admin.Options{
 			Addr: cfg.Listen.Admin.HTTP, Store: g.store, Sessions: g.table,
 			Status: g.status, Timing: g.timing, Gatherer: reg, Logger: log,
-			Token: token, TLS: tlsConf,
+			Token: token, TLS: tlsConf, Refusals: g.refusals,
 		})
 		if err != nil {
 			g.closeFrontEnds()
@@ -240,6 +245,7 @@ func (g *gatewayProcess) serve(ctx context.Context, log *slog.Logger) error {
 		backs.Go(func() error { return g.pub.Run(back) })
 	}
 	backs.Go(func() error { return g.table.RunSweep(back, sweepEvery) })
+	backs.Go(func() error { g.refusals.Run(back); return nil })
 	if g.admin != nil {
 		backs.Go(g.admin.Serve)
 	}
