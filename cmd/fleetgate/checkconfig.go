@@ -7,7 +7,7 @@ import (
 )
 
 func cmdCheckConfig(_ context.Context, args []string, stdout, stderr io.Writer) error {
-	fs, path := newFlags("check-config", "check-config [-c FILE]", stderr)
+	fs, path := newFlags("check-config", "check-config [-c FILE]")
 	cfg, err := parseAndLoad(fs, args, path)
 	if err != nil {
 		return err

@@ -10,6 +10,10 @@ import (
 	"testing"
 
 	"github.com/fleetgate/fleetgate/internal/redistest"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
 )
 
 func TestFlagsBeforeOrAfterArguments(t *testing.T) {
@@ -41,12 +45,12 @@ func TestFlagsBeforeOrAfterArguments(t *testing.T) {
 // address; a file named with -c must exist.
 func TestQueryAddressWithoutConfig(t *testing.T) {
 	missing := filepath.Join(t.TempDir(), "fleetgate.yaml")
-	q := newQueryFlags("status", "status", io.Discard)
+	q := newQueryFlags("status", "status")
 	*q.config = missing // as the default path is when absent
 	if addr, err := q.adminAddr(); err != nil || addr != "127.0.0.1:9180" {
 		t.Fatalf("no config file: %q, %v; want the default 127.0.0.1:9180", addr, err)
 	}
-	q = newQueryFlags("status", "status", io.Discard)
+	q = newQueryFlags("status", "status")
 	if err := parse(q.fs, []string{"-c", missing}); err != nil {
 		t.Fatal(err)
 	}
@@ -75,3 +79,40 @@ func TestQueryNothingAnswers(t *testing.T) {
 func itoa(n int) string { return strconv.Itoa(n) }
 
 func regexpMatch(pattern, s string) bool { return regexp.MustCompile(pattern).MatchString(s) }
+
+// A query command that cannot read the configuration (the service's
+// file, readable by root and the service only) says what to do: sudo, or
+// --addr. The binary runs as nobody.
+func TestQueryUnreadableConfigSaysWhatToDo(t *testing.T) {
+	dir := t.TempDir()
+	for _, d := range []string{filepath.Dir(dir), dir} { // the test's directory and its own
+		if err := os.Chmod(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cfg := filepath.Join(dir, "fleetgate.yaml")
+	if err := os.WriteFile(cfg, []byte("listen: { admin: { http: \"127.0.0.1:9\" } }\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// A copy of the binary nobody may run (the test binary's directory
+	// is root's).
+	bin := filepath.Join(dir, "fleetgate")
+	data, err := os.ReadFile(binary)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(bin, data, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin, "devices", "list", "-c", cfg)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+	out, err := cmd.CombinedOutput()
+	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 1 {
+		t.Fatalf("exit %v, want 1\n%s", err, out)
+	}
+	for _, want := range []string{"permission denied", "run with sudo", "--addr HOST:PORT"} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+}

@@ -47,10 +47,18 @@ func TestCLIExitCodes(t *testing.T) {
 	}{
 		{"no command", nil, 2, "", "usage: fleetgate <command>"},
 		{"unknown command", []string{"frobnicate"}, 2, "", `unknown command "frobnicate"`},
-		{"help", []string{"--help"}, 0, "", "check-config"},
+		{"help", []string{"--help"}, 0, "check-config", ""},
+		{"help word", []string{"help"}, 0, "check-config", ""},
+		{"help of a command", []string{"help", "devices", "list"}, 0, "--state", ""},
 		{"version", []string{"version"}, 0, "fleetgate ", ""},
-		{"command help", []string{"run", "--help"}, 0, "", "-config"},
-		{"bad flag", []string{"status", "--nope"}, 2, "", "flag provided but not defined"},
+		{"--version", []string{"--version"}, 0, "fleetgate ", ""},
+		{"version json", []string{"version", "--json"}, 0, `"go": "go1.`, ""},
+		{"command help", []string{"run", "--help"}, 0, "  -c, --config FILE\n", ""},
+		{"subcommand help", []string{"devices", "--help"}, 0, "devices list", ""},
+		{"bad flag", []string{"status", "--nope"}, 2, "", "fleetgate status: usage: flag provided but not defined: -nope\nRun 'fleetgate status --help' for its usage.\n"},
+		{"no config for hash-password", []string{"hash-password", "-c", "x.yaml"}, 2, "", "flag provided but not defined: -c"},
+		{"no config for simulate", []string{"simulate", "--config", "x.yaml"}, 2, "", "flag provided but not defined: -config"},
+		{"state checked locally", []string{"devices", "list", "--addr", "127.0.0.1:1", "--state", "onlin"}, 2, "", `--state "onlin": want online, suspect or offline`},
 		// The shipped file names /etc/fleetgate/devices.yaml, which run
 		// would load: check-config fails as run would without it.
 		{"shipped config", []string{"check-config", "-c", filepath.Join(repo, "fleetgate.yaml")}, 1, "", "devices file: open /etc/fleetgate/devices.yaml"},

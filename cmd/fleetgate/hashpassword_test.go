@@ -7,11 +7,17 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"os"
+	"os/exec"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
+
+	"golang.org/x/crypto/bcrypt"
 
 	"github.com/fleetgate/fleetgate/auth"
-	"golang.org/x/crypto/bcrypt"
 )
 
 // hashPassword runs cmdHashPassword with input on stdin. Tests that call it
@@ -68,8 +74,26 @@ func TestHashPasswordDefaultCost(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cost, err := bcrypt.Cost([]byte(strings.TrimSpace(out))); err != nil || cost != auth.DefaultCost {
-		t.Fatalf("cost %d, %v; want %d", cost, err, auth.DefaultCost)
+	if cost, err := bcrypt.Cost([]byte(strings.TrimSpace(out))); err != nil || cost != defaultHashCost {
+		t.Fatalf("cost %d, %v; want %d", cost, err, defaultHashCost)
+	}
+}
+
+// The default cost is what docs/operations.md advises for the secrets
+// devices should have.
+func TestHashPasswordDefaultCostIsTheAdvice(t *testing.T) {
+	ops, err := os.ReadFile("../../docs/operations.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`use cost (\d+)–(\d+) for machine secrets`).FindSubmatch(ops)
+	if m == nil {
+		t.Fatal("docs/operations.md no longer advises a cost for machine secrets")
+	}
+	lo, _ := strconv.Atoi(string(m[1]))
+	hi, _ := strconv.Atoi(string(m[2]))
+	if defaultHashCost < lo || defaultHashCost > hi {
+		t.Fatalf("hash-password's default cost %d is outside the advised %d–%d", defaultHashCost, lo, hi)
 	}
 }
 
@@ -118,7 +142,9 @@ func TestHashPasswordHelp(t *testing.T) {
 	t.Cleanup(func() { stdin = old })
 	var out, errb bytes.Buffer
 	err := cmdHashPassword(context.Background(), []string{"--help"}, &out, &errb)
-	if !errors.Is(err, flag.ErrHelp) || out.Len() != 0 || !strings.Contains(errb.String(), "usage: fleetgate hash-password [--cost N]") || !strings.Contains(errb.String(), "-cost") {
+	var help *helpError
+	if !errors.Is(err, flag.ErrHelp) || !errors.As(err, &help) || out.Len() != 0 || errb.Len() != 0 ||
+		!strings.Contains(help.usage, "usage: fleetgate hash-password [--cost N]") || !strings.Contains(help.usage, "--cost N") {
 		t.Fatalf("--help: %v, stdout %q, stderr %q", err, out.String(), errb.String())
 	}
 }
@@ -147,4 +173,64 @@ func (c *countingReader) Read(p []byte) (int, error) {
 	n, err := c.r.Read(p)
 	c.n += n
 	return n, err
+}
+
+// On a terminal, hash-password prompts twice on stderr and the password
+// never shows: the terminal does not echo it. The binary runs on a real
+// pseudo-terminal.
+func TestHashPasswordPromptsWithoutEcho(t *testing.T) {
+	master, tty := openPTY(t)
+	var stdout bytes.Buffer
+	cmd := exec.Command(binary, "hash-password")
+	cmd.Stdin, cmd.Stderr, cmd.Stdout = tty, tty, &stdout
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	screen := make(chan string, 1)
+	go func() {
+		var seen bytes.Buffer
+		buf := make([]byte, 256)
+		for {
+			n, err := master.Read(buf)
+			seen.Write(buf[:n])
+			if err != nil || bytes.Contains(seen.Bytes(), []byte("Again: ")) && bytes.Count(seen.Bytes(), []byte("\n")) >= 2 {
+				screen <- seen.String()
+				return
+			}
+			if bytes.HasSuffix(seen.Bytes(), []byte("Password: ")) || bytes.HasSuffix(seen.Bytes(), []byte("Again: ")) {
+				if _, err := master.Write([]byte("pty-secret-42\n")); err != nil {
+					screen <- seen.String()
+					return
+				}
+			}
+		}
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("hash-password: %v", err)
+		}
+	case <-time.After(20 * time.Second):
+		_ = cmd.Process.Kill()
+		t.Fatal("hash-password on a terminal did not finish")
+	}
+	tty.Close() // the reader sees the end
+	var shown string
+	select {
+	case shown = <-screen:
+	case <-time.After(5 * time.Second):
+		t.Fatal("no terminal output")
+	}
+	if !strings.Contains(shown, "Password: ") || !strings.Contains(shown, "Again: ") {
+		t.Fatalf("terminal showed %q, want both prompts", shown)
+	}
+	if strings.Contains(shown, "pty-secret-42") {
+		t.Fatalf("the terminal echoed the password: %q", shown)
+	}
+	hash := strings.TrimSpace(stdout.String())
+	if err := bcrypt.CompareHashAndPassword([]byte(hash), []byte("pty-secret-42")); err != nil {
+		t.Fatalf("stdout %q is not the password's hash: %v", hash, err)
+	}
 }

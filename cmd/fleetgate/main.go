@@ -24,9 +24,6 @@ import (
 	"github.com/fleetgate/fleetgate/internal/statefile"
 )
 
-// version is set by the linker (-X main.version=...).
-var version = "dev"
-
 // errUsage marks a command-line mistake (exit 2); its message is printed
 // with the command's usage.
 var errUsage = errors.New("usage")
@@ -75,11 +72,17 @@ func main() {
 }
 
 func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+	switch {
+	case len(args) == 0:
 		usage(stderr)
-		if len(args) == 0 {
-			return 2
-		}
+		return 2
+	case args[0] == "-h" || args[0] == "--help" || (args[0] == "help" && len(args) == 1):
+		usage(stdout)
+		return 0
+	case args[0] == "help":
+		return dispatch(ctx, append(args[1:], "--help"), stdout, stderr)
+	case args[0] == "--version":
+		fmt.Fprintf(stdout, "fleetgate %s\n", version)
 		return 0
 	}
 	for _, c := range commands() {
@@ -88,14 +91,18 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		}
 		err := c.run(ctx, args[1:], stdout, stderr)
 		name := c.name
-		if (name == "devices" || name == "events") && len(args) > 1 && !strings.HasPrefix(args[1], "-") {
+		if (name == "devices" || name == "events" || name == "completion") && len(args) > 1 && !strings.HasPrefix(args[1], "-") {
 			name += " " + args[1] // the verb: "devices get"
 		}
+		var help *helpError
 		switch {
-		case err == nil, errors.Is(err, flag.ErrHelp):
+		case err == nil:
+			return 0
+		case errors.As(err, &help):
+			fmt.Fprint(stdout, help.usage)
 			return 0
 		case errors.Is(err, errUsage):
-			fmt.Fprintf(stderr, "fleetgate %s: %v\n", name, err)
+			fmt.Fprintf(stderr, "fleetgate %s: %v\nRun 'fleetgate %s --help' for its usage.\n", name, err, name)
 			return 2
 		case errors.As(err, new(configError)):
 			fmt.Fprintf(stderr, "fleetgate %s: %v\n", c.name, err)
@@ -118,34 +125,97 @@ func usage(w io.Writer) {
 	for _, c := range commands() {
 		fmt.Fprintf(w, "  %-13s %s\n", c.name, c.summary)
 	}
-	fmt.Fprintln(w, "\nRun 'fleetgate <command> --help' for a command's flags.")
+	fmt.Fprintln(w, "\nRun 'fleetgate <command> --help' for a command's flags; 'fleetgate --version' for the version.")
 	fmt.Fprintln(w, "Exit codes: 0 success, 1 failure, 2 usage error, 78 configuration error, 65 state file of a newer release.")
 }
 
+// helpError is a command's answer to --help: its usage, which dispatch
+// prints on standard output.
+type helpError struct{ usage string }
+
+func (e *helpError) Error() string        { return "help requested" }
+func (e *helpError) Is(target error) bool { return target == flag.ErrHelp }
+
 // newFlags returns a flag set that reports errors instead of exiting and
-// has the -c/--config flag every command shares.
-func newFlags(name, synopsis string, stderr io.Writer) (*flag.FlagSet, *string) {
-	fs := flag.NewFlagSet("fleetgate "+name, flag.ContinueOnError)
-	fs.SetOutput(stderr)
+// has the -c/--config flag of the commands that read the configuration.
+func newFlags(name, synopsis string) (*flag.FlagSet, *string) {
+	fs := newBareFlags(name, synopsis)
 	cfg := new(string)
-	fs.StringVar(cfg, "c", defaultConfigPath, "configuration file")
-	fs.StringVar(cfg, "config", defaultConfigPath, "configuration file")
-	fs.Usage = func() {
-		fmt.Fprintf(stderr, "usage: fleetgate %s\n\nflags:\n", synopsis)
-		fs.PrintDefaults()
-	}
+	fs.StringVar(cfg, "c", defaultConfigPath, "configuration `FILE`")
+	fs.StringVar(cfg, "config", defaultConfigPath, "configuration `FILE`")
 	return fs, cfg
 }
 
-// parse parses args, turning flag errors into usage errors. Flags may
-// come before or after the arguments (`devices get dev-1 -c f.yaml`);
-// after "--" everything is an argument. fs.Args() are the arguments.
+// newBareFlags is newFlags without -c/--config, for the commands that
+// read no configuration (which then refuse -c).
+func newBareFlags(name, synopsis string) *flag.FlagSet {
+	fs := flag.NewFlagSet("fleetgate "+name, flag.ContinueOnError)
+	// parse reports the errors, once; --help prints the usage.
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {
+		w := fs.Output()
+		fmt.Fprintf(w, "usage: fleetgate %s\n", synopsis)
+		if hasFlags(fs) {
+			fmt.Fprintln(w, "\nflags:")
+			printFlags(w, fs)
+		}
+	}
+	return fs
+}
+
+func hasFlags(fs *flag.FlagSet) bool {
+	n := 0
+	fs.VisitAll(func(*flag.Flag) { n++ })
+	return n > 0
+}
+
+// printFlags writes the flags of fs, one entry each: "-c, --config FILE"
+// (its two names as one), "--addr HOST:PORT" (a long flag with two
+// dashes), each with its help and default on the next line.
+func printFlags(w io.Writer, fs *flag.FlagSet) {
+	fs.VisitAll(func(f *flag.Flag) {
+		if f.Name == "c" && fs.Lookup("config") != nil {
+			return // listed with --config
+		}
+		arg, help := flag.UnquoteUsage(f)
+		head := "--" + f.Name
+		switch {
+		case f.Name == "config" && fs.Lookup("c") != nil:
+			head = "-c, --config"
+		case len(f.Name) == 1:
+			head = "-" + f.Name
+		}
+		if arg != "" {
+			head += " " + arg
+		}
+		fmt.Fprintf(w, "  %s\n    \t%s", head, strings.ReplaceAll(help, "\n", "\n    \t"))
+		if d := f.DefValue; d != "" && d != "false" && d != "0" {
+			fmt.Fprintf(w, " (default %s)", d)
+		}
+		fmt.Fprintln(w)
+	})
+}
+
+// usageOf is the usage fs prints for --help.
+func usageOf(fs *flag.FlagSet) string {
+	var b strings.Builder
+	out := fs.Output()
+	fs.SetOutput(&b)
+	fs.Usage()
+	fs.SetOutput(out)
+	return b.String()
+}
+
+// parse parses args, turning flag errors into usage errors and --help
+// into a *helpError. Flags may come before or after the arguments
+// (`devices get dev-1 -c f.yaml`); after "--" everything is an argument.
+// fs.Args() are the arguments.
 func parse(fs *flag.FlagSet, args []string) error {
 	var pos []string
 	for {
 		if err := fs.Parse(args); err != nil {
 			if errors.Is(err, flag.ErrHelp) {
-				return err
+				return &helpError{usage: usageOf(fs)}
 			}
 			return fmt.Errorf("%w: %v", errUsage, err)
 		}
@@ -162,16 +232,6 @@ func parse(fs *flag.FlagSet, args []string) error {
 	}
 	// Leave the arguments in fs.Args(), parsing no flag among them.
 	return fs.Parse(append([]string{"--"}, pos...))
-}
-
-func cmdVersion(_ context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("fleetgate version", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	if err := parse(fs, args); err != nil {
-		return err
-	}
-	fmt.Fprintf(stdout, "fleetgate %s\n", version)
-	return nil
 }
 
 // parseAndLoad parses a command's flags (no arguments allowed) and loads

@@ -32,8 +32,8 @@ type queryFlags struct {
 	json      *bool
 }
 
-func newQueryFlags(name, synopsis string, stderr io.Writer) queryFlags {
-	fs, cfg := newFlags(name, synopsis, stderr)
+func newQueryFlags(name, synopsis string) queryFlags {
+	fs, cfg := newFlags(name, synopsis)
 	return queryFlags{
 		fs:        fs,
 		config:    cfg,
@@ -90,8 +90,10 @@ func (q queryFlags) adminListen() (configs.AdminListen, error) {
 			return l, err
 		}
 		l = cfg.Listen.Admin
+	case *q.addr == "" && errors.Is(err, fs.ErrPermission):
+		return l, fmt.Errorf("%w: the admin API's address and token are in it; run with sudo (or as a member of the gateway's group), or pass --addr HOST:PORT (and --token-file FILE)", err)
 	case *q.addr == "":
-		return l, err
+		return l, fmt.Errorf("%w (or pass --addr HOST:PORT)", err)
 	}
 	if *q.addr != "" {
 		l.HTTP = *q.addr
@@ -127,7 +129,7 @@ func printJSON(w io.Writer, v any) error {
 }
 
 func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	q := newQueryFlags("status", "status [-c FILE] [--addr HOST:PORT] [--json]", stderr)
+	q := newQueryFlags("status", "status [-c FILE] [--addr HOST:PORT] [--json]")
 	if err := parse(q.fs, args); err != nil {
 		return err
 	}
@@ -163,8 +165,7 @@ func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 func cmdDevices(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 || (args[0] != "get" && args[0] != "list") {
 		if len(args) > 0 && (args[0] == "-h" || args[0] == "--help") {
-			fmt.Fprintln(stderr, "usage: fleetgate devices get ID | fleetgate devices list [--state online|suspect|offline] [--limit N] [--cursor C]")
-			return flag.ErrHelp
+			return &helpError{usage: "usage: fleetgate devices get [flags] ID | fleetgate devices list [flags]\n\nRun 'fleetgate devices get --help' or 'fleetgate devices list --help' for their flags.\n"}
 		}
 		return fmt.Errorf("%w: want 'devices get ID' or 'devices list'", errUsage)
 	}
@@ -175,7 +176,7 @@ func cmdDevices(ctx context.Context, args []string, stdout, stderr io.Writer) er
 }
 
 func devicesGet(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	q := newQueryFlags("devices get", "devices get [-c FILE] [--addr HOST:PORT] [--json] ID", stderr)
+	q := newQueryFlags("devices get", "devices get [-c FILE] [--addr HOST:PORT] [--json] ID")
 	if err := parse(q.fs, args); err != nil {
 		return err
 	}
@@ -205,7 +206,7 @@ func devicesGet(ctx context.Context, args []string, stdout, stderr io.Writer) er
 }
 
 func devicesList(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	q := newQueryFlags("devices list", "devices list [-c FILE] [--addr HOST:PORT] [--json] [--state S] [--limit N] [--cursor C | --all]", stderr)
+	q := newQueryFlags("devices list", "devices list [-c FILE] [--addr HOST:PORT] [--json] [--state S] [--limit N] [--cursor C | --all]")
 	state := q.fs.String("state", "", "only devices in this state: online, suspect or offline")
 	limit := q.fs.Int("limit", 100, "devices per page (1 to 1000)")
 	cursor := q.fs.String("cursor", "", "start at this page (printed at the end of the previous one)")
@@ -218,6 +219,11 @@ func devicesList(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	}
 	if *limit < 1 || *limit > 1000 {
 		return fmt.Errorf("%w: --limit %d: want 1 to 1000", errUsage, *limit)
+	}
+	switch gateway.State(*state) {
+	case "", gateway.Online, gateway.Suspect, gateway.Offline:
+	default:
+		return fmt.Errorf("%w: --state %q: want online, suspect or offline", errUsage, *state)
 	}
 	c, err := q.client()
 	if err != nil {
@@ -258,12 +264,11 @@ const maxPages = 100_000
 func cmdEvents(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 || args[0] != "tail" {
 		if len(args) > 0 && (args[0] == "-h" || args[0] == "--help") {
-			fmt.Fprintln(stderr, "usage: fleetgate events tail [--since 10m] [--follow] [--json]")
-			return flag.ErrHelp
+			return &helpError{usage: "usage: fleetgate events tail [flags]\n\nRun 'fleetgate events tail --help' for its flags.\n"}
 		}
 		return fmt.Errorf("%w: want 'events tail'", errUsage)
 	}
-	q := newQueryFlags("events tail", "events tail [-c FILE] [--addr HOST:PORT] [--json] [--since D] [--follow]", stderr)
+	q := newQueryFlags("events tail", "events tail [-c FILE] [--addr HOST:PORT] [--json] [--since D] [--follow]")
 	since := q.fs.Duration("since", 10*time.Minute, "start with the events of this long ago")
 	follow := q.fs.Bool("follow", false, "keep printing new events until interrupted")
 	if err := parse(q.fs, args[1:]); err != nil {

@@ -52,7 +52,7 @@ const shutdownGrace = 10 * time.Second
 const sweepEvery = 5 * time.Second
 
 func cmdRun(ctx context.Context, args []string, _, stderr io.Writer) error {
-	fs, path := newFlags("run", "run [-c FILE]", stderr)
+	fs, path := newFlags("run", "run [-c FILE]")
 	cfg, err := parseAndLoad(fs, args, path)
 	if err != nil {
 		return err

@@ -24,7 +24,7 @@ import (
 // embedded store lives in a gateway's locked state file, whose own runner
 // does the work). Several runner processes share the shards.
 func cmdRunner(ctx context.Context, args []string, _, stderr io.Writer) (err error) {
-	fs, path := newFlags("runner", "runner [-c FILE] [--owner NAME] [--metrics HOST:PORT]", stderr)
+	fs, path := newFlags("runner", "runner [-c FILE] [--owner NAME] [--metrics HOST:PORT]")
 	owner := fs.String("owner", "", "lock owner name (default: <gateway.id>/runner/<pid>)")
 	metricsAddr := fs.String("metrics", "", "serve the admin API (/healthz, /readyz, /metrics, /v1/...) on this address (e.g. 127.0.0.1:9181), with the token, TLS and insecure of listen.admin")
 	cfg, err := parseAndLoad(fs, args, path)

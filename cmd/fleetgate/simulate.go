@@ -19,7 +19,7 @@ import (
 // with what the fleet did. It exits 1 when fleetgate reported a false
 // offline, missed an offline or an online, or wrote a broken log.
 func cmdSimulate(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs, _ := newFlags("simulate", "simulate (--coap HOST:PORT[,...] | --mqtt HOST:PORT[,...] | --check-only FILE[,...]) (--redis ADDR[,...] | --admin HOST:PORT) [flags]", stderr)
+	fs := newBareFlags("simulate", "simulate (--coap HOST:PORT[,...] | --mqtt HOST:PORT[,...] | --check-only FILE[,...]) (--redis ADDR[,...] | --admin HOST:PORT) [flags]")
 	coapAddrs := fs.String("coap", "", "gateways' CoAP UDP addresses, comma-separated")
 	mqttAddrs := fs.String("mqtt", "", "gateways' MQTT TCP addresses, comma-separated")
 	dtlsAddrs := fs.String("dtls", "", "gateways' CoAP DTLS addresses, comma-separated, in the order of --coap")

@@ -15,7 +15,10 @@ import (
 // so that its bounds fit a gateway run with the shipped configuration.
 func TestSimulateDefaultsAreTheConfigDefaults(t *testing.T) {
 	var usage bytes.Buffer
-	_ = cmdSimulate(context.Background(), []string{"-h"}, io.Discard, &usage)
+	code := dispatch(context.Background(), []string{"simulate", "-h"}, &usage, io.Discard)
+	if code != 0 {
+		t.Fatalf("simulate -h: exit %d", code)
+	}
 	def := configs.Default()
 	for flag, want := range map[string]string{
 		"lease":           def.Presence.Lease.Std().String(),
@@ -23,7 +26,7 @@ func TestSimulateDefaultsAreTheConfigDefaults(t *testing.T) {
 		"renew-every":     def.Presence.RenewEvery.Std().String(),
 		"runner-interval": def.Runner.Interval.Std().String(),
 	} {
-		m := regexp.MustCompile(`(?m)^  -` + regexp.QuoteMeta(flag) + ` duration\n.*\(default ([^)]+)\)$`).FindStringSubmatch(usage.String())
+		m := regexp.MustCompile(`(?m)^  --` + regexp.QuoteMeta(flag) + ` duration\n.*\(default ([^)]+)\)$`).FindStringSubmatch(usage.String())
 		if m == nil {
 			t.Errorf("-%s: no default in the usage:\n%s", flag, usage.String())
 			continue

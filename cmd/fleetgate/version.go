@@ -1,0 +1,74 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"runtime"
+	"runtime/debug"
+)
+
+// version is set by the linker (-X main.version=...), and so is
+// buildDate (-X main.buildDate=2025-03-01T12:00:00Z; the Makefile sets
+// both).
+var (
+	version   = "dev"
+	buildDate = ""
+)
+
+// buildInfo is what `fleetgate version --json` prints.
+type buildInfo struct {
+	Version string `json:"version"`
+	// Commit is the VCS revision the binary was built from ("" when
+	// unknown), with "+dirty" when the tree had changes.
+	Commit string `json:"commit"`
+	Go     string `json:"go"`
+	// Built is the build date (RFC 3339), "" when the build did not set
+	// it.
+	Built string `json:"built"`
+}
+
+// currentBuild reads the build from the linker's variables and the Go
+// toolchain's build information.
+func currentBuild() buildInfo {
+	b := buildInfo{Version: version, Go: runtime.Version(), Built: buildDate}
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		dirty := false
+		for _, s := range bi.Settings {
+			switch s.Key {
+			case "vcs.revision":
+				b.Commit = s.Value
+			case "vcs.modified":
+				dirty = s.Value == "true"
+			}
+		}
+		if dirty && b.Commit != "" {
+			b.Commit += "+dirty"
+		}
+	}
+	return b
+}
+
+func cmdVersion(_ context.Context, args []string, stdout, _ io.Writer) error {
+	fs := newBareFlags("version", "version [--json]")
+	asJSON := fs.Bool("json", false, "print version, commit, Go version and build date as JSON")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if err := noArgs(fs); err != nil {
+		return err
+	}
+	b := currentBuild()
+	if *asJSON {
+		return printJSON(stdout, b)
+	}
+	fmt.Fprintf(stdout, "fleetgate %s\n", b.Version)
+	if b.Commit != "" {
+		fmt.Fprintf(stdout, "commit  %s\n", b.Commit)
+	}
+	fmt.Fprintf(stdout, "go      %s\n", b.Go)
+	if b.Built != "" {
+		fmt.Fprintf(stdout, "built   %s\n", b.Built)
+	}
+	return nil
+}
