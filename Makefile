@@ -8,7 +8,7 @@ VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 BUILD_DATE ?= $(shell date -u -d @$${SOURCE_DATE_EPOCH:-$$(date +%s)} +%Y-%m-%dT%H:%M:%SZ)
 LDFLAGS := -X main.version=$(VERSION) -X main.buildDate=$(BUILD_DATE)
 
-.PHONY: all build plugins generate run test test-faults soak deps vet bench fuzz clean deb rpm packages test-packages
+.PHONY: all build plugins generate run test test-faults soak deps vet bench fuzz clean deb rpm packages test-packages man
 
 all: build
 
@@ -44,8 +44,10 @@ run: build
 # staleness test); for systemd/ and test-packages systemd-analyze and
 # systemd-sysusers, promtool, lintian, rpm, dpkg-deb, debootstrap, chroot;
 # for the consumers of docs/events.md curl, node, and Debian's python3 with
-# paho-mqtt (paho: checked as an import of /usr/bin/python3).
+# paho-mqtt (paho: checked as an import of /usr/bin/python3);
+# bash and zsh (the completion scripts' tests), groff (the man page's).
 DEPS := redis-server:redis-server redis-cli:redis-server \
+	bash:bash zsh:zsh groff:groff-base \
 	mosquitto_pub:mosquitto-clients mosquitto_sub:mosquitto-clients \
 	coap-client,coap-client-notls:libcoap3-bin \
 	mosquitto:mosquitto mosquitto_passwd:mosquitto protoc:protobuf-compiler \
@@ -82,6 +84,11 @@ vet:
 # Vets and runs the whole suite with -race.
 test: deps vet
 	$(GO) test -race -count=1 -timeout 14m $(PKGS)
+
+# Writes docs/man/fleetgate.1 from the commands' help; `make test`
+# (TestManPageCurrent) fails while it differs.
+man:
+	$(GO) test ./cmd/fleetgate -count=1 -run '^TestManPageCurrent$$' -args -update-man
 
 # Runs every fuzz target for FUZZTIME each (their seed corpora in
 # testdata/fuzz already run as ordinary tests in `make test`); new

@@ -59,8 +59,9 @@ func commands() []command {
 		{"events", "events tail [--since D] [--follow]: read presence events", cmdEvents},
 		{"watch", "a snapshot of every device, then every change (--cursor-file to resume)", cmdWatch},
 		{"simulate", "play a CoAP and MQTT fleet with churn against gateways and check the events they wrote", cmdSimulate},
-		{"hash-password", "print the bcrypt hash of the password on stdin, for the devices file", cmdHashPassword},
-		{"version", "print the version", cmdVersion},
+		{"hash-password", "print the bcrypt hash of a password (prompted on a terminal, else read on stdin), for the devices file", cmdHashPassword},
+		{"version", "print the version, commit, Go version and build date", cmdVersion},
+		{"completion", "print the shell completion script: completion bash|zsh", cmdCompletion},
 	}
 }
 

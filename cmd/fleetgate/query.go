@@ -38,7 +38,7 @@ func newQueryFlags(name, synopsis string) queryFlags {
 		fs:        fs,
 		config:    cfg,
 		addr:      fs.String("addr", "", "admin API address (default: listen.admin.http of the configuration, else "+configs.Default().Listen.Admin.HTTP+")"),
-		tokenFile: fs.String("token-file", "", "file holding the admin API's bearer token (default: listen.admin.token_file of the configuration)"),
+		tokenFile: fs.String("token-file", "", "`FILE` holding the admin API's bearer token (default: listen.admin.token_file of the configuration)"),
 		json:      fs.Bool("json", false, "print the API's JSON instead of a summary"),
 	}
 }
@@ -207,7 +207,7 @@ func devicesGet(ctx context.Context, args []string, stdout, stderr io.Writer) er
 
 func devicesList(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	q := newQueryFlags("devices list", "devices list [-c FILE] [--addr HOST:PORT] [--json] [--state S] [--limit N] [--cursor C | --all]")
-	state := q.fs.String("state", "", "only devices in this state: online, suspect or offline")
+	state := q.fs.String("state", "", "only devices in this `STATE`: online, suspect or offline")
 	limit := q.fs.Int("limit", 100, "devices per page (1 to 1000)")
 	cursor := q.fs.String("cursor", "", "start at this page (printed at the end of the previous one)")
 	all := q.fs.Bool("all", false, "every page, with the counts per state of the whole fleet")

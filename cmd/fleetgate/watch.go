@@ -33,7 +33,7 @@ const tableRows = 20
 // starts over with a new snapshot.
 func cmdWatch(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	q := newQueryFlags("watch", "watch [-c FILE] [--addr HOST:PORT] [--json] [--cursor-file FILE]")
-	cursorFile := q.fs.String("cursor-file", "", "resume after the cursor saved in this file, and keep it current")
+	cursorFile := q.fs.String("cursor-file", "", "resume after the cursor saved in `FILE`, and keep it current")
 	retry := q.fs.Duration("retry", 2*time.Second, "wait this long before reconnecting after the gateway went away")
 	if err := parse(q.fs, args); err != nil {
 		return err
