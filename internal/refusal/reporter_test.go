@@ -166,3 +166,19 @@ func refusedTotal(t *testing.T, reg *prometheus.Registry) map[string]float64 {
 	}
 	return out
 }
+
+// BenchmarkRefuse is the cost of one refusal on the flood path: the same
+// device and reason again and again (suppressed), from all CPUs.
+func BenchmarkRefuse(b *testing.B) {
+	p, err := New(slog.New(slog.DiscardHandler), prometheus.NewRegistry())
+	if err != nil {
+		b.Fatal(err)
+	}
+	r := gateway.Refusal{Protocol: "coap", Device: "dev-1", Reason: gateway.RefusedRate, Remote: "127.0.0.1:5683", At: t0}
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			p.Refuse(r)
+		}
+	})
+}
