@@ -6,7 +6,8 @@ VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 # The build date of `fleetgate version`; SOURCE_DATE_EPOCH (reproducible
 # builds) wins over the clock.
 BUILD_DATE ?= $(shell date -u -d @$${SOURCE_DATE_EPOCH:-$$(date +%s)} +%Y-%m-%dT%H:%M:%SZ)
-LDFLAGS := -X main.version=$(VERSION) -X main.buildDate=$(BUILD_DATE)
+COMMIT ?= $(shell git rev-parse HEAD 2>/dev/null)
+LDFLAGS := -X main.version=$(VERSION) -X main.buildDate=$(BUILD_DATE) -X main.commit=$(COMMIT)
 
 .PHONY: all build plugins generate run test test-faults soak deps vet bench fuzz clean deb rpm packages test-packages man
 

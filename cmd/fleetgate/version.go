@@ -8,12 +8,14 @@ import (
 	"runtime/debug"
 )
 
-// version is set by the linker (-X main.version=...), and so is
-// buildDate (-X main.buildDate=2025-03-01T12:00:00Z; the Makefile sets
-// both).
+// version is set by the linker (-X main.version=...), and so are
+// buildDate (-X main.buildDate=2025-03-01T12:00:00Z) and commit (the
+// revision, for builds without Go's VCS stamp: -buildvcs=false); the
+// Makefile sets them.
 var (
 	version   = "dev"
 	buildDate = ""
+	commit    = ""
 )
 
 // buildInfo is what `fleetgate version --json` prints.
@@ -31,7 +33,7 @@ type buildInfo struct {
 // currentBuild reads the build from the linker's variables and the Go
 // toolchain's build information.
 func currentBuild() buildInfo {
-	b := buildInfo{Version: version, Go: runtime.Version(), Built: buildDate}
+	b := buildInfo{Version: version, Go: runtime.Version(), Built: buildDate, Commit: commit}
 	if bi, ok := debug.ReadBuildInfo(); ok {
 		dirty := false
 		for _, s := range bi.Settings {
