@@ -4,7 +4,8 @@
 //
 // Exit codes: 0 success; 1 failure (a part that could not start or failed
 // while running, an API error); 2 usage error; 78 (EX_CONFIG) the
-// configuration file could not be read or is invalid; 65 (EX_DATAERR) the
+// configuration file could not be read or is invalid, or a file it names
+// (devices file, certificate, token) does not load; 65 (EX_DATAERR) the
 // state file was written by a newer release (a downgrade). systemd's unit
 // lists 78 and 65 in RestartPreventExitStatus=: restarting cannot fix them.
 package main
@@ -36,8 +37,8 @@ const exitConfig = 78
 // (sysexits.h EX_DATAERR).
 const exitNewerState = 65
 
-// configError marks an error of configs.Load (exit exitConfig); its
-// message is the loader's own.
+// configError marks an error of configs.Load, or of a file the
+// configuration names (exit exitConfig); its message is the loader's own.
 type configError struct{ err error }
 
 func (e configError) Error() string { return e.err.Error() }

@@ -207,7 +207,7 @@ func (g *gatewayProcess) run(ctx context.Context) (err error) {
 		token, tlsConf, err := adminSecurity(cfg.Listen.Admin)
 		if err != nil {
 			g.closeFrontEnds()
-			return err
+			return configError{err}
 		}
 		g.admin, err = admin.Listen(admin.Options{
 			Addr: cfg.Listen.Admin.HTTP, Store: g.store, Sessions: g.table,
