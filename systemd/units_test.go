@@ -93,9 +93,8 @@ func TestGatewayUnitDirectives(t *testing.T) {
 		"Restart": "on-failure", "RestartPreventExitStatus": "78 65", "KillMode": "mixed",
 		"StateDirectory": "fleetgate", "ConfigurationDirectory": "fleetgate", "RuntimeDirectory": "fleetgate",
 		"User": "fleetgate", "LimitNOFILE": "524288", "Environment": "GODEBUG=adaptivestackstart=0",
-		"ExecStartPre":          "/usr/bin/fleetgate check-config -c /etc/fleetgate/fleetgate.yaml",
+		"ExecStartPre":          "/usr/bin/fleetgate check-config --quiet -c /etc/fleetgate/fleetgate.yaml",
 		"ExecStart":             "/usr/bin/fleetgate run -c /etc/fleetgate/fleetgate.yaml",
-		"ExecReload":            "/bin/kill -HUP $MAINPID",
 		"CapabilityBoundingSet": "", "NoNewPrivileges": "yes", "ProtectSystem": "strict",
 		"RestrictAddressFamilies": "AF_UNIX AF_INET AF_INET6", "ProtectProc": "invisible",
 		"MemoryDenyWriteExecute": "yes", "UMask": "0077",
@@ -104,6 +103,10 @@ func TestGatewayUnitDirectives(t *testing.T) {
 		if got := d["[Service]"+k]; len(got) == 0 || got[0] != v {
 			t.Errorf("%s=%q, want %q", k, got, v)
 		}
+	}
+	// A reload checks the files first and signals only when they load.
+	if got := strings.Join(d["[Service]ExecReload"], "\n"); got != "/usr/bin/fleetgate check-config --quiet -c /etc/fleetgate/fleetgate.yaml\n/bin/kill -HUP $MAINPID" {
+		t.Errorf("ExecReload=%q, want check-config --quiet, then kill -HUP", got)
 	}
 	if got := d["[Service]SystemCallFilter"]; len(got) == 0 || got[0] != "@system-service" {
 		t.Errorf("SystemCallFilter=%q, want @system-service first", got)

@@ -19,28 +19,32 @@ import (
 
 // checkFiles loads what run loads besides the configuration, and fails as
 // run would, with a configError: the devices file (syntax, duplicates,
-// keys and hashes), the MQTT TLS certificate and key, the local clients'
-// password hashes and the admin API's token and certificate.
-func checkFiles(cfg configs.Config) error {
+// keys and hashes; returned, nil without one), the MQTT TLS certificate
+// and key, the local clients' password hashes and the admin API's token
+// and certificate.
+func checkFiles(cfg configs.Config) (*auth.Devices, error) {
+	var devices *auth.Devices
 	if path := cfg.Auth.DevicesFile; path != "" {
-		if _, err := loadDevices(path); err != nil {
-			return err
+		d, err := loadDevices(path)
+		if err != nil {
+			return nil, err
 		}
+		devices = d
 	}
 	if cfg.Listen.MQTT.TLS != "" {
 		if err := new(certificate).load(cfg.Listen.MQTT.CertFile, cfg.Listen.MQTT.KeyFile); err != nil {
-			return err
+			return nil, err
 		}
 	}
 	if _, _, err := localClients(cfg); err != nil {
-		return configError{err}
+		return nil, configError{err}
 	}
 	if cfg.Listen.Admin.HTTP != "" {
 		if _, _, err := adminSecurity(cfg.Listen.Admin); err != nil {
-			return configError{err}
+			return nil, configError{err}
 		}
 	}
-	return nil
+	return devices, nil
 }
 
 // loadDevices loads the devices file at path; an error is a configError.
