@@ -61,6 +61,7 @@ func commands() []command {
 		{"watch", "a snapshot of every device, then every change (--cursor-file to resume)", cmdWatch},
 		{"simulate", "play a CoAP and MQTT fleet with churn against gateways and check the events they wrote", cmdSimulate},
 		{"hash-password", "print the bcrypt hash of a password (prompted on a terminal, else read on stdin), for the devices file", cmdHashPassword},
+		{"gen-cert", "write a self-signed certificate and key for the MQTT TLS listener; print its SHA-256 fingerprint", cmdGenCert},
 		{"version", "print the version, commit, Go version and build date", cmdVersion},
 		{"completion", "print the shell completion script: completion bash|zsh", cmdCompletion},
 	}
