@@ -19,9 +19,10 @@ import (
 	"time"
 )
 
-// booted is this machine's root under a throwaway overlay, booted by its
-// own systemd as PID 1 of a PID namespace, in a network namespace of its
-// own (its loopback only): units, the journal and systemctl as on a host.
+// booted is this machine's root under a throwaway overlay, the root of a
+// mount namespace, booted by its own systemd as PID 1 of a PID namespace,
+// in a network namespace of its own (its loopback only): units, the
+// journal and systemctl as on a host.
 type booted struct {
 	pid   string // systemd's, in this machine's PID namespace
 	files string // the root, seen from here
@@ -42,8 +43,16 @@ mount -t tmpfs tmpfs "$r/tmp"
 mount --rbind /dev "$r/dev"
 mount -t sysfs sysfs "$r/sys"
 ip link set lo up
+# The overlay becomes the namespace's root (pivot_root, not chroot: the
+# kernel refuses user namespaces, PrivateUsers=, to a chrooted process).
+cd "$r"
+mkdir -p .oldroot
+pivot_root . .oldroot
+cd /
+mount -t proc proc /proc
+umount -l /.oldroot
 echo mounted
-exec unshare --pid --fork --mount-proc="$r/proc" chroot "$r" env container=fleetgate-test /lib/systemd/systemd --system --unit=multi-user.target`
+exec unshare --pid --fork --mount-proc=/proc env container=fleetgate-test /lib/systemd/systemd --system --unit=multi-user.target`
 	cmd := exec.Command("unshare", "--mount", "--net", "--propagation", "private", "sh", "-c", script, "sh", dir)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	out, err := cmd.StdoutPipe()
@@ -80,6 +89,12 @@ exec unshare --pid --fork --mount-proc="$r/proc" chroot "$r" env container=fleet
 		_ = cmd.Wait()
 	})
 	b := booted{pid: pid, files: filepath.Join("/proc", pid, "root")}
+	// systemctl talks to systemd once its private socket exists.
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		if _, err := os.Stat(filepath.Join(b.files, "run/systemd/private")); err == nil {
+			break
+		}
+	}
 	state, _ := b.run(t, 90*time.Second, "", "systemctl", "is-system-running", "--wait")
 	if s := strings.TrimSpace(state); s != "running" && s != "degraded" {
 		t.Fatalf("systemd in the overlay: %q", state)
@@ -104,6 +119,10 @@ func (b booted) must(t *testing.T, args ...string) string {
 	t.Helper()
 	out, err := b.run(t, time.Minute, "", args...)
 	if err != nil {
+		if args[0] == "systemctl" {
+			j, _ := b.run(t, time.Minute, "", "journalctl", "-u", "fleetgate", "--no-pager", "-n", "30")
+			out += "\njournalctl -u fleetgate:\n" + j
+		}
 		t.Fatalf("%s: %v\n%s", strings.Join(args, " "), err, out)
 	}
 	return out
@@ -252,7 +271,7 @@ func TestPackageFirstDay(t *testing.T) {
 
 	// A bad devices file: the reload fails and says why, in systemctl
 	// status too; the gateway keeps its devices.
-	b.edit(t, "/etc/fleetgate/devices.yaml", "  - id: meter-0002\n", "  - id: sensor-0001\n")
+	b.edit(t, "/etc/fleetgate/devices.yaml", "\n  - id: meter-0002\n    password_bcrypt", "\n  - id: sensor-0001\n    password_bcrypt")
 	if o, err := b.run(t, time.Minute, "", "systemctl", "reload", "fleetgate"); err == nil {
 		t.Fatalf("systemctl reload with a duplicate device succeeded:\n%s", o)
 	}
@@ -263,6 +282,6 @@ func TestPackageFirstDay(t *testing.T) {
 	if list := online(); !strings.Contains(list, "meter-0002") {
 		t.Errorf("meter-0002 not online after the refused reload:\n%s", list)
 	}
-	b.edit(t, "/etc/fleetgate/devices.yaml", "  - id: sensor-0001\n    password_bcrypt", "  - id: meter-0002\n    password_bcrypt")
+	b.edit(t, "/etc/fleetgate/devices.yaml", "\n  - id: sensor-0001\n    password_bcrypt", "\n  - id: meter-0002\n    password_bcrypt")
 	b.must(t, "systemctl", "reload", "fleetgate")
 }
