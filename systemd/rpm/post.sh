@@ -20,7 +20,7 @@ if [ -d /run/systemd/system ]; then
 	systemctl daemon-reload >/dev/null 2>&1 || :
 	if [ "$1" -eq 1 ]; then
 		systemctl enable fleetgate.service >/dev/null 2>&1 || :
-		if ! busy=$(/usr/bin/fleetgate check-config --quiet --ports -c /etc/fleetgate/fleetgate.yaml 2>&1 >/dev/null); then
+		if ! busy=$(fleetgate check-config --quiet --ports -c /etc/fleetgate/fleetgate.yaml 2>&1 >/dev/null); then
 			say "fleetgate.service not started: ${busy#fleetgate check-config: }"
 			say "edit /etc/fleetgate/fleetgate.yaml, then: systemctl start fleetgate"
 		elif systemctl start fleetgate.service >/dev/null 2>&1; then
