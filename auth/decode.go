@@ -175,8 +175,10 @@ func (d *decoder) device(n *yaml.Node, path string) (entry, bool) {
 	return e, true
 }
 
-// parsePSK decodes "hex:..." or "base64:..." (standard alphabet, padded).
-// Its errors never quote the key.
+// parsePSK decodes "hex:..." or "base64:..." (standard alphabet, padded),
+// or takes the bytes of "text:..." as they are (printable ASCII, no
+// space: the form of clients that take the key as a string, such as
+// libcoap's coap-client -k). Its errors never quote the key.
 func parsePSK(s string) ([]byte, error) {
 	var key []byte
 	var err error
@@ -189,8 +191,15 @@ func parsePSK(s string) ([]byte, error) {
 		if key, err = base64.StdEncoding.Strict().DecodeString(text); err != nil {
 			return nil, errors.New("the key after \"base64:\" is not valid padded standard base64")
 		}
+	case "text":
+		for i := 0; i < len(text); i++ {
+			if text[i] < '!' || text[i] > '~' {
+				return nil, fmt.Errorf("the key after \"text:\" has a byte that is not printable ASCII at %d (a space or a control byte)", i)
+			}
+		}
+		key = []byte(text)
 	default:
-		return nil, errors.New("want \"hex:\" or \"base64:\" followed by the key")
+		return nil, errors.New("want \"hex:\", \"base64:\" or \"text:\" followed by the key")
 	}
 	if len(key) < MinPSKLen || len(key) > MaxPSKLen {
 		return nil, fmt.Errorf("the key is %d bytes, want %d to %d", len(key), MinPSKLen, MaxPSKLen)

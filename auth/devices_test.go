@@ -241,6 +241,7 @@ func TestParseAccepts(t *testing.T) {
 		{"numeric-looking id", "devices:\n  - id: 0042\n    psk: \"hex:" + keyBoth + "\"\n", []gateway.DeviceID{"0042"}},
 		{"upper-case hex", "devices:\n  - id: a\n    psk: \"hex:" + strings.ToUpper(keyBoth) + "\"\n", []gateway.DeviceID{"a"}},
 		{"64-byte key", "devices:\n  - id: a\n    psk: hex:" + keyPSK + "\n", []gateway.DeviceID{"a"}},
+		{"text key", "devices:\n  - id: a\n    psk: \"text:3f9c2a0b7d4e1f6a8c5b2d9e0f1a3b4c\"\n", []gateway.DeviceID{"a"}},
 		{"2b and 2y hashes", "devices:\n  - id: b\n    password_bcrypt: \"$2b" + h[3:] + "\"\n  - id: y\n    password_bcrypt: \"$2y" + h[3:] + "\"\n", []gateway.DeviceID{"b", "y"}},
 		{"aliased key", "devices:\n  - id: a\n    psk: &k \"hex:" + keyBoth + "\"\n  - id: b\n    psk: *k\n", []gateway.DeviceID{"a", "b"}},
 		{"longest id", "devices:\n  - id: " + strings.Repeat("z", 128) + "\n    password_bcrypt: '" + h + "'\n", []gateway.DeviceID{gateway.DeviceID(strings.Repeat("z", 128))}},

@@ -242,8 +242,8 @@ func Default() Config {
 		Runner: RunnerConfig{Enabled: true, Interval: Duration(gateway.DefaultRunnerInterval), Batch: gateway.DefaultRunnerBatch, LockTTL: Duration(gateway.DefaultRunnerLockTTL)},
 		Events: EventsConfig{MaxLen: 1_000_000, MQTT: defaultEventsMQTT()},
 		Listen: ListenConfig{
-			CoAP:  CoAPListen{UDP: ":5683"},
-			MQTT:  MQTTListen{TCP: ":1883"},
+			CoAP:  CoAPListen{UDP: "127.0.0.1:5683"},
+			MQTT:  MQTTListen{TCP: "127.0.0.1:1883", CertFile: "/etc/fleetgate/mqtt.crt", KeyFile: "/etc/fleetgate/mqtt.key"},
 			Admin: AdminListen{HTTP: "127.0.0.1:9180"},
 		},
 		Auth: AuthConfig{DevicesFile: "/etc/fleetgate/devices.yaml", TopicPrefix: "devices", Clients: []LocalClient{}},

@@ -111,7 +111,7 @@ func TestValidate(t *testing.T) {
 		{"dtls without devices file", func(c *configs.Config) {
 			c.Auth.DevicesFile, c.Auth.AllowAnonymous, c.Listen.CoAP.DTLS = "", true, ":5684"
 		}, "listen.coap.dtls: needs auth.devices_file (the devices' pre-shared keys)"},
-		{"tls without certificate", func(c *configs.Config) { c.Listen.MQTT.TLS = ":8883" },
+		{"tls without certificate", func(c *configs.Config) { c.Listen.MQTT.TLS = ":8883"; c.Listen.MQTT.CertFile = "" },
 			"listen.mqtt.tls: needs listen.mqtt.cert_file and listen.mqtt.key_file"},
 		{"topic prefix with wildcard", func(c *configs.Config) { c.Auth.TopicPrefix = "dev/+" },
 			`auth.topic_prefix: must be a topic without wildcards or a leading or trailing '/', got "dev/+"`},
@@ -152,9 +152,9 @@ func TestValidate(t *testing.T) {
 		{"admin on IPv6 loopback", func(c *configs.Config) { c.Listen.Admin.HTTP = "[::1]:9180" }, ""},
 		{"admin off", func(c *configs.Config) { c.Listen.Admin.HTTP = "" }, ""},
 		{"admin on the mqtt port", func(c *configs.Config) { c.Listen.Admin.HTTP = "127.0.0.1:1883" },
-			`listen.admin.http: "127.0.0.1:1883" and listen.mqtt.tcp (":1883") bind the same tcp port`},
+			`listen.admin.http: "127.0.0.1:1883" and listen.mqtt.tcp ("127.0.0.1:1883") bind the same tcp port`},
 		{"dtls on the udp port", func(c *configs.Config) { c.Listen.CoAP.DTLS = "[::]:5683" },
-			`listen.coap.dtls: "[::]:5683" and listen.coap.udp (":5683") bind the same udp port`},
+			`listen.coap.dtls: "[::]:5683" and listen.coap.udp ("127.0.0.1:5683") bind the same udp port`},
 		{"gateway id empty", func(c *configs.Config) { c.Gateway.ID = "" },
 			`gateway.id: "": gateway id: invalid device id: empty`},
 		{"gateway id of a lost marker", func(c *configs.Config) { c.Gateway.ID = "L12" },

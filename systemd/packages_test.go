@@ -68,6 +68,14 @@ var wantFiles = map[string]entry{
 	"/etc/fleetgate/fleetgate.yaml":                    {"-rw-r-----", "root/fleetgate"},
 	"/etc/fleetgate/devices.yaml":                      {"-rw-r-----", "root/fleetgate"},
 	"/usr/share/doc/fleetgate/operations.md":           {"-rw-r--r--", "root/root"},
+	"/usr/share/doc/fleetgate/security.md":             {"-rw-r--r--", "root/root"},
+	"/usr/share/doc/fleetgate/events.md":               {"-rw-r--r--", "root/root"},
+	"/usr/share/doc/fleetgate/plugins/README.md":       {"-rw-r--r--", "root/root"},
+	"/usr/share/doc/fleetgate/grafana/fleetgate.json":  {"-rw-r--r--", "root/root"},
+	"/usr/share/doc/fleetgate/prometheus/alerts.yml":   {"-rw-r--r--", "root/root"},
+	"/usr/share/doc/fleetgate/examples/fleetgate.yaml": {"-rw-r--r--", "root/root"},
+	"/usr/share/doc/fleetgate/examples/dev.yaml":       {"-rw-r--r--", "root/root"},
+	"/usr/share/doc/fleetgate/examples/devices.yaml":   {"-rw-r--r--", "root/root"},
 	"/usr/share/doc/fleetgate/copyright":               {"-rw-r--r--", "root/root"},
 }
 

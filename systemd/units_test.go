@@ -93,9 +93,8 @@ func TestGatewayUnitDirectives(t *testing.T) {
 		"Restart": "on-failure", "RestartPreventExitStatus": "78 65", "KillMode": "mixed",
 		"StateDirectory": "fleetgate", "ConfigurationDirectory": "fleetgate", "RuntimeDirectory": "fleetgate",
 		"User": "fleetgate", "LimitNOFILE": "524288", "Environment": "GODEBUG=adaptivestackstart=0",
-		"ExecStartPre":          "/usr/bin/fleetgate check-config -c /etc/fleetgate/fleetgate.yaml",
+		"ExecStartPre":          "/usr/bin/fleetgate check-config --quiet -c /etc/fleetgate/fleetgate.yaml",
 		"ExecStart":             "/usr/bin/fleetgate run -c /etc/fleetgate/fleetgate.yaml",
-		"ExecReload":            "/bin/kill -HUP $MAINPID",
 		"CapabilityBoundingSet": "", "NoNewPrivileges": "yes", "ProtectSystem": "strict",
 		"RestrictAddressFamilies": "AF_UNIX AF_INET AF_INET6", "ProtectProc": "invisible",
 		"MemoryDenyWriteExecute": "yes", "UMask": "0077",
@@ -104,6 +103,10 @@ func TestGatewayUnitDirectives(t *testing.T) {
 		if got := d["[Service]"+k]; len(got) == 0 || got[0] != v {
 			t.Errorf("%s=%q, want %q", k, got, v)
 		}
+	}
+	// A reload checks the files first and signals only when they load.
+	if got := strings.Join(d["[Service]ExecReload"], "\n"); got != "/usr/bin/fleetgate check-config --quiet -c /etc/fleetgate/fleetgate.yaml\n/bin/kill -HUP $MAINPID" {
+		t.Errorf("ExecReload=%q, want check-config --quiet, then kill -HUP", got)
 	}
 	if got := d["[Service]SystemCallFilter"]; len(got) == 0 || got[0] != "@system-service" {
 		t.Errorf("SystemCallFilter=%q, want @system-service first", got)
@@ -127,18 +130,39 @@ func TestRunnerUnitDirectives(t *testing.T) {
 }
 
 // RestartPreventExitStatus= names the exit code the binary really uses
-// for a bad configuration, in ExecStartPre (check-config) and in run.
+// for a bad configuration, in ExecStartPre (check-config) and in run:
+// a misspelt key, and files the configuration names that do not load (a
+// devices file with a duplicate, a certificate that is no PEM).
 func TestConfigErrorExitCodeMatchesUnit(t *testing.T) {
-	bad := filepath.Join(t.TempDir(), "bad.yaml")
-	if err := os.WriteFile(bad, []byte("presence:\n  leese: 90s\n"), 0o600); err != nil {
-		t.Fatal(err)
+	dir := t.TempDir()
+	write := func(name, body string) string {
+		t.Helper()
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	const dev = "  - id: a\n    psk: \"hex:00112233445566778899aabbccddeeff\"\n"
+	good := write("devices.yaml", "devices:\n"+dev)
+	dup := write("dup.yaml", "devices:\n"+dev+dev)
+	notPEM := write("cert.pem", "not a certificate")
+	base := "gateway: { state_dir: " + filepath.Join(dir, "state") + " }\n"
+	bad := map[string]string{
+		"misspelt key": write("bad.yaml", "presence:\n  leese: 90s\n"),
+		"devices file": write("dup-c.yaml", base+"auth: { devices_file: "+dup+" }\n"+
+			"listen: { coap: { udp: \"127.0.0.1:0\" }, mqtt: { tcp: \"127.0.0.1:0\" }, admin: { http: \"\" } }\n"),
+		"TLS certificate": write("tls-c.yaml", base+"auth: { devices_file: "+good+" }\n"+
+			"listen: { coap: { udp: \"127.0.0.1:0\" }, mqtt: { tcp: \"127.0.0.1:0\", tls: \"127.0.0.1:0\", cert_file: "+notPEM+", key_file: "+notPEM+" }, admin: { http: \"\" } }\n"),
 	}
 	want, _, _ := strings.Cut(directives(t, "fleetgate.service")["[Service]RestartPreventExitStatus"][0], " ")
-	for _, cmd := range []string{"check-config", "run"} {
-		err := exec.Command(binary, cmd, "-c", bad).Run()
-		var ee *exec.ExitError
-		if !errors.As(err, &ee) || strconv.Itoa(ee.ExitCode()) != want {
-			t.Errorf("fleetgate %s with a bad config: %v, want exit %s", cmd, err, want)
+	for name, cfg := range bad {
+		for _, cmd := range []string{"check-config", "run"} {
+			out, err := exec.Command(binary, cmd, "-c", cfg).CombinedOutput()
+			var ee *exec.ExitError
+			if !errors.As(err, &ee) || strconv.Itoa(ee.ExitCode()) != want || name != "misspelt key" && !strings.Contains(string(out), map[string]string{"devices file": dup + ":", "TLS certificate": "listen.mqtt: load certificate"}[name]) {
+				t.Errorf("fleetgate %s, %s: %v, want exit %s\n%s", cmd, name, err, want, out)
+			}
 		}
 	}
 }

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -9,6 +11,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/fleetgate/fleetgate/configs"
+	"github.com/fleetgate/fleetgate/internal/redistest"
 )
 
 // check-config runs before both units start (ExecStartPre), so what it
@@ -94,4 +97,56 @@ func (m tree) set(path string, v any) {
 		m[first] = sub
 	}
 	sub.set(rest, v)
+}
+
+// check-config --quiet prints one line (the units run it at every start
+// and reload, into the journal); --ports binds every listener for a
+// moment and names each one another program holds, with its key.
+func TestCheckConfigQuietAndPorts(t *testing.T) {
+	dir := t.TempDir()
+	held, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	heldUDP, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer heldUDP.Close()
+	devices := filepath.Join(dir, "devices.yaml")
+	if err := os.WriteFile(devices, []byte("devices:\n  - id: a\n    psk: \"hex:00112233445566778899aabbccddeeff\"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	config := func(name, coap, mqtt string) string {
+		p := filepath.Join(dir, name)
+		body := fmt.Sprintf("gateway: { id: gw-1, state_dir: %q }\nauth: { devices_file: %q }\nlisten: { coap: { udp: %q }, mqtt: { tcp: %q }, admin: { http: \"\" } }\n",
+			filepath.Join(dir, "state"), devices, coap, mqtt)
+		if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	free := config("free.yaml", fmt.Sprintf("127.0.0.1:%d", freeUDPPort(t)), fmt.Sprintf("127.0.0.1:%d", redistest.FreePort(t)))
+	code, out, errs := runCLI(t, "check-config", "--quiet", "--ports", "-c", free)
+	want := "configuration " + free + " is valid: gateway gw-1, embedded store, 16 shards; coap 127.0.0.1:"
+	if code != 0 || strings.Count(out, "\n") != 1 || !strings.HasPrefix(out, want) ||
+		!strings.Contains(out, "(loopback only: ") || !strings.Contains(out, "; 1 devices in "+devices+"; admin API off; offline reported within 94s") {
+		t.Fatalf("exit %d, stdout %q, stderr %q; want one line starting %q", code, out, errs, want)
+	}
+	busy := config("busy.yaml", heldUDP.LocalAddr().String(), held.Addr().String())
+	code, _, errs = runCLI(t, "check-config", "--ports", "-c", busy)
+	for _, w := range []string{
+		"listen.coap.udp " + heldUDP.LocalAddr().String() + " cannot be bound (address already in use): another program holds the port; set listen.coap.udp",
+		"listen.mqtt.tcp " + held.Addr().String() + " cannot be bound (address already in use): another program holds the port; set listen.mqtt.tcp",
+	} {
+		if code != 1 || !strings.Contains(errs, w) {
+			t.Errorf("exit %d, want 1; stderr:\n%s\nwant ∋ %q", code, errs, w)
+		}
+	}
+	// Without --ports the ports are not looked at (the gateway itself
+	// holds them at a reload).
+	if code, _, errs := runCLI(t, "check-config", "--quiet", "-c", busy); code != 0 {
+		t.Errorf("without --ports: exit %d\n%s", code, errs)
+	}
 }

@@ -61,14 +61,14 @@ func TestCLIExitCodes(t *testing.T) {
 		{"state checked locally", []string{"devices", "list", "--addr", "127.0.0.1:1", "--state", "onlin"}, 2, "", `--state "onlin": want online, suspect or offline`},
 		// The shipped file names /etc/fleetgate/devices.yaml, which run
 		// would load: check-config fails as run would without it.
-		{"shipped config", []string{"check-config", "-c", filepath.Join(repo, "fleetgate.yaml")}, 1, "", "devices file: open /etc/fleetgate/devices.yaml"},
+		{"shipped config", []string{"check-config", "-c", filepath.Join(repo, "fleetgate.yaml")}, exitConfig, "", "devices file: open /etc/fleetgate/devices.yaml"},
 		{"dev config", []string{"check-config", "-c", filepath.Join(repo, "dev.yaml")}, 0, "allow_anonymous: true", ""},
 		{"missing file", []string{"check-config", "-c", "/nonexistent/fleetgate.yaml"}, exitConfig, "", "no such file"},
 		{"misspelt key", []string{"check-config", "-c", bad}, exitConfig, "", bad + ":2:3"},
 		{"flapping timings", []string{"check-config", "-c", flap}, exitConfig, "", "would flap"},
 		{"devices without verb", []string{"devices"}, 2, "", "devices get ID"},
 		{"events without verb", []string{"events"}, 2, "", "events tail"},
-		{"runner on embedded", []string{"runner", "-c", filepath.Join(repo, "dev.yaml")}, 1, "", "redis store only"},
+		{"runner on embedded", []string{"runner", "-c", filepath.Join(repo, "dev.yaml")}, exitConfig, "", "redis store only"},
 		{"bad adapter", []string{"check-config", "-c", adapters}, 78, "", adapters + ":3:23: plugins.adapters[0]: name: \"lo ra\""},
 	}
 	for _, c := range cases {

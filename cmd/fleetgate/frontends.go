@@ -40,7 +40,7 @@ var (
 func (g *gatewayProcess) openFrontEnds(cfg configs.Config, log *slog.Logger, reg prometheus.Registerer) error {
 	var creds gateway.Credentials
 	if path := cfg.Auth.DevicesFile; path != "" {
-		d, err := auth.Load(path)
+		d, err := loadDevices(path)
 		if err != nil {
 			return err
 		}
@@ -97,7 +97,7 @@ func (g *gatewayProcess) openFrontEnds(cfg configs.Config, log *slog.Logger, reg
 		clients, pw, err := localClients(cfg)
 		if err != nil {
 			g.closeFrontEnds()
-			return err
+			return configError{err}
 		}
 		var clientPasswords gateway.Credentials
 		if pw != nil {
@@ -185,7 +185,7 @@ type certificate struct {
 func (c *certificate) load(certFile, keyFile string) error {
 	cert, err := tls.LoadX509KeyPair(certFile, keyFile)
 	if err != nil {
-		return fmt.Errorf("listen.mqtt: load certificate: %w", err)
+		return configError{fmt.Errorf("listen.mqtt: load certificate: %w", unreadable(err))}
 	}
 	c.cur.Store(&cert)
 	return nil

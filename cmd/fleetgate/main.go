@@ -4,7 +4,8 @@
 //
 // Exit codes: 0 success; 1 failure (a part that could not start or failed
 // while running, an API error); 2 usage error; 78 (EX_CONFIG) the
-// configuration file could not be read or is invalid; 65 (EX_DATAERR) the
+// configuration file could not be read or is invalid, or a file it names
+// (devices file, certificate, token) does not load; 65 (EX_DATAERR) the
 // state file was written by a newer release (a downgrade). systemd's unit
 // lists 78 and 65 in RestartPreventExitStatus=: restarting cannot fix them.
 package main
@@ -36,8 +37,8 @@ const exitConfig = 78
 // (sysexits.h EX_DATAERR).
 const exitNewerState = 65
 
-// configError marks an error of configs.Load (exit exitConfig); its
-// message is the loader's own.
+// configError marks an error of configs.Load, or of a file the
+// configuration names (exit exitConfig); its message is the loader's own.
 type configError struct{ err error }
 
 func (e configError) Error() string { return e.err.Error() }
@@ -60,6 +61,7 @@ func commands() []command {
 		{"watch", "a snapshot of every device, then every change (--cursor-file to resume)", cmdWatch},
 		{"simulate", "play a CoAP and MQTT fleet with churn against gateways and check the events they wrote", cmdSimulate},
 		{"hash-password", "print the bcrypt hash of a password (prompted on a terminal, else read on stdin), for the devices file", cmdHashPassword},
+		{"gen-cert", "write a self-signed certificate and key for the MQTT TLS listener; print its SHA-256 fingerprint", cmdGenCert},
 		{"version", "print the version, commit, Go version and build date", cmdVersion},
 		{"completion", "print the shell completion script: completion bash|zsh", cmdCompletion},
 	}

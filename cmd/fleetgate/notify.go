@@ -56,6 +56,9 @@ func (g *gatewayProcess) statusLine() string {
 	if st.OutboxSessions > 0 {
 		line += fmt.Sprintf(" (oldest %s)", st.OutboxOldest.Round(time.Second))
 	}
+	if r := g.refused.Load(); r != nil {
+		line += "; LAST RELOAD REFUSED at " + *r
+	}
 	return line
 }
 

@@ -96,7 +96,8 @@ func (s *notifySocket) await(t *testing.T, from int, line string, limit time.Dur
 
 // The real binary under a service manager: READY=1 once it serves,
 // WATCHDOG=1 with a STATUS= line at half WATCHDOG_USEC, RELOADING=1 with
-// MONOTONIC_USEC then READY=1 around SIGHUP, STOPPING=1 at SIGTERM.
+// MONOTONIC_USEC then READY=1 around SIGHUP (a refused reload named in
+// STATUS=), STOPPING=1 at SIGTERM.
 func TestSystemdNotifyProtocol(t *testing.T) {
 	t.Parallel()
 	sock := newNotifySocket(t)
@@ -119,10 +120,35 @@ func TestSystemdNotifyProtocol(t *testing.T) {
 	if !strings.Contains(sock.all()[r], "MONOTONIC_USEC=") {
 		t.Fatalf("RELOADING=1 without MONOTONIC_USEC: %q", sock.all()[r])
 	}
-	sock.await(t, r+1, "READY=1", 10*time.Second)
+	ok := sock.await(t, r+1, "READY=1", 10*time.Second)
+
+	// A refused reload stays in STATUS= (systemctl status) until a
+	// reload that is not refused.
+	good, err := os.ReadFile(g.config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(g.config, append(good, "presence: { leese: 1s }\n"...), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	g.signal(syscall.SIGHUP)
+	r = sock.await(t, ok+1, "RELOADING=1", 10*time.Second)
+	ok = sock.await(t, r+1, "READY=1", 10*time.Second)
+	if m := sock.all()[ok]; !strings.Contains(m, "; LAST RELOAD REFUSED at ") || !strings.Contains(m, g.config+":") {
+		t.Fatalf("STATUS= after a refused reload: %q", m)
+	}
+	if err := os.WriteFile(g.config, good, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	g.signal(syscall.SIGHUP)
+	r = sock.await(t, ok+1, "RELOADING=1", 10*time.Second)
+	ok = sock.await(t, r+1, "READY=1", 10*time.Second)
+	if m := sock.all()[ok]; strings.Contains(m, "REFUSED") {
+		t.Fatalf("STATUS= after a good reload: %q", m)
+	}
 
 	g.stop()
-	sock.await(t, r+1, "STOPPING=1", 5*time.Second)
+	sock.await(t, ok+1, "STOPPING=1", 5*time.Second)
 }
 
 // A gateway whose batcher cannot make progress stops its keep-alives, so

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -95,6 +96,8 @@ type gatewayProcess struct {
 	canaryID  gateway.DeviceID
 	reloads   *reloads // fleetgate_reloads_total, fleetgate_reload_last_success
 	refusals  *refusal.Reporter
+
+	refused atomic.Pointer[string] // why the last reload was refused; nil after one that was not
 }
 
 func (g *gatewayProcess) config() configs.Config {
@@ -207,7 +210,7 @@ func (g *gatewayProcess) run(ctx context.Context) (err error) {
 		token, tlsConf, err := adminSecurity(cfg.Listen.Admin)
 		if err != nil {
 			g.closeFrontEnds()
-			return err
+			return configError{err}
 		}
 		g.admin, err = admin.Listen(admin.Options{
 			Addr: cfg.Listen.Admin.HTTP, Store: g.store, Sessions: g.table,
@@ -312,9 +315,21 @@ loop:
 // reload re-reads the configuration on SIGHUP. An invalid file keeps the
 // old configuration; timings and the log level apply at once, anything
 // else (listeners, store, shards, identity) needs a restart and says so.
+// A refusal (of the file, the devices file or the certificate) stays in
+// the STATUS= line until a reload without one.
 func (g *gatewayProcess) reload(ctx context.Context, log *slog.Logger) {
+	var why string // of a refusal
+	defer func() {
+		if why == "" {
+			g.refused.Store(nil)
+			return
+		}
+		line := time.Now().Format(time.TimeOnly) + ": " + why
+		g.refused.Store(&line)
+	}()
 	next, err := configs.Load(g.path, os.Environ())
 	if err != nil {
+		why = err.Error()
 		log.Error("reload refused; keeping the running configuration", "err", err)
 		g.reloads.done(false)
 		return
@@ -333,6 +348,7 @@ func (g *gatewayProcess) reload(ctx context.Context, log *slog.Logger) {
 	}
 	if g.creds != nil && next.Auth.DevicesFile != "" {
 		if err := g.creds.Reload(next.Auth.DevicesFile); err != nil {
+			why = "devices file: " + err.Error()
 			log.Error("devices file not reloaded; keeping the devices in use", "err", err)
 			ok = false
 		} else {
@@ -345,6 +361,7 @@ func (g *gatewayProcess) reload(ctx context.Context, log *slog.Logger) {
 	}
 	if g.cert != nil {
 		if err := g.cert.load(next.Listen.MQTT.CertFile, next.Listen.MQTT.KeyFile); err != nil {
+			why = err.Error()
 			log.Error("TLS certificate not reloaded; keeping the one in use", "err", err)
 			ok = false
 		}

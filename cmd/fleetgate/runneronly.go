@@ -32,7 +32,7 @@ func cmdRunner(ctx context.Context, args []string, _, stderr io.Writer) (err err
 		return err
 	}
 	if cfg.Store.Backend != configs.BackendRedis {
-		return fmt.Errorf("store.backend is %q: the runner command works on the redis store only (with the embedded store, `fleetgate run` runs the runner itself)", cfg.Store.Backend)
+		return configError{fmt.Errorf("store.backend is %q: the runner command works on the redis store only (with the embedded store, `fleetgate run` runs the runner itself)", cfg.Store.Backend)}
 	}
 	// the same API as the gateway's, with the same protection
 	var token string
@@ -42,7 +42,7 @@ func cmdRunner(ctx context.Context, args []string, _, stderr io.Writer) (err err
 			return configError{fmt.Errorf("runner --metrics: %w", err)}
 		}
 		if token, tlsConf, err = adminSecurity(cfg.Listen.Admin); err != nil {
-			return err
+			return configError{err}
 		}
 	}
 	log, _ := newLogger(cfg.Log, stderr)

@@ -85,9 +85,10 @@ func (h *presence) OnConnect(cl *mochi.Client, pk packets.Packet) error {
 		return s.connectLocal(cl, c, pk, lc, set)
 	}
 	remote := c.RemoteAddr().String()
-	device, err := gateway.ParseDeviceID(pk.Connect.ClientIdentifier)
+	claimed := claimedID(pk)
+	device, err := gateway.ParseDeviceID(claimed)
 	if err != nil {
-		s.refused(reasonInvalidClientID, "", pk.Connect.ClientIdentifier, remote, "the client ID is not a device ID: "+err.Error())
+		s.refused(reasonInvalidClientID, "", claimed, remote, "the user name (without one, the client ID) is not a device ID: "+err.Error())
 		return refuse(cl, packets.ErrClientIdentifierNotValid, packets.Err3ClientIdentifierNotValid)
 	}
 	if ok, _ := s.devRate.Allow(device, s.clock.Now()); !ok {
@@ -154,11 +155,38 @@ func (h *presence) OnConnect(cl *mochi.Client, pk packets.Packet) error {
 		return refuse(cl, packets.ErrUnspecifiedError, packets.Err3ServerUnavailable)
 	}
 	c.device, c.session, c.root, c.anon = device, session, root, anon
+	nameClient(cl, pk, device)
 	c.persistent.Store(persistent)
 	if !persistent {
 		s.endPersistent(device)
 	}
 	return nil
+}
+
+// claimedID is the device ID a device's CONNECT claims: its user name
+// when it sends one, else its client ID. Clients fill the client ID in
+// many ways (mosquitto_pub -u ID without -i sends a generated "mosq-…",
+// MQTT 5 clients and paho an empty one, mqtt.js "mqttjs_…"), so with a
+// user name the client ID is not looked at.
+func claimedID(pk packets.Packet) string {
+	if pk.Connect.UsernameFlag && len(pk.Connect.Username) > 0 {
+		return string(pk.Connect.Username)
+	}
+	return pk.Connect.ClientIdentifier
+}
+
+// nameClient makes an admitted device's client ID its device ID: the
+// broker keys sessions by it, so a device holds one connection at a time
+// (a new one takes the old one over) and a persistent session is found
+// again whatever client ID the client sent. An MQTT 5 client that sent
+// none is told its ID (Assigned Client Identifier); one that sent
+// another ID keeps using it, which MQTT never reads again.
+func nameClient(cl *mochi.Client, pk packets.Packet, device gateway.DeviceID) {
+	cl.ID = string(device)
+	cl.Properties.Props.AssignedClientID = ""
+	if pk.Connect.ClientIdentifier == "" {
+		cl.Properties.Props.AssignedClientID = cl.ID
+	}
 }
 
 // refuse answers CONNECT with v5 (MQTT 5) or v3 (3.1.1 and older) and

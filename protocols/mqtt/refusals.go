@@ -20,7 +20,6 @@ func (d *denied) Is(target error) bool { return target == errNotAuthorized }
 
 // The refusals of authorize and of the admission after it.
 var (
-	deniedUserName    = &denied{gateway.RefusedBadCredentials, "the MQTT user name differs from the client ID"}
 	deniedUnknown     = &denied{gateway.RefusedUnknownDevice, "not in the devices file, and anonymous access is off"}
 	deniedNoPassword  = &denied{gateway.RefusedBadCredentials, "no password, and the device is in the devices file"}
 	deniedPassword    = &denied{gateway.RefusedBadCredentials, "wrong password (or no password_bcrypt in the devices file)"}

@@ -52,7 +52,8 @@ func (l *refusalLog) reset() {
 }
 
 // TestConnectRefusalsSayWhy: mosquitto_pub with a wrong password, an
-// unknown client ID, no password, another user name, and a raw CONNECT
+// unknown client ID, no password, a user name of no device (the user
+// name names the device), and a raw CONNECT
 // with a client ID that is not a device ID are each refused with
 // "not authorized" (or "client identifier not valid") on the wire, and
 // reported to the Refusals with the reason and detail the operator
@@ -68,7 +69,7 @@ func TestConnectRefusalsSayWhy(t *testing.T) {
 		{"wrong password", "dev-1", gateway.RefusedBadCredentials, deniedPassword.detail, []string{"-i", "dev-1", "-u", "dev-1", "-P", "wrong"}},
 		{"unknown device", "ghost", gateway.RefusedUnknownDevice, deniedUnknown.detail, []string{"-i", "ghost", "-u", "ghost", "-P", "x"}},
 		{"no password", "dev-2", gateway.RefusedBadCredentials, deniedNoPassword.detail, []string{"-i", "dev-2"}},
-		{"other user name", "dev-1", gateway.RefusedBadCredentials, deniedUserName.detail, []string{"-i", "dev-1", "-u", "admin", "-P", "secret-1"}},
+		{"user name of no device", "admin", gateway.RefusedUnknownDevice, deniedUnknown.detail, []string{"-i", "dev-1", "-u", "admin", "-P", "secret-1"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			refusals.reset()

@@ -4,13 +4,14 @@
 // gateway.Evidence for a gateway.Observer. Devices publish and subscribe
 // as with any broker, each under its own topic subtree.
 //
-// Admission. The client ID is the device ID: an invalid one gets CONNACK
-// "client identifier not valid" (0x85; 0x02 in 3.1.1). A device with a
-// password is checked against the Credentials; one without is admitted
-// only with AllowAnonymous, and only when the device is not listed in the
-// Credentials (a listed device must always authenticate). A user name,
-// when sent, must equal the client ID, unless it names a local client
-// (local.go): then the client is that local client. Any failure,
+// Admission. The user name is the device ID, or without one the client
+// ID (claimedID; the connection's client ID becomes the device ID): an
+// invalid one gets CONNACK "client identifier not valid" (0x85; 0x02 in
+// 3.1.1). A device with a password is checked against the Credentials;
+// one without is admitted only with AllowAnonymous, and only when the
+// device is not listed in the Credentials (a listed device must always
+// authenticate). A user name that names a local client (local.go) makes
+// the client that local client. Any failure,
 // including a will topic outside the device's subtree (or, with
 // Commands, in its command subtree), gets "not authorized" (0x87; 0x05 in
 // 3.1.1) and never says which part was wrong. Too many clients, an
@@ -648,9 +649,6 @@ var errNotAuthorized = errors.New("not authorized")
 // listed: anonymous access never covers a device of the devices file.
 func (s *Server) authorize(device gateway.DeviceID, from netip.Addr, pk packets.Packet) (string, *credentials, error) {
 	box := s.creds.Load()
-	if pk.Connect.UsernameFlag && string(pk.Connect.Username) != string(device) {
-		return "", box, deniedUserName
-	}
 	rev := box.revision(device)
 	if !pk.Connect.PasswordFlag || box.c == nil {
 		switch {

@@ -262,7 +262,7 @@ func TestWrongCredentials(t *testing.T) {
 		"wrong password":          {ClientID: "dev-1", Password: []byte("secret-2"), PasswordFlag: true},
 		"unknown device":          {ClientID: "dev-9", Password: []byte("secret-1"), PasswordFlag: true},
 		"no password":             {ClientID: "dev-1"},
-		"another device's id":     {ClientID: "dev-1", Username: "dev-2", UsernameFlag: true, Password: []byte("secret-2"), PasswordFlag: true},
+		"another device's name":   {ClientID: "dev-2", Username: "dev-1", UsernameFlag: true, Password: []byte("secret-2"), PasswordFlag: true},
 		"another device's secret": {ClientID: "dev-2", Password: []byte("secret-1"), PasswordFlag: true},
 		"will outside the subtree": {ClientID: "dev-1", Password: []byte("secret-1"), PasswordFlag: true,
 			WillMessage: &paho.WillMessage{Topic: "devices/dev-2/status", Payload: []byte("gone")}},
@@ -785,5 +785,49 @@ func TestCloseWhileClientsLeave(t *testing.T) {
 			t.Fatalf("round %d: Close did not return in 20 s", round)
 		}
 		wg.Wait()
+	}
+}
+
+// The user name names the device, whatever client ID the client sends:
+// mosquitto_pub -u without -i (3.1.1: a generated "mosq-…"; MQTT 5: an
+// empty one), and an MQTT 5 client with an empty client ID, which is told
+// its device ID. Without a user name the client ID names it. A second
+// connection of the device, under another client ID, takes the first one
+// over: one connection per device.
+func TestUserNameNamesTheDevice(t *testing.T) {
+	rec := &recorder{}
+	s := startServer(t, rec, Options{Credentials: gatewaytest.NewCredentials(testCreds(t))})
+	host, port, _ := net.SplitHostPort(tcpAddr(s))
+	for _, v := range []string{"mqttv311", "mqttv5"} {
+		mosquitto(t, "mosquitto_pub", "-h", host, "-p", port, "-V", v, "-u", "dev-1", "-P", "secret-1", "-t", "devices/dev-1/t", "-m", v)
+	}
+	mosquitto(t, "mosquitto_pub", "-h", host, "-p", port, "-i", "generated-7", "-u", "dev-2", "-P", "secret-2", "-t", "devices/dev-2/t", "-m", "x")
+	var devices []string
+	for _, e := range rec.Evidence() {
+		if e.Kind == gateway.Connect {
+			devices = append(devices, string(e.Device))
+		}
+	}
+	if strings.Join(devices, " ") != "dev-1 dev-1 dev-2" {
+		t.Fatalf("connects of devices %v, want dev-1 (3.1.1), dev-1 (5), dev-2", devices)
+	}
+
+	first, ack, err := connectV5(t, tcpAddr(s), nil, &paho.Connect{KeepAlive: 30, CleanStart: true,
+		Username: "dev-1", UsernameFlag: true, Password: []byte("secret-1"), PasswordFlag: true})
+	if err != nil || ack.Properties == nil || ack.Properties.AssignedClientID != "dev-1" {
+		t.Fatalf("empty client ID: %v, %+v; want Assigned Client Identifier dev-1", err, ack)
+	}
+	_, ack, err = connectV5(t, tcpAddr(s), nil, &paho.Connect{ClientID: "other-id", KeepAlive: 30, CleanStart: true,
+		Username: "dev-1", UsernameFlag: true, Password: []byte("secret-1"), PasswordFlag: true})
+	if err != nil || ack.ReasonCode != 0 || ack.Properties.AssignedClientID != "" {
+		t.Fatalf("second connection: %v, %+v", err, ack)
+	}
+	select {
+	case d := <-first.disconnected:
+		if d.ReasonCode != packets.ErrSessionTakenOver.Code {
+			t.Fatalf("first connection: DISCONNECT %#x, want session taken over", d.ReasonCode)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the first connection of dev-1 was not taken over by its second")
 	}
 }
