@@ -29,10 +29,10 @@ import (
 // --cert and --key), and prints the certificate's SHA-256 fingerprint.
 func cmdGenCert(_ context.Context, args []string, stdout, stderr io.Writer) error {
 	fs, path := newFlags("gen-cert", "gen-cert [-c FILE] [--cert FILE] [--key FILE] [--host NAME,...] [--days N] [--force]")
-	certFile := fs.String("cert", "", "certificate file to write (default: listen.mqtt.cert_file of the configuration)")
-	keyFile := fs.String("key", "", "key file to write (default: listen.mqtt.key_file of the configuration)")
-	hosts := fs.String("host", "", "more DNS names and IP addresses the certificate names, comma-separated (always: this host's name, localhost, 127.0.0.1, ::1)")
-	days := fs.Int("days", 825, "days of validity (1-3650)")
+	certFile := fs.String("cert", "", "certificate `FILE` to write (default: listen.mqtt.cert_file of the configuration)")
+	keyFile := fs.String("key", "", "key `FILE` to write (default: listen.mqtt.key_file of the configuration)")
+	hosts := fs.String("host", "", "more DNS names and IP addresses the certificate names, comma-separated `NAME,...` (always: this host's name, localhost, 127.0.0.1, ::1)")
+	days := fs.Int("days", 825, "`N` days of validity (1-3650)")
 	force := fs.Bool("force", false, "replace existing files")
 	if err := parse(fs, args); err != nil {
 		return err
