@@ -52,6 +52,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/fleetgate/fleetgate/gateway"
+	"github.com/fleetgate/fleetgate/internal/ctxsleep"
 )
 
 // Defaults of Options.
@@ -453,7 +454,7 @@ func (b *Bridge) runInbox(ctx context.Context) {
 				break
 			}
 			b.log.Warn("commands from upstream not durable; trying again", "commands", len(msgs), "err", err)
-			if !sleep(ctx, backoff) {
+			if !ctxsleep.Sleep(ctx, backoff) {
 				return
 			}
 			backoff = min(2*backoff, 5*time.Second)

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/fleetgate/fleetgate/gateway"
+	"github.com/fleetgate/fleetgate/internal/ctxsleep"
 )
 
 // RefusalTries is how many times a message the upstream broker refuses
@@ -134,7 +135,7 @@ func (f *forwarder) read(ctx context.Context) {
 				return
 			}
 			f.b.log.Warn("read the queue", "queue", f.name, "err", err)
-			if !sleep(ctx, backoff) {
+			if !ctxsleep.Sleep(ctx, backoff) {
 				return
 			}
 			backoff = min(2*backoff, 5*time.Second)
@@ -243,7 +244,7 @@ func (f *forwarder) forward(ctx context.Context, m gateway.QueuedMessage) bool {
 			}
 			backoff = 10 * time.Millisecond // the connection's failure: awaitConnection waits for the next
 		}
-		if !sleep(ctx, backoff) {
+		if !ctxsleep.Sleep(ctx, backoff) {
 			return false
 		}
 		backoff = min(2*backoff, 2*time.Second)

@@ -18,6 +18,7 @@ import (
 	mqtt3 "github.com/eclipse/paho.mqtt.golang"
 
 	"github.com/fleetgate/fleetgate/gateway"
+	"github.com/fleetgate/fleetgate/internal/ctxsleep"
 )
 
 // outgoing is one message to publish upstream.
@@ -258,7 +259,7 @@ func (u *mqtt5) subscribe(ctx context.Context, cm *autopaho.ConnectionManager) {
 			err = fmt.Errorf("suback reason codes %v", sa.Reasons)
 		}
 		u.cfg.log.Warn("subscribe to commands upstream", "filter", u.cfg.down, "attempt", attempt+1, "err", err)
-		if !sleep(ctx, time.Duration(min(attempt+1, 10))*time.Second) {
+		if !ctxsleep.Sleep(ctx, time.Duration(min(attempt+1, 10))*time.Second) {
 			return
 		}
 	}
@@ -362,7 +363,7 @@ func (u *mqtt311) subscribe(ctx context.Context, c mqtt3.Client) {
 			err = errors.New("the broker refused the subscription (0x80)")
 		}
 		u.cfg.log.Warn("subscribe to commands upstream", "filter", u.cfg.down, "attempt", attempt+1, "err", err)
-		if !sleep(ctx, time.Duration(min(attempt+1, 10))*time.Second) {
+		if !ctxsleep.Sleep(ctx, time.Duration(min(attempt+1, 10))*time.Second) {
 			return
 		}
 	}
@@ -394,15 +395,4 @@ func (u *mqtt311) close(ctx context.Context) {
 		quiesce = uint(max(0, min(time.Until(d), time.Second)) / time.Millisecond)
 	}
 	u.c.Disconnect(quiesce)
-}
-
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
 }

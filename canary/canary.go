@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/fleetgate/fleetgate/gateway"
+	"github.com/fleetgate/fleetgate/internal/ctxsleep"
 )
 
 // Store is what the canary reads of the store: its shard's event log,
@@ -206,7 +207,7 @@ func (c *Canary) position(ctx context.Context) (gateway.Position, bool) {
 			return p.At, true
 		}
 		c.log.Debug("canary: read the log position", "err", err)
-		if !sleep(ctx, retryWait) {
+		if !ctxsleep.Sleep(ctx, retryWait) {
 			return gateway.Position{}, false
 		}
 	}
@@ -224,7 +225,7 @@ func (c *Canary) ver(ctx context.Context) (uint64, bool) {
 			return 0, true
 		}
 		c.log.Debug("canary: read its device", "err", err)
-		if !sleep(ctx, retryWait) {
+		if !ctxsleep.Sleep(ctx, retryWait) {
 			return 0, false
 		}
 	}
@@ -247,7 +248,7 @@ func (c *Canary) readLog(ctx context.Context, pos gateway.Position, out chan<- g
 				}
 				continue
 			}
-			sleep(ctx, retryWait)
+			ctxsleep.Sleep(ctx, retryWait)
 			continue
 		}
 		for _, e := range evs {
@@ -353,15 +354,4 @@ func (c *Canary) dial(ctx context.Context) (net.Conn, error) {
 		return nil, err
 	}
 	return dc, nil
-}
-
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/fleetgate/fleetgate/admin"
 	"github.com/fleetgate/fleetgate/gateway"
+	"github.com/fleetgate/fleetgate/internal/ctxsleep"
 )
 
 // redrawEvery bounds how often the terminal table is redrawn.
@@ -78,7 +79,7 @@ func cmdWatch(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 					return explain(err)
 				}
 				fmt.Fprintf(stderr, "fleetgate watch: %v; retrying in %v\n", err, *retry)
-				if !sleepCtx(ctx, *retry) {
+				if !ctxsleep.Sleep(ctx, *retry) {
 					return nil
 				}
 				continue
@@ -121,7 +122,7 @@ func cmdWatch(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			return explain(err)
 		default:
 			fmt.Fprintf(stderr, "fleetgate watch: %v; reconnecting in %v\n", err, *retry)
-			if !sleepCtx(ctx, *retry) {
+			if !ctxsleep.Sleep(ctx, *retry) {
 				return nil
 			}
 		}
@@ -307,15 +308,4 @@ func writeFileAtomic(path string, data []byte) error {
 		return fmt.Errorf("cursor file: %w", err)
 	}
 	return nil
-}
-
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
 }

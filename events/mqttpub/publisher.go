@@ -54,6 +54,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promauto"
 
 	"github.com/fleetgate/fleetgate/gateway"
+	"github.com/fleetgate/fleetgate/internal/ctxsleep"
 )
 
 // Defaults of Options.
@@ -450,7 +451,7 @@ func (p *Publisher) runShard(ctx context.Context, shard int, pos gateway.Positio
 		}
 		if err != nil {
 			log.Warn("read events", "err", err)
-			if !sleep(ctx, backoff) {
+			if !ctxsleep.Sleep(ctx, backoff) {
 				return
 			}
 			backoff = min(2*backoff, 5*time.Second)
@@ -534,7 +535,7 @@ func (p *Publisher) messages(e gateway.Event, cu *catchUp) []message {
 // the position the snapshot was taken at.
 func (p *Publisher) snapshot(ctx context.Context, shard int, log *slog.Logger) (gateway.Position, *catchUp, bool) {
 	for attempt := 0; ctx.Err() == nil; attempt++ {
-		if attempt > 0 && !sleep(ctx, time.Second) {
+		if attempt > 0 && !ctxsleep.Sleep(ctx, time.Second) {
 			break
 		}
 		head, err := p.store.SnapshotShard(ctx, shard, "", 0)
@@ -643,7 +644,7 @@ func (p *Publisher) publishOne(ctx context.Context, m message) bool {
 				return true
 			}
 		}
-		if !sleep(ctx, backoff) {
+		if !ctxsleep.Sleep(ctx, backoff) {
 			return false
 		}
 		backoff = min(2*backoff, 2*time.Second)
@@ -691,15 +692,4 @@ func refusal(resp *paho.PublishResponse, err error) string {
 		return err.Error()
 	}
 	return ""
-}
-
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
 }
