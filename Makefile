@@ -45,7 +45,8 @@ run: build
 # staleness test); for systemd/ and test-packages systemd-analyze and
 # systemd-sysusers, promtool, lintian, rpm, dpkg-deb, debootstrap, chroot;
 # for the consumers of docs/events.md curl, node, and Debian's python3 with
-# paho-mqtt (paho: checked as an import of /usr/bin/python3);
+# paho-mqtt (paho: checked as an import of /usr/bin/python3) and mqtt.js
+# (mqttjs: Debian's node-mqtt, checked as a require);
 # bash and zsh (the completion scripts' tests), groff (the man page's).
 DEPS := redis-server:redis-server redis-cli:redis-server \
 	bash:bash zsh:zsh groff:groff-base \
@@ -54,7 +55,7 @@ DEPS := redis-server:redis-server redis-cli:redis-server \
 	mosquitto:mosquitto mosquitto_passwd:mosquitto protoc:protobuf-compiler \
 	systemd-analyze:systemd systemd-sysusers:systemd promtool:prometheus \
 	lintian:lintian rpm:rpm dpkg-deb:dpkg-dev debootstrap:debootstrap chroot:coreutils \
-	curl:curl node:nodejs paho:python3-paho-mqtt
+	curl:curl node:nodejs paho:python3-paho-mqtt mqttjs:node-mqtt
 
 # Installs the packages of the DEPS that are missing, as root, with one
 # apt-get call; as another user it names them and fails. mosquitto lives
@@ -64,7 +65,8 @@ deps:
 	@missing() { m=""; for t in $(DEPS); do found=""; \
 	    for c in $$(echo "$${t%%:*}" | tr , ' '); do \
 	      { command -v $$c || { [ $$c = mosquitto ] && [ -x /usr/sbin/mosquitto ]; } || \
-	        { [ $$c = paho ] && /usr/bin/python3 -c 'import paho.mqtt.client'; }; } >/dev/null 2>&1 && found=1; done; \
+	        { [ $$c = paho ] && /usr/bin/python3 -c 'import paho.mqtt.client'; } || \
+	        { [ $$c = mqttjs ] && NODE_PATH=/usr/share/nodejs node -e 'require("mqtt")'; }; } >/dev/null 2>&1 && found=1; done; \
 	    [ -n "$$found" ] || case " $$m " in *" $${t#*:} "*) ;; *) m="$$m $${t#*:}";; esac; done; echo "$$m"; }; \
 	m=$$(missing); [ -z "$$m" ] && exit 0; \
 	echo "installing$$m"; \

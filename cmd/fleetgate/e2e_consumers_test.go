@@ -56,7 +56,7 @@ func startConsumer(t *testing.T, ctx context.Context, name string, argv ...strin
 
 // The consumers of docs/events.md, run as written (addresses replaced):
 // curl on /v1/watch, mosquitto_sub on the upstream topics, the Python
-// (paho-mqtt) and the Node (fetch) consumers, which print each device's
+// (paho-mqtt), the Node (fetch) and the mqtt.js consumers, which print each device's
 // state once per ver whatever topic or page brought it.
 func TestEventsDocConsumers(t *testing.T) {
 	t.Parallel()
@@ -86,19 +86,24 @@ func TestEventsDocConsumers(t *testing.T) {
 	// Debian's python3 (python3-paho-mqtt, make deps), whatever else is on PATH
 	py := startConsumer(t, ctx, "python", "/usr/bin/python3", write("python", "consumer.py"), broker.Addr)
 	node := startConsumer(t, ctx, "node", "node", write("node", "watch.mjs"), "http://"+gw.admin)
+	// Debian's node-mqtt (make deps) lives outside node's own search path
+	mqttjs := startConsumer(t, ctx, "mqtt.js", "env", "NODE_PATH=/usr/share/nodejs",
+		"node", write("mqtt.js", "consumer.cjs"), "mqtt://"+broker.Addr)
 
 	has := func(c *consumer, s string) bool { return strings.Contains(c.out.String(), s) }
 	waitFor(t, 20*time.Second, "dev-a's state in the MQTT and snapshot consumers", func() bool {
-		return has(sub, "fleetgate/presence/dev-a ") && has(py, "dev-a online ") && has(node, "dev-a online ")
+		return has(sub, "fleetgate/presence/dev-a ") && has(py, "dev-a online ") && has(node, "dev-a online ") &&
+			has(mqttjs, "dev-a online ")
 	})
 	time.Sleep(500 * time.Millisecond) // curl's stream is open by now
 	device{t: t, id: "dev-b"}.heartbeat(gw.coapAddr)
 	waitFor(t, 20*time.Second, "dev-b online in every consumer", func() bool {
 		return has(curl, `"device":"dev-b","state":"online"`) && has(sub, "fleetgate/events/dev-b ") &&
-			has(sub, "fleetgate/presence/dev-b ") && has(py, "dev-b online ") && has(node, "dev-b online ")
+			has(sub, "fleetgate/presence/dev-b ") && has(py, "dev-b online ") && has(node, "dev-b online ") &&
+			has(mqttjs, "dev-b online ")
 	})
 	time.Sleep(time.Second) // a duplicate would have come by now
-	for _, c := range []*consumer{py, node} {
+	for _, c := range []*consumer{py, node, mqttjs} {
 		if n := strings.Count(c.out.String(), "dev-b online "); n != 1 {
 			t.Errorf("%s printed dev-b online %d times, want once (the ver rule)", c.name, n)
 		}
