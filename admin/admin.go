@@ -48,6 +48,7 @@ type Status struct {
 	Runner    any       `json:"runner,omitempty"`
 	Publisher any       `json:"publisher,omitempty"`
 	Bridge    any       `json:"bridge,omitempty"`
+	Canary    any       `json:"canary,omitempty"`
 	Adapters  []any     `json:"adapters"`
 	Bounds    any       `json:"bounds"`
 }

@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -59,6 +61,75 @@ type Canary struct {
 	m     *metrics
 	up    chan gateway.Event
 	msgID atomic.Uint32
+
+	mu     sync.Mutex
+	status Status
+}
+
+// Status is what the canary has seen, for /v1/status (docs/design.md
+// §6.11): its phase, and per path the last detection and the counts.
+type Status struct {
+	// Phase is "live" (heartbeating) or "stopped" (waiting for its
+	// offline); "starting" until the first live phase.
+	Phase string `json:"phase"`
+	// Since is when the phase began.
+	Since   time.Time `json:"since,omitzero"`
+	BoundNS int64     `json:"bound_ns"`
+	// Paths: "log", and "upstream" once the publisher delivered one.
+	Paths map[string]PathStatus `json:"paths,omitempty"`
+	// FalseOffline counts offline events while the canary heartbeats.
+	FalseOffline uint64 `json:"false_offline"`
+}
+
+// PathStatus is the canary's record on one path.
+type PathStatus struct {
+	// LastDetectionNS is the last detection time (from the last
+	// acknowledged heartbeat to the offline event), LastAt when it came.
+	LastDetectionNS int64     `json:"last_detection_ns"`
+	LastAt          time.Time `json:"last_at"`
+	Detected        uint64    `json:"detected"`
+	// Late counts detections beyond the bound, Missed the cycles whose
+	// offline did not come within twice the bound.
+	Late   uint64 `json:"late"`
+	Missed uint64 `json:"missed"`
+}
+
+// Status returns a copy of what the canary has seen.
+func (c *Canary) Status() Status {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	s := c.status
+	s.Paths = maps.Clone(s.Paths)
+	return s
+}
+
+// note updates the status under its lock.
+func (c *Canary) note(f func(s *Status)) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	f(&c.status)
+}
+
+// notePath updates one path's record.
+func (c *Canary) notePath(path Path, f func(p *PathStatus)) {
+	c.note(func(s *Status) {
+		if s.Paths == nil {
+			s.Paths = map[string]PathStatus{}
+		}
+		p := s.Paths[path.String()]
+		f(&p)
+		s.Paths[path.String()] = p
+	})
+}
+
+// notePhase records the phase the canary entered at since.
+func (c *Canary) notePhase(p Phase, since time.Time) {
+	c.note(func(s *Status) {
+		s.Phase, s.Since = "live", since
+		if p == Stopped {
+			s.Phase = "stopped"
+		}
+	})
 }
 
 // Heartbeat exchange timing: a CON is sent again after ackTimeout, then
@@ -96,6 +167,7 @@ func New(o Options) (*Canary, error) {
 		m:   newMetrics(o.Registerer, o.Plan.Bound, o.Upstream != nil),
 		up:  make(chan gateway.Event, 16),
 	}
+	c.status = Status{Phase: "starting", BoundNS: int64(o.Plan.Bound)}
 	return c, nil
 }
 
@@ -125,6 +197,7 @@ func (c *Canary) Run(ctx context.Context) error {
 	}
 	p := c.o.Plan
 	s := Started(time.Now(), base)
+	c.notePhase(s.Phase, s.Since)
 	c.log.Info("canary started", "addr", c.o.Addr, "dtls", c.o.PSK != nil, "live", p.Live, "heartbeat", p.Heartbeat, "bound", p.Bound)
 	t := time.NewTimer(0)
 	defer t.Stop()
@@ -147,17 +220,20 @@ func (c *Canary) Run(ctx context.Context) error {
 			expect[Log] = true
 			expect[Upstream] = c.o.Upstream != nil && c.o.Upstream(c.shard)
 			s = Halted(s, now, expect)
+			c.notePhase(s.Phase, s.Since)
 			c.log.Debug("canary stopped; waiting for its offline", "last_heartbeat", s.LastBeat, "upstream", expect[Upstream])
 			continue
 		case Restart:
 			for _, path := range s.Missed() {
 				c.m.missed.WithLabelValues(path.String()).Inc()
+				c.notePath(path, func(p *PathStatus) { p.Missed++ })
 				c.log.Warn("canary: no offline event within the wait; going live again", "path", path.String(), "waited", now.Sub(s.LastBeat), "bound", p.Bound)
 			}
 			if base, ok = c.ver(ctx); !ok {
 				return nil
 			}
 			s = Started(time.Now(), base)
+			c.notePhase(s.Phase, s.Since)
 			continue
 		}
 		t.Reset(time.Until(at))
@@ -185,10 +261,18 @@ func (c *Canary) observe(s State, path Path, e gateway.Event) State {
 	switch out {
 	case FalseOffline:
 		c.m.falseOffline.Inc()
+		c.note(func(s *Status) { s.FalseOffline++ })
 		c.log.Warn("canary: offline event while it heartbeats", "path", path.String(), "ver", e.Ver, "reason", e.Reason, "last_heartbeat", s.LastBeat)
 	case Detected:
 		c.m.detection.WithLabelValues(path.String()).Observe(d.Seconds())
 		c.m.last.WithLabelValues(path.String()).Set(d.Seconds())
+		c.notePath(path, func(p *PathStatus) {
+			p.LastDetectionNS, p.LastAt = int64(d), time.Now()
+			p.Detected++
+			if d > c.o.Plan.Bound {
+				p.Late++
+			}
+		})
 		if d > c.o.Plan.Bound {
 			c.log.Warn("canary: offline detected later than the bound", "path", path.String(), "detection", d, "bound", c.o.Plan.Bound, "reason", e.Reason)
 		} else {

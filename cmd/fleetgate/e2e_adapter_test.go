@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fleetgate/fleetgate/canary"
 	"github.com/fleetgate/fleetgate/configs"
 )
 
@@ -32,8 +33,9 @@ type adapterView struct {
 
 // statusView is the part of /v1/status the tests read.
 type statusView struct {
-	Sessions int           `json:"sessions"`
-	Adapters []adapterView `json:"adapters"`
+	Sessions int            `json:"sessions"`
+	Adapters []adapterView  `json:"adapters"`
+	Canary   *canary.Status `json:"canary"`
 }
 
 func (g *gatewayProc) status(t *testing.T) statusView {

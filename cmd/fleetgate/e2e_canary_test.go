@@ -75,6 +75,19 @@ func TestCanaryEmbedded(t *testing.T) {
 	if !strings.Contains(gw.logs(), `msg="canary: offline detected" gateway=gw-cn canary=canary-gw-cn path=log`) {
 		t.Errorf("no detection logged")
 	}
+	// /v1/status holds the same figures
+	st := gw.status(t).Canary
+	if st == nil {
+		t.Fatal("no canary in /v1/status")
+	}
+	p := st.Paths["log"]
+	if st.Phase != "live" && st.Phase != "stopped" || st.BoundNS != int64(canaryBound) || st.FalseOffline != 0 ||
+		p.Detected < 3 || p.Late != 0 || p.Missed != 0 || p.LastDetectionNS < int64(3*time.Second) || p.LastDetectionNS > int64(canaryBound) {
+		t.Errorf("/v1/status canary: %+v", st)
+	}
+	if _, ok := st.Paths["upstream"]; ok {
+		t.Errorf("/v1/status canary: an upstream path without a publisher: %+v", st)
+	}
 }
 
 // With the Redis store, a devices file and the DTLS listener, the canary
@@ -128,5 +141,8 @@ func TestCanaryFalseOffline(t *testing.T) {
 	})
 	if !strings.Contains(gw.logs(), `msg="canary: offline event while it heartbeats"`) {
 		t.Errorf("the false offline was not logged")
+	}
+	if st := gw.status(t).Canary; st == nil || st.FalseOffline != 1 || st.Phase != "live" {
+		t.Errorf("/v1/status canary: %+v, want 1 false offline in the live phase", st)
 	}
 }

@@ -409,5 +409,8 @@ func (g *gatewayProcess) status() admin.Status {
 	if g.data != nil {
 		st.Bridge = g.data.bridge.Status()
 	}
+	if g.canary != nil {
+		st.Canary = g.canary.Status()
+	}
 	return st
 }
