@@ -171,7 +171,9 @@ endif
 
 # build/pkg/<arch>: the binary (static, stripped), the adapters ($(PLUGINS)/*
 # from `make plugins` for the host arch, $(PLUGINS)-<arch>/* for another),
-# the Debian changelog and the copyright file: systemd/copyright, then the
+# the man page, the shell completions (of the host's build: they are the
+# same on every arch), the Debian changelog and the copyright file:
+# systemd/copyright, then the
 # licenses of the Go modules that the binary and the adapters compile in
 # for <arch>, from the module cache (internal/copyright).
 PKG_GOENV = CGO_ENABLED=0 GOOS=linux GOARCH=$*
@@ -184,6 +186,9 @@ build/pkg/%: FORCE
 	  "$(PKG_VERSION)" "$$(git rev-parse --short HEAD)" "$$(date -R -d @$$(git log -1 --format=%ct))" | gzip -9n > $@/changelog.gz
 	$(GO) run ./internal/copyright -header systemd/copyright -o $@/copyright -env '$(PKG_GOENV)' \
 	  ./cmd/fleetgate $(ADAPTERS:%=./plugins/%)
+	gzip -9n < docs/man/fleetgate.1 > $@/fleetgate.1.gz
+	$(GO) run ./cmd/fleetgate completion bash > $@/completion.bash
+	$(GO) run ./cmd/fleetgate completion zsh > $@/completion.zsh
 
 deb: $(ARCHS:%=build/pkg/%)
 	mkdir -p $(DIST)

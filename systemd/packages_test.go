@@ -6,6 +6,7 @@ import (
 	"archive/tar"
 	"bufio"
 	"bytes"
+	"compress/gzip"
 	"debug/buildinfo"
 	"debug/elf"
 	"io"
@@ -77,6 +78,8 @@ var wantFiles = map[string]entry{
 	"/usr/share/doc/fleetgate/examples/dev.yaml":       {"-rw-r--r--", "root/root"},
 	"/usr/share/doc/fleetgate/examples/devices.yaml":   {"-rw-r--r--", "root/root"},
 	"/usr/share/doc/fleetgate/copyright":               {"-rw-r--r--", "root/root"},
+	"/usr/share/man/man1/fleetgate.1.gz":               {"-rw-r--r--", "root/root"},
+	"/usr/share/bash-completion/completions/fleetgate": {"-rw-r--r--", "root/root"},
 }
 
 func TestPackages(t *testing.T) {
@@ -114,6 +117,10 @@ func TestPackages(t *testing.T) {
 					t.Errorf("%s %s: %v, want %v", arch, path, got[path], want)
 				}
 			}
+			if e := got["/usr/share/zsh/vendor-completions/_fleetgate"]; e != (entry{"-rw-r--r--", "root/root"}) {
+				t.Errorf("%s: zsh completion %v", arch, e)
+			}
+			checkManAndCompletion(t, arch, func(path string) []byte { return debFile(t, deb("1.0.0", arch), "."+path) })
 			demo := got["/usr/lib/fleetgate/plugins/fleetgate-adapter-demo"]
 			if (arch == "amd64") != (demo == entry{"-rwxr-xr-x", "root/root"}) {
 				t.Errorf("%s: demo adapter %v (packaged for the host arch only, 0755)", arch, demo)
@@ -160,6 +167,9 @@ func TestPackages(t *testing.T) {
 				if got[path] != want {
 					t.Errorf("%s: rpm %s: %v, want %v", arch, path, got[path], want)
 				}
+			}
+			if e := got["/usr/share/zsh/site-functions/_fleetgate"]; e != (entry{"-rw-r--r--", "root/root"}) {
+				t.Errorf("%s: rpm zsh completion %v", arch, e)
 			}
 			if c := strings.Fields(mustRun(t, "rpm", "-qcp", rpm)); strings.Join(c, " ") != "/etc/fleetgate/devices.yaml /etc/fleetgate/fleetgate.yaml" {
 				t.Errorf("%s: config files %v", arch, c)
@@ -441,5 +451,29 @@ func scratchInstall(t *testing.T, root scratch, v1, v2 string) {
 	// Purged: dpkg has forgotten the package.
 	if out, err := exec.Command(root.enter[0], append(root.enter[1:len(root.enter):len(root.enter)], "dpkg-query", "-W", "fleetgate")...).CombinedOutput(); err == nil || !strings.Contains(string(out), "no packages found") {
 		t.Errorf("dpkg still knows fleetgate after purge: %v %s", err, out)
+	}
+}
+
+// checkManAndCompletion checks the man page (docs/man/fleetgate.1,
+// gzipped) and the bash completion that a package holds.
+func checkManAndCompletion(t *testing.T, arch string, file func(path string) []byte) {
+	t.Helper()
+	zr, err := gzip.NewReader(bytes.NewReader(file("/usr/share/man/man1/fleetgate.1.gz")))
+	if err != nil {
+		t.Fatalf("%s: man page: %v", arch, err)
+	}
+	man, err := io.ReadAll(zr)
+	if err != nil {
+		t.Fatalf("%s: man page: %v", arch, err)
+	}
+	want, err := os.ReadFile("../docs/man/fleetgate.1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(man, want) {
+		t.Errorf("%s: the man page is not docs/man/fleetgate.1", arch)
+	}
+	if c := file("/usr/share/bash-completion/completions/fleetgate"); !bytes.Contains(c, []byte("complete -F _fleetgate fleetgate")) {
+		t.Errorf("%s: the bash completion is not fleetgate's:\n%s", arch, c)
 	}
 }
