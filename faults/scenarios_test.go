@@ -383,6 +383,31 @@ func TestGatewayKilledDuringOutage(t *testing.T) {
 	r.finish()
 }
 
+// Gateway A is killed -9 and restarted, then the store loses its state
+// (FLUSHALL) a second later, before the runner reaped the devices that
+// stopped on A a second before the kill: A's new process restores what
+// its predecessor held (the state file's session ledger), so those
+// devices still get their offline (invariant 7), and nothing that kept
+// sending goes offline.
+func TestGatewayKilledThenStoreLost(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	gws := startGateways(t, []string{srv.Addr}, []string{srv.Addr})
+	a := gws[0]
+	r := newRig(t, newCollector(t, srv.Addr), gws...)
+	r.addFleet("d", 40, stdRoles(2*time.Second))
+	r.fleet.start()
+	r.at(warm)
+	r.faultFrom()
+	r.kill(a)
+	a.start()
+	r.at(warm + time.Second)
+	redisCLI(t, srv.Addr, "FLUSHALL")
+	r.at(warm + 2*time.Second)
+	r.faultTo()
+	r.finish()
+}
+
 // partitionScenario cuts gateway A's Redis link (a TCP proxy) for cut
 // while every device keeps sending; gateway B stays connected.
 func partitionScenario(t *testing.T, cut time.Duration, lostOK bool) {

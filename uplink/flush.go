@@ -219,6 +219,9 @@ func (u *Uplink) write(ctx context.Context, t timing, kind writeKind, ws []shard
 			for _, w := range sb.Batch.Writes {
 				u.m.written.WithLabelValues(w.Kind.String()).Inc()
 			}
+			if i < len(ws) && kind != restoreWrite {
+				u.ledgerConnects(t, kind == replayWrite, ws[i].tws, now)
+			}
 			continue
 		}
 		u.m.flushErrors.Inc()

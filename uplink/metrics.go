@@ -15,6 +15,7 @@ type metrics struct {
 	dropped      *prometheus.CounterVec // outbox drops by reason
 	refused      *prometheus.CounterVec // writes the store refused, by reason
 	restored     prometheus.Counter
+	ledgerErrors prometheus.Counter
 }
 
 func newMetrics(u *Uplink, reg prometheus.Registerer) *metrics {
@@ -48,6 +49,10 @@ func newMetrics(u *Uplink, reg prometheus.Registerer) *metrics {
 			Name: "fleetgate_uplink_restored_sessions_total",
 			Help: "Live sessions re-sent to the central store after it lost or replaced a shard's state (a restart without persistence, FLUSHALL, a failover).",
 		}),
+		ledgerErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "fleetgate_uplink_ledger_errors_total",
+			Help: "Writes of the session ledger (the sessions this process holds, in the state file) that failed, or connects left out of one.",
+		}),
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "fleetgate_uplink_refused_total",
 			Help: "Writes the central store refused and that were dropped: fenced (a newer process of this gateway exists) or rejected (a bug: bad or wrong shard).",
@@ -65,7 +70,7 @@ func newMetrics(u *Uplink, reg prometheus.Registerer) *metrics {
 	if reg == nil {
 		return m
 	}
-	reg.MustRegister(m.written, m.flushes, m.calls, m.flushErrors, m.flushSeconds, m.dropped, m.refused, m.restored,
+	reg.MustRegister(m.written, m.flushes, m.calls, m.flushErrors, m.flushSeconds, m.dropped, m.refused, m.restored, m.ledgerErrors,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "fleetgate_outbox_sessions",
 			Help: "Sessions buffered in the outbox.",

@@ -45,8 +45,9 @@ func (u *Uplink) restoreShards(ctx context.Context, t timing, shards []int) {
 			}
 		}
 	}
-	lapsed := 0
-	u.sessions(func(v gateway.SessionView) bool {
+	lapsed, inherited := 0, 0
+	inTable := make(map[key]bool)
+	restore := func(v gateway.SessionView) bool {
 		s := gateway.ShardOf(v.Device, u.shards)
 		sl, isQueued := queued[key{v.Device, v.Session}]
 		live := v.Deadline.After(now)
@@ -59,14 +60,32 @@ func (u *Uplink) restoreShards(ctx context.Context, t timing, shards []int) {
 			if !live {
 				lapsed++
 			}
+			return true
 		}
+		return false
+	}
+	u.sessions(func(v gateway.SessionView) bool {
+		if u.ledger != nil {
+			inTable[key{v.Device, v.Session}] = true
+		}
+		restore(v)
 		return true
 	})
+	if u.ledger != nil {
+		// the sessions of a previous process (and replayed ones) that the
+		// table does not hold: the store may have lost the only record
+		// of a device that stopped before that process ended
+		for _, v := range u.ledger.heldAt(now) {
+			if !inTable[key{v.Device, v.Session}] && restore(v) {
+				inherited++
+			}
+		}
+	}
 	for _, s := range shards {
 		// due until its last batch is acknowledged (none: done now)
 		u.restoreDue[s] = len(per[s]) > 0
 	}
-	u.log.Warn("store lost or replaced this gateway's shards: restoring their sessions", "shards", shards, "sessions", n, "ran_out", lapsed)
+	u.log.Warn("store lost or replaced this gateway's shards: restoring their sessions", "shards", shards, "sessions", n, "ran_out", lapsed, "inherited", inherited)
 	for len(per) > 0 {
 		var ws []shardWrites
 		for s, tws := range per {

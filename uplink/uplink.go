@@ -19,6 +19,7 @@ package uplink
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -87,6 +88,11 @@ type Options struct {
 	// deadline has passed is re-sent only if a write of it had been
 	// accepted (SessionView.LastSent). Nil re-sends nothing.
 	Sessions func(fn func(gateway.SessionView) bool)
+	// Ledger, when set, keeps the sessions of Sessions in the state file
+	// (ledger.go), and a restore after a loss also re-sends those a
+	// previous process of this gateway recorded there and the outbox's
+	// replayed ones. Nil keeps none.
+	Ledger *Ledger
 
 	Clock      gateway.Clock
 	Logger     *slog.Logger
@@ -135,6 +141,7 @@ type Uplink struct {
 	// loops are inside a step (see Stalled).
 	flushBusy, outboxBusy, probeBusy busy
 	sessions                         func(fn func(gateway.SessionView) bool)
+	ledger                           *Ledger
 
 	// hmu guards the health of the shards (health.go): ndown of them are
 	// down; since is when the uplink (every shard) last went down or up,
@@ -204,6 +211,7 @@ func New(store gateway.Writer, ob *Outbox, o Options) *Uplink {
 		keepAlive:     o.KeepAlive,
 		grace:         max(o.GatewayGrace, 0),
 		sessions:      o.Sessions,
+		ledger:        o.Ledger,
 		kick:          make(chan struct{}, 1),
 		wake:          make(chan struct{}, 1),
 		probe:         make(chan struct{}, 1),
@@ -314,10 +322,12 @@ func (u *Uplink) Run(ctx context.Context) error {
 	g.Go(func() error { u.flushLoop(gctx); return nil })
 	g.Go(func() error { u.probeLoop(gctx); return nil })
 	g.Go(func() error { u.replayLoop(gctx); return nil })
+	g.Go(func() error { u.ledgerLoop(gctx); return nil })
 	_ = g.Wait()
 	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), u.timeout)
 	defer cancel()
-	return u.Flush(fctx)
+	err := u.Flush(fctx)
+	return errors.Join(err, u.rewriteLedger(u.clock.Now()))
 }
 
 // pending is the number of writes waiting in the queues of all shards.

@@ -151,18 +151,27 @@ func (g *gatewayProcess) run(ctx context.Context) (err error) {
 	if err != nil {
 		return err
 	}
+	keepLapsed := 2 * (cfg.Presence.Lease.Std() + cfg.Presence.GatewayGrace.Std())
+	ledger, bad, err := uplink.OpenLedger(db, time.Now(), keepLapsed)
+	if err != nil {
+		return err
+	}
+	if n := ledger.Inherited(); n > 0 || bad > 0 {
+		log.Info("session ledger read: the previous process's sessions are restored if the store loses its state", "sessions", n, "unreadable", bad)
+	}
 	g.up = uplink.New(g.store, outbox, uplink.Options{
 		Gateway: cfg.Gateway.ID, Epoch: g.epoch,
 		Lease: cfg.Presence.Lease.Std(), FlushInterval: cfg.Uplink.FlushInterval.Std(), MaxBatch: cfg.Uplink.MaxBatch,
 		KeepAlive: cfg.GatewayKeepAlive(), ProbeMax: cfg.UplinkProbeMax(), GatewayGrace: cfg.Presence.GatewayGrace.Std(),
 		Sessions: func(fn func(gateway.SessionView) bool) { g.table.Restorable(fn) },
+		Ledger:   ledger,
 		Clock:    gateway.SystemClock{}, Logger: log, Registerer: reg,
 	})
 	g.table = gateway.NewTable(g.up, gateway.TableOptions{
 		Lease: cfg.Presence.Lease.Std(), RenewEvery: cfg.Presence.RenewEvery.Std(),
 		MaxSessions: cfg.Presence.MaxSessions, MaxSessionsPerDevice: cfg.Limits.MaxSessionsPerDevice,
 		MaxAnonymousDevices: cfg.Limits.AnonymousMaxDevices,
-		KeepLapsed:          2 * (cfg.Presence.Lease.Std() + cfg.Presence.GatewayGrace.Std()),
+		KeepLapsed:          keepLapsed,
 		Clock:               gateway.SystemClock{},
 	})
 	reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
