@@ -189,6 +189,17 @@ type expectations struct {
 	// time out (uplink.DefaultTimeout) before it goes to the outbox, so a
 	// kill may lose that much more (outageLossWindow).
 	outageKills []time.Time
+	// losses are when the store lost its state (FLUSHALL, a restart
+	// without persistence): two events of the same state on either side
+	// of one are not a broken alternation (the new incarnation does not
+	// know what consumers last saw; they resync there, docs/design.md
+	// §3.6), they are counted apart.
+	losses []time.Time
+}
+
+// acrossLoss: a loss came between two events at a and b.
+func (x expectations) acrossLoss(a, b time.Time) bool {
+	return slices.ContainsFunc(x.losses, func(l time.Time) bool { return !l.Before(a) && !l.After(b) })
 }
 
 // lossWindow is how long before a kill -9 acknowledged evidence may not
@@ -228,6 +239,7 @@ type result struct {
 	Resurrected         int // online again after an offline, with no evidence since
 	Unseen              int // acknowledged evidence that never produced an online event (unless it lapsed during the fault)
 	GatewayLost         int // offline events with reason gateway_lost
+	AcrossLoss          int // same state twice in a row across a loss (not a violation)
 	Events              int
 	Lags                []time.Duration // at − last evidence, devices that went silent
 	examples            []string
@@ -290,7 +302,9 @@ func check(truth map[string]*devTruth, log []event, x expectations) result {
 				r.VerBackwards++
 				r.note("ver backwards %v after ver %d", e, evs[i-1].ver)
 			}
-			if (i == 0 && e.state != "online") || (i > 0 && e.state == evs[i-1].state) {
+			if i > 0 && e.state == evs[i-1].state && x.acrossLoss(evs[i-1].at, e.at) {
+				r.AcrossLoss++
+			} else if (i == 0 && e.state != "online") || (i > 0 && e.state == evs[i-1].state) {
 				r.BrokenAlternation++
 				r.note("broken alternation %v (previous %v)", e, prev(evs, i))
 			}

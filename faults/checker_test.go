@@ -91,3 +91,24 @@ func TestCheckerKillLossWindow(t *testing.T) {
 		t.Fatalf("without the kill: false offline %d, want 2; examples %q", r.FalseOffline, r.examples)
 	}
 }
+
+// Two onlines of a device on either side of a store loss are counted
+// apart (the new incarnation does not know consumers saw it online);
+// without the loss between them they break the alternation.
+func TestCheckerAcrossLoss(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	at := func(d time.Duration) time.Time { return t0.Add(d) }
+	truth := map[string]*devTruth{"d": {id: "d", sends: []time.Time{at(0), at(time.Second), at(2 * time.Second)}}}
+	log := []event{
+		{device: "d", state: "online", ver: 1, at: at(10 * time.Millisecond), reason: "connect"},
+		{device: "d", state: "online", ver: 100, at: at(2 * time.Second), reason: "connect"},
+	}
+	x := expectations{tm: fast, end: at(3 * time.Second), losses: []time.Time{at(1500 * time.Millisecond)}}
+	if r := check(truth, log, x); r.AcrossLoss != 1 || r.BrokenAlternation != 0 {
+		t.Fatalf("with the loss: across %d, broken %d; want 1, 0", r.AcrossLoss, r.BrokenAlternation)
+	}
+	x.losses = []time.Time{at(2500 * time.Millisecond)}
+	if r := check(truth, log, x); r.AcrossLoss != 0 || r.BrokenAlternation != 1 {
+		t.Fatalf("loss after both: across %d, broken %d; want 0, 1", r.AcrossLoss, r.BrokenAlternation)
+	}
+}

@@ -152,12 +152,15 @@ func (g *gatewayProcess) run(ctx context.Context) (err error) {
 		return err
 	}
 	keepLapsed := 2 * (cfg.Presence.Lease.Std() + cfg.Presence.GatewayGrace.Std())
-	ledger, bad, err := uplink.OpenLedger(db, time.Now(), keepLapsed)
+	ledger, damaged, err := uplink.OpenLedger(filepath.Join(cfg.Gateway.StateDir, uplink.LedgerFile), time.Now(), keepLapsed)
 	if err != nil {
 		return err
 	}
-	if n := ledger.Inherited(); n > 0 || bad > 0 {
-		log.Info("session ledger read: the previous process's sessions are restored if the store loses its state", "sessions", n, "unreadable", bad)
+	if damaged {
+		log.Warn("session ledger damaged: the sessions recorded after the damage are lost", "path", filepath.Join(cfg.Gateway.StateDir, uplink.LedgerFile))
+	}
+	if n := ledger.Inherited(); n > 0 {
+		log.Info("session ledger read: the previous process's sessions are restored if the store loses its state", "sessions", n)
 	}
 	g.up = uplink.New(g.store, outbox, uplink.Options{
 		Gateway: cfg.Gateway.ID, Epoch: g.epoch,
