@@ -195,6 +195,12 @@ type ApplyResult struct {
 	// failover to a replica): records may be gone or older, so the caller
 	// re-sends the live sessions it holds for the shard (Batch.Restore).
 	Reset bool
+	// Incarnation names the shard's state the call met: the same until
+	// that state is lost or replaced, then another. A gateway keeps the
+	// one its restore covered across its restarts (the uplink's session
+	// ledger), so that its next process restores after a loss that the
+	// store reported (Reset) to a process that ended before restoring.
+	Incarnation string
 }
 
 // ReapResult reports one bounded reap call on one shard.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"time"
 
 	"github.com/fleetgate/fleetgate/gateway"
@@ -205,12 +206,27 @@ func (u *Uplink) write(ctx context.Context, t timing, kind writeKind, ws []shard
 	var (
 		reset, applied, down []int
 		downErrs             []error
+		met                  []string
 	)
+	for _, r := range results {
+		if r.Err == nil {
+			met = append(met, r.Result.Incarnation)
+		}
+	}
+	for i, r := range results {
+		if r.Err == nil {
+			applied = append(applied, batches[i].Shard)
+		}
+	}
+	// a state lost or replaced since the previous process restored on it
+	// (that process may have ended before its restore went through)
+	changed := u.noteIncarnations(applied, met)
+	applied = applied[:0]
 	for i, r := range results {
 		sb := batches[i]
 		u.m.flushes.Inc()
 		u.m.flushSeconds.Observe(took)
-		if r.Err == nil && (r.Result.Reset || u.restoreDue[sb.Shard]) {
+		if r.Err == nil && (r.Result.Reset || u.restoreDue[sb.Shard] || slices.Contains(changed, sb.Shard)) {
 			reset = append(reset, sb.Shard)
 		}
 		if r.Err == nil {
@@ -237,6 +253,7 @@ func (u *Uplink) write(ctx context.Context, t timing, kind writeKind, ws []shard
 	}
 	u.answered(applied)
 	u.markDown(down, downErrs)
+	defer u.markRestored(applied)
 	switch {
 	case len(reset) == 0:
 	case kind != restoreWrite:

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"hash/crc32"
 	"io"
+	"maps"
 	"os"
 	"slices"
 	"sync"
@@ -54,14 +55,20 @@ func ledgerPeriod(lease time.Duration) time.Duration { return max(lease/4, time.
 const maxLedgerAdds = 1 << 16
 
 // The file: the header "fleetgate sessions\n" and the format byte, then
-// records (format 1): key length (u16), key (device 0x00 session), last
-// seen (8), deadline (8), recorded at (8): Unix nanoseconds; stale by (8):
-// nanoseconds; CRC-32C (Castagnoli) of all that (4). Integers big endian.
+// records (format 1), each a type (1 byte), the payload's length (u16),
+// the payload, and a CRC-32C (Castagnoli) of the three (4). Type 'S', a
+// session: its key (device 0x00 session), then last seen, deadline,
+// recorded at (Unix nanoseconds, 8 each) and stale by (nanoseconds, 8).
+// Type 'I', a shard's incarnation this gateway had restored its sessions
+// on (gateway.ApplyResult.Incarnation): the shard (u16) and the name.
+// Integers big endian.
 const (
-	ledgerMagic     = "fleetgate sessions\n"
-	ledgerFormat    = 1
-	ledgerValueLen  = 32
-	ledgerMaxKeyLen = 2 * 1024
+	ledgerMagic      = "fleetgate sessions\n"
+	ledgerFormat     = 1
+	ledgerSession    = 'S'
+	ledgerIncarnated = 'I'
+	ledgerValueLen   = 32
+	ledgerMaxPayload = 4 * 1024
 )
 
 var crcTable = crc32.MakeTable(crc32.Castagnoli)
@@ -78,77 +85,109 @@ type ledgerRecord struct {
 	StaleBy    time.Duration
 }
 
+// appendFramed appends a record of type typ whose payload put appends.
+func appendFramed(b []byte, typ byte, put func([]byte) []byte) []byte {
+	start := len(b)
+	b = append(b, typ, 0, 0)
+	b = put(b)
+	binary.BigEndian.PutUint16(b[start+1:], uint16(len(b)-start-3))
+	return binary.BigEndian.AppendUint32(b, crc32.Checksum(b[start:], crcTable))
+}
+
 // appendRecord appends the record of session k to b.
 func appendRecord(b []byte, k key, r ledgerRecord) []byte {
-	start := len(b)
-	b = binary.BigEndian.AppendUint16(b, uint16(len(k.device)+1+len(k.session)))
-	b = append(b, k.device...)
-	b = append(b, 0)
-	b = append(b, k.session...)
-	b = binary.BigEndian.AppendUint64(b, uint64(r.LastSeen.UnixNano()))
-	b = binary.BigEndian.AppendUint64(b, uint64(r.Deadline.UnixNano()))
-	b = binary.BigEndian.AppendUint64(b, uint64(r.RecordedAt.UnixNano()))
-	b = binary.BigEndian.AppendUint64(b, uint64(r.StaleBy))
-	return binary.BigEndian.AppendUint32(b, crc32.Checksum(b[start:], crcTable))
+	return appendFramed(b, ledgerSession, func(b []byte) []byte {
+		b = append(b, k.device...)
+		b = append(b, 0)
+		b = append(b, k.session...)
+		b = binary.BigEndian.AppendUint64(b, uint64(r.LastSeen.UnixNano()))
+		b = binary.BigEndian.AppendUint64(b, uint64(r.Deadline.UnixNano()))
+		b = binary.BigEndian.AppendUint64(b, uint64(r.RecordedAt.UnixNano()))
+		return binary.BigEndian.AppendUint64(b, uint64(r.StaleBy))
+	})
+}
+
+// appendIncarnation appends the record of shard's incarnation to b.
+func appendIncarnation(b []byte, shard int, inc string) []byte {
+	return appendFramed(b, ledgerIncarnated, func(b []byte) []byte {
+		return append(binary.BigEndian.AppendUint16(b, uint16(shard)), inc...)
+	})
 }
 
 var errBadLedger = errors.New("uplink: bad session ledger")
 
-// readLedger reads the records of a ledger file from r, a later record of
-// a session replacing an earlier one, and calls fn for each session left.
-// It stops at the end, or at the first record that is short or damaged
-// (torn: that and what follows is counted, not an error); a file without
-// the header is an error.
-func readLedger(r io.Reader, fn func(key, ledgerRecord)) (torn bool, err error) {
+// ledgerContent is what a ledger file holds: its sessions, a later record
+// of a session replacing an earlier one, in the order first recorded, and
+// the incarnation of each shard it names.
+type ledgerContent struct {
+	order        []key
+	sessions     map[key]ledgerRecord
+	incarnations map[int]string
+}
+
+// readLedger reads a ledger file from r. It stops at the end, or at the
+// first record that is short or damaged (torn: that and what follows is
+// reported, not an error); a file without the header is an error.
+func readLedger(r io.Reader) (c ledgerContent, torn bool, err error) {
+	c = ledgerContent{sessions: map[key]ledgerRecord{}, incarnations: map[int]string{}}
 	br := bufio.NewReader(r)
 	head := make([]byte, len(ledgerMagic)+1)
 	if _, err := io.ReadFull(br, head); err != nil || string(head[:len(ledgerMagic)]) != ledgerMagic || head[len(ledgerMagic)] != ledgerFormat {
-		return false, fmt.Errorf("%w: no header of format %d", errBadLedger, ledgerFormat)
+		return c, false, fmt.Errorf("%w: no header of format %d", errBadLedger, ledgerFormat)
 	}
-	recs := map[key]ledgerRecord{}
-	var order []key
-	buf := make([]byte, 0, 2+ledgerMaxKeyLen+ledgerValueLen+4)
+	buf := make([]byte, 0, 3+ledgerMaxPayload+4)
 	for {
-		buf = buf[:2]
+		buf = buf[:3]
 		if _, err := io.ReadFull(br, buf); err == io.EOF {
-			break
+			return c, false, nil
 		} else if err != nil {
-			torn = true
-			break
+			return c, true, nil
 		}
-		n := int(binary.BigEndian.Uint16(buf))
-		if n < 2 || n > ledgerMaxKeyLen {
-			torn = true
-			break
+		n := int(binary.BigEndian.Uint16(buf[1:]))
+		if n > ledgerMaxPayload {
+			return c, true, nil
 		}
-		buf = buf[:2+n+ledgerValueLen+4]
-		if _, err := io.ReadFull(br, buf[2:]); err != nil {
-			torn = true
-			break
+		buf = buf[:3+n+4]
+		if _, err := io.ReadFull(br, buf[3:]); err != nil {
+			return c, true, nil
 		}
-		body := buf[:len(buf)-4]
-		if crc32.Checksum(body, crcTable) != binary.BigEndian.Uint32(buf[len(buf)-4:]) {
-			torn = true
-			break
+		if crc32.Checksum(buf[:3+n], crcTable) != binary.BigEndian.Uint32(buf[3+n:]) {
+			return c, true, nil
 		}
-		dev, sess, ok := bytes.Cut(body[2:2+n], []byte{0})
-		v := body[2+n:]
+		if !c.add(buf[0], buf[3:3+n]) {
+			return c, true, nil
+		}
+	}
+}
+
+// add takes one record whose checksum held; false if it makes no sense.
+func (c *ledgerContent) add(typ byte, p []byte) bool {
+	switch typ {
+	case ledgerSession:
+		if len(p) < ledgerValueLen+2 {
+			return false
+		}
+		dev, sess, ok := bytes.Cut(p[:len(p)-ledgerValueLen], []byte{0})
+		v := p[len(p)-ledgerValueLen:]
 		at := func(i int) time.Time { return time.Unix(0, int64(binary.BigEndian.Uint64(v[i:]))) }
 		rec := ledgerRecord{LastSeen: at(0), Deadline: at(8), RecordedAt: at(16), StaleBy: time.Duration(binary.BigEndian.Uint64(v[24:]))}
 		if !ok || len(dev) == 0 || rec.Deadline.Before(rec.LastSeen) || rec.StaleBy < 0 {
-			torn = true
-			break
+			return false
 		}
 		k := key{gateway.DeviceID(dev), gateway.SessionID(sess)}
-		if _, seen := recs[k]; !seen {
-			order = append(order, k)
+		if _, seen := c.sessions[k]; !seen {
+			c.order = append(c.order, k)
 		}
-		recs[k] = rec
+		c.sessions[k] = rec
+	case ledgerIncarnated:
+		if len(p) < 3 {
+			return false
+		}
+		c.incarnations[int(binary.BigEndian.Uint16(p))] = string(p[2:])
+	default:
+		return false
 	}
-	for _, k := range order {
-		fn(k, recs[k])
-	}
-	return torn, nil
+	return true
 }
 
 // heldDeadline is the latest deadline a session of a dead process's
@@ -186,6 +225,9 @@ type heldSession struct {
 // Ledger is the session ledger of one state directory (OpenLedger).
 type Ledger struct {
 	path string
+	// incs are the incarnations the previous process had restored its
+	// sessions on, by shard (Incarnations).
+	incs map[int]string
 
 	mu   sync.Mutex
 	held []heldSession
@@ -213,22 +255,33 @@ func OpenLedger(path string, opened time.Time, keepLapsed time.Duration) (l *Led
 	case err != nil:
 		return nil, false, fmt.Errorf("uplink: open ledger: %w", err)
 	default:
-		torn, rerr := readLedger(f, func(k key, r ledgerRecord) {
+		c, torn, rerr := readLedger(f)
+		f.Close()
+		for _, k := range c.order {
+			r := c.sessions[k]
 			dl := heldDeadline(r, opened)
 			l.held = append(l.held, heldSession{
 				view: gateway.SessionView{Device: k.device, Session: k.session, LastSeen: r.LastSeen, LastSent: r.LastSeen, Deadline: dl},
 				keep: dl.Add(keepLapsed),
 				rec:  r,
 			})
-		})
-		f.Close()
+		}
+		l.incs = c.incarnations
 		damaged = torn || rerr != nil
 	}
-	if err := l.rewrite(opened, 0, nil); err != nil {
+	if err := l.rewrite(opened, 0, nil, l.incs); err != nil {
 		return nil, damaged, err
 	}
 	return l, damaged, nil
 }
+
+// Incarnations are, by shard, the incarnations of the store's state on
+// which the previous process had restored its sessions (or found nothing
+// to restore). A shard that names another at this process's first call
+// has lost or replaced its state since: the restore is due, though the
+// store reported the change (gateway.ApplyResult.Reset) to that process,
+// if to any.
+func (l *Ledger) Incarnations() map[int]string { return maps.Clone(l.incs) }
 
 // Inherited is the number of sessions held from the ledger and the
 // outbox's replays.
@@ -239,19 +292,16 @@ func (l *Ledger) Inherited() int {
 }
 
 // add records sessions whose connect the store accepted (their records
-// made), for the next append; hold also keeps them as held (replayed
-// ones: not in the table).
-func (l *Ledger) add(ss []heldSession, hold bool) {
+// made) for the next append, and keeps held as held (not in the table).
+func (l *Ledger) add(adds, held []heldSession) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if hold {
-		l.held = append(l.held, ss...)
+	l.held = append(l.held, held...)
+	if n := maxLedgerAdds - len(l.adds); n < len(adds) {
+		l.lost += len(adds) - max(n, 0)
+		adds = adds[:max(n, 0)]
 	}
-	if n := maxLedgerAdds - len(l.adds); n < len(ss) {
-		l.lost += len(ss) - max(n, 0)
-		ss = ss[:max(n, 0)]
-	}
-	l.adds = append(l.adds, ss...)
+	l.adds = append(l.adds, adds...)
 }
 
 // heldAt returns the held sessions kept at now, dropping the others.
@@ -296,20 +346,23 @@ func (l *Ledger) writeAdds() (int, int, error) {
 	return len(adds), lost, nil
 }
 
-// rewrite replaces the ledger with the held sessions kept at now, as
-// they were recorded, and the sessions each yields of which a write was
+// rewrite replaces the ledger with the incarnations incs, the held
+// sessions kept at now, as they were recorded, and the sessions each yields of which a write was
 // accepted or handed to the uplink (SessionView.LastSent: the table's
 // restorable ones), recorded at now; the adds pending are in it already
 // (a connect accepted is in the table or held). The records are encoded
 // into a buffer the ledger keeps (no file I/O while each runs: it may
 // hold the table's locks), then written to a temporary file, fsynced and
 // renamed over the ledger.
-func (l *Ledger) rewrite(now time.Time, staleBy time.Duration, each func(fn func(gateway.SessionView) bool)) error {
+func (l *Ledger) rewrite(now time.Time, staleBy time.Duration, each func(fn func(gateway.SessionView) bool), incs map[int]string) error {
 	l.mu.Lock()
 	l.adds, l.lost = nil, 0
 	l.held = slices.DeleteFunc(l.held, func(h heldSession) bool { return !h.keep.After(now) })
 	b := append(l.buf[:0], ledgerMagic...)
 	b = append(b, ledgerFormat)
+	for _, shard := range slices.Sorted(maps.Keys(incs)) {
+		b = appendIncarnation(b, shard, incs[shard])
+	}
 	// held first: of a session both held and in the table, the table's
 	// record comes later and wins
 	for _, h := range l.held {
@@ -354,27 +407,33 @@ func writeSynced(path string, b []byte) error {
 }
 
 // ledgerConnects adds the connects of tws, which the store accepted, to
-// the ledger; replayed ones (from the outbox: perhaps of a previous
-// process, not in the table) are held too.
+// the ledger. Those of a replay observed before this process started
+// (its predecessor's, from the outbox) are held too: no table of this
+// process holds them. This process's own sessions are its table's, which
+// forgets the ones that left: held, they would outlive their goodbye.
 func (u *Uplink) ledgerConnects(t timing, replayed bool, tws []timedWrite, now time.Time) {
 	if u.ledger == nil {
 		return
 	}
-	var ss []heldSession
+	var adds, held []heldSession
 	period := ledgerPeriod(t.lease)
 	for _, tw := range tws {
 		if tw.w.Kind != gateway.Connect {
 			continue
 		}
 		dl := tw.at.Add(cmp.Or(tw.w.Lease, t.lease))
-		ss = append(ss, heldSession{
+		h := heldSession{
 			view: gateway.SessionView{Device: tw.w.Device, Session: tw.w.Session, LastSeen: tw.at, LastSent: tw.at, Deadline: dl},
 			keep: dl.Add(period + u.keepLapsed(t)),
 			rec:  ledgerRecord{LastSeen: tw.at, Deadline: dl, RecordedAt: now, StaleBy: period},
-		})
+		}
+		adds = append(adds, h)
+		if replayed && tw.at.Before(u.started) {
+			held = append(held, h)
+		}
 	}
-	if len(ss) > 0 {
-		u.ledger.add(ss, replayed)
+	if len(adds) > 0 {
+		u.ledger.add(adds, held)
 	}
 }
 
@@ -425,5 +484,53 @@ func (u *Uplink) rewriteLedger(now time.Time) error {
 	if u.ledger == nil {
 		return nil
 	}
-	return u.ledger.rewrite(now, ledgerPeriod(u.timing().lease), u.sessions)
+	return u.ledger.rewrite(now, ledgerPeriod(u.timing().lease), u.sessions, u.restoredIncarnations())
+}
+
+// noteIncarnations records the incarnation each applied batch met
+// (shards[i], results[i]) and says which shards' state changed since the
+// previous process restored on them: met at this process's first call
+// there, another than the ledger names. It also marks restored the
+// shards no restore is due on. Called with sendMu held.
+func (u *Uplink) noteIncarnations(shards []int, incs []string) (changed []int) {
+	u.incMu.Lock()
+	defer u.incMu.Unlock()
+	for i, s := range shards {
+		inc := incs[i]
+		if inc == "" {
+			continue
+		}
+		if u.incs[s] == "" && u.restoredIncs[s] != "" && u.restoredIncs[s] != inc {
+			changed = append(changed, s)
+		}
+		u.incs[s] = inc
+	}
+	return changed
+}
+
+// markRestored records, for each shard no restore is due on, that this
+// gateway's sessions stand on its current incarnation. Called with
+// sendMu held.
+func (u *Uplink) markRestored(shards []int) {
+	u.incMu.Lock()
+	defer u.incMu.Unlock()
+	for _, s := range shards {
+		if !u.restoreDue[s] && u.incs[s] != "" {
+			u.restoredIncs[s] = u.incs[s]
+		}
+	}
+}
+
+// restoredIncarnations is a copy of the incarnations restored on, by
+// shard, for the ledger.
+func (u *Uplink) restoredIncarnations() map[int]string {
+	u.incMu.Lock()
+	defer u.incMu.Unlock()
+	m := make(map[int]string, len(u.restoredIncs))
+	for s, inc := range u.restoredIncs {
+		if inc != "" {
+			m[s] = inc
+		}
+	}
+	return m
 }

@@ -48,15 +48,18 @@ func TestLedgerFileRoundTrip(t *testing.T) {
 	file = appendRecord(file, k1, r1)
 	file = appendRecord(file, k2, r1)
 	file = appendRecord(file, k1, r2)
+	file = appendIncarnation(file, 3, "inc-3")
 	read := func(b []byte) (map[key]ledgerRecord, bool, error) {
-		got := map[key]ledgerRecord{}
-		torn, err := readLedger(bytes.NewReader(b), func(k key, r ledgerRecord) { got[k] = r })
-		return got, torn, err
+		c, torn, err := readLedger(bytes.NewReader(b))
+		return c.sessions, torn, err
 	}
-	got, torn, err := read(file)
-	if err != nil || torn || len(got) != 2 || !got[k1].LastSeen.Equal(r2.LastSeen) || !got[k2].Deadline.Equal(r1.Deadline) || got[k2].StaleBy != r1.StaleBy {
-		t.Fatalf("read: %+v torn=%v %v", got, torn, err)
+	c, torn, err := readLedger(bytes.NewReader(file))
+	got := c.sessions
+	if err != nil || torn || len(got) != 2 || !got[k1].LastSeen.Equal(r2.LastSeen) || !got[k2].Deadline.Equal(r1.Deadline) || got[k2].StaleBy != r1.StaleBy ||
+		len(c.incarnations) != 1 || c.incarnations[3] != "inc-3" || !slices.Equal(c.order, []key{k1, k2}) {
+		t.Fatalf("read: %+v torn=%v %v", c, torn, err)
 	}
+	file = file[:len(file)-len(appendIncarnation(nil, 3, "inc-3"))]
 	// a torn append: the last record cut short, or a byte of it flipped
 	for _, bad := range [][]byte{file[:len(file)-3], append(slices.Clone(file[:len(file)-1]), file[len(file)-1]^1)} {
 		got, torn, err := read(bad)
@@ -76,12 +79,17 @@ func FuzzLedgerFile(f *testing.F) {
 	f.Add(appendRecord([]byte(ledgerMagic+string(rune(ledgerFormat))), key{"d", "s"}, rec))
 	f.Add([]byte(ledgerMagic + string(rune(ledgerFormat)) + "\x00\x01"))
 	f.Add([]byte{})
+	f.Add(appendIncarnation([]byte(ledgerMagic+string(rune(ledgerFormat))), 7, "abc"))
 	f.Fuzz(func(t *testing.T, b []byte) {
-		_, _ = readLedger(bytes.NewReader(b), func(k key, r ledgerRecord) {
+		c, _, _ := readLedger(bytes.NewReader(b))
+		for k, r := range c.sessions {
 			if k.device == "" || r.Deadline.Before(r.LastSeen) || r.StaleBy < 0 {
 				t.Fatalf("record read that was not whole: %v %+v", k, r)
 			}
-		})
+		}
+		if len(c.order) != len(c.sessions) {
+			t.Fatalf("%d sessions in order, %d read", len(c.order), len(c.sessions))
+		}
 	})
 }
 
@@ -160,7 +168,7 @@ func TestLedgerRewrite(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ledger.add(old, true)
+	ledger.add(nil, old)
 	e.u.ledger = ledger
 	if err := table.Observe(ctx, gateway.Evidence{Device: "live", Session: "s", Kind: gateway.Renew, ObservedAt: e.clock.Now()}); err != nil {
 		t.Fatal(err)
@@ -186,5 +194,83 @@ func TestLedgerRewrite(t *testing.T) {
 	}
 	if len(held) != 3 || held["live"].Deadline.IsZero() || held["queued"].Deadline.IsZero() || !held["kept"].LastSeen.Equal(t0.Add(-time.Minute)) {
 		t.Fatalf("ledger after the rewrite: %+v, want live, queued and kept (as recorded)", held)
+	}
+}
+
+// The store loses its state after a gateway process restored on it for
+// the last time and before that process calls again (it is killed): the
+// store can report the loss to no one (Reset goes to a process that saw
+// the old state). The next process finds the shard's incarnation changed
+// from the one its predecessor's ledger names, and restores what its
+// predecessor held there.
+func TestRestoreAfterALossNoProcessSaw(t *testing.T) {
+	srv, e, table := restoreEnv(t, nil)
+	ctx := t.Context()
+	path := filepath.Join(t.TempDir(), LedgerFile)
+	ledger, _, err := OpenLedger(path, e.clock.Now(), restoreKeepLapsed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.u.ledger = ledger
+	if err := table.Observe(ctx, gateway.Evidence{Device: "stopped", Session: "coap/default", Kind: gateway.Renew, ObservedAt: e.clock.Now()}); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.u.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.u.rewriteLedger(e.clock.Now()); err != nil {
+		t.Fatal(err)
+	}
+	// the loss, then the kill; the next process starts 2 s later
+	if err := srv.Client(t).FlushAll(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	e.clock.Advance(2 * time.Second)
+	next, _, err := OpenLedger(path, e.clock.Now(), restoreKeepLapsed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := len(next.Incarnations()); n != testShards {
+		t.Fatalf("the ledger names %d shards' incarnations, want %d", n, testShards)
+	}
+	empty := gateway.NewTable(nil, gateway.TableOptions{Lease: 30 * time.Second, Clock: e.clock})
+	succ := New(e.store, e.ob, Options{Gateway: "gw-test", Epoch: 2, Lease: 30 * time.Second, FlushInterval: time.Second,
+		KeepAlive: time.Second, Sessions: empty.Restorable, Ledger: next, Clock: e.clock, Logger: testLogger(t)})
+	if err := succ.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if info, err := e.store.Device(ctx, "stopped"); err != nil || info.State != gateway.Online {
+		t.Fatalf("after the loss: %+v %v, want online again (restored by the next process)", info, err)
+	}
+	// and a third process, on the same state, restores nothing
+	if inc := succ.restoredIncarnations(); len(inc) != testShards {
+		t.Fatalf("restored on %d shards, want %d", len(inc), testShards)
+	}
+}
+
+// Of the connects an outbox replay wrote, those observed before this
+// process started (a predecessor's) are held; this process's own are its
+// table's, which forgets those that leave (held, a goodbye would not end
+// them, and a restore after a loss would bring them back).
+func TestLedgerHoldsOnlyAPredecessorsReplays(t *testing.T) {
+	_, e, _ := restoreEnv(t, nil)
+	ledger, _, err := OpenLedger(filepath.Join(t.TempDir(), LedgerFile), e.clock.Now(), restoreKeepLapsed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.u.ledger = ledger
+	before, after := e.u.started.Add(-time.Second), e.u.started.Add(time.Second)
+	tws := []timedWrite{
+		{before, gateway.Write{Device: "theirs", Session: "s", Kind: gateway.Connect}},
+		{after, gateway.Write{Device: "ours", Session: "s", Kind: gateway.Connect}},
+		{before, gateway.Write{Device: "renewed", Session: "s", Kind: gateway.Renew}},
+	}
+	e.u.ledgerConnects(e.u.timing(), true, tws, after)
+	held := ledger.heldAt(after)
+	if len(held) != 1 || held[0].Device != "theirs" {
+		t.Errorf("held %+v, want the predecessor's connect only", held)
+	}
+	if n, _, err := ledger.writeAdds(); n != 2 || err != nil {
+		t.Errorf("appended %d connects (%v), want 2", n, err)
 	}
 }

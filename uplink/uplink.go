@@ -141,6 +141,15 @@ type Uplink struct {
 	flushBusy, outboxBusy, probeBusy busy
 	sessions                         func(fn func(gateway.SessionView) bool)
 	ledger                           *Ledger
+	// incMu guards incs (the incarnation each shard's calls met in this
+	// process; "" before the first) and restoredIncs (the one this
+	// gateway's sessions were last restored on, or found standing on,
+	// the previous process's from the ledger until then).
+	incMu              sync.Mutex
+	incs, restoredIncs []string
+	// started is when this process's uplink was made: replayed evidence
+	// observed before is a previous process's.
+	started time.Time
 
 	// hmu guards the health of the shards (health.go): ndown of them are
 	// down; since is when the uplink (every shard) last went down or up,
@@ -215,10 +224,19 @@ func New(store gateway.Writer, ob *Outbox, o Options) *Uplink {
 		wake:          make(chan struct{}, 1),
 		probe:         make(chan struct{}, 1),
 		since:         o.Clock.Now(),
+		started:       o.Clock.Now(),
 	}
 	u.tm = u.makeTiming(o.Lease, o.FlushInterval, o.MaxBatch)
 	u.heard = make([]time.Time, u.shards)
 	u.restoreDue = make([]bool, u.shards)
+	u.incs, u.restoredIncs = make([]string, u.shards), make([]string, u.shards)
+	if o.Ledger != nil {
+		for s, inc := range o.Ledger.Incarnations() {
+			if s >= 0 && s < u.shards {
+				u.restoredIncs[s] = inc
+			}
+		}
+	}
 	u.health = make([]shardHealth, u.shards)
 	u.queues = make([]*queue, u.shards)
 	for i := range u.queues {

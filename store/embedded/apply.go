@@ -44,7 +44,12 @@ func (s *Store) ApplyShards(ctx context.Context, batches []gateway.ShardBatch) [
 		return out
 	}
 	events := make([][]gateway.Event, len(batches))
+	var inc string
 	err := s.db.Update(func(tx *bolt.Tx) error {
+		var err error
+		if inc, err = makeIncarnation(tx); err != nil {
+			return err
+		}
 		for i := range batches {
 			sb := &batches[i]
 			if out[i].Err != nil {
@@ -92,7 +97,7 @@ func (s *Store) ApplyShards(ctx context.Context, batches []gateway.ShardBatch) [
 		case err != nil:
 			out[i].Err = fmt.Errorf("%s: %w", op, err)
 		default:
-			out[i].Result = gateway.ApplyResult{Events: events[i]}
+			out[i].Result = gateway.ApplyResult{Events: events[i], Incarnation: inc}
 		}
 	}
 	return out

@@ -78,22 +78,28 @@ func (s *Store) incarnation() (string, error) {
 		return inc, err
 	}
 	err = s.db.Update(func(tx *bolt.Tx) error {
-		m := tx.Bucket(bucketMeta)
-		if m == nil {
-			return errors.New("meta bucket missing")
-		}
-		if v := m.Get(keyIncarnation); v != nil {
-			inc = string(v)
-			return nil
-		}
-		var b [8]byte
-		if _, err := rand.Read(b[:]); err != nil {
-			return err
-		}
-		inc = hex.EncodeToString(b[:])
-		return m.Put(keyIncarnation, []byte(inc))
+		inc, err = makeIncarnation(tx)
+		return err
 	})
 	return inc, err
+}
+
+// makeIncarnation returns the file's incarnation, making it in tx if it
+// has none yet.
+func makeIncarnation(tx *bolt.Tx) (string, error) {
+	m := tx.Bucket(bucketMeta)
+	if m == nil {
+		return "", errors.New("meta bucket missing")
+	}
+	if v := m.Get(keyIncarnation); v != nil {
+		return string(v), nil
+	}
+	var b [8]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return "", err
+	}
+	inc := hex.EncodeToString(b[:])
+	return inc, m.Put(keyIncarnation, []byte(inc))
 }
 
 // SnapshotShard reads up to limit devices of shard in device ID order,

@@ -345,6 +345,9 @@ func (s *Store) applyResult(shard int, b gateway.Batch, res []any, err error, be
 			r.Reset = bel.learn(inc, status, b.Writes, num(res[3]))
 		}
 	}
+	if err == nil {
+		r.Incarnation = inc
+	}
 	return r, err
 }
 

@@ -151,6 +151,26 @@ func testProbe(t *testing.T, open Opener) {
 	}
 }
 
+// testIncarnationNamed: every applied batch names its shard's
+// incarnation, the same from call to call while the state stands, for
+// writes and for an empty batch alike.
+func testIncarnationNamed(t *testing.T, open Opener) {
+	e := newEnv(t, open, 2)
+	d := gateway.DeviceID("dev-1")
+	first := e.apply(batch(gwA, 1, wr(d, "s1", gateway.Connect, 0))).Incarnation
+	if first == "" {
+		t.Fatal("Apply named no incarnation")
+	}
+	again := e.apply(batch(gwA, 1, wr(d, "s1", gateway.Renew, 0))).Incarnation
+	res, err := e.store.Apply(e.ctx, 1-gateway.ShardOf(d, 2), batch(gwA, 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again != first || res.Incarnation == "" {
+		t.Errorf("incarnations %q, %q (empty batch of the other shard %q): want the same, named", first, again, res.Incarnation)
+	}
+}
+
 // testVerContinues: invariant 5 over connect, leave, renew, expiry and
 // replay.
 func testVerContinues(t *testing.T, open Opener) {

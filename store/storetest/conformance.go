@@ -36,6 +36,7 @@ func Run(t *testing.T, open Opener) {
 		{"EmptyBatchRecordsEpoch", testEmptyBatchRecordsEpoch},
 		{"ShardErrors", testShardErrors},
 		{"Probe", testProbe},
+		{"IncarnationNamed", testIncarnationNamed},
 		{"DeviceNotFound", testDeviceNotFound},
 		{"VerContinues", testVerContinues},
 		{"DuplicateWritesInBatch", testDuplicateWrites},
