@@ -206,22 +206,17 @@ func (u *Uplink) write(ctx context.Context, t timing, kind writeKind, ws []shard
 	var (
 		reset, applied, down []int
 		downErrs             []error
+		answering            []int
 		met                  []string
 	)
-	for _, r := range results {
-		if r.Err == nil {
-			met = append(met, r.Result.Incarnation)
-		}
-	}
 	for i, r := range results {
 		if r.Err == nil {
-			applied = append(applied, batches[i].Shard)
+			answering, met = append(answering, batches[i].Shard), append(met, r.Result.Incarnation)
 		}
 	}
 	// a state lost or replaced since the previous process restored on it
 	// (that process may have ended before its restore went through)
-	changed := u.noteIncarnations(applied, met)
-	applied = applied[:0]
+	changed := u.noteIncarnations(answering, met)
 	for i, r := range results {
 		sb := batches[i]
 		u.m.flushes.Inc()
