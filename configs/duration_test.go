@@ -58,7 +58,7 @@ func TestDurationJSON(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	const want = `{"suspect":"45s","earliest_offline":"70s","worst_case_detection":"94s","worst_case_detection_failover":"99s","worst_case_detection_lost_gateway":"151s","leave":"3s","leave_held":"7s","leave_cut":"154s","heartbeat_margin":"9s","max_lease":"90s","max_lease_heartbeat":"30s","worst_case_detection_max_lease":"94s"}`
+	const want = `{"suspect":"45s","earliest_offline":"70s","worst_case_detection":"94s","worst_case_detection_failover":"99s","worst_case_detection_lost_gateway":"151s","after_store_outage":"64s","leave":"3s","leave_held":"7s","leave_cut":"154s","heartbeat_margin":"9s","max_lease":"90s","max_lease_heartbeat":"30s","worst_case_detection_max_lease":"94s"}`
 	if string(out) != want {
 		t.Fatalf("got %s, want %s", out, want)
 	}

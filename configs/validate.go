@@ -301,6 +301,14 @@ type Bounds struct {
 	// runner.interval: the devices of a gateway the store does not hear
 	// (a site cut off, a dead gateway) are held for the grace first.
 	WorstCaseDetectionLostGateway Duration `json:"worst_case_detection_lost_gateway" yaml:"worst_case_detection_lost_gateway"`
+	// AfterStoreOutage is gateway_grace + 3 × flush_interval +
+	// runner.interval: while the store is down or slow (a CPU-starved
+	// Redis, replies delayed), a device that stops is reported no later
+	// than the lost-gateway bound after its last evidence, or this long
+	// after the store answers every gateway again, whichever is later:
+	// the devices its reaps held while their gateways went unheard wait
+	// the grace once they are heard again.
+	AfterStoreOutage Duration `json:"after_store_outage" yaml:"after_store_outage"`
 	// Leave is 3 × flush_interval: a clean leave waits two flush
 	// intervals in the gateway (a device moving to another gateway with a
 	// clean goodbye must not flap), then goes out with the next flush.
@@ -343,6 +351,7 @@ func (c Config) Bounds() Bounds {
 		WorstCaseDetection:            pr.Lease + wait + c.Runner.Interval,
 		WorstCaseDetectionFailover:    pr.Lease + wait + c.Runner.Interval + c.Runner.LockTTL,
 		WorstCaseDetectionLostGateway: pr.Lease + pr.GatewayGrace + c.Runner.Interval,
+		AfterStoreOutage:              pr.GatewayGrace + wait + c.Runner.Interval,
 		Leave:                         3 * c.Uplink.FlushInterval,
 		LeaveHeld:                     3*c.Uplink.FlushInterval + wait + c.Runner.Interval,
 		LeaveCut:                      3*c.Uplink.FlushInterval + pr.Lease + pr.GatewayGrace + c.Runner.Interval,
@@ -363,6 +372,7 @@ func (b Bounds) String() string {
 		{"worst-case detection", b.WorstCaseDetection, "lease + 3 x uplink.flush_interval (the gateway's coverage) + runner.interval after the last evidence, plus backlog processing"},
 		{"  after runner failover", b.WorstCaseDetectionFailover, "+ runner.lock_ttl when a runner dies holding a shard"},
 		{"  of a lost gateway", b.WorstCaseDetectionLostGateway, "lease + gateway_grace + runner.interval, for devices of a gateway the store does not hear"},
+		{"  after a store outage", b.AfterStoreOutage, "gateway_grace + 3 x uplink.flush_interval + runner.interval after the store answers again, if later"},
 		{"offline after a leave", b.Leave, "3 x uplink.flush_interval (the leave grace, then a flush)"},
 		{"  a gateway lagging", b.LeaveHeld, "+ 3 x uplink.flush_interval (its coverage) + runner.interval"},
 		{"  a gateway cut", b.LeaveCut, "+ lease + gateway_grace + runner.interval (until its horizon ends)"},

@@ -191,6 +191,7 @@ func TestBounds(t *testing.T) {
 		WorstCaseDetection:            sec(94),
 		WorstCaseDetectionFailover:    sec(99),
 		WorstCaseDetectionLostGateway: sec(151),
+		AfterStoreOutage:              sec(64),
 		Leave:                         sec(3),
 		LeaveHeld:                     sec(7),
 		LeaveCut:                      sec(154),
@@ -208,6 +209,7 @@ func TestBounds(t *testing.T) {
 		"worst-case detection     94s      lease + 3 x uplink.flush_interval (the gateway's coverage) + runner.interval after the last evidence, plus backlog processing\n" +
 		"  after runner failover  99s      + runner.lock_ttl when a runner dies holding a shard\n" +
 		"  of a lost gateway      151s     lease + gateway_grace + runner.interval, for devices of a gateway the store does not hear\n" +
+		"  after a store outage   64s      gateway_grace + 3 x uplink.flush_interval + runner.interval after the store answers again, if later\n" +
 		"offline after a leave    3s       3 x uplink.flush_interval (the leave grace, then a flush)\n" +
 		"  a gateway lagging      7s       + 3 x uplink.flush_interval (its coverage) + runner.interval\n" +
 		"  a gateway cut          154s     + lease + gateway_grace + runner.interval (until its horizon ends)\n" +
