@@ -184,6 +184,38 @@ type Batch struct {
 	Covers   bool
 	CoverAge time.Duration
 	Writes   []Write
+	// AgesAt is when Write.Age and CoverAge were computed; zero: as the
+	// call is made. The store counts them from then on its own clock
+	// (AgedTo), so that the time a starved gateway spent between
+	// computing them and making the call dates nothing later than it
+	// was: a coverage that claimed that time would let a reap judge
+	// evidence still in the gateway.
+	AgesAt time.Time
+}
+
+// AgedTo returns b with its ages counted from now instead of from
+// AgesAt: each Write.Age and CoverAge grown by the time since AgesAt (a
+// store calls it with its clock's time as it makes the call). Writes is
+// copied, not changed in place.
+func (b Batch) AgedTo(now time.Time) Batch {
+	if b.AgesAt.IsZero() {
+		return b
+	}
+	lag := now.Sub(b.AgesAt)
+	b.AgesAt = time.Time{}
+	if lag <= 0 {
+		return b
+	}
+	ws := make([]Write, len(b.Writes))
+	for i, w := range b.Writes {
+		w.Age += lag
+		ws[i] = w
+	}
+	b.Writes = ws
+	if b.Covers {
+		b.CoverAge += lag
+	}
+	return b
 }
 
 // ApplyResult reports what a batch changed.

@@ -189,6 +189,14 @@ func (u *Uplink) write(ctx context.Context, t timing, kind writeKind, ws []shard
 		b := &batches[i].Batch
 		b.Covers, b.CoverAge = true, now.Sub(u.coverage(batches[i].Shard, now, t.interval))
 	}
+	// the ages are counted from now (gateway.Batch.AgesAt) on the system
+	// clock, the stores' clock in production; under a test clock, which a
+	// store may not share, they count from the call as before
+	if _, system := u.clock.(gateway.SystemClock); system {
+		for i := range batches {
+			batches[i].Batch.AgesAt = now
+		}
+	}
 	parent := ctx
 	ctx, cancel := context.WithTimeout(ctx, u.timeout)
 	defer cancel()

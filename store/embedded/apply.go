@@ -50,17 +50,20 @@ func (s *Store) ApplyShards(ctx context.Context, batches []gateway.ShardBatch) [
 		if inc, err = makeIncarnation(tx); err != nil {
 			return err
 		}
+		now := s.now()
 		for i := range batches {
 			sb := &batches[i]
 			if out[i].Err != nil {
 				continue
 			}
-			if err := fence(tx, sb.Batch.Gateway, sb.Batch.Epoch); err != nil {
+			// counted from now, not from when the gateway computed them
+			b := sb.Batch.AgedTo(now)
+			if err := fence(tx, b.Gateway, b.Epoch); err != nil {
 				if !errors.Is(err, gateway.ErrFenced) {
 					return err
 				}
 				// "writer": the caller's logger names its own gateway
-				s.log.Warn("batch fenced", "writer", sb.Batch.Gateway, "epoch", sb.Batch.Epoch, "shard", sb.Shard)
+				s.log.Warn("batch fenced", "writer", b.Gateway, "epoch", b.Epoch, "shard", sb.Shard)
 				out[i].Err = fmt.Errorf("%s: %w", op, err)
 				continue
 			}
@@ -69,19 +72,19 @@ func (s *Store) ApplyShards(ctx context.Context, batches []gateway.ShardBatch) [
 				return err
 			}
 			var cover int64
-			if sb.Batch.Covers {
-				cover = w.now - sb.Batch.CoverAge.Milliseconds()
+			if b.Covers {
+				cover = w.now - b.CoverAge.Milliseconds()
 			}
-			if err := w.heard(sb.Batch.Gateway, cover); err != nil {
+			if err := w.heard(b.Gateway, cover); err != nil {
 				return err
 			}
-			bridged := bridgedLeaves(&sb.Batch)
-			for j := range sb.Batch.Writes {
-				if err := w.apply(&sb.Batch, &sb.Batch.Writes[j], bridged[j]); err != nil {
+			bridged := bridgedLeaves(&b)
+			for j := range b.Writes {
+				if err := w.apply(&b, &b.Writes[j], bridged[j]); err != nil {
 					return err
 				}
 			}
-			if err := w.endLeavers(sb.Batch.Gateway); err != nil {
+			if err := w.endLeavers(b.Gateway); err != nil {
 				return err
 			}
 			if err := w.commit(); err != nil {

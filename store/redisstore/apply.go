@@ -241,6 +241,7 @@ func (s *Store) applyArgs(ctx context.Context, shard int, b gateway.Batch, bel *
 	if err := s.checkShard("apply", shard); err != nil {
 		return nil, err
 	}
+	b = b.AgedTo(s.clockNow())
 	for _, w := range b.Writes {
 		if got := gateway.ShardOf(w.Device, s.shards); got != shard {
 			return nil, fmt.Errorf("redisstore: apply: device %s hashes to shard %d, not %d: %w",

@@ -34,6 +34,15 @@ func (s *Store) nowArg() string {
 
 // localNow is the clock beliefs age by: the time since Open, on the
 // monotonic clock (or the test clock when set).
+// clockNow is the time on the clock the gateway's ages are on: the
+// test clock (Options.Now), else the system's.
+func (s *Store) clockNow() time.Time {
+	if s.now != nil {
+		return s.now()
+	}
+	return time.Now()
+}
+
 func (s *Store) localNow() time.Duration {
 	if s.now != nil {
 		return s.now().Sub(s.opened)

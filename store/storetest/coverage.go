@@ -50,6 +50,7 @@ func RunCoverage(t *testing.T, open GraceOpener) {
 		{"ReplayedEvidenceBridgesWithinTheGrace", testReplayBridgesWithinGrace},
 		{"LapsedRestoreIsReapedOnceCovered", testLapsedRestore},
 		{"LapsedReplayMovesThePassedDeadline", testLapsedReplay},
+		{"AgesCountFromWhenTheyWereComputed", testAgesAt},
 	} {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(t, open) })
 	}
@@ -558,5 +559,34 @@ func testLapsedReplay(t *testing.T, open GraceOpener) {
 		if ev.State != gateway.Offline || ev.Reason != gateway.ReasonExpired || !ev.Deadline.Equal(want[ev.Device]) {
 			t.Errorf("reap: %s; want %s offline, expired, deadline %v", describeEvents([]gateway.Event{ev}), ev.Device, want[ev.Device])
 		}
+	}
+}
+
+// A batch whose ages were computed 3 s before the call (a starved
+// gateway, gateway.Batch.AgesAt) covers up to 3 s before the call, not up
+// to the call: a deadline that passed 2 s before the call is not covered,
+// and the reap holds the device until a later batch covers it. Its
+// evidence is dated the same way: a renewal observed 3 s before the call,
+// just before the deadline, keeps the session.
+func testAgesAt(t *testing.T, open GraceOpener) {
+	e := newCoverEnv(t, open, 2)
+	d, _ := connectCovered(e)
+	e.clock.Advance(lease + 2*time.Second)
+	late := covering(batch(gwA, 1), 0)
+	late.AgesAt = e.now().Add(-3 * time.Second)
+	if _, err := e.store.Apply(e.ctx, 0, late); err != nil {
+		t.Fatal(err)
+	}
+	if r := e.reap(0, 100); len(r.Offline) != 0 || r.Held != 1 {
+		t.Fatalf("reap after a batch whose ages were counted before the deadline: %d offline, %d held; want 0 and 1", len(r.Offline), r.Held)
+	}
+	// a renewal observed 3.5 s before a call made 2 s past the deadline:
+	// inside the lease, it keeps the session
+	renew := covering(batch(gwA, 1, wr(d, "s1", gateway.Renew, 500*time.Millisecond)), 0)
+	renew.AgesAt = e.now().Add(-3 * time.Second)
+	e.apply(renew)
+	want := e.now().Add(-3500 * time.Millisecond).Add(lease)
+	if got := e.device(d); got.State != gateway.Online || !got.Deadline.Equal(want) {
+		t.Fatalf("after the renewal dated by its ages' time: %+v, want online until %v", got, want)
 	}
 }
