@@ -163,6 +163,21 @@ type Reader interface {
 	Events(ctx context.Context, shard int, after string, limit int) ([]Event, error)
 	// Now is the store's clock.
 	Now(ctx context.Context) (time.Time, error)
+	// Counts is the fleet's devices by stored state, summed over the
+	// shards. Each shard keeps its count of online records, moved in the
+	// same atomic step as every transition (apply, reap), so a call costs
+	// one read per shard, not a scan. A shard written before the count
+	// existed is counted once, by its first Counts, in one atomic pass
+	// over its records; the count is kept from then on. Suspect is not
+	// a stored state: Online includes suspect devices and devices whose
+	// lease ran out that no reap has ended yet.
+	Counts(ctx context.Context) (Counts, error)
+}
+
+// Counts is the fleet's devices by stored state (Reader.Counts).
+type Counts struct {
+	Online  int64 `json:"online"`
+	Offline int64 `json:"offline"`
 }
 
 // ShardBatch is one shard's part of an ApplyShards call.

@@ -33,6 +33,8 @@ import (
 //	"cover.<gateway>"  u64 ms the gateway's coverage on this shard
 //	        (gateway.Batch.Covers: the latest any of its batches reported,
 //	        0 for none), u64 ms its last batch (its contact)
+//	"counts"  u64 online records, u64 offline records (Store.Counts;
+//	        from state file format 4)
 //	dev/    device ID → device record
 //	exp/    u64 deadline ms ‖ device ID → empty (deadline index: a cursor
 //	        walk from the first key finds the due entries in order)
@@ -60,9 +62,13 @@ import (
 // Migrations are the embedded store's changes of the state file format
 // (internal/statefile): format 3 lets its events carry reason
 // gateway_lost, which a release that reads up to format 2 cannot decode,
-// so that such a release refuses the file rather than fail on the event.
+// so that such a release refuses the file rather than fail on the event;
+// format 4 counts each shard's records by state ("counts"), which a
+// release that reads up to format 3 would not move.
 var Migrations = []statefile.Migration{
 	{To: 3, What: "embedded store events may carry reason gateway_lost", Run: func(*bolt.Tx) error { return nil }},
+	// an older release would change records without moving the counts
+	{To: 4, What: "embedded store shards count their records by state", Run: countShards},
 }
 
 const (

@@ -114,7 +114,9 @@ func Open(db *bolt.DB, o Options) (*Store, error) {
 				}
 			}
 		}
-		return nil
+		// a file the migration to format 4 did not see (a bolt file
+		// opened without internal/statefile, shards new to it)
+		return countShards(tx)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("embedded: open: %w", err)

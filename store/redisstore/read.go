@@ -256,3 +256,35 @@ func streamEvent(shard int, m redis.XMessage) (gateway.Event, error) {
 	}
 	return e, nil
 }
+
+// Counts sums the shards' counts of view.lua's "counts" (record.lua,
+// ONLINE_COUNT): one pipeline of script calls (one per Cluster node).
+func (s *Store) Counts(ctx context.Context) (gateway.Counts, error) {
+	c, err := s.client()
+	if err != nil {
+		return gateway.Counts{}, err
+	}
+	cmds := make([]*redis.Cmd, s.shards)
+	_, _ = c.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i := range cmds {
+			cmds[i] = s.view.EvalSha(ctx, p, s.keys[i].data, "counts")
+		}
+		return nil
+	})
+	var n gateway.Counts
+	for i, cmd := range cmds {
+		res, err := cmd.Slice()
+		if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+			res, err = s.view.Run(ctx, c, s.keys[i].data, "counts").Slice()
+		}
+		if err != nil {
+			return gateway.Counts{}, unavailable("counts", err)
+		}
+		if len(res) != 2 {
+			return gateway.Counts{}, fmt.Errorf("redisstore: counts: shard %d: malformed reply %v", i, res)
+		}
+		n.Online += num(res[0])
+		n.Offline += num(res[1])
+	}
+	return n, nil
+}

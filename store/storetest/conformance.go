@@ -52,6 +52,7 @@ func Run(t *testing.T, open Opener) {
 		{"SessionsPerDeviceBounded", testStoreSessionCap},
 		{"ConcurrentApply", testConcurrentApply},
 		{"ConcurrentReapAndRenew", testConcurrentReapAndRenew},
+		{"Counts", testCounts},
 	}.run(t, open)
 }
 

@@ -308,6 +308,8 @@ for k, dev in ipairs(devs) do
   end
 end
 emitted = emitted + (n - header) / 7
+-- every offline event of a reap turned an online record offline (Counts)
+countonline(-(n - header) / 7)
 if #unhold > 0 then mcall('HDEL', KEYS[6], unhold) end
 if #hold > 0 then mcall('HSET', KEYS[6], hold) end
 if #hset > 0 then mcall('HSET', KEYS[2], hset) end

@@ -572,3 +572,17 @@ local function mcall(cmd, key, list)
   end
   return res
 end
+
+-- Counts (Store.Counts): the device hash keeps the number of its online
+-- records in the field ONLINE_COUNT (a field name no device ID can take,
+-- like INC); the scripts that turn a record online or offline move it by
+-- the net change of their call. A hash without it (a store written by an
+-- older release) is counted once by view.lua's "counts", which sets it;
+-- until then the scripts leave it absent. Offline records are the others
+-- (HLEN less the fields named with INC's prefix).
+local ONLINE_COUNT = '~on'
+local function countonline(delta)
+  if delta ~= 0 and redis.call('HEXISTS', KEYS[2], ONLINE_COUNT) == 1 then
+    redis.call('HINCRBY', KEYS[2], ONLINE_COUNT, delta)
+  end
+end

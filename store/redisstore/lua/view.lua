@@ -4,7 +4,8 @@
 -- ARGV: "get", device
 --    or "scan", HSCAN cursor, items of that cursor's step already returned,
 --       limit, state filter ("online", "offline" or ""), HSCAN COUNT (the
---       same on every call, so that a step at a cursor holds the same items).
+--       same on every call, so that a step at a cursor holds the same items)
+--    or "counts".
 -- A device view is {device, online (1|0), ver, since, last gw, last session,
 -- deadline or -1, {session, deadline, gw, epoch, ...}}.
 -- "get" returns {view} or {}; "scan" returns {cursor, skip, views...}: the
@@ -16,6 +17,12 @@
 -- its steps then hold other items: a page resuming at LISTPACK then starts
 -- the shard again (a device may be returned twice, none is missed).
 local LISTPACK = 'lp'
+
+-- special says whether a field of the device hash is not a device (INC,
+-- ONLINE_COUNT: no device ID starts with INC's character).
+local function special(field)
+  return sub(field, 1, 1) == INC
+end
 
 local function view(dev, packed)
   local dl = false
@@ -34,10 +41,29 @@ local function view(dev, packed)
 end
 
 if ARGV[1] == 'get' then
-  if ARGV[2] == INC then return {} end
+  if special(ARGV[2]) then return {} end
   local packed = redis.call('HGET', KEYS[2], ARGV[2])
   if not packed then return {} end
   return {view(ARGV[2], packed)}
+end
+
+-- "counts" returns {online, offline}: the shard's records by state, from
+-- ONLINE_COUNT (record.lua). A hash without it is counted here once, in
+-- this call (one pass over the hash: a store written by an older
+-- release), and the count kept from then on.
+if ARGV[1] == 'counts' then
+  local have = redis.call('HMGET', KEYS[2], ONLINE_COUNT, INC)
+  local n = redis.call('HLEN', KEYS[2])
+  if have[2] then n = n - 1 end
+  local on = tonumber(have[1])
+  if on then return {on, n - 1 - on} end
+  on = 0
+  local all = redis.call('HGETALL', KEYS[2])
+  for i = 1, #all, 2 do
+    if not special(all[i]) and isonline(all[i + 1]) then on = on + 1 end
+  end
+  redis.call('HSET', KEYS[2], ONLINE_COUNT, on)
+  return {on, n - on}
 end
 
 local cursor, skip, limit, filter, count = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5], ARGV[6]
@@ -55,7 +81,7 @@ for _ = 1, 16 do
   for j = skip + 1, n do
     local packed = items[2 * j]
     local on = isonline(packed)
-    if items[2 * j - 1] ~= INC and (filter == '' or (filter == 'online') == on) then
+    if not special(items[2 * j - 1]) and (filter == '' or (filter == 'online') == on) then
       out[#out + 1] = view(items[2 * j - 1], packed)
       if #out - 2 == limit then
         if j < n then

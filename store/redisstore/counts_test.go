@@ -1,0 +1,65 @@
+package redisstore
+
+import (
+	"testing"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/fleetgate/fleetgate/gateway"
+)
+
+func (e *env) wantCounts(what string, online, offline int64) {
+	e.t.Helper()
+	got, err := e.store.Counts(e.ctx)
+	if err != nil {
+		e.t.Fatalf("%s: Counts: %v", what, err)
+	}
+	if want := (gateway.Counts{Online: online, Offline: offline}); got != want {
+		e.t.Fatalf("%s: Counts = %+v, want %+v", what, got, want)
+	}
+}
+
+// TestCountsOfAnOlderStore: shards written without the online count (a
+// store of an older release, or one whose count an operator deleted to
+// have it recounted) are counted by the first Counts, in one pass, which
+// keeps the count from then on; the count field is never listed as a
+// device.
+func TestCountsOfAnOlderStore(t *testing.T) {
+	forBackends(t, func(t *testing.T, c redis.UniversalClient) {
+		e := newEnv(t, c, 2)
+		a, b := devicesIn(t, 2, 0, 2, "old"), devicesIn(t, 2, 1, 1, "old")
+		e.apply(0, batch("gw-a", 1, write(a[0], "s1", gateway.Connect, 0), write(a[1], "s1", gateway.Connect, 0)))
+		e.apply(1, batch("gw-a", 1, write(b[0], "s1", gateway.Connect, 0)))
+		e.apply(0, batch("gw-a", 1, write(a[1], "s1", gateway.Leave, 0)))
+		for s := range 2 {
+			if n, err := c.HExists(e.ctx, e.store.keys[s].data[1], "~on").Result(); err != nil || n {
+				t.Fatalf("shard %d: count field before the first Counts: %v, %v", s, n, err)
+			}
+		}
+		e.wantCounts("first Counts", 2, 1)
+		for s := range 2 {
+			if n, err := c.HExists(e.ctx, e.store.keys[s].data[1], "~on").Result(); err != nil || !n {
+				t.Fatalf("shard %d: no count field after the first Counts: %v, %v", s, n, err)
+			}
+		}
+		e.apply(0, batch("gw-a", 1, write(a[0], "s1", gateway.Leave, 0)))
+		e.wantCounts("after a leave", 1, 2)
+
+		page, err := e.store.List(e.ctx, gateway.ListQuery{Limit: 100})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(page.Devices) != 3 || page.Next != "" {
+			t.Fatalf("List: %d devices (next %q), want the 3 devices", len(page.Devices), page.Next)
+		}
+		if _, err := e.store.Device(e.ctx, "~on"); err == nil {
+			t.Fatal("Device(~on) found the count field")
+		}
+
+		// deleting the field has it recounted
+		if err := c.HDel(e.ctx, e.store.keys[0].data[1], "~on").Err(); err != nil {
+			t.Fatal(err)
+		}
+		e.wantCounts("recounted", 1, 2)
+	})
+}
