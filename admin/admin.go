@@ -1,6 +1,6 @@
 // Package admin is the gateway's admin HTTP API (docs/design.md §6.11): /healthz,
 // /readyz, /metrics, /v1/status, /v1/devices, /v1/devices/{id},
-// /v1/sessions, /v1/events, /v1/snapshot and /v1/watch, plus the client the query commands
+// /v1/gateways, /v1/sessions, /v1/events, /v1/snapshot and /v1/watch, plus the client the query commands
 // (fleetgate status, devices, events) use. It listens on loopback by
 // default and never opens the gateway's bbolt file itself.
 package admin
@@ -138,6 +138,7 @@ func Listen(o Options) (*Server, error) {
 	handle("GET /v1/status", s.status)
 	handle("GET /v1/devices/{id}", s.device)
 	handle("GET /v1/devices", s.devices)
+	handle("GET /v1/gateways", s.gateways)
 	if o.Sessions != nil {
 		handle("GET /v1/sessions", s.sessions)
 	}
@@ -296,6 +297,30 @@ func (s *Server) devices(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	writeJSON(w, http.StatusOK, out)
+}
+
+// GatewayList is the body of GET /v1/gateways: every gateway the store
+// has heard, by ID, and the store's now (the clock of their contacts).
+type GatewayList struct {
+	Now      time.Time             `json:"now"`
+	Gateways []gateway.GatewayInfo `json:"gateways"`
+}
+
+func (s *Server) gateways(w http.ResponseWriter, r *http.Request) {
+	gws, err := s.o.Store.Gateways(r.Context())
+	if err != nil {
+		writeError(w, http.StatusBadGateway, err)
+		return
+	}
+	now, err := s.o.Store.Now(r.Context())
+	if err != nil {
+		writeError(w, http.StatusBadGateway, err)
+		return
+	}
+	if gws == nil {
+		gws = []gateway.GatewayInfo{}
+	}
+	writeJSON(w, http.StatusOK, GatewayList{Now: now, Gateways: gws})
 }
 
 // SessionPage is the body of GET /v1/sessions.

@@ -172,6 +172,27 @@ type Reader interface {
 	// a stored state: Online includes suspect devices and devices whose
 	// lease ran out that no reap has ended yet.
 	Counts(ctx context.Context) (Counts, error)
+	// Gateways lists every gateway the store has heard, by ID, merged
+	// over the shards: its newest epoch, its last call (the store
+	// clock), whether its outbox still held writes at that call, and
+	// whether the store reports it lost (Redis: shard 0's reap, after
+	// presence.lease without a call, until it calls again; the embedded
+	// store is written by its own gateway only, which it never reports
+	// lost). A gateway is never forgotten.
+	Gateways(ctx context.Context) ([]GatewayInfo, error)
+}
+
+// GatewayInfo is what the store knows of one gateway (Reader.Gateways).
+type GatewayInfo struct {
+	ID string `json:"id"`
+	// Epoch is the newest epoch the store has seen of it (its process).
+	Epoch uint64 `json:"epoch"`
+	// Contact is its last call on any shard; zero when no shard kept one.
+	Contact time.Time `json:"contact"`
+	// Behind: its outbox still held writes at that call.
+	Behind bool `json:"behind"`
+	// Lost: the store reported it lost and has not heard it since.
+	Lost bool `json:"lost"`
 }
 
 // Counts is the fleet's devices by stored state (Reader.Counts).

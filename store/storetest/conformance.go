@@ -53,6 +53,7 @@ func Run(t *testing.T, open Opener) {
 		{"ConcurrentApply", testConcurrentApply},
 		{"ConcurrentReapAndRenew", testConcurrentReapAndRenew},
 		{"Counts", testCounts},
+		{"Gateways", testGateways},
 	}.run(t, open)
 }
 

@@ -119,3 +119,47 @@ func testCounts(t *testing.T, open Opener) {
 	e.apply(restored(batch(gwA, 2, wr(fresh, "s1", gateway.Renew, 0))))
 	want("restores", 4, 5)
 }
+
+// testGateways: Gateways lists every gateway a shard accepted a batch of
+// (an empty batch too), by ID, with its newest epoch and its latest call
+// over the shards; a fenced batch changes nothing.
+func testGateways(t *testing.T, open Opener) {
+	e := newEnv(t, open, 2)
+	list := func() []gateway.GatewayInfo {
+		t.Helper()
+		gws, err := e.store.Gateways(e.ctx)
+		if err != nil {
+			t.Fatalf("Gateways: %v", err)
+		}
+		return gws
+	}
+	if gws := list(); len(gws) != 0 {
+		t.Fatalf("Gateways of an empty store: %+v", gws)
+	}
+	d0, d1 := devicesIn(t, 2, 0, 1, "gws")[0], devicesIn(t, 2, 1, 1, "gws")[0]
+	t0 := e.now()
+	e.apply(batch(gwB, 5, wr(d0, "s1", gateway.Connect, 0)))
+	e.clock.Advance(time.Second)
+	e.apply(batch(gwA, 1, wr(d1, "s1", gateway.Connect, 0)))
+	e.clock.Advance(time.Second)
+	if _, err := e.store.Apply(e.ctx, 0, gateway.Batch{Gateway: gwA, Epoch: 2, Lease: lease}); err != nil {
+		t.Fatalf("empty batch: %v", err)
+	}
+	e.clock.Advance(time.Second)
+	if err := e.applyErr(batch(gwB, 4, wr(d0, "s1", gateway.Renew, 0))); err == nil {
+		t.Fatal("a batch of an older epoch was applied")
+	}
+	want := []gateway.GatewayInfo{
+		{ID: gwA, Epoch: 2, Contact: t0.Add(2 * time.Second)},
+		{ID: gwB, Epoch: 5, Contact: t0},
+	}
+	got := list()
+	if len(got) != len(want) {
+		t.Fatalf("Gateways = %+v, want %+v", got, want)
+	}
+	for i := range want {
+		if got[i].ID != want[i].ID || got[i].Epoch != want[i].Epoch || !got[i].Contact.Equal(want[i].Contact) || got[i].Behind || got[i].Lost {
+			t.Fatalf("Gateways = %+v, want %+v", got, want)
+		}
+	}
+}

@@ -5,7 +5,8 @@
 --    or "scan", HSCAN cursor, items of that cursor's step already returned,
 --       limit, state filter ("online", "offline" or ""), HSCAN COUNT (the
 --       same on every call, so that a step at a cursor holds the same items)
---    or "counts".
+--    or "counts"
+--    or "gateways".
 -- A device view is {device, online (1|0), ver, since, last gw, last session,
 -- deadline or -1, {session, deadline, gw, epoch, ...}}.
 -- "get" returns {view} or {}; "scan" returns {cursor, skip, views...}: the
@@ -64,6 +65,35 @@ if ARGV[1] == 'counts' then
   end
   redis.call('HSET', KEYS[2], ONLINE_COUNT, on)
   return {on, n - on}
+end
+
+-- "gateways" returns, per gateway the shard has heard (record.lua,
+-- "Gateway liveness"), a flat list of name, newest epoch, contact ms (-1
+-- for none), behind (1|0), lost (1|0: the marker the reap keeps on shard
+-- 0 while it reports the gateway lost).
+if ARGV[1] == 'gateways' then
+  local last = tonumber(redis.call('HGET', KEYS[4], '#')) or 0
+  local out = {}
+  if last == 0 then return out end
+  local fields = {}
+  for ref = 1, last do
+    fields[#fields + 1] = '#' .. ref
+    fields[#fields + 1] = LIVE .. ref
+    fields[#fields + 1] = LOST .. ref
+  end
+  local v = mcall('HMGET', KEYS[4], fields)
+  for ref = 1, last do
+    local name, live, lost = v[3 * ref - 2], v[3 * ref - 1], v[3 * ref]
+    if name then
+      local at, behind = string.match(live or '', '^(%d+) (%d)')
+      out[#out + 1] = name
+      out[#out + 1] = redis.call('HGET', KEYS[4], name) or '0'
+      out[#out + 1] = at or '-1'
+      out[#out + 1] = behind == '1' and 1 or 0
+      out[#out + 1] = lost and 1 or 0
+    end
+  end
+  return out
 end
 
 local cursor, skip, limit, filter, count = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5], ARGV[6]

@@ -1,6 +1,8 @@
 package redisstore
 
 import (
+	"fmt"
+	"slices"
 	"testing"
 
 	"github.com/redis/go-redis/v9"
@@ -61,5 +63,50 @@ func TestCountsOfAnOlderStore(t *testing.T) {
 			t.Fatal(err)
 		}
 		e.wantCounts("recounted", 1, 2)
+	})
+}
+
+// gatewayStates is Gateways as "id epoch lost|heard behind?" lines.
+func gatewayStates(e *env) []string {
+	e.t.Helper()
+	gws, err := e.store.Gateways(e.ctx)
+	if err != nil {
+		e.t.Fatalf("Gateways: %v", err)
+	}
+	var out []string
+	for _, g := range gws {
+		s := fmt.Sprintf("%s %d heard", g.ID, g.Epoch)
+		if g.Lost {
+			s = fmt.Sprintf("%s %d lost", g.ID, g.Epoch)
+		}
+		if g.Behind {
+			s += " behind"
+		}
+		out = append(out, s)
+	}
+	return out
+}
+
+// Gateways tells a gateway the reap reported lost until it calls again,
+// and one whose last call said its outbox still held writes.
+func TestGatewaysLostAndBehind(t *testing.T) {
+	forBackends(t, func(t *testing.T, c redis.UniversalClient) {
+		e := newGraceEnv(t, c)
+		e.apply(0, leased("gw-a", false, write("dev-1", "s", gateway.Connect, 0)))
+		e.apply(0, leased("gw-b", false, write("dev-2", "s", gateway.Connect, 0)))
+		for range 3 {
+			e.clock.Advance(testLease / 2)
+			e.apply(0, leased("gw-b", true))
+			e.reap(0, 10)
+		}
+		if got := gatewayStates(e); !slices.Equal(got, []string{"gw-a 1 lost", "gw-b 1 heard behind"}) {
+			t.Fatalf("after gw-a's silence: %q", got)
+		}
+		e.apply(0, leased("gw-a", false))
+		e.apply(0, leased("gw-b", false))
+		e.reap(0, 10)
+		if got := gatewayStates(e); !slices.Equal(got, []string{"gw-a 1 heard", "gw-b 1 heard"}) {
+			t.Fatalf("after gw-a wrote again: %q", got)
+		}
 	})
 }
