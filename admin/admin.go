@@ -176,15 +176,18 @@ func (s *Server) Shutdown(ctx context.Context) error { return s.srv.Shutdown(ctx
 
 // status answers /v1/status: the process's status, and the fleet's counts
 // from the store (an error in their place when the store does not answer
-// in time: the rest of the status is still worth having).
+// in time: the rest of the status is still worth having; none from a
+// server without a store).
 func (s *Server) status(w http.ResponseWriter, r *http.Request) {
 	st := s.o.Status()
-	ctx, cancel := context.WithTimeout(r.Context(), storeReadTimeout)
-	defer cancel()
-	if n, err := s.o.Store.Counts(ctx); err != nil {
-		st.Fleet = &Fleet{Error: err.Error()}
-	} else {
-		st.Fleet = &Fleet{Counts: &n}
+	if s.o.Store != nil {
+		ctx, cancel := context.WithTimeout(r.Context(), storeReadTimeout)
+		defer cancel()
+		if n, err := s.o.Store.Counts(ctx); err != nil {
+			st.Fleet = &Fleet{Error: err.Error()}
+		} else {
+			st.Fleet = &Fleet{Counts: &n}
+		}
 	}
 	writeJSON(w, http.StatusOK, st)
 }

@@ -136,7 +136,11 @@ type Reaper interface {
 	// Reap handles at most limit due entries (deadline ≤ now) of shard:
 	// drops their expired sessions and, for a device left with none,
 	// writes its offline event and removes its entry in one atomic step.
-	// ReapResult.Now is the store time the call ran at.
+	// ReapResult.Now is the store time the call ran at. On shard 0 it
+	// first writes the gateway events due (Event.IsGateway: a gateway not
+	// heard for presence.lease is lost, one heard again after that is
+	// back) to the shard's log, when the store was opened with a
+	// GatewayLost; ReapResult does not report them.
 	Reap(ctx context.Context, shard int, limit int) (ReapResult, error)
 	// AcquireShard takes or extends the runner lease of shard for owner;
 	// it reports false when another owner holds an unexpired lease.

@@ -318,6 +318,14 @@ func fmtEvent(e gateway.Event, loc *time.Location, color bool) string {
 
 // fmtEnvelope is fmtEvent of an event as the watch API sends it.
 func fmtEnvelope(e gateway.Envelope, loc *time.Location, color bool) string {
+	if e.Device == "" {
+		// a gateway event
+		state := fmt.Sprintf("%-7s", e.State)
+		if color && e.State == gateway.Lost {
+			state = ansiRed + state + ansiReset
+		}
+		return fmt.Sprintf("%s  %s gateway %s ver=%d contact=%s", fmtTime(e.At, loc), state, e.Gateway, e.Ver, fmtTime(e.Contact, loc))
+	}
 	state := fmt.Sprintf("%-7s", e.State)
 	if color {
 		c := ansiYellow

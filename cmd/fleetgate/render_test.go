@@ -133,6 +133,8 @@ func TestEventsGolden(t *testing.T) {
 	evs := []gateway.Event{
 		{Device: "dev-1", State: gateway.Online, Ver: 1, At: goldenNow.Add(-5 * time.Second), Reason: gateway.ReasonConnect, Gateway: "gwa", Session: "coap/default"},
 		{Device: "dev-1", State: gateway.Offline, Ver: 2, At: goldenNow, Reason: gateway.ReasonExpired, Gateway: "gwa", Session: "coap/default", Deadline: goldenNow.Add(-21 * time.Millisecond)},
+		{State: gateway.Lost, Ver: 1796079436000, At: goldenNow, Gateway: "gwb", Contact: goldenNow.Add(-4100 * time.Millisecond)},
+		{State: gateway.Back, Ver: 1796079436001, At: goldenNow.Add(time.Second), Gateway: "gwb", Contact: goldenNow.Add(time.Second)},
 	}
 	var plain, color strings.Builder
 	for _, e := range evs {

@@ -258,15 +258,23 @@ func (w *writer) transition(d gateway.DeviceID, e *entry, online bool, reason ga
 	if online {
 		ev.State = gateway.Online
 	}
+	if err := w.append(&ev); err != nil {
+		return err
+	}
+	w.events = append(w.events, ev)
+	return nil
+}
+
+// append appends ev to the shard's log, setting its ID.
+func (w *writer) append(ev *gateway.Event) error {
 	id := w.tail.last.next(w.now)
 	ev.ID = id.String()
-	if err := w.sh.ev.Put(id.key(), encodeEvent(&ev)); err != nil {
+	if err := w.sh.ev.Put(id.key(), encodeEvent(ev)); err != nil {
 		return fmt.Errorf("append event: %w", err)
 	}
 	w.tail.last = id
 	w.tail.count++
 	w.added++
-	w.events = append(w.events, ev)
 	return nil
 }
 

@@ -108,5 +108,27 @@ func TestGatewaysLostAndBehind(t *testing.T) {
 		if got := gatewayStates(e); !slices.Equal(got, []string{"gw-a 1 heard", "gw-b 1 heard"}) {
 			t.Fatalf("after gw-a wrote again: %q", got)
 		}
+		checkGatewayEvents(t, e.allEvents(0), "gw-a lost", "gw-a back")
 	})
+}
+
+// checkGatewayEvents checks that the gateway events of log are want
+// ("gw state"), each with its contact, each gateway's vers rising.
+func checkGatewayEvents(t *testing.T, log []gateway.Event, want ...string) {
+	t.Helper()
+	var got []string
+	last := map[string]uint64{}
+	for _, ev := range log {
+		if !ev.IsGateway() {
+			continue
+		}
+		got = append(got, ev.Gateway+" "+string(ev.State))
+		if ev.Ver <= last[ev.Gateway] || ev.Contact.IsZero() || ev.Contact.After(ev.At) {
+			t.Fatalf("gateway event %+v after ver %d", ev, last[ev.Gateway])
+		}
+		last[ev.Gateway] = ev.Ver
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("gateway events %q, want %q", got, want)
+	}
 }

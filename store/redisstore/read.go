@@ -237,6 +237,15 @@ func streamEvent(shard int, m redis.XMessage) (gateway.Event, error) {
 	if err := errors.Join(err1, err2); err != nil {
 		return gateway.Event{}, fmt.Errorf("event %s: %w", m.ID, err)
 	}
+	if field("device") == "" {
+		// a gateway event (lua/record.lua, gatewayevent)
+		contact, err := strconv.ParseInt(field("contact"), 10, 64)
+		if err != nil {
+			return gateway.Event{}, fmt.Errorf("event %s: contact: %w", m.ID, err)
+		}
+		return gateway.Event{ID: m.ID, Shard: shard, State: gateway.State(field("state")), Ver: ver,
+			At: time.UnixMilli(at), Gateway: field("gateway"), Contact: time.UnixMilli(contact)}, nil
+	}
 	e := gateway.Event{
 		ID:      m.ID,
 		Shard:   shard,

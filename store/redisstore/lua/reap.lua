@@ -102,6 +102,7 @@ if lostafter > 0 and not nosince then
         if state then
           rcall('XADD', KEYS[7], 'MAXLEN', '~', maxlen, '*', 'gateway', gwname(ref), 'state', state,
             'at', nowstr, 'contact', string.format('%d', at))
+          gatewayevent(ref, state, now, at)
           gwevents = gwevents + 1
         end
       end

@@ -586,3 +586,21 @@ local function countonline(delta)
     redis.call('HINCRBY', KEYS[2], ONLINE_COUNT, delta)
   end
 end
+
+-- Gateway events in the event log (Store.ReadEvents: the watch API, the
+-- publisher): shard 0's reap writes each lost or back event (reap.lua)
+-- to the shard's events stream too, as an entry without a device:
+-- gateway, state, ver, at, contact. GWVER..ref in the epochs hash keeps
+-- the gateway's last ver; the next is one more, or the store time in ms
+-- when that is higher (the first; and after a loss of the state), so
+-- that (gateway, ver) never repeats.
+local GWVER = '~v'
+local function gatewayevent(ref, state, now, contact)
+  local ver = now
+  local last = tonumber(redis.call('HGET', KEYS[4], GWVER .. ref))
+  if last and last >= now then ver = last + 1 end
+  redis.call('HSET', KEYS[4], GWVER .. ref, string.format('%d', ver))
+  redis.call('XADD', KEYS[3], '*', 'gateway', gwname(ref), 'state', state, 'ver', string.format('%d', ver),
+    'at', string.format('%d', now), 'contact', string.format('%d', contact))
+  emitted = emitted + 1
+end
