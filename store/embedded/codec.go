@@ -356,7 +356,7 @@ func decodeEvent(shard int, key, b []byte) (gateway.Event, error) {
 			e.State = gateway.Back
 		}
 		e.Ver = d.uvarint()
-		e.At = msTime(d.int())
+		e.At = time.UnixMilli(d.int())
 		e.Contact = time.UnixMilli(d.int())
 		if e.Gateway == "" {
 			d.fail()
@@ -366,6 +366,9 @@ func decodeEvent(shard int, key, b []byte) (gateway.Event, error) {
 		d.fail()
 	}
 	e := gateway.Event{ID: id.String(), Shard: shard, Device: gateway.DeviceID(d.str())}
+	if e.Device == "" {
+		d.fail() // a device's event names its device (else it would read as a gateway event)
+	}
 	e.State = gateway.Offline
 	if d.bool() {
 		e.State = gateway.Online
