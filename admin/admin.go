@@ -1,6 +1,6 @@
 // Package admin is the gateway's admin HTTP API (docs/design.md §6.11): /healthz,
 // /readyz, /metrics, /v1/status, /v1/devices, /v1/devices/{id},
-// /v1/sessions, /v1/events, /v1/snapshot and /v1/watch, plus the client the query commands
+// /v1/gateways, /v1/sessions, /v1/events, /v1/snapshot and /v1/watch, plus the client the query commands
 // (fleetgate status, devices, events) use. It listens on loopback by
 // default and never opens the gateway's bbolt file itself.
 package admin
@@ -51,7 +51,20 @@ type Status struct {
 	Canary    any       `json:"canary,omitempty"`
 	Adapters  []any     `json:"adapters"`
 	Bounds    any       `json:"bounds"`
+	// Fleet is filled in by the API: the store's counts, read for each
+	// request (at most storeReadTimeout).
+	Fleet *Fleet `json:"fleet,omitempty"`
 }
+
+// Fleet is the fleet's devices by stored state (gateway.Reader.Counts),
+// or the reason the store did not tell.
+type Fleet struct {
+	*gateway.Counts
+	Error string `json:"error,omitempty"`
+}
+
+// storeReadTimeout bounds the store read of /v1/status.
+const storeReadTimeout = 2 * time.Second
 
 // Refusals is where the API finds a device's last refusal by a front
 // end (internal/refusal's Reporter).
@@ -122,9 +135,10 @@ func Listen(o Options) (*Server, error) {
 	handle("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
 	handle("GET /readyz", s.readyz)
 	handle("GET /metrics", promhttp.HandlerFor(o.Gatherer, promhttp.HandlerOpts{}).ServeHTTP)
-	handle("GET /v1/status", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, http.StatusOK, o.Status()) })
+	handle("GET /v1/status", s.status)
 	handle("GET /v1/devices/{id}", s.device)
 	handle("GET /v1/devices", s.devices)
+	handle("GET /v1/gateways", s.gateways)
 	if o.Sessions != nil {
 		handle("GET /v1/sessions", s.sessions)
 	}
@@ -159,6 +173,24 @@ func (s *Server) Serve() error {
 
 // Shutdown stops the server, waiting for requests in flight until ctx ends.
 func (s *Server) Shutdown(ctx context.Context) error { return s.srv.Shutdown(ctx) }
+
+// status answers /v1/status: the process's status, and the fleet's counts
+// from the store (an error in their place when the store does not answer
+// in time: the rest of the status is still worth having; none from a
+// server without a store).
+func (s *Server) status(w http.ResponseWriter, r *http.Request) {
+	st := s.o.Status()
+	if s.o.Store != nil {
+		ctx, cancel := context.WithTimeout(r.Context(), storeReadTimeout)
+		defer cancel()
+		if n, err := s.o.Store.Counts(ctx); err != nil {
+			st.Fleet = &Fleet{Error: err.Error()}
+		} else {
+			st.Fleet = &Fleet{Counts: &n}
+		}
+	}
+	writeJSON(w, http.StatusOK, st)
+}
 
 func (s *Server) readyz(w http.ResponseWriter, _ *http.Request) {
 	if !s.ready.Load() {
@@ -268,6 +300,30 @@ func (s *Server) devices(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	writeJSON(w, http.StatusOK, out)
+}
+
+// GatewayList is the body of GET /v1/gateways: every gateway the store
+// has heard, by ID, and the store's now (the clock of their contacts).
+type GatewayList struct {
+	Now      time.Time             `json:"now"`
+	Gateways []gateway.GatewayInfo `json:"gateways"`
+}
+
+func (s *Server) gateways(w http.ResponseWriter, r *http.Request) {
+	gws, err := s.o.Store.Gateways(r.Context())
+	if err != nil {
+		writeError(w, http.StatusBadGateway, err)
+		return
+	}
+	now, err := s.o.Store.Now(r.Context())
+	if err != nil {
+		writeError(w, http.StatusBadGateway, err)
+		return
+	}
+	if gws == nil {
+		gws = []gateway.GatewayInfo{}
+	}
+	writeJSON(w, http.StatusOK, GatewayList{Now: now, Gateways: gws})
 }
 
 // SessionPage is the body of GET /v1/sessions.

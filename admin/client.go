@@ -70,6 +70,13 @@ func (c *Client) Devices(ctx context.Context, state, cursor string, limit int) (
 	return p, err
 }
 
+// Gateways reads /v1/gateways.
+func (c *Client) Gateways(ctx context.Context) (GatewayList, error) {
+	var l GatewayList
+	err := c.get(ctx, "/v1/gateways", nil, &l)
+	return l, err
+}
+
 // pageQuery is the query of a paged listing: the state filter, the
 // position under key, and the page size, each when set.
 func pageQuery(state, key, pos string, limit int) url.Values {

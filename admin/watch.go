@@ -417,7 +417,11 @@ func (sw *streamWriter) events(cur gateway.Cursor, shard int, evs []gateway.Even
 		if !sw.jsonl {
 			sw.buf = append(sw.buf, "id: "...)
 			sw.buf = append(sw.buf, cursor...)
-			sw.buf = append(sw.buf, "\nevent: presence\ndata: "...)
+			if e.IsGateway() {
+				sw.buf = append(sw.buf, "\nevent: gateway\ndata: "...)
+			} else {
+				sw.buf = append(sw.buf, "\nevent: presence\ndata: "...)
+			}
 		}
 		sw.buf = appendEnvelope(sw.buf, gateway.EnvelopeOf(e), cursor)
 		sw.buf = append(sw.buf, '\n')
@@ -437,23 +441,35 @@ func (sw *streamWriter) events(cur gateway.Cursor, shard int, evs []gateway.Even
 // appendEnvelope appends the JSON of e with its cursor: the bytes
 // json.Marshal writes (checked by a test), without its reflection.
 func appendEnvelope(b []byte, e gateway.Envelope, cursor string) []byte {
-	b = append(b, `{"device":`...)
-	b = appendJSONString(b, string(e.Device))
-	b = append(b, `,"state":`...)
+	b = append(b, '{')
+	if e.Device != "" {
+		b = append(b, `"device":`...)
+		b = appendJSONString(b, string(e.Device))
+		b = append(b, ',')
+	}
+	b = append(b, `"state":`...)
 	b = appendJSONString(b, string(e.State))
 	b = append(b, `,"ver":`...)
 	b = strconv.AppendUint(b, e.Ver, 10)
 	b = append(b, `,"at":`...)
 	b = appendJSONTime(b, e.At)
-	b = append(b, `,"reason":`...)
-	b = appendJSONString(b, string(e.Reason))
+	if e.Reason != "" {
+		b = append(b, `,"reason":`...)
+		b = appendJSONString(b, string(e.Reason))
+	}
 	b = append(b, `,"gateway":`...)
 	b = appendJSONString(b, e.Gateway)
-	b = append(b, `,"session":`...)
-	b = appendJSONString(b, string(e.Session))
+	if e.Session != "" {
+		b = append(b, `,"session":`...)
+		b = appendJSONString(b, string(e.Session))
+	}
 	if !e.Deadline.IsZero() {
 		b = append(b, `,"deadline":`...)
 		b = appendJSONTime(b, e.Deadline)
+	}
+	if !e.Contact.IsZero() {
+		b = append(b, `,"contact":`...)
+		b = appendJSONTime(b, e.Contact)
 	}
 	if cursor != "" {
 		b = append(b, `,"cursor":`...)

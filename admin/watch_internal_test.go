@@ -8,18 +8,26 @@ import (
 	"github.com/fleetgate/fleetgate/gateway"
 )
 
-// appendEnvelope writes what json.Marshal writes.
+// appendEnvelope writes what json.Marshal writes, for a device's event
+// and for a gateway's (no device: no reason, a contact).
 func FuzzAppendEnvelope(f *testing.F) {
-	f.Add("pump-17", "coap/default", "site-a-1", "v1:x@1-0", int64(1796078834146), int64(0), uint64(3))
-	f.Add("d", "s\"<&>\\\x01é", "gw\n", "", int64(0), int64(1796078834146), uint64(0))
-	f.Fuzz(func(t *testing.T, dev, sess, gw, cursor string, at, deadline int64, ver uint64) {
+	f.Add("pump-17", "coap/default", "site-a-1", "v1:x@1-0", int64(1796078834146), int64(0), int64(0), uint64(3))
+	f.Add("d", "s\"<&>\\\x01é", "gw\n", "", int64(0), int64(1796078834146), int64(0), uint64(0))
+	f.Add("", "", "site-a-1", "v1:x@1-0", int64(1796078834146), int64(0), int64(1796078830000), uint64(1796078834146))
+	f.Fuzz(func(t *testing.T, dev, sess, gw, cursor string, at, deadline, contact int64, ver uint64) {
 		e := gateway.Envelope{Device: gateway.DeviceID(dev), State: gateway.Offline, Ver: ver, Reason: gateway.ReasonExpired,
 			Gateway: gw, Session: gateway.SessionID(sess), Cursor: cursor}
+		if dev == "" {
+			e.State, e.Reason = gateway.Lost, ""
+		}
 		if at != 0 {
 			e.At = time.UnixMilli(at % 1e14).UTC()
 		}
 		if deadline != 0 {
 			e.Deadline = time.UnixMilli(deadline % 1e14).UTC()
+		}
+		if contact != 0 {
+			e.Contact = time.UnixMilli(contact % 1e14).UTC()
 		}
 		want, err := json.Marshal(e)
 		if err != nil {

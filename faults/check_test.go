@@ -115,8 +115,11 @@ func (c *collector) poll() bool {
 				break
 			}
 			for _, m := range msgs {
-				c.events = append(c.events, parseEvent(s, m))
 				c.last[s] = m.ID
+				if m.Values["device"] == nil {
+					continue // a gateway event
+				}
+				c.events = append(c.events, parseEvent(s, m))
 			}
 			if len(msgs) < 500 {
 				break

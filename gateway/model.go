@@ -60,6 +60,11 @@ const (
 	Online  State = "online"
 	Suspect State = "suspect"
 	Offline State = "offline"
+	// Lost and Back are the states of a gateway event (Event.IsGateway):
+	// the store has not heard the gateway for presence.lease, or hears it
+	// again after that.
+	Lost State = "lost"
+	Back State = "back"
 )
 
 // DeriveState returns the presence state at now for a device whose
@@ -95,6 +100,11 @@ const (
 // Event is one presence transition as written to a shard's event log
 // (docs/design.md §3.4). The events of a device alternate online/offline starting
 // with online, Ver +1 each; (Device, Ver) is the consumer's idempotency key.
+//
+// A gateway event (IsGateway: no Device) is a transition of a gateway,
+// written to shard 0's log: State Lost or Back, Gateway the gateway,
+// Contact its last call; its events alternate lost/back starting with
+// lost, and (Gateway, Ver) is their idempotency key.
 type Event struct {
 	// ID is the position in the shard's log ("<ms>-<seq>", as a Redis
 	// stream ID); Events(after=ID) resumes after it.
@@ -110,7 +120,13 @@ type Event struct {
 	// Deadline is the lease end that ran out; set for ReasonExpired and
 	// ReasonGatewayLost only.
 	Deadline time.Time `json:"deadline,omitzero"`
+	// Contact is the gateway's last call (store clock), on gateway
+	// events only.
+	Contact time.Time `json:"contact,omitzero"`
 }
+
+// IsGateway says whether e is a gateway event rather than a device's.
+func (e Event) IsGateway() bool { return e.Device == "" }
 
 // Write is one session write of a batch. Age is now − observed_at on the
 // sending gateway's monotonic clock, computed just before the batch is

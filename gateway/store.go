@@ -136,7 +136,11 @@ type Reaper interface {
 	// Reap handles at most limit due entries (deadline ≤ now) of shard:
 	// drops their expired sessions and, for a device left with none,
 	// writes its offline event and removes its entry in one atomic step.
-	// ReapResult.Now is the store time the call ran at.
+	// ReapResult.Now is the store time the call ran at. On shard 0 it
+	// first writes the gateway events due (Event.IsGateway: a gateway not
+	// heard for presence.lease is lost, one heard again after that is
+	// back) to the shard's log, when the store was opened with a
+	// GatewayLost; ReapResult does not report them.
 	Reap(ctx context.Context, shard int, limit int) (ReapResult, error)
 	// AcquireShard takes or extends the runner lease of shard for owner;
 	// it reports false when another owner holds an unexpired lease.
@@ -163,6 +167,42 @@ type Reader interface {
 	Events(ctx context.Context, shard int, after string, limit int) ([]Event, error)
 	// Now is the store's clock.
 	Now(ctx context.Context) (time.Time, error)
+	// Counts is the fleet's devices by stored state, summed over the
+	// shards. Each shard keeps its count of online records, moved in the
+	// same atomic step as every transition (apply, reap), so a call costs
+	// one read per shard, not a scan. A shard written before the count
+	// existed is counted once, by its first Counts, in one atomic pass
+	// over its records; the count is kept from then on. Suspect is not
+	// a stored state: Online includes suspect devices and devices whose
+	// lease ran out that no reap has ended yet.
+	Counts(ctx context.Context) (Counts, error)
+	// Gateways lists every gateway the store has heard, by ID, merged
+	// over the shards: its newest epoch, its last call (the store
+	// clock), whether its outbox still held writes at that call, and
+	// whether the store reports it lost (Redis: shard 0's reap, after
+	// presence.lease without a call, until it calls again; the embedded
+	// store is written by its own gateway only, which it never reports
+	// lost). A gateway is never forgotten.
+	Gateways(ctx context.Context) ([]GatewayInfo, error)
+}
+
+// GatewayInfo is what the store knows of one gateway (Reader.Gateways).
+type GatewayInfo struct {
+	ID string `json:"id"`
+	// Epoch is the newest epoch the store has seen of it (its process).
+	Epoch uint64 `json:"epoch"`
+	// Contact is its last call on any shard; zero when no shard kept one.
+	Contact time.Time `json:"contact"`
+	// Behind: its outbox still held writes at that call.
+	Behind bool `json:"behind"`
+	// Lost: the store reported it lost and has not heard it since.
+	Lost bool `json:"lost"`
+}
+
+// Counts is the fleet's devices by stored state (Reader.Counts).
+type Counts struct {
+	Online  int64 `json:"online"`
+	Offline int64 `json:"offline"`
 }
 
 // ShardBatch is one shard's part of an ApplyShards call.

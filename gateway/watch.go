@@ -232,16 +232,18 @@ type PublisherLog interface {
 // Envelope is the one JSON form of a presence event shared by the watch
 // API, the snapshot and the MQTT publisher (docs/events.md). A snapshot
 // entry is an envelope of the device's current state with reason
-// "snapshot" and at = when that state began.
+// "snapshot" and at = when that state began. A gateway event's envelope
+// has no device, reason or session, and has contact.
 type Envelope struct {
-	Device   DeviceID  `json:"device"`
+	Device   DeviceID  `json:"device,omitempty"`
 	State    State     `json:"state"`
 	Ver      uint64    `json:"ver"`
 	At       time.Time `json:"at"`
-	Reason   Reason    `json:"reason"`
+	Reason   Reason    `json:"reason,omitempty"`
 	Gateway  string    `json:"gateway"`
-	Session  SessionID `json:"session"`
+	Session  SessionID `json:"session,omitempty"`
 	Deadline time.Time `json:"deadline,omitzero"`
+	Contact  time.Time `json:"contact,omitzero"`
 	// Cursor is set on the watch API only: the position after this event.
 	Cursor string `json:"cursor,omitempty"`
 }
@@ -252,7 +254,7 @@ const ReasonSnapshot Reason = "snapshot"
 // EnvelopeOf is e's envelope.
 func EnvelopeOf(e Event) Envelope {
 	return Envelope{Device: e.Device, State: e.State, Ver: e.Ver, At: e.At.UTC(), Reason: e.Reason,
-		Gateway: e.Gateway, Session: e.Session, Deadline: utcOrZero(e.Deadline)}
+		Gateway: e.Gateway, Session: e.Session, Deadline: utcOrZero(e.Deadline), Contact: utcOrZero(e.Contact)}
 }
 
 // SnapshotEnvelope is the envelope of a device's current state.

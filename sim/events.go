@@ -80,7 +80,8 @@ func (r *RedisSource) Client() redis.UniversalClient { return r.c }
 
 func (r *RedisSource) Close() error { return r.c.Close() }
 
-// Events reads every shard's stream from since, in pages.
+// Events reads every shard's stream from since, in pages: the devices'
+// events (a gateway event has no device).
 func (r *RedisSource) Events(ctx context.Context, since time.Time) ([]check.Event, error) {
 	var out []check.Event
 	for s := range r.shards {
@@ -92,7 +93,9 @@ func (r *RedisSource) Events(ctx context.Context, since time.Time) ([]check.Even
 				return nil, fmt.Errorf("xrange %s: %w", key, err)
 			}
 			for _, m := range msgs {
-				out = append(out, streamEvent(m.Values))
+				if m.Values["device"] != nil {
+					out = append(out, streamEvent(m.Values))
+				}
 			}
 			if len(msgs) < 10000 {
 				break
@@ -189,7 +192,7 @@ func (a *AdminSource) Counters(context.Context) (Counters, bool, error) {
 	return Counters{}, false, nil
 }
 
-// Events pages through /v1/events from since.
+// Events pages through /v1/events from since: the devices' events.
 func (a *AdminSource) Events(ctx context.Context, since time.Time) ([]check.Event, error) {
 	var out []check.Event
 	q := url.Values{"limit": {"10000"}, "since": {(time.Since(since) + time.Second).Round(time.Millisecond).String()}}
@@ -202,7 +205,7 @@ func (a *AdminSource) Events(ctx context.Context, since time.Time) ([]check.Even
 			return nil, err
 		}
 		for _, e := range page.Events {
-			if e.At.Before(since) {
+			if e.At.Before(since) || e.IsGateway() {
 				continue
 			}
 			out = append(out, check.Event{Device: string(e.Device), State: string(e.State), Ver: e.Ver, At: e.At,

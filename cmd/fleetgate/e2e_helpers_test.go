@@ -331,7 +331,8 @@ type event struct {
 	deadline time.Time
 }
 
-// events reads every shard's event stream from Redis, ordered by time.
+// events reads the devices' events of every shard's stream from Redis
+// (not the gateway events), ordered by time.
 func events(t *testing.T, c *redis.Client, shards int) []event {
 	t.Helper()
 	var all []event
@@ -341,6 +342,9 @@ func events(t *testing.T, c *redis.Client, shards int) []event {
 			t.Fatalf("xrange shard %d: %v", s, err)
 		}
 		for _, m := range msgs {
+			if m.Values["device"] == nil {
+				continue // a gateway event
+			}
 			e := event{id: m.ID, device: str(m.Values["device"]), state: str(m.Values["state"]), reason: str(m.Values["reason"]), gw: str(m.Values["gw"])}
 			e.ver, _ = strconv.Atoi(str(m.Values["ver"]))
 			e.at = msTime(str(m.Values["at"]))

@@ -57,6 +57,7 @@ func commands() []command {
 		{"runner", "run only the expiry runner against the Redis store", cmdRunner},
 		{"status", "show the running gateway's status", cmdStatus},
 		{"devices", "devices get ID | devices list [--state S]: read devices", cmdDevices},
+		{"gateways", "list every gateway the store has heard: last contact, lost or not", cmdGateways},
 		{"events", "events tail [--since D] [--follow]: read presence events", cmdEvents},
 		{"watch", "a snapshot of every device, then every change (--cursor-file to resume)", cmdWatch},
 		{"simulate", "play a CoAP and MQTT fleet with churn against gateways and check the events they wrote", cmdSimulate},

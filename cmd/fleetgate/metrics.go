@@ -175,7 +175,8 @@ func (r *reloads) done(ok bool) {
 	r.last.Set(0)
 }
 
-// coverageTimeout bounds the store read of one scrape of the coverage.
+// coverageTimeout bounds the store read of one scrape of the coverage,
+// and of the fleet's counts.
 const coverageTimeout = 2 * time.Second
 
 // runnerCoverage exports fleetgate_runner_shards_covered (the shards some
@@ -215,4 +216,33 @@ func (c *runnerCoverage) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 	ch <- prometheus.MustNewConstMetric(c.covered, prometheus.GaugeValue, float64(n))
+}
+
+// fleetCounts exports fleetgate_fleet_devices{state}: the fleet's devices
+// by stored state (gateway.Reader.Counts), read from the store at each
+// scrape within coverageTimeout; absent while the store does not answer.
+type fleetCounts struct {
+	store gateway.Reader
+	desc  *prometheus.Desc
+}
+
+var _ prometheus.Collector = (*fleetCounts)(nil)
+
+func newFleetCounts(store gateway.Reader) *fleetCounts {
+	return &fleetCounts{store: store, desc: prometheus.NewDesc("fleetgate_fleet_devices",
+		"The fleet's devices by the state the store holds (every gateway's, read from the store at each scrape): online (including suspect devices, and those whose lease ran out that no reap has ended yet) or offline.",
+		[]string{"state"}, nil)}
+}
+
+func (c *fleetCounts) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+func (c *fleetCounts) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), coverageTimeout)
+	defer cancel()
+	n, err := c.store.Counts(ctx)
+	if err != nil {
+		return
+	}
+	ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(n.Online), string(gateway.Online))
+	ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(n.Offline), string(gateway.Offline))
 }

@@ -162,6 +162,28 @@ func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	return renderStatus(stdout, st, time.Now(), time.Local)
 }
 
+func cmdGateways(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	q := newQueryFlags("gateways", "gateways [-c FILE] [--addr HOST:PORT] [--json]")
+	if err := parse(q.fs, args); err != nil {
+		return err
+	}
+	if err := noArgs(q.fs); err != nil {
+		return err
+	}
+	c, err := q.client()
+	if err != nil {
+		return err
+	}
+	l, err := c.Gateways(ctx)
+	if err != nil {
+		return explain(err)
+	}
+	if *q.json {
+		return printJSON(stdout, l)
+	}
+	return renderGateways(stdout, l)
+}
+
 func cmdDevices(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 || (args[0] != "get" && args[0] != "list") {
 		if len(args) > 0 && (args[0] == "-h" || args[0] == "--help") {

@@ -263,6 +263,34 @@ func renderDeviceList(w io.Writer, p admin.DevicePage, next string, now time.Tim
 	return nil
 }
 
+// renderGateways prints /v1/gateways: one line per gateway, its last
+// contact as an age on the store's clock (l.Now), and the totals.
+func renderGateways(w io.Writer, l admin.GatewayList) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "GATEWAY	STATE	EPOCH	LAST CONTACT")
+	lost := 0
+	for _, g := range l.Gateways {
+		state := "heard"
+		switch {
+		case g.Lost:
+			state = "lost"
+			lost++
+		case g.Behind:
+			state = "heard, behind"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\n", g.ID, state, g.Epoch, fmtRelative(g.Contact, l.Now))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	noun := "gateways"
+	if len(l.Gateways) == 1 {
+		noun = "gateway"
+	}
+	fmt.Fprintf(w, "%d %s: %d lost\n", len(l.Gateways), noun, lost)
+	return nil
+}
+
 // fmtRelative is a time as "3s ago" or "in 87s" ("-" when zero).
 func fmtRelative(t, now time.Time) string {
 	if t.IsZero() {
@@ -290,6 +318,14 @@ func fmtEvent(e gateway.Event, loc *time.Location, color bool) string {
 
 // fmtEnvelope is fmtEvent of an event as the watch API sends it.
 func fmtEnvelope(e gateway.Envelope, loc *time.Location, color bool) string {
+	if e.Device == "" {
+		// a gateway event
+		state := fmt.Sprintf("%-7s", e.State)
+		if color && e.State == gateway.Lost {
+			state = ansiRed + state + ansiReset
+		}
+		return fmt.Sprintf("%s  %s gateway %s ver=%d contact=%s", fmtTime(e.At, loc), state, e.Gateway, e.Ver, fmtTime(e.Contact, loc))
+	}
 	state := fmt.Sprintf("%-7s", e.State)
 	if color {
 		c := ansiYellow

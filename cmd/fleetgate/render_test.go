@@ -42,6 +42,7 @@ const statusJSON = `{
   "adapters": [],
   "bounds": {"earliest_offline": "5s", "heartbeat_margin": "900ms", "suspect": "3s", "worst_case_detection": "6.1s"},
   "epoch": 1796079184,
+  "fleet": {"online": 1180, "offline": 64},
   "gateway": "gwa",
   "runner": {"cycles": 2839, "last_event": "2026-11-30T22:57:12.714Z", "last_lag_ns": 21000000, "owner": "gwa/1796079184",
     "reap_calls": 5678, "reap_errors": 0, "reaped": 146, "shards": [2, 3], "trimmed": 0},
@@ -71,6 +72,19 @@ func TestStatusGolden(t *testing.T) {
 		}
 	}
 	golden(t, "status", out)
+}
+
+func TestGatewaysGolden(t *testing.T) {
+	l := admin.GatewayList{Now: goldenNow, Gateways: []gateway.GatewayInfo{
+		{ID: "gwa", Epoch: 1796079184, Contact: goldenNow.Add(-120 * time.Millisecond)},
+		{ID: "gwb", Epoch: 1796070001, Contact: goldenNow.Add(-3 * time.Second), Behind: true},
+		{ID: "gwc", Epoch: 1795000000, Contact: goldenNow.Add(-26 * time.Hour), Lost: true},
+	}}
+	var b bytes.Buffer
+	if err := renderGateways(&b, l); err != nil {
+		t.Fatal(err)
+	}
+	golden(t, "gateways", b.String())
 }
 
 func testDevice() admin.Device {
@@ -119,6 +133,8 @@ func TestEventsGolden(t *testing.T) {
 	evs := []gateway.Event{
 		{Device: "dev-1", State: gateway.Online, Ver: 1, At: goldenNow.Add(-5 * time.Second), Reason: gateway.ReasonConnect, Gateway: "gwa", Session: "coap/default"},
 		{Device: "dev-1", State: gateway.Offline, Ver: 2, At: goldenNow, Reason: gateway.ReasonExpired, Gateway: "gwa", Session: "coap/default", Deadline: goldenNow.Add(-21 * time.Millisecond)},
+		{State: gateway.Lost, Ver: 1796079436000, At: goldenNow, Gateway: "gwb", Contact: goldenNow.Add(-4100 * time.Millisecond)},
+		{State: gateway.Back, Ver: 1796079436001, At: goldenNow.Add(time.Second), Gateway: "gwb", Contact: goldenNow.Add(time.Second)},
 	}
 	var plain, color strings.Builder
 	for _, e := range evs {

@@ -61,7 +61,7 @@ func cmdRunner(ctx context.Context, args []string, _, stderr io.Writer) (err err
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	registerProcessMetrics(reg, func() configs.Config { return cfg }, nil)
-	reg.MustRegister(newRunnerCoverage(store))
+	reg.MustRegister(newRunnerCoverage(store), newFleetCounts(store))
 	r := runner.New(store, runner.Options{
 		Owner: *owner, Interval: cfg.Runner.Interval.Std(), Batch: cfg.Runner.Batch,
 		LockTTL: cfg.Runner.LockTTL.Std(), Clock: gateway.SystemClock{}, Logger: log, Registerer: reg,

@@ -22,7 +22,7 @@ func openStore(ctx context.Context, cfg configs.Config, db *bolt.DB, log *slog.L
 		s, err := embedded.Open(db, embedded.Options{
 			Shards: cfg.Presence.Shards, EventsMaxLen: eventsPerShard(cfg), Logger: log,
 			GatewayGrace: cfg.Presence.GatewayGrace.Std(), GatewayRecheck: cfg.Uplink.FlushInterval.Std(),
-			GatewayHorizon: cfg.Presence.Lease.Std() + cfg.Presence.GatewayGrace.Std(),
+			GatewayHorizon: cfg.Presence.Lease.Std() + cfg.Presence.GatewayGrace.Std(), GatewayLost: cfg.Presence.Lease.Std(),
 		})
 		if err != nil {
 			return nil, err

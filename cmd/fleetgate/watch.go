@@ -193,14 +193,16 @@ type tableOutput struct {
 	mu      sync.Mutex
 	w       io.Writer
 	devices map[gateway.DeviceID]gateway.Envelope
-	recent  []gateway.DeviceID
-	events  int
-	drawn   time.Time
-	dirty   bool // changed since drawn
+	// lost are the gateways whose last gateway event was lost
+	lost   map[string]bool
+	recent []gateway.DeviceID
+	events int
+	drawn  time.Time
+	dirty  bool // changed since drawn
 }
 
 func newTableOutput(w io.Writer) *tableOutput {
-	return &tableOutput{w: w, devices: map[gateway.DeviceID]gateway.Envelope{}}
+	return &tableOutput{w: w, devices: map[gateway.DeviceID]gateway.Envelope{}, lost: map[string]bool{}}
 }
 
 func (o *tableOutput) wantsSnapshot() bool { return true }
@@ -215,6 +217,13 @@ func (o *tableOutput) device(e gateway.Envelope) {
 func (o *tableOutput) event(e gateway.Envelope) error {
 	o.mu.Lock()
 	defer o.mu.Unlock()
+	if e.Device == "" {
+		// a gateway event
+		o.lost[e.Gateway] = e.State == gateway.Lost
+		o.events++
+		o.dirty = true
+		return nil
+	}
 	if e.Ver <= o.devices[e.Device].Ver {
 		return nil // already in the snapshot
 	}
@@ -235,6 +244,7 @@ func (o *tableOutput) reset() {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	clear(o.devices)
+	clear(o.lost)
 	o.recent = nil
 	o.dirty = true
 }
@@ -278,10 +288,21 @@ func (o *tableOutput) draw() error {
 			online++
 		}
 	}
+	var lost []string
+	for gw, l := range o.lost {
+		if l {
+			lost = append(lost, gw)
+		}
+	}
+	slices.Sort(lost)
 	var b strings.Builder
 	b.WriteString("\x1b[H\x1b[2J") // home, clear
-	fmt.Fprintf(&b, "fleetgate watch  %s  devices %d  online %d  offline %d  events %d\n\n",
+	fmt.Fprintf(&b, "fleetgate watch  %s  devices %d  online %d  offline %d  events %d\n",
 		time.Now().Format("15:04:05"), len(o.devices), online, len(o.devices)-online, o.events)
+	if len(lost) > 0 {
+		fmt.Fprintf(&b, "gateways lost: %s\n", strings.Join(lost, ", "))
+	}
+	b.WriteString("\n")
 	fmt.Fprintf(&b, "%-32s %-8s %6s  %-10s %-29s %s\n", "DEVICE", "STATE", "VER", "REASON", "AT", "GATEWAY")
 	for i := len(o.recent) - 1; i >= 0; i-- {
 		e := o.devices[o.recent[i]]

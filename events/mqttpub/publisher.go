@@ -2,7 +2,9 @@
 // (docs/design.md §6.12, docs/events.md) with eclipse/paho.golang's autopaho:
 // every event on <prefix>/events/<device> and the device's current
 // state, retained, on <prefix>/presence/<device>, both as the JSON
-// envelope of gateway.Envelope.
+// envelope of gateway.Envelope; and each gateway event (lost, back: shard
+// 0's log) as the gateway's current state, retained, on
+// <prefix>/gateways/<gateway>.
 //
 // Delivery is at-least-once: a shard's publisher reads the shard's log
 // after its saved position (gateway.EventLog), publishes a batch, and
@@ -85,7 +87,7 @@ type Options struct {
 	// QoS of every message: 0, 1 or 2. At 0 nothing is acknowledged and
 	// delivery is at-most-once.
 	QoS byte
-	// RetainState publishes the presence topic retained.
+	// RetainState publishes the presence and gateways topics retained.
 	RetainState bool
 	// OfflineDelay, when positive, holds an offline event back that
 	// long: if the device's next online event comes within it, neither
@@ -521,9 +523,14 @@ type catchUp struct {
 	until string
 }
 
-// messages are the MQTT messages of one event.
+// messages are the MQTT messages of one event. A gateway event is its
+// gateway's current state: one message on <prefix>/gateways/<id>,
+// retained as the presence topics are.
 func (p *Publisher) messages(e gateway.Event, cu *catchUp) []message {
 	b, _ := json.Marshal(gateway.EnvelopeOf(e))
+	if e.IsGateway() {
+		return []message{{topic: p.o.TopicPrefix + "/gateways/" + e.Gateway, payload: b, retain: p.o.RetainState, ver: e.Ver}}
+	}
 	out := []message{{topic: p.o.TopicPrefix + "/events/" + string(e.Device), payload: b, device: e.Device, ver: e.Ver}}
 	if cu != nil && e.Ver <= cu.vers[e.Device] {
 		return out

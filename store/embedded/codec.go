@@ -33,6 +33,8 @@ import (
 //	"cover.<gateway>"  u64 ms the gateway's coverage on this shard
 //	        (gateway.Batch.Covers: the latest any of its batches reported,
 //	        0 for none), u64 ms its last batch (its contact)
+//	"counts"  u64 online records, u64 offline records (Store.Counts;
+//	        from state file format 4)
 //	dev/    device ID → device record
 //	exp/    u64 deadline ms ‖ device ID → empty (deadline index: a cursor
 //	        walk from the first key finds the due entries in order)
@@ -57,18 +59,30 @@ import (
 //	6 gateway_lost: written from state file format 3 on),
 //	str gateway, str session, uv deadline (0 unless reason expired)
 //
+// Gateway event (shard 0 only, from state file format 4):
+//
+//	byte format (2), str gateway, byte state (0 lost, 1 back), uv ver,
+//	uv at, uv contact
+//
 // Migrations are the embedded store's changes of the state file format
 // (internal/statefile): format 3 lets its events carry reason
 // gateway_lost, which a release that reads up to format 2 cannot decode,
-// so that such a release refuses the file rather than fail on the event.
+// so that such a release refuses the file rather than fail on the event;
+// format 4 counts each shard's records by state ("counts"), which a
+// release that reads up to format 3 would not move, and lets shard 0's
+// log hold gateway events, which it cannot decode.
 var Migrations = []statefile.Migration{
 	{To: 3, What: "embedded store events may carry reason gateway_lost", Run: func(*bolt.Tx) error { return nil }},
+	// an older release would change records without moving the counts
+	{To: 4, What: "embedded store shards count their records by state; shard 0's log may hold gateway events", Run: countShards},
 }
 
 const (
 	schema       = 1
 	recordFormat = 2
 	eventFormat  = 1
+	// gatewayEventFormat marks a gateway event (from state file format 4)
+	gatewayEventFormat = 2
 )
 
 var (
@@ -303,6 +317,15 @@ func reasonCode(r gateway.Reason) byte {
 // encodeEvent encodes e but its ID and Shard, which are where it is
 // stored.
 func encodeEvent(e *gateway.Event) []byte {
+	if e.IsGateway() {
+		b := make([]byte, 0, 32+len(e.Gateway))
+		b = append(b, gatewayEventFormat)
+		b = appendStr(b, e.Gateway)
+		b = appendBool(b, e.State == gateway.Back)
+		b = binary.AppendUvarint(b, e.Ver)
+		b = binary.AppendUvarint(b, uint64(e.At.UnixMilli()))
+		return binary.AppendUvarint(b, uint64(e.Contact.UnixMilli()))
+	}
 	b := make([]byte, 0, 24+len(e.Device)+len(e.Gateway)+len(e.Session))
 	b = append(b, eventFormat)
 	b = appendStr(b, string(e.Device))
@@ -325,10 +348,27 @@ func decodeEvent(shard int, key, b []byte) (gateway.Event, error) {
 		return gateway.Event{}, errCorrupt
 	}
 	d := decoder{b: b}
-	if d.byte() != eventFormat {
+	switch d.byte() {
+	case eventFormat:
+	case gatewayEventFormat:
+		e := gateway.Event{ID: id.String(), Shard: shard, Gateway: d.str(), State: gateway.Lost}
+		if d.bool() {
+			e.State = gateway.Back
+		}
+		e.Ver = d.uvarint()
+		e.At = time.UnixMilli(d.int())
+		e.Contact = time.UnixMilli(d.int())
+		if e.Gateway == "" {
+			d.fail()
+		}
+		return e, d.done()
+	default:
 		d.fail()
 	}
 	e := gateway.Event{ID: id.String(), Shard: shard, Device: gateway.DeviceID(d.str())}
+	if e.Device == "" {
+		d.fail() // a device's event names its device (else it would read as a gateway event)
+	}
 	e.State = gateway.Offline
 	if d.bool() {
 		e.State = gateway.Online

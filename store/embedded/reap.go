@@ -36,6 +36,11 @@ func (s *Store) Reap(ctx context.Context, shard int, limit int) (gateway.ReapRes
 		if err != nil {
 			return err
 		}
+		if shard == 0 && s.lostAfter > 0 {
+			if err := w.gatewayEvents(); err != nil {
+				return fmt.Errorf("gateway events: %w", err)
+			}
+		}
 		var due [][]byte
 		if limit > 0 {
 			c := w.sh.exp.Cursor()

@@ -65,6 +65,8 @@ type entry struct {
 	exists   bool
 	dirty    bool
 	deadline int64 // the index entry at load time, 0 for none
+	// existed and wasOnline are the record as loaded (for the counts)
+	existed, wasOnline bool
 }
 
 // begin starts a writer on shard n in tx at the store clock's now.
@@ -89,7 +91,7 @@ func (w *writer) load(d gateway.DeviceID) (*entry, error) {
 	if err != nil {
 		return nil, err
 	}
-	e := &entry{rec: r, exists: ok, deadline: r.deadline()}
+	e := &entry{rec: r, exists: ok, deadline: r.deadline(), existed: ok, wasOnline: ok && r.online}
 	w.devices[d] = e
 	w.order = append(w.order, d)
 	return e, nil
@@ -256,21 +258,30 @@ func (w *writer) transition(d gateway.DeviceID, e *entry, online bool, reason ga
 	if online {
 		ev.State = gateway.Online
 	}
+	if err := w.append(&ev); err != nil {
+		return err
+	}
+	w.events = append(w.events, ev)
+	return nil
+}
+
+// append appends ev to the shard's log, setting its ID.
+func (w *writer) append(ev *gateway.Event) error {
 	id := w.tail.last.next(w.now)
 	ev.ID = id.String()
-	if err := w.sh.ev.Put(id.key(), encodeEvent(&ev)); err != nil {
+	if err := w.sh.ev.Put(id.key(), encodeEvent(ev)); err != nil {
 		return fmt.Errorf("append event: %w", err)
 	}
 	w.tail.last = id
 	w.tail.count++
 	w.added++
-	w.events = append(w.events, ev)
 	return nil
 }
 
 // commit writes the changed records, moves their deadline index entries
 // and the shard's event log tail, and trims the log.
 func (w *writer) commit() error {
+	var online, offline int64
 	for _, d := range w.order {
 		e := w.devices[d]
 		if !e.dirty || !e.exists {
@@ -278,6 +289,21 @@ func (w *writer) commit() error {
 		}
 		if err := w.sh.dev.Put([]byte(d), encodeRecord(&e.rec)); err != nil {
 			return fmt.Errorf("device %s: %w", d, err)
+		}
+		if !e.existed || e.wasOnline != e.rec.online {
+			switch {
+			case !e.existed:
+			case e.wasOnline:
+				online--
+			default:
+				offline--
+			}
+			if e.rec.online {
+				online++
+			} else {
+				offline++
+			}
+			e.existed, e.wasOnline = true, e.rec.online
 		}
 		if nd := e.rec.deadline(); nd != e.deadline {
 			if e.deadline != 0 {
@@ -292,6 +318,9 @@ func (w *writer) commit() error {
 			}
 			e.deadline = nd
 		}
+	}
+	if err := w.count(online, offline); err != nil {
+		return fmt.Errorf("counts: %w", err)
 	}
 	if w.added == 0 {
 		return nil

@@ -45,6 +45,10 @@ type Options struct {
 	// (a device may have moved to it; its evidence there is late but
 	// valid up to the grace): presence.lease + presence.gateway_grace.
 	GatewayHorizon time.Duration
+	// GatewayLost is how long a gateway may go unheard before the reap
+	// of shard 0 writes its lost event (presence.lease; zero: no gateway
+	// events), counted from Open when that is later.
+	GatewayLost time.Duration
 }
 
 // Store is the embedded presence store. It is safe for concurrent use;
@@ -59,6 +63,8 @@ type Store struct {
 	wake   wakeup // readers waiting for events (watch.go)
 
 	grace, recheck, horizon int64 // ms, Options.GatewayGrace, GatewayRecheck and GatewayHorizon
+	lostAfter               int64 // ms, Options.GatewayLost
+	openedMs                int64 // the store time of Open
 }
 
 var (
@@ -91,7 +97,8 @@ func Open(db *bolt.DB, o Options) (*Store, error) {
 	}
 	s := &Store{db: db, shards: o.Shards, maxLen: uint64(o.EventsMaxLen), now: o.Now, log: o.Logger,
 		grace: o.GatewayGrace.Milliseconds(), recheck: cmp.Or(o.GatewayRecheck, time.Second).Milliseconds(),
-		horizon: o.GatewayHorizon.Milliseconds()}
+		horizon: o.GatewayHorizon.Milliseconds(), lostAfter: o.GatewayLost.Milliseconds()}
+	s.openedMs = s.nowMs()
 	err := db.Update(func(tx *bolt.Tx) error {
 		meta, err := tx.CreateBucketIfNotExists(bucketMeta)
 		if err != nil {
@@ -114,7 +121,9 @@ func Open(db *bolt.DB, o Options) (*Store, error) {
 				}
 			}
 		}
-		return nil
+		// a file the migration to format 4 did not see (a bolt file
+		// opened without internal/statefile, shards new to it)
+		return countShards(tx)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("embedded: open: %w", err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -182,8 +183,15 @@ func (e *env) device(id gateway.DeviceID) gateway.DeviceInfo {
 	return d
 }
 
-// events reads the whole log of shard.
+// events reads the devices' events of the whole log of shard (not the
+// gateway events: allEvents).
 func (e *env) events(shard int) []gateway.Event {
+	e.t.Helper()
+	return slices.DeleteFunc(e.allEvents(shard), gateway.Event.IsGateway)
+}
+
+// allEvents reads the whole log of shard.
+func (e *env) allEvents(shard int) []gateway.Event {
 	e.t.Helper()
 	var all []gateway.Event
 	after := ""

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -236,6 +237,15 @@ func streamEvent(shard int, m redis.XMessage) (gateway.Event, error) {
 	if err := errors.Join(err1, err2); err != nil {
 		return gateway.Event{}, fmt.Errorf("event %s: %w", m.ID, err)
 	}
+	if field("device") == "" {
+		// a gateway event (lua/record.lua, gatewayevent)
+		contact, err := strconv.ParseInt(field("contact"), 10, 64)
+		if err != nil {
+			return gateway.Event{}, fmt.Errorf("event %s: contact: %w", m.ID, err)
+		}
+		return gateway.Event{ID: m.ID, Shard: shard, State: gateway.State(field("state")), Ver: ver,
+			At: time.UnixMilli(at), Gateway: field("gateway"), Contact: time.UnixMilli(contact)}, nil
+	}
 	e := gateway.Event{
 		ID:      m.ID,
 		Shard:   shard,
@@ -255,4 +265,93 @@ func streamEvent(shard int, m redis.XMessage) (gateway.Event, error) {
 		e.Deadline = time.UnixMilli(ms)
 	}
 	return e, nil
+}
+
+// Counts sums the shards' counts of view.lua's "counts" (record.lua,
+// ONLINE_COUNT): one pipeline of script calls (one per Cluster node).
+func (s *Store) Counts(ctx context.Context) (gateway.Counts, error) {
+	c, err := s.client()
+	if err != nil {
+		return gateway.Counts{}, err
+	}
+	cmds := make([]*redis.Cmd, s.shards)
+	_, _ = c.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i := range cmds {
+			cmds[i] = s.view.EvalSha(ctx, p, s.keys[i].data, "counts")
+		}
+		return nil
+	})
+	var n gateway.Counts
+	for i, cmd := range cmds {
+		res, err := cmd.Slice()
+		if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+			res, err = s.view.Run(ctx, c, s.keys[i].data, "counts").Slice()
+		}
+		if err != nil {
+			return gateway.Counts{}, unavailable("counts", err)
+		}
+		if len(res) != 2 {
+			return gateway.Counts{}, fmt.Errorf("redisstore: counts: shard %d: malformed reply %v", i, res)
+		}
+		n.Online += num(res[0])
+		n.Offline += num(res[1])
+	}
+	return n, nil
+}
+
+// Gateways merges view.lua's "gateways" of every shard (one pipeline,
+// one per Cluster node): the newest epoch and the latest contact of
+// each gateway over the shards, behind as of that contact, lost as shard
+// 0 keeps it.
+func (s *Store) Gateways(ctx context.Context) ([]gateway.GatewayInfo, error) {
+	c, err := s.client()
+	if err != nil {
+		return nil, err
+	}
+	cmds := make([]*redis.Cmd, s.shards)
+	_, _ = c.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i := range cmds {
+			cmds[i] = s.view.EvalSha(ctx, p, s.keys[i].data, "gateways")
+		}
+		return nil
+	})
+	byID := map[string]*gateway.GatewayInfo{}
+	for i, cmd := range cmds {
+		res, err := cmd.Slice()
+		if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+			res, err = s.view.Run(ctx, c, s.keys[i].data, "gateways").Slice()
+		}
+		if err != nil {
+			return nil, unavailable("gateways", err)
+		}
+		if len(res)%5 != 0 {
+			return nil, fmt.Errorf("redisstore: gateways: shard %d: malformed reply %v", i, res)
+		}
+		for j := 0; j < len(res); j += 5 {
+			id := str(res[j])
+			g := byID[id]
+			if g == nil {
+				g = &gateway.GatewayInfo{ID: id}
+				byID[id] = g
+			}
+			g.Epoch = max(g.Epoch, uint64(num(res[j+1])))
+			if at := num(res[j+2]); at >= 0 && time.UnixMilli(at).After(g.Contact) {
+				g.Contact, g.Behind = time.UnixMilli(at), num(res[j+3]) == 1
+			}
+			if i == 0 {
+				g.Lost = num(res[j+4]) == 1
+			}
+		}
+	}
+	return sortedGateways(byID), nil
+}
+
+// sortedGateways is the gateways of byID ordered by ID.
+func sortedGateways(byID map[string]*gateway.GatewayInfo) []gateway.GatewayInfo {
+	out := make([]gateway.GatewayInfo, 0, len(byID))
+	for _, g := range byID {
+		out = append(out, *g)
+	}
+	slices.SortFunc(out, func(a, b gateway.GatewayInfo) int { return strings.Compare(a.ID, b.ID) })
+	return out
 }

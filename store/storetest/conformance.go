@@ -52,6 +52,8 @@ func Run(t *testing.T, open Opener) {
 		{"SessionsPerDeviceBounded", testStoreSessionCap},
 		{"ConcurrentApply", testConcurrentApply},
 		{"ConcurrentReapAndRenew", testConcurrentReapAndRenew},
+		{"Counts", testCounts},
+		{"Gateways", testGateways},
 	}.run(t, open)
 }
 

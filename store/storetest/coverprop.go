@@ -61,6 +61,9 @@ func checkCoverageProperty(t *testing.T, open GraceOpener) {
 		}
 		offline := map[gateway.DeviceID]bool{}
 		check := func(evs []gateway.Event) {
+			if err := checkCounts(rt.Context(), store); err != nil {
+				rt.Fatal(err)
+			}
 			for _, e := range evs {
 				switch e.State {
 				case gateway.Offline:

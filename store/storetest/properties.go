@@ -413,6 +413,9 @@ func (m *machine) check(wrote map[int][]gateway.Event) {
 			m.checkDevice(d, now)
 		}
 	}
+	if err := checkCounts(m.ctx(), m.store); err != nil {
+		m.t.Fatal(err)
+	}
 }
 
 func (m *machine) checkDevice(d gateway.DeviceID, now time.Time) {

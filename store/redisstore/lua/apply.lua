@@ -598,9 +598,13 @@ end
 -- believer) that changes here is invalidated for that gateway, and every
 -- device of the general writes gets its status for the caller.
 local hset, zadd, zrem, inv, unhold = {}, {}, {}, {}, {}
+-- turnedon: the call's net change of the shard's online records (Counts)
+local turnedon = 0
 for k, dev in ipairs(devs) do
   if washeld[k] and (moved[k] or dirty[k] or renewed[k] or not shift[k]) then unhold[#unhold + 1] = dev end
   if dirty[k] then
+    local wason = packed[k] and isonline(packed[k]) or false
+    if rec[k].on ~= wason then turnedon = turnedon + (rec[k].on and 1 or -1) end
     prunetombs(rec[k], now - TOMB_KEEP)
     hset[#hset + 1] = dev
     hset[#hset + 1] = encode(rec[k])
@@ -631,5 +635,6 @@ if #zadd > 0 then mcall('ZADD', KEYS[1], zadd) end
 if #zrem > 0 then mcall('ZREM', KEYS[1], zrem) end
 if #inv > 0 then mcall('ZADD', KEYS[5], inv) end
 if #unhold > 0 then mcall('HDEL', KEYS[6], unhold) end
+countonline(turnedon)
 trim(maxlen)
 return events

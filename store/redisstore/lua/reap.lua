@@ -102,6 +102,7 @@ if lostafter > 0 and not nosince then
         if state then
           rcall('XADD', KEYS[7], 'MAXLEN', '~', maxlen, '*', 'gateway', gwname(ref), 'state', state,
             'at', nowstr, 'contact', string.format('%d', at))
+          gatewayevent(ref, state, now, at)
           gwevents = gwevents + 1
         end
       end
@@ -308,6 +309,8 @@ for k, dev in ipairs(devs) do
   end
 end
 emitted = emitted + (n - header) / 7
+-- every offline event of a reap turned an online record offline (Counts)
+countonline(-(n - header) / 7)
 if #unhold > 0 then mcall('HDEL', KEYS[6], unhold) end
 if #hold > 0 then mcall('HSET', KEYS[6], hold) end
 if #hset > 0 then mcall('HSET', KEYS[2], hset) end

@@ -572,3 +572,35 @@ local function mcall(cmd, key, list)
   end
   return res
 end
+
+-- Counts (Store.Counts): the device hash keeps the number of its online
+-- records in the field ONLINE_COUNT (a field name no device ID can take,
+-- like INC); the scripts that turn a record online or offline move it by
+-- the net change of their call. A hash without it (a store written by an
+-- older release) is counted once by view.lua's "counts", which sets it;
+-- until then the scripts leave it absent. Offline records are the others
+-- (HLEN less the fields named with INC's prefix).
+local ONLINE_COUNT = '~on'
+local function countonline(delta)
+  if delta ~= 0 and redis.call('HEXISTS', KEYS[2], ONLINE_COUNT) == 1 then
+    redis.call('HINCRBY', KEYS[2], ONLINE_COUNT, delta)
+  end
+end
+
+-- Gateway events in the event log (Store.ReadEvents: the watch API, the
+-- publisher): shard 0's reap writes each lost or back event (reap.lua)
+-- to the shard's events stream too, as an entry without a device:
+-- gateway, state, ver, at, contact. GWVER..ref in the epochs hash keeps
+-- the gateway's last ver; the next is one more, or the store time in ms
+-- when that is higher (the first; and after a loss of the state), so
+-- that (gateway, ver) never repeats.
+local GWVER = '~v'
+local function gatewayevent(ref, state, now, contact)
+  local ver = now
+  local last = tonumber(redis.call('HGET', KEYS[4], GWVER .. ref))
+  if last and last >= now then ver = last + 1 end
+  redis.call('HSET', KEYS[4], GWVER .. ref, string.format('%d', ver))
+  redis.call('XADD', KEYS[3], '*', 'gateway', gwname(ref), 'state', state, 'ver', string.format('%d', ver),
+    'at', string.format('%d', now), 'contact', string.format('%d', contact))
+  emitted = emitted + 1
+end

@@ -4,7 +4,9 @@
 -- ARGV: "get", device
 --    or "scan", HSCAN cursor, items of that cursor's step already returned,
 --       limit, state filter ("online", "offline" or ""), HSCAN COUNT (the
---       same on every call, so that a step at a cursor holds the same items).
+--       same on every call, so that a step at a cursor holds the same items)
+--    or "counts"
+--    or "gateways".
 -- A device view is {device, online (1|0), ver, since, last gw, last session,
 -- deadline or -1, {session, deadline, gw, epoch, ...}}.
 -- "get" returns {view} or {}; "scan" returns {cursor, skip, views...}: the
@@ -16,6 +18,12 @@
 -- its steps then hold other items: a page resuming at LISTPACK then starts
 -- the shard again (a device may be returned twice, none is missed).
 local LISTPACK = 'lp'
+
+-- special says whether a field of the device hash is not a device (INC,
+-- ONLINE_COUNT: no device ID starts with INC's character).
+local function special(field)
+  return sub(field, 1, 1) == INC
+end
 
 local function view(dev, packed)
   local dl = false
@@ -34,10 +42,58 @@ local function view(dev, packed)
 end
 
 if ARGV[1] == 'get' then
-  if ARGV[2] == INC then return {} end
+  if special(ARGV[2]) then return {} end
   local packed = redis.call('HGET', KEYS[2], ARGV[2])
   if not packed then return {} end
   return {view(ARGV[2], packed)}
+end
+
+-- "counts" returns {online, offline}: the shard's records by state, from
+-- ONLINE_COUNT (record.lua). A hash without it is counted here once, in
+-- this call (one pass over the hash: a store written by an older
+-- release), and the count kept from then on.
+if ARGV[1] == 'counts' then
+  local have = redis.call('HMGET', KEYS[2], ONLINE_COUNT, INC)
+  local n = redis.call('HLEN', KEYS[2])
+  if have[2] then n = n - 1 end
+  local on = tonumber(have[1])
+  if on then return {on, n - 1 - on} end
+  on = 0
+  local all = redis.call('HGETALL', KEYS[2])
+  for i = 1, #all, 2 do
+    if not special(all[i]) and isonline(all[i + 1]) then on = on + 1 end
+  end
+  redis.call('HSET', KEYS[2], ONLINE_COUNT, on)
+  return {on, n - on}
+end
+
+-- "gateways" returns, per gateway the shard has heard (record.lua,
+-- "Gateway liveness"), a flat list of name, newest epoch, contact ms (-1
+-- for none), behind (1|0), lost (1|0: the marker the reap keeps on shard
+-- 0 while it reports the gateway lost).
+if ARGV[1] == 'gateways' then
+  local last = tonumber(redis.call('HGET', KEYS[4], '#')) or 0
+  local out = {}
+  if last == 0 then return out end
+  local fields = {}
+  for ref = 1, last do
+    fields[#fields + 1] = '#' .. ref
+    fields[#fields + 1] = LIVE .. ref
+    fields[#fields + 1] = LOST .. ref
+  end
+  local v = mcall('HMGET', KEYS[4], fields)
+  for ref = 1, last do
+    local name, live, lost = v[3 * ref - 2], v[3 * ref - 1], v[3 * ref]
+    if name then
+      local at, behind = string.match(live or '', '^(%d+) (%d)')
+      out[#out + 1] = name
+      out[#out + 1] = redis.call('HGET', KEYS[4], name) or '0'
+      out[#out + 1] = at or '-1'
+      out[#out + 1] = behind == '1' and 1 or 0
+      out[#out + 1] = lost and 1 or 0
+    end
+  end
+  return out
 end
 
 local cursor, skip, limit, filter, count = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5], ARGV[6]
@@ -55,7 +111,7 @@ for _ = 1, 16 do
   for j = skip + 1, n do
     local packed = items[2 * j]
     local on = isonline(packed)
-    if items[2 * j - 1] ~= INC and (filter == '' or (filter == 'online') == on) then
+    if not special(items[2 * j - 1]) and (filter == '' or (filter == 'online') == on) then
       out[#out + 1] = view(items[2 * j - 1], packed)
       if #out - 2 == limit then
         if j < n then
