@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/fleetgate/fleetgate/gateway"
+	"github.com/fleetgate/fleetgate/internal/redistest"
 )
 
 // heldDeadline never reports a device offline sooner than it could have
@@ -99,20 +100,8 @@ func FuzzLedgerFile(f *testing.F) {
 // with the latest deadline it can have had, so the store knows the device
 // again and its offline still comes. Without the ledger nobody knows it.
 func TestRestoreAfterCrashFromTheLedger(t *testing.T) {
-	srv, e, table := restoreEnv(t, nil)
+	srv, e, path, ledger := crashEnv(t)
 	ctx := t.Context()
-	path := filepath.Join(t.TempDir(), LedgerFile)
-	ledger, _, err := OpenLedger(path, e.clock.Now(), restoreKeepLapsed)
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.u.ledger = ledger
-	if err := table.Observe(ctx, gateway.Evidence{Device: "stopped", Session: "coap/default", Kind: gateway.Renew, ObservedAt: e.clock.Now()}); err != nil {
-		t.Fatal(err)
-	}
-	if err := e.u.Flush(ctx); err != nil {
-		t.Fatal(err)
-	}
 	// the accepted connect, written by the ledger loop's next turn
 	if n, _, err := ledger.writeAdds(); n != 1 || err != nil {
 		t.Fatalf("ledger adds written: %d %v, want 1", n, err)
@@ -124,9 +113,7 @@ func TestRestoreAfterCrashFromTheLedger(t *testing.T) {
 	if err != nil || damaged || next.Inherited() != 1 {
 		t.Fatalf("successor's ledger: %d inherited, damaged %v, %v; want 1", next.Inherited(), damaged, err)
 	}
-	empty := gateway.NewTable(nil, gateway.TableOptions{Lease: 30 * time.Second, Clock: e.clock})
-	succ := New(e.store, e.ob, Options{Gateway: "gw-test", Epoch: 2, Lease: 30 * time.Second, FlushInterval: time.Second,
-		KeepAlive: time.Second, Sessions: empty.Restorable, Ledger: next, Clock: e.clock, Logger: testLogger(t)})
+	succ := successor(t, e, next)
 	if err := succ.Flush(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -204,20 +191,8 @@ func TestLedgerRewrite(t *testing.T) {
 // from the one its predecessor's ledger names, and restores what its
 // predecessor held there.
 func TestRestoreAfterALossNoProcessSaw(t *testing.T) {
-	srv, e, table := restoreEnv(t, nil)
+	srv, e, path, _ := crashEnv(t)
 	ctx := t.Context()
-	path := filepath.Join(t.TempDir(), LedgerFile)
-	ledger, _, err := OpenLedger(path, e.clock.Now(), restoreKeepLapsed)
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.u.ledger = ledger
-	if err := table.Observe(ctx, gateway.Evidence{Device: "stopped", Session: "coap/default", Kind: gateway.Renew, ObservedAt: e.clock.Now()}); err != nil {
-		t.Fatal(err)
-	}
-	if err := e.u.Flush(ctx); err != nil {
-		t.Fatal(err)
-	}
 	if err := e.u.rewriteLedger(e.clock.Now()); err != nil {
 		t.Fatal(err)
 	}
@@ -233,9 +208,7 @@ func TestRestoreAfterALossNoProcessSaw(t *testing.T) {
 	if n := len(next.Incarnations()); n != testShards {
 		t.Fatalf("the ledger names %d shards' incarnations, want %d", n, testShards)
 	}
-	empty := gateway.NewTable(nil, gateway.TableOptions{Lease: 30 * time.Second, Clock: e.clock})
-	succ := New(e.store, e.ob, Options{Gateway: "gw-test", Epoch: 2, Lease: 30 * time.Second, FlushInterval: time.Second,
-		KeepAlive: time.Second, Sessions: empty.Restorable, Ledger: next, Clock: e.clock, Logger: testLogger(t)})
+	succ := successor(t, e, next)
 	if err := succ.Flush(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -273,4 +246,31 @@ func TestLedgerHoldsOnlyAPredecessorsReplays(t *testing.T) {
 	if n, _, err := ledger.writeAdds(); n != 2 || err != nil {
 		t.Errorf("appended %d connects (%v), want 2", n, err)
 	}
+}
+
+// crashEnv is restoreEnv whose uplink keeps a ledger at path, with one
+// device, "stopped", observed and flushed (its connect accepted).
+func crashEnv(t *testing.T) (*redistest.Server, *env, string, *Ledger) {
+	srv, e, table := restoreEnv(t, nil)
+	path := filepath.Join(t.TempDir(), LedgerFile)
+	ledger, _, err := OpenLedger(path, e.clock.Now(), restoreKeepLapsed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.u.ledger = ledger
+	if err := table.Observe(t.Context(), gateway.Evidence{Device: "stopped", Session: "coap/default", Kind: gateway.Renew, ObservedAt: e.clock.Now()}); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.u.Flush(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	return srv, e, path, ledger
+}
+
+// successor is the gateway's next process on e's store and outbox: an
+// empty table, a new epoch, the ledger next.
+func successor(t *testing.T, e *env, next *Ledger) *Uplink {
+	empty := gateway.NewTable(nil, gateway.TableOptions{Lease: 30 * time.Second, Clock: e.clock})
+	return New(e.store, e.ob, Options{Gateway: "gw-test", Epoch: 2, Lease: 30 * time.Second, FlushInterval: time.Second,
+		KeepAlive: time.Second, Sessions: empty.Restorable, Ledger: next, Clock: e.clock, Logger: testLogger(t)})
 }
