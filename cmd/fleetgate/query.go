@@ -54,6 +54,14 @@ func (q queryFlags) set(names ...string) bool {
 	return found
 }
 
+// parseNoArgs parses args, which must hold flags only.
+func (q queryFlags) parseNoArgs(args []string) error {
+	if err := parse(q.fs, args); err != nil {
+		return err
+	}
+	return noArgs(q.fs)
+}
+
 // client finds the admin API: --addr; else listen.admin.http of the
 // configuration named with -c, or of the default file when it exists;
 // else the default admin address. It never opens the gateway's state
@@ -130,10 +138,7 @@ func printJSON(w io.Writer, v any) error {
 
 func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	q := newQueryFlags("status", "status [-c FILE] [--addr HOST:PORT] [--json]")
-	if err := parse(q.fs, args); err != nil {
-		return err
-	}
-	if err := noArgs(q.fs); err != nil {
+	if err := q.parseNoArgs(args); err != nil {
 		return err
 	}
 	c, err := q.client()
@@ -164,10 +169,7 @@ func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 
 func cmdGateways(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	q := newQueryFlags("gateways", "gateways [-c FILE] [--addr HOST:PORT] [--json]")
-	if err := parse(q.fs, args); err != nil {
-		return err
-	}
-	if err := noArgs(q.fs); err != nil {
+	if err := q.parseNoArgs(args); err != nil {
 		return err
 	}
 	c, err := q.client()
@@ -233,10 +235,7 @@ func devicesList(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	limit := q.fs.Int("limit", 100, "devices per page (1 to 1000)")
 	cursor := q.fs.String("cursor", "", "start at this page (printed at the end of the previous one)")
 	all := q.fs.Bool("all", false, "every page, with the counts per state of the whole fleet")
-	if err := parse(q.fs, args); err != nil {
-		return err
-	}
-	if err := noArgs(q.fs); err != nil {
+	if err := q.parseNoArgs(args); err != nil {
 		return err
 	}
 	if *limit < 1 || *limit > 1000 {
@@ -293,10 +292,7 @@ func cmdEvents(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	q := newQueryFlags("events tail", "events tail [-c FILE] [--addr HOST:PORT] [--json] [--since D] [--follow]")
 	since := q.fs.Duration("since", 10*time.Minute, "start with the events of this long ago")
 	follow := q.fs.Bool("follow", false, "keep printing new events until interrupted")
-	if err := parse(q.fs, args[1:]); err != nil {
-		return err
-	}
-	if err := noArgs(q.fs); err != nil {
+	if err := q.parseNoArgs(args[1:]); err != nil {
 		return err
 	}
 	c, err := q.client()

@@ -36,10 +36,7 @@ func cmdWatch(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	q := newQueryFlags("watch", "watch [-c FILE] [--addr HOST:PORT] [--json] [--cursor-file FILE]")
 	cursorFile := q.fs.String("cursor-file", "", "resume after the cursor saved in `FILE`, and keep it current")
 	retry := q.fs.Duration("retry", 2*time.Second, "wait this long before reconnecting after the gateway went away")
-	if err := parse(q.fs, args); err != nil {
-		return err
-	}
-	if err := noArgs(q.fs); err != nil {
+	if err := q.parseNoArgs(args); err != nil {
 		return err
 	}
 	c, err := q.client()
