@@ -1,6 +1,7 @@
 // Package admin is the gateway's admin HTTP API (docs/design.md §6.11): /healthz,
 // /readyz, /metrics, /v1/status, /v1/devices, /v1/devices/{id},
-// /v1/gateways, /v1/sessions, /v1/events, /v1/snapshot and /v1/watch, plus the client the query commands
+// /v1/gateways, /v1/sessions, /v1/events, /v1/snapshot and /v1/watch, the
+// page at / (package ui, with its login), plus the client the query commands
 // (fleetgate status, devices, events) use. It listens on loopback by
 // default and never opens the gateway's bbolt file itself.
 package admin
@@ -23,6 +24,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/fleetgate/fleetgate/admin/ui"
 	"github.com/fleetgate/fleetgate/gateway"
 )
 
@@ -94,6 +96,8 @@ type Options struct {
 	// (listen.admin.cert_file, key_file). security.go.
 	Token string
 	TLS   *tls.Config
+	// Now is the clock of the page's login cookies (nil: time.Now).
+	Now func() time.Time
 	// WriteTimeout bounds the write of a whole answer, and each write of
 	// a stream (0: 30 s). security.go.
 	WriteTimeout time.Duration
@@ -145,6 +149,11 @@ func Listen(o Options) (*Server, error) {
 	handle("GET /v1/events", s.events)
 	handle("GET /v1/snapshot", s.snapshot)
 	handle("GET /v1/watch", s.watch)
+	page := ui.Handler()
+	handle("GET /{$}", page.ServeHTTP)
+	handle("GET /ui/{file}", page.ServeHTTP)
+	handle("POST /login", s.login)
+	handle("POST /logout", s.logout)
 	s.srv = newHTTPServer(mux, o, s.ln.Addr())
 	s.srv.ErrorLog = slog.NewLogLogger(o.Logger.Handler(), slog.LevelWarn)
 	s.srv.RegisterOnShutdown(s.endStreams)

@@ -24,30 +24,51 @@ const (
 	idleTimeout         = 60 * time.Second
 )
 
-// secure wraps h so that every path except /healthz and /readyz (the
-// probes of a service manager, which tell nothing) needs
-// "Authorization: Bearer <token>" when token is set; a request without it
-// gets 401. The comparison takes the same time wherever the tokens
-// differ.
-func secure(h http.Handler, token string) http.Handler {
+// secure wraps h so that every path except the open ones (open) needs
+// "Authorization: Bearer <token>" when token is set; a GET or HEAD may
+// carry the page's cookie (page.go), valid at now(), instead. A request
+// without either gets 401. The comparison takes the same time wherever
+// the tokens differ.
+func secure(h http.Handler, token string, now func() time.Time) http.Handler {
 	if token == "" {
 		return h
 	}
 	want := sha256.Sum256([]byte(token))
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/healthz" || r.URL.Path == "/readyz" {
+		if open(r.URL.Path) || bearerOK(r, want) || (readOnly(r.Method) && cookieOK(r, token, now())) {
 			h.ServeHTTP(w, r)
 			return
 		}
-		got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-		sum := sha256.Sum256([]byte(got))
-		if !ok || subtle.ConstantTimeCompare(sum[:], want[:]) != 1 {
-			w.Header().Set("WWW-Authenticate", `Bearer realm="fleetgate"`)
-			writeError(w, http.StatusUnauthorized, errUnauthorized)
-			return
-		}
-		h.ServeHTTP(w, r)
+		w.Header().Set("WWW-Authenticate", `Bearer realm="fleetgate"`)
+		writeError(w, http.StatusUnauthorized, errUnauthorized)
 	})
+}
+
+// open reports whether path is served without a token: the probes of a
+// service manager and the page's files, which tell nothing, and the
+// page's login and logout, which check what they need themselves.
+func open(path string) bool {
+	switch path {
+	case "/healthz", "/readyz", "/", "/login", "/logout":
+		return true
+	}
+	return strings.HasPrefix(path, "/ui/")
+}
+
+func bearerOK(r *http.Request, want [sha256.Size]byte) bool {
+	got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	sum := sha256.Sum256([]byte(got))
+	return ok && subtle.ConstantTimeCompare(sum[:], want[:]) == 1
+}
+
+// readOnly: the methods the page's cookie may authorise. A request that
+// changes state needs the header, which a page of another site cannot
+// make a browser send (no CSRF).
+func readOnly(method string) bool { return method == http.MethodGet || method == http.MethodHead }
+
+func cookieOK(r *http.Request, token string, now time.Time) bool {
+	c, err := r.Cookie(cookieName)
+	return err == nil && pageCookieValid(c.Value, token, now)
 }
 
 // checkHost wraps h so that a request is answered only when its Host
@@ -98,7 +119,7 @@ const errUnauthorized = adminError("a bearer token is required (listen.admin.tok
 // with the token of o and, when addr (the bound address) is loopback,
 // the Host check.
 func newHTTPServer(h http.Handler, o Options, addr net.Addr) *http.Server {
-	h = secure(h, o.Token)
+	h = secure(h, o.Token, o.now)
 	if tcp, ok := addr.(*net.TCPAddr); ok && tcp.IP.IsLoopback() {
 		h = checkHost(h, strconv.Itoa(tcp.Port))
 	}
