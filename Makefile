@@ -9,7 +9,7 @@ BUILD_DATE ?= $(shell date -u -d @$${SOURCE_DATE_EPOCH:-$$(date +%s)} +%Y-%m-%dT
 COMMIT ?= $(shell git rev-parse HEAD 2>/dev/null)
 LDFLAGS := -X main.version=$(VERSION) -X main.buildDate=$(BUILD_DATE) -X main.commit=$(COMMIT)
 
-.PHONY: all build plugins generate run test test-faults soak deps vet bench fuzz clean deb rpm packages test-packages man
+.PHONY: all build plugins generate run test test-faults soak deps vet bench fuzz clean deb rpm packages test-packages man screenshots
 
 all: build
 
@@ -47,8 +47,9 @@ run: build
 # for the consumers of docs/events.md curl, node, and Debian's python3 with
 # paho-mqtt (paho: checked as an import of /usr/bin/python3) and mqtt.js
 # (mqttjs: Debian's node-mqtt, checked as a require);
-# bash and zsh (the completion scripts' tests), groff (the man page's).
-DEPS := redis-server:redis-server redis-cli:redis-server \
+# bash and zsh (the completion scripts' tests), groff (the man page's);
+# chromium (the admin page's browser tests, cmd/fleetgate e2e_page_test.go).
+DEPS := redis-server:redis-server redis-cli:redis-server chromium:chromium \
 	bash:bash zsh:zsh groff:groff-base \
 	mosquitto_pub:mosquitto-clients mosquitto_sub:mosquitto-clients \
 	coap-client,coap-client-notls:libcoap3-bin \
@@ -92,6 +93,11 @@ test: deps vet
 # (TestManPageCurrent) fails while it differs.
 man:
 	$(GO) test ./cmd/fleetgate -count=1 -run '^TestManPageCurrent$$' -args -update-man
+
+# Writes docs/screenshots/*.png (the admin page at 1280 and 360 px) from
+# the browser test against a simulated fleet.
+screenshots: deps
+	$(GO) test ./cmd/fleetgate -count=1 -run '^TestPageInBrowser$$' -args -update-screenshots
 
 # Runs every fuzz target for FUZZTIME each (their seed corpora in
 # testdata/fuzz already run as ordinary tests in `make test`); new

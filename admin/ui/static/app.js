@@ -3,7 +3,7 @@
 'use strict';
 
 (() => {
-  const PAGE = 100; // devices a table page asks for
+  const PAGE = 50; // devices a table page asks for
   const SCAN_PAGE = 1000; // devices a prefix search reads per request
   const SCAN_CALLS = 5; // requests a prefix search makes before it asks to go on
   const FEED = 50; // events the live feed keeps

@@ -1,0 +1,372 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/chromedp/cdproto/network"
+	"github.com/chromedp/cdproto/page"
+	"github.com/chromedp/chromedp"
+)
+
+// -update-screenshots writes the page's screenshots (docs/screenshots)
+// from TestPageInBrowser: `make screenshots`.
+var updateScreenshots = flag.Bool("update-screenshots", false, "write docs/screenshots/*.png from TestPageInBrowser")
+
+// cspProbe runs in every document before its own scripts (through the
+// DevTools protocol, which the page's CSP does not govern) and records
+// each Content-Security-Policy violation the browser reports.
+const cspProbe = `window.__csp = [];
+document.addEventListener('securitypolicyviolation', (e) => window.__csp.push(e.violatedDirective + ' ' + e.blockedURI));`
+
+// pageBrowser is a headless Debian chromium driven by chromedp, with
+// every console message, exception and browser log entry recorded.
+type pageBrowser struct {
+	t   *testing.T
+	ctx context.Context
+	mu  sync.Mutex
+	log []chromedp.ConsoleMessage
+}
+
+func newPageBrowser(t *testing.T) *pageBrowser {
+	t.Helper()
+	path, err := exec.LookPath("chromium")
+	if err != nil {
+		t.Fatalf("chromium: %v (make deps installs Debian's chromium)", err)
+	}
+	opts := append(chromedp.DefaultExecAllocatorOptions[:],
+		chromedp.ExecPath(path), chromedp.NoSandbox, chromedp.DisableGPU,
+		chromedp.WindowSize(1280, 900), chromedp.UserDataDir(t.TempDir()))
+	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+	ctx, cancel := chromedp.NewContext(actx)
+	t.Cleanup(func() {
+		tctx, tcancel := context.WithTimeout(ctx, 10*time.Second)
+		defer tcancel()
+		_ = chromedp.Cancel(tctx)
+		cancel()
+		cancelAlloc()
+	})
+	b := &pageBrowser{t: t, ctx: ctx}
+	msgs := chromedp.Console(ctx)
+	go func() {
+		for m, err := range msgs {
+			if err != nil {
+				return
+			}
+			b.mu.Lock()
+			b.log = append(b.log, m)
+			b.mu.Unlock()
+		}
+	}()
+	if _, err := chromedp.Call(ctx, page.AddScriptToEvaluateOnNewDocument, page.AddScriptToEvaluateOnNewDocumentParams{Source: cspProbe}); err != nil {
+		t.Fatalf("chromium: %v", err)
+	}
+	return b
+}
+
+// do runs actions, bounded by limit.
+func (b *pageBrowser) do(limit time.Duration, what string, actions ...chromedp.Action[chromedp.Void]) {
+	b.t.Helper()
+	ctx, cancel := context.WithTimeout(b.ctx, limit)
+	defer cancel()
+	if err := chromedp.Do(ctx, actions...); err != nil {
+		b.t.Fatalf("%s: %v\n%s", what, err, b.console())
+	}
+}
+
+// eval evaluates a JavaScript expression in the page.
+func eval[T any](b *pageBrowser, expr string) T {
+	b.t.Helper()
+	ctx, cancel := context.WithTimeout(b.ctx, 10*time.Second)
+	defer cancel()
+	v, err := chromedp.Run(ctx, chromedp.Evaluate[T](expr))
+	if err != nil {
+		b.t.Fatalf("evaluate %s: %v", expr, err)
+	}
+	return v
+}
+
+// poll waits (bounded) until the expression is truthy in the page.
+func (b *pageBrowser) poll(limit time.Duration, what, expr string) {
+	b.t.Helper()
+	b.do(limit+5*time.Second, what, chromedp.Func(func(ctx context.Context, t *chromedp.Target) error {
+		_, err := chromedp.Poll[chromedp.Void](expr, chromedp.WithPollingInterval(50*time.Millisecond), chromedp.WithPollingTimeout(limit))(ctx, t)
+		return err
+	}))
+}
+
+// errors are the console messages of level error and the uncaught
+// exceptions, but those for which allowed says true.
+func (b *pageBrowser) errors(allowed func(chromedp.ConsoleMessage) bool) []string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var out []string
+	for _, m := range b.log {
+		if (m.Type == chromedp.ConsoleError || m.IsException()) && (allowed == nil || !allowed(m)) {
+			out = append(out, fmt.Sprintf("%s %s (%s:%d)", m.Type, m.Text, m.URL, m.Line))
+		}
+	}
+	return out
+}
+
+func (b *pageBrowser) console() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var s []string
+	for _, m := range b.log {
+		s = append(s, m.String())
+	}
+	return strings.Join(s, "\n")
+}
+
+// checkClean fails the test on a console error, an exception or a CSP
+// violation the page caused.
+func (b *pageBrowser) checkClean(allowed func(chromedp.ConsoleMessage) bool) {
+	b.t.Helper()
+	if errs := b.errors(allowed); len(errs) > 0 {
+		b.t.Errorf("console errors: %d\n%s", len(errs), strings.Join(errs, "\n"))
+	}
+	if v := eval[[]string](b, `window.__csp`); len(v) > 0 {
+		b.t.Errorf("CSP violations: %d: %v", len(v), v)
+	}
+}
+
+// pageStatus is the part of /v1/status the page's tests read.
+type pageStatus struct {
+	Sessions int               `json:"sessions"`
+	Bounds   map[string]string `json:"bounds"`
+}
+
+func readPageStatus(t *testing.T, admin string) pageStatus {
+	t.Helper()
+	resp, err := http.Get("http://" + admin + "/v1/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var st pageStatus
+	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+// The page against a gateway on the embedded store with a simulated
+// fleet of 1,000 CoAP and MQTT devices and one more device of the test:
+// the overview loads; a search finds that device by its ID and others by
+// a prefix; when the device stops it turns offline on the page, without
+// a reload, within the detection bound + 2 s; its page shows its
+// sessions and its offline event; the whole visit writes no console
+// error and violates the Content-Security-Policy nowhere, while the
+// policy is in force (an inline style and script the test injects are
+// refused and reported).
+func TestPageInBrowser(t *testing.T) {
+	const probe = "page-probe-1"
+	g := simGateway(t, "gw-page", "")
+	g.start()
+
+	fleet := exec.Command(binary, "simulate", "--coap", g.coapAddr, "--mqtt", g.mqttAddr, "--admin", g.admin,
+		"--devices", "1000", "--duration", "2m", "--prefix", "pgsim-", "--heartbeat", "2s",
+		"--lease", simTiming.lease.String(), "--renew-every", simTiming.renewEvery.String(),
+		"--runner-interval", simTiming.runnerInterval.String(), "--flush-interval", simTiming.flush.String())
+	fleet.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	var fleetOut syncBuffer
+	fleet.Stdout, fleet.Stderr = &fleetOut, &fleetOut
+	if err := fleet.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = fleet.Process.Kill()
+		_ = fleet.Wait()
+		if t.Failed() {
+			t.Logf("simulate:\n%s", fleetOut.String())
+		}
+	})
+
+	stop := device{t: t, id: probe}.keepSending(func() string { return g.coapAddr }, 500*time.Millisecond, 90*time.Second)
+	stopped := false
+	defer func() {
+		if !stopped {
+			stop()
+		}
+	}()
+	// The fleet churns (simulate's scenarios: leaves, freezes, moves), so
+	// a few of its devices are away at any time.
+	waitFor(t, 40*time.Second, "the simulated fleet and the probe on the gateway", func() bool {
+		return readPageStatus(t, g.admin).Sessions >= 900
+	})
+	bound, err := time.ParseDuration(readPageStatus(t, g.admin).Bounds["worst_case_detection"])
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	b := newPageBrowser(t)
+	base := "http://" + g.admin + "/"
+	b.do(20*time.Second, "open the page", chromedp.Navigate(base), chromedp.WaitVisible(chromedp.CSS("#overview")))
+	b.poll(10*time.Second, "the gateway and a page of devices", `document.getElementById('gw-name').textContent === 'gw-page' &&
+		document.querySelectorAll('#devices tbody tr[data-device]').length === 50 && document.getElementById('live').textContent === 'live'`)
+
+	// Search: an exact ID, then a prefix.
+	b.do(10*time.Second, "search the probe", chromedp.SendKeys(chromedp.CSS("#q"), probe), chromedp.Click(chromedp.CSS("#filters button[type=submit]")))
+	row := `document.querySelector('#devices tr[data-device="` + probe + `"]')`
+	b.poll(10*time.Second, "the probe found, online", row+` && `+row+`.querySelector('.badge').textContent === 'online' && document.querySelectorAll('#devices tbody tr[data-device]').length === 1`)
+
+	// Live: the probe stops; the page, not reloaded, shows it offline.
+	eval[bool](b, `window.__notReloaded = true`)
+	last := stop()
+	stopped = true
+	b.poll(bound+5*time.Second, "the probe offline on the page", row+`.querySelector('.badge').textContent === 'offline'`)
+	took := time.Since(last)
+	t.Logf("offline on the page %v after the probe's last heartbeat (bound %v)", took.Round(10*time.Millisecond), bound)
+	if took > bound+2*time.Second {
+		t.Errorf("offline shown %v after the last heartbeat, want within the bound %v + 2 s", took, bound)
+	}
+	if !eval[bool](b, `window.__notReloaded === true && [...document.querySelectorAll('#feed li')].some((li) => li.textContent.includes('`+probe+`') && li.textContent.includes('offline'))`) {
+		t.Error("the page reloaded, or its live feed lacks the probe's offline event")
+	}
+
+	// The prefix search finds simulated devices, and only those.
+	b.do(10*time.Second, "search a prefix", chromedp.SetValue(chromedp.CSS("#q"), "pgsim-1"), chromedp.Click(chromedp.CSS("#filters button[type=submit]")))
+	b.poll(15*time.Second, "devices of the prefix", `document.getElementById('dev-caption').textContent.includes('matching “pgsim-1”')`)
+	if ids := eval[[]string](b, `[...document.querySelectorAll('#devices tbody tr[data-device]')].map((r) => r.dataset.device)`); len(ids) == 0 {
+		t.Error("the prefix search found nothing")
+	} else {
+		for _, id := range ids {
+			if !strings.HasPrefix(id, "pgsim-1") {
+				t.Errorf("prefix search pgsim-1 shows %s", id)
+			}
+		}
+	}
+	if *updateScreenshots {
+		eval[string](b, `document.getElementById('q').value = ''`)
+		b.do(10*time.Second, "back to the table", chromedp.Click(chromedp.CSS("#filters button[type=submit]")))
+		b.poll(10*time.Second, "the table", `document.querySelectorAll('#devices tbody tr[data-device]').length === 50`)
+		b.screenshots("overview")
+		online := eval[string](b, `[...document.querySelectorAll('#devices tbody tr[data-device]')].find((r) => r.querySelector('.badge').textContent === 'online').dataset.device`)
+		b.do(10*time.Second, "open an online device's page", chromedp.Navigate(base+"#/device/"+online), chromedp.WaitVisible(chromedp.CSS("#device")))
+		b.poll(10*time.Second, "its page", `document.getElementById('dev-h').textContent === '`+online+`' && document.querySelector('#dev-events li')`)
+		b.screenshots("device")
+	}
+
+	// The probe's page: its store record, its local session, its events.
+	b.do(10*time.Second, "open the probe's page", chromedp.Navigate(base+"#/device/"+probe), chromedp.WaitVisible(chromedp.CSS("#device")))
+	b.poll(10*time.Second, "the probe's page, alone", `document.getElementById('dev-h').textContent === '`+probe+`' &&
+		getComputedStyle(document.getElementById('overview')).display === 'none' &&
+		document.querySelector('#dev-info .badge').textContent === 'offline' &&
+		document.querySelector('#dev-sessions tbody td').textContent === 'No live session.' &&
+		[...document.querySelectorAll('#dev-events li')].some((li) => li.textContent.includes('offline')) &&
+		[...document.querySelectorAll('#dev-events li')].some((li) => li.textContent.includes('online'))`)
+	b.checkClean(nil)
+
+	// The policy is in force and the probe sees it: an inline style and an
+	// inline script injected now are refused and reported.
+	eval[bool](b, `(() => { const d = document.createElement('div'); d.setAttribute('style', 'color: red');
+		document.body.append(d); const s = document.createElement('script'); s.textContent = 'window.__inline = 1';
+		document.body.append(s); return true; })()`)
+	b.poll(5*time.Second, "the injected inline style and script reported", `window.__csp.length >= 2 && window.__inline === undefined`)
+}
+
+// screenshots writes docs/screenshots/<name>-desktop.png (1280 px wide)
+// and <name>-phone.png (360 px), of the whole page.
+func (b *pageBrowser) screenshots(name string) {
+	b.t.Helper()
+	for _, v := range []struct {
+		suffix string
+		w, h   int64
+	}{{"desktop", 1280, 900}, {"phone", 360, 780}} {
+		var shot []byte
+		b.do(20*time.Second, "screenshot "+name+" "+v.suffix,
+			chromedp.EmulateViewport(v.w, v.h), chromedp.Sleep(300*time.Millisecond),
+			chromedp.Func(func(ctx context.Context, t *chromedp.Target) error {
+				var err error
+				shot, err = chromedp.FullScreenshot(100)(ctx, t)
+				return err
+			}))
+		path := filepath.Join("..", "..", "docs", "screenshots", name+"-"+v.suffix+".png")
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			b.t.Fatal(err)
+		}
+		if err := os.WriteFile(path, shot, 0o644); err != nil {
+			b.t.Fatal(err)
+		}
+	}
+	b.do(10*time.Second, "reset the viewport", chromedp.EmulateViewport(1280, 900))
+}
+
+// The login: the page asks for the token; a wrong one is refused and
+// keeps the form; the right one shows the gateway and sets the cookie
+// (HttpOnly, SameSite=Strict), which a reload then uses; logging out
+// asks again. Nothing but the expected 401 answers reaches the console.
+func TestPageLoginInBrowser(t *testing.T) {
+	const token = "page-token-0123456789abcdef"
+	g := newGateway(t, "gw-login", "", fastTiming)
+	tokenFile := filepath.Join(t.TempDir(), "admin.token")
+	if err := os.WriteFile(tokenFile, []byte(token+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := os.ReadFile(g.config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	withToken := strings.Replace(string(cfg), fmt.Sprintf("admin: { http: %q }", g.admin), fmt.Sprintf("admin: { http: %q, token_file: %q }", g.admin, tokenFile), 1)
+	if err := os.WriteFile(g.config, []byte(withToken), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	g.start()
+
+	b := newPageBrowser(t)
+	b.do(20*time.Second, "open the page", chromedp.Navigate("http://"+g.admin+"/"), chromedp.WaitVisible(chromedp.CSS("#login")))
+	if eval[bool](b, `!document.getElementById('overview').hidden`) {
+		t.Fatal("the overview shows before login")
+	}
+	b.do(10*time.Second, "a wrong token", chromedp.SendKeys(chromedp.CSS("#token"), "not-the-token-0123456789"), chromedp.Click(chromedp.CSS("#login-form button")))
+	b.poll(10*time.Second, "the wrong token refused", `document.getElementById('login-error').textContent === 'Wrong token.' && !document.getElementById('login').hidden`)
+
+	b.do(10*time.Second, "the right token", chromedp.SetValue(chromedp.CSS("#token"), token), chromedp.Click(chromedp.CSS("#login-form button")))
+	b.poll(10*time.Second, "logged in", `!document.getElementById('overview').hidden && document.getElementById('login').hidden &&
+		document.getElementById('gw-name').textContent === 'gw-login' && document.getElementById('live').textContent === 'live'`)
+	var cookies []*network.Cookie
+	b.do(5*time.Second, "read the cookies", chromedp.Func(func(ctx context.Context, tg *chromedp.Target) error {
+		res, err := chromedp.Call(ctx, network.GetCookies, network.GetCookiesParams{})
+		cookies = res.Cookies
+		return err
+	}))
+	var found bool
+	for _, c := range cookies {
+		if c.Name == "fleetgate_admin" {
+			found = true
+			if !c.HTTPOnly || c.SameSite != network.CookieSameSiteStrict || strings.Contains(c.Value, token) {
+				t.Errorf("cookie %+v: want HttpOnly, SameSite=Strict, no token inside", c)
+			}
+		}
+	}
+	if !found {
+		t.Fatalf("no fleetgate_admin cookie among %d", len(cookies))
+	}
+	if eval[string](b, `document.cookie`) != "" {
+		t.Error("the page's script can read the cookie")
+	}
+
+	b.do(10*time.Second, "reload", chromedp.Reload())
+	b.poll(10*time.Second, "still logged in after a reload", `!document.getElementById('overview').hidden && document.getElementById('gw-name').textContent === 'gw-login'`)
+	b.do(10*time.Second, "log out", chromedp.Click(chromedp.CSS("#logout")))
+	b.poll(10*time.Second, "the login form again", `!document.getElementById('login').hidden && document.getElementById('overview').hidden`)
+
+	// The browser logs each 401 the page met (the status before the
+	// login, the wrong token, the status after the logout) as a failed
+	// resource load; nothing else.
+	b.checkClean(func(m chromedp.ConsoleMessage) bool {
+		return m.Source == "network" && strings.Contains(m.Text, "401")
+	})
+}
