@@ -167,7 +167,8 @@ func readPageStatus(t *testing.T, admin string) pageStatus {
 // the overview loads; a search finds that device by its ID and others by
 // a prefix; when the device stops it turns offline on the page, without
 // a reload, within the detection bound + 2 s; its page shows its
-// sessions and its offline event; the whole visit writes no console
+// sessions and its offline event; every field has a label, the keyboard
+// reaches the search and nothing overflows 360 px; the whole visit writes no console
 // error and violates the Content-Security-Policy nowhere, while the
 // policy is in force (an inline style and script the test injects are
 // refused and reported).
@@ -216,6 +217,25 @@ func TestPageInBrowser(t *testing.T) {
 	b.do(20*time.Second, "open the page", chromedp.Navigate(base), chromedp.WaitVisible(chromedp.CSS("#overview")))
 	b.poll(10*time.Second, "the gateway and a page of devices", `document.getElementById('gw-name').textContent === 'gw-page' &&
 		document.querySelectorAll('#devices tbody tr[data-device]').length === 50 && document.getElementById('live').textContent === 'live'`)
+
+	// Accessible: every field has a label; the keyboard reaches the
+	// search from the top of the page; at 360 px nothing is wider than
+	// the screen.
+	if v := eval[[]string](b, `[...document.querySelectorAll('input, select')].filter((e) => !e.hidden && e.type !== 'hidden' && !(e.labels && e.labels.length)).map((e) => e.outerHTML)`); len(v) > 0 {
+		t.Errorf("fields without a label: %v", v)
+	}
+	eval[bool](b, `document.activeElement.blur(), true`)
+	for i := 0; i < 40 && eval[string](b, `document.activeElement.id`) != "q"; i++ {
+		b.do(5*time.Second, "tab", chromedp.KeyEvent("\t"))
+	}
+	if id := eval[string](b, `document.activeElement.id`); id != "q" {
+		t.Errorf("40 tabs from the top did not reach the search (focus on %q)", id)
+	}
+	b.do(10*time.Second, "a phone's width", chromedp.EmulateViewport(360, 780), chromedp.Sleep(200*time.Millisecond))
+	if w := eval[int](b, `document.documentElement.scrollWidth`); w > 360 {
+		t.Errorf("at 360 px the page is %d px wide", w)
+	}
+	b.do(10*time.Second, "a desktop's width", chromedp.EmulateViewport(1280, 900))
 
 	// Search: an exact ID, then a prefix.
 	b.do(10*time.Second, "search the probe", chromedp.SendKeys(chromedp.CSS("#q"), probe), chromedp.Click(chromedp.CSS("#filters button[type=submit]")))
