@@ -326,8 +326,9 @@ func (b *pageBrowser) screenshots(name string) {
 
 // The login: the page asks for the token; a wrong one is refused and
 // keeps the form; the right one shows the gateway and sets the cookie
-// (HttpOnly, SameSite=Strict), which a reload then uses; logging out
-// asks again. Nothing but the expected 401 answers reaches the console.
+// (HttpOnly, SameSite=Strict), which a reload then uses; a gateway
+// that stops and comes back shows a banner, then is live again without a
+// reload; logging out asks again. Nothing but the expected 401 answers reaches the console.
 func TestPageLoginInBrowser(t *testing.T) {
 	const token = "page-token-0123456789abcdef"
 	g := newGateway(t, "gw-login", "", fastTiming)
@@ -378,15 +379,23 @@ func TestPageLoginInBrowser(t *testing.T) {
 		t.Error("the page's script can read the cookie")
 	}
 
+	// The gateway stops: the page says the stream is cut; it comes back:
+	// the page is live again by itself, the banner gone.
+	g.stop()
+	b.poll(15*time.Second, "the banner of a cut stream", `!document.getElementById('banner').hidden && document.getElementById('live').textContent === 'cut'`)
+	g.start()
+	b.poll(20*time.Second, "live again", `document.getElementById('banner').hidden && document.getElementById('live').textContent === 'live'`)
+
 	b.do(10*time.Second, "reload", chromedp.Reload())
 	b.poll(10*time.Second, "still logged in after a reload", `!document.getElementById('overview').hidden && document.getElementById('gw-name').textContent === 'gw-login'`)
 	b.do(10*time.Second, "log out", chromedp.Click(chromedp.CSS("#logout")))
 	b.poll(10*time.Second, "the login form again", `!document.getElementById('login').hidden && document.getElementById('overview').hidden`)
 
 	// The browser logs each 401 the page met (the status before the
-	// login, the wrong token, the status after the logout) as a failed
-	// resource load; nothing else.
+	// login, the wrong token, the status after the logout) and each
+	// request to the stopped gateway as a failed resource load; nothing
+	// else.
 	b.checkClean(func(m chromedp.ConsoleMessage) bool {
-		return m.Source == "network" && strings.Contains(m.Text, "401")
+		return m.Source == "network" && (strings.Contains(m.Text, "401") || strings.Contains(m.Text, "ERR_CONNECTION_REFUSED"))
 	})
 }
