@@ -195,6 +195,12 @@
     else fact(g, 'Runner', 'off');
     if (st.publisher) fact(g, 'Publisher', (st.publisher.connected ? 'connected' : 'not connected') + ', ' + st.publisher.published + ' published');
     if (st.bridge && st.bridge.upstream) fact(g, 'Bridge', (st.bridge.upstream.connected ? 'connected' : 'not connected') + ', ' + st.bridge.upstream.forwarded + ' forwarded');
+    const cn = st.canary;
+    if (cn) {
+      const log = (cn.paths || {}).log;
+      fact(g, 'Canary', cn.phase + (log && log.detected ? ', last detection ' + fmtNs(log.last_detection_ns) + ' (bound ' + fmtNs(cn.bound_ns) + ')' : ', no detection yet') +
+        (cn.false_offline ? ', ' + cn.false_offline + ' false offline' : ''));
+    }
     const ads = st.adapters || [];
     if (ads.length) fact(g, 'Adapters', ads.map((a) => a.name + ' ' + a.state).join(', '));
 
@@ -213,7 +219,7 @@
     }
 
     // Parts this page does not know by name (a newer gateway's) are shown as they are.
-    const known = new Set(['gateway', 'epoch', 'version', 'started_at', 'store', 'shards', 'sessions', 'uplink', 'runner', 'publisher', 'bridge', 'adapters', 'bounds', 'counts']);
+    const known = new Set(['gateway', 'epoch', 'version', 'started_at', 'store', 'shards', 'sessions', 'uplink', 'runner', 'publisher', 'bridge', 'adapters', 'bounds', 'counts', 'canary']);
     const extra = $('extra');
     extra.replaceChildren();
     for (const [k, v] of Object.entries(st)) {
