@@ -53,6 +53,8 @@ type Status struct {
 	Canary    any       `json:"canary,omitempty"`
 	Adapters  []any     `json:"adapters"`
 	Bounds    any       `json:"bounds"`
+	// Certificates: when each certificate the configuration names expires.
+	Certificates any `json:"certificates,omitempty"`
 	// Fleet is filled in by the API: the store's counts, read for each
 	// request (at most storeReadTimeout).
 	Fleet *Fleet `json:"fleet,omitempty"`

@@ -2,8 +2,10 @@ package main
 
 import (
 	"crypto/x509"
+	"encoding/json"
 	"encoding/pem"
 	"fmt"
+	"net/http"
 	"os"
 	"runtime"
 	"strings"
@@ -17,7 +19,7 @@ import (
 
 // A running gateway exports its build, the lease and the detection bound
 // in force (following a reload), the expiry of the certificates its
-// configuration names, and the results of its reloads.
+// configuration names (in /v1/status too), and the results of its reloads.
 func TestProcessMetrics(t *testing.T) {
 	t.Parallel()
 	gw := newGateway(t, "gw-pm", "", fastTiming)
@@ -59,6 +61,26 @@ func TestProcessMetrics(t *testing.T) {
 		if v := metric(m, "fleetgate_certificate_expiry_timestamp_seconds", fmt.Sprintf(`key=%q`, key)); v != float64(cert.NotAfter.Unix()) {
 			t.Errorf("expiry of %s = %v, want %d", key, v, cert.NotAfter.Unix())
 		}
+	}
+	// /v1/status names the same expiries (the page shows them)
+	resp, err := http.Get("http://" + gw.admin + "/v1/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st struct {
+		Certificates []struct {
+			Key      string    `json:"key"`
+			NotAfter time.Time `json:"not_after"`
+		} `json:"certificates"`
+	}
+	err = json.NewDecoder(resp.Body).Decode(&st)
+	resp.Body.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(st.Certificates) != 2 || st.Certificates[0].Key != "listen.mqtt" || st.Certificates[1].Key != "bridge.mqtt.tls.ca" ||
+		!st.Certificates[0].NotAfter.Equal(cert.NotAfter) || !st.Certificates[1].NotAfter.Equal(cert.NotAfter) {
+		t.Errorf("/v1/status certificates %+v, want listen.mqtt and bridge.mqtt.tls.ca expiring %v", st.Certificates, cert.NotAfter)
 	}
 	// the gateway's own runner holds every shard (4)
 	waitFor(t, 10*time.Second, "every shard covered", func() bool {

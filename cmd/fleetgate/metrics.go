@@ -90,15 +90,32 @@ var _ prometheus.Collector = (*certExpiry)(nil)
 func (c *certExpiry) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
 
 func (c *certExpiry) Collect(ch chan<- prometheus.Metric) {
-	emit := func(key string, notAfter time.Time) {
-		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(notAfter.Unix()), key)
-	}
+	var served *x509.Certificate
 	if c.served != nil {
-		if leaf := c.served(); leaf != nil {
-			emit("listen.mqtt", leaf.NotAfter)
-		}
+		served = c.served()
 	}
-	cfg := c.cfg()
+	for _, e := range certificateExpiries(c.cfg(), served) {
+		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(e.NotAfter.Unix()), e.Key)
+	}
+}
+
+// certificateExpiry is when one certificate the configuration names
+// expires: /v1/status "certificates" and
+// fleetgate_certificate_expiry_timestamp_seconds.
+type certificateExpiry struct {
+	Key      string    `json:"key"` // the configuration key
+	NotAfter time.Time `json:"not_after"`
+}
+
+// certificateExpiries are the expiries of the certificates cfg names:
+// listen.mqtt's as served (nil: none), the others read from their files
+// (a bundle: its earliest; a file that cannot be read or holds no
+// certificate is left out).
+func certificateExpiries(cfg configs.Config, served *x509.Certificate) []certificateExpiry {
+	var out []certificateExpiry
+	if served != nil {
+		out = append(out, certificateExpiry{"listen.mqtt", served.NotAfter})
+	}
 	for _, f := range []struct{ key, path string }{
 		{"listen.admin", cfg.Listen.Admin.CertFile},
 		{"events.mqtt.tls.ca", cfg.Events.MQTT.TLS.CA},
@@ -112,9 +129,10 @@ func (c *certExpiry) Collect(ch chan<- prometheus.Metric) {
 			continue
 		}
 		if t, ok := earliestExpiry(f.path); ok {
-			emit(f.key, t)
+			out = append(out, certificateExpiry{f.key, t})
 		}
 	}
+	return out
 }
 
 // earliestExpiry is the earliest NotAfter of the PEM certificates in

@@ -424,5 +424,8 @@ func (g *gatewayProcess) status() admin.Status {
 	if g.canary != nil {
 		st.Canary = g.canary.Status()
 	}
+	if certs := certificateExpiries(cfg, g.servedCert()); len(certs) > 0 {
+		st.Certificates = certs
+	}
 	return st
 }

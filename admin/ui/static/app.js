@@ -201,6 +201,10 @@
       fact(g, 'Canary', cn.phase + (log && log.detected ? ', last detection ' + fmtNs(log.last_detection_ns) + ' (bound ' + fmtNs(cn.bound_ns) + ')' : ', no detection yet') +
         (cn.false_offline ? ', ' + cn.false_offline + ' false offline' : ''));
     }
+    for (const c of st.certificates || []) {
+      const left = Date.parse(c.not_after) - now();
+      fact(g, 'Certificate ' + c.key, (left > 0 ? 'expires in ' + fmtDur(left) : 'EXPIRED ' + fmtDur(-left) + ' ago') + ' (' + c.not_after.slice(0, 10) + ')');
+    }
     const ads = st.adapters || [];
     if (ads.length) fact(g, 'Adapters', ads.map((a) => a.name + ' ' + a.state).join(', '));
 
@@ -219,7 +223,7 @@
     }
 
     // Parts this page does not know by name (a newer gateway's) are shown as they are.
-    const known = new Set(['gateway', 'epoch', 'version', 'started_at', 'store', 'shards', 'sessions', 'uplink', 'runner', 'publisher', 'bridge', 'adapters', 'bounds', 'counts', 'canary']);
+    const known = new Set(['gateway', 'epoch', 'version', 'started_at', 'store', 'shards', 'sessions', 'uplink', 'runner', 'publisher', 'bridge', 'adapters', 'bounds', 'counts', 'canary', 'certificates']);
     const extra = $('extra');
     extra.replaceChildren();
     for (const [k, v] of Object.entries(st)) {
