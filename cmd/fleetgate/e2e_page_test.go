@@ -18,6 +18,9 @@ import (
 	"github.com/chromedp/cdproto/network"
 	"github.com/chromedp/cdproto/page"
 	"github.com/chromedp/chromedp"
+
+	"github.com/fleetgate/fleetgate/internal/redistest"
+	"github.com/fleetgate/fleetgate/internal/testcert"
 )
 
 // -update-screenshots writes the page's screenshots (docs/screenshots)
@@ -325,7 +328,8 @@ func (b *pageBrowser) screenshots(name string) {
 }
 
 // The login: the page asks for the token; a wrong one is refused and
-// keeps the form; the right one shows the gateway (its canary too) and sets the cookie
+// keeps the form; the right one shows the gateway (its canary and the
+// expiry of its MQTT certificate too) and sets the cookie
 // (HttpOnly, SameSite=Strict), which a reload then uses; a gateway
 // that stops and comes back shows a banner, then is live again without a
 // reload; logging out asks again. Nothing but the expected 401 answers reaches the console.
@@ -340,8 +344,11 @@ func TestPageLoginInBrowser(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	withToken := strings.Replace(string(cfg), fmt.Sprintf("admin: { http: %q }", g.admin), fmt.Sprintf("admin: { http: %q, token_file: %q }", g.admin, tokenFile), 1) +
-		"canary: { enabled: true, live: 1m }\n"
+	certFile, keyFile := testcert.New(t).Write(t, t.TempDir())
+	withToken := strings.NewReplacer(
+		fmt.Sprintf("admin: { http: %q }", g.admin), fmt.Sprintf("admin: { http: %q, token_file: %q }", g.admin, tokenFile),
+		fmt.Sprintf("mqtt: { tcp: %q }", g.mqttAddr), fmt.Sprintf("mqtt: { tcp: %q, tls: \"127.0.0.1:%d\", cert_file: %q, key_file: %q }", g.mqttAddr, redistest.FreePort(t), certFile, keyFile),
+	).Replace(string(cfg)) + "canary: { enabled: true, live: 1m }\n"
 	if err := os.WriteFile(g.config, []byte(withToken), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -358,7 +365,8 @@ func TestPageLoginInBrowser(t *testing.T) {
 	b.do(10*time.Second, "the right token", chromedp.SetValue(chromedp.CSS("#token"), token), chromedp.Click(chromedp.CSS("#login-form button")))
 	b.poll(10*time.Second, "logged in", `!document.getElementById('overview').hidden && document.getElementById('login').hidden &&
 		document.getElementById('gw-name').textContent === 'gw-login' && document.getElementById('live').textContent === 'live' &&
-		document.getElementById('gateway').textContent.includes('Canarylive, no detection yet')`)
+		document.getElementById('gateway').textContent.includes('Canarylive, no detection yet') &&
+		/Certificate listen\.mqttexpires in 2[34] h/.test(document.getElementById('gateway').textContent)`)
 	var cookies []*network.Cookie
 	b.do(5*time.Second, "read the cookies", chromedp.Func(func(ctx context.Context, tg *chromedp.Target) error {
 		res, err := chromedp.Call(ctx, network.GetCookies, network.GetCookiesParams{})
