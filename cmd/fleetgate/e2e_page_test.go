@@ -36,10 +36,11 @@ document.addEventListener('securitypolicyviolation', (e) => window.__csp.push(e.
 // pageBrowser is a headless Debian chromium driven by chromedp, with
 // every console message, exception and browser log entry recorded.
 type pageBrowser struct {
-	t   *testing.T
-	ctx context.Context
-	mu  sync.Mutex
-	log []chromedp.ConsoleMessage
+	t     *testing.T
+	ctx   context.Context
+	mu    sync.Mutex
+	log   []chromedp.ConsoleMessage
+	watch []int64 // the status of each /v1/watch answer
 }
 
 func newPageBrowser(t *testing.T) *pageBrowser {
@@ -73,6 +74,18 @@ func newPageBrowser(t *testing.T) *pageBrowser {
 		}
 	}()
 	if _, err := chromedp.Call(ctx, page.AddScriptToEvaluateOnNewDocument, page.AddScriptToEvaluateOnNewDocumentParams{Source: cspProbe}); err != nil {
+		t.Fatalf("chromium: %v", err)
+	}
+	if _, err := chromedp.Call(ctx, network.Enable, network.EnableParams{}); err != nil {
+		t.Fatalf("chromium: %v", err)
+	}
+	if err := chromedp.Listen(ctx, func(ev any) {
+		if r, ok := ev.(*network.EventResponseReceived); ok && strings.Contains(r.Response.URL, "/v1/watch") {
+			b.mu.Lock()
+			b.watch = append(b.watch, r.Response.Status)
+			b.mu.Unlock()
+		}
+	}); err != nil {
 		t.Fatalf("chromium: %v", err)
 	}
 	return b
@@ -332,7 +345,8 @@ func (b *pageBrowser) screenshots(name string) {
 // expiry of its MQTT certificate too) and sets the cookie
 // (HttpOnly, SameSite=Strict), which a reload then uses; a gateway
 // that stops and comes back shows a banner, then is live again without a
-// reload; logging out asks again. Nothing but the expected 401 answers reaches the console.
+// reload, also when it lost its state and the stream's position with
+// it; logging out asks again. Nothing but the expected 401 answers reaches the console.
 func TestPageLoginInBrowser(t *testing.T) {
 	const token = "page-token-0123456789abcdef"
 	g := newGateway(t, "gw-login", "", fastTiming)
@@ -395,6 +409,24 @@ func TestPageLoginInBrowser(t *testing.T) {
 	b.poll(15*time.Second, "the banner of a cut stream", `!document.getElementById('banner').hidden && document.getElementById('live').textContent === 'cut'`)
 	g.start()
 	b.poll(20*time.Second, "live again", `document.getElementById('banner').hidden && document.getElementById('live').textContent === 'live'`)
+	// It comes back with its state lost (a new store incarnation): the
+	// stream's position (the event of a device) is refused (410); the
+	// page starts again from now.
+	device{t: t, id: "login-dev-1"}.heartbeat(g.coapAddr)
+	b.poll(10*time.Second, "the device's event in the feed", `document.getElementById('feed').textContent.includes('login-dev-1')`)
+	g.stop()
+	if err := os.RemoveAll(filepath.Join(filepath.Dir(g.config), "state")); err != nil {
+		t.Fatal(err)
+	}
+	b.poll(15*time.Second, "the banner of a cut stream, again", `!document.getElementById('banner').hidden`)
+	g.start()
+	b.poll(30*time.Second, "live again from now", `document.getElementById('banner').hidden && document.getElementById('live').textContent === 'live'`)
+	b.mu.Lock()
+	statuses := fmt.Sprint(b.watch)
+	b.mu.Unlock()
+	if !strings.Contains(statuses, "410 200]") {
+		t.Errorf("/v1/watch answered %s: want the lost position's 410, then a stream from now", statuses)
+	}
 
 	b.do(10*time.Second, "reload", chromedp.Reload())
 	b.poll(10*time.Second, "still logged in after a reload", `!document.getElementById('overview').hidden && document.getElementById('gw-name').textContent === 'gw-login'`)
@@ -402,10 +434,10 @@ func TestPageLoginInBrowser(t *testing.T) {
 	b.poll(10*time.Second, "the login form again", `!document.getElementById('login').hidden && document.getElementById('overview').hidden`)
 
 	// The browser logs each 401 the page met (the status before the
-	// login, the wrong token, the status after the logout) and each
-	// request to the stopped gateway as a failed resource load; nothing
-	// else.
+	// login, the wrong token, the status after the logout), each
+	// request to the stopped gateway and the 410 of the lost position as
+	// a failed resource load; nothing else.
 	b.checkClean(func(m chromedp.ConsoleMessage) bool {
-		return m.Source == "network" && (strings.Contains(m.Text, "401") || strings.Contains(m.Text, "ERR_CONNECTION_REFUSED"))
+		return m.Source == "network" && (strings.Contains(m.Text, "401") || strings.Contains(m.Text, "410") || strings.Contains(m.Text, "ERR_CONNECTION_REFUSED"))
 	})
 }
