@@ -231,8 +231,10 @@ func TestPageInBrowser(t *testing.T) {
 	b := newPageBrowser(t)
 	base := "http://" + g.admin + "/"
 	b.do(20*time.Second, "open the page", chromedp.Navigate(base), chromedp.WaitVisible(chromedp.CSS("#overview")))
-	b.poll(10*time.Second, "the gateway and a page of devices", `document.getElementById('gw-name').textContent === 'gw-page' &&
-		document.querySelectorAll('#devices tbody tr[data-device]').length === 50 && document.getElementById('live').textContent === 'live'`)
+	b.poll(10*time.Second, "the gateway, the fleet's counts and a page of devices", `document.getElementById('gw-name').textContent === 'gw-page' &&
+		document.querySelectorAll('#devices tbody tr[data-device]').length === 50 && document.getElementById('live').textContent === 'live' &&
+		document.getElementById('counts-note').textContent.startsWith('Whole fleet') &&
+		Number(document.getElementById('n-online').textContent.replace(',', '')) >= 900`)
 
 	// Accessible: every field has a label; the keyboard reaches the
 	// search from the top of the page; at 360 px nothing is wider than

@@ -223,7 +223,7 @@
     }
 
     // Parts this page does not know by name (a newer gateway's) are shown as they are.
-    const known = new Set(['gateway', 'epoch', 'version', 'started_at', 'store', 'shards', 'sessions', 'uplink', 'runner', 'publisher', 'bridge', 'adapters', 'bounds', 'counts', 'canary', 'certificates']);
+    const known = new Set(['gateway', 'epoch', 'version', 'started_at', 'store', 'shards', 'sessions', 'uplink', 'runner', 'publisher', 'bridge', 'adapters', 'bounds', 'fleet', 'canary', 'certificates']);
     const extra = $('extra');
     extra.replaceChildren();
     for (const [k, v] of Object.entries(st)) {
@@ -233,17 +233,18 @@
     renderCounts();
   }
 
-  // The fleet's counts come from /v1/status when the store keeps them
-  // (a "counts" object); else the page counts the table page it shows,
-  // and says so: it never reads the whole fleet to count it.
+  // The fleet's counts come from /v1/status ("fleet": the store's counts
+  // by stored state, suspect devices among the online ones); without
+  // them the page counts the table page it shows, and says so: it never
+  // reads the whole fleet to count it.
   function renderCounts() {
-    const c = ui.status && ui.status.counts;
+    const f = ui.status && ui.status.fleet;
     const set = (id, n) => { $(id).textContent = n === undefined ? '–' : Number(n).toLocaleString('en'); };
-    if (c && typeof c === 'object') {
-      set('n-online', c.online);
-      set('n-suspect', c.suspect);
-      set('n-offline', c.offline);
-      $('counts-note').textContent = 'Whole fleet, from the store.';
+    if (f && !f.error && typeof f.online === 'number') {
+      set('n-online', f.online);
+      set('n-suspect', undefined);
+      set('n-offline', f.offline);
+      $('counts-note').textContent = 'Whole fleet, from the store (suspect devices are counted as online).';
       return;
     }
     const n = { online: 0, suspect: 0, offline: 0 };
@@ -251,7 +252,8 @@
     set('n-online', n.online);
     set('n-suspect', n.suspect);
     set('n-offline', n.offline);
-    $('counts-note').textContent = 'Of the ' + ui.rows.length + ' devices of the page below (this store keeps no fleet-wide counts).';
+    $('counts-note').textContent = 'Of the ' + ui.rows.length + ' devices of the page below' +
+      (f && f.error ? ' (the store did not count the fleet: ' + f.error + ').' : ' (this store keeps no fleet-wide counts).');
   }
 
   // --- the device table ---
