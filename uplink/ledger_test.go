@@ -274,3 +274,44 @@ func successor(t *testing.T, e *env, next *Ledger) *Uplink {
 	return New(e.store, e.ob, Options{Gateway: "gw-test", Epoch: 2, Lease: 30 * time.Second, FlushInterval: time.Second,
 		KeepAlive: time.Second, Sessions: empty.Restorable, Ledger: next, Clock: e.clock, Logger: testLogger(t)})
 }
+
+// A device that comes back to the gateway's next process under a new
+// session is left to that session's evidence: its held session from the
+// predecessor is not restored (lapsed, it would recreate a record the
+// reap could end before the new connect, still queued, lands).
+func TestRestoreLeavesABackDeviceToItsOwnEvidence(t *testing.T) {
+	srv, e, path, ledger := crashEnv(t)
+	ctx := t.Context()
+	if _, _, err := ledger.writeAdds(); err != nil {
+		t.Fatal(err)
+	}
+	e.clock.Advance(40 * time.Second) // the held session has run out
+	next, _, err := OpenLedger(path, e.clock.Now(), restoreKeepLapsed)
+	if err != nil || next.Inherited() != 1 {
+		t.Fatalf("successor's ledger: %d inherited, %v", next.Inherited(), err)
+	}
+	var table *gateway.Table
+	succ := New(e.store, e.ob, Options{Gateway: "gw-test", Epoch: 2, Lease: 30 * time.Second, FlushInterval: time.Second,
+		KeepAlive: time.Second, Sessions: func(fn func(gateway.SessionView) bool) { table.Restorable(fn) }, Ledger: next,
+		Clock: e.clock, Logger: testLogger(t)})
+	table = gateway.NewTable(succ, gateway.TableOptions{Lease: 30 * time.Second, Clock: e.clock})
+	if err := srv.Client(t).FlushAll(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	// back under a new session: its connect queued, not sent yet
+	if err := table.Observe(ctx, gateway.Evidence{Device: "stopped", Session: "coap/new", Kind: gateway.Connect, ObservedAt: e.clock.Now()}); err != nil {
+		t.Fatal(err)
+	}
+	succ.sendMu.Lock()
+	succ.restoreShards(ctx, succ.timing(), []int{gateway.ShardOf("stopped", testShards)})
+	succ.sendMu.Unlock()
+	if info, err := e.store.Device(ctx, "stopped"); err == nil {
+		t.Fatalf("after the restore: %+v; want no record until the new connect lands", info)
+	}
+	if err := succ.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if info, err := e.store.Device(ctx, "stopped"); err != nil || info.State != gateway.Online || len(info.Sessions) != 1 || info.Sessions[0].ID != "coap/new" {
+		t.Fatalf("after the connect: %+v %v; want online on its new session only", info, err)
+	}
+}

@@ -46,7 +46,12 @@ func (u *Uplink) restoreShards(ctx context.Context, t timing, shards []int) {
 		}
 	}
 	lapsed, inherited := 0, 0
-	inTable := make(map[key]bool)
+	// the devices this process knows (table or queue): their own sessions
+	// speak for them, and a held session of theirs is not restored
+	known := make(map[gateway.DeviceID]bool)
+	for k := range queued {
+		known[k.device] = true
+	}
 	restore := func(v gateway.SessionView) bool {
 		s := gateway.ShardOf(v.Device, u.shards)
 		sl, isQueued := queued[key{v.Device, v.Session}]
@@ -66,17 +71,21 @@ func (u *Uplink) restoreShards(ctx context.Context, t timing, shards []int) {
 	}
 	u.sessions(func(v gateway.SessionView) bool {
 		if u.ledger != nil {
-			inTable[key{v.Device, v.Session}] = true
+			known[v.Device] = true
 		}
 		restore(v)
 		return true
 	})
 	if u.ledger != nil {
-		// the sessions of a previous process (and replayed ones) that the
-		// table does not hold: the store may have lost the only record
-		// of a device that stopped before that process ended
+		// the sessions of a previous process (and its replayed ones) of
+		// devices this process does not know: the store may have lost the
+		// only record of a device that stopped before that process ended.
+		// A device back on this gateway (a new session, perhaps its
+		// connect still queued) is left to its own evidence: a held
+		// session of it, lapsed, would recreate a record the reap could
+		// end before that connect lands.
 		for _, v := range u.ledger.heldAt(now) {
-			if !inTable[key{v.Device, v.Session}] && restore(v) {
+			if !known[v.Device] && restore(v) {
 				inherited++
 			}
 		}
