@@ -65,6 +65,9 @@ const (
 	// again after that.
 	Lost State = "lost"
 	Back State = "back"
+	// Removed is the state of a device's last event: the device was
+	// forgotten (Store Forget); consumers drop what they hold of it.
+	Removed State = "removed"
 )
 
 // DeriveState returns the presence state at now for a device whose
@@ -95,6 +98,9 @@ const (
 	// that last wrote it was not heard (silent or still replaying its
 	// outbox), and stayed so for the gateway grace.
 	ReasonGatewayLost Reason = "gateway_lost"
+	// ReasonForget: the device was forgotten (Store Forget); the event's
+	// state is Removed.
+	ReasonForget Reason = "forget"
 )
 
 // Event is one presence transition as written to a shard's event log
@@ -105,13 +111,17 @@ const (
 // written to shard 0's log: State Lost or Back, Gateway the gateway,
 // Contact its last call; its events alternate lost/back starting with
 // lost, and (Gateway, Ver) is their idempotency key.
+//
+// A forgotten device's last event is Removed (reason forget, Ver +1); if
+// it comes back, its events start again with online, at a Ver above
+// every one it had.
 type Event struct {
 	// ID is the position in the shard's log ("<ms>-<seq>", as a Redis
 	// stream ID); Events(after=ID) resumes after it.
 	ID      string    `json:"id"`
 	Shard   int       `json:"shard"`
 	Device  DeviceID  `json:"device"`
-	State   State     `json:"state"` // Online or Offline
+	State   State     `json:"state"` // Online, Offline or Removed
 	Ver     uint64    `json:"ver"`
 	At      time.Time `json:"at"` // store clock, millisecond precision
 	Reason  Reason    `json:"reason"`

@@ -85,16 +85,18 @@ var (
 //
 // So replaying a batch is harmless: a duplicate connect or renew extends
 // nothing, a duplicate leave finds no session. A device's record (state,
-// ver, since) outlives its sessions so that Ver keeps counting.
+// ver, since) outlives its sessions so that Ver keeps counting, until
+// the device is forgotten (Forgetter).
 //
 // Each consumer takes the slice of the contract it uses: the uplink a
-// Writer, the runner a Reaper, the admin API a Reader, the upstream
-// publisher a PublisherLog.
+// Writer, the runner a Reaper, the admin API a Reader and a Forgetter,
+// the upstream publisher a PublisherLog.
 type Store interface {
 	Writer
 	Reaper
 	Reader
 	PublisherLog
+	Forgetter
 	// Close releases the store's resources, including a connection the
 	// store dialled itself.
 	Close() error
@@ -203,6 +205,29 @@ type GatewayInfo struct {
 type Counts struct {
 	Online  int64 `json:"online"`
 	Offline int64 `json:"offline"`
+}
+
+// Forgetter is the retirement side of the Store contract: a device the
+// fleet no longer has leaves the store (fleetgate devices forget, DELETE
+// /v1/devices/{id}).
+type Forgetter interface {
+	// Forget removes device from the store in one atomic step of its
+	// shard: its record, its sessions, its deadline index entry, its
+	// leave tombstones and any hold of it (record.lua "Held devices"),
+	// and writes its last event: state Removed, reason ReasonForget, Ver
+	// one above its last, At the store's now, Gateway by (who forgot it),
+	// Session its last session; that event is returned. A device the
+	// store does not hold returns ErrNotFound and writes nothing, so a
+	// second Forget is harmless. No offline event is written for a
+	// device forgotten online: Removed stands for it.
+	//
+	// The store keeps, per shard, the highest Ver it handed to a
+	// forgotten device (a ver floor): a device that sends again after it
+	// was forgotten, through any gateway, even a renewal already in
+	// flight, comes back as a new device, online with a Ver above the
+	// floor, so that (Device, Ver) never repeats. The floor is all that
+	// is left of it.
+	Forget(ctx context.Context, device DeviceID, by string) (Event, error)
 }
 
 // ShardBatch is one shard's part of an ApplyShards call.

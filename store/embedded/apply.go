@@ -312,7 +312,7 @@ func (w *writer) apply(b *gateway.Batch, wr *gateway.Write, leaveBridged bool) e
 		if first && b.Restore && !e.exists {
 			// a restore of a record the store lost: online, no event, a
 			// ver above the lost ones for the next (gateway.Batch.Restore)
-			r.online, r.ver, r.since = true, uint64(w.now), w.now
+			r.online, r.ver, r.since = true, nextVer(0, w.now, w.floor()), w.now
 			e.exists, e.dirty = true, true
 			return nil
 		}

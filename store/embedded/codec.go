@@ -30,6 +30,8 @@ import (
 //
 //	"tail"  u64 ms, u64 seq of the last event ID; u64 events in the log
 //	"lock"  u64 lease expiry ms, then the owner's bytes (runner lock)
+//	"verfloor"  u64 the highest ver of a device forgotten in the shard
+//	        (absent: 0); a device seen anew starts above it (forget.go)
 //	"cover.<gateway>"  u64 ms the gateway's coverage on this shard
 //	        (gateway.Batch.Covers: the latest any of its batches reported,
 //	        0 for none), u64 ms its last batch (its contact)
@@ -54,9 +56,11 @@ import (
 //
 // Event:
 //
-//	byte format (1), str device, byte state, uv ver, uv at,
+//	byte format (1), str device, byte state (0 offline, 1 online,
+//	2 removed: written from state file format 5 on), uv ver, uv at,
 //	byte reason (1 connect, 2 renew, 3 leave, 4 expired, 5 replay,
-//	6 gateway_lost: written from state file format 3 on),
+//	6 gateway_lost: written from state file format 3 on; 7 forget:
+//	from format 5 on),
 //	str gateway, str session, uv deadline (0 unless reason expired)
 //
 // Gateway event (shard 0 only, from state file format 4):
@@ -70,11 +74,13 @@ import (
 // so that such a release refuses the file rather than fail on the event;
 // format 4 counts each shard's records by state ("counts"), which a
 // release that reads up to format 3 would not move, and lets shard 0's
-// log hold gateway events, which it cannot decode.
+// log hold gateway events, which it cannot decode; format 5 lets the
+// events be removed events of forgotten devices.
 var Migrations = []statefile.Migration{
 	{To: 3, What: "embedded store events may carry reason gateway_lost", Run: func(*bolt.Tx) error { return nil }},
 	// an older release would change records without moving the counts
 	{To: 4, What: "embedded store shards count their records by state; shard 0's log may hold gateway events", Run: countShards},
+	{To: 5, What: "embedded store events may be removed events of forgotten devices", Run: func(*bolt.Tx) error { return nil }},
 }
 
 const (
@@ -96,6 +102,7 @@ var (
 	keyTail      = []byte("tail")
 	keyLock      = []byte("lock")
 	keyCover     = "cover."
+	keyVerFloor  = []byte("verfloor")
 )
 
 func shardBucket(n int) []byte { return fmt.Appendf(nil, "store.shard.%d", n) }
@@ -303,6 +310,20 @@ var reasons = [...]gateway.Reason{
 	4: gateway.ReasonExpired,
 	5: gateway.ReasonReplay,
 	6: gateway.ReasonGatewayLost,
+	7: gateway.ReasonForget,
+}
+
+// states are the event states by their code; removed (2) is written
+// from state file format 5 on.
+var states = [...]gateway.State{gateway.Offline, gateway.Online, gateway.Removed}
+
+func stateCode(st gateway.State) byte {
+	for i, x := range states {
+		if x == st {
+			return byte(i)
+		}
+	}
+	panic(fmt.Sprintf("embedded: unknown state %q", st))
 }
 
 func reasonCode(r gateway.Reason) byte {
@@ -329,7 +350,7 @@ func encodeEvent(e *gateway.Event) []byte {
 	b := make([]byte, 0, 24+len(e.Device)+len(e.Gateway)+len(e.Session))
 	b = append(b, eventFormat)
 	b = appendStr(b, string(e.Device))
-	b = appendBool(b, e.State == gateway.Online)
+	b = append(b, stateCode(e.State))
 	b = binary.AppendUvarint(b, e.Ver)
 	b = binary.AppendUvarint(b, uint64(e.At.UnixMilli()))
 	b = append(b, reasonCode(e.Reason))
@@ -369,9 +390,10 @@ func decodeEvent(shard int, key, b []byte) (gateway.Event, error) {
 	if e.Device == "" {
 		d.fail() // a device's event names its device (else it would read as a gateway event)
 	}
-	e.State = gateway.Offline
-	if d.bool() {
-		e.State = gateway.Online
+	if c := d.byte(); int(c) < len(states) {
+		e.State = states[c]
+	} else {
+		d.fail()
 	}
 	e.Ver = d.uvarint()
 	e.At = msTime(d.int())

@@ -275,7 +275,12 @@ func checkShard(sh shard, completeLog bool) error {
 		}
 		l, ok := seen[e.Device]
 		switch {
-		case ok && e.Ver != nextVer(l.ver, e.At.UnixMilli()):
+		case ok && l.state == gateway.Removed:
+			// forgotten, then seen anew: online, above every ver it had
+			if e.State != gateway.Online || e.Ver <= l.ver {
+				return fmt.Errorf("device %s: %s ver %d after removed ver %d", e.Device, e.State, e.Ver, l.ver)
+			}
+		case ok && e.Ver != nextVer(l.ver, e.At.UnixMilli(), 0):
 			return fmt.Errorf("device %s: ver %d after %d", e.Device, e.Ver, l.ver)
 		case ok && e.State == l.state:
 			return fmt.Errorf("device %s: %s twice (ver %d)", e.Device, e.State, e.Ver)
@@ -306,8 +311,8 @@ func checkShard(sh shard, completeLog bool) error {
 			return fmt.Errorf("device %s: record ver %d online %v, last event ver %d %s", d, r.ver, r.online, l.ver, l.state)
 		}
 	}
-	for d := range seen {
-		if _, ok := records[d]; !ok {
+	for d, l := range seen {
+		if _, ok := records[d]; !ok && l.state != gateway.Removed {
 			return fmt.Errorf("device %s: events without a record", d)
 		}
 	}

@@ -28,6 +28,8 @@ type writer struct {
 	// leavers are the devices a bridged leave left without a session
 	// (bridgedLeaves), with that session, in the order of the leaves
 	leavers []leaver
+	// verFloor is the shard's ver floor once read (floor)
+	verFloor *uint64
 }
 
 // leaver is a device a bridged leave left without a session.
@@ -227,21 +229,32 @@ func (w *writer) dropExpired(d gateway.DeviceID, e *entry, keep gateway.SessionI
 	return len(kept) > 0, nil
 }
 
-// nextVer is the ver of a device's next transition at now: the store
-// time in ms for its first (so that a record lost with the file starts
-// above every ver it handed out, as in the Redis store), else one more.
-func nextVer(ver uint64, now int64) uint64 {
+// nextVer is the ver of a device's next transition at now: for its
+// first, the store time in ms (so that a record lost with the file starts
+// above every ver it handed out, as in the Redis store) or one above the
+// shard's ver floor (the highest ver of a forgotten device, forget.go)
+// when that is higher; else one more.
+func nextVer(ver uint64, now int64, floor uint64) uint64 {
 	if ver == 0 {
-		return uint64(now)
+		return max(uint64(now), floor+1)
 	}
 	return ver + 1
+}
+
+// floor is the shard's ver floor, read once per writer.
+func (w *writer) floor() uint64 {
+	if w.verFloor == nil {
+		f := decodeFloor(w.sh.root.Get(keyVerFloor))
+		w.verFloor = &f
+	}
+	return *w.verFloor
 }
 
 // transition moves the device to online or offline and appends the event.
 func (w *writer) transition(d gateway.DeviceID, e *entry, online bool, reason gateway.Reason, gw string, sess gateway.SessionID, deadline int64) error {
 	r := &e.rec
 	r.online = online
-	r.ver = nextVer(r.ver, w.now)
+	r.ver = nextVer(r.ver, w.now, w.floor())
 	r.since = w.now
 	e.exists, e.dirty = true, true
 	ev := gateway.Event{

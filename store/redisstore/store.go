@@ -113,7 +113,7 @@ type Store struct {
 	log    *slog.Logger
 	keys   []shardKeys
 
-	apply, reap, view, lease *redis.Script
+	apply, reap, view, lease, forget *redis.Script
 
 	beliefs beliefSet
 	opened  time.Time // localNow's origin
@@ -196,6 +196,7 @@ func newStore(o Options) (*Store, error) {
 		reap:   redis.NewScript(recordLua + reapLua),
 		view:   redis.NewScript(recordLua + viewLua),
 		lease:  redis.NewScript(leaseLua),
+		forget: redis.NewScript(recordLua + forgetLua),
 		ready:  make(chan struct{}),
 		grace:  o.GatewayGrace.Milliseconds(),
 		reaps:  make([]reapState, o.Shards),
@@ -232,7 +233,7 @@ func (s *Store) open(ctx context.Context, c redis.UniversalClient) error {
 	}
 	// Loading is an optimisation: Run falls back to EVAL on NOSCRIPT
 	// (a restarted server, a flushed cache, a node that took over a slot).
-	for _, sc := range []*redis.Script{s.apply, s.reap, s.view, s.lease} {
+	for _, sc := range []*redis.Script{s.apply, s.reap, s.view, s.lease, s.forget} {
 		if err := sc.Load(ctx, c).Err(); err != nil {
 			return fmt.Errorf("redisstore: open: load scripts: %w: %w", gateway.ErrUnavailable, err)
 		}

@@ -54,6 +54,10 @@ func Run(t *testing.T, open Opener) {
 		{"ConcurrentReapAndRenew", testConcurrentReapAndRenew},
 		{"Counts", testCounts},
 		{"Gateways", testGateways},
+		{"Forget", testForget},
+		{"ForgetOffline", testForgetOffline},
+		{"ForgetVerNeverRepeats", testForgetVerNeverRepeats},
+		{"ForgetConcurrentRenewal", testForgetConcurrentRenewal},
 	}.run(t, open)
 }
 

@@ -53,6 +53,7 @@ var (
 // minSteps to maxSteps steps.
 func RunProperties(t *testing.T, open Opener) {
 	t.Run("Invariants", func(t *testing.T) { checkProperties(t, t, open) })
+	checkForgetProperty(t, open)
 }
 
 // checkProperties runs the property check, reporting to tb; the stores

@@ -514,7 +514,7 @@ local function general(dev, sid, kind, d, k, zk, wlease, wgrace, isbridged)
     if not r.on and ((restore and created and kind == KIND_RENEW) or recreated) then
       -- a restore of a record the store lost: online, no event, a ver
       -- above the lost ones for the next (gateway.Batch.Restore)
-      r.on, r.ver, r.since, dirty[k] = true, created and now or nextver(r, now), now, true
+      r.on, r.ver, r.since, dirty[k] = true, created and r.ver + 1 or nextver(r, now), now, true
     elseif not r.on then
       r.on, r.ver, r.since, dirty[k] = true, nextver(r, now), now, true
       local reason = 'renew'
@@ -531,7 +531,7 @@ local function general(dev, sid, kind, d, k, zk, wlease, wgrace, isbridged)
     r = newrecord(now)
     rec[k] = r
     entomb(r, sid, obs)
-    r.lastgw, r.lastsid, r.ver, dirty[k] = gwref, sid, now, true
+    r.lastgw, r.lastsid, r.ver, dirty[k] = gwref, sid, r.ver + 1, true
     if isbridged then
       r.on, r.since = true, now
       leave(k, sid)

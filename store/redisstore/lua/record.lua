@@ -9,6 +9,7 @@
 --   KEYS[3] {P:s}:events  STREAM presence events
 --   KEYS[4] {P:s}:epochs  HASH   gw -> newest epoch; "@"..gw -> gateway ref n;
 --                                "#"..n -> gw; "#" -> last ref handed out;
+--                                "%" -> the ver floor (VFLOOR, below);
 --                                "~" -> incarnation token (TIME when first
 --                                written); "^" -> "<replid> <ms>": the
 --                                server replication ID last seen and the
@@ -118,9 +119,20 @@ local function nextver(r, now)
   return r.ver + 1
 end
 
--- newrecord is the record of a device seen for the first time at now.
+-- VFLOOR in the epochs hash is the shard's ver floor: the highest ver of
+-- a device forgotten in it (forget.lua), absent for none. A device seen
+-- anew starts above it, so that a forgotten device that comes back never
+-- repeats a ver even when the store time has not passed its last.
+local VFLOOR = '%'
+local function verfloor()
+  return tonumber(redis.call('HGET', KEYS[4], VFLOOR)) or 0
+end
+
+-- newrecord is the record of a device seen for the first time at now (or
+-- for the first time since it was forgotten): its first ver is now, or
+-- one above the ver floor.
 local function newrecord(now)
-  return {on = false, ver = now - 1, since = now, sess = {}, tombs = {}}
+  return {on = false, ver = math.max(now, verfloor() + 1) - 1, since = now, sess = {}, tombs = {}}
 end
 
 -- Leave tombstones: a session that left keeps, in its device's record, the
