@@ -5,6 +5,8 @@
 // envelope of gateway.Envelope; and each gateway event (lost, back: shard
 // 0's log) as the gateway's current state, retained, on
 // <prefix>/gateways/<gateway>.
+// A forgotten device's removed event clears its retained presence (an
+// empty retained message).
 //
 // Delivery is at-least-once: a shard's publisher reads the shard's log
 // after its saved position (gateway.EventLog), publishes a batch, and
@@ -525,7 +527,10 @@ type catchUp struct {
 
 // messages are the MQTT messages of one event. A gateway event is its
 // gateway's current state: one message on <prefix>/gateways/<id>,
-// retained as the presence topics are.
+// retained as the presence topics are. A removed event (a
+// forgotten device) clears the device's retained presence: an empty
+// retained message deletes it on the broker (MQTT 5, 3.3.1.3); without
+// RetainState the removed envelope goes there as any event does.
 func (p *Publisher) messages(e gateway.Event, cu *catchUp) []message {
 	b, _ := json.Marshal(gateway.EnvelopeOf(e))
 	if e.IsGateway() {
@@ -535,7 +540,11 @@ func (p *Publisher) messages(e gateway.Event, cu *catchUp) []message {
 	if cu != nil && e.Ver <= cu.vers[e.Device] {
 		return out
 	}
-	return append(out, message{topic: p.o.TopicPrefix + "/presence/" + string(e.Device), payload: b, retain: p.o.RetainState, device: e.Device, ver: e.Ver})
+	presence := message{topic: p.o.TopicPrefix + "/presence/" + string(e.Device), payload: b, retain: p.o.RetainState, device: e.Device, ver: e.Ver}
+	if e.State == gateway.Removed && p.o.RetainState {
+		presence.payload = nil
+	}
+	return append(out, presence)
 }
 
 // snapshot publishes the presence of every device of shard and returns
