@@ -279,10 +279,13 @@ func (o *tableOutput) redrawLoop(ctx context.Context) {
 // draw writes the table; o.mu is held.
 func (o *tableOutput) draw() error {
 	o.drawn, o.dirty = time.Now(), false
-	online := 0
+	online, removed := 0, 0
 	for _, e := range o.devices {
-		if e.State == gateway.Online {
+		switch e.State {
+		case gateway.Online:
 			online++
+		case gateway.Removed:
+			removed++ // forgotten: its row stays among the recent ones
 		}
 	}
 	var lost []string
@@ -295,7 +298,7 @@ func (o *tableOutput) draw() error {
 	var b strings.Builder
 	b.WriteString("\x1b[H\x1b[2J") // home, clear
 	fmt.Fprintf(&b, "fleetgate watch  %s  devices %d  online %d  offline %d  events %d\n",
-		time.Now().Format("15:04:05"), len(o.devices), online, len(o.devices)-online, o.events)
+		time.Now().Format("15:04:05"), len(o.devices)-removed, online, len(o.devices)-removed-online, o.events)
 	if len(lost) > 0 {
 		fmt.Fprintf(&b, "gateways lost: %s\n", strings.Join(lost, ", "))
 	}
