@@ -172,6 +172,9 @@ type AdminListen struct {
 	CertFile  string `yaml:"cert_file"`
 	KeyFile   string `yaml:"key_file"`
 	Insecure  bool   `yaml:"insecure"`
+	// CredentialsAPI serves POST and DELETE /v1/credentials/{id}, which
+	// edit auth.devices_file; it needs TokenFile.
+	CredentialsAPI bool `yaml:"credentials_api"`
 }
 
 // AuthConfig says which devices may connect.

@@ -1,6 +1,7 @@
 package configs
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"reflect"
@@ -25,9 +26,56 @@ func Load(path string, env []string) (Config, error) {
 		return Config{}, err
 	}
 	if err := c.Validate(); err != nil {
-		return c, fmt.Errorf("%s: invalid configuration:\n%w", path, err)
+		return c, fmt.Errorf("%s: invalid configuration:\n%w", path, positioned(path, data, err))
 	}
 	return c, nil
+}
+
+// positioned prefixes each of Validate's problems that is keyed (addAt)
+// with the position of its key in the file, "name:line:column: ", when
+// the file sets that key (a problem of a default or of an environment
+// variable has none).
+func positioned(name string, data []byte, err error) error {
+	joined, ok := err.(interface{ Unwrap() []error })
+	root, derr := yamlpos.Document(name, data, "the configuration")
+	if !ok || derr != nil || root == nil {
+		return err
+	}
+	var out []error
+	for _, e := range joined.Unwrap() {
+		if k, ok := e.(keyed); ok {
+			if n := keyNode(root, k.key); n != nil {
+				e = fmt.Errorf("%s:%d:%d: %w", name, n.Line, n.Column, e)
+			}
+		}
+		out = append(out, e)
+	}
+	return errors.Join(out...)
+}
+
+// keyNode is the key node of a dotted path of mapping keys
+// ("listen.admin.token_file") in the document under n, or nil.
+func keyNode(n *yaml.Node, path string) *yaml.Node {
+	var key *yaml.Node
+	for part := range strings.SplitSeq(path, ".") {
+		if n.Kind == yaml.AliasNode {
+			n = n.Alias
+		}
+		if n.Kind != yaml.MappingNode {
+			return nil
+		}
+		next := (*yaml.Node)(nil)
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			if n.Content[i].Value == part {
+				key, next = n.Content[i], n.Content[i+1]
+			}
+		}
+		if next == nil {
+			return nil
+		}
+		n = next
+	}
+	return key
 }
 
 // Parse decodes data (named name in errors) over Default(), then applies

@@ -33,6 +33,21 @@ func (p *problems) add(key, format string, args ...any) {
 	*p = append(*p, fmt.Errorf("%s: %s", key, fmt.Sprintf(format, args...)))
 }
 
+// keyed is a problem that Load places at its key in the file
+// (file:line:column), when the file sets the key.
+type keyed struct {
+	key string
+	err error
+}
+
+func (k keyed) Error() string { return k.err.Error() }
+func (k keyed) Unwrap() error { return k.err }
+
+// addAt is add for a problem Load positions at its key.
+func (p *problems) addAt(key, format string, args ...any) {
+	*p = append(*p, keyed{key, fmt.Errorf("%s: %s", key, fmt.Sprintf(format, args...))})
+}
+
 func (p *problems) positive(key string, d Duration) bool {
 	if d <= 0 {
 		p.add(key, "must be > 0, got %s", d)
@@ -168,6 +183,16 @@ func (c Config) validateAuth(p *problems) {
 	m := c.Listen.MQTT
 	if m.TLS != "" && (m.CertFile == "" || m.KeyFile == "") {
 		p.add("listen.mqtt.tls", "needs listen.mqtt.cert_file and listen.mqtt.key_file")
+	}
+	if a := c.Listen.Admin; a.CredentialsAPI {
+		switch {
+		case a.HTTP == "":
+			p.addAt("listen.admin.credentials_api", "needs listen.admin.http (the admin API is off)")
+		case a.TokenFile == "":
+			p.addAt("listen.admin.credentials_api", "needs listen.admin.token_file: the credentials API changes which devices may connect, and is never served without a bearer token")
+		case c.Auth.DevicesFile == "":
+			p.addAt("listen.admin.credentials_api", "needs auth.devices_file (the file it edits)")
+		}
 	}
 	tp := c.Auth.TopicPrefix
 	if tp == "" || strings.ContainsAny(tp, "+#\x00") || strings.HasPrefix(tp, "/") || strings.HasSuffix(tp, "/") {

@@ -42,30 +42,10 @@ func cmdHashPassword(_ context.Context, args []string, stdout, stderr io.Writer)
 	if *cost < auth.MinCost || *cost > auth.MaxCost {
 		return fmt.Errorf("%w: --cost %d is not in %d..%d", errUsage, *cost, auth.MinCost, auth.MaxCost)
 	}
-	if f, ok := stdin.(*os.File); ok && isTerminal(f) {
-		password, err := promptPassword(f, stderr)
-		defer clear(password)
-		if err != nil {
-			return err
-		}
-		hash, err := auth.HashPassword(password, *cost)
-		if err != nil {
-			return err
-		}
-		fmt.Fprintln(stdout, hash)
-		return nil
-	}
-	line, err := bufio.NewReaderSize(stdin, maxPasswordLine).ReadSlice('\n')
-	defer clear(line)
-	switch {
-	case errors.Is(err, bufio.ErrBufferFull):
-		return fmt.Errorf("the first line of standard input is longer than %d bytes; a password has at most %d", maxPasswordLine, auth.MaxPasswordLen)
-	case err != nil && !errors.Is(err, io.EOF):
-		return fmt.Errorf("read password: %w", err)
-	}
-	password := trimEOL(line)
-	if len(password) == 0 {
-		return errors.New("no password: the first line of standard input is empty")
+	password, err := readPassword(stderr)
+	defer clear(password)
+	if err != nil {
+		return err
 	}
 	hash, err := auth.HashPassword(password, *cost)
 	if err != nil {
@@ -73,6 +53,28 @@ func cmdHashPassword(_ context.Context, args []string, stdout, stderr io.Writer)
 	}
 	fmt.Fprintln(stdout, hash)
 	return nil
+}
+
+// readPassword reads a password: on a terminal, prompted twice without
+// echo (the prompts on stderr); else the first line of standard input.
+// The caller clears it.
+func readPassword(stderr io.Writer) ([]byte, error) {
+	if f, ok := stdin.(*os.File); ok && isTerminal(f) {
+		return promptPassword(f, stderr)
+	}
+	line, err := bufio.NewReaderSize(stdin, maxPasswordLine).ReadSlice('\n')
+	defer clear(line)
+	switch {
+	case errors.Is(err, bufio.ErrBufferFull):
+		return nil, fmt.Errorf("the first line of standard input is longer than %d bytes; a password has at most %d", maxPasswordLine, auth.MaxPasswordLen)
+	case err != nil && !errors.Is(err, io.EOF):
+		return nil, fmt.Errorf("read password: %w", err)
+	}
+	password := bytes.Clone(trimEOL(line))
+	if len(password) == 0 {
+		return nil, errors.New("no password: the first line of standard input is empty")
+	}
+	return password, nil
 }
 
 // trimEOL removes a trailing "\n" or "\r\n".
