@@ -103,6 +103,13 @@ type Options struct {
 	// WriteTimeout bounds the write of a whole answer, and each write of
 	// a stream (0: 30 s). security.go.
 	WriteTimeout time.Duration
+	// Forget, when set, serves DELETE /v1/devices/{id}; GatewayID names
+	// this gateway in the removed event. Credentials, when set, serves
+	// POST and DELETE /v1/credentials/{id} (provision.go). Both change
+	// state: they are refused without Token.
+	Forget      gateway.Forgetter
+	GatewayID   string
+	Credentials Credentials
 }
 
 // Server serves the admin API.
@@ -145,6 +152,13 @@ func Listen(o Options) (*Server, error) {
 	handle("GET /v1/devices/{id}", s.device)
 	handle("GET /v1/devices", s.devices)
 	handle("GET /v1/gateways", s.gateways)
+	if o.Forget != nil {
+		handle("DELETE /v1/devices/{id}", s.mutating(s.forget))
+	}
+	if o.Credentials != nil {
+		handle("POST /v1/credentials/{id}", s.mutating(s.putCredentials))
+		handle("DELETE /v1/credentials/{id}", s.mutating(s.deleteCredentials))
+	}
 	if o.Sessions != nil {
 		handle("GET /v1/sessions", s.sessions)
 	}

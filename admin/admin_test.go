@@ -38,7 +38,9 @@ type fixture struct {
 	client *admin.Client
 }
 
-func newFixture(t *testing.T) *fixture {
+// newFixture serves the API over an embedded store and a session table;
+// opts change its options.
+func newFixture(t *testing.T, opts ...func(*admin.Options)) *fixture {
 	t.Helper()
 	db, err := bolt.Open(filepath.Join(t.TempDir(), "state.db"), 0o600, nil)
 	if err != nil {
@@ -58,11 +60,16 @@ func newFixture(t *testing.T) *fixture {
 	table := gateway.NewTable(up, gateway.TableOptions{Lease: lease, RenewEvery: 20 * time.Second, Clock: clock})
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(prometheus.NewCounter(prometheus.CounterOpts{Name: "fleetgate_test_total", Help: "test"}))
-	srv, err := admin.Listen(admin.Options{
+	o := admin.Options{
 		Addr: "127.0.0.1:0", Store: store, Sessions: table, Gatherer: reg,
 		Status: func() admin.Status { return admin.Status{Gateway: "gw-adm", Shards: shards, Sessions: table.Len()} },
 		Timing: func() (time.Duration, time.Duration) { return lease, suspect },
-	})
+		Forget: store, GatewayID: "gw-adm",
+	}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	srv, err := admin.Listen(o)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -157,7 +157,20 @@ func (c *Client) request(ctx context.Context, u string) (*http.Request, error) {
 	return req, nil
 }
 
+// Forget asks the gateway to forget device (DELETE /v1/devices/{id}) and
+// returns its removed event.
+func (c *Client) Forget(ctx context.Context, id string) (gateway.Envelope, error) {
+	var env gateway.Envelope
+	err := c.do(ctx, http.MethodDelete, "/v1/devices/"+url.PathEscape(id), nil, &env)
+	return env, err
+}
+
 func (c *Client) get(ctx context.Context, path string, q url.Values, v any) error {
+	return c.do(ctx, http.MethodGet, path, q, v)
+}
+
+// do sends a request without a body and decodes the answer into v.
+func (c *Client) do(ctx context.Context, method, path string, q url.Values, v any) error {
 	u := c.Base + path
 	if len(q) > 0 {
 		u += "?" + q.Encode()
@@ -166,6 +179,7 @@ func (c *Client) get(ctx context.Context, path string, q url.Values, v any) erro
 	if err != nil {
 		return err
 	}
+	req.Method = method
 	resp, err := c.HTTP.Do(req)
 	if err != nil {
 		if ctx.Err() != nil {

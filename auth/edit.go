@@ -21,6 +21,9 @@ var (
 	ErrExists = errors.New("already in the devices file")
 	// ErrAbsent: Rotate or Remove of a device the file does not list.
 	ErrAbsent = errors.New("not in the devices file")
+	// ErrInvalid: the edit would leave a file that does not load (a bad
+	// key or hash), or gives no secret.
+	ErrInvalid = errors.New("invalid credentials")
 )
 
 // GeneratedPSKLen is the length of a key GeneratePSK makes, in bytes.
@@ -89,7 +92,7 @@ func Edit(path string, op Op, device gateway.DeviceID, s Secrets) (*Devices, err
 	}
 	d, err := Parse(path, out)
 	if err != nil {
-		return nil, fmt.Errorf("the edited devices file would not load, left unchanged:\n%w", err)
+		return nil, fmt.Errorf("%w: the edited devices file would not load, left unchanged:\n%w", ErrInvalid, err)
 	}
 	if err := replaceFile(real, out); err != nil {
 		return nil, fmt.Errorf("devices file %s: %w", path, err)
@@ -194,7 +197,7 @@ func editYAML(name string, data []byte, op Op, device gateway.DeviceID, s Secret
 	case op != Add && at < 0:
 		return nil, fmt.Errorf("device %s: %w", device, ErrAbsent)
 	case op == Add && s == (Secrets{}), op == Rotate && s == (Secrets{}):
-		return nil, fmt.Errorf("device %s: no psk and no password given", device)
+		return nil, fmt.Errorf("device %s: %w: no psk and no password given", device, ErrInvalid)
 	}
 	switch op {
 	case Add:

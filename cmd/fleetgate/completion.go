@@ -15,7 +15,7 @@ import (
 // list what the binary takes.
 
 // verbs are the subcommands of the commands that have them.
-var verbs = map[string][]string{"devices": {"get", "list"}, "events": {"tail"}, "completion": {"bash", "zsh"}}
+var verbs = map[string][]string{"devices": {"get", "list", "add", "rotate", "remove", "forget"}, "events": {"tail"}, "completion": {"bash", "zsh"}}
 
 // cliCommand is one command (or command and verb) as its help tells it.
 type cliCommand struct {

@@ -56,7 +56,7 @@ func commands() []command {
 		{"check-config", "validate a configuration and print it with the derived bounds", cmdCheckConfig},
 		{"runner", "run only the expiry runner against the Redis store", cmdRunner},
 		{"status", "show the running gateway's status", cmdStatus},
-		{"devices", "devices get ID | devices list [--state S]: read devices", cmdDevices},
+		{"devices", "devices get ID | list [--state S]: read devices; add|rotate|remove ID: edit the devices file; forget ID: drop from the store", cmdDevices},
 		{"gateways", "list every gateway the store has heard: last contact, lost or not", cmdGateways},
 		{"events", "events tail [--since D] [--follow]: read presence events", cmdEvents},
 		{"watch", "a snapshot of every device, then every change (--cursor-file to resume)", cmdWatch},

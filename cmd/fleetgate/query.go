@@ -17,6 +17,7 @@ import (
 	"github.com/mattn/go-isatty"
 
 	"github.com/fleetgate/fleetgate/admin"
+	"github.com/fleetgate/fleetgate/auth"
 	"github.com/fleetgate/fleetgate/configs"
 	"github.com/fleetgate/fleetgate/gateway"
 )
@@ -187,16 +188,32 @@ func cmdGateways(ctx context.Context, args []string, stdout, stderr io.Writer) e
 }
 
 func cmdDevices(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	if len(args) == 0 || (args[0] != "get" && args[0] != "list") {
-		if len(args) > 0 && (args[0] == "-h" || args[0] == "--help") {
-			return &helpError{usage: "usage: fleetgate devices get [flags] ID | fleetgate devices list [flags]\n\nRun 'fleetgate devices get --help' or 'fleetgate devices list --help' for their flags.\n"}
+	if len(args) > 0 {
+		switch args[0] {
+		case "get":
+			return devicesGet(ctx, args[1:], stdout, stderr)
+		case "list":
+			return devicesList(ctx, args[1:], stdout, stderr)
+		case "add":
+			return devicesEdit(ctx, auth.Add, args[1:], stdout, stderr)
+		case "rotate":
+			return devicesEdit(ctx, auth.Rotate, args[1:], stdout, stderr)
+		case "remove":
+			return devicesEdit(ctx, auth.Remove, args[1:], stdout, stderr)
+		case "forget":
+			return devicesForget(ctx, args[1:], stdout, stderr)
+		case "-h", "--help":
+			return &helpError{usage: "usage: fleetgate devices get|list|add|rotate|remove|forget [flags] [ID]\n\n" +
+				"  get ID      a device's presence and sessions\n" +
+				"  list        devices by state\n" +
+				"  add ID      add a device to the devices file and reload the gateway\n" +
+				"  rotate ID   give a device new secrets and reload (its sessions end)\n" +
+				"  remove ID   remove a device from the devices file and reload (its sessions end)\n" +
+				"  forget ID   remove a device from the presence store (its last event: removed)\n" +
+				"\nRun 'fleetgate devices VERB --help' for a verb's flags.\n"}
 		}
-		return fmt.Errorf("%w: want 'devices get ID' or 'devices list'", errUsage)
 	}
-	if args[0] == "get" {
-		return devicesGet(ctx, args[1:], stdout, stderr)
-	}
-	return devicesList(ctx, args[1:], stdout, stderr)
+	return fmt.Errorf("%w: want 'devices get ID', 'devices list', or 'devices add|rotate|remove|forget ID'", errUsage)
 }
 
 func devicesGet(ctx context.Context, args []string, stdout, stderr io.Writer) error {

@@ -224,11 +224,16 @@ func (g *gatewayProcess) run(ctx context.Context) (err error) {
 			g.closeFrontEnds()
 			return configError{err}
 		}
-		g.admin, err = admin.Listen(admin.Options{
+		o := admin.Options{
 			Addr: cfg.Listen.Admin.HTTP, Store: g.store, Sessions: g.table,
 			Status: g.status, Timing: g.timing, Gatherer: reg, Logger: log,
 			Token: token, TLS: tlsConf, Refusals: g.refusals,
-		})
+			Forget: g.store, GatewayID: cfg.Gateway.ID,
+		}
+		if cfg.Listen.Admin.CredentialsAPI {
+			o.Credentials = &credentialsAPI{g: g, log: log}
+		}
+		g.admin, err = admin.Listen(o)
 		if err != nil {
 			g.closeFrontEnds()
 			return err
