@@ -156,6 +156,18 @@ func TestBeliefsInvalidated(t *testing.T) {
 				t.Fatalf("gw-a renewed s0 after the reap and gw-b's connect, but: %+v", got)
 			}
 		})
+		t.Run("forgotten, then online elsewhere", func(t *testing.T) {
+			d := gateway.DeviceID(string(devs[6]) + "-f")
+			steady(d)
+			if _, err := e.store.Forget(e.ctx, d, "gw-admin"); err != nil {
+				t.Fatal(err)
+			}
+			e.apply(0, batch("gw-b", 1, write(d, "s1", gateway.Connect, 0)))
+			renew(d)
+			if got := e.device(d); len(got.Sessions) != 2 || got.Gateway != "gw-a" {
+				t.Fatalf("gw-a renewed s0 after the forget and gw-b's connect, but: %+v", got)
+			}
+		})
 		t.Run("lapsed", func(t *testing.T) {
 			d := devs[3]
 			steady(d)
