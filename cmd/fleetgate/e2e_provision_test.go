@@ -251,4 +251,18 @@ func TestDevicesAddWithoutGateway(t *testing.T) {
 	if _, errOut, code := fleetgateCLI(t, "", "devices", "add", "dev-3", "--psk-file", "/nonexistent", "-c", config); code != 1 || !strings.Contains(errOut, "--psk-file") {
 		t.Errorf("add with a missing key file: exit %d %s", code, errOut)
 	}
+	// rotate without a flag rotates the key, of a device that has one
+	if _, _, code := fleetgateCLI(t, "pw-1\n", "devices", "add", "dev-pw", "--password-prompt", "-c", config, "--no-reload"); code != 0 {
+		t.Fatalf("add with a password: exit %d", code)
+	}
+	if _, errOut, code := fleetgateCLI(t, "", "devices", "rotate", "dev-pw", "-c", config, "--no-reload"); code != 2 || !strings.Contains(errOut, "has no psk to rotate") {
+		t.Errorf("rotate of a password-only device without a flag: exit %d %s, want 2", code, errOut)
+	}
+	out, _, code = fleetgateCLI(t, "", "devices", "rotate", "dev-1", "-c", config, "--no-reload")
+	if code != 0 || !strings.HasPrefix(out, "hex:") {
+		t.Errorf("rotate of a keyed device: exit %d %q, want a new key", code, out)
+	}
+	if _, errOut, code := fleetgateCLI(t, "", "devices", "remove", "nobody", "-c", config, "--no-reload"); code != 1 || !strings.Contains(errOut, "not in the devices file") {
+		t.Errorf("remove of an unlisted device: exit %d %s", code, errOut)
+	}
 }

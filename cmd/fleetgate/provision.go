@@ -142,12 +142,6 @@ func devicesEdit(ctx context.Context, op auth.Op, args []string, stdout, stderr 
 				return err
 			}
 		}
-		if *pskGen || s == (auth.Secrets{}) {
-			if s.PSK, err = auth.GeneratePSK(); err != nil {
-				return err
-			}
-			generated = true
-		}
 	}
 	cfg, err := parseAndLoad(fs, nil, path)
 	if err != nil {
@@ -156,6 +150,20 @@ func devicesEdit(ctx context.Context, op auth.Op, args []string, stdout, stderr 
 	file := cfg.Auth.DevicesFile
 	if file == "" {
 		return configError{fmt.Errorf("%s: auth.devices_file is empty: there is no devices file to edit", *path)}
+	}
+	if op != auth.Remove && (*pskGen || s == (auth.Secrets{})) {
+		if op == auth.Rotate && !*pskGen {
+			// no secret named: rotate the key, of a device that has one
+			if cur, err := auth.Load(file); err == nil && cur.Revision(device) != "" {
+				if _, _, err := cur.PSK([]byte(device)); err != nil {
+					return fmt.Errorf("%w: device %s has no psk to rotate: give --password-prompt for its password, or --psk-gen to give it a key", errUsage, device)
+				}
+			}
+		}
+		if s.PSK, err = auth.GeneratePSK(); err != nil {
+			return err
+		}
+		generated = true
 	}
 	d, err := auth.Edit(file, op, device, s)
 	if err != nil {
