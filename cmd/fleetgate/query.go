@@ -203,7 +203,7 @@ func cmdDevices(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		case "forget":
 			return devicesForget(ctx, args[1:], stdout, stderr)
 		case "-h", "--help":
-			return &helpError{usage: "usage: fleetgate devices get|list|add|rotate|remove|forget [flags] [ID]\n\n" +
+			return &helpError{usage: "usage: fleetgate devices get [flags] ID | fleetgate devices list [flags] | fleetgate devices add|rotate|remove|forget [flags] ID\n\n" +
 				"  get ID      a device's presence and sessions\n" +
 				"  list        devices by state\n" +
 				"  add ID      add a device to the devices file and reload the gateway\n" +
