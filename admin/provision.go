@@ -7,13 +7,27 @@ import (
 	"io"
 	"net/http"
 
-	"github.com/fleetgate/fleetgate/auth"
 	"github.com/fleetgate/fleetgate/gateway"
 )
 
+// The errors a Credentials implementation wraps to answer other than 500.
+var (
+	// ErrNoCredentials answers 404: the devices file does not list the
+	// device.
+	ErrNoCredentials = errors.New("not in the devices file")
+	// ErrBadCredentials answers 400: the secrets given cannot be stored
+	// (a bad key, a password bcrypt cannot hash, a file that would not
+	// load).
+	ErrBadCredentials = errors.New("invalid credentials")
+)
+
+// maxPasswordLen is the longest password bcrypt hashes (it ignores the
+// bytes after).
+const maxPasswordLen = 72
+
 // Credentials edits the devices file of a running gateway and reloads
 // it (POST and DELETE /v1/credentials/{id}, listen.admin.credentials_api).
-// Errors wrapping auth.ErrAbsent answer 404, auth.ErrInvalid 400.
+// Errors wrapping ErrNoCredentials answer 404, ErrBadCredentials 400.
 type Credentials interface {
 	// PutCredentials adds device with the secrets of req, or replaces
 	// those it gives of a device the file lists (a rotation).
@@ -75,8 +89,8 @@ func DecodeCredentialRequest(r io.Reader) (CredentialRequest, error) {
 		return req, errors.New("body: no secret: give psk (\"generate\" or a key), password or password_bcrypt")
 	case req.Password != "" && req.PasswordBcrypt != "":
 		return req, errors.New("body: password and password_bcrypt: give one")
-	case len(req.Password) > auth.MaxPasswordLen:
-		return req, fmt.Errorf("body: the password is %d bytes, bcrypt takes at most %d", len(req.Password), auth.MaxPasswordLen)
+	case len(req.Password) > maxPasswordLen:
+		return req, fmt.Errorf("body: the password is %d bytes, bcrypt takes at most %d", len(req.Password), maxPasswordLen)
 	}
 	return req, nil
 }
@@ -168,9 +182,9 @@ func (s *Server) deleteCredentials(w http.ResponseWriter, r *http.Request) {
 
 func credentialStatus(err error) int {
 	switch {
-	case errors.Is(err, auth.ErrAbsent):
+	case errors.Is(err, ErrNoCredentials):
 		return http.StatusNotFound
-	case errors.Is(err, auth.ErrInvalid):
+	case errors.Is(err, ErrBadCredentials):
 		return http.StatusBadRequest
 	}
 	return http.StatusInternalServerError

@@ -3,6 +3,8 @@ package admin_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -33,11 +35,22 @@ func (c fileCredentials) PutCredentials(d gateway.DeviceID, req admin.Credential
 	if res.Created = err == nil; err != nil && strings.Contains(err.Error(), auth.ErrExists.Error()) {
 		_, err = auth.Edit(c.path, auth.Rotate, d, s)
 	}
-	return res, err
+	return res, credentialsError(err)
 }
 
 func (c fileCredentials) DeleteCredentials(d gateway.DeviceID) error {
 	_, err := auth.Edit(c.path, auth.Remove, d, auth.Secrets{})
+	return credentialsError(err)
+}
+
+// credentialsError wraps auth.Edit's errors in the ones admin answers by.
+func credentialsError(err error) error {
+	switch {
+	case errors.Is(err, auth.ErrAbsent):
+		return fmt.Errorf("%w: %w", admin.ErrNoCredentials, err)
+	case errors.Is(err, auth.ErrInvalid):
+		return fmt.Errorf("%w: %w", admin.ErrBadCredentials, err)
+	}
 	return err
 }
 
@@ -186,7 +199,7 @@ func FuzzDecodeCredentialRequest(f *testing.F) {
 			t.Fatal("accepted a request without a secret")
 		case req.Password != "" && req.PasswordBcrypt != "":
 			t.Fatal("accepted both passwords")
-		case len(req.Password) > auth.MaxPasswordLen:
+		case len(req.Password) > auth.MaxPasswordLen: // admin's own limit is bcrypt's too
 			t.Fatal("accepted a password bcrypt cannot take")
 		}
 	})

@@ -47,7 +47,7 @@ func (c *credentialsAPI) PutCredentials(device gateway.DeviceID, req admin.Crede
 	if req.Password != "" {
 		hash, err := auth.HashPassword([]byte(req.Password), defaultHashCost)
 		if err != nil {
-			return res, fmt.Errorf("%w: %w", auth.ErrInvalid, err)
+			return res, fmt.Errorf("%w: %w", admin.ErrBadCredentials, err)
 		}
 		s.PasswordHash = hash
 	}
@@ -78,7 +78,12 @@ func (c *credentialsAPI) edit(op auth.Op, device gateway.DeviceID, s auth.Secret
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	d, err := auth.Edit(c.g.config().Auth.DevicesFile, op, device, s)
-	if err != nil {
+	switch {
+	case errors.Is(err, auth.ErrAbsent):
+		return nil, fmt.Errorf("%w: %w", admin.ErrNoCredentials, err)
+	case errors.Is(err, auth.ErrInvalid):
+		return nil, fmt.Errorf("%w: %w", admin.ErrBadCredentials, err)
+	case err != nil:
 		return nil, err
 	}
 	c.g.creds.Set(d)
