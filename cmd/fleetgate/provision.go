@@ -214,11 +214,8 @@ func gatewayPID(ctx context.Context, pid int) (int, error) {
 // API's token).
 func devicesForget(ctx context.Context, args []string, stdout, _ io.Writer) error {
 	q := newQueryFlags("devices forget", "devices forget [-c FILE] [--addr HOST:PORT] [--token-file FILE] [--json] ID")
-	if err := parse(q.fs, args); err != nil {
+	if err := q.parseOneID(args); err != nil {
 		return err
-	}
-	if q.fs.NArg() != 1 {
-		return fmt.Errorf("%w: want exactly one device ID", errUsage)
 	}
 	c, err := q.client()
 	if err != nil {

@@ -63,6 +63,17 @@ func (q queryFlags) parseNoArgs(args []string) error {
 	return noArgs(q.fs)
 }
 
+// parseOneID parses args, which must hold flags and one device ID.
+func (q queryFlags) parseOneID(args []string) error {
+	if err := parse(q.fs, args); err != nil {
+		return err
+	}
+	if q.fs.NArg() != 1 {
+		return fmt.Errorf("%w: want exactly one device ID", errUsage)
+	}
+	return nil
+}
+
 // client finds the admin API: --addr; else listen.admin.http of the
 // configuration named with -c, or of the default file when it exists;
 // else the default admin address. It never opens the gateway's state
@@ -218,11 +229,8 @@ func cmdDevices(ctx context.Context, args []string, stdout, stderr io.Writer) er
 
 func devicesGet(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	q := newQueryFlags("devices get", "devices get [-c FILE] [--addr HOST:PORT] [--json] ID")
-	if err := parse(q.fs, args); err != nil {
+	if err := q.parseOneID(args); err != nil {
 		return err
-	}
-	if q.fs.NArg() != 1 {
-		return fmt.Errorf("%w: want exactly one device ID", errUsage)
 	}
 	c, err := q.client()
 	if err != nil {
