@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"runtime"
 	"strconv"
 	"sync"
@@ -24,6 +25,7 @@ import (
 	"golang.org/x/crypto/bcrypt"
 
 	"github.com/fleetgate/fleetgate/gateway"
+	"github.com/fleetgate/fleetgate/queue/diskq"
 )
 
 // TestMain turns the test binary into the benchmark's client process
@@ -112,6 +114,13 @@ func benchClient(addr string) int {
 		return 1
 	}
 	fmt.Printf("connected %d %d\n", n, elapsed.Nanoseconds())
+	if os.Getenv("MQTT_BENCH_PUBLISH") != "" {
+		if err := publishOnEach(conns); err != nil {
+			fmt.Fprintln(os.Stderr, "bench client:", err)
+			return 1
+		}
+		fmt.Println("published")
+	}
 	_, _ = io.Copy(io.Discard, os.Stdin)
 	for _, c := range conns {
 		_ = c.Close()
@@ -155,6 +164,54 @@ func dialConnect(addr string, i int) (net.Conn, error) {
 	return c, nil
 }
 
+// publishOnEach sends one QoS 1 PUBLISH of 4 bytes to "devices/bench-<i>/t"
+// on each connection, 64 connections at a time, and waits for every
+// PUBACK: a device's telemetry at its heartbeat.
+func publishOnEach(conns []net.Conn) error {
+	var next atomic.Int64
+	errs := make(chan error, 64)
+	var wg sync.WaitGroup
+	for range 64 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := int(next.Add(1)) - 1
+				if i >= len(conns) {
+					return
+				}
+				if err := publishOne(conns[i], fmt.Sprintf("devices/bench-%d/t", i)); err != nil {
+					errs <- fmt.Errorf("publish %d: %w", i, err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	return <-errs
+}
+
+// publishOne sends one QoS 1 PUBLISH on c and reads its PUBACK.
+func publishOne(c net.Conn, topic string) error {
+	pk := packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Publish, Qos: 1}, ProtocolVersion: 5,
+		PacketID: 1, TopicName: topic, Payload: []byte("21.5")}
+	var buf bytes.Buffer
+	if err := pk.PublishEncode(&buf); err != nil {
+		return err
+	}
+	_ = c.SetDeadline(time.Now().Add(30 * time.Second))
+	defer func() { _ = c.SetDeadline(time.Time{}) }()
+	if _, err := c.Write(buf.Bytes()); err != nil {
+		return err
+	}
+	typ, err := readFrame(bufio.NewReaderSize(c, 16))
+	if err == nil && typ != packets.Puback {
+		err = fmt.Errorf("packet type %d, want PUBACK", typ)
+	}
+	return err
+}
+
 // live is the memory in use after a full GC: heap and goroutine stacks.
 type live struct{ heap, stack float64 }
 
@@ -172,10 +229,20 @@ func liveBytes() live {
 // stacks are the server's goroutines) and the connects per second the
 // client saw. The client process ends before it returns.
 func holdConnections(b *testing.B, addr string, n int) (perConn live, connectsPerSec float64) {
+	return holdConnectionsThat(b, addr, n, false)
+}
+
+// holdConnectionsThat is holdConnections, where each connection also
+// publishes one QoS 1 message before the server's bytes are measured when
+// publish is set.
+func holdConnectionsThat(b *testing.B, addr string, n int, publish bool) (perConn live, connectsPerSec float64) {
 	b.Helper()
 	before := liveBytes()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), "MQTT_BENCH_DIAL="+addr, "MQTT_BENCH_N="+strconv.Itoa(n))
+	if publish {
+		cmd.Env = append(cmd.Env, "MQTT_BENCH_PUBLISH=1")
+	}
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		b.Fatal(err)
@@ -194,7 +261,8 @@ func holdConnections(b *testing.B, addr string, n int) (perConn live, connectsPe
 			b.Errorf("bench client: %v", err)
 		}
 	}()
-	line, err := bufio.NewReader(stdout).ReadString('\n')
+	rd := bufio.NewReader(stdout)
+	line, err := rd.ReadString('\n')
 	if err != nil {
 		b.Fatalf("bench client: %v", err)
 	}
@@ -202,6 +270,11 @@ func holdConnections(b *testing.B, addr string, n int) (perConn live, connectsPe
 	var ns int64
 	if _, err := fmt.Sscanf(line, "connected %d %d", &got, &ns); err != nil || got != n {
 		b.Fatalf("bench client said %q", line)
+	}
+	if publish {
+		if line, err := rd.ReadString('\n'); err != nil || line != "published\n" {
+			b.Fatalf("bench client said %q (%v)", line, err)
+		}
 	}
 	after := liveBytes()
 	perConn = live{heap: (after.heap - before.heap) / float64(n), stack: (after.stack - before.stack) / float64(n)}
@@ -285,7 +358,8 @@ func BenchmarkConnections(b *testing.B) {
 	var mqttRate, rawRate float64
 	for b.Loop() {
 		obs := &countingObserver{}
-		s := startServer(b, obs, Options{AllowAnonymous: true, HeartbeatInterval: time.Hour, ConnectsPerSecond: 1 << 30, MaxClients: n})
+		s := startServer(b, obs, Options{AllowAnonymous: true, HeartbeatInterval: time.Hour, ConnectsPerSecond: 1 << 30,
+			AnonymousConnectsPerSecond: 1 << 30, MaxClients: n})
 		mqttMem, mqttRate = holdConnections(b, tcpAddr(s), n)
 		if got := obs.n.Load(); got < int64(n) {
 			b.Fatalf("%d connects observed, want %d", got, n)
@@ -304,6 +378,53 @@ func BenchmarkConnections(b *testing.B) {
 	b.ReportMetric(mqttRate, "connects/s")
 	b.ReportMetric(rawRate, "raw-connects/s")
 	b.ReportMetric(mqttRate/rawRate, "ratio-to-raw")
+}
+
+// BenchmarkConnectionsInUse is BenchmarkConnections on connections in
+// use: after its CONNACK each connection publishes one QoS 1 message
+// through the durable queue the data path uses (a bbolt file, committed
+// before the PUBACK), as a device does at its heartbeat; MQTT_BENCH_CONNS
+// connections (default 20,000, as many as fit). It reports the server's
+// live bytes per connection against the 16 KB goal.
+func BenchmarkConnectionsInUse(b *testing.B) {
+	n, err := raiseNoFile(benchConnections(b))
+	if err != nil {
+		b.Fatalf("raise RLIMIT_NOFILE: %v", err)
+	}
+	b.Logf("%d connections", n)
+	var mem live
+	for b.Loop() {
+		q, err := diskq.Open(diskq.Options{Path: filepath.Join(b.TempDir(), "queue.db"), MaxBytes: 1 << 30})
+		if err != nil {
+			b.Fatal(err)
+		}
+		obs := &countingObserver{}
+		s := startServer(b, obs, Options{AllowAnonymous: true, HeartbeatInterval: time.Hour, ConnectsPerSecond: 1 << 30,
+			MaxClients: n, AnonymousConnectsPerSecond: 1 << 30, Sink: queueSink{q}})
+		mem, _ = holdConnectionsThat(b, tcpAddr(s), n, true)
+		if got := q.Stats().Messages; got != n {
+			b.Fatalf("%d messages queued, want %d", got, n)
+		}
+		if err := s.Close(); err != nil {
+			b.Fatal(err)
+		}
+		if err := q.Close(); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(mem.heap+mem.stack, "B/conn")
+	b.ReportMetric(mem.heap, "heap-B/conn")
+	b.ReportMetric(mem.stack, "stack-B/conn")
+	b.ReportMetric((mem.heap+mem.stack)/16384, "ratio-to-16KB-goal")
+}
+
+// queueSink is the DataSink of a durable queue alone: Publish returns
+// once the messages are committed.
+type queueSink struct{ q *diskq.Queue }
+
+func (k queueSink) Publish(ctx context.Context, msgs []gateway.Message) error {
+	_, err := k.q.Put(ctx, msgs)
+	return err
 }
 
 // BenchmarkConnectionsMochiDefaults is the same run with mochi's default
