@@ -15,6 +15,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"slices"
 	"strconv"
 	"sync"
@@ -110,6 +111,9 @@ type Options struct {
 	Forget      gateway.Forgetter
 	GatewayID   string
 	Credentials Credentials
+	// Profiling serves Go's runtime profiles (net/http/pprof) under
+	// /debug/pprof/, with the same token as the API.
+	Profiling bool
 }
 
 // Server serves the admin API.
@@ -170,6 +174,13 @@ func Listen(o Options) (*Server, error) {
 	handle("GET /ui/{file}", page.ServeHTTP)
 	handle("POST /login", s.login)
 	handle("POST /logout", s.logout)
+	if o.Profiling {
+		handle("GET /debug/pprof/", pprof.Index)
+		handle("GET /debug/pprof/cmdline", pprof.Cmdline)
+		handle("GET /debug/pprof/profile", pprof.Profile)
+		handle("GET /debug/pprof/symbol", pprof.Symbol)
+		handle("GET /debug/pprof/trace", pprof.Trace)
+	}
 	s.srv = newHTTPServer(mux, o, s.ln.Addr())
 	s.srv.ErrorLog = slog.NewLogLogger(o.Logger.Handler(), slog.LevelWarn)
 	s.srv.RegisterOnShutdown(s.endStreams)

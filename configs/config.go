@@ -175,6 +175,8 @@ type AdminListen struct {
 	// CredentialsAPI serves POST and DELETE /v1/credentials/{id}, which
 	// edit auth.devices_file; it needs TokenFile.
 	CredentialsAPI bool `yaml:"credentials_api"`
+	// Pprof serves Go's runtime profiles under /debug/pprof/.
+	Pprof bool `yaml:"pprof"`
 }
 
 // AuthConfig says which devices may connect.

@@ -194,6 +194,9 @@ func (c Config) validateAuth(p *problems) {
 			p.addAt("listen.admin.credentials_api", "needs auth.devices_file (the file it edits)")
 		}
 	}
+	if a := c.Listen.Admin; a.Pprof && a.HTTP == "" {
+		p.addAt("listen.admin.pprof", "needs listen.admin.http (the admin API is off)")
+	}
 	tp := c.Auth.TopicPrefix
 	if tp == "" || strings.ContainsAny(tp, "+#\x00") || strings.HasPrefix(tp, "/") || strings.HasSuffix(tp, "/") {
 		p.add("auth.topic_prefix", "must be a topic without wildcards or a leading or trailing '/', got %q", tp)

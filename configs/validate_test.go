@@ -113,6 +113,8 @@ func TestValidate(t *testing.T) {
 		}, "listen.coap.dtls: needs auth.devices_file (the devices' pre-shared keys)"},
 		{"tls without certificate", func(c *configs.Config) { c.Listen.MQTT.TLS = ":8883"; c.Listen.MQTT.CertFile = "" },
 			"listen.mqtt.tls: needs listen.mqtt.cert_file and listen.mqtt.key_file"},
+		{"profiles without the admin api", func(c *configs.Config) { c.Listen.Admin.HTTP, c.Listen.Admin.Pprof = "", true },
+			"listen.admin.pprof: needs listen.admin.http (the admin API is off)"},
 		{"topic prefix with wildcard", func(c *configs.Config) { c.Auth.TopicPrefix = "dev/+" },
 			`auth.topic_prefix: must be a topic without wildcards or a leading or trailing '/', got "dev/+"`},
 		{"limits out of range", func(c *configs.Config) {

@@ -228,7 +228,7 @@ func (g *gatewayProcess) run(ctx context.Context) (err error) {
 			Addr: cfg.Listen.Admin.HTTP, Store: g.store, Sessions: g.table,
 			Status: g.status, Timing: g.timing, Gatherer: reg, Logger: log,
 			Token: token, TLS: tlsConf, Refusals: g.refusals,
-			Forget: g.store, GatewayID: cfg.Gateway.ID,
+			Forget: g.store, GatewayID: cfg.Gateway.ID, Profiling: cfg.Listen.Admin.Pprof,
 		}
 		if cfg.Listen.Admin.CredentialsAPI {
 			o.Credentials = &credentialsAPI{g: g, log: log}
