@@ -202,6 +202,7 @@ type LimitsConfig struct {
 	DTLSHandshakeTimeout  Duration `yaml:"dtls_handshake_timeout"`
 	DTLSMaxPeers          int      `yaml:"dtls_max_peers"`
 	DTLSIdleTimeout       Duration `yaml:"dtls_idle_timeout"`
+	DTLSMaxParked         int      `yaml:"dtls_max_parked"`
 	// MaxSessionsPerDevice bounds the sessions one device holds on this
 	// gateway (configs/security.go).
 	MaxSessionsPerDevice int `yaml:"max_sessions_per_device"`
@@ -262,6 +263,7 @@ func Default() Config {
 			DTLSHandshakeTimeout:  Duration(10 * time.Second),
 			DTLSMaxPeers:          4096,
 			DTLSIdleTimeout:       Duration(5 * time.Second),
+			DTLSMaxParked:         100_000,
 			MaxSessionsPerDevice:  DefaultMaxSessionsPerDevice,
 			// MQTT state held for devices (protocols/mqtt/retained.go)
 			MQTTMaxInflight:               32,

@@ -231,6 +231,7 @@ func (c Config) validateLimits(p *problems) {
 	p.positive("limits.dtls_handshake_timeout", l.DTLSHandshakeTimeout)
 	p.atLeast("limits.dtls_max_peers", l.DTLSMaxPeers, 1)
 	p.positive("limits.dtls_idle_timeout", l.DTLSIdleTimeout)
+	p.atLeast("limits.dtls_max_parked", l.DTLSMaxParked, 0)
 }
 
 // listener is one listen address with the transport it binds.

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -67,6 +68,7 @@ func (g *gatewayProcess) openFrontEnds(cfg configs.Config, log *slog.Logger, reg
 			HandshakeTimeout:  l.DTLSHandshakeTimeout.Std(),
 			MaxDTLSPeers:      l.DTLSMaxPeers,
 			DTLSIdleTimeout:   l.DTLSIdleTimeout.Std(),
+			MaxDTLSParked:     cmp.Or(l.DTLSMaxParked, -1), // 0: parking off
 			Sink:              g.data.bridge,
 			Commands:          g.data.bridge,
 			Clock:             gateway.SystemClock{},

@@ -892,7 +892,7 @@ func BenchmarkGateUnprovenHello(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	g, err := newGate("127.0.0.1:0", 16, m, func() {}, time.Now)
+	g, err := newGate("127.0.0.1:0", 16, 0, m, func() {}, time.Now)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -31,10 +31,10 @@ import (
 )
 
 // A DTLS session costs a handshake (three round trips and the PSK key
-// schedule) and tens of kilobytes while it lives, so it is kept only
+// schedule) and tens of kilobytes while it lives, so it is kept live only
 // briefly: a session without datagrams for Options.DTLSIdleTimeout is
-// closed by the sweep that runs every sweepInterval. A device that
-// heartbeats less often shakes hands again.
+// closed by the sweep that runs every sweepInterval, and parked (park.go)
+// for the device's next record to resume it without a handshake.
 const sweepInterval = time.Second
 
 // dtlsFront is the DTLS transport: go-coap's DTLS server on a listener
@@ -46,23 +46,25 @@ type dtlsFront struct {
 
 // newDTLS binds the DTLS listener at addr, with PSK cipher suites only and
 // the identity checked by the credentials during the handshake.
-func (s *Server) newDTLS(addr string, handshakeTimeout, idleTimeout time.Duration, maxPeers int) (*dtlsFront, error) {
-	ln, g, err := listenGated(addr, maxPeers, s.metrics, func() { s.metrics.drop(dropDTLSBusy) }, s.clock.Now,
+func (s *Server) newDTLS(addr string, handshakeTimeout, idleTimeout time.Duration, maxPeers, maxParked int) (*dtlsFront, error) {
+	session := []piondtls.Option{
 		piondtls.WithPSK(s.psk),
 		piondtls.WithCipherSuites(piondtls.TLS_PSK_WITH_AES_128_CCM_8, piondtls.TLS_PSK_WITH_AES_128_GCM_SHA256),
-		piondtls.WithOnConnectionAttempt(s.handshakeAttempt),
-	)
+	}
+	ln, g, err := listenGated(addr, maxPeers, maxParked, s.metrics, func() { s.metrics.drop(dropDTLSBusy) }, s.clock.Now,
+		session[0], session[1], piondtls.WithOnConnectionAttempt(s.handshakeAttempt))
 	if err != nil {
 		return nil, fmt.Errorf("listen dtls %s: %w", addr, err)
 	}
 	pl := &peerListener{Listener: ln, gate: g, metrics: s.metrics, peers: make(map[*peerConn]struct{}), creds: s.credentials,
-		refusals: s.refusals, now: s.clock.Now}
+		refusals: s.refusals, now: s.clock.Now, resumeOpts: session, accepted: make(chan accepted)}
+	go pl.pump()
 	srv := dtls.NewServer(
 		options.WithContext(s.ctx),
 		options.WithProcessReceivedMessageFunc(s.dtlsProcessor()),
 		options.WithHandlerFunc(ignore),
 		options.WithDTLSHandshakeTimeout(handshakeTimeout),
-		options.WithInactivityMonitor(idleTimeout, func(cc *udpClient.Conn) { _ = cc.Close() }),
+		options.WithInactivityMonitor(idleTimeout, pl.park),
 		options.WithPeriodicRunner(s.sweep),
 		// Heartbeats fit one datagram; no peer gets block-wise state.
 		options.WithBlockwise(false, blockwise.SZX1024, 0),
@@ -121,20 +123,65 @@ type peerListener struct {
 
 	mu    sync.Mutex
 	peers map[*peerConn]struct{} // for revocation
+
+	// resumeOpts are the session options of a resumed connection;
+	// accepted carries pion's accepted connections (pump).
+	resumeOpts []piondtls.Option
+	accepted   chan accepted
 }
 
-// AcceptWithContext returns the next peer that the gate admitted.
+// accepted is a connection pion's listener accepted, or its error.
+type accepted struct {
+	c   net.Conn
+	err error
+}
+
+// pump hands the connections pion's listener accepts to AcceptWithContext
+// until the listener is closed.
+func (l *peerListener) pump() {
+	for {
+		c, err := l.Listener.Accept()
+		select {
+		case l.accepted <- accepted{c, err}:
+		case <-l.gate.done:
+			if c != nil {
+				_ = c.Close()
+			}
+			return
+		}
+	}
+}
+
+// AcceptWithContext returns the next peer that the gate admitted: a new
+// one past its cookie, or a parked session resumed.
 func (l *peerListener) AcceptWithContext(ctx context.Context) (net.Conn, error) {
-	if err := ctx.Err(); err != nil {
-		return nil, err
+	for {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		if l.closed.Load() {
+			return nil, coapNet.ErrListenerIsClosed
+		}
+		select {
+		case a := <-l.accepted:
+			if a.err != nil {
+				return nil, a.err
+			}
+			return l.admitted(a.c)
+		case r := <-l.gate.resumes:
+			if pc := l.resume(r); pc != nil {
+				return pc, nil
+			}
+		case <-l.gate.done:
+			return nil, coapNet.ErrListenerIsClosed
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
 	}
-	if l.closed.Load() {
-		return nil, coapNet.ErrListenerIsClosed
-	}
-	c, err := l.Listener.Accept()
-	if err != nil {
-		return nil, err
-	}
+}
+
+// admitted is the peer connection of c, which pion accepted.
+func (l *peerListener) admitted(c net.Conn) (net.Conn, error) {
 	dc, ok := c.(*piondtls.Conn)
 	p, found := l.gate.peer(c.RemoteAddr())
 	if !ok || !found {
@@ -149,10 +196,58 @@ func (l *peerListener) AcceptWithContext(ctx context.Context) (net.Conn, error) 
 	return pc, nil
 }
 
+// resume restores the parked session of r into a connection, unless its
+// device's credentials changed since its handshake (then it is refused,
+// as revoked, and nil returned).
+func (l *peerListener) resume(r resumption) *peerConn {
+	s := r.session
+	cr := l.creds()
+	if cr == nil || cr.Revision(s.device) != s.rev {
+		l.refusals.Refuse(gateway.Refusal{Protocol: "coap", Device: string(s.device), Reason: gateway.RefusedRevoked,
+			Detail: "a devices file reload removed the device or changed its key", Remote: r.peer.raddr.String(), At: l.now()})
+		_ = r.peer.Close()
+		return nil
+	}
+	dc, err := piondtls.ResumeWithOptions(&s.state, r.peer, r.peer.raddr, l.resumeOpts...)
+	if err != nil {
+		_ = r.peer.Close()
+		return nil
+	}
+	r.peer.attach(dc)
+	pc := &peerConn{Conn: dc, gated: r.peer, metrics: l.metrics, l: l, creds: l.creds}
+	l.mu.Lock()
+	pc.shook, pc.device, pc.rev = true, s.device, s.rev
+	l.peers[pc] = struct{}{}
+	l.mu.Unlock()
+	return pc
+}
+
+// park is the idle timeout of peer cc: it closes the connection and,
+// for a session past its handshake, keeps its state for a resumption.
+// The peer is silenced first, so that nothing the closing connection
+// would read or send (its close_notify) uses a record number of the
+// parked state.
+func (l *peerListener) park(cc *udpClient.Conn) {
+	if pc, ok := cc.NetConn().(*peerConn); ok {
+		l.mu.Lock()
+		shook, device, rev := pc.shook, pc.device, pc.rev
+		l.mu.Unlock()
+		if shook {
+			pc.gated.silence()
+			if st, ok := pc.ConnectionState(); ok {
+				l.gate.park(pc.gated.remote, parkedSession{state: st, device: device, rev: rev, at: l.now()})
+			}
+		}
+	}
+	_ = cc.Close()
+}
+
 // revoke closes the DTLS sessions whose device's credentials revision
 // under cur differs from the one they shook hands with (a devices file
-// reload removed the device or changed its key); it returns how many.
+// reload removed the device or changed its key), live or parked; it
+// returns how many live ones.
 func (l *peerListener) revoke(cur gateway.Credentials) int {
+	l.gate.dropParked(func(s parkedSession) bool { return cur.Revision(s.device) != s.rev })
 	l.mu.Lock()
 	var revoked []*peerConn
 	for pc := range l.peers {

@@ -122,10 +122,18 @@ type gate struct {
 	byAddr   map[netip.Addr]int
 	byPrefix map[netip.Prefix]int
 	peers    map[netip.AddrPort]*peer
+
+	// maxParked bounds parked (park.go); order is the parking order,
+	// oldest first, with stale entries. resumes hands the resumed peers
+	// to the listener.
+	maxParked int
+	parked    map[netip.AddrPort]parkedSession
+	order     []parkedOrder
+	resumes   chan resumption
 }
 
 // newGate binds addr and starts reading it.
-func newGate(addr string, maxPeers int, m *metrics, refused func(), now func() time.Time) (*gate, error) {
+func newGate(addr string, maxPeers, maxParked int, m *metrics, refused func(), now func() time.Time) (*gate, error) {
 	if errPionLayout != nil {
 		return nil, errPionLayout
 	}
@@ -150,6 +158,9 @@ func newGate(addr string, maxPeers int, m *metrics, refused func(), now func() t
 		byAddr:    make(map[netip.Addr]int),
 		byPrefix:  make(map[netip.Prefix]int),
 		peers:     make(map[netip.AddrPort]*peer),
+		maxParked: maxParked,
+		parked:    make(map[netip.AddrPort]parkedSession),
+		resumes:   make(chan resumption, acceptBacklog),
 	}
 	if err := g.keys.rotate(now(), rand.Reader); err != nil {
 		_ = sock.Close()
@@ -183,6 +194,16 @@ func (g *gate) dispatch(from netip.AddrPort, b []byte) {
 	g.mu.Unlock()
 	if p != nil {
 		p.deliver(b)
+		return
+	}
+	if isSessionRecord(b) {
+		g.mu.Lock()
+		if s, ok := g.unpark(from); ok && !g.closing {
+			if g.now().Sub(s.at) >= parkTTL || !g.resume(from, s, b) {
+				g.refused()
+			}
+		}
+		g.mu.Unlock()
 		return
 	}
 	h, err := parseClientHello(b)
@@ -243,18 +264,18 @@ func (g *gate) admit(from netip.AddrPort, h clientHello, b []byte) (*peer, bool)
 	g.byPrefix[prefix]++
 	g.refs++
 	g.metrics.dtlsPeers.Inc()
+	g.unpark(from) // a new handshake replaces a parked session
 	p := &peer{
 		g:      g,
 		remote: from,
-		raddr:  net.UDPAddrFromAddrPort(from),
-		buf:    packetio.NewBuffer(),
+		raddr:  netAddr(from),
+		buf:    newPeerBuffer(),
 		cookie: bytes.Clone(h.cookie),
 		// pion's epoch-0 records follow its swallowed HelloVerifyRequest:
 		// numbered above the client's ClientHello, they stay above the
 		// gate's HelloVerifyRequest, which took an earlier ClientHello's.
 		outShift: h.recordSeq,
 	}
-	p.buf.SetLimitSize(peerBufferBytes)
 	// The client's epoch-0 records are numbered one up, so that the
 	// ClientHello without cookie fed first is record 0 and older.
 	p.hello = bytes.Clone(b)
@@ -262,6 +283,16 @@ func (g *gate) admit(from netip.AddrPort, h clientHello, b []byte) (*peer, bool)
 	_, _ = p.buf.Write(withoutCookie(h, 0), nil)
 	g.peers[from] = p
 	return p, true
+}
+
+// netAddr is addr as the net.Addr pion and go-coap see.
+func netAddr(addr netip.AddrPort) *net.UDPAddr { return net.UDPAddrFromAddrPort(addr) }
+
+// newPeerBuffer is a peer's queue of datagrams for pion.
+func newPeerBuffer() *packetio.Buffer {
+	b := packetio.NewBuffer()
+	b.SetLimitSize(peerBufferBytes)
+	return b
 }
 
 // peer finds the peer at remote address a.
@@ -306,6 +337,11 @@ type peer struct {
 	dc        *piondtls.Conn
 	handshook bool // endHandshake called
 	closed    bool
+	// resumed: the peer is a parked session resumed (park.go), whose
+	// records need no renumbering; silenced: its session is being
+	// parked, and it neither reads nor sends any more.
+	resumed  bool
+	silenced bool
 }
 
 var _ net.PacketConn = (*peer)(nil)
@@ -318,12 +354,14 @@ var _ net.PacketConn = (*peer)(nil)
 // cookie-bearing one parsed first would stall its handshake).
 func (p *peer) deliver(b []byte) {
 	p.mu.Lock()
-	waiting := p.hello != nil
+	waiting, silenced, resumed := p.hello != nil, p.silenced, p.resumed
 	p.mu.Unlock()
-	if waiting {
+	if waiting || silenced {
 		return
 	}
-	shiftRecordSeqs(b, 1)
+	if !resumed {
+		shiftRecordSeqs(b, 1)
+	}
 	_, _ = p.buf.Write(b, nil) // a full queue drops, as a socket would
 }
 
@@ -354,6 +392,12 @@ func (p *peer) WriteTo(b []byte, _ net.Addr) (int, error) {
 		}
 		return len(b), nil
 	}
+	p.mu.Lock()
+	silenced := p.silenced
+	p.mu.Unlock()
+	if silenced {
+		return len(b), nil // dropped: the parked state owns the record numbers
+	}
 	out := b
 	if len(b) >= recordHeaderLen && b[3] == 0 && b[4] == 0 {
 		out = bytes.Clone(b)
@@ -363,6 +407,14 @@ func (p *peer) WriteTo(b []byte, _ net.Addr) (int, error) {
 		return 0, err
 	}
 	return len(b), nil
+}
+
+// silence stops the peer's reads and writes: from now on its datagrams
+// are dropped both ways (park.go).
+func (p *peer) silence() {
+	p.mu.Lock()
+	p.silenced = true
+	p.mu.Unlock()
 }
 
 // endHandshake counts the peer's handshake as no longer in flight.
@@ -451,11 +503,16 @@ func (l gatedListener) Close() error {
 	}
 	g.closing = true
 	close(g.done)
+	g.metrics.dtlsParked.Sub(float64(len(g.parked)))
+	clear(g.parked)
+	g.order = nil
 	g.mu.Unlock()
 	for {
 		select {
 		case p := <-g.accept:
 			_ = p.Close()
+		case r := <-g.resumes:
+			_ = r.peer.Close()
 		default:
 			return g.unref()
 		}
@@ -467,8 +524,8 @@ func (l gatedListener) Addr() net.Addr { return l.g.sock.LocalAddr() }
 
 // listenGated binds addr behind a gate and returns pion's DTLS listener
 // over it.
-func listenGated(addr string, maxPeers int, m *metrics, refused func(), now func() time.Time, opts ...piondtls.ServerOption) (net.Listener, *gate, error) {
-	g, err := newGate(addr, maxPeers, m, refused, now)
+func listenGated(addr string, maxPeers, maxParked int, m *metrics, refused func(), now func() time.Time, opts ...piondtls.ServerOption) (net.Listener, *gate, error) {
+	g, err := newGate(addr, maxPeers, maxParked, m, refused, now)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -24,6 +24,10 @@ type metrics struct {
 	dtlsPeers prometheus.Gauge
 	// helloVerify counts the DTLS gate's stateless HelloVerifyRequests.
 	helloVerify prometheus.Counter
+	// dtlsParked counts the parked DTLS sessions, dtlsResumed the
+	// resumptions of parked sessions (park.go).
+	dtlsParked  prometheus.Gauge
+	dtlsResumed prometheus.Counter
 
 	// The data path: messages and their payload bytes handed to the
 	// DataSink by QoS, commands by what became of them, data path
@@ -116,6 +120,14 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		Name: "fleetgate_coap_dtls_hello_verify_total",
 		Help: "HelloVerifyRequests sent to DTLS ClientHellos without a valid cookie (stateless: no peer state).",
 	})
+	dtlsParked := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "fleetgate_coap_dtls_parked",
+		Help: "DTLS sessions closed for idleness and kept as their exported state, for the device's next record to resume without a handshake.",
+	})
+	dtlsResumed := prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "fleetgate_coap_dtls_resumed_total",
+		Help: "Parked DTLS sessions resumed by a record of the device (no handshake).",
+	})
 	dataMessages := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "fleetgate_coap_data_messages_total",
 		Help: "Device messages (POST /d) the CoAP front end handed to the data path, by QoS (1: CON, acknowledged once durable; 0: NON).",
@@ -158,6 +170,12 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	if helloVerify, err = promshare.Register(reg, helloVerify); err != nil {
 		return nil, err
 	}
+	if dtlsParked, err = promshare.Register(reg, dtlsParked); err != nil {
+		return nil, err
+	}
+	if dtlsResumed, err = promshare.Register(reg, dtlsResumed); err != nil {
+		return nil, err
+	}
 	if evidence, err = promshare.Register(reg, evidence); err != nil {
 		return nil, err
 	}
@@ -179,6 +197,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 
 		dtlsPeers:   dtlsPeers,
 		helloVerify: helloVerify,
+		dtlsParked:  dtlsParked,
+		dtlsResumed: dtlsResumed,
 
 		commands:    make(map[commandResult]prometheus.Counter, len(commandResults)),
 		dataRefused: make(map[refusedReason]prometheus.Counter, len(refusedReasons)),

@@ -208,7 +208,7 @@ func TestGateHandshakesPerIPv6Prefix(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	g, err := newGate("127.0.0.1:0", DefaultMaxDTLSPeers, m, func() {}, time.Now)
+	g, err := newGate("127.0.0.1:0", DefaultMaxDTLSPeers, 0, m, func() {}, time.Now)
 	if err != nil {
 		t.Fatal(err)
 	}

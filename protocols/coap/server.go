@@ -54,6 +54,7 @@ const (
 	DefaultHandshakeTimeout  = 10 * time.Second
 	DefaultMaxDTLSPeers      = 4096
 	DefaultDTLSIdleTimeout   = 5 * time.Second
+	DefaultMaxDTLSParked     = 100_000
 )
 
 // receiveBuffer is the SO_RCVBUF the UDP socket asks for. Linux grants
@@ -111,6 +112,11 @@ type Options struct {
 	// DTLSIdleTimeout closes a DTLS session without datagrams for that
 	// long (limits.dtls_idle_timeout). 0 means DefaultDTLSIdleTimeout.
 	DTLSIdleTimeout time.Duration
+	// MaxDTLSParked bounds the DTLS sessions parked after their idle
+	// timeout for a resumption without a handshake (park.go;
+	// limits.dtls_max_parked). 0 means DefaultMaxDTLSParked; a negative
+	// value parks none.
+	MaxDTLSParked int
 	// Clock stamps evidence (ObservedAt) and drives the rate limit; nil
 	// means gateway.SystemClock.
 	Clock gateway.Clock
@@ -258,7 +264,8 @@ func New(obs gateway.Observer, o Options) (*Server, error) {
 	}
 	if o.DTLS != "" {
 		s.dtls, err = s.newDTLS(o.DTLS, cmp.Or(o.HandshakeTimeout, DefaultHandshakeTimeout),
-			cmp.Or(o.DTLSIdleTimeout, DefaultDTLSIdleTimeout), cmp.Or(o.MaxDTLSPeers, DefaultMaxDTLSPeers))
+			cmp.Or(o.DTLSIdleTimeout, DefaultDTLSIdleTimeout), cmp.Or(o.MaxDTLSPeers, DefaultMaxDTLSPeers),
+			max(cmp.Or(o.MaxDTLSParked, DefaultMaxDTLSParked), 0))
 		if err != nil {
 			s.stop() // closes the UDP socket and unregisters its collector
 			return nil, fmt.Errorf("coap: %w", err)
