@@ -51,19 +51,52 @@ func WriteDevicesFile(w io.Writer, o PlanOptions) (int, error) {
 
 // A DTLS device talks to its gateway in exchanges: when it has requests
 // to send and no exchange runs, one starts in a goroutine of its own
-// with a UDP socket of its own bound to the device's address. It shakes
-// hands (the gateway closes idle sessions after a few seconds, so a
-// device heartbeating every 30 s shakes hands every time), sends the
-// requests queued meanwhile one after another (a CON one retransmitted
-// by RFC 7252's rules), and closes the session. Handshakes cost far
-// more than datagrams: the simulator's share of DTLS devices is what
-// bounds its CPU.
+// with a UDP socket of its own bound to the device's address and
+// dtlsPort. It keeps its session between exchanges, as constrained
+// devices do, but not its connection: at the end of an exchange it
+// exports the session's state and closes the socket, and the next
+// exchange with the same gateway resumes the session from that state
+// (pion's Resume) without a handshake; the gateway, which parks a
+// session idle for a few seconds, resumes it on its side at the first
+// record. When that record gets no answer (the gateway restarted, or
+// dropped its parked state) the device shakes hands and sends again. It
+// sends the requests queued meanwhile one after another (a CON one
+// retransmitted by RFC 7252's rules). Handshakes cost far more than
+// datagrams.
 type dtlsDevice struct {
 	key []byte
 
 	mu    sync.Mutex
 	busy  bool
 	queue []dtlsReq
+	// kept is the state of the session with gateway keptGw, nil when
+	// there is none (only the exchange goroutine touches them).
+	kept   *piondtls.State
+	keptGw int
+}
+
+// dtlsPort is the UDP port of every DTLS device's socket (each device has
+// an address of its own): the same address and port each exchange, so
+// that the gateway finds the session it parked.
+const dtlsPort = 47000
+
+// dtlsSession is a DTLS connection of an exchange and its socket.
+type dtlsSession struct {
+	dc      *piondtls.Conn
+	sock    *net.UDPConn
+	gw      int
+	resumed bool // from the kept state, not answered yet
+}
+
+// end closes s, keeping its state in x for the next exchange: the
+// socket is closed first, so the connection's close_notify never leaves
+// (the gateway keeps the session parked).
+func (x *dtlsDevice) end(s *dtlsSession) {
+	if st, ok := s.dc.ConnectionState(); ok {
+		x.kept, x.keptGw = &st, s.gw
+	}
+	_ = s.sock.Close()
+	_ = s.dc.Close()
 }
 
 type dtlsReq struct {
@@ -99,57 +132,109 @@ func (f *coapFleet) dtlsSend(d *coapDevice, r dtlsReq) {
 // requests queued.
 func (f *coapFleet) exchange(d *coapDevice) {
 	x := d.dtls
-	var dc *piondtls.Conn
-	gw := -1
-	defer func() {
-		if dc != nil {
-			dc.Close()
-		}
-	}()
+	var cur *dtlsSession
+	// The session ends (its state kept) before busy is cleared, so that
+	// the next exchange finds the state.
 	for range maxExchange {
 		x.mu.Lock()
-		if len(x.queue) == 0 {
+		if len(x.queue) == 0 && cur == nil {
 			x.busy = false
 			x.mu.Unlock()
 			return
 		}
+		if len(x.queue) == 0 {
+			x.mu.Unlock()
+			x.end(cur)
+			cur = nil
+			continue
+		}
 		r := x.queue[0]
 		x.queue = x.queue[1:]
 		x.mu.Unlock()
-		if dc == nil || gw != r.gw {
-			if dc != nil {
-				dc.Close()
+		if cur == nil || cur.gw != r.gw {
+			if cur != nil {
+				x.end(cur)
 			}
-			var err error
-			if dc, err = f.handshake(d, r.gw); err != nil {
-				dc = nil
-				if f.ctx.Err() != nil {
-					continue // the run is over: not the gateway's failure
-				}
-				f.stats.dtlsFailures.Add(1)
-				f.stats.unanswered.Add(1)
+			if cur = f.session(d, r.gw); cur == nil {
 				continue
 			}
-			gw = r.gw
 		}
-		f.dtlsRequest(d, dc, r)
+		if cur.resumed {
+			cur.resumed = false
+			if f.dtlsRequest(d, cur.dc, r, true) {
+				continue
+			}
+			// not answered: the gateway does not hold the session
+			f.stats.dtlsResumeFailures.Add(1)
+			_ = cur.sock.Close()
+			_ = cur.dc.Close()
+			if cur = f.handshake(d, r.gw); cur == nil {
+				continue
+			}
+		}
+		f.dtlsRequest(d, cur.dc, r, false)
+	}
+	if cur != nil {
+		x.end(cur)
 	}
 	x.mu.Lock()
 	x.busy = false
 	x.mu.Unlock()
 }
 
-func (f *coapFleet) handshake(d *coapDevice, gw int) (*piondtls.Conn, error) {
-	c, err := net.ListenUDP("udp4", &net.UDPAddr{IP: d.addr})
-	if err != nil {
-		return nil, err
+// session is d's DTLS session with gateway gw for an exchange: the kept
+// one resumed, else a new handshake; nil when none could be had.
+func (f *coapFleet) session(d *coapDevice, gw int) *dtlsSession {
+	x := d.dtls
+	kept, keptGw := x.kept, x.keptGw
+	x.kept = nil // a state is resumed at most once
+	if kept != nil && keptGw == gw {
+		if c, err := net.ListenUDP("udp4", &net.UDPAddr{IP: d.addr, Port: dtlsPort}); err == nil {
+			dc, err := piondtls.Resume(kept, c, f.dtlsGws[gw], f.dtlsConfig(d))
+			if err == nil {
+				f.stats.dtlsResumes.Add(1)
+				return &dtlsSession{dc: dc, sock: c, gw: gw, resumed: true}
+			}
+			_ = c.Close()
+		}
 	}
+	return f.handshake(d, gw)
+}
+
+// dtlsConfig is d's DTLS client configuration.
+func (f *coapFleet) dtlsConfig(d *coapDevice) *piondtls.Config {
 	key := d.dtls.key
-	dc, err := piondtls.Client(c, f.dtlsGws[gw], &piondtls.Config{
+	return &piondtls.Config{
 		PSK:             func([]byte) ([]byte, error) { return key, nil },
 		PSKIdentityHint: []byte(d.plan.ID),
 		CipherSuites:    []piondtls.CipherSuiteID{piondtls.TLS_PSK_WITH_AES_128_CCM_8},
-	})
+	}
+}
+
+// handshake opens a new DTLS session of d with gateway gw; nil when it
+// failed (counted, unless the run is over).
+func (f *coapFleet) handshake(d *coapDevice, gw int) *dtlsSession {
+	s, err := f.tryHandshake(d, gw)
+	if err != nil {
+		if f.ctx.Err() == nil { // else the run is over: not the gateway's failure
+			f.stats.dtlsFailures.Add(1)
+			f.stats.unanswered.Add(1)
+		}
+		return nil
+	}
+	return s
+}
+
+func (f *coapFleet) tryHandshake(d *coapDevice, gw int) (*dtlsSession, error) {
+	c, err := net.ListenUDP("udp4", &net.UDPAddr{IP: d.addr, Port: dtlsPort})
+	if err != nil {
+		// the port is taken (the previous socket not released yet, or
+		// another process): any port, the session will not be resumed
+		if c, err = net.ListenUDP("udp4", &net.UDPAddr{IP: d.addr}); err != nil {
+			return nil, err
+		}
+	}
+	dc, err := piondtls.Client(c, f.dtlsGws[gw], f.dtlsConfig(d))
 	if err != nil {
 		c.Close()
 		return nil, err
@@ -159,14 +244,17 @@ func (f *coapFleet) handshake(d *coapDevice, gw int) (*piondtls.Conn, error) {
 	f.stats.dtlsHandshakes.Add(1)
 	if err := dc.HandshakeContext(ctx); err != nil {
 		dc.Close()
+		c.Close()
 		return nil, err
 	}
-	return dc, nil
+	return &dtlsSession{dc: dc, sock: c, gw: gw}, nil
 }
 
 // dtlsRequest sends r over dc and waits for its answer; the evidence is
-// the moment it went.
-func (f *coapFleet) dtlsRequest(d *coapDevice, dc *piondtls.Conn, r dtlsReq) {
+// the moment it went. On a resumed session (probe) it sends once and
+// reports whether any answer came, without counting a missing one: the
+// caller shakes hands and sends again.
+func (f *coapFleet) dtlsRequest(d *coapDevice, dc *piondtls.Conn, r dtlsReq, probe bool) bool {
 	at := time.Now()
 	if !r.due.IsZero() {
 		f.stats.late(at.Sub(r.due))
@@ -184,7 +272,7 @@ func (f *coapFleet) dtlsRequest(d *coapDevice, dc *piondtls.Conn, r dtlsReq) {
 	for {
 		if _, err := dc.Write(r.b); err != nil {
 			f.stats.sendErrors.Add(1)
-			return
+			return true
 		}
 		_ = dc.SetReadDeadline(time.Now().Add(wait))
 		for {
@@ -203,14 +291,17 @@ func (f *coapFleet) dtlsRequest(d *coapDevice, dc *piondtls.Conn, r dtlsReq) {
 					d.truth.acked(r.sess, at)
 				}
 			}
-			return
+			return true
 		}
 		if f.ctx.Err() != nil {
-			return // the run is over
+			return true // the run is over
+		}
+		if probe {
+			return false
 		}
 		if !r.con || tries == maxRetransmit {
 			f.stats.unanswered.Add(1)
-			return
+			return true
 		}
 		tries++
 		wait *= 2

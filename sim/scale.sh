@@ -7,6 +7,9 @@
 #                        # the issue's acceptance run: 2 gateways, 1,000 devices, all churn, 40 s
 #   sim/scale.sh simcost [COAP MQTT DURATION DTLS_SHARE]
 #                        # the simulator's own cost: 100,000 CoAP (10 % DTLS) + 10,000 MQTT, 3 min 20 s
+#   sim/scale.sh gwcost  [CLASS N DURATION]
+#                        # the gateway's cost per device of one class (coap, dtls, mqtt): memory,
+#                        # CPU per message, its heap profile's top; 10,000 MQTT devices, 3 min 20 s
 #
 # One redis-server and one `fleetgate run` (Redis store, shipped timings,
 # rate limits raised; `simcost` keeps the shipped per-source limits, as
@@ -127,6 +130,57 @@ EOP
 	tail -n 30 "$dir/simulate.out"
 	echo "progress: $dir/progress.log"
 	tail -n 3 "$dir/progress.log"
+	exit 0
+fi
+if [ "$mode" = gwcost ]; then
+	class=${2:-mqtt}; n=${3:-10000}; duration=${4:-200s}
+	secs=${duration%s}
+	case $class in
+	coap) shares=(--mqtt-share 0 --dtls-share 0) ;;
+	dtls) shares=(--mqtt-share 0 --dtls-share 1) ;;
+	mqtt) shares=(--mqtt-share 1 --dtls-share 0) ;;
+	*) echo "gwcost: class coap, dtls or mqtt, got $class" >&2; exit 2 ;;
+	esac
+	devices_file=$dir/devices.yaml
+	limits='mqtt_max_clients: 200000, anonymous_max_devices: 1000000'
+	gwconf scale-1 'lease: 90s' 'flush_interval: 1s' 'enabled: true'
+	dport=$(udpport)
+	sed -i -e "s|coap: { udp: \"127.0.0.1:$cport\" }|coap: { udp: \"127.0.0.1:$cport\", dtls: \"127.0.0.1:$dport\" }|" \
+		-e "s|admin: { http: \"127.0.0.1:$aport\" }|admin: { http: \"127.0.0.1:$aport\", pprof: true }|" "$dir/scale-1.yaml"
+	fleet=(--coap "127.0.0.1:$cport" --mqtt "127.0.0.1:$mport" --devices "$n" "${shares[@]}" --prefix gwcost- --seed 1)
+	if [ "$class" = dtls ]; then "$bin" simulate --write-devices "$devices_file" "${fleet[@]}"; else echo "devices: []" >"$devices_file"; fi
+	startgw scale-1 "$aport"
+	sleep 5
+	hwm0=$(awk '/VmHWM/{print $2}' "/proc/$gpid/status"); rss0=$(awk '/VmRSS/{print $2}' "/proc/$gpid/status")
+	"$bin" simulate "${fleet[@]}" --dtls "127.0.0.1:$dport" --redis "127.0.0.1:$rport" --duration "$duration" \
+		--scenario none --report "$dir/report.json" --progress 2>"$dir/progress.log" >"$dir/simulate.out" &
+	spid=$!
+	sleep 40
+	t0=$(ticks "$gpid"); r0=$(ticks "$rpid"); s0=$(date +%s.%N)
+	# a CPU profile of 20 s in the middle of the steady part
+	sleep $(((secs - 50) / 2 - 10))
+	curl -sf "127.0.0.1:$aport/debug/pprof/profile?seconds=20" -o "$dir/cpu.pb.gz"
+	sleep $(((secs - 50) - (secs - 50) / 2 - 10))
+	t1=$(ticks "$gpid"); r1=$(ticks "$rpid"); s1=$(date +%s.%N)
+	hwm1=$(awk '/VmHWM/{print $2}' "/proc/$gpid/status"); rss1=$(awk '/VmRSS/{print $2}' "/proc/$gpid/status")
+	curl -sf "127.0.0.1:$aport/debug/pprof/heap" -o "$dir/heap.pb.gz"
+	goroutines=$(curl -sf "127.0.0.1:$aport/debug/pprof/goroutine?debug=1" | head -1 | awk '{print $NF}')
+	curl -sf "127.0.0.1:$aport/metrics" -o "$dir/metrics.txt"
+	wait "$spid" || true
+	python3 - "$dir/report.json" "$t0" "$t1" "$r0" "$r1" "$s0" "$s1" "$hz" "$n" "$hwm0" "$hwm1" "$rss0" "$rss1" "$goroutines" "$class" <<'EOP'
+import json, sys
+r = json.load(open(sys.argv[1])); t0, t1, r0, r1, s0, s1, hz, n, hwm0, hwm1, rss0, rss1, g = (float(x) for x in sys.argv[2:15])
+cpu = (t1 - t0) / hz; rcpu = (r1 - r0) / hz; wall = s1 - s0; msgs = n * wall / 30
+print(f"class {sys.argv[15]}, {n:.0f} devices, heartbeat 30 s: ~{msgs/wall:.0f} messages/s over the {wall:.0f} s steady part")
+print(f"gateway: VmHWM {hwm0/1024:.0f} -> {hwm1/1024:.0f} MiB = {(hwm1-hwm0)*1024/n:.0f} B per device; VmRSS {rss0/1024:.0f} -> {rss1/1024:.0f} MiB = {(rss1-rss0)*1024/n:.0f} B per device; {g:.0f} goroutines")
+print(f"gateway CPU {100*cpu/wall:.1f} % of a core = {1e6*cpu/msgs:.1f} us per message; Redis CPU {100*rcpu/wall:.1f} % = {1e6*rcpu/msgs:.1f} us per message")
+f = r['fleet']
+print(f"heartbeats on schedule: {100*f['heartbeats_on_time']:.2f} %; dtls handshakes {f['dtls_handshakes']} ({f['dtls_handshake_failures']} failed); mqtt connects {f['mqtt_connects']} ({f['mqtt_connect_errors']} failed); coap unanswered {f['coap_unanswered']}")
+print({k: r[k] for k in ('devices','heartbeats_sent','false_offline','missed_offline','log_violations')})
+EOP
+	go tool pprof -top -sample_index=inuse_space -nodecount=25 "$bin" "$dir/heap.pb.gz" 2>/dev/null | sed -n '1,32p'
+	go tool pprof -top -cum -nodecount=40 "$bin" "$dir/cpu.pb.gz" 2>/dev/null | sed -n '1,48p'
+	echo "profiles: $dir/heap.pb.gz $dir/cpu.pb.gz"
 	exit 0
 fi
 gwconf scale-1 'lease: 90s' 'flush_interval: 1s' 'enabled: true'

@@ -102,7 +102,8 @@ func addSnapshots(a, b Snapshot) Snapshot {
 		SendErrors: a.SendErrors + b.SendErrors, Connects: a.Connects + b.Connects, ConnectErrors: a.ConnectErrors + b.ConnectErrors,
 		ConnectErrorKinds: sum(a.ConnectErrorKinds, b.ConnectErrorKinds), Connected: a.Connected + b.Connected,
 		Reconnects: a.Reconnects + b.Reconnects, CoAPCodes: sum(a.CoAPCodes, b.CoAPCodes), Retransmits: a.Retransmits + b.Retransmits,
-		Misrouted: a.Misrouted + b.Misrouted, DTLSHandshakes: a.DTLSHandshakes + b.DTLSHandshakes, DTLSFailures: a.DTLSFailures + b.DTLSFailures, Heartbeats: a.Heartbeats + b.Heartbeats, MaxLateMS: max(a.MaxLateMS, b.MaxLateMS)}
+		Misrouted: a.Misrouted + b.Misrouted, DTLSHandshakes: a.DTLSHandshakes + b.DTLSHandshakes, DTLSFailures: a.DTLSFailures + b.DTLSFailures,
+		DTLSResumes: a.DTLSResumes + b.DTLSResumes, DTLSResumeFailed: a.DTLSResumeFailed + b.DTLSResumeFailed, Heartbeats: a.Heartbeats + b.Heartbeats, MaxLateMS: max(a.MaxLateMS, b.MaxLateMS)}
 }
 
 // CheckTruths judges the union of the parts of a fleet (MergeTruths)

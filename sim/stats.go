@@ -23,6 +23,11 @@ type Stats struct {
 	misrouted      atomic.Int64 // CoAP answers that came to another device's address
 	dtlsHandshakes atomic.Int64
 	dtlsFailures   atomic.Int64 // handshakes that failed
+	// dtlsResumes counts the kept DTLS sessions resumed, and
+	// dtlsResumeFailures those whose first request got no answer (a
+	// handshake followed).
+	dtlsResumes        atomic.Int64
+	dtlsResumeFailures atomic.Int64
 
 	// heartbeats by how late the scheduler sent them
 	scheduled, onTime atomic.Int64 // all, and those within onTimeBound
@@ -94,6 +99,8 @@ type Snapshot struct {
 	Misrouted         int64            `json:"coap_misrouted"`
 	DTLSHandshakes    int64            `json:"dtls_handshakes"`
 	DTLSFailures      int64            `json:"dtls_handshake_failures"`
+	DTLSResumes       int64            `json:"dtls_resumes"`
+	DTLSResumeFailed  int64            `json:"dtls_resume_failures"`
 	// Heartbeats is how many heartbeats the devices' schedule had them
 	// send, OnTime those sent within 100 ms of it, MaxLateMS the latest.
 	Heartbeats int64   `json:"heartbeats"`
@@ -112,6 +119,7 @@ func (s *Stats) snapshot() Snapshot {
 	}
 	return Snapshot{Heartbeats: n, OnTime: share, MaxLateMS: float64(s.maxLate.Load()) / 1e6,
 		DTLSHandshakes: s.dtlsHandshakes.Load(), DTLSFailures: s.dtlsFailures.Load(),
+		DTLSResumes: s.dtlsResumes.Load(), DTLSResumeFailed: s.dtlsResumeFailures.Load(),
 		Retransmits: s.retransmits.Load(), Misrouted: s.misrouted.Load(), Sent: s.sent.Load(), Answered: s.answered.Load(), Unanswered: s.unanswered.Load(),
 		SendErrors: s.sendErrors.Load(), Connects: s.connects.Load(), ConnectErrors: s.connectErr.Load(),
 		Connected: s.connected.Load(), Reconnects: s.reconnects.Load(), CoAPCodes: codes, ConnectErrorKinds: errs}

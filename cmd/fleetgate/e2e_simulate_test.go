@@ -297,7 +297,9 @@ func TestE2ESimulateSplitFleet(t *testing.T) {
 
 // A share of the CoAP devices speaks DTLS with the PSKs of the devices
 // file simulate writes, beside anonymous CoAP and MQTT devices: every
-// handshake succeeds and the checker finds nothing.
+// handshake succeeds, the devices keep their sessions and resume them
+// after the gateway parked them (no resumption fails), and the checker
+// finds nothing.
 func TestE2ESimulateDTLSShare(t *testing.T) {
 	t.Parallel()
 	g := simGateway(t, "gw-d", "")
@@ -319,7 +321,8 @@ func TestE2ESimulateDTLSShare(t *testing.T) {
 	code, out, rep := runSimulate(t, append(fleet, "--dtls", g.dtlsAddr, "--admin", g.admin, "--duration", "8s", "--scenario", "freeze,leave,storm")...)
 	t.Logf("simulate:\n%s", out)
 	f := rep.Fleet
-	if code != 0 || rep.Failed() || rep.Devices != 120 || f.DTLSHandshakes < 48*5 || f.DTLSFailures != 0 || f.Unanswered != 0 {
+	if code != 0 || rep.Failed() || rep.Devices != 120 || f.DTLSHandshakes+f.DTLSResumes < 48*5 || f.DTLSResumes == 0 ||
+		f.DTLSResumeFailed != 0 || f.DTLSFailures != 0 || f.Unanswered != 0 {
 		t.Fatalf("exit %d, report %+v", code, rep)
 	}
 }
