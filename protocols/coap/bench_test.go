@@ -99,7 +99,7 @@ func runBenchChild(mode string) error {
 		defer c.Close()
 		addr, conn = c.LocalAddr(), c
 		go rawLoop(c)
-	case "coap", "data", "dtls":
+	case "coap", "data", "dtls", "dtls-park":
 		reg := prometheus.NewRegistry()
 		o := Options{
 			Addr: "127.0.0.1:0", AllowAnonymous: true, HeartbeatInterval: 30 * time.Second,
@@ -108,6 +108,8 @@ func runBenchChild(mode string) error {
 		switch mode {
 		case "dtls":
 			o.DTLS, o.Credentials = "127.0.0.1:0", benchDevices{}
+		case "dtls-park":
+			o.DTLS, o.Credentials, o.DTLSIdleTimeout = "127.0.0.1:0", benchDevices{}, parkIdle
 		case "data":
 			o.Sink, o.Commands = &countingSink{}, &gatewaytest.Commands{}
 		}
@@ -117,7 +119,7 @@ func runBenchChild(mode string) error {
 		}
 		defer s.Close()
 		addr, conn = s.Addr(), s.udp
-		if mode == "dtls" {
+		if mode == "dtls" || mode == "dtls-park" {
 			addr = s.DTLSAddr()
 		}
 		go func() { _ = s.Serve(context.Background()) }()
@@ -820,6 +822,56 @@ func BenchmarkDTLSPeers(b *testing.B) {
 	b.ReportMetric(rawRate/n, "raw-msgs/cpu-s")
 	b.ReportMetric(perCPU/n, "handshakes/cpu-s")
 	b.ReportMetric(perPeer/n, "B/dtls-peer")
+}
+
+// parkIdle is the DTLS idle timeout of the "dtls-park" child: its idle
+// sessions are parked within parkIdle + sweepInterval.
+const parkIdle = 500 * time.Millisecond
+
+// BenchmarkDTLSResume: 200 devices shake hands over DTLS-PSK one after
+// the other and send a CON heartbeat each (as BenchmarkDTLSPeers), fall
+// silent until the server has parked every session, and send a heartbeat
+// each again on their kept session: the server resumes each from its
+// parked state. It reports the server's resumptions (with their
+// heartbeat) per CPU-second against its full handshakes per CPU-second
+// in the same run, and its live heap per parked session (after the
+// silence, against before the first handshake).
+func BenchmarkDTLSResume(b *testing.B) {
+	srv := startChild(b, "dtls-park")
+	pinTo(b, 1)
+	var fullRate, resumeRate, perParked float64
+	b.ResetTimer()
+	for i := range b.N {
+		before := srv.stat(b, true)
+		var clients []*udpClient.Conn
+		for j := range dtlsPeers {
+			cc := benchDTLSClient(b, srv.addr, fmt.Sprintf("bench-%d-%d", i, j))
+			clients = append(clients, cc)
+			if r := request(b, cc, message.Confirmable, codes.POST, "/hb"); r.code != codes.Changed {
+				b.Fatalf("dtls heartbeat: %v", r.code)
+			}
+		}
+		shook := srv.stat(b, false)
+		time.Sleep(parkIdle + 5*sweepInterval)
+		parked := srv.stat(b, true)
+		for _, cc := range clients {
+			if r := request(b, cc, message.Confirmable, codes.POST, "/hb"); r.code != codes.Changed {
+				b.Fatalf("dtls heartbeat after the silence: %v", r.code)
+			}
+		}
+		resumed := srv.stat(b, false)
+		fullRate += dtlsPeers / (shook.cpu - before.cpu).Seconds()
+		resumeRate += dtlsPeers / (resumed.cpu - parked.cpu).Seconds()
+		perParked += float64(parked.mem-before.mem) / dtlsPeers
+		for _, cc := range clients {
+			_ = cc.Close()
+		}
+	}
+	n := float64(b.N)
+	b.ReportMetric(fullRate/n, "handshakes/cpu-s")
+	b.ReportMetric(resumeRate/n, "resumes/cpu-s")
+	b.ReportMetric(resumeRate/fullRate, "ratio-to-handshake")
+	b.ReportMetric(perParked/n, "B/parked-session")
 }
 
 // benchDTLSClient shakes hands with the DTLS server at addr as identity
