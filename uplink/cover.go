@@ -29,8 +29,11 @@ import (
 //     evidence is seconds old when it arrives), and the first calls after
 //     the stall would cover it before it is read. A flush timer that
 //     fires late by more than half a flush interval marks a stall, and
-//     the coverage stays at the timer's start until a flush interval
-//     after it fired (stallHold), time for the backlog to be read.
+//     the coverage stays at the timer's start for as long after it fired
+//     as it was late, and at least a flush interval (stallHold): time for
+//     the backlog to be read, which takes longer the longer the stall
+//     (a 3.6 s stop read back within a flush interval of 100 ms is not
+//     what a gateway sharing its CPU does).
 //
 // What the call itself carries is written with it, and what an earlier
 // call carried is either applied or, when that call failed, in the
@@ -45,12 +48,23 @@ type stall struct {
 // stallHold decides whether a flush timer started at started for
 // interval that fired at fired marks a stall of the process, and if so
 // from when the coverage is held (the timer's start: the process ran
-// then) and until when (a flush interval after it fired).
-func stallHold(started, fired time.Time, interval time.Duration) (from, until time.Time, stalled bool) {
-	if fired.Sub(started)-interval <= interval/2 {
+// then) and until when: as long after it fired as it was late, but not
+// past the gateway horizon (lease + gateway_grace) from its start, so that
+// a device that stopped before the stall is still reported within the
+// bound of a lost gateway; and at least an interval after it fired.
+func stallHold(started, fired time.Time, interval, horizon time.Duration) (from, until time.Time, stalled bool) {
+	late := fired.Sub(started) - interval
+	if late <= interval/2 {
 		return time.Time{}, time.Time{}, false
 	}
-	return started, fired.Add(interval), true
+	until = fired.Add(late)
+	if end := started.Add(horizon); until.After(end) {
+		until = end
+	}
+	if least := fired.Add(interval); until.Before(least) {
+		until = least
+	}
+	return started, until, true
 }
 
 // note records a stall from from, the coverage held until until.

@@ -144,44 +144,61 @@ func TestCoverageStopsAtMergedEvidence(t *testing.T) {
 }
 
 // stallHold: a flush timer that fires more than half an interval late
-// marks a stall; the coverage is held at the timer's start until an
-// interval after it fired.
+// marks a stall; the coverage is held at the timer's start for as long
+// after it fired as it was late, at least an interval. A gateway stopped
+// for 3.6 s with a flush interval of 100 ms reads its sockets' backlog
+// for longer than 100 ms when it shares its CPU: held for 100 ms only,
+// its next call covered renewals still unread and the store expired
+// devices that had kept sending.
+//
+// The hold never ends past the gateway horizon (lease + gateway_grace,
+// here 9 s) from the stall's start, so that a device that stopped before
+// the stall is reported within the bound of a lost gateway; but it lasts
+// at least an interval after the wake-up.
 func TestStallHold(t *testing.T) {
 	t0 := time.UnixMilli(1_000_000)
-	const interval = time.Second
+	const horizon = 9 * time.Second
 	for _, tc := range []struct {
-		fired   time.Duration
-		stalled bool
+		interval, fired time.Duration
+		stalled         bool
+		hold            time.Duration // after fired
 	}{
-		{interval, false},
-		{interval + interval/2, false},
-		{interval + interval/2 + time.Millisecond, true},
-		{5 * time.Second, true},
+		{time.Second, time.Second, false, 0},
+		{time.Second, 1500 * time.Millisecond, false, 0},
+		{time.Second, 1501 * time.Millisecond, true, time.Second},
+		{time.Second, 5 * time.Second, true, 4 * time.Second},
+		{100 * time.Millisecond, 3700 * time.Millisecond, true, 3600 * time.Millisecond},
+		{time.Second, 6 * time.Second, true, 3 * time.Second},     // the horizon: until 9 s
+		{time.Second, 8500 * time.Millisecond, true, time.Second}, // at least an interval
 	} {
-		from, until, stalled := stallHold(t0, t0.Add(tc.fired), interval)
-		if stalled != tc.stalled || stalled && (!from.Equal(t0) || !until.Equal(t0.Add(tc.fired+interval))) {
-			t.Errorf("fired after %v: %v, %v, %v; want stalled %v", tc.fired, from, until, stalled, tc.stalled)
+		from, until, stalled := stallHold(t0, t0.Add(tc.fired), tc.interval, horizon)
+		if stalled != tc.stalled || stalled && (!from.Equal(t0) || !until.Equal(t0.Add(tc.fired+tc.hold))) {
+			t.Errorf("interval %v, fired after %v: %v, %v, %v; want stalled %v, held until %v after",
+				tc.interval, tc.fired, from, until, stalled, tc.stalled, tc.hold)
 		}
 	}
 }
 
 // After a stall the coverage of every shard stays at the stall's start
 // (what devices sent meanwhile is still in the sockets and the adapters'
-// streams) until an interval after the process woke, then moves on.
+// streams) for as long after the process woke as it was stalled, then
+// moves on.
 func TestCoverageHeldAfterAStall(t *testing.T) {
 	const interval = time.Second
 	u, e := newEmbeddedUplink(t, Options{FlushInterval: interval})
 	before := e.clock.Now()
 	e.clock.Advance(5 * time.Second) // stopped
 	woke := e.clock.Now()
-	from, until, stalled := stallHold(before, woke, interval)
+	from, until, stalled := stallHold(before, woke, interval, time.Minute)
 	if !stalled {
 		t.Fatal("a timer 4 s late is not a stall")
 	}
 	u.stall.note(from, until)
 	flushCovers(t, e, "right after the stall (held at its start)", before.Add(-interval))
 	e.clock.Advance(interval)
-	flushCovers(t, e, "an interval after the stall", e.clock.Now().Add(-interval))
+	flushCovers(t, e, "an interval after the stall (still held)", before.Add(-interval))
+	e.clock.Advance(3 * time.Second)
+	flushCovers(t, e, "as long after the stall as it lasted", e.clock.Now().Add(-interval))
 }
 
 // The flush loop marks the stall itself: its timer, started before the

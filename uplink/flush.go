@@ -28,7 +28,7 @@ func (u *Uplink) flushLoop(ctx context.Context) {
 		}
 		// a wake-up later than the timer's by half an interval: the
 		// process stalled (cover.go)
-		if from, until, stalled := stallHold(started, u.clock.Now(), interval); stalled {
+		if from, until, stalled := stallHold(started, u.clock.Now(), interval, u.timing().lease+u.grace); stalled {
 			u.stall.note(from, until)
 		}
 		// A flush under way finishes (bounded by Options.Timeout) even if
