@@ -129,7 +129,8 @@ test-faults: deps
 # drawn from SEED, checked in windows and at the end (docs/reliability.md).
 # A failing run prints its seed and the line that replays it. TOPOLOGY
 # (standalone|cluster), GATEWAYS (2|3) and DEVICES override the draw;
-# SOAK_DUMP=dir keeps the event log and the gateways' logs.
+# SOAK_DUMP=dir keeps the event log and the gateways' logs; SOAK_LOG_LEVEL=debug
+# keeps the gateways at that level throughout (the same plan).
 #   make soak DURATION=30m SEED=42
 DURATION ?= 30m
 SEED     ?= $(shell date +%s)

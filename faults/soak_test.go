@@ -3,6 +3,7 @@
 package faults
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"maps"
@@ -33,7 +34,10 @@ import (
 // SOAK_SEED, SOAK_DURATION (3m), SOAK_TOPOLOGY (standalone | cluster),
 // SOAK_GATEWAYS (2 | 3), SOAK_DEVICES (120) set the run; the seed draws
 // what they leave unset. SOAK_DUMP=dir writes every event judged to
-// dir/events.txt and the gateways' logs to dir/gw-*.log.
+// dir/events.txt and the gateways' logs to dir/gw-*.log; SOAK_LOG_LEVEL
+// (debug, info, ...) keeps the gateways at that level throughout (the
+// nemesis's reloads draw a level as before, so the plan is the same, and
+// leave it as it is).
 func TestSoak(t *testing.T) {
 	env := func(k, def string) string {
 		if v := os.Getenv(k); v != "" {
@@ -195,6 +199,9 @@ func newSoakRig(t *testing.T, plan soakPlan) *soakRig {
 		g := newGateway(t, "gw-"+string(rune('a'+i)), a)
 		maps.Copy(g.cfg.Extra, extra)
 		maps.Copy(g.cfg.Extra, mb.config(i))
+		if soakLogLevel != "" {
+			g.cfg.Extra["log.level"] = soakLogLevel
+		}
 		g.writeConfig()
 		g.start()
 		r.gws = append(r.gws, g)
@@ -384,7 +391,7 @@ func (r *soakRig) inject(f *faultRun) func() {
 		g := r.gws[f.target]
 		g.cfg.Extra["uplink.flush_interval"] = f.reload.flush.String()
 		g.cfg.Extra["uplink.max_batch"] = f.reload.maxBatch
-		g.cfg.Extra["log.level"] = f.reload.level
+		g.cfg.Extra["log.level"] = cmp.Or(soakLogLevel, f.reload.level)
 		g.writeConfig()
 		r.signal(g, syscall.SIGHUP)
 	case mqttStorm:
@@ -517,6 +524,10 @@ func (r *soakRig) checkInWindows(chk *soakChecker) (stop func()) {
 	}()
 	return func() { close(quit); <-done }
 }
+
+// soakLogLevel is SOAK_LOG_LEVEL: the gateways' log level throughout the
+// soak, "" for the nemesis's draws.
+var soakLogLevel = os.Getenv("SOAK_LOG_LEVEL")
 
 const soakWindow = 10 * time.Second
 
