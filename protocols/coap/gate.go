@@ -2,6 +2,7 @@ package coap
 
 import (
 	"bytes"
+	"container/list"
 	"crypto/rand"
 	"errors"
 	"fmt"
@@ -123,12 +124,12 @@ type gate struct {
 	byPrefix map[netip.Prefix]int
 	peers    map[netip.AddrPort]*peer
 
-	// maxParked bounds parked (park.go); order is the parking order,
-	// oldest first, with stale entries. resumes hands the resumed peers
-	// to the listener.
+	// maxParked bounds parked (park.go), which finds each parked
+	// session's entry in order, the parking order. resumes hands the
+	// resumed peers to the listener.
 	maxParked int
-	parked    map[netip.AddrPort]parkedSession
-	order     []parkedOrder
+	parked    map[netip.AddrPort]*list.Element // of order
+	order     *list.List                       // of *parkedEntry, oldest first
 	resumes   chan resumption
 }
 
@@ -159,7 +160,8 @@ func newGate(addr string, maxPeers, maxParked int, m *metrics, refused func(), n
 		byPrefix:  make(map[netip.Prefix]int),
 		peers:     make(map[netip.AddrPort]*peer),
 		maxParked: maxParked,
-		parked:    make(map[netip.AddrPort]parkedSession),
+		parked:    make(map[netip.AddrPort]*list.Element),
+		order:     list.New(),
 		resumes:   make(chan resumption, acceptBacklog),
 	}
 	if err := g.keys.rotate(now(), rand.Reader); err != nil {
@@ -198,9 +200,9 @@ func (g *gate) dispatch(from netip.AddrPort, b []byte) {
 	}
 	if isSessionRecord(b) {
 		g.mu.Lock()
-		if s, ok := g.unpark(from); ok && !g.closing {
-			if g.now().Sub(s.at) >= parkTTL || !g.resume(from, s, b) {
-				g.refused()
+		if s, ok := g.unpark(from); ok && !g.closing && g.now().Sub(s.at) < parkTTL {
+			if !g.resume(from, s, b) {
+				g.refused() // no slot: parked again, for the retransmission
 			}
 		}
 		g.mu.Unlock()
@@ -505,7 +507,7 @@ func (l gatedListener) Close() error {
 	close(g.done)
 	g.metrics.dtlsParked.Sub(float64(len(g.parked)))
 	clear(g.parked)
-	g.order = nil
+	g.order.Init()
 	g.mu.Unlock()
 	for {
 		select {

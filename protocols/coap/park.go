@@ -46,12 +46,10 @@ type resumption struct {
 	session parkedSession
 }
 
-// parkedOrder is an entry of the gate's parking order: the address and
-// the time it was parked (an entry whose time is not the parked session's
-// is stale: that session was resumed or replaced since).
-type parkedOrder struct {
-	addr netip.AddrPort
-	at   time.Time
+// parkedEntry is a parked session in the gate's parking order.
+type parkedEntry struct {
+	addr    netip.AddrPort
+	session parkedSession
 }
 
 // isSessionRecord reports whether datagram b starts with a record of an
@@ -71,44 +69,35 @@ func (g *gate) park(addr netip.AddrPort, s parkedSession) {
 	if g.maxParked <= 0 || g.closing {
 		return
 	}
-	if _, ok := g.parked[addr]; !ok {
-		g.metrics.dtlsParked.Inc()
-	}
-	g.parked[addr] = s
-	g.order = append(g.order, parkedOrder{addr: addr, at: s.at})
+	g.unpark(addr)
+	g.parked[addr] = g.order.PushBack(&parkedEntry{addr: addr, session: s})
+	g.metrics.dtlsParked.Inc()
 	g.pruneParked(s.at)
 }
 
 // pruneParked drops the parked sessions older than parkTTL at now and the
-// oldest beyond g.maxParked, and compacts the order. Called with g.mu held.
+// oldest beyond g.maxParked. Called with g.mu held.
 func (g *gate) pruneParked(now time.Time) {
-	for len(g.order) > 0 {
-		o := g.order[0]
-		s, ok := g.parked[o.addr]
-		current := ok && s.at.Equal(o.at)
-		if current && len(g.parked) <= g.maxParked && now.Sub(o.at) < parkTTL {
-			break
+	for e := g.order.Front(); e != nil; e = g.order.Front() {
+		pe := e.Value.(*parkedEntry)
+		if len(g.parked) <= g.maxParked && now.Sub(pe.session.at) < parkTTL {
+			return
 		}
-		g.order = g.order[1:]
-		if current {
-			delete(g.parked, o.addr)
-			g.metrics.dtlsParked.Dec()
-		}
-	}
-	if cap(g.order) > 64 && len(g.order) < cap(g.order)/4 {
-		g.order = append(make([]parkedOrder, 0, 2*len(g.order)), g.order...)
+		g.unpark(pe.addr)
 	}
 }
 
 // unpark removes and returns the parked session of addr. Called with g.mu
 // held.
 func (g *gate) unpark(addr netip.AddrPort) (parkedSession, bool) {
-	s, ok := g.parked[addr]
-	if ok {
-		delete(g.parked, addr)
-		g.metrics.dtlsParked.Dec()
+	e, ok := g.parked[addr]
+	if !ok {
+		return parkedSession{}, false
 	}
-	return s, ok
+	delete(g.parked, addr)
+	g.order.Remove(e)
+	g.metrics.dtlsParked.Dec()
+	return e.Value.(*parkedEntry).session, true
 }
 
 // dropParked removes the parked sessions for which drop reports true and
@@ -117,14 +106,20 @@ func (g *gate) dropParked(drop func(parkedSession) bool) int {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	n := 0
-	for addr, s := range g.parked {
-		if drop(s) {
-			delete(g.parked, addr)
-			g.metrics.dtlsParked.Dec()
+	for addr, e := range g.parked {
+		if drop(e.Value.(*parkedEntry).session) {
+			g.unpark(addr)
 			n++
 		}
 	}
 	return n
+}
+
+// repark puts session s of addr back at the front of the parking order
+// (it keeps its age). Called with g.mu held.
+func (g *gate) repark(addr netip.AddrPort, s parkedSession) {
+	g.parked[addr] = g.order.PushFront(&parkedEntry{addr: addr, session: s})
+	g.metrics.dtlsParked.Inc()
 }
 
 // resume makes a peer of the parked session s of addr, whose datagram b
@@ -136,8 +131,7 @@ func (g *gate) resume(from netip.AddrPort, s parkedSession, b []byte) bool {
 	select {
 	case g.slots <- struct{}{}:
 	default:
-		g.parked[from] = s
-		g.metrics.dtlsParked.Inc()
+		g.repark(from, s)
 		return false
 	}
 	g.refs++
@@ -151,8 +145,7 @@ func (g *gate) resume(from netip.AddrPort, s parkedSession, b []byte) bool {
 		return true
 	default:
 		delete(g.peers, from)
-		g.parked[from] = s
-		g.metrics.dtlsParked.Inc()
+		g.repark(from, s)
 		go func() { _ = p.Close() }() // Close takes g.mu
 		return false
 	}

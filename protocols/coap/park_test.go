@@ -232,3 +232,30 @@ func TestParkedBounds(t *testing.T) {
 		t.Fatalf("gauge %v, want 1", v)
 	}
 }
+
+// Parking one address again and again, behind an old parked session,
+// keeps one entry per parked session: the parking order does not grow
+// with the re-parkings (100,000 devices parking every heartbeat).
+func TestParkedOrderStaysBounded(t *testing.T) {
+	m, err := newMetrics(prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := newGate("127.0.0.1:0", 16, 10, m, func() {}, time.Now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = gatedListener{g}.Close() })
+	at := time.Unix(1_700_000_000, 0)
+	lo := netip.MustParseAddr("127.0.0.1")
+	g.park(netip.AddrPortFrom(lo, 1), parkedSession{device: "sleepy", at: at})
+	for i := range 1000 {
+		g.park(netip.AddrPortFrom(lo, 2), parkedSession{device: "busy", at: at.Add(time.Duration(i) * time.Second)})
+	}
+	g.mu.Lock()
+	n, order := len(g.parked), g.order.Len()
+	g.mu.Unlock()
+	if n != 2 || order != 2 {
+		t.Fatalf("%d parked, %d in the parking order; want 2 and 2", n, order)
+	}
+}
