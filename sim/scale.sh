@@ -164,7 +164,8 @@ if [ "$mode" = gwcost ]; then
 	t1=$(ticks "$gpid"); r1=$(ticks "$rpid"); s1=$(date +%s.%N)
 	hwm1=$(awk '/VmHWM/{print $2}' "/proc/$gpid/status"); rss1=$(awk '/VmRSS/{print $2}' "/proc/$gpid/status")
 	curl -sf "127.0.0.1:$aport/debug/pprof/heap" -o "$dir/heap.pb.gz"
-	goroutines=$(curl -sf "127.0.0.1:$aport/debug/pprof/goroutine?debug=1" | head -1 | awk '{print $NF}')
+	curl -sf "127.0.0.1:$aport/debug/pprof/goroutine?debug=1" -o "$dir/goroutines.txt"
+	goroutines=$(head -1 "$dir/goroutines.txt" | awk '{print $NF}')
 	curl -sf "127.0.0.1:$aport/metrics" -o "$dir/metrics.txt"
 	wait "$spid" || true
 	python3 - "$dir/report.json" "$t0" "$t1" "$r0" "$r1" "$s0" "$s1" "$hz" "$n" "$hwm0" "$hwm1" "$rss0" "$rss1" "$goroutines" "$class" <<'EOP'
