@@ -7,6 +7,9 @@
 #                        # the issue's acceptance run: 2 gateways, 1,000 devices, all churn, 40 s
 #   sim/scale.sh simcost [COAP MQTT DURATION DTLS_SHARE]
 #                        # the simulator's own cost: 100,000 CoAP (10 % DTLS) + 10,000 MQTT, 3 min 20 s
+#   sim/scale.sh run     [COAP MQTT DURATION AT DTLS_SHARE]
+#                        # the scale run (`make scale`): 100,000 CoAP (10 % DTLS) + 10,000 MQTT, freeze and
+#                        # leave churn, 10 min, the gateway restarted at AT s (the MQTT devices' reconnect storm)
 #   sim/scale.sh gwcost  [CLASS N DURATION]
 #                        # the gateway's cost per device of one class (coap, dtls, mqtt): memory,
 #                        # CPU per message, its heap profile's top; 10,000 MQTT devices, 3 min 20 s
@@ -130,6 +133,51 @@ EOP
 	tail -n 30 "$dir/simulate.out"
 	echo "progress: $dir/progress.log"
 	tail -n 3 "$dir/progress.log"
+	exit 0
+fi
+if [ "$mode" = run ]; then
+	coap=${2:-100000}; mqtt=${3:-10000}; duration=${4:-600s}; at=${5:-300}; dtls=${6:-0.1}
+	devices=$((coap + mqtt))
+	share=$(python3 -c "print($mqtt/$devices)")
+	devices_file=$dir/devices.yaml
+	limits='mqtt_max_clients: 200000, anonymous_max_devices: 1000000'
+	gwconf scale-1 'lease: 90s' 'flush_interval: 1s' 'enabled: true'
+	dport=$(udpport)
+	sed -i "s|coap: { udp: \"127.0.0.1:$cport\" }|coap: { udp: \"127.0.0.1:$cport\", dtls: \"127.0.0.1:$dport\" }|" "$dir/scale-1.yaml"
+	fleet=(--coap "127.0.0.1:$cport" --mqtt "127.0.0.1:$mport" --devices "$devices" --mqtt-share "$share" --dtls-share "$dtls" --prefix run- --seed 1)
+	"$bin" simulate --write-devices "$devices_file" "${fleet[@]}"
+	"$bin" check-config -c "$dir/scale-1.yaml" 2>/dev/null | grep -E '^worst-case detection ' || true
+	startgw scale-1 "$aport"
+	g1=$gpid
+	"$bin" simulate "${fleet[@]}" --dtls "127.0.0.1:$dport" --redis "127.0.0.1:$rport" --duration "$duration" \
+		--scenario freeze,leave --report "$dir/report.json" --progress 2>"$dir/progress.log" >"$dir/simulate.out" &
+	spid=$!
+	t0=$(ticks "$g1"); r0=$(ticks "$rpid"); s0=$(date +%s.%N)
+	sleep "$at"
+	ta=$(ticks "$g1"); hwm1=$(awk '/VmHWM/{print $2}' "/proc/$g1/status")
+	echo "restart at $(date -u +%T.%N | cut -c1-12)"
+	kill -TERM "$g1"; wait "$g1" || true
+	startgw scale-1 "$aport"
+	g2=$gpid
+	echo "ready at $(date -u +%T.%N | cut -c1-12)"
+	tb=$(ticks "$g2")
+	# the second process's peak, sampled each second until the fleet stops
+	while kill -0 "$spid" 2>/dev/null; do
+		t2=$(ticks "$g2"); r1=$(ticks "$rpid"); s1=$(date +%s.%N); hwm2=$(awk '/VmHWM/{print $2}' "/proc/$g2/status")
+		sleep 1
+	done
+	wait "$spid" || true
+	python3 - "$dir/report.json" "$t0" "$ta" "$tb" "$t2" "$r0" "$r1" "$s0" "$s1" "$hz" "$devices" "$hwm1" "$hwm2" <<'EOP'
+import json, sys
+r = json.load(open(sys.argv[1])); t0, ta, tb, t2, r0, r1, s0, s1, hz, n, hwm1, hwm2 = (float(x) for x in sys.argv[2:])
+wall = s1 - s0; cpu = ((ta - t0) + (t2 - tb)) / hz; rcpu = (r1 - r0) / hz
+print(f"gateway CPU {cpu:.1f} s over {wall:.0f} s = {100*cpu/wall:.1f} % of a core (both processes); Redis {100*rcpu/wall:.1f} %")
+print(f"gateway peak RSS: first process {hwm1/1024:.0f} MiB, second {hwm2/1024:.0f} MiB ({max(hwm1, hwm2)*1024/n:.0f} B per device)")
+f = r['fleet']
+print(f"heartbeats on schedule: {100*f['heartbeats_on_time']:.2f} %; dtls handshakes {f['dtls_handshakes']}, resumes {f.get('dtls_resumes')} ({f.get('dtls_resume_failures')} not answered); mqtt connects {f['mqtt_connects']} ({f['mqtt_connect_errors']} failed), reconnects {f.get('reconnects')}; coap unanswered {f['coap_unanswered']}")
+print({k: r[k] for k in ('devices','heartbeats_sent','false_offline','missed_offline','log_violations','missed_online','late_offline','pending','detection_ms','bound_ms')})
+EOP
+	tail -n 40 "$dir/simulate.out"
 	exit 0
 fi
 if [ "$mode" = gwcost ]; then
