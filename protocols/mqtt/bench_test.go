@@ -85,31 +85,14 @@ func benchClient(addr string) int {
 		return 2
 	}
 	conns := make([]net.Conn, n)
-	var next atomic.Int64
-	var failed atomic.Value
-	var wg sync.WaitGroup
 	begin := time.Now()
-	for range 64 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				i := int(next.Add(1)) - 1
-				if i >= n {
-					return
-				}
-				c, err := dialConnect(addr, i)
-				if err != nil {
-					failed.Store(err)
-					return
-				}
-				conns[i] = c
-			}
-		}()
-	}
-	wg.Wait()
+	err = each(n, func(i int) error {
+		c, err := dialConnect(addr, i)
+		conns[i] = c
+		return err
+	})
 	elapsed := time.Since(begin)
-	if err, ok := failed.Load().(error); ok {
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench client:", err)
 		return 1
 	}
@@ -168,24 +151,33 @@ func dialConnect(addr string, i int) (net.Conn, error) {
 // on each connection, 64 connections at a time, and waits for every
 // PUBACK: a device's telemetry at its heartbeat.
 func publishOnEach(conns []net.Conn) error {
+	return each(len(conns), func(i int) error {
+		if err := publishOne(conns[i], fmt.Sprintf("devices/bench-%d/t", i)); err != nil {
+			return fmt.Errorf("publish %d: %w", i, err)
+		}
+		return nil
+	})
+}
+
+// each runs f for 0 ≤ i < n on 64 goroutines and returns the first error
+// (a goroutine stops at its first).
+func each(n int, f func(i int) error) error {
 	var next atomic.Int64
 	errs := make(chan error, 64)
 	var wg sync.WaitGroup
 	for range 64 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			for {
 				i := int(next.Add(1)) - 1
-				if i >= len(conns) {
+				if i >= n {
 					return
 				}
-				if err := publishOne(conns[i], fmt.Sprintf("devices/bench-%d/t", i)); err != nil {
-					errs <- fmt.Errorf("publish %d: %w", i, err)
+				if err := f(i); err != nil {
+					errs <- err
 					return
 				}
 			}
-		}()
+		})
 	}
 	wg.Wait()
 	close(errs)
