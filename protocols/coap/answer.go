@@ -127,7 +127,7 @@ func (a *answer) compose(m *message.Message, level int, sc *scratch) carried {
 		sc.query = strconv.AppendUint(append(sc.query[:0], "c="...), a.cmd.ID, 10)
 		opts = append(opts, message.Option{ID: message.LocationQuery, Value: sc.query})
 	case level == keepMarker:
-		uintOpt(message.Size2, uint32(min(commandAnswerSize(a.cmd), math.MaxUint32)), &sc.vals[2])
+		uintOpt(message.Size2, uint32(min(uint64(commandAnswerSize(a.cmd)), math.MaxUint32)), &sc.vals[2])
 		got = carriedMarker
 	}
 	m.Options = opts
