@@ -86,7 +86,7 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	case args[0] == "help":
 		return dispatch(ctx, append(args[1:], "--help"), stdout, stderr)
 	case args[0] == "--version":
-		fmt.Fprintf(stdout, "fleetgate %s\n", version)
+		fmt.Fprintf(stdout, "fleetgate %s\n", currentBuild().Version)
 		return 0
 	}
 	for _, c := range commands() {

@@ -6,6 +6,7 @@ import (
 	"io"
 	"runtime"
 	"runtime/debug"
+	"strings"
 )
 
 // version is set by the linker (-X main.version=...), and so are
@@ -33,20 +34,38 @@ type buildInfo struct {
 // currentBuild reads the build from the linker's variables and the Go
 // toolchain's build information.
 func currentBuild() buildInfo {
-	b := buildInfo{Version: version, Go: runtime.Version(), Built: buildDate, Commit: commit}
-	if bi, ok := debug.ReadBuildInfo(); ok {
-		dirty := false
-		for _, s := range bi.Settings {
-			switch s.Key {
-			case "vcs.revision":
-				b.Commit = s.Value
-			case "vcs.modified":
-				dirty = s.Value == "true"
-			}
+	bi, _ := debug.ReadBuildInfo()
+	return buildFrom(version, commit, buildDate, bi)
+}
+
+// buildFrom is the build that the linker's variables (version, commit,
+// built: what a release stamps) and the toolchain's build information bi
+// (nil: none) describe. A binary whose version the linker did not set
+// ("dev") takes its module's version when the toolchain recorded one:
+// `go install github.com/fleetgate/fleetgate/cmd/fleetgate@v1.2.3`
+// gives 1.2.3, a build in a git checkout a pseudo-version
+// (0.0.0-<commit time>-<hash>, +dirty with changes). The VCS revision
+// that the toolchain recorded wins over the linker's commit, with
+// "+dirty" when the tree had changes.
+func buildFrom(version, commit, built string, bi *debug.BuildInfo) buildInfo {
+	b := buildInfo{Version: version, Go: runtime.Version(), Built: built, Commit: commit}
+	if bi == nil {
+		return b
+	}
+	if v := bi.Main.Version; version == "dev" && v != "" && v != "(devel)" {
+		b.Version = strings.TrimPrefix(v, "v")
+	}
+	dirty := false
+	for _, s := range bi.Settings {
+		switch s.Key {
+		case "vcs.revision":
+			b.Commit = s.Value
+		case "vcs.modified":
+			dirty = s.Value == "true"
 		}
-		if dirty && b.Commit != "" {
-			b.Commit += "+dirty"
-		}
+	}
+	if dirty && b.Commit != "" {
+		b.Commit += "+dirty"
 	}
 	return b
 }
