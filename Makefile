@@ -9,7 +9,7 @@ BUILD_DATE ?= $(shell date -u -d @$${SOURCE_DATE_EPOCH:-$$(date +%s)} +%Y-%m-%dT
 COMMIT ?= $(shell git rev-parse HEAD 2>/dev/null)
 LDFLAGS := -X main.version=$(VERSION) -X main.buildDate=$(BUILD_DATE) -X main.commit=$(COMMIT)
 
-.PHONY: all build plugins generate run test test-faults soak scale deps vet bench fuzz clean deb rpm packages test-packages man screenshots
+.PHONY: all build plugins generate run test tarballs sboms image release test-faults soak scale deps vet bench fuzz clean deb rpm packages test-packages man screenshots
 
 all: build
 
@@ -17,10 +17,12 @@ build: plugins
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/fleetgate
 
 # The shipped adapter plugins (plugins/README.md), one executable each.
+# Built like the packaged binary (build/pkg/<arch>): static
+# (CGO_ENABLED=0), -trimpath.
 ADAPTERS := udpline lorawan modbus
 plugins:
 	@mkdir -p bin/plugins
-	for a in $(ADAPTERS); do $(GO) build -ldflags "$(LDFLAGS)" -o bin/plugins/$$a ./plugins/$$a || exit 1; done
+	for a in $(ADAPTERS); do CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o bin/plugins/$$a ./plugins/$$a || exit 1; done
 
 # Regenerates plugins/proto from adapter.proto with protoc and the
 # generators pinned as tools in go.mod (a test fails when it is stale).
@@ -48,8 +50,12 @@ run: build
 # paho-mqtt (paho: checked as an import of /usr/bin/python3) and mqtt.js
 # (mqttjs: Debian's node-mqtt, checked as a require);
 # bash and zsh (the completion scripts' tests), groff (the man page's);
-# chromium (the admin page's browser tests, cmd/fleetgate e2e_page_test.go).
+# chromium (the admin page's browser tests, cmd/fleetgate e2e_page_test.go);
+# skopeo (reads the OCI archive of `make image` in its tests), qemu-user
+# (the release test runs each arch's binary: qemu-aarch64, qemu-arm,
+# qemu-riscv64).
 DEPS := redis-server:redis-server redis-cli:redis-server chromium:chromium \
+	skopeo:skopeo qemu-aarch64:qemu-user qemu-arm:qemu-user qemu-riscv64:qemu-user \
 	bash:bash zsh:zsh groff:groff-base \
 	mosquitto_pub:mosquitto-clients mosquitto_sub:mosquitto-clients \
 	coap-client,coap-client-notls:libcoap3-bin \
@@ -167,35 +173,47 @@ bench: deps
 clean:
 	rm -rf bin .run build dist
 
-# --- Packages (systemd/nfpm.yaml): dist/fleetgate_<version>_<arch>.deb and
-# dist/fleetgate-<version>-1.<arch>.rpm for every arch in ARCHS. nfpm runs
-# as a pinned Go module, outside go.mod. The package version comes from the
-# newest v* tag (v1.2.3 -> 1.2.3, +N.gHASH past it), else
-# 0.0.0+git<commit date>.<hash>; .dirty appended for uncommitted changes.
-ARCHS       ?= amd64 arm64
+# --- Packages (systemd/nfpm.yaml): dist/fleetgate_<version>_<debian arch>.deb
+# and dist/fleetgate-<version>-1.<rpm arch>.rpm for every arch in ARCHS:
+# amd64, arm64, armv7 (GOARCH=arm GOARM=7; Debian armhf, rpm armv7hl) and
+# riscv64. nfpm is a tool pinned in go.mod (`go tool nfpm`). The package
+# version comes from the newest v* tag (v1.2.3 -> 1.2.3, +N.gHASH past
+# it), else 0.0.0+git<commit date>.<hash>; .dirty appended for
+# uncommitted changes.
+ARCHS       ?= amd64 arm64 armv7 riscv64
 DIST        ?= dist
-NFPM        ?= $(GO) run github.com/goreleaser/nfpm/v2/cmd/nfpm@v2.45.2
-HOSTARCH    := $(shell $(GO) env GOARCH)
-PLUGINS     ?= bin/plugins
+NFPM        ?= $(GO) tool nfpm
 ifndef PKG_VERSION
 PKG_VERSION := $(shell v=$$(git describe --tags --match 'v[0-9]*' 2>/dev/null | sed -e 's/^v//' -e 's/-\([0-9]*\)-g/+\1.g/'); \
 	[ -n "$$v" ] || v=0.0.0+git$$(git log -1 --format=%cd --date=format:%Y%m%d 2>/dev/null).$$(git rev-parse --short HEAD 2>/dev/null); \
 	git diff --quiet HEAD 2>/dev/null || v=$$v.dirty; echo $$v)
 endif
+# An arch's names for Go, Debian and nfpm.
+goarch   = $(if $(filter armv7,$1),arm,$1)
+goarm    = $(if $(filter armv7,$1),7)
+debarch  = $(if $(filter armv7,$1),armhf,$1)
+nfpmarch = $(if $(filter armv7,$1),arm7,$1)
+comma   := ,
+space   := $(subst ,, )
+# The date of every file in the packages, tarballs and image, and the
+# build date stamped in the binaries: SOURCE_DATE_EPOCH, else the commit's.
+REL_EPOCH := $(or $(SOURCE_DATE_EPOCH),$(shell git log -1 --format=%ct 2>/dev/null))
+REL_DATE  := $(shell date -u -d @$(REL_EPOCH) +%Y-%m-%dT%H:%M:%SZ)
 
-# build/pkg/<arch>: the binary (static, stripped), the adapters ($(PLUGINS)/*
-# from `make plugins` for the host arch, $(PLUGINS)-<arch>/* for another),
-# the man page, the shell completions (of the host's build: they are the
-# same on every arch), the Debian changelog and the copyright file:
-# systemd/copyright, then the
+# build/pkg/<arch>: the binary and the adapters (static, stripped, PIE
+# on amd64 and arm64, where Go links it without cgo, -trimpath, no build ID, stamped with PKG_VERSION, the commit and
+# REL_DATE: the same tree gives the same bytes), the man page, the shell
+# completions (of the host's build: they are the same on every arch), the
+# Debian changelog and the copyright file: systemd/copyright, then the
 # licenses of the Go modules that the binary and the adapters compile in
 # for <arch>, from the module cache (internal/copyright).
-PKG_GOENV = CGO_ENABLED=0 GOOS=linux GOARCH=$*
+PKG_GOENV = CGO_ENABLED=0 GOOS=linux GOARCH=$(call goarch,$*) GOARM=$(call goarm,$*) GOFLAGS=-buildvcs=false
+PKG_BUILD = $(GO) build -trimpath $(if $(filter amd64 arm64,$*),-buildmode=pie) \
+	-ldflags "-s -w -buildid= -X main.version=$(PKG_VERSION) -X main.commit=$(COMMIT) -X main.buildDate=$(REL_DATE)"
 build/pkg/%: FORCE
 	rm -rf $@ && mkdir -p $@/plugins
-	$(PKG_GOENV) $(GO) build -trimpath -buildmode=pie -ldflags "-X main.version=$(PKG_VERSION) -s -w" -o $@/fleetgate ./cmd/fleetgate
-	for d in $(if $(filter $*,$(HOSTARCH)),$(PLUGINS)) $(PLUGINS)-$*; do \
-	  [ -d $$d ] && find $$d -maxdepth 1 -type f -exec cp {} $@/plugins/ \; ; done; true
+	$(PKG_GOENV) $(PKG_BUILD) -o $@/fleetgate ./cmd/fleetgate
+	for a in $(ADAPTERS); do $(PKG_GOENV) $(PKG_BUILD) -o $@/plugins/$$a ./plugins/$$a || exit 1; done
 	printf 'fleetgate (%s) unstable; urgency=medium\n\n  * Built from git %s.\n\n -- fleetgate maintainers <fleetgate@example.org>  %s\n' \
 	  "$(PKG_VERSION)" "$$(git rev-parse --short HEAD)" "$$(date -R -d @$$(git log -1 --format=%ct))" | gzip -9n > $@/changelog.gz
 	$(GO) run ./internal/copyright -header systemd/copyright -o $@/copyright -env '$(PKG_GOENV)' \
@@ -206,22 +224,94 @@ build/pkg/%: FORCE
 
 deb: $(ARCHS:%=build/pkg/%)
 	mkdir -p $(DIST)
-	for a in $(ARCHS); do \
-	  ARCH=$$a VERSION=$(PKG_VERSION) STAGE=build/pkg/$$a $(NFPM) package -f systemd/nfpm.yaml -p deb -t $(DIST)/fleetgate_$(PKG_VERSION)_$$a.deb || exit 1; done
+	$(foreach a,$(ARCHS),SOURCE_DATE_EPOCH=$(REL_EPOCH) ARCH=$(call nfpmarch,$a) VERSION=$(PKG_VERSION) STAGE=build/pkg/$a \
+	  $(NFPM) package -f systemd/nfpm.yaml -p deb -t $(DIST)/fleetgate_$(PKG_VERSION)_$(call debarch,$a).deb &&) true
 
 rpm: $(ARCHS:%=build/pkg/%)
 	mkdir -p $(DIST)
-	for a in $(ARCHS); do \
-	  ARCH=$$a VERSION=$(PKG_VERSION) STAGE=build/pkg/$$a $(NFPM) package -f systemd/nfpm.yaml -p rpm -t $(DIST)/ || exit 1; done
+	$(foreach a,$(ARCHS),SOURCE_DATE_EPOCH=$(REL_EPOCH) ARCH=$(call nfpmarch,$a) VERSION=$(PKG_VERSION) STAGE=build/pkg/$a \
+	  $(NFPM) package -f systemd/nfpm.yaml -p rpm -t $(DIST)/ &&) true
 
 packages: deb rpm
+
+# dist/fleetgate_<version>_linux_<arch>.tar.gz for every arch in ARCHS:
+# fleetgate_<version>_linux_<arch>/ holding the binary, plugins/ (the
+# adapters), examples/ (the configurations), systemd/ (the units, the
+# sysusers file), docs/ (the guides, the man page, the completions, the
+# dashboard, the alert rules), README.md, CHANGELOG.md, LICENSE and
+# copyright (the licenses of the modules compiled in). Sorted entries,
+# numeric root owners, every date REL_EPOCH, gzip without a time stamp.
+TAR_DOCS := docs/operations.md docs/security.md docs/events.md docs/bridge.md docs/design.md
+tarballs: $(ARCHS:%=build/pkg/%)
+	mkdir -p $(DIST)
+	for a in $(ARCHS); do n=fleetgate_$(PKG_VERSION)_linux_$$a; d=build/tar/$$n; \
+	  rm -rf $$d && install -d -m 0755 $$d $$d/plugins $$d/examples $$d/systemd $$d/docs/grafana $$d/docs/prometheus $$d/docs/plugins && \
+	  install -m 0755 build/pkg/$$a/fleetgate $$d/ && install -m 0755 build/pkg/$$a/plugins/* $$d/plugins/ && \
+	  install -m 0644 configs/fleetgate.yaml configs/dev.yaml systemd/etc/devices.yaml $$d/examples/ && \
+	  install -m 0644 systemd/fleetgate.service systemd/fleetgate-runner.service systemd/fleetgate.sysusers $$d/systemd/ && \
+	  install -m 0644 README.md CHANGELOG.md LICENSE build/pkg/$$a/copyright $$d/ && \
+	  install -m 0644 $(TAR_DOCS) docs/man/fleetgate.1 build/pkg/$$a/completion.bash build/pkg/$$a/completion.zsh $$d/docs/ && \
+	  install -m 0644 plugins/README.md $$d/docs/plugins/ && \
+	  install -m 0644 docs/grafana/fleetgate.json $$d/docs/grafana/ && install -m 0644 docs/prometheus/alerts.yml $$d/docs/prometheus/ && \
+	  tar --sort=name --format=gnu --mtime=@$(REL_EPOCH) --owner=0 --group=0 --numeric-owner -C build/tar -cf - $$n | \
+	    gzip -9n > $(DIST)/$$n.tar.gz || exit 1; done
+
+# dist/fleetgate_<version>_linux_<arch>.cdx.json for every arch in ARCHS:
+# a CycloneDX SBOM of the modules compiled into that arch's binary and
+# adapters, as their build information records them (cyclonedx-gomod,
+# pinned in go.mod, merged by internal/sbom).
+sboms: $(ARCHS:%=build/pkg/%)
+	mkdir -p $(DIST)
+	$(foreach a,$(ARCHS),$(GO) run ./internal/sbom -version $(PKG_VERSION) -epoch $(REL_EPOCH) \
+	  -o $(DIST)/fleetgate_$(PKG_VERSION)_linux_$a.cdx.json build/pkg/$a/fleetgate $(ADAPTERS:%=build/pkg/$a/plugins/%) &&) true
+
+# The container image (container/Containerfile) for IMAGE_ARCHS, as an
+# OCI archive: dist/fleetgate_<version>_oci.tar (load it with
+# `skopeo copy oci-archive:...`, `podman load`, `docker load` of a
+# converted copy, or push it with skopeo). The build context: build/pkg/<arch>
+# and build/image (passwd, group and this host's CA certificates).
+IMAGE_ARCHS ?= amd64 arm64 armv7
+image: $(IMAGE_ARCHS:%=build/pkg/%)
+	rm -rf build/image && install -d -m 0755 build/image/rootfs/etc/ssl/certs build/image/state && \
+	  install -d -m 1777 build/image/rootfs/tmp && install -d -m 0755 build/image/rootfs/var/lib && \
+	  chmod 0750 build/image/state && \
+	  install -m 0644 container/passwd container/group build/image/rootfs/etc/ && \
+	  install -m 0644 /etc/ssl/certs/ca-certificates.crt build/image/rootfs/etc/ssl/certs/
+	mkdir -p $(DIST)
+	$(GO) run ./internal/ociimage -f container/Containerfile -context . -epoch $(REL_EPOCH) -tag $(PKG_VERSION) \
+	  -platform $(subst $(space),$(comma),$(foreach a,$(IMAGE_ARCHS),linux/$(if $(filter armv7,$a),arm/v7,$a))) \
+	  -arg VERSION=$(PKG_VERSION) -arg REVISION=$(COMMIT) -arg CREATED=$(REL_DATE) -o $(DIST)/fleetgate_$(PKG_VERSION)_oci.tar
+
+# `make release VERSION=x.y.z`: into an empty dist/, the tarballs, the
+# packages and the SBOMs of every arch in ARCHS, the image, the release
+# notes (the section of CHANGELOG.md for that version:
+# dist/fleetgate_<version>_notes.md) and SHA256SUMS over all of them.
+# Reproducible: the same commit, Go and SOURCE_DATE_EPOCH give the same
+# bytes (TestReleaseReproducible in `make test` builds one arch twice;
+# TestReleaseArtifacts in `make test-packages` the whole release).
+release:
+	@echo '$(VERSION)' | grep -Eq '^[0-9]+\.[0-9]+\.[0-9]+(-[0-9A-Za-z.-]+)?$$' || \
+	  { echo "make release: VERSION=$(VERSION) is not x.y.z[-pre]" >&2; exit 2; }
+	rm -rf $(DIST) && mkdir -p $(DIST)
+	awk -v v='$(VERSION)' '/^## / { p = ($$2 == v) } p' CHANGELOG.md > $(DIST)/fleetgate_$(VERSION)_notes.md
+	@test -s $(DIST)/fleetgate_$(VERSION)_notes.md || \
+	  { echo "make release: CHANGELOG.md has no section '## $(VERSION)': write the release notes first" >&2; exit 2; }
+	$(MAKE) --no-print-directory PKG_VERSION=$(VERSION) DIST=$(DIST) COMMIT=$(COMMIT) SOURCE_DATE_EPOCH=$(REL_EPOCH) \
+	  tarballs packages image sboms
+	cd $(DIST) && sha256sum $$(ls | grep -v '^SHA256SUMS$$' | LC_ALL=C sort) > SHA256SUMS
 
 # The package tests (build, inspect, lintian; install, upgrade with an
 # edited conffile, remove and purge in an overlay of this machine's root
 # and in a minbase root made once by debootstrap and cached in
-# build/rootfs): minutes, so not in `make test`.
+# build/rootfs), the release test (TestPackageRelease: make release from
+# a clone of HEAD, every artifact checked, each arch's binary run under
+# qemu-user, the image's binary run in its unpacked root, the armv7
+# tarball and packages built again in another clone and compared byte
+# for byte) and the previous release's gateway next to this one on one
+# Redis (TestPackageUpgradeSideBySide): about half an hour on 2 cores,
+# so not in `make test`, which runs only the release's refusals.
 test-packages: deps
-	$(GO) test -count=1 -tags packages -timeout 20m -run Package -v ./systemd
+	$(GO) test -count=1 -tags packages -timeout 60m -run Package -v ./systemd
 
 .PHONY: FORCE
 FORCE:

@@ -84,12 +84,7 @@ var wantFiles = map[string]entry{
 
 func TestPackages(t *testing.T) {
 	dist := t.TempDir()
-	plugins := t.TempDir()
-	// A stand-in adapter for the host arch: packaged with mode 0755.
-	if err := os.WriteFile(filepath.Join(plugins, "fleetgate-adapter-demo"), []byte("#!/bin/sh\n"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	makeIn(t, "deb", "rpm", "DIST="+dist, "PKG_VERSION=1.0.0", "PLUGINS="+plugins)
+	makeIn(t, "deb", "rpm", "ARCHS=amd64 arm64", "DIST="+dist, "PKG_VERSION=1.0.0")
 	deb := func(v, arch string) string { return filepath.Join(dist, "fleetgate_"+v+"_"+arch+".deb") }
 
 	t.Run("deb info", func(t *testing.T) {
@@ -121,9 +116,17 @@ func TestPackages(t *testing.T) {
 				t.Errorf("%s: zsh completion %v", arch, e)
 			}
 			checkManAndCompletion(t, arch, func(path string) []byte { return debFile(t, deb("1.0.0", arch), "."+path) })
-			demo := got["/usr/lib/fleetgate/plugins/fleetgate-adapter-demo"]
-			if (arch == "amd64") != (demo == entry{"-rwxr-xr-x", "root/root"}) {
-				t.Errorf("%s: demo adapter %v (packaged for the host arch only, 0755)", arch, demo)
+			want := map[string]elf.Machine{"amd64": elf.EM_X86_64, "arm64": elf.EM_AARCH64}[arch]
+			// The shipped adapters, built for the package's arch.
+			for _, a := range []string{"udpline", "lorawan", "modbus"} {
+				p := "/usr/lib/fleetgate/plugins/" + a
+				if e := got[p]; e != (entry{"-rwxr-xr-x", "root/root"}) {
+					t.Errorf("%s: %s %v, want 0755 root", arch, p, e)
+					continue
+				}
+				if f, err := elf.NewFile(bytes.NewReader(debFile(t, deb("1.0.0", arch), "."+p))); err != nil || f.Machine != want {
+					t.Errorf("%s: %s is not an executable for %v (%v)", arch, p, want, err)
+				}
 			}
 			b, err := os.ReadFile("../configs/fleetgate.yaml")
 			if err != nil {
@@ -136,7 +139,6 @@ func TestPackages(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			want := map[string]elf.Machine{"amd64": elf.EM_X86_64, "arm64": elf.EM_AARCH64}[arch]
 			if f.Machine != want {
 				t.Errorf("%s: /usr/bin/fleetgate is for %v, want %v", arch, f.Machine, want)
 			}
