@@ -15,6 +15,7 @@ package main
 
 import (
 	"bytes"
+	"debug/buildinfo"
 	"flag"
 	"fmt"
 	"os"
@@ -55,6 +56,13 @@ func run(version, epoch, out string, bins []string) error {
 	for _, b := range bins {
 		cmd := exec.Command(strings.TrimSpace(string(tool)), "bin", "-json", "-std", "-noserial", "-notimestamp",
 			"-version", "v"+strings.TrimPrefix(version, "v"), b)
+		// cyclonedx-gomod takes the package URLs' goos and goarch from
+		// `go env`: give it the executable's.
+		env, err := targetEnv(b)
+		if err != nil {
+			return err
+		}
+		cmd.Env = append(os.Environ(), env...)
 		var stderr bytes.Buffer
 		cmd.Stderr = &stderr
 		js, err := cmd.Output()
@@ -76,6 +84,26 @@ func run(version, epoch, out string, bins []string) error {
 		return err
 	}
 	return os.WriteFile(out, buf.Bytes(), 0o644)
+}
+
+// targetEnv is GOOS, GOARCH and GOARM (when set) as the executable's Go
+// build information records them.
+func targetEnv(bin string) ([]string, error) {
+	info, err := buildinfo.ReadFile(bin)
+	if err != nil {
+		return nil, err
+	}
+	var env []string
+	for _, s := range info.Settings {
+		switch s.Key {
+		case "GOOS", "GOARCH", "GOARM":
+			env = append(env, s.Key+"="+s.Value)
+		}
+	}
+	if len(env) < 2 {
+		return nil, fmt.Errorf("%s: its build information names no GOOS and GOARCH", bin)
+	}
+	return env, nil
 }
 
 // merge makes one document of the executables' boms: the first one's

@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"debug/buildinfo"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"runtime"
 	"sort"
 	"strings"
 	"testing"
@@ -21,8 +23,16 @@ import (
 func TestSBOM(t *testing.T) {
 	dir := t.TempDir()
 	var udpline, modbus string
-	if err := buildtest.Build(dir, map[string]*string{"../../plugins/udpline": &udpline, "../../plugins/modbus": &modbus}); err != nil {
+	if err := buildtest.Build(dir, map[string]*string{"../../plugins/udpline": &udpline}); err != nil {
 		t.Fatal(err)
+	}
+	// The second executable for another arch: the package URLs name each
+	// executable's own.
+	modbus = filepath.Join(dir, "modbus")
+	cmd := exec.Command("go", "build", "-o", modbus, "../../plugins/modbus")
+	cmd.Env = append(os.Environ(), "GOARCH=arm", "GOARM=7", "CGO_ENABLED=0")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go build GOARCH=arm: %v\n%s", err, out)
 	}
 	out := filepath.Join(dir, "sbom.json")
 	if err := run("1.2.3", "1700000000", out, []string{udpline, modbus}); err != nil {
@@ -41,7 +51,8 @@ func TestSBOM(t *testing.T) {
 		t.Fatalf("document: format %q spec %v serial %q metadata %+v", bom.BOMFormat, bom.SpecVersion, bom.SerialNumber, bom.Metadata)
 	}
 	main := bom.Metadata.Component
-	if main == nil || main.Name != "github.com/fleetgate/fleetgate" || main.Version != "v1.2.3" || !strings.HasSuffix(main.BOMRef, "#plugins/udpline") {
+	if main == nil || main.Name != "github.com/fleetgate/fleetgate" || main.Version != "v1.2.3" || !strings.HasSuffix(main.BOMRef, "#plugins/udpline") ||
+		!strings.Contains(main.PackageURL, "goarch="+runtime.GOARCH+"&") {
 		t.Fatalf("the document's component: %+v", main)
 	}
 
@@ -60,7 +71,8 @@ func TestSBOM(t *testing.T) {
 	adapter := false
 	for _, c := range *bom.Components {
 		if c.Name == "github.com/fleetgate/fleetgate" {
-			adapter = strings.HasSuffix(c.BOMRef, "#plugins/modbus") && c.Type == cdx.ComponentTypeApplication
+			adapter = strings.HasSuffix(c.BOMRef, "#plugins/modbus") && c.Type == cdx.ComponentTypeApplication &&
+				strings.Contains(c.PackageURL, "goarch=arm&")
 		}
 		if c.Version != "" {
 			got[c.Name] = c.Version
