@@ -200,9 +200,10 @@ space   := $(subst ,, )
 REL_EPOCH := $(or $(SOURCE_DATE_EPOCH),$(shell git log -1 --format=%ct 2>/dev/null))
 REL_DATE  := $(shell date -u -d @$(REL_EPOCH) +%Y-%m-%dT%H:%M:%SZ)
 
-# build/pkg/<arch>: the binary and the adapters (static, stripped, PIE
-# on amd64 and arm64, where Go links it without cgo, -trimpath, no build ID, stamped with PKG_VERSION, the commit and
-# REL_DATE: the same tree gives the same bytes), the man page, the shell
+# build/pkg/<arch>: the binary and the adapters (static, stripped,
+# -trimpath, no build ID, PIE on amd64 and arm64 where Go links it without
+# cgo, stamped with PKG_VERSION, the commit and REL_DATE: the same tree
+# gives the same bytes), the man page, the shell
 # completions (of the host's build: they are the same on every arch), the
 # Debian changelog and the copyright file: systemd/copyright, then the
 # licenses of the Go modules that the binary and the adapters compile in
@@ -266,10 +267,11 @@ sboms: $(ARCHS:%=build/pkg/%)
 	  -o $(DIST)/fleetgate_$(PKG_VERSION)_linux_$a.cdx.json build/pkg/$a/fleetgate $(ADAPTERS:%=build/pkg/$a/plugins/%) &&) true
 
 # The container image (container/Containerfile) for IMAGE_ARCHS, as an
-# OCI archive: dist/fleetgate_<version>_oci.tar (load it with
-# `skopeo copy oci-archive:...`, `podman load`, `docker load` of a
-# converted copy, or push it with skopeo). The build context: build/pkg/<arch>
-# and build/image (passwd, group and this host's CA certificates).
+# OCI archive: dist/fleetgate_<version>_oci.tar (load or push it with
+# `skopeo copy oci-archive:...`, docs/operations.md). The build context:
+# build/pkg/<arch> and build/image (passwd, group, and this host's CA
+# certificates: Debian's ca-certificates, so the image's bytes follow that
+# package's version).
 IMAGE_ARCHS ?= amd64 arm64 armv7
 image: $(IMAGE_ARCHS:%=build/pkg/%)
 	rm -rf build/image && install -d -m 0755 build/image/rootfs/etc/ssl/certs build/image/state && \
@@ -287,8 +289,10 @@ image: $(IMAGE_ARCHS:%=build/pkg/%)
 # notes (the section of CHANGELOG.md for that version:
 # dist/fleetgate_<version>_notes.md) and SHA256SUMS over all of them.
 # Reproducible: the same commit, Go and SOURCE_DATE_EPOCH give the same
-# bytes (TestReleaseReproducible in `make test` builds one arch twice;
-# TestReleaseArtifacts in `make test-packages` the whole release).
+# bytes (TestPackageRelease in `make test-packages` builds the whole
+# release, then the armv7 tarball and packages again in another clone, and
+# compares; `make test` runs only TestReleaseRefuses and the image
+# builder's own reproducibility test).
 release:
 	@echo '$(VERSION)' | grep -Eq '^[0-9]+\.[0-9]+\.[0-9]+(-[0-9A-Za-z.-]+)?$$' || \
 	  { echo "make release: VERSION=$(VERSION) is not x.y.z[-pre]" >&2; exit 2; }
