@@ -201,15 +201,14 @@ REL_EPOCH := $(or $(SOURCE_DATE_EPOCH),$(shell git log -1 --format=%ct 2>/dev/nu
 REL_DATE  := $(shell date -u -d @$(REL_EPOCH) +%Y-%m-%dT%H:%M:%SZ)
 
 # build/pkg/<arch>: the binary and the adapters (static, stripped,
-# -trimpath, no build ID, PIE on amd64 and arm64 where Go links it without
-# cgo, stamped with PKG_VERSION, the commit and REL_DATE: the same tree
-# gives the same bytes), the man page, the shell
+# -trimpath, no build ID, stamped with PKG_VERSION, the commit and
+# REL_DATE: the same tree gives the same bytes), the man page, the shell
 # completions (of the host's build: they are the same on every arch), the
 # Debian changelog and the copyright file: systemd/copyright, then the
 # licenses of the Go modules that the binary and the adapters compile in
 # for <arch>, from the module cache (internal/copyright).
 PKG_GOENV = CGO_ENABLED=0 GOOS=linux GOARCH=$(call goarch,$*) GOARM=$(call goarm,$*) GOFLAGS=-buildvcs=false
-PKG_BUILD = $(GO) build -trimpath $(if $(filter amd64 arm64,$*),-buildmode=pie) \
+PKG_BUILD = $(GO) build -trimpath \
 	-ldflags "-s -w -buildid= -X main.version=$(PKG_VERSION) -X main.commit=$(COMMIT) -X main.buildDate=$(REL_DATE)"
 build/pkg/%: FORCE
 	rm -rf $@ && mkdir -p $@/plugins
