@@ -65,6 +65,13 @@ type TableOptions struct {
 	// ErrAnonymousLimit, so that strangers cannot make devices (and
 	// store records) without bound. Default DefaultMaxAnonymousDevices.
 	MaxAnonymousDevices int
+	// LearnLease is presence.learn_lease: evidence that carries no lease
+	// of its own holds its session for the lease learned from its
+	// device's sending period (Period), within [Lease, MaxLease], instead
+	// of Lease. MaxLease is presence.max_lease; at or below Lease nothing
+	// is learned.
+	LearnLease bool
+	MaxLease   time.Duration
 	// KeepLapsed is how long Sweep keeps a session it dropped, for
 	// Restorable: at least the longest the store may take to write its
 	// offline (a restore after the store lost its state re-sends it);
@@ -97,9 +104,12 @@ type SessionView struct {
 // throttle of docs/design.md §2 to decide what goes to the Uplink:
 //
 //   - Every piece of evidence holds its session for a lease: its own
-//     (Evidence.Lease, what the front end granted), else Lease; the
-//     evidence goes to the Uplink with it, so a reload changes nothing
-//     already observed.
+//     (Evidence.Lease, what the front end granted), else, with
+//     LearnLease, the lease learned from its device's sending period
+//     (Learning.Lease of the device's Period, learned from the gaps
+//     between the evidence of each of its sessions here; MaxLease until
+//     it is learned), else Lease; the evidence goes to the Uplink with
+//     it, so a reload changes nothing already observed.
 //   - The first evidence of a session is sent as Connect, whatever its
 //     kind, and so is any Connect. A session whose local lease ran out
 //     (no evidence whose lease reaches now) is new again.
@@ -128,9 +138,11 @@ type SessionView struct {
 //
 // Each session costs one map entry keyed by device, a zero byte and
 // session, pointing at a 48-byte record of five times and a protocol
-// index (docs/benchmarks.md has the figures); MaxSessions bounds the
-// total. Times are kept as offsets from the table's creation on its clock,
-// so they follow the monotonic clock when the evidence carries it.
+// index (docs/benchmarks.md has the figures), and each device a map
+// entry of its session count and learned Period (8 bytes, in the map
+// slot its count alone took); MaxSessions bounds the total. Times are
+// kept as offsets from the table's creation on its clock, so they follow
+// the monotonic clock when the evidence carries it.
 type Table struct {
 	up     Uplink
 	clock  Clock
@@ -166,15 +178,22 @@ const MaxStoreSessions = 256
 type tableShard struct {
 	mu sync.Mutex
 	m  map[string]*entry
-	// devices counts the sessions of each device of the shard that has
-	// any (a device's sessions are all in its shard).
-	devices map[DeviceID]int32
+	// devices holds each device of the shard that has sessions (a
+	// device's sessions are all in its shard).
+	devices map[DeviceID]device
 	// multi holds the devices of the shard with more than one session
 	// (few: Devices looks only those up).
 	multi map[DeviceID]struct{}
 	// anon holds the devices of the shard counted as anonymous: their
 	// first session came with Evidence.Anonymous.
 	anon map[DeviceID]struct{}
+}
+
+// device is what the table keeps of a device with sessions: how many,
+// and its learned period (while learned leases are on): 8 bytes.
+type device struct {
+	sessions int32
+	period   Period
 }
 
 // entry is one session. Times are nanoseconds since Table.base.
@@ -198,16 +217,28 @@ type entry struct {
 
 type timing struct {
 	lease, renewEvery time.Duration
+	// learn and maxLease are TableOptions.LearnLease and MaxLease.
+	learn    bool
+	maxLease time.Duration
 }
 
-func newTiming(lease, renewEvery time.Duration) *timing {
+func newTiming(lease, renewEvery time.Duration, learn bool, maxLease time.Duration) *timing {
 	if lease <= 0 {
 		lease = DefaultLease
 	}
 	if renewEvery <= 0 {
 		renewEvery = DefaultRenewEvery
 	}
-	return &timing{lease: lease, renewEvery: renewEvery}
+	return &timing{lease: lease, renewEvery: renewEvery, learn: learn, maxLease: maxLease}
+}
+
+// learns says whether leases are learned under tm: asked for, with a
+// ceiling above the lease.
+func (tm *timing) learns() bool { return tm.learn && tm.maxLease > tm.lease }
+
+// learning is the bounds of the leases learned under tm.
+func (tm *timing) learning() Learning {
+	return Learning{Floor: tm.lease, Ceiling: tm.maxLease, Margin: tm.renewEvery}
 }
 
 // NewTable returns an empty table that sends its writes to up.
@@ -242,11 +273,11 @@ func NewTable(up Uplink, o TableOptions) *Table {
 	}
 	for i := range t.shards {
 		t.shards[i].m = make(map[string]*entry)
-		t.shards[i].devices = make(map[DeviceID]int32)
+		t.shards[i].devices = make(map[DeviceID]device)
 		t.shards[i].multi = make(map[DeviceID]struct{})
 		t.shards[i].anon = make(map[DeviceID]struct{})
 	}
-	t.timing.Store(newTiming(o.Lease, o.RenewEvery))
+	t.timing.Store(newTiming(o.Lease, o.RenewEvery, o.LearnLease, o.MaxLease))
 	t.protos.names.Store(&[]string{""})
 	return t
 }
@@ -254,7 +285,19 @@ func NewTable(up Uplink, o TableOptions) *Table {
 // SetTiming replaces the lease and renew_every (config reload); values
 // ≤ 0 take the defaults. It applies from the next Observe or Sweep.
 func (t *Table) SetTiming(lease, renewEvery time.Duration) {
-	t.timing.Store(newTiming(lease, renewEvery))
+	old := t.timing.Load()
+	t.timing.Store(newTiming(lease, renewEvery, old.learn, old.maxLease))
+}
+
+// SetLearning turns learned leases on or off and sets their ceiling,
+// presence.max_lease (config reload). It applies to evidence observed
+// after it: a lease already granted stays. A device first seen while it
+// was off starts at the ceiling once it is on, and one whose period was
+// learned before it was turned off counts the time it was off as a gap
+// (a longer lease, never a shorter one).
+func (t *Table) SetLearning(on bool, maxLease time.Duration) {
+	old := t.timing.Load()
+	t.timing.Store(newTiming(old.lease, old.renewEvery, on, maxLease))
 }
 
 // Observe records ev and hands the Uplink what the throttle lets through.
@@ -280,7 +323,8 @@ func (t *Table) Observe(ctx context.Context, ev Evidence) error {
 	sh := t.shard(ev.Device)
 
 	tm := t.timing.Load()
-	if ev.Lease <= 0 {
+	own := ev.Lease > 0
+	if !own {
 		ev.Lease = tm.lease
 	}
 	at := t.offset(ev.ObservedAt)
@@ -298,12 +342,19 @@ func (t *Table) Observe(ctx context.Context, ev Evidence) error {
 		return t.send(ctx, ev)
 	}
 
-	dl := at + int64(ev.Lease)
 	sh.mu.Lock()
 	e, ok := sh.m[string(key)]
+	var period Period
+	if tm.learns() {
+		period = learn(tm, sh.devices[ev.Device].period, e, at)
+		if !own {
+			ev.Lease = tm.learning().Lease(period)
+		}
+	}
+	dl := at + int64(ev.Lease)
 	switch {
 	case !ok:
-		have := sh.devices[ev.Device]
+		have := sh.devices[ev.Device].sessions
 		if have >= t.perDevice {
 			sh.mu.Unlock()
 			t.limited.Add(1)
@@ -326,7 +377,7 @@ func (t *Table) Observe(ctx context.Context, ev Evidence) error {
 		}
 		e = &entry{first: at, seen: at, dl: dl, proto: t.protos.index(ev.Protocol)}
 		sh.m[string(key)] = e
-		sh.devices[ev.Device] = have + 1
+		sh.devices[ev.Device] = device{sessions: have + 1, period: sh.devices[ev.Device].period}
 		if have == 1 {
 			sh.multi[ev.Device] = struct{}{}
 		}
@@ -337,6 +388,11 @@ func (t *Table) Observe(ctx context.Context, ev Evidence) error {
 		sh.m[string(key)] = e
 	default:
 		e.seen, e.dl = max(e.seen, at), max(e.dl, dl)
+	}
+	if tm.learns() {
+		d := sh.devices[ev.Device]
+		d.period = period
+		sh.devices[ev.Device] = d
 	}
 	kind, send := throttle(e, ev.Kind, dl, tm.renewEvery)
 	if !send {
@@ -375,6 +431,23 @@ func (t *Table) Observe(ctx context.Context, ev Evidence) error {
 	}
 	sh.mu.Unlock()
 	return err
+}
+
+// learn is the period of a device whose period was p (the zero Period
+// when unknown) after evidence observed at offset at for the session of
+// entry e, under tm. A new session (e nil) starts the device's period
+// again: the gap since the device's last evidence, in another session,
+// is not known, and an estimate that went on shrinking with the gaps
+// inside each session could fall below the gaps between them (a device
+// that reconnects at every wake without a persistent session).
+func learn(tm *timing, p Period, e *entry, at int64) Period {
+	if e == nil || p == (Period{}) {
+		p = tm.learning().Start()
+	}
+	if e == nil {
+		return p
+	}
+	return p.Observe(time.Duration(e.seen), time.Duration(at))
 }
 
 // throttle says whether evidence of kind k (Connect or Renew) for e's
@@ -492,9 +565,10 @@ func (t *Table) RunSweep(ctx context.Context, every time.Duration) error {
 // forget counts one session of device, in shard sh, less; the caller
 // holds sh.mu.
 func (t *Table) forget(sh *tableShard, device DeviceID) {
-	if n := sh.devices[device] - 1; n > 0 {
-		sh.devices[device] = n
-		if n == 1 {
+	if d := sh.devices[device]; d.sessions > 1 {
+		d.sessions--
+		sh.devices[device] = d
+		if d.sessions == 1 {
 			delete(sh.multi, device)
 		}
 		return

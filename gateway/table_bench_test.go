@@ -50,14 +50,21 @@ func liveHeap() int64 {
 // its heap per session (HeapAlloc delta / sessions) next to the ceiling
 // measured in the same run: a plain map[string]struct{a, b int64} of the
 // same keys (device "\x00" session). ratio = table / ceiling.
-func BenchmarkTableMemory(b *testing.B) {
+func BenchmarkTableMemory(b *testing.B) { benchmarkTableMemory(b, false) }
+
+// BenchmarkTableMemoryLearned is BenchmarkTableMemory with learned leases
+// on (presence.learn_lease): each device's Period costs one more map
+// entry.
+func BenchmarkTableMemoryLearned(b *testing.B) { benchmarkTableMemory(b, true) }
+
+func benchmarkTableMemory(b *testing.B, learn bool) {
 	const n = 1_000_000
 	evs := fleet(n)
 	ctx := context.Background()
 	var table, ceiling float64
 	for range b.N {
 		h0 := liveHeap()
-		tbl := gateway.NewTable(&sink{}, gateway.TableOptions{MaxSessions: n, Clock: clocktest.New(t0)})
+		tbl := gateway.NewTable(&sink{}, gateway.TableOptions{MaxSessions: n, Clock: clocktest.New(t0), LearnLease: learn, MaxLease: 2 * time.Hour})
 		for _, ev := range evs {
 			if err := tbl.Observe(ctx, ev); err != nil {
 				b.Fatal(err)
