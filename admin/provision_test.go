@@ -31,15 +31,15 @@ func (c fileCredentials) PutCredentials(d gateway.DeviceID, req admin.Credential
 		s.PSK, _ = auth.GeneratePSK()
 		res.PSK = s.PSK
 	}
-	_, err := auth.Edit(c.path, auth.Add, d, s)
+	_, err := auth.Edit(c.path, auth.Add, d, s, auth.LeaseBounds{})
 	if res.Created = err == nil; err != nil && strings.Contains(err.Error(), auth.ErrExists.Error()) {
-		_, err = auth.Edit(c.path, auth.Rotate, d, s)
+		_, err = auth.Edit(c.path, auth.Rotate, d, s, auth.LeaseBounds{})
 	}
 	return res, credentialsError(err)
 }
 
 func (c fileCredentials) DeleteCredentials(d gateway.DeviceID) error {
-	_, err := auth.Edit(c.path, auth.Remove, d, auth.Secrets{})
+	_, err := auth.Edit(c.path, auth.Remove, d, auth.Secrets{}, auth.LeaseBounds{})
 	return credentialsError(err)
 }
 

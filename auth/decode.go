@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/fleetgate/fleetgate/gateway"
 	"github.com/fleetgate/fleetgate/internal/yamlpos"
@@ -21,6 +22,10 @@ type entry struct {
 	psk  []byte
 	hash []byte
 	cost int
+	// lease is the device's own lease (0: none), at is where the file
+	// sets it ("name:line:column: devices[i].lease").
+	lease time.Duration
+	at    string
 }
 
 // decodeFile decodes the devices file, reporting every problem it finds
@@ -33,7 +38,7 @@ func decodeFile(name string, data []byte) ([]entry, error) {
 	if root == nil {
 		return nil, fmt.Errorf("%s: the file is empty; want a devices list (write \"devices: []\" for none)", name)
 	}
-	d := &decoder{errs: yamlpos.NewErrors(name), seen: make(map[gateway.DeviceID]int)}
+	d := &decoder{name: name, errs: yamlpos.NewErrors(name), seen: make(map[gateway.DeviceID]int)}
 	entries := d.top(root)
 	if err := d.errs.Err(); err != nil {
 		return nil, err
@@ -44,6 +49,7 @@ func decodeFile(name string, data []byte) ([]entry, error) {
 // decoder walks the yaml.Node tree so that every error carries the
 // node's position and the key's path.
 type decoder struct {
+	name string
 	errs *yamlpos.Errors
 	seen map[gateway.DeviceID]int // device → line of its id
 }
@@ -123,7 +129,7 @@ func (d *decoder) device(n *yaml.Node, path string) (entry, bool) {
 	}
 	before := d.errs.Len()
 	var e entry
-	d.fields(n, "in "+path, []string{"id", "psk", "password_bcrypt"}, func(key string, v *yaml.Node) {
+	d.fields(n, "in "+path, []string{"id", "psk", "password_bcrypt", "lease"}, func(key string, v *yaml.Node) {
 		if v.Kind == yaml.AliasNode {
 			v = v.Alias
 		}
@@ -159,6 +165,13 @@ func (d *decoder) device(n *yaml.Node, path string) (entry, bool) {
 				return
 			}
 			e.hash, e.cost = []byte(v.Value), cost
+		case "lease":
+			lease, err := ParseLease(v.Value)
+			if err != nil {
+				d.errs.Add(v, "%s: %v", at, err)
+				return
+			}
+			e.lease, e.at = lease, fmt.Sprintf("%s:%d:%d: %s", d.name, v.Line, v.Column, at)
 		}
 	})
 	if d.errs.Len() > before {
@@ -173,6 +186,23 @@ func (d *decoder) device(n *yaml.Node, path string) (entry, bool) {
 		return entry{}, false
 	}
 	return e, true
+}
+
+// ParseLease parses a device's lease: a Go duration with its unit
+// ("90s", "1h30m"), above zero. Bounded by presence.lease and
+// presence.max_lease only where the configuration is known
+// (Devices.CheckLeases).
+func ParseLease(s string) (time.Duration, error) {
+	d, err := time.ParseDuration(s)
+	switch {
+	case err != nil && strings.Trim(s, "0123456789") == "":
+		return 0, fmt.Errorf("%q has no unit; write a duration such as 90s, 15m or 2h", s)
+	case err != nil:
+		return 0, fmt.Errorf("%q is not a duration such as 90s, 15m or 2h", s)
+	case d <= 0:
+		return 0, fmt.Errorf("%s must be above zero", d)
+	}
+	return d, nil
 }
 
 // parsePSK decodes "hex:..." or "base64:..." (standard alphabet, padded),

@@ -16,6 +16,7 @@ import (
 	"net/netip"
 	"os"
 	"slices"
+	"time"
 
 	"github.com/fleetgate/fleetgate/gateway"
 	"golang.org/x/crypto/bcrypt"
@@ -39,7 +40,10 @@ const (
 // every byte after the 72nd, so a longer password is refused instead.
 const MaxPasswordLen = 72
 
-var _ gateway.SourceCredentials = (*Devices)(nil)
+var (
+	_ gateway.SourceCredentials = (*Devices)(nil)
+	_ gateway.LeaseCredentials  = (*Devices)(nil)
+)
 
 // Devices is one parsed devices file, made by Load or Parse (the zero
 // value is not usable). It is immutable and safe for concurrent use.
@@ -55,12 +59,22 @@ type Devices struct {
 	// guard bounds the work of failed checks (guard.go); a Reloadable's
 	// sets share one.
 	guard *guard
+	// leases are the devices with a lease of their own, in file order,
+	// for CheckLeases and Leases.
+	leases []leased
 }
 
 type device struct {
-	psk  []byte // nil: no CoAP DTLS
-	hash []byte // nil: no MQTT password
-	rev  string // Revision: changes with psk or hash
+	psk   []byte        // nil: no CoAP DTLS
+	hash  []byte        // nil: no MQTT password
+	rev   string        // Revision: changes with psk or hash
+	lease time.Duration // the device's own lease, 0: none
+}
+
+// leased is a device's lease and where the file sets it.
+type leased struct {
+	lease time.Duration
+	at    string // "name:line:column: devices[i].lease"
 }
 
 // Load reads and parses the devices file at path.
@@ -86,9 +100,12 @@ func Parse(name string, data []byte) (*Devices, error) {
 	}
 	costs := make(map[int]int)
 	for _, e := range entries {
-		d.byID[string(e.id)] = device{psk: e.psk, hash: e.hash, rev: revision(e.psk, e.hash)}
+		d.byID[string(e.id)] = device{psk: e.psk, hash: e.hash, rev: revision(e.psk, e.hash), lease: e.lease}
 		if e.hash != nil {
 			costs[e.cost]++
+		}
+		if e.lease > 0 {
+			d.leases = append(d.leases, leased{lease: e.lease, at: e.at})
 		}
 	}
 	d.dummy = dummyHash(usualCost(costs))
@@ -125,6 +142,52 @@ func (d *Devices) IDs() []gateway.DeviceID {
 	}
 	slices.Sort(ids)
 	return ids
+}
+
+// Lease is gateway.LeaseCredentials' Lease: the device's own lease in the
+// file, 0 when it has none or is not listed. A lease is no credential:
+// it changes no Revision, so a reload that changes only a lease ends no
+// session (the front ends apply it to the evidence that follows).
+func (d *Devices) Lease(id gateway.DeviceID) time.Duration { return d.byID[string(id)].lease }
+
+// LeaseRange is what the devices' leases come to: how many devices have
+// one, the shortest and the longest (zero when none has).
+type LeaseRange struct {
+	Devices           int
+	Shortest, Longest time.Duration
+}
+
+// Leases summarises the devices' own leases.
+func (d *Devices) Leases() LeaseRange {
+	var r LeaseRange
+	for _, l := range d.leases {
+		if r.Devices == 0 || l.lease < r.Shortest {
+			r.Shortest = l.lease
+		}
+		r.Longest = max(r.Longest, l.lease)
+		r.Devices++
+	}
+	return r
+}
+
+// CheckLeases checks every device's lease against the configuration:
+// at least lease (presence.lease) and at most maxLease
+// (presence.max_lease; at or below lease none may be longer). Each
+// problem is placed at its key, "name:line:column: devices[i].lease: ...",
+// one a line.
+func (d *Devices) CheckLeases(lease, maxLease time.Duration) error {
+	var errs []error
+	for _, l := range d.leases {
+		switch {
+		case l.lease < lease:
+			errs = append(errs, fmt.Errorf("%s: %s is shorter than presence.lease (%s); a device's lease only lengthens the lease", l.at, l.lease, lease))
+		case maxLease <= lease && l.lease > lease:
+			errs = append(errs, fmt.Errorf("%s: %s is longer than presence.lease (%s) and presence.max_lease is %s: none may be longer; raise presence.max_lease to at least %s", l.at, l.lease, lease, maxLease, l.lease))
+		case l.lease > maxLease:
+			errs = append(errs, fmt.Errorf("%s: %s is longer than presence.max_lease (%s); raise presence.max_lease or shorten the lease", l.at, l.lease, maxLease))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // revision is a device's Revision: a digest of its key and hash.

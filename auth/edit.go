@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"syscall"
+	"time"
 
 	"go.yaml.in/yaml/v3"
 
@@ -41,11 +42,19 @@ func GeneratePSK() (string, error) {
 
 // Secrets are the credentials an edit gives a device, in the devices
 // file's forms: PSK "hex:..", "base64:.." or "text:.."; PasswordHash a
-// bcrypt hash (HashPassword). An empty field is left as it is (Rotate)
-// or absent (Add).
+// bcrypt hash (HashPassword); and its Lease, a duration ("2h",
+// ParseLease), which is no secret but is written the same way. An empty
+// field is left as it is (Rotate) or absent (Add).
 type Secrets struct {
 	PSK          string
 	PasswordHash string
+	Lease        string
+}
+
+// LeaseBounds bound the devices' leases as the configuration does
+// (Devices.CheckLeases): presence.lease and presence.max_lease.
+type LeaseBounds struct {
+	Lease, MaxLease time.Duration
 }
 
 // Op is an edit of one device's entry.
@@ -63,8 +72,9 @@ const (
 
 // Edit changes device's entry in the devices file at path: it reads the
 // file, applies op with s (ignored by Remove) to its YAML (comments and
-// the other entries stay), parses the result as Load does (an edit that
-// would leave the file invalid is refused and the file is not touched),
+// the other entries stay), parses the result as Load does and checks its
+// leases within b (an edit that would leave the file invalid is refused
+// and the file is not touched),
 // and replaces the file atomically: a temporary file in the same
 // directory, written and synced, given the file's mode and owner, renamed
 // over it, then the directory synced. A symbolic link is followed (its
@@ -72,7 +82,7 @@ const (
 // are serialised by an exclusive lock on it (flock), taken again when the
 // file was replaced while waiting. It returns the set the new file
 // holds.
-func Edit(path string, op Op, device gateway.DeviceID, s Secrets) (*Devices, error) {
+func Edit(path string, op Op, device gateway.DeviceID, s Secrets, b LeaseBounds) (*Devices, error) {
 	real, err := filepath.EvalSymlinks(path)
 	if err != nil {
 		return nil, fmt.Errorf("devices file: %w", err)
@@ -91,6 +101,9 @@ func Edit(path string, op Op, device gateway.DeviceID, s Secrets) (*Devices, err
 		return nil, err
 	}
 	d, err := Parse(path, out)
+	if err == nil {
+		err = d.CheckLeases(b.Lease, b.MaxLease)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("%w: the edited devices file would not load, left unchanged:\n%w", ErrInvalid, err)
 	}
@@ -196,7 +209,7 @@ func editYAML(name string, data []byte, op Op, device gateway.DeviceID, s Secret
 		return nil, fmt.Errorf("device %s: %w", device, ErrExists)
 	case op != Add && at < 0:
 		return nil, fmt.Errorf("device %s: %w", device, ErrAbsent)
-	case op == Add && s == (Secrets{}), op == Rotate && s == (Secrets{}):
+	case op == Add && s.PSK == "" && s.PasswordHash == "", op == Rotate && s == (Secrets{}):
 		return nil, fmt.Errorf("device %s: %w: no psk and no password given", device, ErrInvalid)
 	}
 	switch op {
@@ -268,6 +281,9 @@ func setSecrets(item *yaml.Node, s Secrets) {
 	}
 	if s.PasswordHash != "" {
 		setField(item, "password_bcrypt", s.PasswordHash)
+	}
+	if s.Lease != "" {
+		setField(item, "lease", s.Lease)
 	}
 }
 

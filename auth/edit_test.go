@@ -39,7 +39,7 @@ func TestEditAddRotateRemove(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	d, err := auth.Edit(path, auth.Add, "new-1", auth.Secrets{PSK: psk})
+	d, err := auth.Edit(path, auth.Add, "new-1", auth.Secrets{PSK: psk}, auth.LeaseBounds{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -66,7 +66,7 @@ func TestEditAddRotateRemove(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	d, err = auth.Edit(path, auth.Rotate, "sensor-17", auth.Secrets{PasswordHash: hash})
+	d, err = auth.Edit(path, auth.Rotate, "sensor-17", auth.Secrets{PasswordHash: hash}, auth.LeaseBounds{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -80,7 +80,7 @@ func TestEditAddRotateRemove(t *testing.T) {
 		t.Errorf("Rotate of the password dropped the key: %v", err)
 	}
 
-	if d, err = auth.Edit(path, auth.Remove, "meter:0042", auth.Secrets{}); err != nil {
+	if d, err = auth.Edit(path, auth.Remove, "meter:0042", auth.Secrets{}, auth.LeaseBounds{}); err != nil {
 		t.Fatal(err)
 	}
 	if d.Revision("meter:0042") != "" || d.Len() != 3 {
@@ -92,7 +92,7 @@ func TestEditAddRotateRemove(t *testing.T) {
 		id   gateway.DeviceID
 		want error
 	}{{auth.Add, "new-1", auth.ErrExists}, {auth.Rotate, "meter:0042", auth.ErrAbsent}, {auth.Remove, "meter:0042", auth.ErrAbsent}} {
-		if _, err := auth.Edit(path, tc.op, tc.id, auth.Secrets{PSK: psk}); !errors.Is(err, tc.want) {
+		if _, err := auth.Edit(path, tc.op, tc.id, auth.Secrets{PSK: psk}, auth.LeaseBounds{}); !errors.Is(err, tc.want) {
 			t.Errorf("Edit(%d, %s) = %v, want %v", tc.op, tc.id, err, tc.want)
 		}
 	}
@@ -108,7 +108,7 @@ func TestEditAddRotateRemove(t *testing.T) {
 func TestEditRefusesInvalid(t *testing.T) {
 	path := devicesCopy(t)
 	before, _ := os.ReadFile(path)
-	_, err := auth.Edit(path, auth.Add, "new-1", auth.Secrets{PSK: "hex:0102"})
+	_, err := auth.Edit(path, auth.Add, "new-1", auth.Secrets{PSK: "hex:0102"}, auth.LeaseBounds{})
 	if err == nil || !strings.Contains(err.Error(), "devices.yaml:") || !strings.Contains(err.Error(), "the key is 2 bytes") {
 		t.Fatalf("Edit with a short key: %v; want the loader's error with its position", err)
 	}
@@ -127,7 +127,7 @@ func TestEditConcurrent(t *testing.T) {
 		wg.Go(func() {
 			psk, err := auth.GeneratePSK()
 			if err == nil {
-				_, err = auth.Edit(path, auth.Add, gateway.DeviceID(fmt.Sprintf("conc-%d", i)), auth.Secrets{PSK: psk})
+				_, err = auth.Edit(path, auth.Add, gateway.DeviceID(fmt.Sprintf("conc-%d", i)), auth.Secrets{PSK: psk}, auth.LeaseBounds{})
 			}
 			if err != nil {
 				t.Error(err)
@@ -152,7 +152,7 @@ func TestEditEmptyList(t *testing.T) {
 		if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := auth.Edit(path, auth.Add, "first", auth.Secrets{PSK: "text:0123456789abcdef"}); err != nil {
+		if _, err := auth.Edit(path, auth.Add, "first", auth.Secrets{PSK: "text:0123456789abcdef"}, auth.LeaseBounds{}); err != nil {
 			t.Fatalf("%q: %v", body, err)
 		}
 		d, err := auth.Load(path)

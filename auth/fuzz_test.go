@@ -13,8 +13,8 @@ import (
 
 // FuzzParse: Parse never panics; its errors name the file on every line;
 // a set it returns holds valid, distinct device IDs whose keys have a
-// valid length, and those IDs written to a new file parse back to the same
-// set of IDs. The seed corpus is testdata/fuzz/FuzzParse.
+// valid length and whose leases are above zero, and those IDs and leases
+// written to a new file parse back to the same. The seed corpus is testdata/fuzz/FuzzParse.
 func FuzzParse(f *testing.F) {
 	f.Fuzz(func(t *testing.T, data []byte) {
 		d, err := auth.Parse("fuzz.yaml", data)
@@ -34,6 +34,7 @@ func FuzzParse(f *testing.F) {
 			t.Fatalf("IDs %v do not match Len %d", ids, d.Len())
 		}
 		var file strings.Builder
+		leases := 0
 		file.WriteString("devices:\n")
 		for _, id := range ids {
 			if back, err := gateway.ParseDeviceID(string(id)); err != nil || back != id {
@@ -47,6 +48,16 @@ func FuzzParse(f *testing.F) {
 				t.Fatalf("PSK(%q): %v", id, err)
 			}
 			fmt.Fprintf(&file, "  - id: %q\n    psk: \"hex:00112233445566778899aabbccddeeff\"\n", id)
+			if l := d.Lease(id); l != 0 {
+				if l < 0 {
+					t.Fatalf("device %q has the lease %v", id, l)
+				}
+				fmt.Fprintf(&file, "    lease: %s\n", l)
+				leases++
+			}
+		}
+		if r := d.Leases(); r.Devices != leases || leases > 0 && (r.Shortest <= 0 || r.Longest < r.Shortest) {
+			t.Fatalf("Leases %+v with %d devices with a lease", r, leases)
 		}
 		back, err := auth.Parse("back.yaml", []byte(file.String()))
 		if err != nil {
@@ -54,6 +65,11 @@ func FuzzParse(f *testing.F) {
 		}
 		if !slices.Equal(back.IDs(), ids) {
 			t.Fatalf("round trip changed the IDs: %v, then %v", ids, back.IDs())
+		}
+		for _, id := range ids {
+			if back.Lease(id) != d.Lease(id) {
+				t.Fatalf("round trip changed the lease of %q: %v, then %v", id, d.Lease(id), back.Lease(id))
+			}
 		}
 	})
 }

@@ -4,11 +4,15 @@ import (
 	"fmt"
 	"net/netip"
 	"sync/atomic"
+	"time"
 
 	"github.com/fleetgate/fleetgate/gateway"
 )
 
-var _ gateway.SourceCredentials = (*Reloadable)(nil)
+var (
+	_ gateway.SourceCredentials = (*Reloadable)(nil)
+	_ gateway.LeaseCredentials  = (*Reloadable)(nil)
+)
 
 // Reloadable holds the current devices set for front ends that keep
 // running while the devices file changes: they keep the *Reloadable, and
@@ -33,11 +37,15 @@ func NewReloadable(d *Devices) *Reloadable {
 func (r *Reloadable) Current() *Devices { return r.cur.Load() }
 
 // Reload loads the devices file at path and makes it the current set. If
-// the file cannot be read or is invalid, the current set stays in use and
-// the error says so. Passwords verified before stay verified for the
-// devices whose entry did not change.
-func (r *Reloadable) Reload(path string) error {
+// the file cannot be read or is invalid, or a device's lease is beyond b
+// (CheckLeases), the current set stays in use and the error says so.
+// Passwords verified before stay verified for the devices whose entry did
+// not change.
+func (r *Reloadable) Reload(path string, b LeaseBounds) error {
 	d, err := Load(path)
+	if err == nil {
+		err = d.CheckLeases(b.Lease, b.MaxLease)
+	}
 	if err != nil {
 		return fmt.Errorf("devices file not reloaded, keeping the %d devices in use:\n%w", r.Current().Len(), err)
 	}
@@ -71,6 +79,9 @@ func (r *Reloadable) CheckPasswordFrom(id gateway.DeviceID, from netip.Addr, pas
 func (r *Reloadable) PSK(identity []byte) (gateway.DeviceID, []byte, error) {
 	return r.Current().PSK(identity)
 }
+
+// Lease is Devices.Lease on the current set.
+func (r *Reloadable) Lease(id gateway.DeviceID) time.Duration { return r.Current().Lease(id) }
 
 // Revision is Devices.Revision on the current set.
 func (r *Reloadable) Revision(id gateway.DeviceID) string { return r.Current().Revision(id) }

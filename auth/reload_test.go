@@ -42,7 +42,7 @@ func TestReloadKeepsTheOldSetOnAnInvalidFile(t *testing.T) {
 	r := auth.NewReloadable(d)
 
 	writeFile(t, path, setFile("a", keyA, hash)+"  - id: broken\n")
-	err = r.Reload(path)
+	err = r.Reload(path, auth.LeaseBounds{})
 	want := "devices file not reloaded, keeping the 3 devices in use:\n" + path + ":8:5: devices[3]: device \"broken\" has neither psk nor password_bcrypt"
 	if err == nil || err.Error() != want {
 		t.Fatalf("Reload of an invalid file: %v\nwant: %s", err, want)
@@ -54,12 +54,12 @@ func TestReloadKeepsTheOldSetOnAnInvalidFile(t *testing.T) {
 		t.Fatalf("the kept set lost a device: %v", err)
 	}
 
-	if err := r.Reload(filepath.Join(t.TempDir(), "missing.yaml")); !errors.Is(err, os.ErrNotExist) || r.Current() != d {
+	if err := r.Reload(filepath.Join(t.TempDir(), "missing.yaml"), auth.LeaseBounds{}); !errors.Is(err, os.ErrNotExist) || r.Current() != d {
 		t.Fatalf("Reload of a missing file: %v (set replaced: %v)", err, r.Current() != d)
 	}
 
 	writeFile(t, path, setFile("b", keyB, hash))
-	if err := r.Reload(path); err != nil {
+	if err := r.Reload(path, auth.LeaseBounds{}); err != nil {
 		t.Fatal(err)
 	}
 	if _, _, err := r.PSK([]byte("only-a")); !errors.Is(err, gateway.ErrUnauthorized) {
@@ -119,7 +119,7 @@ func TestReloadConcurrent(t *testing.T) {
 		f := i % len(files)
 		before := r.Current()
 		writeFile(t, path, files[f])
-		err := r.Reload(path)
+		err := r.Reload(path, auth.LeaseBounds{})
 		switch {
 		case f == 2 && (err == nil || r.Current() != before):
 			t.Errorf("reload %d of an invalid file: %v, set replaced: %v", i, err, r.Current() != before)

@@ -53,6 +53,25 @@ type SourceCredentials interface {
 	CheckPasswordFrom(device DeviceID, from netip.Addr, password []byte) error
 }
 
+// LeaseCredentials are Credentials that also give devices a lease of
+// their own (the devices file's lease): a front end holds the evidence of
+// such a device for it (within Timing.Grant) when the device asks for
+// none.
+type LeaseCredentials interface {
+	Credentials
+	// Lease is device's lease, 0 when it has none.
+	Lease(device DeviceID) time.Duration
+}
+
+// DeviceLease is device's own lease in c (LeaseCredentials), 0 when c
+// gives none.
+func DeviceLease(c Credentials, device DeviceID) time.Duration {
+	if l, ok := c.(LeaseCredentials); ok {
+		return l.Lease(device)
+	}
+	return 0
+}
+
 // Timing is the presence timing the front ends answer devices with
 // (presence.lease, heartbeat_interval and max_lease); a reload hands the
 // new one to every front end.

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net"
 	"slices"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -35,7 +36,7 @@ type canaryCredentials struct {
 	key []byte
 }
 
-var _ gateway.Credentials = canaryCredentials{}
+var _ gateway.LeaseCredentials = canaryCredentials{}
 
 func (c canaryCredentials) PSK(identity []byte) (gateway.DeviceID, []byte, error) {
 	if string(identity) == string(c.id) {
@@ -49,6 +50,15 @@ func (c canaryCredentials) CheckPassword(device gateway.DeviceID, password []byt
 		return gateway.ErrUnauthorized
 	}
 	return c.Credentials.CheckPassword(device, password)
+}
+
+// Lease is the devices file's lease of device; the canary has none (its
+// bound is the lease's).
+func (c canaryCredentials) Lease(device gateway.DeviceID) time.Duration {
+	if device == c.id {
+		return 0
+	}
+	return gateway.DeviceLease(c.Credentials, device)
 }
 
 func (c canaryCredentials) Revision(device gateway.DeviceID) string {

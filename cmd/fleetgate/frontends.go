@@ -41,7 +41,7 @@ var (
 func (g *gatewayProcess) openFrontEnds(cfg configs.Config, log *slog.Logger, reg prometheus.Registerer) error {
 	var creds gateway.Credentials
 	if path := cfg.Auth.DevicesFile; path != "" {
-		d, err := loadDevices(path)
+		d, err := loadDevices(path, cfg)
 		if err != nil {
 			return err
 		}
@@ -117,6 +117,7 @@ func (g *gatewayProcess) openFrontEnds(cfg configs.Config, log *slog.Logger, reg
 			TopicPrefix:       cfg.Auth.TopicPrefix,
 			HeartbeatInterval: heartbeat,
 			Lease:             lease,
+			MaxLease:          cfg.Presence.MaxLease.Std(),
 			MaxPacketSize:     l.MQTTMaxPacketSize,
 			MaxClients:        l.MQTTMaxClients,
 			ConnectsPerSecond: l.MQTTConnectsPerSecond,

@@ -77,7 +77,8 @@ func (c *credentialsAPI) DeleteCredentials(device gateway.DeviceID) error {
 func (c *credentialsAPI) edit(op auth.Op, device gateway.DeviceID, s auth.Secrets) (*auth.Devices, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	d, err := auth.Edit(c.g.config().Auth.DevicesFile, op, device, s)
+	cfg := c.g.config()
+	d, err := auth.Edit(cfg.Auth.DevicesFile, op, device, s, leaseBounds(cfg))
 	switch {
 	case errors.Is(err, auth.ErrAbsent):
 		return nil, fmt.Errorf("%w: %w", admin.ErrNoCredentials, err)
@@ -98,14 +99,21 @@ func (c *credentialsAPI) edit(op auth.Op, device gateway.DeviceID, s auth.Secret
 func devicesEdit(ctx context.Context, op auth.Op, args []string, stdout, stderr io.Writer) error {
 	verb := map[auth.Op]string{auth.Add: "add", auth.Rotate: "rotate", auth.Remove: "remove"}[op]
 	synopsis := "devices " + verb + " [-c FILE] [--pid PID | --no-reload] ID"
-	if op != auth.Remove {
-		synopsis = "devices " + verb + " [-c FILE] [--psk-gen | --psk-file F] [--password-prompt] [--pid PID | --no-reload] ID"
+	switch op {
+	case auth.Add:
+		synopsis = "devices add [-c FILE] [--psk-gen | --psk-file F] [--password-prompt] [--lease D] [--pid PID | --no-reload] ID"
+	case auth.Rotate:
+		synopsis = "devices rotate [-c FILE] [--psk-gen | --psk-file F] [--password-prompt] [--pid PID | --no-reload] ID"
 	}
 	fs, path := newFlags("devices "+verb, synopsis)
 	pid := fs.Int("pid", 0, "signal (SIGHUP) this `PID` to reload the devices file (default: the main process of "+systemdUnit+")")
 	noReload := fs.Bool("no-reload", false, "edit the file only; the gateway reads it at its next start or SIGHUP")
 	var pskGen, pwPrompt *bool
 	var pskFile *string
+	lease := new(string)
+	if op == auth.Add {
+		lease = fs.String("lease", "", "give the device a lease of its own, `D` (a duration such as 2h), within presence.lease and presence.max_lease: for a device that sends less often than the heartbeat interval")
+	}
 	if op != auth.Remove {
 		pskGen = fs.Bool("psk-gen", false, "give the device a new random 32-byte pre-shared key, printed once on standard output (the default when no secret is given)")
 		pskFile = fs.String("psk-file", "", "read the pre-shared key from `F` (\"hex:..\", \"base64:..\" or \"text:..\", as in the devices file)")
@@ -136,6 +144,11 @@ func devicesEdit(ctx context.Context, op auth.Op, args []string, stdout, stderr 
 				return fmt.Errorf("--psk-file: %w", err)
 			}
 			s.PSK = strings.TrimSpace(string(b))
+		}
+		if *lease != "" {
+			if _, err := auth.ParseLease(*lease); err != nil {
+				return fmt.Errorf("%w: --lease: %v", errUsage, err)
+			}
 		}
 		if *pwPrompt {
 			pw, err := readPassword(stderr)
@@ -170,7 +183,8 @@ func devicesEdit(ctx context.Context, op auth.Op, args []string, stdout, stderr 
 		}
 		generated = true
 	}
-	d, err := auth.Edit(file, op, device, s)
+	s.Lease = *lease
+	d, err := auth.Edit(file, op, device, s, leaseBounds(cfg))
 	if err != nil {
 		return err
 	}

@@ -364,7 +364,7 @@ func (g *gatewayProcess) reload(ctx context.Context, log *slog.Logger) {
 		f.SetTiming(next.Timing())
 	}
 	if g.creds != nil && next.Auth.DevicesFile != "" {
-		if err := g.creds.Reload(next.Auth.DevicesFile); err != nil {
+		if err := g.creds.Reload(next.Auth.DevicesFile, leaseBounds(next)); err != nil {
 			why = "devices file: " + err.Error()
 			log.Error("devices file not reloaded; keeping the devices in use", "err", err)
 			ok = false

@@ -25,7 +25,7 @@ import (
 func checkFiles(cfg configs.Config) (*auth.Devices, error) {
 	var devices *auth.Devices
 	if path := cfg.Auth.DevicesFile; path != "" {
-		d, err := loadDevices(path)
+		d, err := loadDevices(path, cfg)
 		if err != nil {
 			return nil, err
 		}
@@ -47,13 +47,23 @@ func checkFiles(cfg configs.Config) (*auth.Devices, error) {
 	return devices, nil
 }
 
-// loadDevices loads the devices file at path; an error is a configError.
-func loadDevices(path string) (*auth.Devices, error) {
+// loadDevices loads the devices file at path, its devices' leases held
+// within cfg's presence.lease and presence.max_lease; an error is a
+// configError.
+func loadDevices(path string, cfg configs.Config) (*auth.Devices, error) {
 	d, err := auth.Load(path)
+	if err == nil {
+		err = d.CheckLeases(cfg.Presence.Lease.Std(), cfg.Presence.MaxLease.Std())
+	}
 	if err != nil {
 		return nil, configError{unreadable(err)}
 	}
 	return d, nil
+}
+
+// leaseBounds are the bounds cfg puts on the devices file's leases.
+func leaseBounds(cfg configs.Config) auth.LeaseBounds {
+	return auth.LeaseBounds{Lease: cfg.Presence.Lease.Std(), MaxLease: cfg.Presence.MaxLease.Std()}
 }
 
 // unreadable adds to a permission error which user must be able to read

@@ -204,9 +204,14 @@ func unavailable() answer {
 // carries. It returns the answer, and why a refusal was made.
 func (s *Server) serve(ctx context.Context, rq intent, msg *gateway.Message, anonymous bool, now time.Time, down bool) (answer, error) {
 	tm := s.timing.Load()
-	var granted time.Duration // 0: presence.lease
-	if rq.lease > 0 {
+	var granted time.Duration // 0: the table's (presence.lease, or the learned one)
+	switch {
+	case rq.lease > 0:
 		granted = tm.Grant(rq.lease)
+	case !anonymous:
+		if l := s.deviceLease(rq.device); l > 0 {
+			granted = tm.Grant(l)
+		}
 	}
 	ev := gateway.Evidence{
 		Device:     rq.device,

@@ -112,6 +112,16 @@ func claimOf(identity string, queries []string) string {
 	return ""
 }
 
+// deviceLease is device's own lease in the credentials (the devices
+// file's lease), 0 when it has none.
+func (s *Server) deviceLease(device gateway.DeviceID) time.Duration {
+	c := s.creds.Load()
+	if c == nil {
+		return 0
+	}
+	return gateway.DeviceLease(c.Credentials, device)
+}
+
 // listed reports whether device is in the credentials (the devices file).
 func (s *Server) listed(device gateway.DeviceID) bool {
 	c := s.creds.Load()

@@ -134,7 +134,8 @@ func (h *presence) OnConnect(cl *mochi.Client, pk packets.Packet) error {
 			return refuse(cl, packets.ErrConnectionRateExceeded, packets.Err3ServerUnavailable)
 		}
 	}
-	err = s.observe(device, session, gateway.Connect, 0, anon)
+	c.device, c.anon = device, anon // leaseOf's
+	err = s.observe(device, session, gateway.Connect, s.leaseOf(c), anon)
 	switch {
 	case err == nil:
 	case errors.Is(err, gateway.ErrInvalidDeviceID):

@@ -140,6 +140,10 @@ type Options struct {
 	// Lease is presence.lease, the lease a connection is admitted under
 	// (see leaseOf); default gateway.DefaultLease.
 	Lease time.Duration
+	// MaxLease is presence.max_lease: a device's own lease (Credentials
+	// that are gateway.LeaseCredentials: the devices file's lease) is
+	// granted up to it (gateway.Timing.Grant).
+	MaxLease time.Duration
 	// Limits; zero means the Default… constant, negative is an error.
 	MaxPacketSize, MaxClients, ConnectsPerSecond, MaxPendingWrites int
 	// MaxInflight bounds the QoS 1/2 messages the broker holds for one
@@ -199,6 +203,7 @@ type Server struct {
 	creds     atomic.Pointer[credentials]
 	keepAlive atomic.Uint32                        // seconds, 1..65535
 	lease     atomic.Int64                         // presence.lease in force
+	maxLease  atomic.Int64                         // presence.max_lease in force
 	rate      *ratelimit.Limiter[netip.Addr]       // connects per source address
 	devRate   *ratelimit.Limiter[gateway.DeviceID] // CONNECTs per device
 	anonRate  *ratelimit.Limiter[netip.Prefix]     // anonymous CONNECTs per source network
@@ -305,6 +310,7 @@ func New(obs gateway.Observer, o Options) (*Server, error) {
 		o.Lease = gateway.DefaultLease
 	}
 	s.lease.Store(int64(o.Lease))
+	s.maxLease.Store(int64(o.MaxLease))
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 
 	caps := mochi.NewDefaultServerCapabilities()
@@ -462,17 +468,29 @@ func (s *Server) SetTiming(t gateway.Timing) {
 	}
 	s.keepAlive.Store(keepAliveSeconds(t.HeartbeatInterval))
 	s.lease.Store(int64(t.Lease))
+	s.maxLease.Store(int64(t.MaxLease))
 }
 
 // leaseOf is the lease the evidence of connection c holds its session
-// for: 0 (the lease in force) while c's keep-alive is within the clamp
-// in force, else the longer of the lease c was admitted under and the
-// one in force.
+// for: 0 (the table's: the lease in force, or the learned one) while c's
+// keep-alive is within the clamp in force and its device has no lease of
+// its own; else the longest of the lease c was admitted under and the
+// one in force (a keep-alive beyond the clamp), and of the device's own
+// lease in the credentials in force (the devices file's lease), granted
+// up to max_lease.
 func (s *Server) leaseOf(c *conn) time.Duration {
-	if uint32(c.keepAlive) <= s.keepAlive.Load() {
-		return 0
+	var l time.Duration
+	if uint32(c.keepAlive) > s.keepAlive.Load() {
+		l = max(c.lease, time.Duration(s.lease.Load()))
 	}
-	return max(c.lease, time.Duration(s.lease.Load()))
+	if c.anon {
+		return l
+	}
+	if own := gateway.DeviceLease(s.creds.Load().c, c.device); own > 0 {
+		tm := gateway.Timing{Lease: time.Duration(s.lease.Load()), MaxLease: time.Duration(s.maxLease.Load())}
+		l = max(l, tm.Grant(own))
+	}
+	return l
 }
 
 // SetCredentials replaces the device credentials for later CONNECTs
