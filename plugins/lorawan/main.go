@@ -37,8 +37,18 @@
 // webhook downlink push (POST /api/v3/as/applications/{app}/webhooks/
 // {webhook}/devices/{device}/down/push, with the IDs its uplinks carry).
 // A device not heard since the adapter started goes to ChirpStack when it
-// is configured; without either API, commands are refused. Config (the
-// adapter's `config` subtree):
+// is configured; without either API, commands are refused.
+//
+// Leases: a device that sends every 15 minutes or every hour would be
+// reported offline between its uplinks under the gateway's lease, so its
+// evidence carries three of its uplink intervals as its lease (the
+// gateway grants it within presence.lease and presence.max_lease): the
+// interval of the ChirpStack tag uplink_interval in deviceInfo.tags (the
+// device's or its device profile's: "15m", or seconds, "900"; one that
+// does not parse is ignored), else of its class in uplink_intervals (a
+// ChirpStack device profile's name, a The Things Stack application's ID).
+// Without either, none: the adapter's lease, else the gateway's. Config
+// (the adapter's `config` subtree):
 //
 //	listen: "127.0.0.1:8090"             # HTTP address
 //	secret: "..."                        # required: the shared secret
@@ -50,6 +60,7 @@
 //	tts_api: ""                          # The Things Stack base URL
 //	tts_api_key: ""                      # API key with traffic write rights
 //	tts_webhook_id: ""                   # the webhook whose push path to use
+//	uplink_intervals: {}                 # device profile or application → interval
 package main
 
 import (
@@ -89,7 +100,15 @@ type config struct {
 	TTSAPI             string `json:"tts_api"`
 	TTSAPIKey          string `json:"tts_api_key"`
 	TTSWebhookID       string `json:"tts_webhook_id"`
+	// UplinkIntervals are the uplink intervals of classes of devices: a
+	// ChirpStack device profile's name, or a The Things Stack
+	// application's ID, to a duration or seconds (ParseInterval).
+	UplinkIntervals map[string]string `json:"uplink_intervals"`
 }
+
+// leaseIntervals is how many uplink intervals a device's lease spans: it
+// may miss two uplinks in a row (LoRaWAN loses some) and stay online.
+const leaseIntervals = 3
 
 // maxRoutes bounds the devices whose network server (and The Things
 // Stack IDs) the adapter remembers; beyond it, one it remembers is
@@ -104,8 +123,9 @@ type route struct {
 }
 
 type adapter struct {
-	cfg    config
-	client *http.Client
+	cfg       config
+	client    *http.Client
+	intervals map[string]time.Duration // cfg.UplinkIntervals parsed
 
 	mu     sync.Mutex
 	routes map[string]route // device ID → its network server
@@ -162,9 +182,17 @@ func (a *adapter) Configure(_ context.Context, raw []byte) error {
 			return fmt.Errorf("tts_webhook_id: %q: want the webhook's ID (2 to 36 of a-z 0-9 -)", c.TTSWebhookID)
 		}
 	}
+	intervals := make(map[string]time.Duration, len(c.UplinkIntervals))
+	for class, v := range c.UplinkIntervals {
+		d, err := ParseInterval(v)
+		if err != nil {
+			return fmt.Errorf("uplink_intervals: %q: %w", class, err)
+		}
+		intervals[class] = d
+	}
 	c.ChirpStackAPI = strings.TrimRight(c.ChirpStackAPI, "/")
 	c.TTSAPI = strings.TrimRight(c.TTSAPI, "/")
-	a.cfg = c
+	a.cfg, a.intervals = c, intervals
 	a.client = &http.Client{Timeout: 10 * time.Second}
 	return nil
 }
@@ -256,8 +284,9 @@ func (a *adapter) handler(ctx context.Context, sink sdk.Sink) http.Handler {
 			if now := time.Now(); at.After(now) || now.Sub(at) > time.Hour {
 				at = now // a clock we cannot trust: the time of arrival
 			}
+			lease := a.lease(m)
 			if m.Join || !m.HasData() {
-				ev := sdk.Evidence{Kind: sdk.Renew, Device: device, At: at}
+				ev := sdk.Evidence{Kind: sdk.Renew, Device: device, At: at, Lease: lease}
 				if m.Join {
 					ev.Kind = sdk.Connect
 				}
@@ -270,7 +299,7 @@ func (a *adapter) handler(ctx context.Context, sink sdk.Sink) http.Handler {
 			}
 			payload, contentType := m.Data()
 			err = sink.Data(r.Context(), sdk.Data{Device: device, Topic: m.Topic(), Payload: payload, ContentType: contentType,
-				QoS: 1, Properties: []sdk.Property{{Key: "f_cnt", Value: strconv.FormatUint(uint64(m.FCnt), 10)}}, At: at})
+				QoS: 1, Properties: []sdk.Property{{Key: "f_cnt", Value: strconv.FormatUint(uint64(m.FCnt), 10)}}, At: at, Lease: lease})
 			switch {
 			case err == nil, errors.Is(err, sdk.ErrNoDataPath):
 				w.WriteHeader(http.StatusNoContent)
@@ -288,6 +317,17 @@ func (a *adapter) handler(ctx context.Context, sink sdk.Sink) http.Handler {
 	}))
 	mux.Handle("/tts", handle(func(_ *http.Request, body []byte) (Message, error) { return ParseTTS(body) }))
 	return mux
+}
+
+// lease is the lease of m's evidence: leaseIntervals uplink intervals of
+// its device (its tag, else its class's in uplink_intervals); 0 when
+// neither is known (the gateway's lease for the adapter).
+func (a *adapter) lease(m Message) time.Duration {
+	interval := m.Interval
+	if interval == 0 {
+		interval = a.intervals[m.Profile]
+	}
+	return leaseIntervals * interval
 }
 
 // remember records the network server device's uplink m came through.

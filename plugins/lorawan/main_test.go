@@ -43,7 +43,7 @@ func TestParseFixtures(t *testing.T) {
 		err   error
 	}{
 		{"chirpstack up", cs("up", "chirpstack_up.json"), Message{DevEUI: "0101010101010101", At: time.Date(2022, 7, 18, 9, 34, 15, 775023242, time.UTC),
-			FPort: 1, FCnt: 4, Payload: []byte{4}}, nil},
+			FPort: 1, FCnt: 4, Payload: []byte{4}, Profile: "Test device-profile"}, nil},
 		{"chirpstack up decoded", cs("up", "chirpstack_up_decoded.json"), Message{DevEUI: "0101010101010101", At: time.Date(2022, 7, 18, 9, 40, 2, 100000000, time.UTC),
 			FPort: 2, FCnt: 7, Payload: []byte{1, 2, 3}, Object: json.RawMessage(`{"temperature":22.5,"humidity":61}`)}, nil},
 		{"chirpstack up bad data", func() (Message, error) {
@@ -52,14 +52,14 @@ func TestParseFixtures(t *testing.T) {
 		{"chirpstack up object not an object", func() (Message, error) {
 			return ParseChirpStack("up", []byte(`{"deviceInfo":{"devEui":"0101010101010101"},"fPort":1,"object":[1]}`))
 		}, Message{}, errBadRequest},
-		{"chirpstack join", cs("join", "chirpstack_join.json"), Message{DevEUI: "0101010101010101", Join: true, At: time.Date(2022, 7, 18, 9, 33, 28, 823500726, time.UTC)}, nil},
+		{"chirpstack join", cs("join", "chirpstack_join.json"), Message{DevEUI: "0101010101010101", Join: true, At: time.Date(2022, 7, 18, 9, 33, 28, 823500726, time.UTC), Profile: "Test device-profile"}, nil},
 		{"chirpstack status", cs("status", "chirpstack_status.json"), Message{}, errIgnored},
 		{"chirpstack up without deviceInfo", func() (Message, error) { return ParseChirpStack("up", []byte(`{"time":"x"}`)) }, Message{}, errBadRequest},
 		{"chirpstack bad json", func() (Message, error) { return ParseChirpStack("up", []byte(`{"deviceInfo":`)) }, Message{}, errBadRequest},
 		{"tts uplink", tts("tts_uplink.json"), Message{DevEUI: "0004a30b001c0530", At: time.Date(2020, 2, 12, 15, 15, 49, 567434000, time.UTC),
-			FPort: 1, FCnt: 45, Payload: []byte{0x82, 0x41, 0xde}, Object: json.RawMessage(`{"temperature":22.5}`), AppID: "app1", DevID: "dev1"}, nil},
+			FPort: 1, FCnt: 45, Payload: []byte{0x82, 0x41, 0xde}, Object: json.RawMessage(`{"temperature":22.5}`), AppID: "app1", DevID: "dev1", Profile: "app1"}, nil},
 		{"tts join", tts("tts_join.json"), Message{DevEUI: "0004a30b001c0530", Join: true, At: time.Date(2020, 2, 12, 15, 15, 49, 567434000, time.UTC),
-			AppID: "app1", DevID: "dev1"}, nil},
+			AppID: "app1", DevID: "dev1", Profile: "app1"}, nil},
 		{"tts port beyond 223", func() (Message, error) {
 			return ParseTTS([]byte(`{"end_device_ids":{"dev_eui":"0004A30B001C0530"},"uplink_message":{"f_port":224}}`))
 		}, Message{}, errBadRequest},
@@ -77,7 +77,8 @@ func TestParseFixtures(t *testing.T) {
 		}
 		if err != nil || got.DevEUI != tc.want.DevEUI || got.Join != tc.want.Join || !got.At.Equal(tc.want.At) ||
 			got.FPort != tc.want.FPort || got.FCnt != tc.want.FCnt || !bytes.Equal(got.Payload, tc.want.Payload) ||
-			string(got.Object) != string(tc.want.Object) || got.AppID != tc.want.AppID || got.DevID != tc.want.DevID {
+			string(got.Object) != string(tc.want.Object) || got.AppID != tc.want.AppID || got.DevID != tc.want.DevID ||
+			got.Profile != tc.want.Profile || got.Interval != tc.want.Interval {
 			t.Errorf("%s: %+v, %v; want %+v", tc.name, got, err, tc.want)
 		}
 	}
@@ -208,6 +209,58 @@ func TestUplinkAnsweredByTheDataOutcome(t *testing.T) {
 	}
 }
 
+// TestLeaseFromUplinkInterval: a device's evidence holds it for three of
+// its uplink intervals: its ChirpStack tag uplink_interval, else its
+// class's in uplink_intervals (ChirpStack device profile, The Things
+// Stack application); without either, the adapter's (0).
+func TestLeaseFromUplinkInterval(t *testing.T) {
+	a := &adapter{}
+	if err := a.Configure(t.Context(), []byte(`{"secret":"s","uplink_intervals":{"Test device-profile":"20m","app1":"900"}}`)); err != nil {
+		t.Fatal(err)
+	}
+	withTags := func(file, tags string) []byte {
+		return bytes.Replace(fixture(t, file), []byte(`"tags": {}`), []byte(`"tags": `+tags), 1)
+	}
+	for _, tc := range []struct {
+		name, target string
+		body         []byte
+		want         time.Duration
+	}{
+		{"the profile's interval", "/chirpstack?event=up", fixture(t, "chirpstack_up.json"), time.Hour},
+		{"the device's tag", "/chirpstack?event=up", withTags("chirpstack_up.json", `{"uplink_interval":"1h"}`), 3 * time.Hour},
+		{"a tag in seconds", "/chirpstack?event=join", withTags("chirpstack_join.json", `{"uplink_interval":"600"}`), 30 * time.Minute},
+		{"a tag that does not parse", "/chirpstack?event=join", withTags("chirpstack_join.json", `{"uplink_interval":"often"}`), time.Hour},
+		{"the application's interval", "/tts", fixture(t, "tts_uplink.json"), 45 * time.Minute},
+		{"none", "/chirpstack?event=up", []byte(`{"deviceInfo":{"devEui":"0101010101010102","deviceProfileName":"other"},"fPort":1}`), 0},
+	} {
+		sink := &recSink{}
+		r := httptest.NewRequest("POST", tc.target, bytes.NewReader(tc.body))
+		r.Header.Set("X-Fleetgate-Secret", "s")
+		w := httptest.NewRecorder()
+		a.handler(t.Context(), sink).ServeHTTP(w, r)
+		var got []time.Duration
+		for _, ev := range sink.evs {
+			got = append(got, ev.Lease)
+		}
+		for _, d := range sink.data {
+			got = append(got, d.Lease)
+		}
+		if w.Code != 204 || len(got) != 1 || got[0] != tc.want {
+			t.Errorf("%s: answered %d, leases %v; want 204 and [%v]", tc.name, w.Code, got, tc.want)
+		}
+	}
+}
+
+func TestParseInterval(t *testing.T) {
+	for in, want := range map[string]time.Duration{"15m": 15 * time.Minute, "900": 15 * time.Minute, "1h30m": 90 * time.Minute, "168h": 168 * time.Hour,
+		"": 0, "0": 0, "-5m": 0, "169h": 0, "often": 0, "99999999999": 0} {
+		got, err := ParseInterval(in)
+		if got != want || (err == nil) != (want > 0) {
+			t.Errorf("ParseInterval(%q) = %v, %v; want %v", in, got, err, want)
+		}
+	}
+}
+
 func TestConfigureRefuses(t *testing.T) {
 	for _, cfg := range []string{`{}`, `{"secret":"x","max_body":1}`, `{"secret":"x","listen":"nope"}`, `{"secret":"x","sekret":"y"}`,
 		`{"secret":"x","chirpstack_api":"http://cs:8090"}`,
@@ -216,6 +269,8 @@ func TestConfigureRefuses(t *testing.T) {
 		`{"secret":"x","tts_api":"https://eu1.cloud.thethings.network","tts_api_key":"k"}`,
 		`{"secret":"x","tts_api":"https://eu1.cloud.thethings.network","tts_webhook_id":"wh1"}`,
 		`{"secret":"x","tts_api":"https://eu1.cloud.thethings.network","tts_api_key":"k","tts_webhook_id":"Bad_ID"}`,
+		`{"secret":"x","uplink_intervals":{"Test device-profile":"often"}}`,
+		`{"secret":"x","uplink_intervals":{"p":"0s"}}`,
 	} {
 		if err := (&adapter{}).Configure(t.Context(), []byte(cfg)); err == nil {
 			t.Errorf("Configure(%s) = nil, want an error", cfg)
@@ -339,6 +394,9 @@ func checkMessage(t *testing.T, m Message) {
 	}
 	if p, ct := m.Data(); m.HasData() && (len(p) == 0 || (ct != "application/json" && ct != "application/octet-stream")) {
 		t.Fatalf("data %q of %q", p, ct)
+	}
+	if m.Interval < 0 || m.Interval > 7*24*time.Hour {
+		t.Fatalf("uplink interval %v", m.Interval)
 	}
 }
 

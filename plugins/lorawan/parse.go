@@ -42,6 +42,36 @@ type Message struct {
 	// AppID and DevID are The Things Stack's application and device IDs
 	// (its downlink push path needs them); "" for ChirpStack.
 	AppID, DevID string
+	// Profile names the device's class for uplink_intervals: ChirpStack's
+	// device-profile name, The Things Stack's application ID ("" when not
+	// given).
+	Profile string
+	// Interval is the device's configured uplink interval from its
+	// ChirpStack tag uplink_interval (a duration, "15m", or seconds,
+	// "900"); 0 when it has none, or one that does not parse.
+	Interval time.Duration
+}
+
+// intervalTag is the ChirpStack tag that carries a device's uplink
+// interval (deviceInfo.tags: the device profile's tags and the device's).
+const intervalTag = "uplink_interval"
+
+// ParseInterval reads an uplink interval: a Go duration ("15m") or whole
+// seconds ("900", as ChirpStack's device profile counts it), above zero
+// and at most a week (no lease is longer).
+func ParseInterval(s string) (time.Duration, error) {
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		n, nerr := strconv.ParseUint(s, 10, 32)
+		if nerr != nil {
+			return 0, fmt.Errorf("%q is neither a duration (15m) nor seconds (900)", truncate(s))
+		}
+		d = time.Duration(n) * time.Second
+	}
+	if d <= 0 || d > 7*24*time.Hour {
+		return 0, fmt.Errorf("%s: want above zero and at most 168h", d)
+	}
+	return d, nil
 }
 
 // chirpStackEvent is the part of a ChirpStack v4 integration event
@@ -49,7 +79,9 @@ type Message struct {
 type chirpStackEvent struct {
 	Time       string `json:"time"`
 	DeviceInfo *struct {
-		DevEUI string `json:"devEui"`
+		DevEUI            string            `json:"devEui"`
+		DeviceProfileName string            `json:"deviceProfileName"`
+		Tags              map[string]string `json:"tags"`
 	} `json:"deviceInfo"`
 	FPort  int             `json:"fPort"`
 	FCnt   uint32          `json:"fCnt"`
@@ -80,7 +112,10 @@ func ParseChirpStack(event string, body []byte) (Message, error) {
 	if err != nil {
 		return Message{}, fmt.Errorf("%w: deviceInfo.devEui: %v", errBadRequest, err)
 	}
-	m := Message{DevEUI: eui, Join: join, At: parseTime(e.Time)}
+	m := Message{DevEUI: eui, Join: join, At: parseTime(e.Time), Profile: e.DeviceInfo.DeviceProfileName}
+	if tag, ok := e.DeviceInfo.Tags[intervalTag]; ok {
+		m.Interval, _ = ParseInterval(tag) // a tag that does not parse is none
+	}
 	if !join {
 		if err := m.setPayload(e.FPort, e.FCnt, e.Data, e.Object); err != nil {
 			return Message{}, fmt.Errorf("%w: chirpstack up event: %v", errBadRequest, err)
@@ -188,7 +223,7 @@ func ParseTTS(body []byte) (Message, error) {
 	}
 	out := Message{DevEUI: eui, Join: join, At: parseTime(m.ReceivedAt)}
 	if app, dev := m.EndDeviceIDs.ApplicationIDs.ApplicationID, m.EndDeviceIDs.DeviceID; ttsID.MatchString(app) && ttsID.MatchString(dev) {
-		out.AppID, out.DevID = app, dev
+		out.AppID, out.DevID, out.Profile = app, dev, app
 	}
 	if !join {
 		var up ttsUplink

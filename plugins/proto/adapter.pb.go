@@ -404,7 +404,14 @@ type Evidence struct {
 	// metadata is informational (logged at debug level).
 	Metadata map[string]string `protobuf:"bytes,5,rep,name=metadata,proto3" json:"metadata,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	// data, when set, is what the device said (kind CONNECT or RENEW).
-	Data          *Data `protobuf:"bytes,6,opt,name=data,proto3" json:"data,omitempty"`
+	Data *Data `protobuf:"bytes,6,opt,name=data,proto3" json:"data,omitempty"`
+	// lease_ms, when not 0, is how long this evidence holds its session
+	// (milliseconds): the device's own lease, such as three of its
+	// configured uplink intervals. The host grants it within
+	// [presence.lease, presence.max_lease]; a longer one is cut to
+	// presence.max_lease and counted. 0: the adapter's lease
+	// (plugins.adapters[].lease), else the gateway's.
+	LeaseMs       uint32 `protobuf:"varint,7,opt,name=lease_ms,json=leaseMs,proto3" json:"lease_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -479,6 +486,13 @@ func (x *Evidence) GetData() *Data {
 		return x.Data
 	}
 	return nil
+}
+
+func (x *Evidence) GetLeaseMs() uint32 {
+	if x != nil {
+		return x.LeaseMs
+	}
+	return 0
 }
 
 // Data is a message of a device, below the device's root topic.
@@ -1160,14 +1174,15 @@ const file_adapter_proto_rawDesc = "" +
 	"\x06config\x18\x01 \x01(\fR\x06config\x12\x12\n" +
 	"\x04data\x18\x02 \x01(\bR\x04data\"\x13\n" +
 	"\x11ConfigureResponse\"\x11\n" +
-	"\x0fEvidenceRequest\"\xbc\x02\n" +
+	"\x0fEvidenceRequest\"\xd7\x02\n" +
 	"\bEvidence\x12.\n" +
 	"\x04kind\x18\x01 \x01(\x0e2\x1a.fleetgate.adapter.v1.KindR\x04kind\x12\x16\n" +
 	"\x06device\x18\x02 \x01(\tR\x06device\x12\x1a\n" +
 	"\binstance\x18\x03 \x01(\tR\binstance\x12\x15\n" +
 	"\x06age_us\x18\x04 \x01(\x03R\x05ageUs\x12H\n" +
 	"\bmetadata\x18\x05 \x03(\v2,.fleetgate.adapter.v1.Evidence.MetadataEntryR\bmetadata\x12.\n" +
-	"\x04data\x18\x06 \x01(\v2\x1a.fleetgate.adapter.v1.DataR\x04data\x1a;\n" +
+	"\x04data\x18\x06 \x01(\v2\x1a.fleetgate.adapter.v1.DataR\x04data\x12\x19\n" +
+	"\blease_ms\x18\a \x01(\rR\aleaseMs\x1a;\n" +
 	"\rMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xbb\x01\n" +

@@ -1,6 +1,7 @@
 package sdk
 
 import (
+	"math"
 	"slices"
 	"time"
 
@@ -19,6 +20,7 @@ const (
 	fieldAge      protowire.Number = 4
 	fieldMetadata protowire.Number = 5
 	fieldData     protowire.Number = 6
+	fieldLease    protowire.Number = 7
 	fieldMapKey   protowire.Number = 1
 	fieldMapValue protowire.Number = 2
 
@@ -94,7 +96,20 @@ func evidenceSize(ev *item, age int64) int {
 	if ev.data != nil {
 		n += 1 + protowire.SizeBytes(dataSize(ev.data))
 	}
+	if ms := leaseMillis(ev.Lease); ms != 0 {
+		n += 1 + protowire.SizeVarint(ms)
+	}
 	return n
+}
+
+// leaseMillis is lease as pb.Evidence's lease_ms: whole milliseconds
+// rounded up, at most the largest uint32 (49 days, far beyond any
+// max_lease); 0 for none.
+func leaseMillis(lease time.Duration) uint64 {
+	if lease <= 0 {
+		return 0
+	}
+	return min(uint64((lease+time.Millisecond-1)/time.Millisecond), math.MaxUint32)
 }
 
 // dataSize is the length of appendData's output for d.
@@ -182,6 +197,10 @@ func appendEvidence(b []byte, ev *item, age int64) []byte {
 		b = appendTag(b, fieldData, protowire.BytesType)
 		b = appendVarint(b, uint64(dataSize(ev.data)))
 		b = appendData(b, ev.data)
+	}
+	if ms := leaseMillis(ev.Lease); ms != 0 {
+		b = appendTag(b, fieldLease, protowire.VarintType)
+		b = appendVarint(b, ms)
 	}
 	return b
 }

@@ -68,6 +68,15 @@ type Evidence struct {
 	// SDK reads the map when it encodes the frame, after Send has
 	// returned: do not change it after Send.
 	Metadata map[string]string
+	// Lease, when not 0, is how long this evidence holds the device's
+	// session: its own lease, such as three of its configured uplink
+	// intervals (a device that sends every hour is not reported offline
+	// between two uplinks). The gateway grants it within its
+	// presence.lease and presence.max_lease (a longer one is cut to
+	// max_lease and counted); 0 means the adapter's lease
+	// (plugins.adapters[].lease), else the gateway's. Sent in whole
+	// milliseconds, rounded up.
+	Lease time.Duration
 }
 
 // Sink takes an adapter's evidence and data. Its methods are safe for
@@ -128,6 +137,8 @@ type Data struct {
 	Properties []Property
 	// At is when the device said it; zero means when Data is called.
 	At time.Time
+	// Lease is the lease of the evidence the data is (Evidence.Lease).
+	Lease time.Duration
 }
 
 // Property is one user property.

@@ -261,7 +261,7 @@ func (k *sink) Data(ctx context.Context, d Data) error {
 	if n := dataBytes(&d); n > MaxDataBytes {
 		return fmt.Errorf("%w: %d bytes, more than %d", ErrRejected, n, MaxDataBytes)
 	}
-	ev := Evidence{Kind: Renew, Device: d.Device, Instance: d.Instance, At: d.At}
+	ev := Evidence{Kind: Renew, Device: d.Device, Instance: d.Instance, At: d.At, Lease: d.Lease}
 	if !k.dataPath {
 		if err := k.Send(ctx, ev); err != nil {
 			return err

@@ -2,6 +2,7 @@ package sdk
 
 import (
 	"fmt"
+	"math"
 	"syscall"
 	"testing"
 	"time"
@@ -51,7 +52,7 @@ func TestEncodedFrameIsAnEvidenceFrame(t *testing.T) {
 	now := time.Unix(1_700_000_000, 0)
 	items := []item{
 		{Evidence: Evidence{Kind: Renew, Device: "d-1", At: now}},
-		{Evidence: Evidence{Kind: Connect, Device: "dev.2:x", Instance: "gw-7", At: now.Add(-1500 * time.Millisecond)}},
+		{Evidence: Evidence{Kind: Connect, Device: "dev.2:x", Instance: "gw-7", At: now.Add(-1500 * time.Millisecond), Lease: 2 * time.Hour}},
 		{Evidence: Evidence{Kind: Leave, Device: "d-3", At: now.Add(time.Second)}}, // in the future: age 0
 		{Evidence: Evidence{Kind: Renew, Device: "d-4", At: now.Add(-time.Hour), Metadata: map[string]string{"rssi": "-97", "": "empty key", "snr": ""}}},
 		{Evidence: Evidence{Kind: Kind(99), Device: "d-5", At: now}},
@@ -60,13 +61,15 @@ func TestEncodedFrameIsAnEvidenceFrame(t *testing.T) {
 		{Evidence: Evidence{Kind: Renew, Device: "d-6", At: now}, data: &dataItem{id: 300, d: Data{
 			Topic: "telemetry/temp", Payload: []byte("21.5"), ContentType: "text/plain", QoS: 1,
 			Properties: []Property{{"unit", "C"}, {"", ""}, {"unit", "K"}}}}},
-		{Evidence: Evidence{Kind: Connect, Device: "d-7", At: now.Add(-time.Second)}, data: &dataItem{}},
-		{Evidence: Evidence{Kind: Renew, Device: "d-8", At: now}, data: &dataItem{d: Data{Payload: make([]byte, 300)}}},
+		{Evidence: Evidence{Kind: Connect, Device: "d-7", At: now.Add(-time.Second), Lease: 1500 * time.Microsecond}, data: &dataItem{}},
+		{Evidence: Evidence{Kind: Renew, Device: "d-8", At: now, Lease: 100 * 24 * time.Hour}, data: &dataItem{d: Data{Payload: make([]byte, 300)}}},
 	}
+	// lease_ms: whole milliseconds rounded up, at most the largest uint32
+	leaseMs := map[int]uint32{1: 7_200_000, 8: 2, 9: math.MaxUint32}
 	want := &pb.EvidenceFrame{Ready: true, SentUnixUs: now.UnixMicro()}
-	for _, ev := range items {
+	for i, ev := range items {
 		age := max(0, now.Sub(ev.At).Microseconds())
-		e := &pb.Evidence{Kind: pb.Kind(ev.Kind), Device: ev.Device, Instance: ev.Instance, AgeUs: age, Metadata: ev.Metadata}
+		e := &pb.Evidence{Kind: pb.Kind(ev.Kind), Device: ev.Device, Instance: ev.Instance, AgeUs: age, Metadata: ev.Metadata, LeaseMs: leaseMs[i]}
 		if d := ev.data; d != nil {
 			e.Data = &pb.Data{Id: d.id, Topic: d.d.Topic, Payload: d.d.Payload, ContentType: d.d.ContentType, Qos: uint32(d.d.QoS)}
 			for _, p := range d.d.Properties {
