@@ -79,6 +79,12 @@ type PresenceConfig struct {
 	// heartbeat; it is answered with a Max-Age to match. 0 (the default)
 	// allows none longer than lease.
 	MaxLease Duration `yaml:"max_lease"`
+	// LearnLease learns each device's sending period and holds the
+	// evidence that carries no lease of its own (none asked for, none in
+	// the devices file, none of its adapter) for 3 periods +
+	// renew_every, within [Lease, MaxLease] (gateway.Period); off by
+	// default. It needs a MaxLease above Lease.
+	LearnLease bool `yaml:"learn_lease"`
 	// MaxSessions caps the gateway's session table: new sessions beyond it
 	// are refused.
 	MaxSessions int `yaml:"max_sessions"`

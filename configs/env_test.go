@@ -82,8 +82,8 @@ func TestEnvNamesAreUnique(t *testing.T) {
 		}
 		seen[name] = path
 	}
-	if len(seen) != 102 {
-		t.Errorf("%d keys, want 102: %v", len(seen), configs.Keys())
+	if len(seen) != 103 {
+		t.Errorf("%d keys, want 103: %v", len(seen), configs.Keys())
 	}
 }
 

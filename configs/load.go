@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"reflect"
+	"strconv"
 	"strings"
 
 	"go.yaml.in/yaml/v3"
@@ -53,11 +54,13 @@ func positioned(name string, data []byte, err error) error {
 	return errors.Join(out...)
 }
 
-// keyNode is the key node of a dotted path of mapping keys
-// ("listen.admin.token_file") in the document under n, or nil.
+// keyNode is the key node of a dotted path of mapping keys, each maybe
+// indexing a list ("listen.admin.token_file", "plugins.adapters[2].lease")
+// in the document under n, or nil.
 func keyNode(n *yaml.Node, path string) *yaml.Node {
 	var key *yaml.Node
 	for part := range strings.SplitSeq(path, ".") {
+		name, index, indexed := strings.Cut(part, "[")
 		if n.Kind == yaml.AliasNode {
 			n = n.Alias
 		}
@@ -66,12 +69,22 @@ func keyNode(n *yaml.Node, path string) *yaml.Node {
 		}
 		next := (*yaml.Node)(nil)
 		for i := 0; i+1 < len(n.Content); i += 2 {
-			if n.Content[i].Value == part {
+			if n.Content[i].Value == name {
 				key, next = n.Content[i], n.Content[i+1]
 			}
 		}
 		if next == nil {
 			return nil
+		}
+		if indexed {
+			if next.Kind == yaml.AliasNode {
+				next = next.Alias
+			}
+			i, err := strconv.Atoi(strings.TrimSuffix(index, "]"))
+			if err != nil || next.Kind != yaml.SequenceNode || i < 0 || i >= len(next.Content) {
+				return nil
+			}
+			next = next.Content[i]
 		}
 		n = next
 	}

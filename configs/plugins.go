@@ -63,8 +63,12 @@ type AdapterConfig struct {
 	// the devices file is never an adapter's.
 	Devices []string `yaml:"devices"`
 	// StartTimeout bounds the handshake, Configure and the first frame.
-	StartTimeout Duration      `yaml:"start_timeout"`
-	Limits       AdapterLimits `yaml:"limits"`
+	StartTimeout Duration `yaml:"start_timeout"`
+	// Lease is the lease of the adapter's evidence that carries none of
+	// its own (the SDK's Evidence.Lease); 0: presence.lease (or the
+	// learned one). Else within [presence.lease, presence.max_lease].
+	Lease  Duration      `yaml:"lease"`
+	Limits AdapterLimits `yaml:"limits"`
 	// Config is the adapter's own settings, passed to its Configure as
 	// JSON.
 	Config AdapterSettings `yaml:"config"`
@@ -300,6 +304,9 @@ func (c Config) validatePlugins(p *problems) {
 		}
 		if a.Name == c.Gateway.ID {
 			p.add(key, "name: %q is gateway.id: its sessions \"%s/<instance>\" would be the MQTT front end's (\"%s/mqtt\")", a.Name, a.Name, a.Name)
+		}
+		if why := c.leaseProblem(a.Lease); why != "" {
+			p.addAt(key+".lease", "%s", why)
 		}
 		seen[a.Name] = i
 	}

@@ -23,7 +23,9 @@ func parseValid(t *testing.T, yml string) configs.Config {
 }
 
 func TestAdaptersSection(t *testing.T) {
-	yml := `plugins:
+	yml := `presence:
+  max_lease: 3h
+plugins:
   dir: /usr/lib/fleetgate/plugins
   adapters:
     - udpline
@@ -31,6 +33,7 @@ func TestAdaptersSection(t *testing.T) {
       path: /opt/lorawan
       sha256: ` + strings.Repeat("AB", 32) + `
       start_timeout: 3s
+      lease: 2h
       limits: { max_sessions: 10, evidence_per_second: 5 }
       config:
         listen: ":8090"
@@ -45,7 +48,7 @@ func TestAdaptersSection(t *testing.T) {
 	if len(a) != 3 || !reflect.DeepEqual(a[0], configs.DefaultAdapter("udpline")) {
 		t.Fatalf("adapters = %+v", a)
 	}
-	if a[1].StartTimeout.Std() != 3*time.Second || a[1].Limits.MaxSessions != 10 || a[1].Limits.EvidencePerSecond != 5 ||
+	if a[1].StartTimeout.Std() != 3*time.Second || a[1].Lease.Std() != 2*time.Hour || a[1].Limits.MaxSessions != 10 || a[1].Limits.EvidencePerSecond != 5 ||
 		a[1].Limits.MaxDevices != configs.DefaultAdapterMaxDevices {
 		t.Fatalf("lora = %+v", a[1])
 	}

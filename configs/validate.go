@@ -122,6 +122,9 @@ func (c Config) validatePresence(p *problems) {
 		p.add("presence.max_lease", "must be 0 (no lease longer than presence.lease) or between presence.lease (%s) and %s, got %s",
 			pr.Lease, Duration(MaxMaxLease), pr.MaxLease)
 	}
+	if pr.LearnLease && lease && pr.MaxLease <= pr.Lease {
+		p.addAt("presence.learn_lease", "needs presence.max_lease above presence.lease (%s), the longest lease it may learn; got %s", pr.Lease, pr.MaxLease)
+	}
 	if hb && (pr.HeartbeatInterval.Std() < MinHeartbeat || pr.HeartbeatInterval.Std() > MaxHeartbeat) {
 		p.add("presence.heartbeat_interval", "must be between %s and %s (devices are told it in whole seconds), got %s",
 			Duration(MinHeartbeat), Duration(MaxHeartbeat), pr.HeartbeatInterval)
@@ -364,6 +367,31 @@ type Bounds struct {
 	MaxLease                   Duration `json:"max_lease" yaml:"max_lease"`
 	MaxLeaseHeartbeat          Duration `json:"max_lease_heartbeat" yaml:"max_lease_heartbeat"`
 	WorstCaseDetectionMaxLease Duration `json:"worst_case_detection_max_lease" yaml:"worst_case_detection_max_lease"`
+	// WorstCaseDetectionLearned is the worst-case detection of a device
+	// whose lease is learned (presence.learn_lease): that of the longest
+	// device lease, a learned lease being at most max_lease (and
+	// max_lease until learned); zero when learning is off.
+	WorstCaseDetectionLearned Duration `json:"worst_case_detection_learned,omitempty" yaml:"worst_case_detection_learned,omitempty"`
+	// Adapters are the worst-case detections of the adapters with a lease
+	// of their own (plugins.adapters[].lease), in the configuration's
+	// order.
+	Adapters []ClassBound `json:"adapters,omitempty" yaml:"adapters,omitempty"`
+}
+
+// ClassBound is the worst-case detection of a class of devices with a
+// lease of their own: Lease + 3 × flush_interval + runner.interval after
+// their last evidence.
+type ClassBound struct {
+	Name               string   `json:"name" yaml:"name"`
+	Lease              Duration `json:"lease" yaml:"lease"`
+	WorstCaseDetection Duration `json:"worst_case_detection" yaml:"worst_case_detection"`
+}
+
+// Detection is the worst-case detection of a device whose evidence holds
+// it for lease: lease + 3 × flush_interval (the gateway's coverage) +
+// runner.interval after its last evidence.
+func (c Config) Detection(lease time.Duration) Duration {
+	return Duration(lease) + Duration(gateway.CoverageWait(c.Uplink.FlushInterval.Std())) + c.Runner.Interval
 }
 
 // Bounds derives the presence timings of c.
@@ -371,7 +399,19 @@ func (c Config) Bounds() Bounds {
 	pr := c.Presence
 	tm := c.Timing()
 	wait := Duration(gateway.CoverageWait(c.Uplink.FlushInterval.Std()))
+	var learned Duration
+	if pr.LearnLease {
+		learned = c.Detection(tm.Grant(tm.MaxLease))
+	}
+	var adapters []ClassBound
+	for _, a := range c.Plugins.Adapters {
+		if a.Lease > 0 {
+			adapters = append(adapters, ClassBound{Name: "adapter " + a.Name, Lease: a.Lease, WorstCaseDetection: c.Detection(a.Lease.Std())})
+		}
+	}
 	return Bounds{
+		WorstCaseDetectionLearned:     learned,
+		Adapters:                      adapters,
 		MaxLease:                      Duration(tm.Grant(tm.MaxLease)),
 		MaxLeaseHeartbeat:             Duration(tm.HeartbeatFor(tm.Grant(tm.MaxLease))),
 		WorstCaseDetectionMaxLease:    Duration(tm.Grant(tm.MaxLease)) + wait + c.Runner.Interval,
@@ -410,11 +450,46 @@ func (b Bounds) String() string {
 		{"  heartbeat asked", b.MaxLeaseHeartbeat, "its Max-Age: longest device lease - (lease - heartbeat_interval)"},
 		{"  worst-case detection", b.WorstCaseDetectionMaxLease, "longest device lease + 3 x uplink.flush_interval + runner.interval after its last evidence"},
 	}
+	if b.WorstCaseDetectionLearned > 0 {
+		rows = append(rows, struct {
+			name string
+			d    Duration
+			why  string
+		}{"learned lease detection", b.WorstCaseDetectionLearned, "presence.learn_lease: at most that of the longest device lease (max_lease until a device's period is learned)"})
+	}
 	var sb strings.Builder
 	for _, r := range rows {
 		fmt.Fprintf(&sb, "%-24s %-8s %s\n", r.name, r.d, r.why)
 	}
+	for _, a := range b.Adapters {
+		sb.WriteString(a.String())
+	}
 	return sb.String()
+}
+
+// String is a's line of check-config's bounds.
+func (a ClassBound) String() string {
+	return fmt.Sprintf("%-24s %-8s %s\n", a.Name, a.WorstCaseDetection, fmt.Sprintf("its lease %s + 3 x uplink.flush_interval + runner.interval after its last evidence", a.Lease))
+}
+
+// leaseProblem says what is wrong with a lease a class of devices is
+// given (an adapter's): "" for 0 (none) or one within [presence.lease,
+// presence.max_lease].
+func (c Config) leaseProblem(l Duration) string {
+	pr := c.Presence
+	switch {
+	case l == 0:
+		return ""
+	case l < 0:
+		return fmt.Sprintf("must be 0 (none) or at least presence.lease (%s), got %s", pr.Lease, l)
+	case l < pr.Lease:
+		return fmt.Sprintf("%s is shorter than presence.lease (%s); a lease of its own only lengthens the lease", l, pr.Lease)
+	case pr.MaxLease <= pr.Lease && l > pr.Lease:
+		return fmt.Sprintf("%s is longer than presence.lease (%s) and presence.max_lease is %s: none may be longer; raise presence.max_lease to at least %s", l, pr.Lease, pr.MaxLease, l)
+	case l > pr.MaxLease:
+		return fmt.Sprintf("%s is longer than presence.max_lease (%s); raise presence.max_lease or shorten the lease", l, pr.MaxLease)
+	}
+	return ""
 }
 
 // Timing is the presence timing the front ends answer devices with.

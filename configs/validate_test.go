@@ -1,6 +1,8 @@
 package configs_test
 
 import (
+	"reflect"
+	"strings"
 	"testing"
 	"time"
 
@@ -202,7 +204,7 @@ func TestBounds(t *testing.T) {
 		MaxLeaseHeartbeat:             sec(30),
 		WorstCaseDetectionMaxLease:    sec(94),
 	}
-	if b != want {
+	if !reflect.DeepEqual(b, want) {
 		t.Fatalf("bounds %+v, want %+v", b, want)
 	}
 	const text = "" +
@@ -227,6 +229,21 @@ func TestBounds(t *testing.T) {
 	c.Presence.MaxLease = configs.Duration(24 * time.Hour)
 	if b := c.Bounds(); b.MaxLease != sec(86400) || b.MaxLeaseHeartbeat != sec(86400-60) || b.WorstCaseDetectionMaxLease != sec(86404) {
 		t.Fatalf("bounds with max_lease 24h: %+v", b)
+	}
+	// Learned leases and an adapter's lease: a worst case per class.
+	c.Presence.LearnLease = true
+	c.Plugins.Adapters = []configs.AdapterConfig{{Name: "lorawan", Lease: configs.Duration(2 * time.Hour)}, {Name: "udpline"}}
+	b = c.Bounds()
+	if b.WorstCaseDetectionLearned != sec(86404) || !reflect.DeepEqual(b.Adapters, []configs.ClassBound{{Name: "adapter lorawan", Lease: sec(7200), WorstCaseDetection: sec(7204)}}) {
+		t.Fatalf("bounds with learned leases and an adapter's lease: %+v", b)
+	}
+	for _, line := range []string{
+		"learned lease detection  24h0m4s  presence.learn_lease: at most that of the longest device lease (max_lease until a device's period is learned)\n",
+		"adapter lorawan          2h0m4s   its lease 2h + 3 x uplink.flush_interval + runner.interval after its last evidence\n",
+	} {
+		if !strings.Contains(b.String(), line) {
+			t.Errorf("String() has no line %q:\n%s", line, b.String())
+		}
 	}
 }
 

@@ -24,6 +24,7 @@ func adapterSpecs(p configs.PluginsConfig) []adapter.Spec {
 			Path:               p.AdapterPath(a),
 			SHA256:             a.SHA256,
 			StartTimeout:       a.StartTimeout.Std(),
+			Lease:              a.Lease.Std(),
 			Devices:            a.Devices,
 			MaxSessions:        a.Limits.MaxSessions,
 			MaxDevices:         a.Limits.MaxDevices,
@@ -46,7 +47,7 @@ func adapterSpecs(p configs.PluginsConfig) []adapter.Spec {
 // is logged and retried with backoff.
 func (g *gatewayProcess) openAdapters(ctx context.Context, cfg configs.Config, log *slog.Logger, reg prometheus.Registerer) error {
 	h, err := adapter.New(g.table, adapter.Options{
-		Lease: cfg.Presence.Lease.Std(), Data: g.data.bridge, Commands: g.data.bridge,
+		Lease: cfg.Presence.Lease.Std(), MaxLease: cfg.Presence.MaxLease.Std(), Data: g.data.bridge, Commands: g.data.bridge,
 		Clock: gateway.SystemClock{}, Logger: log, Registerer: reg, Refusals: g.refusals,
 	})
 	if err != nil {

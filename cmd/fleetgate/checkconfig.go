@@ -44,7 +44,27 @@ func cmdCheckConfig(_ context.Context, args []string, stdout, stderr io.Writer) 
 	fmt.Fprintf(stdout, "# effective configuration of %s (defaults, file, FLEETGATE_ environment)\n", *path)
 	stdout.Write(out)
 	fmt.Fprintf(stdout, "\n# derived bounds\n%s", cfg.Bounds())
+	for _, b := range deviceLeaseBounds(cfg, devices) {
+		fmt.Fprint(stdout, b)
+	}
 	return nil
+}
+
+// deviceLeaseBounds are the worst-case detections of the devices file's
+// devices with a lease of their own: of the shortest and the longest
+// lease; none without such devices.
+func deviceLeaseBounds(cfg configs.Config, devices *auth.Devices) []configs.ClassBound {
+	if devices == nil {
+		return nil
+	}
+	r := devices.Leases()
+	if r.Devices == 0 {
+		return nil
+	}
+	return []configs.ClassBound{
+		{Name: "devices file: shortest", Lease: configs.Duration(r.Shortest), WorstCaseDetection: cfg.Detection(r.Shortest)},
+		{Name: "devices file: longest", Lease: configs.Duration(r.Longest), WorstCaseDetection: cfg.Detection(r.Longest)},
+	}
 }
 
 // listener is one listen address of the configuration: its key, its

@@ -174,6 +174,8 @@ func (g *gatewayProcess) run(ctx context.Context) (err error) {
 		Lease: cfg.Presence.Lease.Std(), RenewEvery: cfg.Presence.RenewEvery.Std(),
 		MaxSessions: cfg.Presence.MaxSessions, MaxSessionsPerDevice: cfg.Limits.MaxSessionsPerDevice,
 		MaxAnonymousDevices: cfg.Limits.AnonymousMaxDevices,
+		LearnLease:          cfg.Presence.LearnLease,
+		MaxLease:            cfg.Presence.MaxLease.Std(),
 		KeepLapsed:          keepLapsed,
 		Clock:               gateway.SystemClock{},
 	})
@@ -359,6 +361,7 @@ func (g *gatewayProcess) reload(ctx context.Context, log *slog.Logger) {
 	setLevel(g.level, next.Log.Level)
 	p := next.Presence
 	g.table.SetTiming(p.Lease.Std(), p.RenewEvery.Std())
+	g.table.SetLearning(p.LearnLease, p.MaxLease.Std())
 	g.up.SetTiming(p.Lease.Std(), next.Uplink.FlushInterval.Std(), next.Uplink.MaxBatch)
 	for _, f := range g.fronts {
 		f.SetTiming(next.Timing())
@@ -388,13 +391,13 @@ func (g *gatewayProcess) reload(ctx context.Context, log *slog.Logger) {
 		log.Warn("reloaded; changes to listeners, store, shards, gateway, runner, limits or anonymous access take effect at the next restart")
 	}
 	g.reloads.done(ok)
-	log.Info("configuration reloaded", "lease", p.Lease, "renew_every", p.RenewEvery, "heartbeat_interval", p.HeartbeatInterval, "max_lease", p.MaxLease)
+	log.Info("configuration reloaded", "lease", p.Lease, "renew_every", p.RenewEvery, "heartbeat_interval", p.HeartbeatInterval, "max_lease", p.MaxLease, "learn_lease", p.LearnLease)
 }
 
 // restartOnly is the part of the configuration a reload cannot apply.
 func restartOnly(c configs.Config) string {
 	c.Presence.Lease, c.Presence.RenewEvery, c.Presence.HeartbeatInterval, c.Presence.SuspectAfter = 0, 0, 0, 0
-	c.Presence.MaxLease = 0
+	c.Presence.MaxLease, c.Presence.LearnLease = 0, false
 	c.Uplink.FlushInterval, c.Uplink.MaxBatch = 0, 0
 	c.Log.Level = ""
 	c.Plugins = configs.PluginsConfig{}

@@ -62,6 +62,10 @@ type Spec struct {
 	// StartTimeout bounds the handshake, Info, Configure and the first
 	// (ready) frame; 0 means DefaultStartTimeout.
 	StartTimeout time.Duration
+	// Lease is the lease of the adapter's evidence that carries none of
+	// its own (lease_ms 0), granted as an evidence lease is; 0: the
+	// table's (presence.lease, or the learned one).
+	Lease time.Duration
 	// Devices are the device IDs the adapter may speak for: an entry
 	// ending in "*" is a prefix ("*" alone: every ID), any other one
 	// exact ID. None: no device. A device of the devices file is never
@@ -94,8 +98,13 @@ type Spec struct {
 // Options configure a Host.
 type Options struct {
 	// Lease is how long a session counts against MaxSessions after its
-	// last evidence (presence.lease).
-	Lease time.Duration
+	// last evidence when the evidence has no lease of its own
+	// (presence.lease), and the bound on an evidence's age. MaxLease is
+	// presence.max_lease: an evidence's lease (lease_ms, or its adapter's
+	// Spec.Lease) is granted within [Lease, MaxLease]
+	// (gateway.Timing.Grant), a longer one cut to MaxLease and counted.
+	// SetTiming replaces both.
+	Lease, MaxLease time.Duration
 	// Clock stamps evidence and drives backoff and health pings; nil
 	// means gateway.SystemClock.
 	Clock gateway.Clock
@@ -137,7 +146,8 @@ type Host struct {
 	log     *slog.Logger
 	metrics *metrics
 
-	creds atomic.Pointer[gateway.Credentials]
+	creds  atomic.Pointer[gateway.Credentials]
+	timing atomic.Pointer[gateway.Timing]
 
 	mu     sync.Mutex
 	procs  map[string]*proc
@@ -177,7 +187,9 @@ func New(obs gateway.Observer, o Options) (*Host, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Host{obs: obs, o: o, log: o.Logger, metrics: m, procs: make(map[string]*proc)}, nil
+	h := &Host{obs: obs, o: o, log: o.Logger, metrics: m, procs: make(map[string]*proc)}
+	h.timing.Store(&gateway.Timing{Lease: o.Lease, MaxLease: o.MaxLease})
+	return h, nil
 }
 
 // Apply makes the running adapters those of specs: new ones start,
@@ -330,8 +342,10 @@ func (h *Host) Serve(ctx context.Context) error {
 	return nil
 }
 
-// SetTiming does nothing: adapters pace their devices themselves.
-func (h *Host) SetTiming(gateway.Timing) {}
+// SetTiming takes the presence timing of a reload: the leases of evidence
+// observed after it are granted within its lease and max_lease (adapters
+// pace their devices themselves: no heartbeat is asked of them).
+func (h *Host) SetTiming(t gateway.Timing) { h.timing.Store(&t) }
 
 // SetCredentials hands over the devices file: evidence from then on for a
 // device it lists is refused (such a device authenticates itself over

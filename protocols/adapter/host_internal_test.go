@@ -1,6 +1,7 @@
 package adapter
 
 import (
+	"cmp"
 	"math"
 	"testing"
 	"time"
@@ -34,33 +35,41 @@ func TestNamespaceRefusal(t *testing.T) {
 }
 
 // A device counts while one of its sessions lives: its last session's
-// leave or lease frees its place.
+// leave or lease frees its place; a session lives for the lease of its
+// last evidence (an hour for a device that wakes once an hour).
 func TestSessionsCountDevices(t *testing.T) {
 	now := time.Unix(1000, 0)
-	s := newSessions(0, 2, time.Minute, nil)
+	s := newSessions(0, 2, nil)
 	k := func(d, sess string) sessionKey { return sessionKey{gateway.DeviceID(d), gateway.SessionID(sess)} }
 	for _, step := range []struct {
-		key  sessionKey
-		kind gateway.Kind
-		at   time.Duration
-		want bool
+		key   sessionKey
+		kind  gateway.Kind
+		at    time.Duration
+		lease time.Duration // 0: a minute
+		want  bool
 	}{
-		{k("a", "x/1"), gateway.Renew, 0, true},
-		{k("a", "x/2"), gateway.Renew, 0, true},
-		{k("b", "x/1"), gateway.Renew, 0, true},
-		{k("c", "x/1"), gateway.Renew, 0, false},               // two devices live
-		{k("a", "x/1"), gateway.Leave, time.Second, true},      // a keeps x/2
-		{k("c", "x/1"), gateway.Renew, 2 * time.Second, false}, // still two
-		{k("a", "x/2"), gateway.Leave, 3 * time.Second, true},
-		{k("c", "x/1"), gateway.Renew, 4 * time.Second, true}, // a is gone
-		{k("d", "x/1"), gateway.Renew, time.Minute, true},     // b's lease ran out
+		{k("a", "x/1"), gateway.Renew, 0, 0, true},
+		{k("a", "x/2"), gateway.Renew, 0, 0, true},
+		{k("b", "x/1"), gateway.Renew, 0, 0, true},
+		{k("c", "x/1"), gateway.Renew, 0, 0, false},               // two devices live
+		{k("a", "x/1"), gateway.Leave, time.Second, 0, true},      // a keeps x/2
+		{k("c", "x/1"), gateway.Renew, 2 * time.Second, 0, false}, // still two
+		{k("a", "x/2"), gateway.Leave, 3 * time.Second, 0, true},
+		{k("c", "x/1"), gateway.Renew, 4 * time.Second, 0, true}, // a is gone
+		{k("d", "x/1"), gateway.Renew, time.Minute, 0, true},     // b's lease ran out
+		{k("e", "x/1"), gateway.Renew, 3 * time.Minute, time.Hour, true},
+		{k("f", "x/1"), gateway.Renew, 3 * time.Minute, 0, true},
+		{k("g", "x/1"), gateway.Renew, 3*time.Minute + time.Second, 0, false}, // e and f live
+		{k("g", "x/1"), gateway.Renew, 30 * time.Minute, 0, true},             // f is gone, e holds its hour
+		{k("h", "x/1"), gateway.Renew, 30 * time.Minute, 0, false},
 	} {
-		if got := s.admit(step.key, step.kind, now.Add(step.at)); got != step.want {
+		lease := cmp.Or(step.lease, time.Minute)
+		if got := s.admit(step.key, step.kind, now.Add(step.at), lease); got != step.want {
 			t.Fatalf("admit(%v, %v) at +%s = %v, want %v", step.key, step.kind, step.at, got, step.want)
 		}
 	}
 	if s.devices() != 2 || s.len() != 2 {
-		t.Fatalf("%d devices, %d sessions, want c and d", s.devices(), s.len())
+		t.Fatalf("%d devices, %d sessions, want e and g", s.devices(), s.len())
 	}
 }
 

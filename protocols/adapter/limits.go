@@ -69,8 +69,8 @@ type sessionKey struct {
 
 // sessions counts an adapter's live sessions and devices for its
 // max_sessions and max_devices limits: a session lives from its last
-// evidence for a lease, or until its leave; a device lives while one of
-// its sessions does. A max of 0 is unlimited; with both 0 and no track
+// evidence for that evidence's lease, or until its leave; a device lives
+// while one of its sessions does. A max of 0 is unlimited; with both 0 and no track
 // nothing is tracked. track, when set, is told each device that comes to
 // life (true) or dies (false) — command delivery follows the live
 // devices —, and sessions are then swept at most once a second as
@@ -78,37 +78,38 @@ type sessionKey struct {
 type sessions struct {
 	maxSessions int
 	maxDevices  int
-	lease       time.Duration
-	last        map[sessionKey]time.Time
-	perDevice   map[gateway.DeviceID]int
-	lastSweep   time.Time
-	track       func(gateway.DeviceID, bool)
+	// until is each live session's end: its last evidence + lease.
+	until     map[sessionKey]time.Time
+	perDevice map[gateway.DeviceID]int
+	lastSweep time.Time
+	track     func(gateway.DeviceID, bool)
 }
 
 // sweepEvery is how often at most sessions are swept.
 const sweepEvery = time.Second
 
-func newSessions(maxSessions, maxDevices int, lease time.Duration, track func(gateway.DeviceID, bool)) *sessions {
-	return &sessions{maxSessions: maxSessions, maxDevices: maxDevices, lease: lease, track: track,
-		last: make(map[sessionKey]time.Time), perDevice: make(map[gateway.DeviceID]int)}
+func newSessions(maxSessions, maxDevices int, track func(gateway.DeviceID, bool)) *sessions {
+	return &sessions{maxSessions: maxSessions, maxDevices: maxDevices, track: track,
+		until: make(map[sessionKey]time.Time), perDevice: make(map[gateway.DeviceID]int)}
 }
 
-// admit records evidence of kind for k at now and reports whether it is
-// within the limits: evidence of a known session always is; a new session
-// is refused while maxSessions sessions are live, or, of a device without
-// a live session, while maxDevices devices are.
-func (s *sessions) admit(k sessionKey, kind gateway.Kind, now time.Time) bool {
+// admit records evidence of kind for k at now, holding the session for
+// lease, and reports whether it is within the limits: evidence of a known
+// session always is; a new session is refused while maxSessions sessions
+// are live, or, of a device without a live session, while maxDevices
+// devices are.
+func (s *sessions) admit(k sessionKey, kind gateway.Kind, now time.Time, lease time.Duration) bool {
 	if s.maxSessions <= 0 && s.maxDevices <= 0 && s.track == nil {
 		return true
 	}
 	if s.track != nil && now.Sub(s.lastSweep) >= sweepEvery {
 		s.sweep(now)
 	}
-	if _, ok := s.last[k]; ok {
+	if until, ok := s.until[k]; ok {
 		if kind == gateway.Leave {
 			s.remove(k)
-		} else {
-			s.last[k] = now
+		} else if end := now.Add(lease); end.After(until) {
+			s.until[k] = end
 		}
 		return true
 	}
@@ -121,7 +122,7 @@ func (s *sessions) admit(k sessionKey, kind gateway.Kind, now time.Time) bool {
 	if s.full(k.device) {
 		return false
 	}
-	s.last[k] = now
+	s.until[k] = now.Add(lease)
 	s.perDevice[k.device]++
 	if s.perDevice[k.device] == 1 && s.track != nil {
 		s.track(k.device, true)
@@ -131,14 +132,14 @@ func (s *sessions) admit(k sessionKey, kind gateway.Kind, now time.Time) bool {
 
 // full reports whether a new session of device would break a limit.
 func (s *sessions) full(device gateway.DeviceID) bool {
-	if s.maxSessions > 0 && len(s.last) >= s.maxSessions {
+	if s.maxSessions > 0 && len(s.until) >= s.maxSessions {
 		return true
 	}
 	return s.maxDevices > 0 && s.perDevice[device] == 0 && len(s.perDevice) >= s.maxDevices
 }
 
 func (s *sessions) remove(k sessionKey) {
-	delete(s.last, k)
+	delete(s.until, k)
 	if n := s.perDevice[k.device] - 1; n > 0 {
 		s.perDevice[k.device] = n
 	} else {
@@ -151,13 +152,13 @@ func (s *sessions) remove(k sessionKey) {
 
 func (s *sessions) sweep(now time.Time) {
 	s.lastSweep = now
-	for k, t := range s.last {
-		if now.Sub(t) >= s.lease {
+	for k, until := range s.until {
+		if !now.Before(until) {
 			s.remove(k)
 		}
 	}
 }
 
-func (s *sessions) len() int { return len(s.last) }
+func (s *sessions) len() int { return len(s.until) }
 
 func (s *sessions) devices() int { return len(s.perDevice) }

@@ -12,6 +12,7 @@ type metrics struct {
 	evidence *prometheus.CounterVec
 	data     *prometheus.CounterVec
 	commands *prometheus.CounterVec
+	clamped  *prometheus.CounterVec
 }
 
 // adapterCounters are one adapter's evidence, data and command counters.
@@ -19,6 +20,7 @@ type adapterCounters struct {
 	accepted, rejected, refused, dropped                                             prometheus.Counter
 	dataPublished, dataRejected, dataRefused, dataDropped, dataFailed, dataDiscarded prometheus.Counter
 	commandsDelivered, commandsRefused, commandsFailed                               prometheus.Counter
+	clamped                                                                          prometheus.Counter
 }
 
 // Results of the data and commands counters.
@@ -53,9 +55,13 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "fleetgate_adapter_commands_total",
 			Help: "Command deliveries to the adapter plugin: delivered (it took the command), refused (it said why not) or failed (an error or no answer in time); refused and failed commands stay pending and are tried again.",
 		}, []string{"adapter", "result"}),
+		clamped: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "fleetgate_adapter_leases_clamped_total",
+			Help: "Evidence items from the adapter plugin whose own lease (lease_ms) was beyond presence.max_lease: each held its session for presence.max_lease instead.",
+		}, []string{"adapter"}),
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.up, m.failed, m.restarts, m.evidence, m.data, m.commands} {
+		for _, c := range []prometheus.Collector{m.up, m.failed, m.restarts, m.evidence, m.data, m.commands, m.clamped} {
 			if err := reg.Register(c); err != nil {
 				return nil, err
 			}
@@ -89,6 +95,7 @@ func (m *metrics) of(name string) adapterCounters {
 		commandsDelivered: m.commands.WithLabelValues(name, "delivered"),
 		commandsRefused:   m.commands.WithLabelValues(name, "refused"),
 		commandsFailed:    m.commands.WithLabelValues(name, "failed"),
+		clamped:           m.clamped.WithLabelValues(name),
 	}
 }
 
@@ -105,6 +112,7 @@ func (m *metrics) forget(name string) {
 	m.up.DeleteLabelValues(name)
 	m.failed.DeleteLabelValues(name)
 	m.restarts.DeleteLabelValues(name)
+	m.clamped.DeleteLabelValues(name)
 	for _, r := range []string{"accepted", "rejected", "refused", "dropped"} {
 		m.evidence.DeleteLabelValues(name, r)
 	}

@@ -57,6 +57,7 @@ func TestMetricsFromTheStart(t *testing.T) {
 		"fleetgate_adapter_evidence_total{adapter=line,result=refused} 0",
 		"fleetgate_adapter_evidence_total{adapter=line,result=rejected} 0",
 		"fleetgate_adapter_failed{adapter=line} 0",
+		"fleetgate_adapter_leases_clamped_total{adapter=line} 0",
 		"fleetgate_adapter_restarts_total{adapter=line} 0",
 		"fleetgate_adapter_up{adapter=line} 1",
 	}

@@ -1,6 +1,7 @@
 package adapter
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -354,11 +355,15 @@ func (p *proc) accept(ctx context.Context, client pb.AdapterClient, f *pb.Eviden
 	// the evidence's ages count from when the frame was made
 	sent := now.Add(-frameWait(time.Now(), f.GetSentUnixUs(), p.h.o.Lease))
 	var (
-		accepted, rejected, refused, dropped uint64
-		out                                  frameData
+		accepted, rejected, refused, dropped, clamped uint64
+		out                                           frameData
 	)
+	tm := p.h.timing.Load()
 	for _, e := range f.GetEvidence() {
-		ev, msg, err := p.item(l, e, sent)
+		ev, msg, err := p.item(l, e, sent, tm)
+		if asked := time.Duration(e.GetLeaseMs()) * time.Millisecond; err == nil && ev.Lease < asked {
+			clamped++
+		}
 		if err != nil {
 			rejected++
 			out.settle(e, pb.Outcome_OUTCOME_REJECTED, err.Error())
@@ -374,7 +379,7 @@ func (p *proc) accept(ctx context.Context, client pb.AdapterClient, f *pb.Eviden
 			p.report(ev.Device, gateway.RefusedNotAuthorized, "the adapter may not speak for it (plugins.adapters[].devices): "+why, now)
 			continue
 		}
-		if !l.rate.allow(now) || !l.sessions.admit(sessionKey{ev.Device, ev.Session}, ev.Kind, now) {
+		if !l.rate.allow(now) || !l.sessions.admit(sessionKey{ev.Device, ev.Session}, ev.Kind, now, max(ev.Lease, tm.Lease)) {
 			dropped++
 			out.settle(e, pb.Outcome_OUTCOME_DROPPED, "beyond the adapter's limits (evidence_per_second, max_sessions, max_devices)")
 			p.report(ev.Device, gateway.RefusedLimit, "beyond the adapter's limits (evidence_per_second, max_sessions, max_devices)", now)
@@ -423,6 +428,9 @@ func (p *proc) accept(ctx context.Context, client pb.AdapterClient, f *pb.Eviden
 		p.dropped.Add(dropped)
 		m.dropped.Add(float64(dropped))
 	}
+	if clamped > 0 {
+		m.clamped.Add(float64(clamped))
+	}
 	p.data.add(&out.counts, m)
 	p.sessions.Store(int64(l.sessions.len()))
 	p.devices.Store(int64(l.sessions.devices()))
@@ -459,15 +467,15 @@ func (p *proc) limits() *limiter {
 		}
 		p.lim = &limiter{devices: newNamespace(p.spec.Devices), rate: newRate(p.spec.EvidencePerSecond),
 			bytes:    newByteRate(p.spec.DataBytesPerSecond),
-			sessions: newSessions(p.spec.MaxSessions, p.spec.MaxDevices, p.h.o.Lease, track), ids: make(map[string]gateway.SessionID)}
+			sessions: newSessions(p.spec.MaxSessions, p.spec.MaxDevices, track), ids: make(map[string]gateway.SessionID)}
 	}
 	return p.lim
 }
 
 // item validates one item: its evidence, and its data when it carries
-// some (then msg is the data's message).
-func (p *proc) item(l *limiter, e *pb.Evidence, now time.Time) (ev gateway.Evidence, msg gateway.Message, err error) {
-	ev, err = p.evidence(l, e, now)
+// some (then msg is the data's message); tm grants its lease.
+func (p *proc) item(l *limiter, e *pb.Evidence, now time.Time, tm *gateway.Timing) (ev gateway.Evidence, msg gateway.Message, err error) {
+	ev, err = p.evidence(l, e, now, tm)
 	if err != nil || e.GetData() == nil {
 		return ev, msg, err
 	}
@@ -475,8 +483,10 @@ func (p *proc) item(l *limiter, e *pb.Evidence, now time.Time) (ev gateway.Evide
 	return ev, msg, err
 }
 
-// evidence validates one item's evidence.
-func (p *proc) evidence(l *limiter, e *pb.Evidence, now time.Time) (gateway.Evidence, error) {
+// evidence validates one item's evidence and grants its lease: its own
+// (lease_ms), else the adapter's (Spec.Lease), within tm (Grant); 0 when
+// it has neither (the table's).
+func (p *proc) evidence(l *limiter, e *pb.Evidence, now time.Time, tm *gateway.Timing) (gateway.Evidence, error) {
 	dev, err := gateway.ParseDeviceID(e.GetDevice())
 	if err != nil {
 		return gateway.Evidence{}, err
@@ -496,11 +506,15 @@ func (p *proc) evidence(l *limiter, e *pb.Evidence, now time.Time) (gateway.Evid
 	default:
 		return gateway.Evidence{}, fmt.Errorf("unknown evidence kind %v", e.GetKind())
 	}
-	at, err := observedAt(now, e.GetAgeUs(), p.h.o.Lease)
+	lease := cmp.Or(time.Duration(e.GetLeaseMs())*time.Millisecond, p.spec.Lease)
+	if lease > 0 {
+		lease = tm.Grant(lease)
+	}
+	at, err := observedAt(now, e.GetAgeUs(), max(lease, p.h.o.Lease))
 	if err != nil {
 		return gateway.Evidence{}, err
 	}
-	return gateway.Evidence{Device: dev, Session: sess, Kind: kind, ObservedAt: at, Protocol: p.spec.Name}, nil
+	return gateway.Evidence{Device: dev, Session: sess, Kind: kind, ObservedAt: at, Protocol: p.spec.Name, Lease: lease}, nil
 }
 
 // frameWait is how long a frame made at sentUs (the adapter's wall clock,
