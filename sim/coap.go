@@ -194,7 +194,7 @@ func (f *coapFleet) step(d *coapDevice, at, now time.Time) (time.Time, bool) {
 		}
 		f.send(d, d.plan.Gateway, d.moveFrom, codes.DELETE, now)
 		d.moveTo = nil
-		return now.Add(jitter(d.rng, f.stats.heartbeat)), true
+		return now.Add(jitter(d.rng, d.plan.Period)), true
 	}
 	if d.churn && !now.Before(start.Add(d.plan.At)) {
 		d.churn = false
@@ -234,7 +234,7 @@ func (f *coapFleet) step(d *coapDevice, at, now time.Time) (time.Time, bool) {
 	for _, inst := range d.instances {
 		f.send(d, d.gw, inst, codes.POST, now)
 	}
-	next := now.Add(jitter(d.rng, f.stats.heartbeat))
+	next := now.Add(jitter(d.rng, d.plan.Period))
 	if at := start.Add(d.plan.At); d.churn && at.Before(next) {
 		next = at
 	}

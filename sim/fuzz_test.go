@@ -5,11 +5,13 @@ import (
 	"testing"
 )
 
-// ParseScenarios reads the command line; ParseInfo and streamEvent read
-// what a Redis server answers. None of them may panic on any input.
+// ParseScenarios and ParsePeriods read the command line; ParseInfo and
+// streamEvent read what a Redis server answers. None of them may panic
+// on any input.
 func FuzzParse(f *testing.F) {
 	for _, s := range []string{"all", "freeze,leave", " storm , none", "meteor", ",,", "steady",
-		"# Commandstats\r\ncmdstat_get:calls=3,usec=1\r\nused_cpu_sys:0.5\r\n", "cmdstat_x:calls=,", "used_cpu_user:NaN"} {
+		"# Commandstats\r\ncmdstat_get:calls=3,usec=1\r\nused_cpu_sys:0.5\r\n", "cmdstat_x:calls=,", "used_cpu_user:NaN",
+		"17ms,167ms,1s,10s,1m", "1s,,-1s", "9223372036854775807ns"} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, s string) {
@@ -17,6 +19,13 @@ func FuzzParse(f *testing.F) {
 			for _, c := range cs {
 				if c <= Steady || c > Visit {
 					t.Fatalf("%q gave churn %d", s, c)
+				}
+			}
+		}
+		if ps, err := ParsePeriods(s); err == nil {
+			for _, p := range ps {
+				if p <= 0 {
+					t.Fatalf("%q gave the period %v", s, p)
 				}
 			}
 		}

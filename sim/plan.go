@@ -107,6 +107,15 @@ type PlanOptions struct {
 	// DTLSShare is the share of the CoAP devices that speak CoAP over
 	// DTLS with a PSK (one NON and one CON device of each pair).
 	DTLSShare float64 `json:",omitempty"`
+	// Periods, when set, are the CoAP devices' heartbeat intervals, a
+	// mix: the k-th CoAP device sends every Periods[k mod len] (±10 %);
+	// the MQTT devices keep Heartbeat. None: every device sends every
+	// Heartbeat.
+	Periods []time.Duration `json:",omitempty"`
+	// ChurnAfter delays the churn: it happens within the same shares of
+	// the rest of the run after ChurnAfter (a fleet whose leases are
+	// learned churns once they are).
+	ChurnAfter time.Duration `json:",omitempty"`
 }
 
 // DevicePlan is one device's part of the run, drawn from the seed.
@@ -126,6 +135,9 @@ type DevicePlan struct {
 	Pause time.Duration
 	// Seed drives its heartbeat jitter.
 	Seed uint64
+	// Period is its heartbeat interval (±10 % jitter): Heartbeat, or
+	// its share of Periods.
+	Period time.Duration
 	// DTLS: a CoAP device that speaks over DTLS, identified by its PSK
 	// identity, its ID (dtlsKey).
 	DTLS bool
@@ -177,6 +189,12 @@ func Plan(o PlanOptions) []DevicePlan {
 		}
 		p.Phase = time.Duration(rng.Int64N(int64(o.Heartbeat)))
 		p.Seed = rng.Uint64()
+		p.Period = o.Heartbeat
+		if k := i - nMQTT; !p.Proto.mqtt() && len(o.Periods) > 0 {
+			p.Period = o.Periods[k%len(o.Periods)]
+			// its phase within its own period, the draws unchanged
+			p.Phase = time.Duration(float64(p.Phase) / float64(o.Heartbeat) * float64(p.Period))
+		}
 	}
 	// Churns per protocol family, so that each gets its share of each.
 	for _, fam := range [][]int{indices(0, nMQTT), indices(nMQTT, o.Devices)} {
@@ -194,23 +212,50 @@ func Plan(o PlanOptions) []DevicePlan {
 			}
 		}
 	}
-	d := o.Duration
+	// the churn's window: the run, or what is left of it after ChurnAfter
+	from, d := min(o.ChurnAfter, o.Duration), o.Duration-min(o.ChurnAfter, o.Duration)
 	for i := range plans {
 		p := &plans[i]
 		switch p.Churn {
 		case Storm:
-			p.At = time.Duration(float64(d) * StormAt)
+			p.At = from + time.Duration(float64(d)*StormAt)
 			p.Pause = time.Duration(rng.Int64N(int64(min(time.Second, o.Heartbeat)) + 1))
 		case Visit:
-			p.At = uniform(rng, d/10, d*6/10)
+			p.At = from + uniform(rng, d/10, d*6/10)
 		case Steady:
 		default:
 			// after its first heartbeat has been taken: a device that
 			// leaves before it ever sent anything would be a visit
-			p.At = max(uniform(rng, d*15/100, d*45/100), p.Phase+o.Heartbeat/2)
+			p.At = max(from+uniform(rng, d*15/100, d*45/100), p.Phase+p.Period/2)
 		}
 	}
 	return plans
+}
+
+// MaxPeriod is the longest heartbeat interval of o's devices.
+func (o PlanOptions) MaxPeriod() time.Duration {
+	longest := o.Heartbeat
+	for _, p := range o.Periods {
+		longest = max(longest, p)
+	}
+	return longest
+}
+
+// ParsePeriods parses a comma-separated list of heartbeat intervals
+// (PlanOptions.Periods), each a duration above zero.
+func ParsePeriods(s string) ([]time.Duration, error) {
+	var out []time.Duration
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f == "" {
+			continue
+		}
+		d, err := time.ParseDuration(f)
+		if err != nil || d <= 0 {
+			return nil, fmt.Errorf("period %q: want a duration above zero (100ms, 1m)", f)
+		}
+		out = append(out, d)
+	}
+	return out, nil
 }
 
 func applies(c Churn, p Proto, o PlanOptions) bool {

@@ -76,3 +76,61 @@ func TestParseScenarios(t *testing.T) {
 		t.Fatal("an unknown scenario was accepted")
 	}
 }
+
+// A mix of periods goes to the CoAP devices in turn, each with its phase
+// within its own period; the MQTT devices keep the heartbeat; everything
+// else is drawn as without the mix. ChurnAfter puts every churn after it.
+func TestPlanPeriods(t *testing.T) {
+	o := PlanOptions{Devices: 400, MQTTShare: 0.25, Duration: 10 * time.Minute, Heartbeat: time.Second,
+		CoAPGateways: 2, MQTTGateways: 2, Scenarios: AllScenarios, Seed: 7, Prefix: "p-"}
+	plain := Plan(o)
+	o.Periods = []time.Duration{100 * time.Millisecond, time.Second, 10 * time.Second, time.Minute}
+	o.ChurnAfter = 3 * time.Minute
+	mixed := Plan(o)
+	count := map[time.Duration]int{}
+	k := 0
+	for i, p := range mixed {
+		q := plain[i]
+		if p.ID != q.ID || p.Proto != q.Proto || p.Churn != q.Churn || p.Gateway != q.Gateway || p.To != q.To || p.Seed != q.Seed {
+			t.Fatalf("%s: the mix changed more than the periods and the churn times: %+v, was %+v", p.ID, p, q)
+		}
+		if p.Proto.mqtt() {
+			if p.Period != time.Second {
+				t.Fatalf("MQTT %s: period %v, want the heartbeat", p.ID, p.Period)
+			}
+		} else {
+			if want := o.Periods[k%len(o.Periods)]; p.Period != want {
+				t.Fatalf("CoAP device %d (%s): period %v, want %v", k, p.ID, p.Period, want)
+			}
+			k++
+		}
+		if p.Phase < 0 || p.Phase >= p.Period {
+			t.Fatalf("%s: phase %v outside its period %v", p.ID, p.Phase, p.Period)
+		}
+		if p.Churn != Steady && p.At < o.ChurnAfter {
+			t.Fatalf("%s: %s at %v, before ChurnAfter", p.ID, p.Churn, p.At)
+		}
+		if p.Churn != Steady && p.Churn != Storm && p.Churn != Visit && p.At < p.Phase+p.Period/2 {
+			t.Fatalf("%s: %s at %v, before its first heartbeat was taken (phase %v)", p.ID, p.Churn, p.At, p.Phase)
+		}
+		count[p.Period]++
+	}
+	if count[100*time.Millisecond] != 75 || count[time.Minute] != 75 || count[time.Second] != 100+75 {
+		t.Fatalf("devices per period %v", count)
+	}
+	if got := o.MaxPeriod(); got != time.Minute {
+		t.Fatalf("MaxPeriod = %v", got)
+	}
+}
+
+func TestParsePeriods(t *testing.T) {
+	got, err := ParsePeriods("17ms, 1s,1m")
+	if err != nil || !reflect.DeepEqual(got, []time.Duration{17 * time.Millisecond, time.Second, time.Minute}) {
+		t.Fatalf("got %v, %v", got, err)
+	}
+	for _, bad := range []string{"1", "0s", "-1s", "soon"} {
+		if _, err := ParsePeriods(bad); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+}

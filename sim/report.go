@@ -31,18 +31,34 @@ type Report struct {
 	StoreCalls                 int64   `json:"store_calls"`
 	StoreCPUMicrosPerHeartbeat float64 `json:"store_cpu_us_per_heartbeat"`
 
-	Events  int             `json:"events"`
-	Stopped int             `json:"stopped"`
-	Fleet   Snapshot        `json:"fleet"`
-	ByChurn []ChurnResult   `json:"scenarios"`
-	Params  ReportParams    `json:"params"`
-	Sample  []check.Finding `json:"examples,omitempty"`
+	Events  int           `json:"events"`
+	Stopped int           `json:"stopped"`
+	Fleet   Snapshot      `json:"fleet"`
+	ByChurn []ChurnResult `json:"scenarios"`
+	// ByPeriod is the checker's result per heartbeat interval of a
+	// fleet of mixed periods (Options.Periods), shortest first.
+	ByPeriod []PeriodResult  `json:"periods,omitempty"`
+	Params   ReportParams    `json:"params"`
+	Sample   []check.Finding `json:"examples,omitempty"`
 }
 
 // ChurnResult is the checker's result for the devices of one churn.
 type ChurnResult struct {
 	Scenario      string            `json:"scenario"`
 	Devices       int               `json:"devices"`
+	FalseOffline  int               `json:"false_offline"`
+	MissedOffline int               `json:"missed_offline"`
+	LogViolations int               `json:"log_violations"`
+	MissedOnline  int               `json:"missed_online"`
+	Detection     check.Percentiles `json:"detection_ms"`
+}
+
+// PeriodResult is the checker's result for the devices of one heartbeat
+// interval: their detection is that of their lease.
+type PeriodResult struct {
+	Period        string            `json:"period"`
+	Devices       int               `json:"devices"`
+	Stopped       int               `json:"stopped"`
 	FalseOffline  int               `json:"false_offline"`
 	MissedOffline int               `json:"missed_offline"`
 	LogViolations int               `json:"log_violations"`
@@ -59,6 +75,9 @@ type ReportParams struct {
 	Ran            string   `json:"ran"`
 	Heartbeat      string   `json:"heartbeat"`
 	Lease          string   `json:"lease"`
+	MaxLease       string   `json:"max_lease,omitempty"`
+	Periods        []string `json:"periods,omitempty"`
+	ChurnAfter     string   `json:"churn_after,omitempty"`
 	RenewEvery     string   `json:"renew_every"`
 	RunnerInterval string   `json:"runner_interval"`
 	FlushInterval  string   `json:"flush_interval"`
@@ -79,6 +98,18 @@ func newReport(o Options, plans []DevicePlan, devices []check.Device, events []c
 			RunnerInterval: o.RunnerInterval.String(), FlushInterval: o.FlushInterval.String(), Slack: o.Slack.String(), Tolerance: o.Tolerance.String(),
 			Seed: o.Seed, Prefix: o.Prefix, Scenarios: scenarioNames(o.Scenarios)},
 	}
+	if o.MaxLease > 0 {
+		r.Params.MaxLease = o.MaxLease.String()
+	}
+	if o.ChurnAfter > 0 {
+		r.Params.ChurnAfter = o.ChurnAfter.String()
+	}
+	for _, p := range o.Periods {
+		r.Params.Periods = append(r.Params.Periods, p.String())
+	}
+	if len(o.Periods) > 0 {
+		r.ByPeriod = byPeriod(plans, devices, events, p)
+	}
 	churns := churnOf(plans)
 	groups := map[Churn][]check.Device{}
 	for _, d := range devices {
@@ -94,6 +125,26 @@ func newReport(o Options, plans []DevicePlan, devices []check.Device, events []c
 			MissedOffline: cr.MissedOffline, LogViolations: cr.LogViolations, MissedOnline: cr.MissedOnline, Detection: cr.Detection})
 	}
 	return r
+}
+
+// byPeriod judges the devices of each heartbeat interval apart.
+func byPeriod(plans []DevicePlan, devices []check.Device, events []check.Event, p check.Params) []PeriodResult {
+	period := make(map[string]time.Duration, len(plans))
+	for _, pl := range plans {
+		period[pl.ID] = pl.Period
+	}
+	groups := map[time.Duration][]check.Device{}
+	for _, d := range devices {
+		groups[period[d.ID]] = append(groups[period[d.ID]], d)
+	}
+	var out []PeriodResult
+	for _, h := range slices.Sorted(maps.Keys(groups)) {
+		g := groups[h]
+		cr := check.Compare(g, events, p)
+		out = append(out, PeriodResult{Period: h.String(), Devices: len(g), Stopped: cr.Stopped, FalseOffline: cr.FalseOffline,
+			MissedOffline: cr.MissedOffline, LogViolations: cr.LogViolations, MissedOnline: cr.MissedOnline, Detection: cr.Detection})
+	}
+	return out
 }
 
 // Failed reports whether a count that must be zero is not.
@@ -134,6 +185,16 @@ func (r Report) WriteTable(w io.Writer) {
 		fmt.Fprintln(tw, "scenario\tdevices\tfalse off\tmissed off\tlog viol\tmissed on\tdetect p50\tp99\tmax\t")
 		for _, c := range r.ByChurn {
 			fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t\n", c.Scenario, c.Devices, c.FalseOffline, c.MissedOffline,
+				c.LogViolations, c.MissedOnline, c.Detection.P50, c.Detection.P99, c.Detection.Max)
+		}
+		tw.Flush()
+	}
+	if len(r.ByPeriod) > 0 {
+		fmt.Fprintln(w)
+		tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+		fmt.Fprintln(tw, "period\tdevices\tstopped\tfalse off\tmissed off\tlog viol\tmissed on\tdetect p50\tp99\tmax\t")
+		for _, c := range r.ByPeriod {
+			fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t\n", c.Period, c.Devices, c.Stopped, c.FalseOffline, c.MissedOffline,
 				c.LogViolations, c.MissedOnline, c.Detection.P50, c.Detection.P99, c.Detection.Max)
 		}
 		tw.Flush()

@@ -129,3 +129,49 @@ func TestConnectErrorKinds(t *testing.T) {
 		t.Fatalf("table:\n%s", b.String())
 	}
 }
+
+// A fleet of mixed periods is judged per period too: a device's
+// detection is that of its lease, which its period decides when leases
+// are learned.
+func TestReportByPeriod(t *testing.T) {
+	t0 := time.UnixMilli(1_700_000_000_000)
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	plans := []DevicePlan{{ID: "fast", Period: time.Second}, {ID: "slow", Period: 20 * time.Second}, {ID: "slow2", Period: 20 * time.Second}}
+	sess := func(times ...int) []check.Session {
+		s := check.Session{ID: "coap/default"}
+		for _, ms := range times {
+			s.Evidence = append(s.Evidence, at(ms))
+		}
+		s.LastSent = s.Evidence[len(s.Evidence)-1]
+		return []check.Session{s}
+	}
+	devices := []check.Device{
+		{ID: "fast", Period: 1100 * time.Millisecond, Sessions: sess(0, 1000, 2000)},
+		{ID: "slow", Period: 22 * time.Second, Sessions: sess(0, 20_000)},
+		{ID: "slow2", Period: 22 * time.Second, Active: true, Sessions: sess(0, 20_000, 40_000)},
+	}
+	events := []check.Event{
+		{Device: "fast", State: "online", Ver: 1, At: at(10)}, {Device: "fast", State: "offline", Ver: 2, At: at(6000), Reason: "expired"},
+		{Device: "slow", State: "online", Ver: 1, At: at(10)}, {Device: "slow", State: "offline", Ver: 2, At: at(81_000), Reason: "expired"},
+		{Device: "slow2", State: "online", Ver: 1, At: at(10)}, {Device: "slow2", State: "offline", Ver: 2, At: at(30_000), Reason: "expired"},
+		{Device: "slow2", State: "online", Ver: 3, At: at(40_010)},
+	}
+	p := check.Params{Lease: 4 * time.Second, RenewEvery: time.Second, Bound: 70 * time.Second, Tolerance: 200 * time.Millisecond, End: at(200_000)}
+	o := Options{Periods: []time.Duration{time.Second, 20 * time.Second}, Lease: 4 * time.Second, MaxLease: 66 * time.Second}
+	r := newReport(o, plans, devices, events, p, check.Compare(devices, events, p), Snapshot{}, time.Minute)
+	want := []PeriodResult{
+		{Period: "1s", Devices: 1, Stopped: 1, Detection: check.Percentiles{N: 1, P50: 4000, P99: 4000, Max: 4000}},
+		{Period: "20s", Devices: 2, Stopped: 1, FalseOffline: 1, Detection: check.Percentiles{N: 1, P50: 61_000, P99: 61_000, Max: 61_000}},
+	}
+	if fmt.Sprint(r.ByPeriod) != fmt.Sprint(want) {
+		t.Fatalf("by period:\n%+v\nwant\n%+v", r.ByPeriod, want)
+	}
+	if r.Params.MaxLease != "1m6s" || fmt.Sprint(r.Params.Periods) != "[1s 20s]" {
+		t.Fatalf("params %+v", r.Params)
+	}
+	var b bytes.Buffer
+	r.WriteTable(&b)
+	if !regexp.MustCompile(`(?m)^\s*20s\s+2\s+1\s+1\s+0\s+0\s+0\s+61000\s+61000\s+61000\s*$`).MatchString(b.String()) {
+		t.Fatalf("table has no row for 20s:\n%s", b.String())
+	}
+}

@@ -45,6 +45,13 @@ type Options struct {
 	TruthOut io.Writer
 
 	Lease, RenewEvery, RunnerInterval time.Duration
+	// MaxLease is the gateways' presence.max_lease when their devices
+	// hold longer leases than Lease (learned, or their own): the bound
+	// is its. 0: Lease.
+	MaxLease time.Duration
+	// Periods and ChurnAfter are PlanOptions'.
+	Periods    []time.Duration
+	ChurnAfter time.Duration
 	// FlushInterval is the gateways' uplink.flush_interval: an online
 	// event may come up to FlushInterval + Slack after a device's first
 	// acknowledged evidence.
@@ -78,6 +85,8 @@ func (o *Options) validate() error {
 		return errors.New("dtls share must be within [0, 1]")
 	case o.DTLSShare > 0 && len(o.DTLS) != len(o.CoAP):
 		return errors.New("a DTLS share needs a DTLS address for each CoAP gateway")
+	case slices.ContainsFunc(o.Periods, func(p time.Duration) bool { return p <= 0 }):
+		return errors.New("periods must be > 0")
 	case o.Parts > 1 && (o.Part < 0 || o.Part >= o.Parts):
 		return fmt.Errorf("part %d of %d: want 0 to %d", o.Part, o.Parts, o.Parts-1)
 	}
@@ -118,11 +127,14 @@ func loopback(addr string) error {
 }
 
 // Bound is the worst-case detection the run is judged against: the
-// bound check-config prints (lease, the wait for the gateways' coverage,
-// the runner's interval) and the slack.
+// bound check-config prints (the longest lease, the wait for the
+// gateways' coverage, the runner's interval) and the slack.
 func (o Options) Bound() time.Duration {
-	return o.Lease + gateway.CoverageWait(o.FlushInterval) + o.RunnerInterval + o.Slack
+	return max(o.Lease, o.MaxLease) + gateway.CoverageWait(o.FlushInterval) + o.RunnerInterval + o.Slack
 }
+
+// maxJittered is the longest interval jitter makes of h.
+func maxJittered(h time.Duration) time.Duration { return h - h/10 + h/5 }
 
 // Run plays the fleet, waits for what should follow, reads the events
 // and compares them with the truth.
@@ -149,6 +161,9 @@ func Run(ctx context.Context, o Options) (Report, error) {
 			continue // another part's
 		}
 		t := &truth{id: p.ID, active: true}
+		if len(o.Periods) > 0 {
+			t.period = maxJittered(p.Period)
+		}
 		truths = append(truths, t)
 		if p.Proto.mqtt() {
 			mf.add(i, p, t)
@@ -165,7 +180,8 @@ func Run(ctx context.Context, o Options) (Report, error) {
 	defer stop()
 	// the wheel spans a heartbeat and its jitter: most entries fire in
 	// their first revolution
-	sched := newScheduler(start, o.Heartbeat+o.Heartbeat/5+time.Second)
+	longest := o.PlanOptions().MaxPeriod()
+	sched := newScheduler(start, longest+longest/5+time.Second)
 	mf.ctx, mf.sched, mf.start = fleetCtx, sched, start
 	if cf != nil {
 		cf.start, cf.ctx = start, fleetCtx
@@ -229,7 +245,7 @@ func inPart(i, part, parts int) bool { return i%parts == part }
 func (o Options) PlanOptions() PlanOptions {
 	return PlanOptions{Devices: o.Devices, MQTTShare: o.MQTTShare, Duration: o.Duration, Heartbeat: o.Heartbeat,
 		CoAPGateways: len(o.CoAP), MQTTGateways: len(o.MQTT), Scenarios: o.Scenarios, Seed: o.Seed, Prefix: o.Prefix,
-		DTLSShare: o.DTLSShare}
+		DTLSShare: o.DTLSShare, Periods: o.Periods, ChurnAfter: o.ChurnAfter}
 }
 
 // judge waits until every stopped device's bound has passed or its

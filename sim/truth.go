@@ -14,6 +14,7 @@ type truth struct {
 	id       string
 	sessions []*check.Session
 	active   bool
+	period   time.Duration // check.Device.Period
 }
 
 // session returns the device's session called id, creating it.
@@ -69,7 +70,7 @@ func (t *truth) setActive(v bool) {
 func (t *truth) device() check.Device {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	d := check.Device{ID: t.id, Active: t.active}
+	d := check.Device{ID: t.id, Active: t.active, Period: t.period}
 	for _, s := range t.sessions {
 		c := *s
 		c.Evidence = slices.Clone(s.Evidence)

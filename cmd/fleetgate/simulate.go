@@ -32,7 +32,10 @@ func cmdSimulate(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	mqttShare := fs.Float64("mqtt-share", 0.1, "share of the devices that speak MQTT (half MQTT 5, half 3.1.1)")
 	duration := fs.Duration("duration", 40*time.Second, "how long the fleet runs")
 	heartbeat := fs.Duration("heartbeat", gateway.DefaultHeartbeatInterval, "each device's heartbeat interval (±10 % jitter)")
+	periods := fs.String("periods", "", "`D,...`: a mix of heartbeat intervals for the CoAP devices (the k-th CoAP device sends every k-th of them, ±10 %; the MQTT devices keep --heartbeat): a device that keeps its period must never be reported offline, and the report gives the detection per period")
 	lease := fs.Duration("lease", gateway.DefaultLease, "presence.lease of the gateways, for the bounds")
+	maxLease := fs.Duration("max-lease", 0, "presence.max_lease of the gateways whose devices hold longer leases than --lease (learned, presence.learn_lease, or their own): the detection bound is its")
+	churnAfter := fs.Duration("churn-after", 0, "no churn before this long after the start (learned leases: once the devices' periods are learned)")
 	renewEvery := fs.Duration("renew-every", gateway.DefaultRenewEvery, "presence.renew_every of the gateways, for the bounds")
 	runnerInterval := fs.Duration("runner-interval", gateway.DefaultRunnerInterval, "runner.interval of the gateways, for the bounds")
 	flushInterval := fs.Duration("flush-interval", gateway.DefaultFlushInterval, "uplink.flush_interval of the gateways: how long an online event may lag a device's first message")
@@ -63,11 +66,19 @@ func cmdSimulate(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	if err != nil {
 		return fmt.Errorf("%w: --scenario: %v", errUsage, err)
 	}
+	mix, err := sim.ParsePeriods(*periods)
+	if err != nil {
+		return fmt.Errorf("%w: --periods: %v", errUsage, err)
+	}
+	if *maxLease < 0 || *churnAfter < 0 || *churnAfter >= *duration {
+		return fmt.Errorf("%w: --max-lease must not be negative, --churn-after within [0, --duration)", errUsage)
+	}
 	o := sim.Options{
 		CoAP: splitList(*coapAddrs), MQTT: splitList(*mqttAddrs), DTLS: splitList(*dtlsAddrs), DTLSShare: *dtlsShare,
 		Devices: *devices, MQTTShare: *mqttShare, Duration: *duration, Heartbeat: *heartbeat,
 		Scenarios: scen, Seed: *seed, Prefix: *prefix, Sockets: *sockets, Topic: *topic, Part: part, Parts: parts,
-		Lease: *lease, RenewEvery: *renewEvery, RunnerInterval: *runnerInterval, FlushInterval: *flushInterval,
+		Lease: *lease, MaxLease: *maxLease, Periods: mix, ChurnAfter: *churnAfter,
+		RenewEvery: *renewEvery, RunnerInterval: *runnerInterval, FlushInterval: *flushInterval,
 		Slack: *slack, Tolerance: *tolerance, MaxWait: *maxWait,
 	}
 	if *dtlsShare < 0 || *dtlsShare > 1 || *dtlsShare > 0 && *writeDevices == "" && len(o.DTLS) != len(o.CoAP) {

@@ -35,6 +35,11 @@ type Device struct {
 	ID       string
 	Sessions []Session
 	Active   bool
+	// Period, when not 0, is the longest gap the device leaves between
+	// two messages while it keeps its schedule: evidence newer than it
+	// keeps the device online too, whatever the lease, for a device
+	// that keeps its period must never be reported offline.
+	Period time.Duration `json:",omitempty"`
 }
 
 // Event is one presence event as read from the log (docs/design.md §3.4).
@@ -265,10 +270,10 @@ func aliveAt(d Device, t time.Time, p Params) (string, time.Time, bool) {
 }
 
 // covered reports a session of d that had acknowledged evidence at or
-// before x, newer than Lease − RenewEvery − Tolerance, and no leave
-// between that evidence and x.
+// before x, newer than max(Lease − RenewEvery, d.Period) − Tolerance,
+// and no leave between that evidence and x.
 func covered(d Device, x time.Time, p Params) (string, time.Time, bool) {
-	window := p.Lease - p.RenewEvery - p.Tolerance
+	window := max(p.Lease-p.RenewEvery, d.Period) - p.Tolerance
 	for _, s := range d.Sessions {
 		i := sort.Search(len(s.Evidence), func(i int) bool { return s.Evidence[i].After(x) })
 		if i == 0 {

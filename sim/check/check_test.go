@@ -121,6 +121,25 @@ func TestCompare(t *testing.T) {
 			lag:  4100,
 		},
 		{
+			// a device that sends every 20 s under a lease of 4 s: the
+			// offline between two of its messages is false, whatever the
+			// lease (its period is known)
+			name: "offline between two messages of a device that keeps its period is false",
+			dev: check.Device{ID: "d", Active: true, Period: 22 * time.Second,
+				Sessions: []check.Session{session("coap/default", 0, 40_000, 20_000)}},
+			events: []check.Event{ev("d", "online", 1, 20, "connect"), ev("d", "offline", 2, 4_500, "expired"),
+				ev("d", "online", 3, 20_010, "connect")},
+			want: map[check.Kind]int{check.FalseOffline: 1},
+			lag:  -1,
+		},
+		{
+			name: "a period within the lease changes nothing",
+			dev: check.Device{ID: "d", Period: 1100 * time.Millisecond,
+				Sessions: []check.Session{session("coap/default", 0, 10_000, 1000)}},
+			events: []check.Event{ev("d", "online", 1, 20, "connect"), ev("d", "offline", 2, 14_100, "expired")},
+			lag:    4100,
+		},
+		{
 			name:   "the first event is an offline",
 			dev:    check.Device{ID: "d", Sessions: []check.Session{session("a", 0, 10_000, 1000)}},
 			events: []check.Event{ev("d", "offline", 1, 14_000, "expired")},
