@@ -31,11 +31,11 @@ import (
 
 // binary is the fleetgate binary and udpline the shipped UDP line
 // adapter, built once by TestMain.
-var binary, udpline string
+var binary, udpline, lorawan string
 
 func TestMain(m *testing.M) {
 	syscall.Umask(0o022) // the adapter host refuses group-writable adapters and directories
-	buildtest.Main(m, map[string]*string{".": &binary, "../../plugins/udpline": &udpline})
+	buildtest.Main(m, map[string]*string{".": &binary, "../../plugins/udpline": &udpline, "../../plugins/lorawan": &lorawan})
 }
 
 // e2eTiming is short enough for tests and passes the flap rule:

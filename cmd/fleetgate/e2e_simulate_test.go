@@ -355,3 +355,31 @@ func TestE2ESimulateMQTTReconnectsAfterRestart(t *testing.T) {
 		t.Fatalf("exit %d, report %+v", r.code, r.rep)
 	}
 }
+
+// A fleet of mixed periods (every 500 ms, 2 s and 5 s; the lease is 6 s)
+// against a gateway that learns leases (max_lease 20 s), the devices
+// frozen once their periods are learned: no device that keeps its period
+// is reported offline, and the fastest are detected within their learned
+// lease (the floor, presence.lease), far inside max_lease.
+func TestE2ESimulateLearnedLeases(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	g := simGateway(t, "gw-ll", srv.Addr)
+	g.setPresence("max_lease: 20s, learn_lease: true")
+	g.start()
+	code, out, rep := runSimulate(t, "--coap", g.coapAddr, "--redis", srv.Addr, "--devices", "300", "--duration", "45s",
+		"--periods", "500ms,2s,5s", "--max-lease", "20s", "--churn-after", "22s", "--scenario", "freeze")
+	t.Logf("simulate:\n%s", out)
+	if code != 0 || rep.Failed() || rep.Pending != 0 || len(rep.ByPeriod) != 3 {
+		t.Fatalf("exit %d, report %+v", code, rep)
+	}
+	for _, p := range rep.ByPeriod {
+		if p.Devices != 100 || p.FalseOffline != 0 || p.Stopped == 0 || p.Detection.N != p.Stopped {
+			t.Fatalf("period %s: %+v", p.Period, p)
+		}
+	}
+	bound := simTiming.lease + gateway.CoverageWait(simTiming.flush) + simTiming.runnerInterval + time.Second
+	if fast := rep.ByPeriod[0]; fast.Period != "500ms" || fast.Detection.Max > bound.Milliseconds() {
+		t.Fatalf("the 500ms devices: detection %+v, want within the lease's bound %v (not max_lease's)", fast.Detection, bound)
+	}
+}
