@@ -116,6 +116,10 @@ type PlanOptions struct {
 	// the rest of the run after ChurnAfter (a fleet whose leases are
 	// learned churns once they are).
 	ChurnAfter time.Duration `json:",omitempty"`
+	// ChurnShare, when not 0, is the share of each protocol's devices
+	// each enabled churn takes, instead of its own (churnShare): enough
+	// frozen devices to measure a detection per period.
+	ChurnShare float64 `json:",omitempty"`
 }
 
 // DevicePlan is one device's part of the run, drawn from the seed.
@@ -200,7 +204,11 @@ func Plan(o PlanOptions) []DevicePlan {
 	for _, fam := range [][]int{indices(0, nMQTT), indices(nMQTT, o.Devices)} {
 		rng.Shuffle(len(fam), func(i, j int) { fam[i], fam[j] = fam[j], fam[i] })
 		for _, c := range o.Scenarios {
-			n := int(churnShare[c]*float64(len(fam)) + 0.999)
+			share := churnShare[c]
+			if o.ChurnShare > 0 {
+				share = o.ChurnShare
+			}
+			n := int(share*float64(len(fam)) + 0.999)
 			for k := 0; k < n && len(fam) > 0; {
 				p := &plans[fam[0]]
 				fam = fam[1:]

@@ -134,3 +134,19 @@ func TestParsePeriods(t *testing.T) {
 		}
 	}
 }
+
+// ChurnShare gives every enabled churn that share of each protocol's
+// devices.
+func TestPlanChurnShare(t *testing.T) {
+	o := PlanOptions{Devices: 200, Duration: time.Minute, Heartbeat: time.Second, CoAPGateways: 1,
+		Scenarios: []Churn{Freeze}, Seed: 3, Prefix: "s-", ChurnShare: 0.5}
+	n := 0
+	for _, p := range Plan(o) {
+		if p.Churn == Freeze {
+			n++
+		}
+	}
+	if n != 100 {
+		t.Fatalf("%d frozen of 200 with ChurnShare 0.5", n)
+	}
+}

@@ -78,6 +78,7 @@ type ReportParams struct {
 	MaxLease       string   `json:"max_lease,omitempty"`
 	Periods        []string `json:"periods,omitempty"`
 	ChurnAfter     string   `json:"churn_after,omitempty"`
+	ChurnShare     float64  `json:"churn_share,omitempty"`
 	RenewEvery     string   `json:"renew_every"`
 	RunnerInterval string   `json:"runner_interval"`
 	FlushInterval  string   `json:"flush_interval"`
@@ -104,6 +105,7 @@ func newReport(o Options, plans []DevicePlan, devices []check.Device, events []c
 	if o.ChurnAfter > 0 {
 		r.Params.ChurnAfter = o.ChurnAfter.String()
 	}
+	r.Params.ChurnShare = o.ChurnShare
 	for _, p := range o.Periods {
 		r.Params.Periods = append(r.Params.Periods, p.String())
 	}

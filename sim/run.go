@@ -49,9 +49,10 @@ type Options struct {
 	// hold longer leases than Lease (learned, or their own): the bound
 	// is its. 0: Lease.
 	MaxLease time.Duration
-	// Periods and ChurnAfter are PlanOptions'.
+	// Periods, ChurnAfter and ChurnShare are PlanOptions'.
 	Periods    []time.Duration
 	ChurnAfter time.Duration
+	ChurnShare float64
 	// FlushInterval is the gateways' uplink.flush_interval: an online
 	// event may come up to FlushInterval + Slack after a device's first
 	// acknowledged evidence.
@@ -87,6 +88,8 @@ func (o *Options) validate() error {
 		return errors.New("a DTLS share needs a DTLS address for each CoAP gateway")
 	case slices.ContainsFunc(o.Periods, func(p time.Duration) bool { return p <= 0 }):
 		return errors.New("periods must be > 0")
+	case o.ChurnShare < 0 || o.ChurnShare > 1:
+		return errors.New("churn share must be within [0, 1]")
 	case o.Parts > 1 && (o.Part < 0 || o.Part >= o.Parts):
 		return fmt.Errorf("part %d of %d: want 0 to %d", o.Part, o.Parts, o.Parts-1)
 	}
@@ -245,7 +248,7 @@ func inPart(i, part, parts int) bool { return i%parts == part }
 func (o Options) PlanOptions() PlanOptions {
 	return PlanOptions{Devices: o.Devices, MQTTShare: o.MQTTShare, Duration: o.Duration, Heartbeat: o.Heartbeat,
 		CoAPGateways: len(o.CoAP), MQTTGateways: len(o.MQTT), Scenarios: o.Scenarios, Seed: o.Seed, Prefix: o.Prefix,
-		DTLSShare: o.DTLSShare, Periods: o.Periods, ChurnAfter: o.ChurnAfter}
+		DTLSShare: o.DTLSShare, Periods: o.Periods, ChurnAfter: o.ChurnAfter, ChurnShare: o.ChurnShare}
 }
 
 // judge waits until every stopped device's bound has passed or its

@@ -13,6 +13,9 @@
 #   sim/scale.sh gwcost  [CLASS N DURATION]
 #                        # the gateway's cost per device of one class (coap, dtls, mqtt): memory,
 #                        # CPU per message, its heap profile's top; 10,000 MQTT devices, 3 min 20 s
+#   sim/scale.sh leases  [DEVICES DURATION SEED]
+#                        # devices that send every 1 s to 1 h, time scaled by 1/60: a fixed lease
+#                        # that lets the slowest through, then learned leases; the detection per period
 #
 # One redis-server and one `fleetgate run` (Redis store, shipped timings,
 # rate limits raised; `simcost` keeps the shipped per-source limits, as
@@ -85,6 +88,41 @@ if [ "$mode" = accept ]; then
 		--progress 2>"$dir/progress.log" || status=$?
 	echo "report: $dir/report.json; exit status $status"
 	exit "$status"
+fi
+if [ "$mode" = leases ]; then
+	devices=${2:-150}; duration=${3:-400s}; seed=${4:-1}
+	# 1 s, 10 s, 1 min, 10 min, 1 h, scaled by 1/60; half of each period's
+	# devices freeze once the learned leases are (max_lease after the start)
+	periods=16.667ms,166.667ms,1s,10s,1m
+	common='renew_every: 500ms, shards: 4, gateway_grace: 3s'
+	fleet=(--redis "127.0.0.1:$rport" --devices "$devices" --duration "$duration" --periods "$periods" --scenario freeze
+		--churn-share 0.5 --churn-after 215s --seed "$seed" --renew-every 500ms --runner-interval 100ms
+		--flush-interval 100ms)
+	# a fixed lease that lets the slowest devices (every 60 s ± 10 %) through
+	gwconf leases-fixed "lease: 70s, heartbeat_interval: 30s, suspect_after: 35s, $common" 'flush_interval: 100ms' 'enabled: true, interval: 100ms'
+	startgw leases-fixed "$aport"
+	"$bin" simulate --coap "127.0.0.1:$cport" "${fleet[@]}" --prefix "fixed$seed-" --lease 70s --report "$dir/fixed.json" \
+		--progress 2>"$dir/fixed.log" >"$dir/fixed.out" || true
+	kill "$gpid"; wait "$gpid" 2>/dev/null || true
+	# learned leases: presence.lease 3 s (the floor), max_lease 210 s
+	gwconf leases-learned "lease: 3s, heartbeat_interval: 1s, suspect_after: 2s, max_lease: 210s, learn_lease: true, $common" 'flush_interval: 100ms' 'enabled: true, interval: 100ms'
+	startgw leases-learned "$aport"
+	"$bin" simulate --coap "127.0.0.1:$cport" "${fleet[@]}" --prefix "learned$seed-" --lease 3s --max-lease 210s --report "$dir/learned.json" \
+		--progress 2>"$dir/learned.log" >"$dir/learned.out" || true
+	python3 - "$dir/fixed.json" "$dir/learned.json" <<'EOP'
+import json, sys
+fixed, learned = (json.load(open(f)) for f in sys.argv[1:3])
+print("| period (scaled) | devices | frozen | false off (fixed / learned) | fixed lease 70 s: p50 / p99 / max | learned: p50 / p99 / max |")
+print("|---|---|---|---|---|---|")
+for f, l in zip(fixed['periods'], learned['periods']):
+    d = lambda p: "%.1f / %.1f / %.1f s" % tuple(p['detection_ms'][k] / 1000 for k in ('p50', 'p99', 'max'))
+    print(f"| {f['period']} | {f['devices']} | {f['stopped']} / {l['stopped']} | {f['false_offline']} / {l['false_offline']} | {d(f)} | {d(l)} |")
+for name, r in (("fixed", fixed), ("learned", learned)):
+    print(name, {k: r[k] for k in ('devices','heartbeats_sent','false_offline','missed_offline','log_violations','missed_online','late_offline','pending','bound_ms')},
+          "on schedule %.2f %%" % (100 * r['fleet']['heartbeats_on_time']), "unanswered", r['fleet']['coap_unanswered'])
+EOP
+	echo "reports: $dir/fixed.json $dir/learned.json"
+	exit 0
 fi
 ticks() { awk '{print $14+$15}' "/proc/$1/stat"; }
 hz=$(getconf CLK_TCK)

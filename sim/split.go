@@ -119,6 +119,6 @@ func CheckTruths(ctx context.Context, o Options, parts []Truth) (Report, error) 
 	}
 	p := u.Plan
 	o.Devices, o.MQTTShare, o.Duration, o.Heartbeat, o.Scenarios, o.Seed, o.Prefix = p.Devices, p.MQTTShare, p.Duration, p.Heartbeat, p.Scenarios, p.Seed, p.Prefix
-	o.Periods, o.ChurnAfter = p.Periods, p.ChurnAfter
+	o.Periods, o.ChurnAfter, o.ChurnShare = p.Periods, p.ChurnAfter, p.ChurnShare
 	return o.judge(ctx, Plan(p), u)
 }

@@ -36,6 +36,7 @@ func cmdSimulate(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	lease := fs.Duration("lease", gateway.DefaultLease, "presence.lease of the gateways, for the bounds")
 	maxLease := fs.Duration("max-lease", 0, "presence.max_lease of the gateways whose devices hold longer leases than --lease (learned, presence.learn_lease, or their own): the detection bound is its")
 	churnAfter := fs.Duration("churn-after", 0, "no churn before this long after the start (learned leases: once the devices' periods are learned)")
+	churnShare := fs.Float64("churn-share", 0, "the share of the devices each scenario takes (0: its own, 5 % for freeze)")
 	renewEvery := fs.Duration("renew-every", gateway.DefaultRenewEvery, "presence.renew_every of the gateways, for the bounds")
 	runnerInterval := fs.Duration("runner-interval", gateway.DefaultRunnerInterval, "runner.interval of the gateways, for the bounds")
 	flushInterval := fs.Duration("flush-interval", gateway.DefaultFlushInterval, "uplink.flush_interval of the gateways: how long an online event may lag a device's first message")
@@ -70,14 +71,14 @@ func cmdSimulate(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	if err != nil {
 		return fmt.Errorf("%w: --periods: %v", errUsage, err)
 	}
-	if *maxLease < 0 || *churnAfter < 0 || *churnAfter >= *duration {
-		return fmt.Errorf("%w: --max-lease must not be negative, --churn-after within [0, --duration)", errUsage)
+	if *maxLease < 0 || *churnAfter < 0 || *churnAfter >= *duration || *churnShare < 0 || *churnShare > 1 {
+		return fmt.Errorf("%w: --max-lease must not be negative, --churn-after within [0, --duration), --churn-share within [0, 1]", errUsage)
 	}
 	o := sim.Options{
 		CoAP: splitList(*coapAddrs), MQTT: splitList(*mqttAddrs), DTLS: splitList(*dtlsAddrs), DTLSShare: *dtlsShare,
 		Devices: *devices, MQTTShare: *mqttShare, Duration: *duration, Heartbeat: *heartbeat,
 		Scenarios: scen, Seed: *seed, Prefix: *prefix, Sockets: *sockets, Topic: *topic, Part: part, Parts: parts,
-		Lease: *lease, MaxLease: *maxLease, Periods: mix, ChurnAfter: *churnAfter,
+		Lease: *lease, MaxLease: *maxLease, Periods: mix, ChurnAfter: *churnAfter, ChurnShare: *churnShare,
 		RenewEvery: *renewEvery, RunnerInterval: *runnerInterval, FlushInterval: *flushInterval,
 		Slack: *slack, Tolerance: *tolerance, MaxWait: *maxWait,
 	}
