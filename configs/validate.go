@@ -446,7 +446,7 @@ func (b Bounds) String() string {
 		{"  a gateway lagging", b.LeaveHeld, "+ 3 x uplink.flush_interval (its coverage) + runner.interval"},
 		{"  a gateway cut", b.LeaveCut, "+ lease + gateway_grace + runner.interval (until its horizon ends)"},
 		{"heartbeat margin", b.HeartbeatMargin, "lease - renew_every - uplink.flush_interval - 2 x heartbeat_interval"},
-		{"longest device lease", b.MaxLease, "presence.max_lease (CoAP l=), lease when 0"},
+		{"longest device lease", b.MaxLease, "presence.max_lease (a lease asked with l=, of the devices file, of an adapter, learned), lease when 0"},
 		{"  heartbeat asked", b.MaxLeaseHeartbeat, "its Max-Age: longest device lease - (lease - heartbeat_interval)"},
 		{"  worst-case detection", b.WorstCaseDetectionMaxLease, "longest device lease + 3 x uplink.flush_interval + runner.interval after its last evidence"},
 	}

@@ -218,7 +218,7 @@ func TestBounds(t *testing.T) {
 		"  a gateway lagging      7s       + 3 x uplink.flush_interval (its coverage) + runner.interval\n" +
 		"  a gateway cut          154s     + lease + gateway_grace + runner.interval (until its horizon ends)\n" +
 		"heartbeat margin         9s       lease - renew_every - uplink.flush_interval - 2 x heartbeat_interval\n" +
-		"longest device lease     90s      presence.max_lease (CoAP l=), lease when 0\n" +
+		"longest device lease     90s      presence.max_lease (a lease asked with l=, of the devices file, of an adapter, learned), lease when 0\n" +
 		"  heartbeat asked        30s      its Max-Age: longest device lease - (lease - heartbeat_interval)\n" +
 		"  worst-case detection   94s      longest device lease + 3 x uplink.flush_interval + runner.interval after its last evidence\n"
 	if got := b.String(); got != text {
