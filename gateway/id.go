@@ -90,6 +90,27 @@ func InstanceSessionID(protocol, instance string) (SessionID, error) {
 	return ParseSessionID(protocol + "/" + instance)
 }
 
+// SessionProtocol names the protocol of a session by the form of its ID
+// (docs/design.md §1): "mqtt" for "<gateway>/<epoch>/<n>" and
+// "<gateway>/mqtt", "coap" for "coap/<instance>", the adapter's name for
+// "<adapter>/<instance>"; "" for an ID of none of these forms. The
+// stores keep no protocol (Evidence.Protocol never reaches them): this
+// is all that tells a device's protocol from its record.
+func SessionProtocol(id SessionID) string {
+	p := strings.Split(string(id), "/")
+	switch {
+	case len(p) == 3 && isDigits(p[1]) && isDigits(p[2]):
+		return "mqtt"
+	case len(p) != 2 || p[0] == "" || p[1] == "":
+		return ""
+	case p[1] == "mqtt":
+		return "mqtt"
+	}
+	return p[0]
+}
+
+func isDigits(s string) bool { return s != "" && strings.Trim(s, "0123456789") == "" }
+
 // ValidGatewayID reports whether id can name a gateway: the device ID
 // alphabet, so that it can be embedded in session IDs and Redis records,
 // except "L" followed by digits only: the field of a lost gateway's

@@ -305,11 +305,24 @@ type DeviceInfo struct {
 	Session  SessionID     `json:"session"` // last session written
 }
 
-// ListQuery selects devices for Store.List.
+// ListQuery selects devices for Store.List (list.go: the orders and
+// their cursors).
+//
+// The store does not know the protocol of a session (Evidence.Protocol
+// is for metrics only, and never reaches it): a device's protocol is
+// read from the form of its last session's ID (docs/design.md §1), so
+// the admin API filters by protocol the pages it reads, as it filters
+// by the derived state suspect; neither is a field here.
 type ListQuery struct {
 	// State filters by Online or Offline; empty means both.
 	State State
-	// Cursor is "" to start, else the Next of the previous page.
+	// Prefix keeps the devices whose ID starts with it; empty keeps
+	// every device. Only OrderID takes a prefix (ErrBadQuery otherwise).
+	Prefix string
+	// Order is OrderID (the default, for "") or OrderChanged.
+	Order ListOrder
+	// Cursor is "" to start, else the Next of the previous page of the
+	// same query.
 	Cursor string
 	// Limit bounds the page (the store may return fewer; ≤ 0 means 100).
 	Limit int
