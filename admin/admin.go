@@ -219,7 +219,7 @@ func (s *Server) status(w http.ResponseWriter, r *http.Request) {
 	if s.o.Store != nil {
 		ctx, cancel := context.WithTimeout(r.Context(), storeReadTimeout)
 		defer cancel()
-		if n, err := s.o.Store.Counts(ctx); err != nil {
+		if n, err := s.o.Store.Counts(ctx, gateway.SuspectWindow(s.o.Timing())); err != nil {
 			st.Fleet = &Fleet{Error: err.Error()}
 		} else {
 			st.Fleet = &Fleet{Counts: &n}

@@ -53,9 +53,9 @@ func (c *countingReader) Now(ctx context.Context) (time.Time, error) {
 	return c.Reader.Now(ctx)
 }
 
-func (c *countingReader) Counts(ctx context.Context) (gateway.Counts, error) {
+func (c *countingReader) Counts(ctx context.Context, window time.Duration) (gateway.Counts, error) {
 	c.counts.Add(1)
-	return c.Reader.Counts(ctx)
+	return c.Reader.Counts(ctx, window)
 }
 
 func (c *countingReader) SnapshotShard(ctx context.Context, shard int, page string, limit int) (gateway.SnapshotPage, error) {

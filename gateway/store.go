@@ -162,7 +162,17 @@ type Reader interface {
 	EventLog
 	// Device reads one device; ErrNotFound if the store never saw it.
 	Device(ctx context.Context, id DeviceID) (DeviceInfo, error)
-	// List pages through devices, filtered by state.
+	// List pages through devices in q's order (ListQuery, list.go),
+	// filtered by state and by ID prefix. Each store keeps the index the
+	// order needs, moved in the same atomic step as the records (by
+	// ID: written when a record is made or forgotten; by last change: at
+	// each transition, never by a renewal), so a page reads about limit
+	// index entries per shard and the devices it returns, never the
+	// fleet. A page holds only devices no shard can have missed, so it
+	// may be short of the limit (a shard whose budget of records ran out
+	// on a state filter in ID order) while Next is not "". A device
+	// changed between two pages may be missed or returned twice (by
+	// last change it moves to the front). Errors of q wrap ErrBadQuery.
 	List(ctx context.Context, q ListQuery) (ListPage, error)
 	// Events reads up to limit events of shard after position after
 	// ("" or "0" for the start of the log).
@@ -176,15 +186,22 @@ type Reader interface {
 	// existed is counted once, by its first Counts, in one atomic pass
 	// over its records; the count is kept from then on. Suspect is not
 	// a stored state: Online includes suspect devices and devices whose
-	// lease ran out that no reap has ended yet.
-	Counts(ctx context.Context) (Counts, error)
+	// lease ran out that no reap has ended yet. Suspect counts, among
+	// the online, those whose deadline is after the store's now and at
+	// most window after it (SuspectWindow: the devices DeriveState
+	// calls suspect), from the deadline index (Redis: ZCOUNT, per
+	// shard; the embedded store walks that span of its index).
+	Counts(ctx context.Context, window time.Duration) (Counts, error)
 	// Gateways lists every gateway the store has heard, by ID, merged
 	// over the shards: its newest epoch, its last call (the store
 	// clock), whether its outbox still held writes at that call, and
 	// whether the store reports it lost (Redis: shard 0's reap, after
 	// presence.lease without a call, until it calls again; the embedded
 	// store is written by its own gateway only, which it never reports
-	// lost). A gateway is never forgotten.
+	// lost), and the live sessions the store holds of it (each shard
+	// keeps its count per gateway, moved by the writes that add, move
+	// or drop a session, never by a renewal). A gateway is never
+	// forgotten.
 	Gateways(ctx context.Context) ([]GatewayInfo, error)
 }
 
@@ -199,12 +216,19 @@ type GatewayInfo struct {
 	Behind bool `json:"behind"`
 	// Lost: the store reported it lost and has not heard it since.
 	Lost bool `json:"lost"`
+	// Sessions is the live sessions the store holds whose gateway is
+	// this one (a session renewed through another gateway moves there);
+	// those that ran out count until a reap or a write drops them.
+	Sessions int64 `json:"sessions"`
 }
 
 // Counts is the fleet's devices by stored state (Reader.Counts).
 type Counts struct {
 	Online  int64 `json:"online"`
 	Offline int64 `json:"offline"`
+	// Suspect is how many of Online are suspect (their deadline within
+	// the window of the call): a part of Online, not beside it.
+	Suspect int64 `json:"suspect"`
 }
 
 // Forgetter is the retirement side of the Store contract: a device the

@@ -237,18 +237,21 @@ func (c *runnerCoverage) Collect(ch chan<- prometheus.Metric) {
 }
 
 // fleetCounts exports fleetgate_fleet_devices{state}: the fleet's devices
-// by stored state (gateway.Reader.Counts), read from the store at each
-// scrape within coverageTimeout; absent while the store does not answer.
+// by stored state (gateway.Reader.Counts), and the suspect ones among the
+// online (by the lease and suspect_after of timing, read at each scrape:
+// a reload shows), read from the store at each scrape within
+// coverageTimeout; absent while the store does not answer.
 type fleetCounts struct {
-	store gateway.Reader
-	desc  *prometheus.Desc
+	store  gateway.Reader
+	timing func() (lease, suspectAfter time.Duration)
+	desc   *prometheus.Desc
 }
 
 var _ prometheus.Collector = (*fleetCounts)(nil)
 
-func newFleetCounts(store gateway.Reader) *fleetCounts {
-	return &fleetCounts{store: store, desc: prometheus.NewDesc("fleetgate_fleet_devices",
-		"The fleet's devices by the state the store holds (every gateway's, read from the store at each scrape): online (including suspect devices, and those whose lease ran out that no reap has ended yet) or offline.",
+func newFleetCounts(store gateway.Reader, timing func() (lease, suspectAfter time.Duration)) *fleetCounts {
+	return &fleetCounts{store: store, timing: timing, desc: prometheus.NewDesc("fleetgate_fleet_devices",
+		"The fleet's devices by the state the store holds (every gateway's, read from the store at each scrape): online (including suspect devices, and those whose lease ran out that no reap has ended yet) or offline; and suspect, those of the online whose deadline is within presence.lease - presence.suspect_after.",
 		[]string{"state"}, nil)}
 }
 
@@ -257,10 +260,11 @@ func (c *fleetCounts) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
 func (c *fleetCounts) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), coverageTimeout)
 	defer cancel()
-	n, err := c.store.Counts(ctx)
+	n, err := c.store.Counts(ctx, gateway.SuspectWindow(c.timing()))
 	if err != nil {
 		return
 	}
 	ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(n.Online), string(gateway.Online))
 	ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(n.Offline), string(gateway.Offline))
+	ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(n.Suspect), string(gateway.Suspect))
 }

@@ -196,7 +196,7 @@ func (g *gatewayProcess) run(ctx context.Context) (err error) {
 		Help: "Device sessions in the gateway's session table (live on this gateway).",
 	}, func() float64 { return float64(g.table.Len()) }))
 	reg.MustRegister(newDeviceStates(g.table, g.timing))
-	reg.MustRegister(newRunnerCoverage(g.store), newFleetCounts(g.store))
+	reg.MustRegister(newRunnerCoverage(g.store), newFleetCounts(g.store, g.timing))
 	if cfg.Runner.Enabled {
 		g.runner = runner.New(g.store, runner.Options{
 			Owner: fmt.Sprintf("%s/%d", cfg.Gateway.ID, g.epoch), Interval: cfg.Runner.Interval.Std(),

@@ -61,7 +61,10 @@ func cmdRunner(ctx context.Context, args []string, _, stderr io.Writer) (err err
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	registerProcessMetrics(reg, func() configs.Config { return cfg }, nil)
-	reg.MustRegister(newRunnerCoverage(store), newFleetCounts(store))
+	timing := func() (time.Duration, time.Duration) {
+		return cfg.Presence.Lease.Std(), cfg.Presence.SuspectAfter.Std()
+	}
+	reg.MustRegister(newRunnerCoverage(store), newFleetCounts(store, timing))
 	r := runner.New(store, runner.Options{
 		Owner: *owner, Interval: cfg.Runner.Interval.Std(), Batch: cfg.Runner.Batch,
 		LockTTL: cfg.Runner.LockTTL.Std(), Clock: gateway.SystemClock{}, Logger: log, Registerer: reg,
@@ -74,9 +77,7 @@ func cmdRunner(ctx context.Context, args []string, _, stderr io.Writer) (err err
 		started := time.Now()
 		srv, err := admin.Listen(admin.Options{
 			Addr: addr, Store: store, Gatherer: reg, Logger: log, Token: token, TLS: tlsConf,
-			Timing: func() (time.Duration, time.Duration) {
-				return cfg.Presence.Lease.Std(), cfg.Presence.SuspectAfter.Std()
-			},
+			Timing: timing,
 			Status: func() admin.Status {
 				st := admin.Status{
 					Gateway: cfg.Gateway.ID, Version: version, StartedAt: started, Store: cfg.Store.Backend,

@@ -37,9 +37,13 @@ import (
 //	        0 for none), u64 ms its last batch (its contact)
 //	"counts"  u64 online records, u64 offline records (Store.Counts;
 //	        from state file format 4)
+//	"sessions.<gateway>"  u64 the shard's live sessions of the gateway
+//	        (from state file format 6; index.go)
 //	dev/    device ID → device record
 //	exp/    u64 deadline ms ‖ device ID → empty (deadline index: a cursor
 //	        walk from the first key finds the due entries in order)
+//	chg/    byte state ‖ u64 since ‖ device ID → empty (every record by
+//	        its last change; from state file format 6; index.go)
 //	ev/     u64 ms ‖ u64 seq → event (the event ID is "<ms>-<seq>")
 //
 // Device record:
@@ -75,12 +79,16 @@ import (
 // format 4 counts each shard's records by state ("counts"), which a
 // release that reads up to format 3 would not move, and lets shard 0's
 // log hold gateway events, which it cannot decode; format 5 lets the
-// events be removed events of forgotten devices.
+// events be removed events of forgotten devices; format 6 indexes each
+// shard's records by last change and counts its sessions per gateway
+// (index.go), which a release that reads up to format 5 would not move.
 var Migrations = []statefile.Migration{
 	{To: 3, What: "embedded store events may carry reason gateway_lost", Run: func(*bolt.Tx) error { return nil }},
 	// an older release would change records without moving the counts
 	{To: 4, What: "embedded store shards count their records by state; shard 0's log may hold gateway events", Run: countShards},
 	{To: 5, What: "embedded store events may be removed events of forgotten devices", Run: func(*bolt.Tx) error { return nil }},
+	// an older release would change records without moving the indexes
+	{To: 6, What: "embedded store shards index their records by last change and count their sessions per gateway", Run: indexShards},
 }
 
 const (
@@ -259,6 +267,15 @@ func (d *decoder) done() error {
 		d.err = errCorrupt
 	}
 	return d.err
+}
+
+// recordOnline reads the state of an encoded record without decoding the
+// rest.
+func recordOnline(b []byte) (bool, error) {
+	if len(b) < 2 || (b[0] != 1 && b[0] != recordFormat) || b[1] > 1 {
+		return false, errCorrupt
+	}
+	return b[1] == 1, nil
 }
 
 func decodeRecord(b []byte) (record, error) {

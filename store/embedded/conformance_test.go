@@ -1,6 +1,7 @@
 package embedded_test
 
 import (
+	"context"
 	"log/slog"
 	"path/filepath"
 	"testing"
@@ -51,8 +52,20 @@ func openGrace(t *testing.T, shards int, now func() time.Time, grace time.Durati
 			t.Errorf("close store: %v", err)
 		}
 	})
-	return s
+	return inspected{s, db, shards}
 }
+
+// inspected is a store the suite checks inside too (storetest.Inspector):
+// its change index and session counts against its records.
+type inspected struct {
+	gateway.Store
+	db     *bolt.DB
+	shards int
+}
+
+var _ storetest.Inspector = inspected{}
+
+func (s inspected) Inspect(context.Context) error { return embedded.CheckIndexes(s.db, s.shards) }
 
 func TestConformance(t *testing.T) { storetest.Run(t, open) }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"time"
 
 	bolt "go.etcd.io/bbolt"
 
@@ -86,12 +87,16 @@ func (w *writer) count(online, offline int64) error {
 	return w.sh.root.Put(keyCounts, c.encode())
 }
 
-// Counts sums the shards' counts (keyCounts) in one read transaction.
-func (s *Store) Counts(ctx context.Context) (gateway.Counts, error) {
+// Counts sums the shards' counts (keyCounts) in one read transaction,
+// and counts the suspect devices by walking each shard's deadline index
+// over (now, now + window]: as many steps as there are suspect devices.
+func (s *Store) Counts(ctx context.Context, window time.Duration) (gateway.Counts, error) {
 	const op = "embedded: counts"
 	if err := s.ready(ctx); err != nil {
 		return gateway.Counts{}, fmt.Errorf("%s: %w", op, err)
 	}
+	now := s.nowMs()
+	until := now + max(window, 0).Milliseconds()
 	var out gateway.Counts
 	err := s.db.View(func(tx *bolt.Tx) error {
 		for n := range s.shards {
@@ -105,6 +110,16 @@ func (s *Store) Counts(ctx context.Context) (gateway.Counts, error) {
 			}
 			out.Online += int64(c.online)
 			out.Offline += int64(c.offline)
+			if until == now {
+				continue
+			}
+			cur := sh.exp.Cursor()
+			for k, _ := cur.Seek(u64(uint64(now + 1))); k != nil; k, _ = cur.Next() {
+				if ms, _, ok := parseExpKey(k); !ok || ms > until {
+					break
+				}
+				out.Suspect++
+			}
 		}
 		return nil
 	})

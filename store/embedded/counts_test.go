@@ -29,7 +29,7 @@ func (f *fixture) dropCounts() {
 
 func (f *fixture) wantCounts(what string, online, offline int64) {
 	f.t.Helper()
-	got, err := f.s.Counts(context.Background())
+	got, err := f.s.Counts(context.Background(), 0)
 	if err != nil {
 		f.t.Fatalf("%s: Counts: %v", what, err)
 	}
@@ -50,7 +50,7 @@ func TestCountsOfAnOlderFile(t *testing.T) {
 	f.wantCounts("written", 2, 1)
 
 	f.dropCounts()
-	if _, err := f.s.Counts(context.Background()); err == nil {
+	if _, err := f.s.Counts(context.Background(), 0); err == nil {
 		t.Fatal("Counts of shards without counts: no error")
 	}
 	var migrate statefile.Migration

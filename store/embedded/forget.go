@@ -15,8 +15,9 @@ var _ gateway.Forgetter = (*Store)(nil)
 
 // Forget removes device from the store with the semantics of
 // gateway.Forgetter, in one bolt transaction: its record (with its
-// sessions and leave tombstones) and its deadline index entry go (and
-// the record leaves the shard's counts), the
+// sessions and leave tombstones), its deadline and change index entries
+// go (and the record leaves the shard's counts, its sessions their
+// gateways'), the
 // shard's ver floor rises to the removed event's ver (it never falls),
 // and the removed
 // event is appended to the shard's log.
@@ -48,6 +49,12 @@ func (s *Store) Forget(ctx context.Context, device gateway.DeviceID, by string) 
 				return fmt.Errorf("device %s: index: %w", device, err)
 			}
 		}
+		if e.indexed {
+			if err := w.sh.chg.Delete(chgKey(e.idxOnline, e.idxSince, device)); err != nil {
+				return fmt.Errorf("device %s: change index: %w", device, err)
+			}
+		}
+		moveSessions(w.sessions, e.gws, nil)
 		online, offline := int64(0), int64(-1)
 		if e.rec.online {
 			online, offline = -1, 0

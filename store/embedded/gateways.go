@@ -13,7 +13,8 @@ import (
 
 // Gateways lists the gateways of store.epochs (every gateway whose batch
 // the store accepted; bbolt's key order is ID order), with their latest contact over the shards'
-// "cover.<gateway>" records. Only its own gateway writes the file, so none
+// "cover.<gateway>" records and their sessions summed over the shards'
+// "sessions.<gateway>" counts (index.go). Only its own gateway writes the file, so none
 // is ever behind (its outbox is for the Redis store) or lost.
 func (s *Store) Gateways(ctx context.Context) ([]gateway.GatewayInfo, error) {
 	const op = "embedded: gateways"
@@ -50,6 +51,11 @@ func (s *Store) Gateways(ctx context.Context) ([]gateway.GatewayInfo, error) {
 				if l.contact > 0 && time.UnixMilli(l.contact).After(out[i].Contact) {
 					out[i].Contact = time.UnixMilli(l.contact)
 				}
+				held, err := sessionsOf(sh.root, out[i].ID)
+				if err != nil {
+					return fmt.Errorf("shard %d: sessions of %s: %w", n, out[i].ID, err)
+				}
+				out[i].Sessions += held
 			}
 		}
 		return nil

@@ -1,6 +1,7 @@
 package embedded
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -185,7 +186,8 @@ func (f *fixture) wantEvent(e gateway.Event, d gateway.DeviceID, st gateway.Stat
 // checkConsistent checks the invariants that tie a file together: a
 // device is online iff it has a session; its deadline index entry exists
 // iff it has a session, at the max of their deadlines; every index entry
-// belongs to a record; every device's events alternate online/offline
+// belongs to a record; the change index and the session counts match
+// the records (checkIndexes); every device's events alternate online/offline
 // starting online with ver +1 each (when the log is complete), and the
 // last one matches the record's state and ver.
 func checkConsistent(t testing.TB, db *bolt.DB, shards int, completeLog bool) {
@@ -255,6 +257,9 @@ func checkShard(sh shard, completeLog bool) error {
 	if indexed != 0 {
 		return fmt.Errorf("%d devices with sessions lack an index entry", indexed)
 	}
+	if err := checkIndexes(sh, records); err != nil {
+		return err
+	}
 	t, err := decodeTail(sh.root.Get(keyTail))
 	if err != nil {
 		return err
@@ -314,6 +319,53 @@ func checkShard(sh shard, completeLog bool) error {
 	for d, l := range seen {
 		if _, ok := records[d]; !ok && l.state != gateway.Removed {
 			return fmt.Errorf("device %s: events without a record", d)
+		}
+	}
+	return nil
+}
+
+// checkIndexes checks a shard's change index and session counts
+// (index.go) against its records: one change index entry per record, of
+// its state and since, and none else; each gateway's count the number of
+// the records' sessions it holds.
+func checkIndexes(sh shard, records map[gateway.DeviceID]record) error {
+	n := 0
+	err := sh.chg.ForEach(func(k, _ []byte) error {
+		online, since, d, ok := parseChgKey(k)
+		r, found := records[d]
+		if !ok || !found || r.online != online || r.since != since {
+			return fmt.Errorf("change index entry %x matches no record", k)
+		}
+		n++
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	if n != len(records) {
+		return fmt.Errorf("%d records, %d change index entries", len(records), n)
+	}
+	want := map[string]int64{}
+	for _, r := range records {
+		for _, x := range r.sessions {
+			want[x.gw]++
+		}
+	}
+	c := sh.root.Cursor()
+	for k, v := c.Seek([]byte(keySessions)); k != nil && bytes.HasPrefix(k, []byte(keySessions)); k, v = c.Next() {
+		gw := string(k[len(keySessions):])
+		got, err := decodeU64(v)
+		if err != nil {
+			return fmt.Errorf("sessions of %s: %w", gw, err)
+		}
+		if int64(got) != want[gw] {
+			return fmt.Errorf("gateway %s: %d sessions counted, the records hold %d", gw, got, want[gw])
+		}
+		delete(want, gw)
+	}
+	for gw, n := range want {
+		if n != 0 {
+			return fmt.Errorf("gateway %s: no session count, the records hold %d", gw, n)
 		}
 	}
 	return nil

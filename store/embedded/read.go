@@ -1,11 +1,10 @@
 package embedded
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
-	"strings"
 
 	bolt "go.etcd.io/bbolt"
 
@@ -71,57 +70,58 @@ func deviceInfo(id gateway.DeviceID, r *record) gateway.DeviceInfo {
 	return info
 }
 
-// List pages through devices in (shard, device ID) order, filtered by
-// state. The cursor is "<shard>/<device ID>", the next record to read.
-// One call reads a bounded number of records (and returns at most
-// 10 000), so a page with a selective filter may hold fewer devices than
-// the limit while Next is not yet "".
+// List pages through devices in q's order (gateway.ListQuery), in one
+// read transaction: by ID, each shard's dev/ from the cursor (or the
+// prefix) on, a state filter reading at most 16 × limit + 1024 records
+// of a shard; by last change, each shard's chg/ backwards from the
+// cursor, one walk per state; the shards' runs merged
+// (gateway.MergeListRuns). At most 10 000 devices a page.
 func (s *Store) List(ctx context.Context, q gateway.ListQuery) (gateway.ListPage, error) {
 	const op = "embedded: list"
 	if err := s.ready(ctx); err != nil {
 		return gateway.ListPage{}, fmt.Errorf("%s: %w", op, err)
 	}
-	switch q.State {
-	case "", gateway.Online, gateway.Offline:
-	default:
-		return gateway.ListPage{}, fmt.Errorf("%s: state filter %q: want online, offline or none", op, q.State)
-	}
-	limit := q.Limit
-	if limit <= 0 {
-		limit = defaultLimit
-	}
-	limit = min(limit, maxListLimit)
-	startShard, from, err := parseListCursor(q.Cursor, s.shards)
+	order, limit, after, err := q.Check(maxListLimit)
 	if err != nil {
 		return gateway.ListPage{}, fmt.Errorf("%s: %w", op, err)
 	}
-	budget := 16*limit + 1024
 	var page gateway.ListPage
 	err = s.db.View(func(tx *bolt.Tx) error {
-		for n := startShard; n < s.shards; n++ {
+		shards := make([]shard, s.shards)
+		var runs []gateway.ListRun
+		for n := range s.shards {
 			sh, err := openShard(tx, n)
 			if err != nil {
 				return err
 			}
-			c := sh.dev.Cursor()
-			k, v := c.First()
-			if n == startShard && from != nil {
-				k, v = c.Seek(from)
-			}
-			for ; k != nil; k, v = c.Next() {
-				if len(page.Devices) == limit || budget == 0 {
-					page.Next = strconv.Itoa(n) + "/" + string(k)
-					return nil
-				}
-				budget--
-				r, err := decodeRecord(v)
+			shards[n] = sh
+			if order == gateway.OrderID {
+				run, err := idRun(sh, q.Prefix, q.State, after, limit)
 				if err != nil {
-					return fmt.Errorf("device %s: %w", k, err)
+					return fmt.Errorf("shard %d: %w", n, err)
 				}
-				if q.State == "" || (q.State == gateway.Online) == r.online {
-					page.Devices = append(page.Devices, deviceInfo(gateway.DeviceID(k), &r))
+				runs = append(runs, run)
+				continue
+			}
+			for _, online := range []bool{true, false} {
+				if q.State == "" || (q.State == gateway.Online) == online {
+					runs = append(runs, changeRun(sh, online, after, limit))
 				}
 			}
+		}
+		keys, next := gateway.MergeListRuns(order, runs, limit)
+		for _, k := range keys {
+			r, ok, err := shards[gateway.ShardOf(k.Device, s.shards)].record(k.Device)
+			if err != nil {
+				return err
+			}
+			if !ok {
+				return fmt.Errorf("device %s: indexed, but no record: %w", k.Device, errCorrupt)
+			}
+			page.Devices = append(page.Devices, deviceInfo(k.Device, &r))
+		}
+		if next != nil {
+			page.Next = order.Cursor(*next)
 		}
 		return nil
 	})
@@ -131,18 +131,70 @@ func (s *Store) List(ctx context.Context, q gateway.ListQuery) (gateway.ListPage
 	return page, nil
 }
 
-// parseListCursor returns the shard and device ID at which a List
-// resumes.
-func parseListCursor(c string, shards int) (int, []byte, error) {
-	if c == "" {
-		return 0, nil, nil
+// idRun reads the devices of sh whose ID starts with prefix, after the
+// cursor key after (nil: from the start), in ID order: at most limit,
+// of state when it is not "" (reading at most 16 × limit + 1024
+// records).
+func idRun(sh shard, prefix string, state gateway.State, after *gateway.ListKey, limit int) (gateway.ListRun, error) {
+	var run gateway.ListRun
+	start := []byte(prefix)
+	if after != nil && string(after.Device) >= prefix {
+		start = append([]byte(after.Device), 0)
 	}
-	ns, key, ok := strings.Cut(c, "/")
-	n, err := strconv.Atoi(ns)
-	if !ok || err != nil || n < 0 || n >= shards || key == "" {
-		return 0, nil, fmt.Errorf("bad cursor %q", c)
+	budget := 16*limit + 1024
+	c := sh.dev.Cursor()
+	for k, v := c.Seek(start); k != nil && bytes.HasPrefix(k, []byte(prefix)); k, v = c.Next() {
+		if len(run.Keys) == limit || budget == 0 {
+			run.More = true
+			return run, nil
+		}
+		budget--
+		run.Bound = gateway.ListKey{Device: gateway.DeviceID(k)}
+		if state != "" {
+			online, err := recordOnline(v)
+			if err != nil {
+				return run, fmt.Errorf("device %s: %w", k, err)
+			}
+			if online != (state == gateway.Online) {
+				continue
+			}
+		}
+		run.Keys = append(run.Keys, run.Bound)
 	}
-	return n, []byte(key), nil
+	return run, nil
+}
+
+// changeRun reads the devices of sh in one state by last change, newest
+// first, after the cursor key after (nil: from the newest): at most
+// limit.
+func changeRun(sh shard, online bool, after *gateway.ListKey, limit int) gateway.ListRun {
+	var run gateway.ListRun
+	state := byte(0)
+	if online {
+		state = 1
+	}
+	below := []byte{state + 1}
+	if after != nil {
+		below = chgKey(online, after.Since, after.Device)
+	}
+	c := sh.chg.Cursor()
+	k, _ := c.Seek(below)
+	if k == nil {
+		k, _ = c.Last()
+	} else {
+		k, _ = c.Prev()
+	}
+	for ; k != nil && k[0] == state; k, _ = c.Prev() {
+		if len(run.Keys) == limit {
+			run.More = true
+			return run
+		}
+		if _, since, d, ok := parseChgKey(k); ok {
+			run.Bound = gateway.ListKey{Since: since, Device: d}
+			run.Keys = append(run.Keys, run.Bound)
+		}
+	}
+	return run
 }
 
 // Events reads up to limit events of shard after position after ("" or

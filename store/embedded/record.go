@@ -30,6 +30,9 @@ type writer struct {
 	leavers []leaver
 	// verFloor is the shard's ver floor once read (floor)
 	verFloor *uint64
+	// sessions is what the changed records do to the session counts
+	// per gateway (index.go), written by commit
+	sessions map[string]int64
 }
 
 // leaver is a device a bridged leave left without a session.
@@ -69,6 +72,13 @@ type entry struct {
 	deadline int64 // the index entry at load time, 0 for none
 	// existed and wasOnline are the record as loaded (for the counts)
 	existed, wasOnline bool
+	// indexed, idxOnline and idxSince are the record's change index
+	// entry (index.go) as loaded or last written; gws the gateways of
+	// its sessions then (the session counts)
+	indexed   bool
+	idxOnline bool
+	idxSince  int64
+	gws       []string
 }
 
 // begin starts a writer on shard n in tx at the store clock's now.
@@ -81,7 +91,8 @@ func (s *Store) begin(tx *bolt.Tx, n int) (*writer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("shard %d tail: %w", n, err)
 	}
-	return &writer{s: s, sh: sh, now: s.nowMs(), devices: map[gateway.DeviceID]*entry{}, tail: t, live: map[string]liveness{}}, nil
+	return &writer{s: s, sh: sh, now: s.nowMs(), devices: map[gateway.DeviceID]*entry{}, tail: t, live: map[string]liveness{},
+		sessions: map[string]int64{}}, nil
 }
 
 // load is the entry of device d, its record read on first use.
@@ -93,7 +104,8 @@ func (w *writer) load(d gateway.DeviceID) (*entry, error) {
 	if err != nil {
 		return nil, err
 	}
-	e := &entry{rec: r, exists: ok, deadline: r.deadline(), existed: ok, wasOnline: ok && r.online}
+	e := &entry{rec: r, exists: ok, deadline: r.deadline(), existed: ok, wasOnline: ok && r.online,
+		indexed: ok, idxOnline: r.online, idxSince: r.since, gws: sessionGateways(&r)}
 	w.devices[d] = e
 	w.order = append(w.order, d)
 	return e, nil
@@ -318,6 +330,9 @@ func (w *writer) commit() error {
 			}
 			e.existed, e.wasOnline = true, e.rec.online
 		}
+		if err := w.index(d, e); err != nil {
+			return fmt.Errorf("device %s: %w", d, err)
+		}
 		if nd := e.rec.deadline(); nd != e.deadline {
 			if e.deadline != 0 {
 				if err := w.sh.exp.Delete(expKey(e.deadline, d)); err != nil {
@@ -335,6 +350,10 @@ func (w *writer) commit() error {
 	if err := w.count(online, offline); err != nil {
 		return fmt.Errorf("counts: %w", err)
 	}
+	if err := addSessions(w.sh.root, w.sessions); err != nil {
+		return fmt.Errorf("session counts: %w", err)
+	}
+	clear(w.sessions)
 	if w.added == 0 {
 		return nil
 	}
@@ -365,4 +384,42 @@ func (w *writer) trim() error {
 		return w.sh.root.Put(keyTrimmed, last)
 	}
 	return nil
+}
+
+// index moves the change index entry of a written record whose state or
+// last change moved, and notes what its sessions do to the session
+// counts (index.go).
+func (w *writer) index(d gateway.DeviceID, e *entry) error {
+	r := &e.rec
+	if !e.indexed || e.idxOnline != r.online || e.idxSince != r.since {
+		if e.indexed {
+			if err := w.sh.chg.Delete(chgKey(e.idxOnline, e.idxSince, d)); err != nil {
+				return fmt.Errorf("change index: %w", err)
+			}
+		}
+		if err := w.sh.chg.Put(chgKey(r.online, r.since, d), nil); err != nil {
+			return fmt.Errorf("change index: %w", err)
+		}
+		e.indexed, e.idxOnline, e.idxSince = true, r.online, r.since
+	}
+	if !sameGateways(r, e.gws) {
+		gws := sessionGateways(r)
+		moveSessions(w.sessions, e.gws, gws)
+		e.gws = gws
+	}
+	return nil
+}
+
+// sameGateways reports whether the sessions of r have the gateways gws,
+// in order.
+func sameGateways(r *record, gws []string) bool {
+	if len(r.sessions) != len(gws) {
+		return false
+	}
+	for i, x := range r.sessions {
+		if x.gw != gws[i] {
+			return false
+		}
+	}
+	return true
 }

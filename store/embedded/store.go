@@ -121,9 +121,12 @@ func Open(db *bolt.DB, o Options) (*Store, error) {
 				}
 			}
 		}
-		// a file the migration to format 4 did not see (a bolt file
-		// opened without internal/statefile, shards new to it)
-		return countShards(tx)
+		// a file the migrations to formats 4 and 6 did not see (a bolt
+		// file opened without internal/statefile, shards new to it)
+		if err := countShards(tx); err != nil {
+			return err
+		}
+		return indexShards(tx)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("embedded: open: %w", err)
@@ -192,6 +195,7 @@ type shard struct {
 	dev  *bolt.Bucket
 	exp  *bolt.Bucket
 	ev   *bolt.Bucket
+	chg  *bolt.Bucket
 }
 
 func openShard(tx *bolt.Tx, n int) (shard, error) {
@@ -199,8 +203,8 @@ func openShard(tx *bolt.Tx, n int) (shard, error) {
 	if root == nil {
 		return shard{}, fmt.Errorf("shard %d: bucket missing", n)
 	}
-	sh := shard{n: n, root: root, dev: root.Bucket(bucketDev), exp: root.Bucket(bucketExp), ev: root.Bucket(bucketEv)}
-	if sh.dev == nil || sh.exp == nil || sh.ev == nil {
+	sh := shard{n: n, root: root, dev: root.Bucket(bucketDev), exp: root.Bucket(bucketExp), ev: root.Bucket(bucketEv), chg: root.Bucket(bucketChg)}
+	if sh.dev == nil || sh.exp == nil || sh.ev == nil || sh.chg == nil {
 		return shard{}, fmt.Errorf("shard %d: nested bucket missing", n)
 	}
 	return sh, nil

@@ -54,6 +54,6 @@ func graceOpener(c redis.UniversalClient) storetest.GraceOpener {
 				t.Errorf("close store: %v", err)
 			}
 		})
-		return s
+		return inspected{s, c}
 	}
 }

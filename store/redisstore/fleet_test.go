@@ -12,7 +12,7 @@ import (
 
 func (e *env) wantCounts(what string, online, offline int64) {
 	e.t.Helper()
-	got, err := e.store.Counts(e.ctx)
+	got, err := e.store.Counts(e.ctx, 0)
 	if err != nil {
 		e.t.Fatalf("%s: Counts: %v", what, err)
 	}

@@ -83,17 +83,6 @@ func parseView(v any) (gateway.DeviceInfo, error) {
 	return d, nil
 }
 
-// listCursor is the position of List: a shard, an HSCAN cursor of that
-// shard's {P:s}:dev, and how many items of that cursor's step were already
-// returned. Encoded "<shard>.<cursor>.<skip>".
-type listCursor struct {
-	shard  int
-	cursor string
-	skip   int
-}
-
-func (c listCursor) String() string { return fmt.Sprintf("%d.%s.%d", c.shard, c.cursor, c.skip) }
-
 // checkScanCursor accepts a position of view.lua's scan: an HSCAN cursor,
 // or "lp" (inside a listpack's one step).
 func checkScanCursor(c string) error {
@@ -104,84 +93,153 @@ func checkScanCursor(c string) error {
 	return err
 }
 
-func parseListCursor(s string, shards int) (listCursor, error) {
-	if s == "" {
-		return listCursor{cursor: "0"}, nil
-	}
-	p := strings.Split(s, ".")
-	if len(p) == 3 {
-		shard, err1 := strconv.Atoi(p[0])
-		err2 := checkScanCursor(p[1])
-		skip, err3 := strconv.Atoi(p[2])
-		if err1 == nil && err2 == nil && err3 == nil && shard >= 0 && shard < shards && skip >= 0 {
-			return listCursor{shard: shard, cursor: p[1], skip: skip}, nil
-		}
-	}
-	return listCursor{}, fmt.Errorf("bad cursor %q", s)
-}
-
 const (
-	// maxListCalls bounds the script calls of one List page.
-	maxListCalls = 64
-	// defaultLimit is the page size of List and Events for a limit ≤ 0.
+	// defaultLimit is the page size of Events for a limit ≤ 0.
 	defaultLimit = 100
-	// maxListLimit caps a List page.
+	// maxListLimit caps a List page and a snapshot page.
 	maxListLimit = 1000
-	// scanCount is the HSCAN COUNT of List. It never changes between
-	// pages: a cursor's skip counts items of the step HSCAN returns at
-	// that cursor with this COUNT.
+	// scanCount is the HSCAN COUNT of a snapshot page. It never changes
+	// between pages: a page token's skip counts items of the step HSCAN
+	// returns at that cursor with this COUNT.
 	scanCount = 100
 )
 
-// List pages through the devices of every shard in shard order (HSCAN of
-// {P:s}:dev), filtered by state, at most 1000 a page. As with SCAN, a
-// device present for the whole iteration is returned at least once,
-// except that one changing between two pages whose boundary falls inside
-// one HSCAN step may be skipped or repeated.
+// viewShards runs view.lua with args on every shard in one pipeline (one
+// per Cluster node, in parallel), falling back to EVAL for a shard whose
+// node lacks the script; the replies are in shard order.
+func (s *Store) viewShards(ctx context.Context, c redis.UniversalClient, op string, args ...any) ([][]any, error) {
+	cmds := make([]*redis.Cmd, s.shards)
+	_, _ = c.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i := range cmds {
+			cmds[i] = s.view.EvalSha(ctx, p, s.keys[i].data, args...)
+		}
+		return nil
+	})
+	out := make([][]any, s.shards)
+	for i, cmd := range cmds {
+		res, err := cmd.Slice()
+		if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+			res, err = s.view.Run(ctx, c, s.keys[i].data, args...).Slice()
+		}
+		if err != nil {
+			return nil, unavailable(op, err)
+		}
+		out[i] = res
+	}
+	return out, nil
+}
+
+// List pages through the devices in q's order (gateway.ListQuery) in two
+// round trips: view.lua's "keys" on every shard reads the shard's next
+// keys from its index ({P:s}:idx, record.lua "Indexes"; built there on
+// first use), merged into the page's (gateway.MergeListRuns); then
+// "views" reads those devices, on their shards. A device that changed
+// between the two (its state or last change no longer what the index
+// said) is left out: by last change it is now further up. At most 1000
+// devices a page.
 func (s *Store) List(ctx context.Context, q gateway.ListQuery) (gateway.ListPage, error) {
 	c, err := s.client()
 	if err != nil {
 		return gateway.ListPage{}, err
 	}
-	filter := ""
-	switch q.State {
-	case "":
-	case gateway.Online, gateway.Offline:
-		filter = string(q.State)
-	default:
-		return gateway.ListPage{}, fmt.Errorf("redisstore: list: state filter %q: the store knows online and offline only", q.State)
-	}
-	limit := q.Limit
-	if limit <= 0 {
-		limit = defaultLimit
-	}
-	limit = min(limit, maxListLimit)
-	cur, err := parseListCursor(q.Cursor, s.shards)
+	order, limit, after, err := q.Check(maxListLimit)
 	if err != nil {
 		return gateway.ListPage{}, fmt.Errorf("redisstore: list: %w", err)
 	}
+	asince, adev := "", ""
+	if after != nil {
+		asince, adev = strconv.FormatInt(after.Since, 10), string(after.Device)
+	}
+	replies, err := s.viewShards(ctx, c, "list", "keys", string(order), string(q.State), q.Prefix, asince, adev, limit)
+	if err != nil {
+		return gateway.ListPage{}, err
+	}
+	var runs []gateway.ListRun
+	for i, res := range replies {
+		rs, err := parseRuns(res)
+		if err != nil {
+			return gateway.ListPage{}, fmt.Errorf("redisstore: list: shard %d: %w", i, err)
+		}
+		runs = append(runs, rs...)
+	}
+	keys, next := gateway.MergeListRuns(order, runs, limit)
 	var page gateway.ListPage
-	for calls := 0; calls < maxListCalls && len(page.Devices) < limit; calls++ {
-		res, err := s.view.Run(ctx, c, s.keys[cur.shard].data,
-			"scan", cur.cursor, cur.skip, limit-len(page.Devices), filter, scanCount).Slice()
-		if err != nil {
-			return gateway.ListPage{}, unavailable("list", err)
+	if next != nil {
+		page.Next = order.Cursor(*next)
+	}
+	if len(keys) == 0 {
+		return page, nil
+	}
+	views, err := s.views(ctx, c, keys)
+	if err != nil {
+		return gateway.ListPage{}, err
+	}
+	for _, k := range keys {
+		d, ok := views[k.Device]
+		if !ok || (q.State != "" && d.State != q.State) || (order == gateway.OrderChanged && d.Since.UnixMilli() != k.Since) {
+			continue
 		}
-		var devs []gateway.DeviceInfo
-		cur.cursor, cur.skip, devs, err = parseScan(res)
-		if err != nil {
-			return gateway.ListPage{}, fmt.Errorf("redisstore: list: %w", err)
+		page.Devices = append(page.Devices, d)
+	}
+	return page, nil
+}
+
+// parseRuns reads the runs of view.lua's "keys": {more, bound since,
+// bound device, {since, device, ...}} each.
+func parseRuns(res []any) ([]gateway.ListRun, error) {
+	var runs []gateway.ListRun
+	for _, v := range res {
+		r, ok := v.([]any)
+		if !ok || len(r) != 4 {
+			return nil, fmt.Errorf("malformed run %v", v)
 		}
-		page.Devices = append(page.Devices, devs...)
-		if cur.cursor == "0" && cur.skip == 0 {
-			if cur.shard+1 == s.shards {
-				return page, nil
+		keys, _ := r[3].([]any)
+		run := gateway.ListRun{More: num(r[0]) == 1, Bound: gateway.ListKey{Since: num(r[1]), Device: gateway.DeviceID(str(r[2]))}}
+		for i := 0; i+1 < len(keys); i += 2 {
+			run.Keys = append(run.Keys, gateway.ListKey{Since: num(keys[i]), Device: gateway.DeviceID(str(keys[i+1]))})
+		}
+		runs = append(runs, run)
+	}
+	return runs, nil
+}
+
+// views reads the devices of keys with view.lua's "views", one call per
+// shard they are on, in one pipeline; a device without a record is
+// absent from the result.
+func (s *Store) views(ctx context.Context, c redis.UniversalClient, keys []gateway.ListKey) (map[gateway.DeviceID]gateway.DeviceInfo, error) {
+	byShard := map[int][]any{}
+	for _, k := range keys {
+		sh := gateway.ShardOf(k.Device, s.shards)
+		if byShard[sh] == nil {
+			byShard[sh] = []any{"views"}
+		}
+		byShard[sh] = append(byShard[sh], string(k.Device))
+	}
+	cmds := map[int]*redis.Cmd{}
+	_, _ = c.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for sh, args := range byShard {
+			cmds[sh] = s.view.EvalSha(ctx, p, s.keys[sh].data, args...)
+		}
+		return nil
+	})
+	out := make(map[gateway.DeviceID]gateway.DeviceInfo, len(keys))
+	for sh, cmd := range cmds {
+		res, err := cmd.Slice()
+		if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+			res, err = s.view.Run(ctx, c, s.keys[sh].data, byShard[sh]...).Slice()
+		}
+		if err != nil {
+			return nil, unavailable("list", err)
+		}
+		for _, v := range res {
+			d, err := parseView(v)
+			if err != nil {
+				return nil, fmt.Errorf("redisstore: list: %w", err)
 			}
-			cur = listCursor{shard: cur.shard + 1, cursor: "0"}
+			out[d.Device] = d
 		}
 	}
-	page.Next = cur.String()
-	return page, nil
+	return out, nil
 }
 
 // Events reads up to limit events of shard after position after (XRANGE,
@@ -268,33 +326,25 @@ func streamEvent(shard int, m redis.XMessage) (gateway.Event, error) {
 }
 
 // Counts sums the shards' counts of view.lua's "counts" (record.lua,
-// ONLINE_COUNT): one pipeline of script calls (one per Cluster node).
-func (s *Store) Counts(ctx context.Context) (gateway.Counts, error) {
+// ONLINE_COUNT; the suspect devices by ZCOUNT of the deadline index):
+// one pipeline of script calls (one per Cluster node).
+func (s *Store) Counts(ctx context.Context, window time.Duration) (gateway.Counts, error) {
 	c, err := s.client()
 	if err != nil {
 		return gateway.Counts{}, err
 	}
-	cmds := make([]*redis.Cmd, s.shards)
-	_, _ = c.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for i := range cmds {
-			cmds[i] = s.view.EvalSha(ctx, p, s.keys[i].data, "counts")
-		}
-		return nil
-	})
+	replies, err := s.viewShards(ctx, c, "counts", "counts", max(window, 0).Milliseconds(), s.nowArg())
+	if err != nil {
+		return gateway.Counts{}, err
+	}
 	var n gateway.Counts
-	for i, cmd := range cmds {
-		res, err := cmd.Slice()
-		if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
-			res, err = s.view.Run(ctx, c, s.keys[i].data, "counts").Slice()
-		}
-		if err != nil {
-			return gateway.Counts{}, unavailable("counts", err)
-		}
-		if len(res) != 2 {
+	for i, res := range replies {
+		if len(res) != 3 {
 			return gateway.Counts{}, fmt.Errorf("redisstore: counts: shard %d: malformed reply %v", i, res)
 		}
 		n.Online += num(res[0])
 		n.Offline += num(res[1])
+		n.Suspect += num(res[2])
 	}
 	return n, nil
 }
@@ -302,32 +352,22 @@ func (s *Store) Counts(ctx context.Context) (gateway.Counts, error) {
 // Gateways merges view.lua's "gateways" of every shard (one pipeline,
 // one per Cluster node): the newest epoch and the latest contact of
 // each gateway over the shards, behind as of that contact, lost as shard
-// 0 keeps it.
+// 0 keeps it, its sessions summed.
 func (s *Store) Gateways(ctx context.Context) ([]gateway.GatewayInfo, error) {
 	c, err := s.client()
 	if err != nil {
 		return nil, err
 	}
-	cmds := make([]*redis.Cmd, s.shards)
-	_, _ = c.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for i := range cmds {
-			cmds[i] = s.view.EvalSha(ctx, p, s.keys[i].data, "gateways")
-		}
-		return nil
-	})
+	replies, err := s.viewShards(ctx, c, "gateways", "gateways")
+	if err != nil {
+		return nil, err
+	}
 	byID := map[string]*gateway.GatewayInfo{}
-	for i, cmd := range cmds {
-		res, err := cmd.Slice()
-		if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
-			res, err = s.view.Run(ctx, c, s.keys[i].data, "gateways").Slice()
-		}
-		if err != nil {
-			return nil, unavailable("gateways", err)
-		}
-		if len(res)%5 != 0 {
+	for i, res := range replies {
+		if len(res)%6 != 0 {
 			return nil, fmt.Errorf("redisstore: gateways: shard %d: malformed reply %v", i, res)
 		}
-		for j := 0; j < len(res); j += 5 {
+		for j := 0; j < len(res); j += 6 {
 			id := str(res[j])
 			g := byID[id]
 			if g == nil {
@@ -341,6 +381,7 @@ func (s *Store) Gateways(ctx context.Context) ([]gateway.GatewayInfo, error) {
 			if i == 0 {
 				g.Lost = num(res[j+4]) == 1
 			}
+			g.Sessions += num(res[j+5])
 		}
 	}
 	return sortedGateways(byID), nil

@@ -143,7 +143,7 @@ type Store struct {
 
 // shardKeys are the keys of one shard, in the order the scripts expect.
 type shardKeys struct {
-	data   []string // exp, dev, events, epochs, inv, held
+	data   []string // exp, dev, events, epochs, inv, held, gateways, idx
 	runner []string
 }
 
@@ -218,7 +218,7 @@ func newStore(o Options) (*Store, error) {
 	for i := 0; i < o.Shards; i++ {
 		tag := fmt.Sprintf("{%s:%d}", o.Prefix, i)
 		s.keys = append(s.keys, shardKeys{
-			data:   []string{tag + ":exp", tag + ":dev", tag + ":events", tag + ":epochs", tag + ":inv", tag + ":held", tag + ":gateways"},
+			data:   []string{tag + ":exp", tag + ":dev", tag + ":events", tag + ":epochs", tag + ":inv", tag + ":held", tag + ":gateways", tag + ":idx"},
 			runner: []string{tag + ":runner"},
 		})
 	}

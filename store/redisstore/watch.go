@@ -197,8 +197,7 @@ func (s *Store) tx(ctx context.Context, shard int, after string, fn func(p redis
 	return logPos{}, errors.New("position: NOSCRIPT after EVAL")
 }
 
-// SnapshotShard reads a page of shard's devices (view.lua's scan, the
-// paging of List) and the shard's position in one MULTI. The page token
+// SnapshotShard reads a page of shard's devices (view.lua's scan) and the shard's position in one MULTI. The page token
 // is "<view.lua scan cursor>.<skip>".
 func (s *Store) SnapshotShard(ctx context.Context, shard int, page string, limit int) (gateway.SnapshotPage, error) {
 	if err := s.checkShard("snapshot", shard); err != nil {
@@ -221,9 +220,9 @@ func (s *Store) SnapshotShard(ctx context.Context, shard int, page string, limit
 		}
 		keys := s.keys[shard].data
 		if eval {
-			view = s.view.Eval(ctx, p, keys, "scan", cursor, skip, limit, "", scanCount)
+			view = s.view.Eval(ctx, p, keys, "scan", cursor, skip, limit, scanCount)
 		} else {
-			view = s.view.EvalSha(ctx, p, keys, "scan", cursor, skip, limit, "", scanCount)
+			view = s.view.EvalSha(ctx, p, keys, "scan", cursor, skip, limit, scanCount)
 		}
 	})
 	if err != nil {

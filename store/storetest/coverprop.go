@@ -61,7 +61,7 @@ func checkCoverageProperty(t *testing.T, open GraceOpener) {
 		}
 		offline := map[gateway.DeviceID]bool{}
 		check := func(evs []gateway.Event) {
-			if err := checkCounts(rt.Context(), store); err != nil {
+			if err := checkScans(rt.Context(), store); err != nil {
 				rt.Fatal(err)
 			}
 			for _, e := range evs {

@@ -71,7 +71,7 @@ func testForget(t *testing.T, open Opener) {
 	e.checkEvents("Forget", []gateway.Event{ev}, shard, removed(d, 2, at, "s1"))
 	e.checkLogged(shard, []gateway.Event{ev})
 	e.checkGone(d)
-	if err := checkCounts(e.ctx, e.store); err != nil {
+	if err := checkScans(e.ctx, e.store); err != nil {
 		t.Errorf("after forgetting an online device: %v", err)
 	}
 
@@ -147,7 +147,7 @@ func testForgetOffline(t *testing.T, open Opener) {
 	at := e.now()
 	e.checkEvents("Forget offline", []gateway.Event{e.forget(d)}, shard, removed(d, 3, at, "s1"))
 	e.checkGone(d)
-	if err := checkCounts(e.ctx, e.store); err != nil {
+	if err := checkScans(e.ctx, e.store); err != nil {
 		t.Errorf("after forgetting an offline device: %v", err)
 	}
 }
@@ -266,7 +266,7 @@ func checkForgetProperty(t *testing.T, open Opener) {
 					clock.Advance(rapid.SampledFrom([]time.Duration{0, time.Millisecond, lease}).Draw(rt, "advance"))
 				}
 			}
-			if err := checkCounts(ctx, s); err != nil {
+			if err := checkScans(ctx, s); err != nil {
 				rt.Fatal(err)
 			}
 			log, err := readLog(ctx, s, 0, "")

@@ -414,7 +414,7 @@ func (m *machine) check(wrote map[int][]gateway.Event) {
 			m.checkDevice(d, now)
 		}
 	}
-	if err := checkCounts(m.ctx(), m.store); err != nil {
+	if err := checkScans(m.ctx(), m.store); err != nil {
 		m.t.Fatal(err)
 	}
 }

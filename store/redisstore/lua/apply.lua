@@ -1,5 +1,5 @@
 -- Apply one batch of writes of one shard, atomically (Store.Apply).
--- KEYS: exp, dev, events, epochs, inv, held, gateways (record.lua).
+-- KEYS: exp, dev, events, epochs, inv, held, gateways, idx (record.lua).
 -- ARGV, built by Store.applyArgs in this order (the A_ positions):
 --   gw, epoch, lease ms, replay (1 replay, 2 restore, 0 neither: see
 --   gateway.Batch), now ms or "", events maxlen,
@@ -296,6 +296,9 @@ end
 local packed = mcall('HMGET', KEYS[2], devs)
 local scores = mcall('ZMSCORE', KEYS[1], devs)
 local z, rec, dirty, moved, kept = {}, {}, {}, {}, {}
+-- oldgws[k]: the gateway refs of the sessions of device k's record as
+-- loaded, once decoded (record.lua, "Indexes": the session counts)
+local oldgws = {}
 for k = 1, #devs do z[k] = tonumber(scores[k]) or false end
 -- A held device's sessions run until their true deadline plus the grace
 -- (shift[k]): evidence observed within it is late but valid (the outbox
@@ -395,6 +398,7 @@ local function general(dev, sid, kind, d, k, zk, wlease, wgrace, isbridged)
   if not r and packed[k] then
     r = decode(packed[k], zk)
     rec[k] = r
+    oldgws[k] = sessgws(r)
   end
   local obs = d - wlease
   -- Evidence observed at or before its session's leave never brings the
@@ -605,6 +609,8 @@ for k, dev in ipairs(devs) do
   if dirty[k] then
     local wason = packed[k] and isonline(packed[k]) or false
     if rec[k].on ~= wason then turnedon = turnedon + (rec[k].on and 1 or -1) end
+    reindex(dev, packed[k], rec[k].on, rec[k].since)
+    movesessions(oldgws[k], rec[k])
     prunetombs(rec[k], now - TOMB_KEEP)
     hset[#hset + 1] = dev
     hset[#hset + 1] = encode(rec[k])
@@ -636,5 +642,6 @@ if #zrem > 0 then mcall('ZREM', KEYS[1], zrem) end
 if #inv > 0 then mcall('ZADD', KEYS[5], inv) end
 if #unhold > 0 then mcall('HDEL', KEYS[6], unhold) end
 countonline(turnedon)
+ixflush()
 trim(maxlen)
 return events

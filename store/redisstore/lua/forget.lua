@@ -1,11 +1,12 @@
 -- Forget one device (Store.Forget), atomically in its shard.
--- KEYS: exp, dev, events, epochs, inv, held, gateways (record.lua; exp,
--- dev, events, epochs, inv and held are used here).
+-- KEYS: exp, dev, events, epochs, inv, held, gateways, idx (record.lua;
+-- all but gateways are used here).
 -- ARGV (the G_ positions): device, the gateway that forgets it, now ms or
 -- "", events maxlen.
 -- The device's packed record (its sessions and leave tombstones), its
--- deadline index entry and its hold go (and the record leaves the counts,
--- record.lua "Counts"); the gateway that may hold a
+-- deadline index entry, its index entries and its hold go (and the
+-- record leaves the counts, record.lua "Counts", and its sessions their
+-- gateways' counts, "Indexes"); the gateway that may hold a
 -- belief about the record gets an invalidation (a believed renewal must
 -- not take a new record of the device for the one it knew); the shard's
 -- ver floor (VFLOOR, record.lua) rises to the removed event's ver, so
@@ -27,6 +28,9 @@ redis.call('HDEL', KEYS[2], dev)
 if isonline(packed) then countonline(-1) end -- an offline one counts by HLEN
 redis.call('ZREM', KEYS[1], dev)
 redis.call('HDEL', KEYS[6], dev)
+reindex(dev, packed, nil)
+movesessions(sessgws(r), nil)
+ixflush()
 if g then redis.call('ZADD', KEYS[5], 0, invalidation(g, now, dev)) end
 if ver > verfloor() then redis.call('HSET', KEYS[4], VFLOOR, string.format('%d', ver)) end
 local ev = emit(dev, 'removed', ver, string.format('%d', now), 'forget', by, r.lastsid)

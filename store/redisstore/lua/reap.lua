@@ -1,5 +1,5 @@
 -- Reap at most limit due entries of one shard, atomically (Store.Reap).
--- KEYS: exp, dev, events, epochs, inv, held, gateways (record.lua).
+-- KEYS: exp, dev, events, epochs, inv, held, gateways, idx (record.lua).
 -- ARGV, built by Store.Reap in this order (the R_ positions):
 --   limit, now ms or "", events maxlen, the gateway grace ms (0: no
 -- holds), the longest silence of a live gateway ms, and the store time
@@ -269,6 +269,11 @@ for k, dev in ipairs(devs) do
   end
   truedl = string.format('%d', truedl)
   if p and not held then rec, ver, gw, sid = offline(p) end
+  if rec then
+    -- a steady record's only session went: the record is offline since now
+    reindex(dev, p, false, now)
+    movesess(gw, -1)
+  end
   if not rec and not held then
     -- (a held device's sessions count from its true deadline, not from
     -- the index entry the hold moved)
@@ -277,6 +282,7 @@ for k, dev in ipairs(devs) do
       orphans = orphans + 1
       zrem[#zrem + 1] = dev
     else
+      local was = sessgws(r)
       local gone = dropexpired(r, now)
       local dl = maxdl(r)
       if dl then
@@ -290,6 +296,8 @@ for k, dev in ipairs(devs) do
         -- a last session kept past its leave (apply.lua): a leave
         if gone and reason == 'expired' and leftat(r, gone) then reason = 'leave' end
       end
+      reindex(dev, p, r.on, r.since)
+      movesessions(was, r)
       hset[#hset + 1] = dev
       hset[#hset + 1] = encode(r)
     end
@@ -316,6 +324,7 @@ if #hold > 0 then mcall('HSET', KEYS[6], hold) end
 if #hset > 0 then mcall('HSET', KEYS[2], hset) end
 if #zadd > 0 then mcall('ZADD', KEYS[1], zadd) end
 if #zrem > 0 then mcall('ZREM', KEYS[1], zrem) end
+ixflush()
 -- Invalidations older than an hour are of no use (a gateway uses a belief
 -- for ten minutes at most, record.lua "Beliefs"): forget those of one
 -- gateway ref per call, the refs in turn ("~r" in the epochs hash). In

@@ -20,9 +20,12 @@
 --                                devices held for their gateway's grace
 --   KEYS[7] {P:s}:gateways STREAM gateway events (`lost`, `back`); only
 --                                shard 0's is written (reap.lua)
+--   KEYS[8] {P:s}:idx     ZSET   the records by ID and by last change, all
+--                                score 0 (ranges by lex): "Indexes", below
 -- and in KEYS[4] also "!"..ref -> "<contact ms> <behind 0|1>": the liveness
--- of gateway ref on this shard, and on shard 0 "L"..ref -> the contact ms
--- of a gateway reported lost (until it is back).
+-- of gateway ref on this shard, "$"..ref -> the live sessions of gateway
+-- ref in the shard ("Indexes", below), and on shard 0 "L"..ref -> the
+-- contact ms of a gateway reported lost (until it is back).
 --
 -- Packed record (integers: uvarint = unsigned LEB128; t48 = 6 bytes
 -- big-endian unsigned):
@@ -615,4 +618,87 @@ local function gatewayevent(ref, state, now, contact)
   redis.call('XADD', KEYS[3], '*', 'gateway', gwname(ref), 'state', state, 'ver', string.format('%d', ver),
     'at', string.format('%d', now), 'contact', string.format('%d', contact))
   emitted = emitted + 1
+end
+
+-- Indexes (Store.List, Store.Gateways): KEYS[8], a ZSET whose members
+-- all have score 0, so that ranges go by lex (view.lua reads them):
+--   IX_ID .. device        every record, by ID: added with a new record,
+--                          removed when it is forgotten
+--   IX_ON|IX_OFF .. t48 since .. device
+--                          every record by its state and last change
+--                          (since, 6 bytes big-endian): moved by a
+--                          transition, never by a renewal
+--   IX_BUILT .. token      the index was built from the records in the
+--                          incarnation of that token (view.lua, ensure)
+-- and in the epochs hash SESS .. ref, the live sessions of gateway ref
+-- in the shard, moved by the writes that add, move or drop a session.
+-- The scripts keep both whether or not the index was built; view.lua
+-- builds it (and the session counts) afresh from the records, in one
+-- call, when IX_BUILT does not name the shard's token: a store written
+-- by an older release, or a state that was lost or replaced.
+local IX_ID, IX_OFF, IX_ON, IX_BUILT = 'i', '0', '1', '~'
+local SESS = '$'
+
+-- chgmember is the change index member of a record of dev.
+local function chgmember(on, since, dev)
+  return (on and IX_ON or IX_OFF) .. struct.pack('>I6', since) .. dev
+end
+
+-- headsince is the since of a packed record.
+local function headsince(p)
+  return struct.unpack('>I6', p, afterhead(p) - SINCE_LEN)
+end
+
+-- The index and session count changes of a call, written once by
+-- ixflush: reindex notes a record of dev that was oldp (a packed record,
+-- nil for none) and is now on since (on nil: removed); movesess notes n
+-- more sessions of gateway ref.
+local ixadd, ixrem, sessdelta = {}, {}, {}
+local function reindex(dev, oldp, on, since)
+  local was = oldp and chgmember(isonline(oldp), headsince(oldp), dev)
+  local is = on ~= nil and chgmember(on, since, dev)
+  if was == is then return end
+  if was then
+    ixrem[#ixrem + 1] = was
+  else
+    ixadd[#ixadd + 1] = 0
+    ixadd[#ixadd + 1] = IX_ID .. dev
+  end
+  if is then
+    ixadd[#ixadd + 1] = 0
+    ixadd[#ixadd + 1] = is
+  else
+    ixrem[#ixrem + 1] = IX_ID .. dev
+  end
+end
+local function movesess(ref, n)
+  sessdelta[ref] = (sessdelta[ref] or 0) + n
+end
+-- sessgws is the gateway refs of a decoded record's sessions.
+local function sessgws(r)
+  local gws = {}
+  for k, ss in ipairs(r.sess) do gws[k] = ss.gw end
+  return gws
+end
+-- movesessions notes a record whose sessions' gateways were was (nil
+-- for none) and are those of r (nil: removed).
+local function movesessions(was, r)
+  local same = r and was and #was == #r.sess
+  if same then
+    for k, ss in ipairs(r.sess) do
+      if ss.gw ~= was[k] then same = false break end
+    end
+  end
+  if same then return end
+  for _, g in ipairs(was or {}) do movesess(g, -1) end
+  if r then
+    for _, ss in ipairs(r.sess) do movesess(ss.gw, 1) end
+  end
+end
+local function ixflush()
+  if #ixrem > 0 then mcall('ZREM', KEYS[8], ixrem) end
+  if #ixadd > 0 then mcall('ZADD', KEYS[8], ixadd) end
+  for ref, n in pairs(sessdelta) do
+    if n ~= 0 then redis.call('HINCRBY', KEYS[4], SESS .. ref, n) end
+  end
 end
