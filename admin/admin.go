@@ -318,7 +318,17 @@ func (s *Server) devices(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, err)
 		return
 	}
-	page, err := s.o.Store.List(r.Context(), gateway.ListQuery{State: storeState, Cursor: q.Get("cursor"), Limit: limit})
+	proto := q.Get("protocol")
+	if _, err := gateway.ParseDeviceID(proto); proto != "" && err != nil {
+		writeError(w, http.StatusBadRequest, fmt.Errorf("protocol %q: want coap, mqtt or an adapter's name", proto))
+		return
+	}
+	page, err := s.o.Store.List(r.Context(), gateway.ListQuery{State: storeState, Prefix: q.Get("prefix"),
+		Order: gateway.ListOrder(q.Get("order")), Cursor: q.Get("cursor"), Limit: limit})
+	if errors.Is(err, gateway.ErrBadQuery) {
+		writeError(w, http.StatusBadRequest, err)
+		return
+	}
 	if err != nil {
 		writeError(w, http.StatusBadGateway, err)
 		return
@@ -331,7 +341,8 @@ func (s *Server) devices(w http.ResponseWriter, r *http.Request) {
 	out := DevicePage{Devices: []Device{}, Next: page.Next}
 	for _, info := range page.Devices {
 		d := s.view(now, info)
-		if want == "" || d.State == want || (want == gateway.Online && d.State == gateway.Suspect) {
+		if (want == "" || d.State == want || (want == gateway.Online && d.State == gateway.Suspect)) &&
+			(proto == "" || gateway.SessionProtocol(info.Session) == proto) {
 			out.Devices = append(out.Devices, d)
 		}
 	}

@@ -154,7 +154,7 @@ func TestDeviceStates(t *testing.T) {
 	if states["dev-a"] != gateway.Suspect || states["dev-b"] != gateway.Online {
 		t.Fatalf("states %v, want dev-a suspect and dev-b online", states)
 	}
-	page, err := f.client.Devices(ctx, "suspect", "", 10)
+	page, err := f.client.Devices(ctx, admin.DeviceQuery{State: "suspect", Limit: 10})
 	if err != nil || len(page.Devices) != 1 || page.Devices[0].Device != "dev-a" {
 		t.Fatalf("list suspect: %+v %v, want dev-a alone", page, err)
 	}
@@ -228,5 +228,99 @@ func TestSessionsPage(t *testing.T) {
 	code, body := f.get("/v1/sessions?limit=2")
 	if err := json.Unmarshal([]byte(body), &page); code != 200 || err != nil || page.Total != 5 || len(page.Sessions) != 2 {
 		t.Fatalf("/v1/sessions?limit=2: %d %s", code, body)
+	}
+}
+
+// write writes one write of dev straight into the store, through gateway
+// gw, at the clock's now.
+func (f *fixture) write(gw, dev string, session gateway.SessionID, kind gateway.Kind) {
+	f.t.Helper()
+	d := gateway.DeviceID(dev)
+	b := gateway.Batch{Gateway: gw, Epoch: 1, Lease: lease, Writes: []gateway.Write{{Device: d, Session: session, Kind: kind}}}
+	if _, err := f.store.Apply(context.Background(), gateway.ShardOf(d, shards), b); err != nil {
+		f.t.Fatal(err)
+	}
+}
+
+// GET /v1/devices lists by ID, of a prefix, or by last change (newest
+// first), filters by the protocol of each device's last session, and
+// refuses what the store cannot answer with 400; /v1/status counts the
+// suspect devices of the fleet, /v1/gateways the sessions of each
+// gateway.
+func TestDevicesOrdersAndFilters(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	f.write("gw-adm", "pump-2", "coap/default", gateway.Connect)
+	f.clock.Advance(time.Second)
+	f.write("gw-adm", "pump-1", "gw-adm/1/1", gateway.Connect)
+	f.clock.Advance(time.Second)
+	f.write("gw-b", "valve-1", "lorawan/default", gateway.Connect)
+	f.clock.Advance(time.Second)
+	f.write("gw-adm", "pump-3", "gw-adm/mqtt", gateway.Connect)
+	f.clock.Advance(suspect - 2500*time.Millisecond) // pump-2 is suspect, 45.5 s after its connect
+	ids := func(q admin.DeviceQuery) []string {
+		t.Helper()
+		var out []string
+		for range 20 {
+			p, err := f.client.Devices(ctx, q)
+			if err != nil {
+				t.Fatalf("%+v: %v", q, err)
+			}
+			for _, d := range p.Devices {
+				out = append(out, string(d.Device))
+			}
+			if p.Next == "" {
+				return out
+			}
+			q.Cursor = p.Next
+		}
+		t.Fatalf("%+v: no end", q)
+		return nil
+	}
+	for _, c := range []struct {
+		q    admin.DeviceQuery
+		want string
+	}{
+		{admin.DeviceQuery{}, "pump-1 pump-2 pump-3 valve-1"},
+		{admin.DeviceQuery{Limit: 1}, "pump-1 pump-2 pump-3 valve-1"},
+		{admin.DeviceQuery{Order: "changed", Limit: 2}, "pump-3 valve-1 pump-1 pump-2"},
+		{admin.DeviceQuery{Prefix: "pump", Limit: 2}, "pump-1 pump-2 pump-3"},
+		{admin.DeviceQuery{Prefix: "valve-"}, "valve-1"},
+		{admin.DeviceQuery{Protocol: "mqtt", Limit: 1}, "pump-1 pump-3"},
+		{admin.DeviceQuery{Protocol: "coap"}, "pump-2"},
+		{admin.DeviceQuery{Protocol: "lorawan", Order: "changed"}, "valve-1"},
+		{admin.DeviceQuery{State: "suspect", Order: "changed"}, "pump-2"},
+		{admin.DeviceQuery{State: "offline"}, ""},
+	} {
+		if got := strings.Join(ids(c.q), " "); got != c.want {
+			t.Errorf("%+v: %q, want %q", c.q, got, c.want)
+		}
+	}
+	for _, bad := range []string{"/v1/devices?order=size", "/v1/devices?order=changed&prefix=pump", "/v1/devices?prefix=a%2Fb",
+		"/v1/devices?protocol=a%2Fb", "/v1/devices?cursor=nonsense", "/v1/devices?order=changed&cursor=id:pump-1"} {
+		if code, body := f.get(bad); code != http.StatusBadRequest || !strings.Contains(body, `"error"`) {
+			t.Errorf("%s: %d %s, want 400 with an error", bad, code, body)
+		}
+	}
+
+	var st struct {
+		Fleet gateway.Counts `json:"fleet"`
+	}
+	if err := f.client.Status(ctx, &st); err != nil {
+		t.Fatal(err)
+	}
+	if st.Fleet != (gateway.Counts{Online: 4, Suspect: 1}) {
+		t.Errorf("/v1/status fleet %+v, want 4 online of which 1 suspect", st.Fleet)
+	}
+	l, err := f.client.Gateways(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]int64{}
+	for _, g := range l.Gateways {
+		got[g.ID] = g.Sessions
+	}
+	if len(got) != 2 || got["gw-adm"] != 3 || got["gw-b"] != 1 {
+		t.Errorf("/v1/gateways sessions %v, want gw-adm 3 and gw-b 1", got)
 	}
 }

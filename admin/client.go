@@ -63,10 +63,23 @@ func (c *Client) Device(ctx context.Context, id string) (json.RawMessage, error)
 	return raw, err
 }
 
+// DeviceQuery is the query of GET /v1/devices; an empty field is not
+// sent.
+type DeviceQuery struct {
+	State, Order, Prefix, Protocol, Cursor string
+	Limit                                  int
+}
+
 // Devices reads one page of /v1/devices.
-func (c *Client) Devices(ctx context.Context, state, cursor string, limit int) (DevicePage, error) {
+func (c *Client) Devices(ctx context.Context, dq DeviceQuery) (DevicePage, error) {
 	var p DevicePage
-	err := c.get(ctx, "/v1/devices", pageQuery(state, "cursor", cursor, limit), &p)
+	q := pageQuery(dq.State, "cursor", dq.Cursor, dq.Limit)
+	for k, v := range map[string]string{"order": dq.Order, "prefix": dq.Prefix, "protocol": dq.Protocol} {
+		if v != "" {
+			q.Set(k, v)
+		}
+	}
+	err := c.get(ctx, "/v1/devices", q, &p)
 	return p, err
 }
 

@@ -59,6 +59,8 @@ func TestCLIExitCodes(t *testing.T) {
 		{"no config for hash-password", []string{"hash-password", "-c", "x.yaml"}, 2, "", "flag provided but not defined: -c"},
 		{"no config for simulate", []string{"simulate", "--config", "x.yaml"}, 2, "", "flag provided but not defined: -config"},
 		{"state checked locally", []string{"devices", "list", "--addr", "127.0.0.1:1", "--state", "onlin"}, 2, "", `--state "onlin": want online, suspect or offline`},
+		{"order checked locally", []string{"devices", "list", "--addr", "127.0.0.1:1", "--order", "name"}, 2, "", `--order "name": want id or changed`},
+		{"prefix by ID only", []string{"devices", "list", "--addr", "127.0.0.1:1", "--order", "changed", "--prefix", "a"}, 2, "", "--prefix lists by ID, not with --order changed"},
 		// The shipped file names /etc/fleetgate/devices.yaml, which run
 		// would load: check-config fails as run would without it.
 		{"shipped config", []string{"check-config", "-c", filepath.Join(repo, "fleetgate.yaml")}, exitConfig, "", "devices file: open /etc/fleetgate/devices.yaml"},
@@ -132,6 +134,18 @@ func TestQueryCommandsAndReload(t *testing.T) {
 	code, out, _ = runCLI(t, "devices", "list", "--all", "--limit", "1", "--addr", gw.admin)
 	if code != 0 || !strings.Contains(out, "dev-q") || !strings.HasSuffix(out, "1 device: 1 online, 0 suspect, 0 offline\n") {
 		t.Fatalf("devices list --all: exit %d\n%s", code, out)
+	}
+	for _, args := range [][]string{{"--prefix", "dev-"}, {"--order", "changed", "--protocol", "coap"}} {
+		code, out, _ = runCLI(t, append([]string{"devices", "list", "--addr", gw.admin}, args...)...)
+		if code != 0 || !strings.Contains(out, "dev-q") || !strings.HasSuffix(out, "1 device: 1 online, 0 suspect, 0 offline\n") {
+			t.Fatalf("devices list %v: exit %d\n%s", args, code, out)
+		}
+	}
+	for _, args := range [][]string{{"--prefix", "xyz"}, {"--protocol", "mqtt"}} {
+		code, out, _ = runCLI(t, append([]string{"devices", "list", "--addr", gw.admin}, args...)...)
+		if code != 0 || strings.Contains(out, "dev-q") || !strings.HasSuffix(out, "0 devices: 0 online, 0 suspect, 0 offline\n") {
+			t.Fatalf("devices list %v: exit %d\n%s", args, code, out)
+		}
 	}
 	code, out, _ = runCLI(t, "events", "tail", "--addr", gw.admin, "--json", "--since", "1m")
 	if code != 0 || !strings.Contains(out, `"device":"dev-q"`) || !strings.Contains(out, `"reason":"connect"`) {

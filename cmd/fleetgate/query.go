@@ -255,8 +255,11 @@ func devicesGet(ctx context.Context, args []string, stdout, stderr io.Writer) er
 }
 
 func devicesList(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	q := newQueryFlags("devices list", "devices list [-c FILE] [--addr HOST:PORT] [--json] [--state S] [--limit N] [--cursor C | --all]")
+	q := newQueryFlags("devices list", "devices list [-c FILE] [--addr HOST:PORT] [--json] [--state S] [--order id|changed] [--prefix P] [--protocol P] [--limit N] [--cursor C | --all]")
 	state := q.fs.String("state", "", "only devices in this `STATE`: online, suspect or offline")
+	order := q.fs.String("order", "", "by `ORDER`: id (by device ID, the default) or changed (by last change, newest first)")
+	prefix := q.fs.String("prefix", "", "only devices whose ID starts with `P` (by ID)")
+	protocol := q.fs.String("protocol", "", "only devices whose last session is of `PROTOCOL`: coap, mqtt or an adapter's name")
 	limit := q.fs.Int("limit", 100, "devices per page (1 to 1000)")
 	cursor := q.fs.String("cursor", "", "start at this page (printed at the end of the previous one)")
 	all := q.fs.Bool("all", false, "every page, with the counts per state of the whole fleet")
@@ -271,16 +274,26 @@ func devicesList(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	default:
 		return fmt.Errorf("%w: --state %q: want online, suspect or offline", errUsage, *state)
 	}
+	switch gateway.ListOrder(*order) {
+	case "", gateway.OrderID, gateway.OrderChanged:
+	default:
+		return fmt.Errorf("%w: --order %q: want id or changed", errUsage, *order)
+	}
+	if *prefix != "" && gateway.ListOrder(*order) == gateway.OrderChanged {
+		return fmt.Errorf("%w: --prefix lists by ID, not with --order changed", errUsage)
+	}
 	c, err := q.client()
 	if err != nil {
 		return err
 	}
-	p, err := c.Devices(ctx, *state, *cursor, *limit)
+	dq := admin.DeviceQuery{State: *state, Order: *order, Prefix: *prefix, Protocol: *protocol, Cursor: *cursor, Limit: *limit}
+	p, err := c.Devices(ctx, dq)
 	if err != nil {
 		return explain(err)
 	}
 	for page := 0; *all && p.Next != "" && page < maxPages; page++ {
-		more, err := c.Devices(ctx, *state, p.Next, 1000)
+		dq.Cursor, dq.Limit = p.Next, 1000
+		more, err := c.Devices(ctx, dq)
 		if err != nil {
 			return explain(err)
 		}
@@ -295,8 +308,10 @@ func devicesList(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	} else if q.set("c", "config") {
 		next += " -c " + *q.config
 	}
-	if *state != "" {
-		next += " --state " + *state
+	for _, f := range []struct{ name, v string }{{"state", *state}, {"order", *order}, {"prefix", *prefix}, {"protocol", *protocol}} {
+		if f.v != "" {
+			next += " --" + f.name + " " + f.v
+		}
 	}
 	if q.set("limit") {
 		next += " --limit " + strconv.Itoa(*limit)

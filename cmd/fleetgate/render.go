@@ -263,11 +263,12 @@ func renderDeviceList(w io.Writer, p admin.DevicePage, next string, now time.Tim
 	return nil
 }
 
-// renderGateways prints /v1/gateways: one line per gateway, its last
-// contact as an age on the store's clock (l.Now), and the totals.
+// renderGateways prints /v1/gateways: one line per gateway, the sessions
+// the store holds of it, its last contact as an age on the store's clock
+// (l.Now), and the totals.
 func renderGateways(w io.Writer, l admin.GatewayList) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "GATEWAY	STATE	EPOCH	LAST CONTACT")
+	fmt.Fprintln(tw, "GATEWAY	STATE	EPOCH	SESSIONS	LAST CONTACT")
 	lost := 0
 	for _, g := range l.Gateways {
 		state := "heard"
@@ -278,7 +279,7 @@ func renderGateways(w io.Writer, l admin.GatewayList) error {
 		case g.Behind:
 			state = "heard, behind"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\n", g.ID, state, g.Epoch, fmtRelative(g.Contact, l.Now))
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\n", g.ID, state, g.Epoch, g.Sessions, fmtRelative(g.Contact, l.Now))
 	}
 	if err := tw.Flush(); err != nil {
 		return err

@@ -42,7 +42,7 @@ const statusJSON = `{
   "adapters": [],
   "bounds": {"earliest_offline": "5s", "heartbeat_margin": "900ms", "suspect": "3s", "worst_case_detection": "6.1s"},
   "epoch": 1796079184,
-  "fleet": {"online": 1180, "offline": 64},
+  "fleet": {"online": 1180, "offline": 64, "suspect": 3},
   "gateway": "gwa",
   "runner": {"cycles": 2839, "last_event": "2026-11-30T22:57:12.714Z", "last_lag_ns": 21000000, "owner": "gwa/1796079184",
     "reap_calls": 5678, "reap_errors": 0, "reaped": 146, "shards": [2, 3], "trimmed": 0},
@@ -76,8 +76,8 @@ func TestStatusGolden(t *testing.T) {
 
 func TestGatewaysGolden(t *testing.T) {
 	l := admin.GatewayList{Now: goldenNow, Gateways: []gateway.GatewayInfo{
-		{ID: "gwa", Epoch: 1796079184, Contact: goldenNow.Add(-120 * time.Millisecond)},
-		{ID: "gwb", Epoch: 1796070001, Contact: goldenNow.Add(-3 * time.Second), Behind: true},
+		{ID: "gwa", Epoch: 1796079184, Contact: goldenNow.Add(-120 * time.Millisecond), Sessions: 48211},
+		{ID: "gwb", Epoch: 1796070001, Contact: goldenNow.Add(-3 * time.Second), Behind: true, Sessions: 7},
 		{ID: "gwc", Epoch: 1795000000, Contact: goldenNow.Add(-26 * time.Hour), Lost: true},
 	}}
 	var b bytes.Buffer
