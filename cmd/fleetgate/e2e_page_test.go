@@ -41,6 +41,14 @@ type pageBrowser struct {
 	mu    sync.Mutex
 	log   []chromedp.ConsoleMessage
 	watch []int64 // the status of each /v1/watch answer
+	reqs  []pageRequest
+}
+
+// pageRequest is a request of the page to the API: its path and query,
+// and when the browser sent it.
+type pageRequest struct {
+	url string
+	at  time.Time
 }
 
 func newPageBrowser(t *testing.T) *pageBrowser {
@@ -80,15 +88,42 @@ func newPageBrowser(t *testing.T) *pageBrowser {
 		t.Fatalf("chromium: %v", err)
 	}
 	if err := chromedp.Listen(ctx, func(ev any) {
-		if r, ok := ev.(*network.EventResponseReceived); ok && strings.Contains(r.Response.URL, "/v1/watch") {
-			b.mu.Lock()
-			b.watch = append(b.watch, r.Response.Status)
-			b.mu.Unlock()
+		switch e := ev.(type) {
+		case *network.EventResponseReceived:
+			if strings.Contains(e.Response.URL, "/v1/watch") {
+				b.mu.Lock()
+				b.watch = append(b.watch, e.Response.Status)
+				b.mu.Unlock()
+			}
+		case *network.EventRequestWillBeSent:
+			if _, path, ok := strings.Cut(e.Request.URL, "/v1/"); ok {
+				b.mu.Lock()
+				b.reqs = append(b.reqs, pageRequest{url: "/v1/" + path, at: time.Now()})
+				b.mu.Unlock()
+			}
 		}
 	}); err != nil {
 		t.Fatalf("chromium: %v", err)
 	}
 	return b
+}
+
+// requested reports whether the page asked, at or after since, for a
+// URL that starts with prefix (a path, maybe with a query) and holds
+// each of parts.
+func (b *pageBrowser) requested(prefix string, since time.Time, parts ...string) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, r := range b.reqs {
+		ok := strings.HasPrefix(r.url, prefix) && !r.at.Before(since)
+		for _, p := range parts {
+			ok = ok && strings.Contains(r.url, p)
+		}
+		if ok {
+			return true
+		}
+	}
+	return false
 }
 
 // do runs actions, bounded by limit.
@@ -120,6 +155,21 @@ func (b *pageBrowser) poll(limit time.Duration, what, expr string) {
 		_, err := chromedp.Poll[chromedp.Void](expr, chromedp.WithPollingInterval(50*time.Millisecond), chromedp.WithPollingTimeout(limit))(ctx, t)
 		return err
 	}))
+}
+
+// pollShowing is poll that, when it times out, fails with the value of
+// the expression show in the page (what the page showed instead).
+func (b *pageBrowser) pollShowing(limit time.Duration, what, expr, show string) {
+	b.t.Helper()
+	ctx, cancel := context.WithTimeout(b.ctx, limit+5*time.Second)
+	defer cancel()
+	err := chromedp.Do(ctx, chromedp.Func(func(ctx context.Context, t *chromedp.Target) error {
+		_, err := chromedp.Poll[chromedp.Void](expr, chromedp.WithPollingInterval(50*time.Millisecond), chromedp.WithPollingTimeout(limit))(ctx, t)
+		return err
+	}))
+	if err != nil {
+		b.t.Fatalf("%s: %v; the page shows %s\n%s", what, err, eval[string](b, show), b.console())
+	}
 }
 
 // errors are the console messages of level error and the uncaught

@@ -4,8 +4,6 @@
 
 (() => {
   const PAGE = 50; // devices a table page asks for
-  const SCAN_PAGE = 1000; // devices a prefix search reads per request
-  const SCAN_CALLS = 5; // requests a prefix search makes before it asks to go on
   const FEED = 50; // events the live feed keeps
   const SPARK_MINUTES = 30;
   const STATUS_EVERY = 5000;
@@ -30,10 +28,13 @@
     authed: false,
     skew: 0, // server clock minus this browser's, in ms (from Date headers)
     status: null,
-    cursors: [''], // cursor of each table page visited
+    cursors: [''], // cursor of each table page visited, of the table's query
     next: '',
     rows: [], // the devices of the table page, as the API gave them
-    search: null, // {q, cursor, read, done} while a prefix search is shown
+    search: '', // the ID prefix searched, while its result is shown
+    gateways: [], // /v1/gateways, each with contact moved to this browser's clock
+    bannerKind: '', // 'cut', 'resync' or 'error' while the banner shows
+    bannerSeq: 0, // counts the banners shown
     feed: [],
     spark: new Map(), // minute → {on, off}
     es: null,
@@ -168,6 +169,7 @@
   async function loadStatus() {
     const st = await api('/v1/status');
     ui.status = st;
+    if (ui.bannerKind === 'error') banner('');
     renderStatus(st);
   }
 
@@ -234,17 +236,20 @@
   }
 
   // The fleet's counts come from /v1/status ("fleet": the store's counts
-  // by stored state, suspect devices among the online ones); without
-  // them the page counts the table page it shows, and says so: it never
-  // reads the whole fleet to count it.
+  // by stored state, and the suspect devices among the online, which the
+  // online box leaves out); without them the page counts the table page
+  // it shows, and says so: it never reads the whole fleet to count it.
   function renderCounts() {
     const f = ui.status && ui.status.fleet;
     const set = (id, n) => { $(id).textContent = n === undefined ? '–' : Number(n).toLocaleString('en'); };
     if (f && !f.error && typeof f.online === 'number') {
-      set('n-online', f.online);
-      set('n-suspect', undefined);
+      const sus = typeof f.suspect === 'number' ? f.suspect : undefined;
+      set('n-online', sus === undefined ? f.online : f.online - sus);
+      set('n-suspect', sus);
       set('n-offline', f.offline);
-      $('counts-note').textContent = 'Whole fleet, from the store (suspect devices are counted as online).';
+      $('counts-note').textContent = sus === undefined
+        ? 'Whole fleet, from the store (suspect devices are counted as online).'
+        : 'Whole fleet, from the store. Suspect: no evidence for presence.suspect_after, the lease still running. Online includes the devices whose lease ran out that the runner has not reaped yet.';
       return;
     }
     const n = { online: 0, suspect: 0, offline: 0 };
@@ -257,29 +262,38 @@
   }
 
   // --- the device table ---
-  function tableQuery(cursor, limit) {
-    const p = new URLSearchParams({ limit: String(limit) });
+  // The store searches and sorts (GET /v1/devices: order, prefix, state,
+  // protocol); the page shows one page of its answer at a time.
+  const byChange = () => !ui.search && $('f-order').value === 'changed';
+
+  function tableQuery() {
+    const p = new URLSearchParams({ limit: String(PAGE) });
+    if (ui.search) p.set('prefix', ui.search);
+    p.set('order', ui.search ? 'id' : $('f-order').value);
     const st = $('f-state').value;
     if (st) p.set('state', st);
-    if (cursor) p.set('cursor', cursor);
-    return '/v1/devices?' + p;
+    const proto = $('f-proto').value;
+    if (proto) p.set('protocol', proto);
+    return p;
   }
 
   async function loadTable() {
-    if (ui.search) return; // a search result stays until the search changes
-    const page = await api(tableQuery(ui.cursors[ui.cursors.length - 1], PAGE));
+    const p = tableQuery();
+    const cursor = ui.cursors[ui.cursors.length - 1];
+    if (cursor) p.set('cursor', cursor);
+    let page;
+    try {
+      page = await api('/v1/devices?' + p);
+    } catch (e) {
+      if (e.status !== 400 || !ui.search) throw e;
+      ui.rows = [];
+      ui.next = '';
+      renderTable('“' + ui.search + '” is not the start of a device ID (' + e.message + ').');
+      return;
+    }
     ui.rows = page.devices;
     ui.next = page.next;
     renderTable();
-  }
-
-  function visibleRows() {
-    const q = $('q').value.trim();
-    const proto = $('f-proto').value;
-    const st = $('f-state').value;
-    return ui.rows
-      .filter((d) => (!q || d.device.startsWith(q)) && (!proto || protocolOf(d.session) === proto) && (!st || d.state === st || (st === 'online' && d.state === 'suspect')))
-      .sort((a, b) => Date.parse(b.since) - Date.parse(a.since));
   }
 
   function deviceRow(d) {
@@ -290,67 +304,66 @@
       el('td', {}, d.state === 'offline' ? document.createTextNode('–') : timeEl(d.deadline, 'until')));
   }
 
-  function renderTable() {
-    const rows = visibleRows();
+  // renderTable shows the page of devices; by last change, a device that
+  // changed since the page was read moves up within it.
+  function renderTable(problem) {
+    const rows = ui.rows.slice();
+    if (byChange()) rows.sort((a, b) => Date.parse(b.since) - Date.parse(a.since) || (a.device < b.device ? 1 : -1));
     $('devices').tBodies[0].replaceChildren(...rows.map(deviceRow));
-    if (!rows.length) $('devices').tBodies[0].append(el('tr', {}, el('td', { colspan: 6, text: 'No device here.' })));
-    const s = ui.search;
-    if (s) {
-      $('dev-caption').textContent = rows.length + ' devices matching “' + s.q + '”, of ' + s.read.toLocaleString('en') + ' read' + (s.done ? ' (all of them)' : '') + '; sorted by last change';
-      $('page-info').textContent = '';
-      $('prev').hidden = true;
-      $('next').hidden = true;
-      $('further').hidden = s.done;
-    } else {
-      const n = ui.cursors.length;
-      $('dev-caption').textContent = 'Page ' + n + ': ' + rows.length + ' of ' + ui.rows.length + ' devices read shown, sorted by last change';
-      $('page-info').textContent = 'Page ' + n;
-      $('prev').hidden = false;
-      $('next').hidden = false;
-      $('prev').disabled = n === 1;
-      $('next').disabled = !ui.next;
-      $('further').hidden = true;
+    if (!rows.length) {
+      $('devices').tBodies[0].append(el('tr', {}, el('td', { colspan: 6, text: ui.next ? 'No device of this page passes the filters; the next pages may hold some.' : 'No device here.' })));
     }
+    const n = ui.cursors.length;
+    const how = ui.search ? 'matching “' + ui.search + '”, by device ID' : byChange() ? 'by last change, newest first' : 'by device ID';
+    $('dev-caption').textContent = problem || 'Page ' + n + ': ' + rows.length + (rows.length === 1 ? ' device ' : ' devices ') + how + (ui.next ? '; more on the next page' : '');
+    $('th-changed').setAttribute('aria-sort', byChange() ? 'descending' : 'none');
+    $('th-device').setAttribute('aria-sort', byChange() ? 'none' : 'ascending');
+    $('page-info').textContent = 'Page ' + n;
+    $('prev').disabled = n === 1;
+    $('next').disabled = !ui.next;
     renderCounts();
   }
 
-  // search: an exact ID is one read; otherwise the devices whose ID
-  // starts with the text, read SCAN_CALLS pages at a time, on demand.
+  // search shows the devices whose ID starts with the text (all when it
+  // is empty), by ID, read by the store a page at a time.
   async function search(ev) {
     if (ev) ev.preventDefault();
-    const q = $('q').value.trim();
+    ui.search = $('q').value.trim();
     ui.cursors = [''];
-    if (!q) {
-      ui.search = null;
-      await loadTable();
-      return;
-    }
-    try {
-      const d = await api('/v1/devices/' + encodeURIComponent(q));
-      ui.search = { q, cursor: '', read: 1, done: true };
-      ui.rows = [d];
-      renderTable();
-      return;
-    } catch (e) {
-      if (e instanceof AuthError) throw e;
-      if (e.status !== 404 && e.status !== 400) throw e;
-    }
-    ui.search = { q, cursor: '', read: 0, done: false };
-    ui.rows = [];
-    await searchFurther();
+    await loadTable();
   }
 
-  async function searchFurther() {
-    const s = ui.search;
-    for (let i = 0; i < SCAN_CALLS && !s.done; i++) {
-      const page = await api(tableQuery(s.cursor, SCAN_PAGE));
-      s.read += page.devices.length;
-      for (const d of page.devices) if (d.device.startsWith(s.q)) ui.rows.push(d);
-      s.cursor = page.next;
-      s.done = !page.next;
-      if (ui.rows.length >= PAGE) break;
+  // --- gateways ---
+  const gwState = (g) => (g.lost ? 'lost' : g.behind ? 'behind' : 'heard');
+
+  async function loadGateways() {
+    const l = await api('/v1/gateways');
+    // contacts are on the store's clock: moved onto this browser's
+    const shift = now() - Date.parse(l.now);
+    ui.gateways = l.gateways.map((g) => Object.assign({}, g, { contact: Number.isNaN(shift) ? g.contact : new Date(Date.parse(g.contact) + shift).toISOString() }));
+    renderGateways();
+  }
+
+  function renderGateways() {
+    $('gateways').tBodies[0].replaceChildren(...ui.gateways.map((g) => el('tr', { 'data-gateway': g.id },
+      el('td', { class: 'id', text: g.id }), el('td', {}, el('span', { class: 'badge ' + gwState(g), text: gwState(g) })),
+      el('td', { class: 'n', text: Number(g.sessions || 0).toLocaleString('en') }), el('td', {}, timeEl(g.contact, 'ago')))));
+    if (!ui.gateways.length) $('gateways').tBodies[0].append(el('tr', {}, el('td', { colspan: 4, text: 'No gateway has written to the store yet.' })));
+    const lost = ui.gateways.filter((g) => g.lost).length;
+    $('gws-caption').textContent = ui.gateways.length + (ui.gateways.length === 1 ? ' gateway' : ' gateways') + ' the store has heard, ' + lost + ' lost; sessions: the live sessions the store holds of each';
+  }
+
+  // A gateway event (lost or back) changes its row at once, then the
+  // list is read again for its contact and sessions.
+  function onGatewayEvent(ev) {
+    const g = ui.gateways.find((x) => x.id === ev.gateway);
+    if (g) {
+      g.lost = ev.state === 'lost';
+      renderGateways();
+      const tr = $('gateways').querySelector('tr[data-gateway="' + CSS.escape(ev.gateway) + '"]');
+      if (tr) tr.classList.add('changed');
     }
-    renderTable();
+    loadGateways().catch(report);
   }
 
   // --- live events ---
@@ -359,9 +372,14 @@
     l.textContent = text;
     l.className = 'pill ' + (cls || '');
   }
-  function banner(text) {
+  // banner shows text (kind 'cut', 'resync' or 'error'; none: hides it)
+  // and returns its number. A stream that opens again hides a 'cut' or
+  // 'error' banner; a 'resync' one stays for 30 s.
+  function banner(text, kind) {
     $('banner').textContent = text || '';
     $('banner').hidden = !text;
+    ui.bannerKind = text ? kind : '';
+    return ++ui.bannerSeq;
   }
 
   function watch() {
@@ -371,26 +389,45 @@
     ui.es = es;
     es.onopen = () => {
       setLive('live', 'live');
-      banner('');
+      if (ui.bannerKind === 'cut' || ui.bannerKind === 'error') banner('');
     };
     es.addEventListener('presence', (m) => {
       ui.lastCursor = m.lastEventId || ui.lastCursor;
       onEvent(JSON.parse(m.data));
     });
-    es.addEventListener('resync', () => {
-      // The position is lost (trimmed log, new incarnation): start again from now.
+    es.addEventListener('gateway', (m) => {
+      ui.lastCursor = m.lastEventId || ui.lastCursor;
+      const ev = JSON.parse(m.data);
+      onGatewayEvent(ev);
+      ui.feed.unshift(ev);
+      ui.feed.length = Math.min(ui.feed.length, FEED);
+      $('feed').prepend(gatewayItem(ev));
+      $('feed-empty').hidden = true;
+    });
+    es.addEventListener('resync', (m) => {
+      // The position is lost (a trimmed log, a new incarnation): watch
+      // from now, and read again what the events would have changed.
       es.close();
       ui.lastCursor = '';
-      banner('The event stream was resynced: what changed meanwhile was read again.');
-      setTimeout(() => { refresh(); watch(); }, 1000);
+      let why = '';
+      try {
+        why = JSON.parse(m.data).reason || '';
+      } catch (e) {
+        why = '';
+      }
+      const shown = banner('The event stream was resynced' + (why ? ' (' + why + ')' : '') + ' at ' + new Date(now()).toLocaleTimeString('en-GB') +
+        ': events were missed, so the counts, the devices and the gateways were read again.', 'resync');
+      ui.timers.push(setTimeout(() => { if (ui.bannerSeq === shown) banner(''); }, 30000));
+      watch();
+      refresh();
     });
     es.onerror = () => {
       setLive('cut', 'cut');
       if (es.readyState === EventSource.CLOSED) {
-        banner('The event stream was cut; trying again in 5 s.');
+        banner('The event stream was cut; trying again in 5 s.', 'cut');
         ui.timers.push(setTimeout(() => { ui.lastCursor = ''; refresh(); watch(); }, 5000));
       } else {
-        banner('The event stream was cut; reconnecting.');
+        banner('The event stream was cut; reconnecting.', 'cut');
       }
     };
   }
@@ -413,19 +450,21 @@
     if (row && ev.ver > row.ver) {
       Object.assign(row, { state: ev.state, store_state: ev.state, since: ev.at, ver: ev.ver, gw: ev.gateway, session: ev.session });
       if (ev.state === 'offline') row.deadline = '';
+      renderTable();
       const tr = $('devices').querySelector('tr[data-device="' + CSS.escape(ev.device) + '"]');
-      if (tr) {
-        const fresh = deviceRow(row);
-        fresh.classList.add('changed');
-        tr.replaceWith(fresh);
-      }
-      renderCounts();
+      if (tr) tr.classList.add('changed');
     }
     if (ui.device === ev.device) {
       ui.deviceEvents.unshift(ev);
       $('dev-events').prepend(feedItem(ev, false));
       loadDevice().catch(report);
     }
+  }
+
+  function gatewayItem(ev) {
+    return el('li', {},
+      el('span', { class: 'when' }, el('time', { datetime: ev.at, title: ev.at, text: new Date(ev.at).toLocaleTimeString('en-GB') })),
+      el('span', { text: 'gateway ' + ev.gateway }), el('span', { class: 'badge ' + (ev.state === 'lost' ? 'lost' : 'heard'), text: ev.state }));
   }
 
   function feedItem(ev, withDevice) {
@@ -529,13 +568,12 @@
   // --- lifecycle ---
   function report(e) {
     if (e instanceof AuthError) return needLogin();
-    banner('The gateway did not answer: ' + e.message);
+    banner('The gateway did not answer: ' + e.message, 'error');
   }
 
   async function refresh() {
     try {
-      await loadStatus();
-      await loadTable();
+      await Promise.all([loadStatus(), loadTable(), loadGateways()]);
     } catch (e) {
       report(e);
     }
@@ -554,7 +592,7 @@
       await loadStatus();
     } catch (e) {
       if (e instanceof AuthError) return needLogin();
-      banner('The gateway did not answer: ' + e.message);
+      banner('The gateway did not answer: ' + e.message, 'error');
       ui.timers.push(setTimeout(start, 5000));
       return;
     }
@@ -564,9 +602,10 @@
     route();
     watch();
     loadTable().catch(report);
+    loadGateways().catch(report);
     renderSpark();
     ui.timers.push(setInterval(() => loadStatus().catch(report), STATUS_EVERY));
-    ui.timers.push(setInterval(() => loadTable().catch(report), TABLE_EVERY));
+    ui.timers.push(setInterval(() => Promise.all([loadTable(), loadGateways()]).catch(report), TABLE_EVERY));
     ui.timers.push(setInterval(() => { if (ui.device) loadDevice().catch(report); }, STATUS_EVERY));
     ui.timers.push(setInterval(tick, 1000));
   }
@@ -575,12 +614,11 @@
     $('login-form').addEventListener('submit', login);
     $('logout').addEventListener('click', () => logout().catch(report));
     $('filters').addEventListener('submit', (e) => search(e).catch(report));
-    $('q').addEventListener('input', () => { if (!ui.search) renderTable(); });
-    $('f-state').addEventListener('change', () => { ui.cursors = ['']; ui.search = null; loadTable().catch(report); });
-    $('f-proto').addEventListener('change', renderTable);
+    for (const id of ['f-state', 'f-proto', 'f-order']) {
+      $(id).addEventListener('change', () => { ui.cursors = ['']; loadTable().catch(report); });
+    }
     $('prev').addEventListener('click', () => { if (ui.cursors.length > 1) ui.cursors.pop(); loadTable().catch(report); });
     $('next').addEventListener('click', () => { if (ui.next) ui.cursors.push(ui.next); loadTable().catch(report); });
-    $('further').addEventListener('click', () => searchFurther().catch(report));
     window.addEventListener('hashchange', () => { if (ui.authed) route(); });
     start();
   });
