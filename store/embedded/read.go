@@ -72,7 +72,7 @@ func deviceInfo(id gateway.DeviceID, r *record) gateway.DeviceInfo {
 
 // List pages through devices in q's order (gateway.ListQuery), in one
 // read transaction: by ID, each shard's dev/ from the cursor (or the
-// prefix) on, a state filter reading at most 16 × limit + 1024 records
+// prefix) on, a state filter reading at most 2 × limit + 64 records
 // of a shard; by last change, each shard's chg/ backwards from the
 // cursor, one walk per state; the shards' runs merged
 // (gateway.MergeListRuns). At most 10 000 devices a page.
@@ -133,7 +133,7 @@ func (s *Store) List(ctx context.Context, q gateway.ListQuery) (gateway.ListPage
 
 // idRun reads the devices of sh whose ID starts with prefix, after the
 // cursor key after (nil: from the start), in ID order: at most limit,
-// of state when it is not "" (reading at most 16 × limit + 1024
+// of state when it is not "" (reading at most 2 × limit + 64
 // records).
 func idRun(sh shard, prefix string, state gateway.State, after *gateway.ListKey, limit int) (gateway.ListRun, error) {
 	var run gateway.ListRun
@@ -141,7 +141,7 @@ func idRun(sh shard, prefix string, state gateway.State, after *gateway.ListKey,
 	if after != nil && string(after.Device) >= prefix {
 		start = append([]byte(after.Device), 0)
 	}
-	budget := 16*limit + 1024
+	budget := 2*limit + 64
 	c := sh.dev.Cursor()
 	for k, v := c.Seek(start); k != nil && bytes.HasPrefix(k, []byte(prefix)); k, v = c.Next() {
 		if len(run.Keys) == limit || budget == 0 {

@@ -46,6 +46,7 @@ func Run(t *testing.T, open Opener) {
 		{"ListPaging", testListPaging},
 		{"ListOrders", testListOrders},
 		{"ListByChangeMoves", testListByChangeMoves},
+		{"ListSparseFilter", testListSparseFilter},
 		{"ShardLock", testShardLock},
 		{"VerStartsAtStoreTime", testVerStartsAtStoreTime},
 		{"LeaveTombstone", testLeaveTombstone},

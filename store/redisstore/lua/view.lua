@@ -102,7 +102,7 @@ end
 -- (Store.List; gateway.ListRun), one run per state read: {more (1|0),
 -- bound since, bound device, {since, device, ...}}. By ID ("id"), from
 -- the ID index, with a state filter reading the records' flags (at most
--- 16 * limit + 1024 of them); by last change ("changed"), from the
+-- 2 * limit + 64 of them); by last change ("changed"), from the
 -- change index backwards, one run per state.
 if ARGV[1] == 'keys' then
   ensure()
@@ -113,7 +113,7 @@ if ARGV[1] == 'keys' then
     if adev ~= '' and adev >= prefix then lo = '(' .. IX_ID .. adev end
     local hi = '[' .. IX_ID .. prefix .. '\255'
     local keys, more, bound = {}, 0, ''
-    local budget = 16 * limit + 1024
+    local budget = 2 * limit + 64
     local step = filter == '' and limit + 1 or math.min(limit * 2 + 1, 1000)
     while true do
       local ids = redis.call('ZRANGE', KEYS[8], lo, hi, 'BYLEX', 'LIMIT', 0, step)
