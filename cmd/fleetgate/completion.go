@@ -95,7 +95,7 @@ func cmdCompletion(_ context.Context, args []string, stdout, _ io.Writer) error 
 
 // valueWords are the words a flag's value is completed from, by its
 // argument's name; files for FILE.
-var valueWords = map[string]string{"STATE": "online suspect offline"}
+var valueWords = map[string]string{"STATE": "online suspect offline", "ORDER": "id changed"}
 
 // bashCompletion is the bash completion script for cmds.
 func bashCompletion(cmds []cliCommand) string {

@@ -47,6 +47,7 @@ func TestBashCompletion(t *testing.T) {
 		{[]string{"fleetgate", "devices", "l"}, "list"},
 		{[]string{"fleetgate", "devices", "list", "--st"}, "--state"},
 		{[]string{"fleetgate", "devices", "list", "--state", "o"}, "online offline"},
+		{[]string{"fleetgate", "devices", "list", "--order", "c"}, "changed"},
 		{[]string{"fleetgate", "devices", "list", "--addr", "h:1", "--li"}, "--limit"},
 		{[]string{"fleetgate", "run", "--c"}, "--config"},
 		{[]string{"fleetgate", "run", "-c", filepath.Join(dir, "si")}, filepath.Join(dir, "site.yaml")},
