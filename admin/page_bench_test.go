@@ -23,7 +23,7 @@ import (
 // devices List hands back.
 type countingReader struct {
 	gateway.Reader
-	device, list, listed, maxListed, events, now, counts, snapshot, readEvents, waitEvents atomic.Int64
+	device, list, listed, maxListed, events, now, counts, gateways, snapshot, readEvents, waitEvents atomic.Int64
 }
 
 var _ gateway.Reader = (*countingReader)(nil)
@@ -58,6 +58,11 @@ func (c *countingReader) Counts(ctx context.Context, window time.Duration) (gate
 	return c.Reader.Counts(ctx, window)
 }
 
+func (c *countingReader) Gateways(ctx context.Context) ([]gateway.GatewayInfo, error) {
+	c.gateways.Add(1)
+	return c.Reader.Gateways(ctx)
+}
+
 func (c *countingReader) SnapshotShard(ctx context.Context, shard int, page string, limit int) (gateway.SnapshotPage, error) {
 	c.snapshot.Add(1)
 	return c.Reader.SnapshotShard(ctx, shard, page, limit)
@@ -89,9 +94,10 @@ func cpuTime(b *testing.B) time.Duration {
 // for a minute. It reports the CPU this process (the server and the
 // writer) used beyond the same writer without tabs, as a share of one
 // core, and the store reads per tab and minute: List calls and the
-// devices they returned (the largest page: no call read the fleet),
-// Device, Now, Counts (the fleet's counts of /v1/status), Events and the
-// watch's event reads.
+// devices they returned (the largest page: no call read the fleet; by
+// last change, from the store's index), Device, Now, Counts (the fleet's
+// counts of /v1/status, with the suspect ones), Gateways (the page's
+// gateways list), Events and the watch's event reads.
 func BenchmarkPageFiveTabs(b *testing.B) {
 	const (
 		devices = 100_000
@@ -208,6 +214,7 @@ func BenchmarkPageFiveTabs(b *testing.B) {
 		b.ReportMetric(perTabMinute("now"), "now/tab/min")
 		b.ReportMetric(perTabMinute("events"), "events/tab/min")
 		b.ReportMetric(perTabMinute("counts"), "counts/tab/min")
+		b.ReportMetric(perTabMinute("gateways"), "gateways/tab/min")
 		b.ReportMetric(perTabMinute("readEvents")+perTabMinute("waitEvents"), "watch-reads/tab/min")
 		b.Logf("%d devices, %d tabs, %d events/s, %v: process CPU %.2f %% of a core without tabs, %.2f %% with; reads %v -> %v",
 			devices, tabs, churn, wall.Round(time.Second), 100*idle, 100*busy, before, after)
@@ -218,7 +225,7 @@ func BenchmarkPageFiveTabs(b *testing.B) {
 func snapshotReads(r *countingReader) map[string]int64 {
 	return map[string]int64{
 		"device": r.device.Load(), "list": r.list.Load(), "listed": r.listed.Load(), "events": r.events.Load(),
-		"now": r.now.Load(), "counts": r.counts.Load(), "snapshot": r.snapshot.Load(), "readEvents": r.readEvents.Load(), "waitEvents": r.waitEvents.Load(),
+		"now": r.now.Load(), "counts": r.counts.Load(), "gateways": r.gateways.Load(), "snapshot": r.snapshot.Load(), "readEvents": r.readEvents.Load(), "waitEvents": r.waitEvents.Load(),
 	}
 }
 
