@@ -59,8 +59,8 @@ const pageShows = `JSON.stringify({rows: ` + pageRows + `, caption: document.get
 // page's stream ends with event: resync at the next event, and the page
 // says so in a banner that stays, and reads the counts, the table and
 // the gateways again at once (the table would wait 15 s otherwise). Then
-// one gateway is killed: its row turns lost live, at its gateway event,
-// and back when it runs again. No console error, no CSP violation.
+// one gateway is killed: its row turns lost live, with its gateway event
+// in the feed, and back when it runs again. No console error, no CSP violation.
 func TestPageResyncAndGatewaysInBrowser(t *testing.T) {
 	srv := redistest.Start(t)
 	// a heartbeat of 2 s: the MQTT device's keep-alive (which the gateway
@@ -119,8 +119,10 @@ func TestPageResyncAndGatewaysInBrowser(t *testing.T) {
 	device{t: t, id: "pl-new"}.heartbeat(a.coapAddr)
 	br.pollShowing(20*time.Second, "the resync banner", `!document.getElementById('banner').hidden && document.getElementById('banner').textContent.includes('resynced (incarnation)')`, pageShows)
 	resynced := time.Now()
+	// (the other devices come back as their gateway restores them, maybe
+	// after this read: not checked here)
 	br.pollShowing(5*time.Second, "the counts and the table read again", `!`+pageRows+`.split(' ').includes('pl-gone') && `+pageRows+`.split(' ').includes('pl-new') &&
-		document.getElementById('n-offline').textContent === '0' && document.getElementById('n-online').textContent === '3'`, pageShows)
+		document.getElementById('n-offline').textContent === '0'`, pageShows)
 	for _, path := range []string{"/v1/status", "/v1/devices?", "/v1/gateways", "/v1/watch"} {
 		if !br.requested(path, resynced.Add(-2*time.Second)) {
 			t.Errorf("no %s read since the resync", path)
@@ -133,14 +135,15 @@ func TestPageResyncAndGatewaysInBrowser(t *testing.T) {
 	}
 
 	// A gateway dies: the page shows it lost at its gateway event, live
-	// (within 2 s of the event, where the list's own refresh comes every
-	// 15 s), then back.
+	// (its row has changed when the event shows in the feed: the list's
+	// own refresh comes every 5 s), then back.
 	a.kill()
 	for _, st := range []struct{ event, badge string }{{"lost", "lost"}, {"back", "heard"}} {
 		br.pollShowing(tm.lease+15*time.Second, "gw-pa's "+st.event+" event in the feed",
 			`[...document.querySelectorAll('#feed li')].some((li) => li.textContent.includes('gateway gw-pa') && li.textContent.includes('`+st.event+`'))`, pageShows)
-		br.pollShowing(2*time.Second, "gw-pa "+st.badge+" in the list", `(() => { const r = document.querySelector('#gateways tr[data-gateway="gw-pa"]');
-			return r && r.querySelector('.badge').textContent === '`+st.badge+`'; })()`, pageShows)
+		if got := eval[string](br, `document.querySelector('#gateways tr[data-gateway="gw-pa"] .badge').textContent`); got != st.badge {
+			t.Errorf("at gw-pa's %s event the list shows it %s, want %s", st.event, got, st.badge)
+		}
 		if st.event == "lost" {
 			a.start()
 		}

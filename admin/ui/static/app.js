@@ -604,8 +604,8 @@
     loadTable().catch(report);
     loadGateways().catch(report);
     renderSpark();
-    ui.timers.push(setInterval(() => loadStatus().catch(report), STATUS_EVERY));
-    ui.timers.push(setInterval(() => Promise.all([loadTable(), loadGateways()]).catch(report), TABLE_EVERY));
+    ui.timers.push(setInterval(() => Promise.all([loadStatus(), loadGateways()]).catch(report), STATUS_EVERY));
+    ui.timers.push(setInterval(() => loadTable().catch(report), TABLE_EVERY));
     ui.timers.push(setInterval(() => { if (ui.device) loadDevice().catch(report); }, STATUS_EVERY));
     ui.timers.push(setInterval(tick, 1000));
   }
