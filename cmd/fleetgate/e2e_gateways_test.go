@@ -153,7 +153,7 @@ func TestE2EGatewaysLostAndBack(t *testing.T) {
 	limit := 15*time.Second + 3*tm.lease + 10*time.Second
 	waitFor(t, limit, "gw-la lost", heard("gw-la", true))
 	code, out, errs := runCLI(t, "gateways", "--addr", b.admin)
-	if code != 0 || !regexpMatch(`(?m)^gw-la\s+lost\s+\d+\s+\S+ ago$`, out) || !regexpMatch(`(?m)^gw-lb\s+heard\s`, out) || !regexpMatch(`(?m)^2 gateways: 1 lost$`, out) {
+	if code != 0 || !regexpMatch(`(?m)^gw-la\s+lost\s+\d+\s+\d+\s+\S+ ago$`, out) || !regexpMatch(`(?m)^gw-lb\s+heard\s`, out) || !regexpMatch(`(?m)^2 gateways: 1 lost$`, out) {
 		t.Fatalf("gateways: exit %d %s\n%s", code, errs, out)
 	}
 	waitFor(t, limit, "gw-la's lost event on /v1/watch", func() bool {
