@@ -15,7 +15,8 @@ import (
 // reached MaxBatch, or the timing changed), until ctx is done.
 func (u *Uplink) flushLoop(ctx context.Context) {
 	for {
-		interval := u.timing().interval
+		tm := u.timing()
+		interval := tm.interval
 		started := u.clock.Now()
 		t := u.clock.NewTimer(interval)
 		select {
@@ -28,7 +29,7 @@ func (u *Uplink) flushLoop(ctx context.Context) {
 		}
 		// a wake-up later than the timer's by half an interval: the
 		// process stalled (cover.go)
-		if from, until, stalled := stallHold(started, u.clock.Now(), interval, u.timing().lease+u.grace); stalled {
+		if from, until, stalled := stallHold(started, u.clock.Now(), interval, tm.lease+u.grace); stalled {
 			u.stall.note(from, until)
 		}
 		// A flush under way finishes (bounded by Options.Timeout) even if

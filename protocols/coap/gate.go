@@ -270,7 +270,7 @@ func (g *gate) admit(from netip.AddrPort, h clientHello, b []byte) (*peer, bool)
 	p := &peer{
 		g:      g,
 		remote: from,
-		raddr:  netAddr(from),
+		raddr:  net.UDPAddrFromAddrPort(from),
 		buf:    newPeerBuffer(),
 		cookie: bytes.Clone(h.cookie),
 		// pion's epoch-0 records follow its swallowed HelloVerifyRequest:
@@ -286,9 +286,6 @@ func (g *gate) admit(from netip.AddrPort, h clientHello, b []byte) (*peer, bool)
 	g.peers[from] = p
 	return p, true
 }
-
-// netAddr is addr as the net.Addr pion and go-coap see.
-func netAddr(addr netip.AddrPort) *net.UDPAddr { return net.UDPAddrFromAddrPort(addr) }
 
 // newPeerBuffer is a peer's queue of datagrams for pion.
 func newPeerBuffer() *packetio.Buffer {

@@ -1,6 +1,7 @@
 package coap
 
 import (
+	"net"
 	"net/netip"
 	"time"
 
@@ -100,19 +101,15 @@ func (g *gate) unpark(addr netip.AddrPort) (parkedSession, bool) {
 	return e.Value.(*parkedEntry).session, true
 }
 
-// dropParked removes the parked sessions for which drop reports true and
-// returns how many.
-func (g *gate) dropParked(drop func(parkedSession) bool) int {
+// dropParked removes the parked sessions for which drop reports true.
+func (g *gate) dropParked(drop func(parkedSession) bool) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	n := 0
 	for addr, e := range g.parked {
 		if drop(e.Value.(*parkedEntry).session) {
 			g.unpark(addr)
-			n++
 		}
 	}
-	return n
 }
 
 // repark puts session s of addr back at the front of the parking order
@@ -136,7 +133,7 @@ func (g *gate) resume(from netip.AddrPort, s parkedSession, b []byte) bool {
 	}
 	g.refs++
 	g.metrics.dtlsPeers.Inc()
-	p := &peer{g: g, remote: from, raddr: netAddr(from), buf: newPeerBuffer(), handshook: true, resumed: true}
+	p := &peer{g: g, remote: from, raddr: net.UDPAddrFromAddrPort(from), buf: newPeerBuffer(), handshook: true, resumed: true}
 	_, _ = p.buf.Write(b, nil)
 	g.peers[from] = p
 	select {
