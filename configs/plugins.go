@@ -86,7 +86,7 @@ type AdapterLimits struct {
 	// counts. 0: unlimited.
 	DataBytesPerSecond int `yaml:"data_bytes_per_second"`
 	// MaxAddressSpace is RLIMIT_AS in bytes.
-	MaxAddressSpace int `yaml:"max_address_space"`
+	MaxAddressSpace int64 `yaml:"max_address_space"`
 	// MaxOpenFiles is RLIMIT_NOFILE.
 	MaxOpenFiles int `yaml:"max_open_files"`
 }

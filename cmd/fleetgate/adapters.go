@@ -28,7 +28,7 @@ func adapterSpecs(p configs.PluginsConfig) []adapter.Spec {
 			Devices:            a.Devices,
 			MaxSessions:        a.Limits.MaxSessions,
 			MaxDevices:         a.Limits.MaxDevices,
-			MaxAddressSpace:    int64(a.Limits.MaxAddressSpace),
+			MaxAddressSpace:    a.Limits.MaxAddressSpace,
 			MaxOpenFiles:       a.Limits.MaxOpenFiles,
 			EvidencePerSecond:  a.Limits.EvidencePerSecond,
 			DataBytesPerSecond: a.Limits.DataBytesPerSecond,

@@ -179,7 +179,7 @@ func TestLimiterBoundedUnderFloods(t *testing.T) {
 			}
 			continue
 		}
-		if l.Allow(Key{"mqtt", fmt.Sprintf("%x", i*2654435761), "unknown_device"}, now).Log {
+		if l.Allow(Key{"mqtt", fmt.Sprintf("%x", uint64(i)*2654435761), "unknown_device"}, now).Log {
 			lines++
 		}
 		if l.Len() > MaxKeys {

@@ -82,7 +82,7 @@ func TestReporterBoundsMemory(t *testing.T) {
 	}
 	for i := range 200_000 {
 		now = now.Add(time.Millisecond)
-		p.Refuse(gateway.Refusal{Protocol: "mqtt", Device: fmt.Sprintf("%x\x00\n", i*2654435761), Reason: gateway.RefusedUnknownDevice, At: now})
+		p.Refuse(gateway.Refusal{Protocol: "mqtt", Device: fmt.Sprintf("%x\x00\n", uint64(i)*2654435761), Reason: gateway.RefusedUnknownDevice, At: now})
 	}
 	p.Flush(now.Add(Every))
 	if p.last.lru.Len() > MaxLast || len(p.last.byID) > MaxLast || len(p.strangers.byID) > MaxLastStrangers {

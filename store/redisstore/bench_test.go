@@ -380,7 +380,7 @@ func BenchmarkMemoryPerDevice(b *testing.B) {
 		zused0 := usedMemory(b, ctx, c)
 		zs := make([]redis.Z, 0, batchSize)
 		for i, id := range ids {
-			zs = append(zs, redis.Z{Member: string(id), Score: float64(startMs + i)})
+			zs = append(zs, redis.Z{Member: string(id), Score: float64(startMs) + float64(i)})
 			if len(zs) == batchSize {
 				key := fmt.Sprintf("{ceiling:%d}:exp", (i/batchSize)%shards)
 				if err := c.ZAdd(ctx, key, zs...).Err(); err != nil {
