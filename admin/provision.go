@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"time"
 
 	"github.com/fleetgate/fleetgate/gateway"
 )
@@ -37,7 +38,8 @@ type Credentials interface {
 }
 
 // CredentialRequest is the body of POST /v1/credentials/{id}: at least
-// one secret.
+// one secret, or a lease alone (a device already listed: its secrets
+// stay).
 type CredentialRequest struct {
 	// PSK is "generate" (the gateway makes a random 32-byte key and
 	// answers it once) or a key in the devices file's form ("hex:..",
@@ -47,7 +49,14 @@ type CredentialRequest struct {
 	// bcrypt hash); PasswordBcrypt a hash made elsewhere. One or none.
 	Password       string `json:"password,omitempty"`
 	PasswordBcrypt string `json:"password_bcrypt,omitempty"`
+	// Lease is the device's own lease, a duration such as "2h" (within
+	// presence.lease and presence.max_lease), or NoLease to remove it;
+	// empty leaves it as it is.
+	Lease string `json:"lease,omitempty"`
 }
+
+// NoLease is CredentialRequest.Lease removing the device's own lease.
+const NoLease = "none"
 
 // GeneratePSK is CredentialRequest.PSK asking for a generated key.
 const GeneratePSK = "generate"
@@ -77,7 +86,7 @@ func DecodeCredentialRequest(r io.Reader) (CredentialRequest, error) {
 		var te *json.UnmarshalTypeError
 		switch {
 		case errors.As(err, &se), errors.As(err, &te), errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
-			return req, errors.New("body: want a JSON object with psk, password or password_bcrypt")
+			return req, errors.New("body: want a JSON object with psk, password, password_bcrypt or lease")
 		}
 		return req, fmt.Errorf("body: %w", err) // an unknown field names the field only
 	}
@@ -85,12 +94,17 @@ func DecodeCredentialRequest(r io.Reader) (CredentialRequest, error) {
 		return req, errors.New("body: one JSON object, nothing after it")
 	}
 	switch {
-	case req.PSK == "" && req.Password == "" && req.PasswordBcrypt == "":
-		return req, errors.New("body: no secret: give psk (\"generate\" or a key), password or password_bcrypt")
+	case req.PSK == "" && req.Password == "" && req.PasswordBcrypt == "" && req.Lease == "":
+		return req, errors.New("body: no secret: give psk (\"generate\" or a key), password or password_bcrypt (or lease alone, for a listed device)")
 	case req.Password != "" && req.PasswordBcrypt != "":
 		return req, errors.New("body: password and password_bcrypt: give one")
 	case len(req.Password) > maxPasswordLen:
 		return req, fmt.Errorf("body: the password is %d bytes, bcrypt takes at most %d", len(req.Password), maxPasswordLen)
+	}
+	if req.Lease != "" && req.Lease != NoLease {
+		if d, err := time.ParseDuration(req.Lease); err != nil || d <= 0 {
+			return req, fmt.Errorf("body: lease %q: want a duration above zero such as 2h, or %q", req.Lease, NoLease)
+		}
 	}
 	return req, nil
 }

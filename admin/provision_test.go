@@ -25,7 +25,7 @@ const testToken = "test-token-0123456789"
 type fileCredentials struct{ path string }
 
 func (c fileCredentials) PutCredentials(d gateway.DeviceID, req admin.CredentialRequest) (admin.CredentialResult, error) {
-	s := auth.Secrets{PSK: req.PSK, PasswordHash: req.PasswordBcrypt}
+	s := auth.Secrets{PSK: req.PSK, PasswordHash: req.PasswordBcrypt, Lease: req.Lease}
 	res := admin.CredentialResult{Device: d}
 	if req.PSK == admin.GeneratePSK {
 		s.PSK, _ = auth.GeneratePSK()
@@ -147,7 +147,18 @@ func TestForgetAndCredentials(t *testing.T) {
 	if err := json.Unmarshal([]byte(body), &res); code != http.StatusOK || err != nil || res.Created || res.PSK != "" {
 		t.Errorf("POST rotate: %d %s", code, body)
 	}
-	for _, bad := range []string{``, `{}`, `{"psk":"hex:00"}`, `{"psk":"generate","extra":1}`, `{"password":"a","password_bcrypt":"b"}`, `[1]`} {
+	// A lease alone changes a listed device's lease; it adds no device.
+	if admin.NoLease != auth.NoLease {
+		t.Fatalf("admin.NoLease %q, auth.NoLease %q", admin.NoLease, auth.NoLease)
+	}
+	if code, body := f.call(http.MethodPost, "/v1/credentials/dev-2", `{"lease":"none"}`, testToken); code != http.StatusOK {
+		t.Errorf("POST a lease alone: %d %s", code, body)
+	}
+	if code, body := f.call(http.MethodPost, "/v1/credentials/dev-9", `{"lease":"2h"}`, testToken); code != http.StatusBadRequest || !strings.Contains(body, "no psk and no password") {
+		t.Errorf("POST a lease alone for a new device: %d %s, want 400", code, body)
+	}
+	for _, bad := range []string{``, `{}`, `{"psk":"hex:00"}`, `{"psk":"generate","extra":1}`, `{"password":"a","password_bcrypt":"b"}`, `[1]`,
+		`{"lease":"soon"}`, `{"lease":"0s"}`, `{"psk":"generate","lease":"-1h"}`, `{"lease":7200}`} {
 		if code, body := f.call(http.MethodPost, "/v1/credentials/dev-3", bad, testToken); code != http.StatusBadRequest || strings.Contains(body, "hex:00") {
 			t.Errorf("POST %q: %d %s, want 400 without the key", bad, code, body)
 		}
@@ -195,8 +206,8 @@ func FuzzDecodeCredentialRequest(f *testing.F) {
 			return
 		}
 		switch {
-		case req.PSK == "" && req.Password == "" && req.PasswordBcrypt == "":
-			t.Fatal("accepted a request without a secret")
+		case req.PSK == "" && req.Password == "" && req.PasswordBcrypt == "" && req.Lease == "":
+			t.Fatal("accepted a request without a secret or a lease")
 		case req.Password != "" && req.PasswordBcrypt != "":
 			t.Fatal("accepted both passwords")
 		case len(req.Password) > auth.MaxPasswordLen: // admin's own limit is bcrypt's too

@@ -43,13 +43,19 @@ func GeneratePSK() (string, error) {
 // Secrets are the credentials an edit gives a device, in the devices
 // file's forms: PSK "hex:..", "base64:.." or "text:.."; PasswordHash a
 // bcrypt hash (HashPassword); and its Lease, a duration ("2h",
-// ParseLease), which is no secret but is written the same way. An empty
-// field is left as it is (Rotate) or absent (Add).
+// ParseLease), which is no secret but is written the same way, or
+// NoLease, which removes the device's own lease (Rotate). An empty
+// field is left as it is (Rotate) or absent (Add). A Rotate that gives
+// only a Lease changes the lease and keeps the secrets.
 type Secrets struct {
 	PSK          string
 	PasswordHash string
 	Lease        string
 }
+
+// NoLease is Secrets.Lease removing a device's own lease: it then has
+// presence.lease (or the lease it learns, presence.learn_lease).
+const NoLease = "none"
 
 // LeaseBounds bound the devices' leases as the configuration does
 // (Devices.CheckLeases): presence.lease and presence.max_lease.
@@ -211,6 +217,8 @@ func editYAML(name string, data []byte, op Op, device gateway.DeviceID, s Secret
 		return nil, fmt.Errorf("device %s: %w", device, ErrAbsent)
 	case op == Add && s.PSK == "" && s.PasswordHash == "", op == Rotate && s == (Secrets{}):
 		return nil, fmt.Errorf("device %s: %w: no psk and no password given", device, ErrInvalid)
+	case op == Add && s.Lease == NoLease:
+		return nil, fmt.Errorf("device %s: %w: lease %q: a new device has no lease of its own to remove", device, ErrInvalid, NoLease)
 	}
 	switch op {
 	case Add:
@@ -282,8 +290,22 @@ func setSecrets(item *yaml.Node, s Secrets) {
 	if s.PasswordHash != "" {
 		setField(item, "password_bcrypt", s.PasswordHash)
 	}
-	if s.Lease != "" {
+	switch s.Lease {
+	case "":
+	case NoLease:
+		deleteField(item, "lease")
+	default:
 		setField(item, "lease", s.Lease)
+	}
+}
+
+// deleteField removes key from mapping m, if it is there.
+func deleteField(m *yaml.Node, key string) {
+	for i := 0; i+1 < len(m.Content); i += 2 {
+		if m.Content[i].Value == key {
+			m.Content = append(m.Content[:i], m.Content[i+2:]...)
+			return
+		}
 	}
 }
 

@@ -109,4 +109,31 @@ func TestEditLease(t *testing.T) {
 	if _, err := auth.Edit(path, auth.Add, "lw-5", auth.Secrets{PSK: "text:0123456789abcdef", Lease: "soon"}, b); !errors.Is(err, auth.ErrInvalid) {
 		t.Fatalf("a lease that does not parse: %v", err)
 	}
+	if _, err := auth.Edit(path, auth.Add, "lw-5", auth.Secrets{PSK: "text:0123456789abcdef", Lease: auth.NoLease}, b); !errors.Is(err, auth.ErrInvalid) {
+		t.Fatalf("a new device without a lease of its own to remove: %v", err)
+	}
+
+	// A rotation of the lease alone keeps the key; NoLease removes it.
+	rev := d.Revision("lw-3")
+	if d, err = auth.Edit(path, auth.Rotate, "lw-3", auth.Secrets{Lease: "2h"}, b); err != nil {
+		t.Fatal(err)
+	}
+	if d.Lease("lw-3") != 2*time.Hour {
+		t.Errorf("lease after a rotation of the lease: %v", d.Lease("lw-3"))
+	}
+	if _, _, err := d.PSK([]byte("lw-3")); err != nil {
+		t.Errorf("a rotation of the lease dropped the key: %v", err)
+	}
+	if d, err = auth.Edit(path, auth.Rotate, "lw-3", auth.Secrets{Lease: auth.NoLease}, b); err != nil {
+		t.Fatal(err)
+	}
+	if d.Lease("lw-3") != 0 {
+		t.Errorf("lease after %q: %v", auth.NoLease, d.Lease("lw-3"))
+	}
+	if data, _ := os.ReadFile(path); strings.Contains(string(data[strings.Index(string(data), `"lw-3"`):]), "lease") {
+		t.Errorf("the lease stayed in the file:\n%s", data)
+	}
+	if _, _, err := d.PSK([]byte("lw-3")); err != nil || d.Revision("lw-3") != rev {
+		t.Errorf("the lease's edits touched the key: %v (revision %q, was %q)", err, d.Revision("lw-3"), rev)
+	}
 }

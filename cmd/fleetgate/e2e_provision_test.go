@@ -68,6 +68,7 @@ func TestE2EProvisioning(t *testing.T) {
 	b, _ := os.ReadFile(gw.config)
 	cfg := strings.Replace(string(b), fmt.Sprintf("admin: { http: %q }", gw.admin),
 		fmt.Sprintf("admin: { http: %q, token_file: %q, credentials_api: true }", gw.admin, tokenFile), 1)
+	cfg = strings.Replace(cfg, "presence: { ", "presence: { max_lease: 5m, ", 1)
 	if err := os.WriteFile(gw.config, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -169,6 +170,22 @@ func TestE2EProvisioning(t *testing.T) {
 	if code, err := dtlsHeartbeat(gw.dtlsAddr, "dev-api", apiKey); err != nil || code != codes.Changed {
 		t.Fatalf("DTLS with the API's key: %v %v, want 2.04", code, err)
 	}
+	// A lease alone: the device keeps its key, and its next heartbeat
+	// gets the lease.
+	if code, body := call(http.MethodPost, "/v1/credentials/dev-api", `{"lease":"2m"}`, token); code != http.StatusOK {
+		t.Fatalf("POST a lease: %d %s", code, body)
+	}
+	if code, body := call(http.MethodPost, "/v1/credentials/dev-api", `{"lease":"1h"}`, token); code != http.StatusBadRequest || !strings.Contains(body, "presence.max_lease") {
+		t.Errorf("POST a lease beyond max_lease: %d %s, want 400", code, body)
+	}
+	waitFor(t, 10*time.Second, "dev-api's heartbeat under its own lease", func() bool {
+		if code, err := dtlsHeartbeat(gw.dtlsAddr, "dev-api", apiKey); err != nil || code != codes.Changed {
+			t.Fatalf("DTLS after the lease's edit: %v %v, want 2.04", code, err)
+		}
+		_, body := call(http.MethodGet, "/v1/devices/dev-api", "", token)
+		var d struct{ Deadline time.Time }
+		return json.Unmarshal([]byte(body), &d) == nil && time.Until(d.Deadline) > time.Minute
+	})
 	if code, body := call(http.MethodDelete, "/v1/credentials/dev-api", "", token); code != http.StatusOK {
 		t.Fatalf("DELETE /v1/credentials/dev-api: %d %s", code, body)
 	}
@@ -230,7 +247,7 @@ func TestDevicesAddWithoutGateway(t *testing.T) {
 		t.Fatal(err)
 	}
 	config := filepath.Join(dir, "fleetgate.yaml")
-	if err := os.WriteFile(config, fmt.Appendf(nil, "gateway: { id: gw-x, state_dir: %q }\nauth: { devices_file: %q }\n", dir, devicesFile), 0o600); err != nil {
+	if err := os.WriteFile(config, fmt.Appendf(nil, "gateway: { id: gw-x, state_dir: %q }\nauth: { devices_file: %q }\npresence: { max_lease: 3h }\n", dir, devicesFile), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	out, errOut, code := fleetgateCLI(t, "", "devices", "add", "dev-1", "-c", config, "--no-reload")
@@ -261,6 +278,24 @@ func TestDevicesAddWithoutGateway(t *testing.T) {
 	out, _, code = fleetgateCLI(t, "", "devices", "rotate", "dev-1", "-c", config, "--no-reload")
 	if code != 0 || !strings.HasPrefix(out, "hex:") {
 		t.Errorf("rotate of a keyed device: exit %d %q, want a new key", code, out)
+	}
+	// rotate --lease alone sets the lease and keeps the key; none removes it
+	keyed, _ := os.ReadFile(devicesFile)
+	if out, errOut, code := fleetgateCLI(t, "", "devices", "rotate", "dev-1", "--lease", "2h", "-c", config, "--no-reload"); code != 0 || out != "" {
+		t.Errorf("rotate --lease 2h: exit %d %q %s, want no key", code, out, errOut)
+	}
+	leased, _ := os.ReadFile(devicesFile)
+	if want := strings.Replace(string(keyed), "\n  - id: \"dev-2\"", "\n    lease: \"2h\"\n  - id: \"dev-2\"", 1); string(leased) != want {
+		t.Errorf("after rotate --lease 2h:\n%s\nwant\n%s", leased, want)
+	}
+	if _, errOut, code := fleetgateCLI(t, "", "devices", "rotate", "dev-1", "--lease", "4h", "-c", config, "--no-reload"); code != 1 || !strings.Contains(errOut, "longer than presence.max_lease") {
+		t.Errorf("rotate --lease beyond max_lease: exit %d %s", code, errOut)
+	}
+	if _, errOut, code := fleetgateCLI(t, "", "devices", "rotate", "dev-1", "--lease", "none", "-c", config, "--no-reload"); code != 0 {
+		t.Errorf("rotate --lease none: exit %d %s", code, errOut)
+	}
+	if now, _ := os.ReadFile(devicesFile); string(now) != string(keyed) {
+		t.Errorf("after rotate --lease none:\n%s\nwant\n%s", now, keyed)
 	}
 	if _, errOut, code := fleetgateCLI(t, "", "devices", "remove", "nobody", "-c", config, "--no-reload"); code != 1 || !strings.Contains(errOut, "not in the devices file") {
 		t.Errorf("remove of an unlisted device: exit %d %s", code, errOut)

@@ -35,7 +35,7 @@ type credentialsAPI struct {
 }
 
 func (c *credentialsAPI) PutCredentials(device gateway.DeviceID, req admin.CredentialRequest) (admin.CredentialResult, error) {
-	s := auth.Secrets{PSK: req.PSK, PasswordHash: req.PasswordBcrypt}
+	s := auth.Secrets{PSK: req.PSK, PasswordHash: req.PasswordBcrypt, Lease: req.Lease}
 	res := admin.CredentialResult{Device: device}
 	if req.PSK == admin.GeneratePSK {
 		psk, err := auth.GeneratePSK()
@@ -103,7 +103,7 @@ func devicesEdit(ctx context.Context, op auth.Op, args []string, stdout, stderr 
 	case auth.Add:
 		synopsis = "devices add [-c FILE] [--psk-gen | --psk-file F] [--password-prompt] [--lease D] [--pid PID | --no-reload] ID"
 	case auth.Rotate:
-		synopsis = "devices rotate [-c FILE] [--psk-gen | --psk-file F] [--password-prompt] [--pid PID | --no-reload] ID"
+		synopsis = "devices rotate [-c FILE] [--psk-gen | --psk-file F] [--password-prompt] [--lease D | --lease none] [--pid PID | --no-reload] ID"
 	}
 	fs, path := newFlags("devices "+verb, synopsis)
 	pid := fs.Int("pid", 0, "signal (SIGHUP) this `PID` to reload the devices file (default: the main process of "+systemdUnit+")")
@@ -111,8 +111,11 @@ func devicesEdit(ctx context.Context, op auth.Op, args []string, stdout, stderr 
 	var pskGen, pwPrompt *bool
 	var pskFile *string
 	lease := new(string)
-	if op == auth.Add {
+	switch op {
+	case auth.Add:
 		lease = fs.String("lease", "", "give the device a lease of its own, `D` (a duration such as 2h), within presence.lease and presence.max_lease: for a device that sends less often than the heartbeat interval")
+	case auth.Rotate:
+		lease = fs.String("lease", "", "set the device's own lease to `D` (a duration such as 2h), or remove it with \""+auth.NoLease+"\"; given alone, the device keeps its secrets")
 	}
 	if op != auth.Remove {
 		pskGen = fs.Bool("psk-gen", false, "give the device a new random 32-byte pre-shared key, printed once on standard output (the default when no secret is given)")
@@ -145,7 +148,7 @@ func devicesEdit(ctx context.Context, op auth.Op, args []string, stdout, stderr 
 			}
 			s.PSK = strings.TrimSpace(string(b))
 		}
-		if *lease != "" {
+		if *lease != "" && (op == auth.Add || *lease != auth.NoLease) {
 			if _, err := auth.ParseLease(*lease); err != nil {
 				return fmt.Errorf("%w: --lease: %v", errUsage, err)
 			}
@@ -169,7 +172,8 @@ func devicesEdit(ctx context.Context, op auth.Op, args []string, stdout, stderr 
 	if file == "" {
 		return configError{fmt.Errorf("%s: auth.devices_file is empty: there is no devices file to edit", *path)}
 	}
-	if op != auth.Remove && (*pskGen || s == (auth.Secrets{})) {
+	leaseOnly := op == auth.Rotate && *lease != "" && s == (auth.Secrets{}) && !*pskGen
+	if op != auth.Remove && !leaseOnly && (*pskGen || s == (auth.Secrets{})) {
 		if op == auth.Rotate && !*pskGen {
 			// no secret named: rotate the key, of a device that has one
 			if cur, err := auth.Load(file); err == nil && cur.Revision(device) != "" {
