@@ -601,51 +601,54 @@ type DeviceCounts struct {
 }
 
 // Devices counts the devices with a session in the table at now, by the
-// state DeriveState gives the local deadline (the newest LastSeen of the
-// device's sessions plus the lease): online when some session was seen
-// within suspectAfter, suspect when none was but the lease has not run
-// out. A device whose sessions' local leases all ran out is counted
-// nowhere: the next Sweep drops it, and its offline state is the store's
-// to tell. It scans the table a shard at a time under the shard's lock;
-// only the sessions of devices with several are looked up by device.
+// state DeriveState gives their local deadline (the latest observation
+// plus the lease of that evidence, a device's own or a learned lease
+// included, of their sessions): suspect when it is at most
+// SuspectWindow(lease, suspectAfter) away, so, with the configured
+// lease, when no session was seen within suspectAfter; online before. A
+// device with a lease of its own is judged as the store's Counts and
+// the API judge it: suspect in the last lease − suspectAfter of its
+// lease. A device whose sessions' local deadlines all passed is counted
+// nowhere: the next Sweep drops it, and its offline state is the
+// store's to tell. It scans the table a shard at a time under the
+// shard's lock; only the sessions of devices with several are looked up
+// by device.
 func (t *Table) Devices(now time.Time, suspectAfter time.Duration) DeviceCounts {
 	n := t.offset(now)
-	// DeriveState on the offsets: offline when seen + lease ≤ now,
-	// suspect when now − seen ≥ suspectAfter.
-	live, fresh := n-int64(t.timing.Load().lease), n-int64(suspectAfter)
+	window := int64(SuspectWindow(t.timing.Load().lease, suspectAfter))
 	var c DeviceCounts
-	count := func(seen int64) {
+	count := func(dl int64) {
 		switch {
-		case seen <= live:
-		case seen <= fresh:
+		case dl <= n:
+		case dl-n <= window:
 			c.Suspect++
 		default:
 			c.Online++
 		}
 	}
-	newest := map[DeviceID]int64{} // of the devices with several sessions
+	several := map[DeviceID]int64{} // the latest deadline of the devices with several sessions
 	for i := range t.shards {
 		sh := &t.shards[i]
 		sh.mu.Lock()
 		if len(sh.multi) == 0 {
 			for _, e := range sh.m {
-				count(e.seen)
+				count(e.dl)
 			}
 		} else {
 			for k, e := range sh.m {
 				dev := DeviceID(k[:strings.IndexByte(k, 0)])
-				if _, several := sh.multi[dev]; !several {
-					count(e.seen)
-				} else if seen, ok := newest[dev]; !ok || e.seen > seen {
-					newest[dev] = e.seen
+				if _, ok := sh.multi[dev]; !ok {
+					count(e.dl)
+				} else if dl, ok := several[dev]; !ok || e.dl > dl {
+					several[dev] = e.dl
 				}
 			}
 		}
 		sh.mu.Unlock()
-		for _, seen := range newest {
-			count(seen)
+		for _, dl := range several {
+			count(dl)
 		}
-		clear(newest)
+		clear(several)
 	}
 	return c
 }

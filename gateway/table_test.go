@@ -369,6 +369,37 @@ func TestTableDevicesByState(t *testing.T) {
 	}
 }
 
+// A device with a lease of its own (the devices file's, an adapter's,
+// a learned one) is judged by its deadline, as the store's Counts and
+// the API judge it: suspect in the last lease − suspect_after of its
+// own lease, counted until that lease runs out.
+func TestTableDevicesOwnLease(t *testing.T) {
+	f := newFixture(t, gateway.TableOptions{Shards: 2, MaxLease: 3 * time.Hour}, 64)
+	const s = time.Second
+	f.mustObserve("dev-1", "coap/default", gateway.Renew, 0)
+	f.clock.Set(t0)
+	if err := f.tbl.Observe(context.Background(), gateway.Evidence{Device: "dev-2", Session: "lora/default", Kind: gateway.Renew,
+		ObservedAt: t0, Protocol: "lorawan", Lease: 2 * time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		at   time.Duration
+		want gateway.DeviceCounts
+	}{
+		{44 * s, gateway.DeviceCounts{Online: 2}},
+		{45 * s, gateway.DeviceCounts{Online: 1, Suspect: 1}},
+		{90 * s, gateway.DeviceCounts{Online: 1}}, // dev-1's 90 s lease ran out, not dev-2's
+		{7155*s - time.Nanosecond, gateway.DeviceCounts{Online: 1}},
+		{7155 * s, gateway.DeviceCounts{Suspect: 1}}, // 45 s before its deadline
+		{7200*s - time.Nanosecond, gateway.DeviceCounts{Suspect: 1}},
+		{7200 * s, gateway.DeviceCounts{}},
+	} {
+		if got := f.tbl.Devices(t0.Add(c.at), 45*s); got != c.want {
+			t.Errorf("Devices at +%v = %+v, want %+v", c.at, got, c.want)
+		}
+	}
+}
+
 // A device counts once however its sessions come and go.
 func TestTableDevicesSessionsComeAndGo(t *testing.T) {
 	f := newFixture(t, gateway.TableOptions{Shards: 1}, 64)

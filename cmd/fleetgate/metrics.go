@@ -32,7 +32,7 @@ func newDeviceStates(table *gateway.Table, timing func() (time.Duration, time.Du
 	return &deviceStates{
 		table: table, timing: timing,
 		desc: prometheus.NewDesc("fleetgate_devices",
-			"Devices with a session on this gateway, by state: online (evidence within presence.suspect_after) or suspect (none since, but the lease has not run out).",
+			"Devices with a session on this gateway, by state: online (evidence within presence.suspect_after) or suspect (none since, but the lease has not run out; a device with a longer lease of its own: in the last presence.lease - presence.suspect_after of it).",
 			[]string{"state"}, nil),
 	}
 }
