@@ -188,13 +188,17 @@ func (d *decoder) value(n *yaml.Node, path string, v reflect.Value) {
 			return
 		}
 		v.SetString(n.Value)
-	case v.Kind() == reflect.Int:
-		var i int
+	case v.Kind() == reflect.Int, v.Kind() == reflect.Int64:
+		var i int64
 		if n.Kind != yaml.ScalarNode || n.ShortTag() != "!!int" || n.Decode(&i) != nil {
 			d.errs.Add(n, "%s: want an integer, got %s", path, describe(n))
 			return
 		}
-		v.SetInt(int64(i))
+		if v.OverflowInt(i) {
+			d.errs.Add(n, "%s: %d is out of range", path, i)
+			return
+		}
+		v.SetInt(i)
 	case v.Kind() == reflect.Bool:
 		var b bool
 		if n.Kind != yaml.ScalarNode || n.ShortTag() != "!!bool" || n.Decode(&b) != nil {
