@@ -138,7 +138,9 @@ test-faults: deps
 # A failing run prints its seed and the line that replays it. TOPOLOGY
 # (standalone|cluster), GATEWAYS (2|3) and DEVICES override the draw;
 # SOAK_DUMP=dir keeps the event log and the gateways' logs; SOAK_LOG_LEVEL=debug
-# keeps the gateways at that level throughout (the same plan).
+# keeps the gateways at that level throughout (the same plan);
+# SOAK_MONITOR=regexp (with SOAK_DUMP) writes the Redis commands that match it,
+# scripts' included, and those that lose state to dir/monitor.log.
 #   make soak DURATION=30m SEED=42
 DURATION ?= 30m
 SEED     ?= $(shell date +%s)

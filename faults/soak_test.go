@@ -9,6 +9,7 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"slices"
 	"sort"
@@ -37,7 +38,8 @@ import (
 // dir/events.txt and the gateways' logs to dir/gw-*.log; SOAK_LOG_LEVEL
 // (debug, info, ...) keeps the gateways at that level throughout (the
 // nemesis's reloads draw a level as before, so the plan is the same, and
-// leave it as it is).
+// leave it as it is); SOAK_MONITOR=regexp taps the Redis servers
+// (soakMonitor).
 func TestSoak(t *testing.T) {
 	env := func(k, def string) string {
 		if v := os.Getenv(k); v != "" {
@@ -76,9 +78,27 @@ func TestSoak(t *testing.T) {
 		seed, duration, plan.topology(), plan.gateways, len(plan.devices), kinds[kindCoAP], kinds[kindCoAP2], kinds[kindMQTT], kinds[kindSleepy], kinds[kindModbus],
 		lives, len(plan.faults), replay)
 
-	r := newSoakRig(t, plan)
-	chk := newSoakChecker(fast, r.truth, r.log, t.Logf)
 	dumpDir := os.Getenv("SOAK_DUMP")
+	var tap *soakTap
+	if soakMonitor != "" {
+		re, err := regexp.Compile(soakMonitor)
+		if err != nil || dumpDir == "" {
+			t.Fatalf("SOAK_MONITOR=%q: %v (it needs SOAK_DUMP)", soakMonitor, err)
+		}
+		f, err := os.Create(filepath.Join(dumpDir, "monitor.log"))
+		if err != nil {
+			t.Fatalf("SOAK_MONITOR: %v", err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		tap = &soakTap{ctx: ctx, re: re, w: f, seen: map[string]bool{}}
+		defer func() {
+			cancel()
+			tap.wg.Wait()
+			f.Close()
+		}()
+	}
+	r := newSoakRig(t, plan, tap)
+	chk := newSoakChecker(fast, r.truth, r.log, t.Logf)
 	if dumpDir != "" {
 		f, err := os.Create(filepath.Join(dumpDir, "events.txt"))
 		if err != nil {
@@ -142,6 +162,7 @@ type soakRig struct {
 	fleet *soakFleet
 	truth *soakTruth
 	log   *faultLog
+	tap   *soakTap // SOAK_MONITOR; nil without
 
 	// Standalone: the primary, its replica (replicating through
 	// replLink, which a lagging failover cuts first) and a proxy per
@@ -160,8 +181,8 @@ type soakRig struct {
 	lastRedis time.Time
 }
 
-func newSoakRig(t *testing.T, plan soakPlan) *soakRig {
-	r := &soakRig{t: t, plan: plan, log: &faultLog{}}
+func newSoakRig(t *testing.T, plan soakPlan, tap *soakTap) *soakRig {
+	r := &soakRig{t: t, plan: plan, log: &faultLog{}, tap: tap}
 	addrs := make([][]string, plan.gateways)
 	// With the wait, a failover loses no acknowledged transition
 	// (TestFailoverToLaggingReplica, TestClusterMasterContinued). Every
@@ -172,6 +193,7 @@ func newSoakRig(t *testing.T, plan soakPlan) *soakRig {
 		r.cl = redistest.StartClusterWithReplicas(t, 3)
 		for _, n := range r.cl.Nodes {
 			r.fastSync(n)
+			tap.watch(n.Addr)
 		}
 		for i := range addrs {
 			addrs[i] = r.cl.Addrs()
@@ -184,6 +206,8 @@ func newSoakRig(t *testing.T, plan soakPlan) *soakRig {
 		r.replLink = redistest.NewProxy(t, r.primary.Addr)
 		r.replica = redistest.StartReplica(t, r.replLink.Addr())
 		r.fastSync(r.replica)
+		tap.watch(r.primary.Addr)
+		tap.watch(r.replica.Addr)
 		for i := range addrs {
 			px := redistest.NewProxy(t, r.primary.Addr)
 			r.front = append(r.front, px)
@@ -437,6 +461,7 @@ func (r *soakRig) failover(f *faultRun) {
 	r.replLink = redistest.NewProxy(t, r.primary.Addr)
 	r.replica = redistest.StartReplica(t, r.replLink.Addr())
 	r.fastSync(r.replica)
+	r.tap.watch(r.replica.Addr)
 	r.col.point(r.replica.Addr)
 }
 
