@@ -51,11 +51,11 @@ run: build
 # (mqttjs: Debian's node-mqtt, checked as a require);
 # bash and zsh (the completion scripts' tests), groff (the man page's);
 # chromium (the admin page's browser tests, cmd/fleetgate e2e_page_test.go);
-# skopeo (reads the OCI archive of `make image` in its tests), qemu-user
-# (the release test runs each arch's binary: qemu-aarch64, qemu-arm,
-# qemu-riscv64).
+# skopeo (reads the OCI archive of `make image` in its tests), podman and
+# runc (the release test runs the image), qemu-user (the release test runs
+# each arch's binary: qemu-aarch64, qemu-arm, qemu-riscv64).
 DEPS := redis-server:redis-server redis-cli:redis-server chromium:chromium \
-	skopeo:skopeo qemu-aarch64:qemu-user qemu-arm:qemu-user qemu-riscv64:qemu-user \
+	skopeo:skopeo podman:podman runc:runc qemu-aarch64:qemu-user qemu-arm:qemu-user qemu-riscv64:qemu-user \
 	bash:bash zsh:zsh groff:groff-base \
 	mosquitto_pub:mosquitto-clients mosquitto_sub:mosquitto-clients \
 	coap-client,coap-client-notls:libcoap3-bin \
@@ -274,7 +274,8 @@ sboms: $(ARCHS:%=build/pkg/%)
 # `skopeo copy oci-archive:...`, docs/operations.md). The build context:
 # build/pkg/<arch> and build/image (passwd, group, and this host's CA
 # certificates: Debian's ca-certificates, so the image's bytes follow that
-# package's version).
+# package's version). Its tag is the version, with a build's "+" as "_"
+# (a container tag has no "+").
 IMAGE_ARCHS ?= amd64 arm64 armv7
 image: $(IMAGE_ARCHS:%=build/pkg/%)
 	rm -rf build/image && install -d -m 0755 build/image/rootfs/etc/ssl/certs build/image/state && \
@@ -283,7 +284,7 @@ image: $(IMAGE_ARCHS:%=build/pkg/%)
 	  install -m 0644 container/passwd container/group build/image/rootfs/etc/ && \
 	  install -m 0644 /etc/ssl/certs/ca-certificates.crt build/image/rootfs/etc/ssl/certs/
 	mkdir -p $(DIST)
-	$(GO) run ./internal/ociimage -f container/Containerfile -context . -epoch $(REL_EPOCH) -tag $(PKG_VERSION) \
+	$(GO) run ./internal/ociimage -f container/Containerfile -context . -epoch $(REL_EPOCH) -tag $(subst +,_,$(PKG_VERSION)) \
 	  -platform $(subst $(space),$(comma),$(foreach a,$(IMAGE_ARCHS),linux/$(if $(filter armv7,$a),arm/v7,$a))) \
 	  -arg VERSION=$(PKG_VERSION) -arg REVISION=$(COMMIT) -arg CREATED=$(REL_DATE) -o $(DIST)/fleetgate_$(PKG_VERSION)_oci.tar
 

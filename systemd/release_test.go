@@ -379,7 +379,8 @@ func (s *syncBuf) String() string              { s.mu.Lock(); defer s.mu.Unlock(
 // platform's configuration and layers (the user, the entry point, no
 // shell, nothing but what the Containerfile copies, the tarball's
 // binary), then unpacks the amd64 image into a root and runs its binary
-// there as the image's user: check-config, and a heartbeat served.
+// there as the image's user: check-config, and a heartbeat served; then
+// the same under podman (runInPodman).
 func checkImage(t *testing.T, archive, v, commit, dist string) {
 	ref := "oci-archive:" + archive + ":" + v
 	if raw := mustRun(t, "skopeo", "inspect", "--raw", ref); !strings.Contains(raw, `"variant":"v7"`) || strings.Count(raw, `"platform"`) != 3 {
@@ -459,6 +460,50 @@ func checkImage(t *testing.T, archive, v, commit, dist string) {
 		if _, err := os.Stat(filepath.Join(root, "var/lib/fleetgate/fleetgate.db")); err != nil {
 			t.Errorf("no state file in the volume: %v", err)
 		}
+		runInPodman(t, ref)
+	}
+}
+
+// runInPodman runs the amd64 image of the OCI archive ref under podman,
+// as a site runs it: loaded into podman's storage with skopeo (no
+// registry), check-config, then the gateway with its state on a named
+// volume, serving a heartbeat on the host's network. runc runs it:
+// crun refuses a host with cgroup v1 and v2 controllers both mounted (as
+// this suite's machines have). A container may not raise a limit above
+// what its runtime may, and podman's defaults (nofile, nproc) are higher
+// than a test's may be: small ones are given, enough for a gateway
+// serving one device.
+func runInPodman(t *testing.T, ref string) {
+	t.Helper()
+	name := fmt.Sprintf("fleetgate-test-%d", os.Getpid())
+	image := "localhost/" + name + ":image"
+	mustRun(t, "skopeo", "copy", "-q", "--override-arch", "amd64", ref, "containers-storage:"+image)
+	t.Cleanup(func() {
+		_, _ = run(t, "podman", "rm", "-f", "--ignore", name)
+		_, _ = run(t, "podman", "volume", "rm", "-f", name)
+		_, _ = run(t, "podman", "rmi", "-f", image)
+	})
+	podman := []string{"--runtime", "runc", "run", "--rm", "--network", "host", "--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024"}
+	out, err := run(t, "podman", slices.Concat(podman, []string{image, "check-config", "-c", "/etc/fleetgate/fleetgate.yaml"})...)
+	if err != nil || !strings.Contains(out, "worst-case detection") {
+		t.Errorf("check-config under podman: %v\n%s", err, out)
+	}
+	if out, err := run(t, "podman", slices.Concat(podman, []string{"--entrypoint", "/bin/sh", image, "-c", "true"})...); err == nil {
+		t.Errorf("the image has a shell:\n%s", out)
+	}
+	// serveHeartbeat sets these in podman's environment; -e NAME passes
+	// each on to the container.
+	argv := slices.Concat([]string{"podman"}, podman, []string{"--name", name, "-v", name + ":/var/lib/fleetgate"})
+	for _, k := range []string{"FLEETGATE_LISTEN_COAP_UDP", "FLEETGATE_LISTEN_MQTT_TCP", "FLEETGATE_LISTEN_ADMIN_HTTP", "FLEETGATE_AUTH_ALLOW_ANONYMOUS"} {
+		argv = append(argv, "-e", k)
+	}
+	serveHeartbeat(t, append(argv, image), nil, "/var/lib/fleetgate")
+	if _, err := run(t, "podman", "rm", "-f", name); err != nil {
+		t.Error(err)
+	}
+	mp := strings.TrimSpace(mustRun(t, "podman", "volume", "inspect", "--format", "{{.Mountpoint}}", name))
+	if st := mustRun(t, "stat", "-c", "%u:%g %a", filepath.Join(mp, "fleetgate.db")); st != "65532:65532 600\n" {
+		t.Errorf("the state file on the volume: %q, want the image's user's, 0600", st)
 	}
 }
 
