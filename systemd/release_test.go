@@ -231,6 +231,9 @@ func TestPackageRelease(t *testing.T) {
 			if info := mustRun(t, "dpkg-deb", "-f", deb, "Architecture", "Version"); info != "Architecture: "+a.deb+"\nVersion: "+v+"\n" {
 				t.Errorf("%s: %q", deb, info)
 			}
+			if out, err := run(t, "lintian", "--fail-on", "error,warning", "--display-level", ">=warning", deb); err != nil {
+				t.Errorf("lintian %s: %v\n%s", deb, err, out)
+			}
 			for _, name := range []string{"fleetgate", "plugins/udpline", "plugins/lorawan", "plugins/modbus"} {
 				p := map[bool]string{true: "./usr/bin/fleetgate", false: "./usr/lib/fleetgate/" + name}[name == "fleetgate"]
 				if !bytes.Equal(debFile(t, deb, p), files[top+name]) {
