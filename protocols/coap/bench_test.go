@@ -90,6 +90,7 @@ func runBenchChild(mode string) error {
 	var addr net.Addr
 	var conn *net.UDPConn
 	dropped := func() float64 { return 0 }
+	parked := func() float64 { return 0 }
 	switch mode {
 	case "raw":
 		c, err := listenUDP("127.0.0.1:0")
@@ -126,6 +127,7 @@ func runBenchChild(mode string) error {
 		dropped = func() float64 {
 			return counterSum(reg, "fleetgate_coap_dropped_total") + counterSum(reg, "fleetgate_coap_data_refused_total")
 		}
+		parked = func() float64 { return counterSum(reg, "fleetgate_coap_dtls_parked") }
 	case "gocoap":
 		c, err := listenUDP("127.0.0.1:0")
 		if err != nil {
@@ -164,7 +166,7 @@ func runBenchChild(mode string) error {
 		if err != nil {
 			return err
 		}
-		fmt.Printf("%d %d %d %d %d\n", cpu, ms.HeapAlloc+ms.StackInuse, int64(dropped()), rcvbuf, int64(drops.count()))
+		fmt.Printf("%d %d %d %d %d %d\n", cpu, ms.HeapAlloc+ms.StackInuse, int64(dropped()), rcvbuf, int64(drops.count()), int64(parked()))
 	}
 	return nil
 }
@@ -191,7 +193,7 @@ func (benchDevices) PSK(identity []byte) (gateway.DeviceID, []byte, error) {
 	return gateway.DeviceID(identity), benchKey, nil
 }
 
-// counterSum adds up the counters of family name in g.
+// counterSum adds up the counters (or the gauges) of family name in g.
 func counterSum(g prometheus.Gatherer, name string) float64 {
 	families, err := g.Gather()
 	if err != nil {
@@ -201,7 +203,7 @@ func counterSum(g prometheus.Gatherer, name string) float64 {
 	for _, f := range families {
 		if f.GetName() == name {
 			for _, m := range f.GetMetric() {
-				sum += m.GetCounter().GetValue()
+				sum += m.GetCounter().GetValue() + m.GetGauge().GetValue()
 			}
 		}
 	}
@@ -237,6 +239,7 @@ type childStat struct {
 	dropped int64
 	rcvbuf  int64
 	kernel  int64 // datagrams the kernel dropped for the socket
+	parked  int64 // DTLS sessions parked (fleetgate_coap_dtls_parked)
 }
 
 func startChild(b *testing.B, mode string) *benchChild {
@@ -291,10 +294,10 @@ func (c *benchChild) stat(b *testing.B, live bool) childStat {
 		b.Fatal("child gave no stat")
 	}
 	f := strings.Fields(c.out.Text())
-	if len(f) != 5 {
+	if len(f) != 6 {
 		b.Fatalf("stat %q", c.out.Text())
 	}
-	var v [5]int64
+	var v [6]int64
 	for i := range v {
 		n, err := strconv.ParseInt(f[i], 10, 64)
 		if err != nil {
@@ -302,7 +305,7 @@ func (c *benchChild) stat(b *testing.B, live bool) childStat {
 		}
 		v[i] = n
 	}
-	return childStat{cpu: time.Duration(v[0]), mem: v[1], dropped: v[2], rcvbuf: v[3], kernel: v[4]}
+	return childStat{cpu: time.Duration(v[0]), mem: v[1], dropped: v[2], rcvbuf: v[3], kernel: v[4], parked: v[5]}
 }
 
 // pinTo pins every thread of this process to cpu until the benchmark
@@ -852,7 +855,12 @@ func BenchmarkDTLSResume(b *testing.B) {
 			}
 		}
 		shook := srv.stat(b, false)
-		time.Sleep(parkIdle + 5*sweepInterval)
+		for try := 0; srv.stat(b, false).parked < dtlsPeers; try++ {
+			if try == 30 {
+				b.Fatalf("%d of %d sessions parked after %v", srv.stat(b, false).parked, dtlsPeers, 30*sweepInterval)
+			}
+			time.Sleep(sweepInterval)
+		}
 		parked := srv.stat(b, true)
 		for _, cc := range clients {
 			if r := request(b, cc, message.Confirmable, codes.POST, "/hb"); r.code != codes.Changed {
