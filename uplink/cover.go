@@ -34,6 +34,10 @@ import (
 //     the backlog to be read, which takes longer the longer the stall
 //     (a 3.6 s stop read back within a flush interval of 100 ms is not
 //     what a gateway sharing its CPU does).
+//   - not heard at all, while this gateway was down: a process that
+//     follows a killed or crashed one holds the coverage where its
+//     predecessor last ran (its session ledger's newest record) for a
+//     lease after it starts (restartHold).
 //
 // What the call itself carries is written with it, and what an earlier
 // call carried is either applied or, when that call failed, in the
@@ -65,6 +69,32 @@ func stallHold(started, fired time.Time, interval, horizon time.Duration) (from,
 		until = least
 	}
 	return started, until, true
+}
+
+// restartHold decides whether this process, started at started, holds
+// its coverage for its predecessor, which last wrote its session ledger
+// at last (zero: no ledger, or nothing in it): a gateway killed or
+// crashed and restarted did not listen while it was down, and what its
+// devices sent meanwhile is lost (a datagram) or comes again later (a
+// heartbeat, a reconnect); the absence of evidence then says nothing of
+// them. The coverage stays at last until a lease after the start, time
+// for every device that keeps sending to be heard again (it sends within
+// its lease), but not past the gateway horizon (lease + gateway_grace)
+// from last, so that a device that stopped before the crash is reported
+// within the bound of a lost gateway. No hold when that has passed
+// already.
+func restartHold(last, started time.Time, lease, horizon time.Duration) (from, until time.Time, held bool) {
+	if last.IsZero() || !last.Before(started) {
+		return time.Time{}, time.Time{}, false
+	}
+	until = started.Add(lease)
+	if end := last.Add(horizon); until.After(end) {
+		until = end
+	}
+	if !until.After(started) {
+		return time.Time{}, time.Time{}, false
+	}
+	return last, until, true
 }
 
 // note records a stall from from, the coverage held until until.

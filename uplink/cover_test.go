@@ -3,6 +3,7 @@ package uplink
 import (
 	"context"
 	"math"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -177,6 +178,69 @@ func TestStallHold(t *testing.T) {
 				tc.interval, tc.fired, from, until, stalled, tc.stalled, tc.hold)
 		}
 	}
+}
+
+func TestRestartHold(t *testing.T) {
+	t0 := time.UnixMilli(1_000_000)
+	const lease, horizon = 4 * time.Second, 8 * time.Second
+	for _, tc := range []struct {
+		last, started time.Duration // from t0; last -1: none
+		held          bool
+		until         time.Duration
+	}{
+		{-1, 5 * time.Second, false, 0},
+		{0, 5 * time.Second, true, 8 * time.Second},  // the horizon from last
+		{0, 2 * time.Second, true, 6 * time.Second},  // a lease after the start
+		{0, 9 * time.Second, false, 0},               // past the horizon: gateway_lost's
+		{5 * time.Second, 5 * time.Second, false, 0}, // no gap
+		{3 * time.Second, 4 * time.Second, true, 8 * time.Second},
+	} {
+		last := t0.Add(tc.last)
+		if tc.last < 0 {
+			last = time.Time{}
+		}
+		from, until, held := restartHold(last, t0.Add(tc.started), lease, horizon)
+		if held != tc.held || held && (!from.Equal(last) || !until.Equal(t0.Add(tc.until))) {
+			t.Errorf("last %v, started %v: %v, %v, %v; want held %v until %v", tc.last, tc.started, from, until, held, tc.held, tc.until)
+		}
+	}
+}
+
+// A process that follows a killed one (its predecessor's ledger last
+// written 5 s before it starts) holds the coverage of every shard where
+// the predecessor last ran for a lease after its start: its devices'
+// deadlines that passed while nobody listened are not judged before they
+// could have been heard again. A ledger without records holds nothing.
+func TestCoverageHeldAfterARestart(t *testing.T) {
+	const interval, lease = time.Second, 4 * time.Second
+	last := t0.Add(-5 * time.Second)
+	path := filepath.Join(t.TempDir(), LedgerFile)
+	prev, _, err := OpenLedger(path, last, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	prev.add([]heldSession{{view: gateway.SessionView{Device: "d", Session: "s"}, keep: t0.Add(time.Hour),
+		rec: ledgerRecord{LastSeen: last, Deadline: last.Add(lease), RecordedAt: last, StaleBy: time.Second}}}, nil)
+	if n, _, err := prev.writeAdds(); n != 1 || err != nil {
+		t.Fatalf("predecessor's ledger: %d %v", n, err)
+	}
+	next, _, err := OpenLedger(path, t0, time.Minute)
+	if err != nil || !next.Last().Equal(last) {
+		t.Fatalf("Last %v %v, want %v", next.Last(), err, last)
+	}
+	_, e := newEmbeddedUplink(t, Options{FlushInterval: interval, Lease: lease, GatewayGrace: 10 * time.Second, Ledger: next})
+	flushCovers(t, e, "at the start", last.Add(-interval))
+	e.clock.Advance(lease - time.Millisecond)
+	flushCovers(t, e, "until a lease after the start", last.Add(-interval))
+	e.clock.Advance(interval + time.Millisecond) // the next call (a keep-alive)
+	flushCovers(t, e, "a lease after the start", e.clock.Now().Add(-interval))
+
+	empty, _, err := OpenLedger(filepath.Join(t.TempDir(), LedgerFile), t0, time.Minute)
+	if err != nil || !empty.Last().IsZero() {
+		t.Fatalf("empty ledger: Last %v %v", empty.Last(), err)
+	}
+	_, e = newEmbeddedUplink(t, Options{FlushInterval: interval, Lease: lease, Ledger: empty})
+	flushCovers(t, e, "after a start without a predecessor", t0.Add(-interval))
 }
 
 // After a stall the coverage of every shard stays at the stall's start

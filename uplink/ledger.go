@@ -228,6 +228,8 @@ type Ledger struct {
 	// incs are the incarnations the previous process had restored its
 	// sessions on, by shard (Incarnations).
 	incs map[int]string
+	// last is the newest record the previous process wrote (Last).
+	last time.Time
 
 	mu   sync.Mutex
 	held []heldSession
@@ -259,6 +261,9 @@ func OpenLedger(path string, opened time.Time, keepLapsed time.Duration) (l *Led
 		f.Close()
 		for _, k := range c.order {
 			r := c.sessions[k]
+			if r.RecordedAt.After(l.last) {
+				l.last = r.RecordedAt
+			}
 			dl := heldDeadline(r, opened)
 			l.held = append(l.held, heldSession{
 				view: gateway.SessionView{Device: k.device, Session: k.session, LastSeen: r.LastSeen, LastSent: r.LastSeen, Deadline: dl},
@@ -282,6 +287,11 @@ func OpenLedger(path string, opened time.Time, keepLapsed time.Duration) (l *Led
 // store reported the change (gateway.ApplyResult.Reset) to that process,
 // if to any.
 func (l *Ledger) Incarnations() map[int]string { return maps.Clone(l.incs) }
+
+// Last is when the previous process last wrote a record of its
+// sessions (it rewrites them every quarter lease, and at shutdown): about
+// when it last ran. Zero when the ledger held none.
+func (l *Ledger) Last() time.Time { return l.last }
 
 // Inherited is the number of sessions held from the ledger and the
 // outbox's replays.

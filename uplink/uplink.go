@@ -241,6 +241,11 @@ func New(store gateway.Writer, ob *Outbox, o Options) *Uplink {
 				u.restoredIncs[s] = inc
 			}
 		}
+		// the predecessor's devices are heard again only as they send
+		// (cover.go)
+		if from, until, held := restartHold(o.Ledger.Last(), u.started, u.tm.lease, u.tm.lease+u.grace); held {
+			u.stall.note(from, until)
+		}
 	}
 	u.health = make([]shardHealth, u.shards)
 	u.queues = make([]*queue, u.shards)
