@@ -79,6 +79,11 @@ func (r *rig) at(d time.Duration) { r.fleet.wait(d) }
 func (r *rig) faultFrom() { r.x.faultStart = time.Now() }
 func (r *rig) faultTo()   { r.x.faultEnd = time.Now() }
 
+// lost records that the store has just lost its state (expectations
+// losses): called when the loss is done, so that every event of the old
+// state came before it.
+func (r *rig) lost() { r.x.losses = append(r.x.losses, time.Now()) }
+
 // kill kills g -9 and records when (expectations.kills).
 func (r *rig) kill(g *gatewayProc) {
 	r.x.kills = append(r.x.kills, time.Now())
@@ -181,6 +186,7 @@ func TestRedisRestartWithoutPersistence(t *testing.T) {
 	r.at(warm)
 	r.faultFrom()
 	srv.Restart()
+	r.lost()
 	r.faultTo()
 	r.finish()
 }
@@ -196,6 +202,7 @@ func TestRedisFlushAll(t *testing.T) {
 	r.at(warm)
 	r.faultFrom()
 	redisCLI(t, srv.Addr, "FLUSHALL")
+	r.lost()
 	r.faultTo()
 	r.finish()
 }
@@ -404,8 +411,8 @@ func TestGatewayKilledThenStoreLost(t *testing.T) {
 	r.kill(a)
 	a.start()
 	r.at(warm + time.Second)
-	r.x.losses = append(r.x.losses, time.Now())
 	redisCLI(t, srv.Addr, "FLUSHALL")
+	r.lost()
 	r.at(warm + 2*time.Second)
 	r.faultTo()
 	r.finish()
