@@ -15,11 +15,14 @@ import (
 // the live ones, and those that ran out recently (with their passed
 // deadlines: the store may have lost them before it wrote their
 // offline) of which a write had been accepted; and, after them, the
-// leaves the store accepted recently (noteLeaves), of devices this
-// process no longer knows: the store may have lost such a session
-// before its leave's grace ran out and the reap wrote its offline, and a
-// leave in a restore writes that offline (gateway.Batch.Restore) where
-// no other gateway may still bring the device. Round k writes the k-th
+// sessions whose leave the store accepted recently (noteLeaves), of
+// devices this process no longer knows, as sessions that ran out at
+// their leave: the store may have lost such a session before its
+// leave's grace ran out and the reap wrote its offline. Where the record
+// is gone, the store brings it back ended, for the reap to write that
+// offline (expired); where it has the record, such old evidence changes
+// nothing (a replica that lacks the leave ends the session at its own
+// deadline). Round k writes the k-th
 // batch of every shard, all in one write call. A session with a connect
 // still queued is left out: that connect, not a silent restore, must
 // bring it online. A session whose leave is queued (it is gone from the
@@ -95,13 +98,12 @@ func (u *Uplink) restoreShards(ctx context.Context, t timing, shards []int) {
 			}
 		}
 	}
-	// last in each shard's writes: a device with a session restored
-	// above is online before a leave of another of its sessions comes
+	// a session that left: evidence at its leave, run out at once
 	left := 0
 	u.left = slices.DeleteFunc(u.left, func(l leftSession) bool { return !now.Before(l.keep) })
 	for _, l := range u.left {
 		if s := gateway.ShardOf(l.device, u.shards); want[s] && !known[l.device] {
-			per[s] = append(per[s], timedWrite{l.at, gateway.Write{Device: l.device, Session: l.session, Kind: gateway.Leave, Lease: l.lease}})
+			per[s] = append(per[s], timedWrite{l.at, gateway.Write{Device: l.device, Session: l.session, Kind: gateway.Renew, Lease: leftLease}})
 			n++
 			left++
 		}
@@ -136,14 +138,17 @@ func (u *Uplink) restoreShards(ctx context.Context, t timing, shards []int) {
 }
 
 // leftSession is a leave the store accepted: its session, observed at,
-// under lease (gateway.Write.Lease), restorable until keep.
+// restorable until keep.
 type leftSession struct {
 	device  gateway.DeviceID
 	session gateway.SessionID
 	at      time.Time
-	lease   time.Duration
 	keep    time.Time
 }
+
+// leftLease is the lease of a left session's restore: its deadline is
+// its leave, passed by the time it is restored.
+const leftLease = time.Millisecond
 
 // noteLeaves keeps the leaves of tws, which the store accepted, for a
 // restore (restoreShards) until keepLapsed after their observation: the
@@ -154,8 +159,7 @@ type leftSession struct {
 func (u *Uplink) noteLeaves(t timing, tws []timedWrite, now time.Time) {
 	for _, tw := range tws {
 		if tw.w.Kind == gateway.Leave {
-			u.left = append(u.left, leftSession{device: tw.w.Device, session: tw.w.Session, at: tw.at,
-				lease: cmp.Or(tw.w.Lease, t.lease), keep: tw.at.Add(u.keepLapsed(t))})
+			u.left = append(u.left, leftSession{device: tw.w.Device, session: tw.w.Session, at: tw.at, keep: tw.at.Add(u.keepLapsed(t))})
 		}
 	}
 	if len(u.left) >= 2*max(u.leftPruned, 64) {

@@ -221,11 +221,10 @@ func TestRestoreEndsSessionsThatRanOut(t *testing.T) {
 // offline it had not written yet (the leave's grace, then the wait for
 // the gateway's coverage) when it lost its state: the table forgot the
 // session at the leave, so only the accepted leave can bring it back. The
-// restore re-sends it (after the live sessions), and the store writes the
-// offline with reason leave; a device that left and came back (a new
-// session here) is left to that session. Without the leave in the
-// restore the device's record is simply gone: no offline is ever
-// written.
+// restore re-sends the session as run out at its leave, and the store's
+// reap writes the offline (expired); a device that left and came back (a
+// new session here) is left to that session. Without it the device's
+// record is simply gone: no offline is ever written.
 func TestRestoreWritesTheOfflineOfAnAcceptedLeave(t *testing.T) {
 	srv, e, table := restoreEnv(t, nil)
 	ctx := t.Context()
@@ -260,7 +259,7 @@ func TestRestoreWritesTheOfflineOfAnAcceptedLeave(t *testing.T) {
 		t.Fatal(err)
 	}
 	if got := metricValue(t, e.reg, "fleetgate_uplink_restored_sessions_total", "", ""); got != 3 {
-		t.Errorf("restored %v writes, want 3 (stays, back's new session, left's leave)", got)
+		t.Errorf("restored %v writes, want 3 (stays, back's new session, left's session)", got)
 	}
 	var offline []gateway.Event
 	for _, ev := range allEvents(t, e.store) {
@@ -275,8 +274,8 @@ func TestRestoreWritesTheOfflineOfAnAcceptedLeave(t *testing.T) {
 		}
 		offline = append(offline, r.Offline...)
 	}
-	if len(offline) != 1 || offline[0].Device != "left" || offline[0].Reason != gateway.ReasonLeave {
-		t.Fatalf("offline after the restore: %+v (%d events before the loss), want left's, reason leave", offline, before)
+	if len(offline) != 1 || offline[0].Device != "left" || offline[0].Reason != gateway.ReasonExpired {
+		t.Fatalf("offline after the restore: %+v (%d events before the loss), want left's, reason expired", offline, before)
 	}
 	for _, d := range []gateway.DeviceID{"stays", "back"} {
 		if info, err := e.store.Device(ctx, d); err != nil || info.State != gateway.Online {
