@@ -3,8 +3,6 @@ package uplink
 import (
 	"cmp"
 	"context"
-	"slices"
-	"time"
 
 	"github.com/fleetgate/fleetgate/gateway"
 )
@@ -14,15 +12,7 @@ import (
 // their newest evidence in restore batches of at most MaxBatch writes:
 // the live ones, and those that ran out recently (with their passed
 // deadlines: the store may have lost them before it wrote their
-// offline) of which a write had been accepted; and, after them, the
-// sessions whose leave the store accepted recently (noteLeaves), of
-// devices this process no longer knows, as sessions that ran out at
-// their leave: the store may have lost such a session before its
-// leave's grace ran out and the reap wrote its offline. Where the record
-// is gone, the store brings it back ended, for the reap to write that
-// offline (expired); where it has the record, such old evidence changes
-// nothing (a replica that lacks the leave ends the session at its own
-// deadline). Round k writes the k-th
+// offline) of which a write had been accepted. Round k writes the k-th
 // batch of every shard, all in one write call. A session with a connect
 // still queued is left out: that connect, not a silent restore, must
 // bring it online. A session whose leave is queued (it is gone from the
@@ -80,7 +70,9 @@ func (u *Uplink) restoreShards(ctx context.Context, t timing, shards []int) {
 		return false
 	}
 	u.sessions(func(v gateway.SessionView) bool {
-		known[v.Device] = true
+		if u.ledger != nil {
+			known[v.Device] = true
+		}
 		restore(v)
 		return true
 	})
@@ -98,21 +90,11 @@ func (u *Uplink) restoreShards(ctx context.Context, t timing, shards []int) {
 			}
 		}
 	}
-	// a session that left: evidence at its leave, run out at once
-	left := 0
-	u.left = slices.DeleteFunc(u.left, func(l leftSession) bool { return !now.Before(l.keep) })
-	for _, l := range u.left {
-		if s := gateway.ShardOf(l.device, u.shards); want[s] && !known[l.device] {
-			per[s] = append(per[s], timedWrite{l.at, gateway.Write{Device: l.device, Session: l.session, Kind: gateway.Renew, Lease: leftLease}})
-			n++
-			left++
-		}
-	}
 	for _, s := range shards {
 		// due until its last batch is acknowledged (none: done now)
 		u.restoreDue[s] = len(per[s]) > 0
 	}
-	u.log.Warn("store lost or replaced this gateway's shards: restoring their sessions", "shards", shards, "sessions", n, "ran_out", lapsed, "inherited", inherited, "left", left)
+	u.log.Warn("store lost or replaced this gateway's shards: restoring their sessions", "shards", shards, "sessions", n, "ran_out", lapsed, "inherited", inherited)
 	for len(per) > 0 {
 		var ws []shardWrites
 		for s, tws := range per {
@@ -134,36 +116,5 @@ func (u *Uplink) restoreShards(ctx context.Context, t timing, shards []int) {
 				u.restoreDue[w.shard] = false
 			}
 		}
-	}
-}
-
-// leftSession is a leave the store accepted: its session, observed at,
-// restorable until keep.
-type leftSession struct {
-	device  gateway.DeviceID
-	session gateway.SessionID
-	at      time.Time
-	keep    time.Time
-}
-
-// leftLease is the lease of a left session's restore: its deadline is
-// its leave, passed by the time it is restored.
-const leftLease = time.Millisecond
-
-// noteLeaves keeps the leaves of tws, which the store accepted, for a
-// restore (restoreShards) until keepLapsed after their observation: the
-// table forgot the session at its leave, and the store ends it only when
-// the leave's grace has run out and the gateway's coverage has reached
-// it, within lease + grace. The list is pruned when it has doubled
-// since it last was. Called with sendMu held.
-func (u *Uplink) noteLeaves(t timing, tws []timedWrite, now time.Time) {
-	for _, tw := range tws {
-		if tw.w.Kind == gateway.Leave {
-			u.left = append(u.left, leftSession{device: tw.w.Device, session: tw.w.Session, at: tw.at, keep: tw.at.Add(u.keepLapsed(t))})
-		}
-	}
-	if len(u.left) >= 2*max(u.leftPruned, 64) {
-		u.left = slices.DeleteFunc(u.left, func(l leftSession) bool { return !now.Before(l.keep) })
-		u.leftPruned = len(u.left)
 	}
 }
