@@ -6,8 +6,8 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"time"
 
+	"github.com/fleetgate/fleetgate/auth"
 	"github.com/fleetgate/fleetgate/gateway"
 )
 
@@ -50,13 +50,10 @@ type CredentialRequest struct {
 	Password       string `json:"password,omitempty"`
 	PasswordBcrypt string `json:"password_bcrypt,omitempty"`
 	// Lease is the device's own lease, a duration such as "2h" (within
-	// presence.lease and presence.max_lease), or NoLease to remove it;
+	// presence.lease and presence.max_lease), or auth.NoLease to remove it;
 	// empty leaves it as it is.
 	Lease string `json:"lease,omitempty"`
 }
-
-// NoLease is CredentialRequest.Lease removing the device's own lease.
-const NoLease = "none"
 
 // GeneratePSK is CredentialRequest.PSK asking for a generated key.
 const GeneratePSK = "generate"
@@ -101,9 +98,9 @@ func DecodeCredentialRequest(r io.Reader) (CredentialRequest, error) {
 	case len(req.Password) > maxPasswordLen:
 		return req, fmt.Errorf("body: the password is %d bytes, bcrypt takes at most %d", len(req.Password), maxPasswordLen)
 	}
-	if req.Lease != "" && req.Lease != NoLease {
-		if d, err := time.ParseDuration(req.Lease); err != nil || d <= 0 {
-			return req, fmt.Errorf("body: lease %q: want a duration above zero such as 2h, or %q", req.Lease, NoLease)
+	if req.Lease != "" && req.Lease != auth.NoLease {
+		if _, err := auth.ParseLease(req.Lease); err != nil {
+			return req, fmt.Errorf("body: lease: %v, or %q", err, auth.NoLease)
 		}
 	}
 	return req, nil
