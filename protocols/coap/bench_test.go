@@ -125,9 +125,9 @@ func runBenchChild(mode string) error {
 		}
 		go func() { _ = s.Serve(context.Background()) }()
 		dropped = func() float64 {
-			return counterSum(reg, "fleetgate_coap_dropped_total") + counterSum(reg, "fleetgate_coap_data_refused_total")
+			return metricSum(reg, "fleetgate_coap_dropped_total") + metricSum(reg, "fleetgate_coap_data_refused_total")
 		}
-		parked = func() float64 { return counterSum(reg, "fleetgate_coap_dtls_parked") }
+		parked = func() float64 { return metricSum(reg, "fleetgate_coap_dtls_parked") }
 	case "gocoap":
 		c, err := listenUDP("127.0.0.1:0")
 		if err != nil {
@@ -193,8 +193,8 @@ func (benchDevices) PSK(identity []byte) (gateway.DeviceID, []byte, error) {
 	return gateway.DeviceID(identity), benchKey, nil
 }
 
-// counterSum adds up the counters (or the gauges) of family name in g.
-func counterSum(g prometheus.Gatherer, name string) float64 {
+// metricSum adds up the counters and gauges of family name in g.
+func metricSum(g prometheus.Gatherer, name string) float64 {
 	families, err := g.Gather()
 	if err != nil {
 		return -1
