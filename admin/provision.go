@@ -7,7 +7,6 @@ import (
 	"io"
 	"net/http"
 
-	"github.com/fleetgate/fleetgate/auth"
 	"github.com/fleetgate/fleetgate/gateway"
 )
 
@@ -50,8 +49,9 @@ type CredentialRequest struct {
 	Password       string `json:"password,omitempty"`
 	PasswordBcrypt string `json:"password_bcrypt,omitempty"`
 	// Lease is the device's own lease, a duration such as "2h" (within
-	// presence.lease and presence.max_lease), or auth.NoLease to remove it;
-	// empty leaves it as it is.
+	// presence.lease and presence.max_lease), or "none" to remove it;
+	// empty leaves it as it is. The provisioner judges it, with the
+	// devices file's own rules (ErrBadCredentials).
 	Lease string `json:"lease,omitempty"`
 }
 
@@ -97,11 +97,6 @@ func DecodeCredentialRequest(r io.Reader) (CredentialRequest, error) {
 		return req, errors.New("body: password and password_bcrypt: give one")
 	case len(req.Password) > maxPasswordLen:
 		return req, fmt.Errorf("body: the password is %d bytes, bcrypt takes at most %d", len(req.Password), maxPasswordLen)
-	}
-	if req.Lease != "" && req.Lease != auth.NoLease {
-		if _, err := auth.ParseLease(req.Lease); err != nil {
-			return req, fmt.Errorf("body: lease: %v, or %q", err, auth.NoLease)
-		}
 	}
 	return req, nil
 }

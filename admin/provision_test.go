@@ -160,6 +160,12 @@ func TestForgetAndCredentials(t *testing.T) {
 			t.Errorf("POST %q: %d %s, want 400 without the key", bad, code, body)
 		}
 	}
+	// A lease is judged by the provisioner, with the devices file's rules.
+	for _, bad := range []string{`{"lease":"soon"}`, `{"lease":"0s"}`, `{"psk":"generate","lease":"-1h"}`} {
+		if code, body := f.call(http.MethodPost, "/v1/credentials/dev-2", bad, testToken); code != http.StatusBadRequest || !strings.Contains(body, "lease") {
+			t.Errorf("POST %q: %d %s, want 400 naming the lease", bad, code, body)
+		}
+	}
 	if code, _ := f.call(http.MethodPost, "/v1/credentials/bad%20id", `{"psk":"generate"}`, testToken); code != http.StatusBadRequest {
 		t.Errorf("POST of a bad id: %d, want 400", code)
 	}
