@@ -431,6 +431,15 @@ func (c *soakChecker) offline(d *devRecord, e event) {
 	if !e.deadline.IsZero() && e.deadline.Before(at) && !c.acrossBoundary(e.shard, e.deadline, e.at) {
 		at = e.deadline
 	}
+	// A leave that ends a life whose last session said goodbye is that
+	// life's, within the goodbye's bound: evidence of a life begun since
+	// (a device that comes back at once, on either instance) is not
+	// evidence against it.
+	if e.reason == "leave" {
+		if end, ok := c.leftLife(d, e.at); ok && end.Before(at) {
+			at = end
+		}
+	}
 	var recent time.Time
 	seen, cut := 0, 0
 	for _, s := range d.slots {
@@ -473,6 +482,30 @@ func (c *soakChecker) offline(d *devRecord, e event) {
 	default:
 		c.violation(&c.res.FalseOffline, e.at, d, "false offline %v: evidence %v before", e, at.Sub(recent).Round(time.Millisecond))
 	}
+}
+
+// leftLife is the end of the device's last life ended by t when one of
+// the sessions it left behind ended with a goodbye whose bound t is
+// within, and no offline came since that end: a leave at t may be its.
+func (c *soakChecker) leftLife(d *devRecord, t time.Time) (time.Time, bool) {
+	for i := len(d.lives) - 1; i >= 0; i-- {
+		lf := d.lives[i]
+		if lf.end.IsZero() || lf.end.After(t) {
+			continue
+		}
+		var bye time.Time
+		for _, e := range lf.ends {
+			if e.leave {
+				bye = later(bye, e.at)
+			}
+		}
+		prev := d.chk.last
+		if bye.IsZero() || t.After(c.goodbyeBy(bye)) || (prev.state == "offline" && !prev.at.Before(lf.end)) {
+			return time.Time{}, false
+		}
+		return lf.end, true
+	}
+	return time.Time{}, false
 }
 
 // lastHeard is the newest evidence of instance s that its gateway had

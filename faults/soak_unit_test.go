@@ -160,10 +160,14 @@ func spanOf(f plannedFault) [2]time.Duration {
 func TestSoakChecker(t *testing.T) {
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	at := func(d time.Duration) time.Time { return t0.Add(d) }
-	ids := []string{"clean", "false", "late", "acklate", "dangling", "held", "back", "missed", "repeat", "revived", "unseen", "across", "resynced"}
+	ids := []string{"clean", "false", "late", "acklate", "dangling", "held", "back", "missed", "repeat", "revived", "unseen", "across", "resynced", "back2"}
 	var plans []devicePlan
 	for _, id := range ids {
-		plans = append(plans, devicePlan{id: id, kind: kindCoAP})
+		kind := kindCoAP
+		if id == "back2" {
+			kind = kindCoAP2
+		}
+		plans = append(plans, devicePlan{id: id, kind: kind})
 	}
 	tr := newSoakTruth(2, plans)
 	// sends every 500 ms from..to through gateway gw
@@ -236,6 +240,19 @@ func TestSoakChecker(t *testing.T) {
 	live("resynced", 0, time.Second, false)
 	send("resynced", 10*time.Second, 20*time.Second, 1)
 	live("resynced", 10*time.Second, 0, false)
+	// back2: two instances; the second goes silent at 3 s, the first
+	// says goodbye at 20 s, and both come back at 20.2 s: the goodbye's
+	// offline at 20.4 s is the first life's
+	send("back2", 0, 19500*time.Millisecond, 0)
+	sl2 := &tr.devs["back2"].slots[1]
+	for d := time.Duration(0); d <= 3*time.Second; d += 500 * time.Millisecond {
+		sl2.sends, sl2.acks, sl2.gws = append(sl2.sends, at(d)), append(sl2.acks, at(d+5*time.Millisecond)), append(sl2.gws, 0)
+	}
+	live("back2", 0, 20*time.Second, true)
+	tr.devs["back2"].lives[0].ends = append(tr.devs["back2"].lives[0].ends, sessionEnd{at: at(3 * time.Second)})
+	send("back2", 20200*time.Millisecond, 30*time.Second, 0)
+	sl2.sends, sl2.acks, sl2.gws = append(sl2.sends, at(20200*time.Millisecond)), append(sl2.acks, at(20205*time.Millisecond)), append(sl2.gws, 0)
+	live("back2", 20200*time.Millisecond, 0, false)
 
 	fl := &faultLog{t0: t0}
 	fl.runs = []*faultRun{{plannedFault: plannedFault{n: 1, kind: gwPartition, target: 1}, info: faultKinds[gwPartition], targetName: "gw-b", gw: 1,
@@ -270,6 +287,9 @@ func TestSoakChecker(t *testing.T) {
 		ev("back", "online", 1, 100*time.Millisecond, "connect", "gw-a"),
 		ev("back", "offline", 2, 20400*time.Millisecond, "leave", "gw-a"),
 		ev("back", "online", 3, 20600*time.Millisecond, "connect", "gw-a"),
+		ev("back2", "online", 1, 100*time.Millisecond, "connect", "gw-a"),
+		ev("back2", "offline", 2, 20400*time.Millisecond, "leave", "gw-a"),
+		ev("back2", "online", 3, 20600*time.Millisecond, "connect", "gw-a"),
 		ev("missed", "online", 1, 100*time.Millisecond, "connect", "gw-a"),
 		ev("repeat", "online", 1, 100*time.Millisecond, "connect", "gw-a"),
 		ev("repeat", "online", 1, 12*time.Second, "renew", "gw-a"),
