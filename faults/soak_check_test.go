@@ -645,10 +645,13 @@ func (c *soakChecker) online(d *devRecord, e event) {
 	}
 }
 
-// lifeAt is the device's last life begun at or before t.
+// lifeAt is the device's last life begun at or before t, an event's
+// time: events are timed to the millisecond (truncated), and a gateway
+// may write the online of a life's first evidence within the
+// millisecond the life began.
 func (c *soakChecker) lifeAt(d *devRecord, t time.Time) *lifeRecord {
 	for i := len(d.lives) - 1; i >= 0; i-- {
-		if !d.lives[i].start.After(t) {
+		if !d.lives[i].start.Truncate(time.Millisecond).After(t) {
 			return d.lives[i]
 		}
 	}
