@@ -197,7 +197,13 @@ type Batch struct {
 	// creates it online without an event, its session ending at the
 	// call, so that the reap writes the offline (reason expired) once the
 	// gateway's coverage reaches it; where the record exists it changes
-	// nothing.
+	// nothing. A leave re-sends a leave the store accepted before the
+	// loss: where it finds no record, or one offline since before the
+	// leave was observed (an older state's record of an earlier visit),
+	// it writes the leave's offline (or, while another gateway's coverage
+	// lags, brings the record back online without an event, its session
+	// ending at the leave, for the reap); where it finds the record
+	// online or offline since the leave it changes nothing.
 	Restore bool
 	// Covers says that CoverAge is set: every evidence the gateway
 	// observed for the batch's shard up to CoverAge before the call was

@@ -327,6 +327,9 @@ func (w *writer) apply(b *gateway.Batch, wr *gateway.Write, leaveBridged bool) e
 			return w.transition(wr.Device, e, true, reason, b.Gateway, wr.Session, 0)
 		}
 	case gateway.Leave:
+		if b.Restore {
+			return w.restoreLeave(wr, b, e, obs, leaveBridged)
+		}
 		i := r.find(wr.Session)
 		if !e.exists || (i >= 0 && r.sessions[i].deadline > d) {
 			return nil
@@ -365,6 +368,40 @@ func (w *writer) apply(b *gateway.Batch, wr *gateway.Write, leaveBridged bool) e
 		if len(r.sessions) == 0 {
 			return w.transition(wr.Device, e, false, gateway.ReasonLeave, b.Gateway, wr.Session, 0)
 		}
+	}
+	return nil
+}
+
+// restoreLeave applies a leave a restore re-sends (gateway.Batch.Restore):
+// one the store accepted before it lost or replaced its state. Where
+// the record is online (the state kept the session, which ends by its
+// own deadline, or another one) or offline since the leave was observed
+// (its offline is there), it changes nothing. Where the record is gone,
+// or offline since before the leave (an older state's record of an
+// earlier visit), it writes the leave's offline with a ver above the
+// lost ones; while another gateway's coverage lags (the device may have
+// moved there), the record comes back online without an event, its
+// session ending at the leave, for the reap to judge behind that
+// gateway (lua/apply.lua).
+func (w *writer) restoreLeave(wr *gateway.Write, b *gateway.Batch, e *entry, obs int64, bridged bool) error {
+	r := &e.rec
+	if e.exists && (r.online || r.since >= obs) {
+		return nil
+	}
+	r.entomb(wr.Session, obs, w.now-tombKeep.Milliseconds())
+	w.touch(e, b.Gateway, wr.Session)
+	wait, err := w.awaited(b.Gateway, obs)
+	if err != nil {
+		return err
+	}
+	if !bridged && !wait {
+		return w.transition(wr.Device, e, false, gateway.ReasonLeave, b.Gateway, wr.Session, 0)
+	}
+	r.online, r.ver, r.since, e.exists = true, nextVer(r.ver, w.now, w.floor()), w.now, true
+	if bridged {
+		w.leaving(wr.Device, wr.Session)
+	} else {
+		r.sessions = append(r.sessions[:0], session{id: wr.Session, deadline: obs, gw: b.Gateway, epoch: b.Epoch})
 	}
 	return nil
 }

@@ -52,6 +52,7 @@ func Run(t *testing.T, open Opener) {
 		{"LeaveTombstone", testLeaveTombstone},
 		{"OlderEvidenceTakesNothing", testOlderEvidenceTakesNothing},
 		{"RestoreOfALostRecord", testRestore},
+		{"RestoredLeave", testRestoredLeave},
 		{"SessionsPerDeviceBounded", testStoreSessionCap},
 		{"ConcurrentApply", testConcurrentApply},
 		{"ConcurrentReapAndRenew", testConcurrentReapAndRenew},

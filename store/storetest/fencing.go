@@ -109,3 +109,38 @@ func testRestore(t *testing.T, open Opener) {
 		t.Fatalf("leave of the restored device wrote %s, want offline at ver %d", describeEvents(res.Events), at.UnixMilli()+1)
 	}
 }
+
+// testRestoredLeave: a restore re-sends a leave the store accepted
+// before it lost or replaced its state (gateway.Batch.Restore). Where
+// the record is gone, or offline since before the leave (an older
+// state's record of an earlier visit), the leave's offline is written;
+// where the record is online (the state kept the session) or offline
+// since the leave, nothing changes.
+func testRestoredLeave(t *testing.T, open Opener) {
+	e := newEnv(t, open, 1)
+	gone, kept, ended, earlier := gateway.DeviceID("left-gone"), gateway.DeviceID("left-kept"), gateway.DeviceID("left-ended"), gateway.DeviceID("left-earlier")
+	t0 := e.now()
+	e.apply(batch(gwA, 1, wr(kept, "s1", gateway.Connect, 0), wr(ended, "s1", gateway.Connect, 0), wr(earlier, "s1", gateway.Connect, 0)))
+	e.apply(batch(gwA, 1, wr(earlier, "s1", gateway.Leave, 0)))
+	e.clock.Advance(4 * time.Second)
+	e.apply(batch(gwA, 1, wr(ended, "s1", gateway.Leave, 0)))
+	e.clock.Advance(time.Second)
+	at := e.now()
+	// gone and earlier left 1 s ago, ended 2 s ago (before its offline
+	// at t0 + 4 s), kept's leave is one its state never got
+	res := e.apply(restored(batch(gwA, 1, wr(gone, "s1", gateway.Leave, time.Second), wr(kept, "s1", gateway.Leave, time.Second),
+		wr(ended, "s1", gateway.Leave, 2*time.Second), wr(earlier, "s1", gateway.Leave, time.Second))))
+	e.checkEvents("restored leaves", res.Events, 0,
+		leaveEvent(gone, 1, at, gwA, "s1"), leaveEvent(earlier, 3, at, gwA, "s1"))
+	if info := e.device(kept); info.State != gateway.Online || !info.Deadline.Equal(t0.Add(lease)) {
+		t.Errorf("kept after a restored leave: %+v, want online until %v (its session ends by its deadline)", info, t0.Add(lease))
+	}
+	if info := e.device(ended); info.State != gateway.Offline || !info.Since.Equal(t0.Add(4*time.Second)) {
+		t.Errorf("ended after a restored leave: %+v, want offline since %v, unchanged", info, t0.Add(4*time.Second))
+	}
+	// the re-sent leave is a leave: evidence observed before it never
+	// brings the session back
+	if res = e.apply(batch(gwA, 1, wr(gone, "s1", gateway.Renew, 2*time.Second))); len(res.Events) != 0 {
+		t.Errorf("a renewal observed before the restored leave wrote %s, want nothing", describeEvents(res.Events))
+	}
+}

@@ -47,6 +47,10 @@ local KIND_CONNECT, KIND_RENEW, KIND_LEAVE = '1', '2', '3'
 
 local gw, epoch, lease = ARGV[A_GW], tonumber(ARGV[A_EPOCH]), tonumber(ARGV[A_LEASE])
 local replay, restore = ARGV[A_REPLAY] == '1', ARGV[A_REPLAY] == '2'
+-- resent: the call is a restore batch (gateway.Batch.Restore), whose
+-- leaves re-send leaves the store accepted before a loss; restore also
+-- holds for the caller's first call after one (unrestored, below)
+local resent = restore
 local now, maxlen = clock(ARGV[A_NOW]), ARGV[A_MAXLEN]
 local replaygrace, graced = tonumber(ARGV[A_GRACE]) or 0, ARGV[A_GRACED]
 local horizon = tonumber(ARGV[A_HORIZON]) or 0
@@ -401,6 +405,15 @@ local function general(dev, sid, kind, d, k, zk, wlease, wgrace, isbridged)
     oldgws[k] = sessgws(r)
   end
   local obs = d - wlease
+  -- A leave re-sent by a restore (gateway.Batch.Restore) ends a session
+  -- the store accepted the leave of before it lost or replaced its
+  -- state. Where the record is online (the state kept the session, or
+  -- another one: it ends by its own deadline), or offline since the leave
+  -- was observed (its offline is there), it changes nothing; where the
+  -- record is gone, or offline since before the leave (an older state's
+  -- record of an earlier visit, while consumers last saw the device
+  -- online), it writes the leave's offline, below.
+  if kind == KIND_LEAVE and resent and r and (r.on or r.since >= obs) then return end
   -- Evidence observed at or before its session's leave never brings the
   -- session back (record.lua, "Leave tombstones").
   if r and kind ~= KIND_LEAVE and tombed(r, sid, obs, now) then return end
@@ -525,17 +538,23 @@ local function general(dev, sid, kind, d, k, zk, wlease, wgrace, isbridged)
       if replay then reason = 'replay' elseif kind == KIND_CONNECT then reason = 'connect' end
       event(dev, 'online', r.ver, nowstr, reason, gw, sid)
     end
-  elseif not r and restore then
+  elseif restore and (not r or (resent and not r.on)) then
     -- a leave of a session the lost state held (the caller wrote it
-    -- there): its offline, with a ver above the lost ones; but while
-    -- another gateway may not have restored the device yet (it may have
-    -- moved there, as for a leave below), the record comes back online
-    -- without an event, as a restore does, its session ending at the
-    -- leave, for the reap to judge behind that gateway
-    r = newrecord(now)
-    rec[k] = r
+    -- there, or re-sends it: above): its offline, with a ver above the
+    -- lost ones; but while another gateway may not have restored the
+    -- device yet (it may have moved there, as for a leave below), the
+    -- record comes back online without an event, as a restore does, its
+    -- session ending at the leave, for the reap to judge behind that
+    -- gateway
+    if r then
+      r.ver, r.since = nextver(r, now), now
+    else
+      r = newrecord(now)
+      rec[k] = r
+      r.ver = r.ver + 1
+    end
     entomb(r, sid, obs)
-    r.lastgw, r.lastsid, r.ver, dirty[k] = gwref, sid, r.ver + 1, true
+    r.lastgw, r.lastsid, dirty[k] = gwref, sid, true
     if isbridged then
       r.on, r.since = true, now
       leave(k, sid)
