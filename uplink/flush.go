@@ -241,6 +241,7 @@ func (u *Uplink) write(ctx context.Context, t timing, kind writeKind, ws []shard
 			}
 			if i < len(ws) && kind != restoreWrite {
 				u.ledgerConnects(t, kind == replayWrite, ws[i].tws, now)
+				u.noteLeaves(t, ws[i].tws, now)
 			}
 			continue
 		}

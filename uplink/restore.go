@@ -3,6 +3,8 @@ package uplink
 import (
 	"cmp"
 	"context"
+	"slices"
+	"time"
 
 	"github.com/fleetgate/fleetgate/gateway"
 )
@@ -12,7 +14,12 @@ import (
 // their newest evidence in restore batches of at most MaxBatch writes:
 // the live ones, and those that ran out recently (with their passed
 // deadlines: the store may have lost them before it wrote their
-// offline) of which a write had been accepted. Round k writes the k-th
+// offline) of which a write had been accepted; and, after them, the
+// leaves the store accepted recently (noteLeaves), of devices this
+// process no longer knows: the store may have lost such a session
+// before its leave's grace ran out and the reap wrote its offline, and a
+// leave in a restore writes that offline (gateway.Batch.Restore) where
+// no other gateway may still bring the device. Round k writes the k-th
 // batch of every shard, all in one write call. A session with a connect
 // still queued is left out: that connect, not a silent restore, must
 // bring it online. A session whose leave is queued (it is gone from the
@@ -70,9 +77,7 @@ func (u *Uplink) restoreShards(ctx context.Context, t timing, shards []int) {
 		return false
 	}
 	u.sessions(func(v gateway.SessionView) bool {
-		if u.ledger != nil {
-			known[v.Device] = true
-		}
+		known[v.Device] = true
 		restore(v)
 		return true
 	})
@@ -90,11 +95,22 @@ func (u *Uplink) restoreShards(ctx context.Context, t timing, shards []int) {
 			}
 		}
 	}
+	// last in each shard's writes: a device with a session restored
+	// above is online before a leave of another of its sessions comes
+	left := 0
+	u.left = slices.DeleteFunc(u.left, func(l leftSession) bool { return !now.Before(l.keep) })
+	for _, l := range u.left {
+		if s := gateway.ShardOf(l.device, u.shards); want[s] && !known[l.device] {
+			per[s] = append(per[s], timedWrite{l.at, gateway.Write{Device: l.device, Session: l.session, Kind: gateway.Leave, Lease: l.lease}})
+			n++
+			left++
+		}
+	}
 	for _, s := range shards {
 		// due until its last batch is acknowledged (none: done now)
 		u.restoreDue[s] = len(per[s]) > 0
 	}
-	u.log.Warn("store lost or replaced this gateway's shards: restoring their sessions", "shards", shards, "sessions", n, "ran_out", lapsed, "inherited", inherited)
+	u.log.Warn("store lost or replaced this gateway's shards: restoring their sessions", "shards", shards, "sessions", n, "ran_out", lapsed, "inherited", inherited, "left", left)
 	for len(per) > 0 {
 		var ws []shardWrites
 		for s, tws := range per {
@@ -116,5 +132,34 @@ func (u *Uplink) restoreShards(ctx context.Context, t timing, shards []int) {
 				u.restoreDue[w.shard] = false
 			}
 		}
+	}
+}
+
+// leftSession is a leave the store accepted: its session, observed at,
+// under lease (gateway.Write.Lease), restorable until keep.
+type leftSession struct {
+	device  gateway.DeviceID
+	session gateway.SessionID
+	at      time.Time
+	lease   time.Duration
+	keep    time.Time
+}
+
+// noteLeaves keeps the leaves of tws, which the store accepted, for a
+// restore (restoreShards) until keepLapsed after their observation: the
+// table forgot the session at its leave, and the store ends it only when
+// the leave's grace has run out and the gateway's coverage has reached
+// it, within lease + grace. The list is pruned when it has doubled
+// since it last was. Called with sendMu held.
+func (u *Uplink) noteLeaves(t timing, tws []timedWrite, now time.Time) {
+	for _, tw := range tws {
+		if tw.w.Kind == gateway.Leave {
+			u.left = append(u.left, leftSession{device: tw.w.Device, session: tw.w.Session, at: tw.at,
+				lease: cmp.Or(tw.w.Lease, t.lease), keep: tw.at.Add(u.keepLapsed(t))})
+		}
+	}
+	if len(u.left) >= 2*max(u.leftPruned, 64) {
+		u.left = slices.DeleteFunc(u.left, func(l leftSession) bool { return !now.Before(l.keep) })
+		u.leftPruned = len(u.left)
 	}
 }

@@ -217,6 +217,74 @@ func TestRestoreEndsSessionsThatRanOut(t *testing.T) {
 	}
 }
 
+// A device that left, whose leave the store had accepted but whose
+// offline it had not written yet (the leave's grace, then the wait for
+// the gateway's coverage) when it lost its state: the table forgot the
+// session at the leave, so only the accepted leave can bring it back. The
+// restore re-sends it (after the live sessions), and the store writes the
+// offline with reason leave; a device that left and came back (a new
+// session here) is left to that session. Without the leave in the
+// restore the device's record is simply gone: no offline is ever
+// written.
+func TestRestoreWritesTheOfflineOfAnAcceptedLeave(t *testing.T) {
+	srv, e, table := restoreEnv(t, nil)
+	ctx := t.Context()
+	observe := func(d gateway.DeviceID, sess gateway.SessionID, k gateway.Kind) {
+		t.Helper()
+		if err := table.Observe(ctx, gateway.Evidence{Device: d, Session: sess, Kind: k, ObservedAt: e.clock.Now()}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, d := range []gateway.DeviceID{"stays", "left", "back"} {
+		observe(d, "coap/a", gateway.Connect)
+	}
+	if err := e.u.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	e.clock.Advance(time.Second)
+	observe("left", "coap/a", gateway.Leave)
+	observe("back", "coap/a", gateway.Leave)
+	if err := e.u.Flush(ctx); err != nil { // the leaves are accepted
+		t.Fatal(err)
+	}
+	observe("back", "coap/b", gateway.Connect)
+	if err := e.u.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	before := len(allEvents(t, e.store))
+	if err := srv.Client(t).FlushAll(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	e.clock.Advance(2 * time.Second)
+	if err := e.u.Flush(ctx); err != nil { // finds the loss, restores
+		t.Fatal(err)
+	}
+	if got := metricValue(t, e.reg, "fleetgate_uplink_restored_sessions_total", "", ""); got != 3 {
+		t.Errorf("restored %v writes, want 3 (stays, back's new session, left's leave)", got)
+	}
+	var offline []gateway.Event
+	for _, ev := range allEvents(t, e.store) {
+		if ev.State == gateway.Offline {
+			offline = append(offline, ev)
+		}
+	}
+	for shard := range testShards {
+		r, err := e.store.Reap(ctx, shard, 100)
+		if err != nil {
+			t.Fatal(err)
+		}
+		offline = append(offline, r.Offline...)
+	}
+	if len(offline) != 1 || offline[0].Device != "left" || offline[0].Reason != gateway.ReasonLeave {
+		t.Fatalf("offline after the restore: %+v (%d events before the loss), want left's, reason leave", offline, before)
+	}
+	for _, d := range []gateway.DeviceID{"stays", "back"} {
+		if info, err := e.store.Device(ctx, d); err != nil || info.State != gateway.Online {
+			t.Errorf("%s after the restore: %+v %v, want online", d, info, err)
+		}
+	}
+}
+
 // restoreEnv is an uplink on a fresh redis-server (on the test clock, as
 // the ages are), wrapped by wrap unless nil, with a session table whose
 // sessions it restores.

@@ -134,6 +134,11 @@ type Uplink struct {
 	// restoreDue marks the shards whose restore has not gone through yet
 	// (restoreShards): each call that the shard answers tries again.
 	restoreDue []bool // under sendMu
+	// left are the leaves the store accepted, restorable for a while
+	// (restore.go, noteLeaves), and leftPruned its length when last
+	// pruned; under sendMu.
+	left       []leftSession
+	leftPruned int
 	keepAlive  time.Duration
 	grace      time.Duration // Options.GatewayGrace
 	// flushBusy, outboxBusy and probeBusy: the flush, replay and probe
