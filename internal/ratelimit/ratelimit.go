@@ -72,6 +72,9 @@ type Limiter[K comparable] struct {
 	// sweepAt is the table size at which a new key sweeps it.
 	sweepAt int
 	swept   int64 // when the table was last swept, Unix nanoseconds
+	// peak is the most keys the table has held since it was last
+	// rebuilt: a Go map keeps the room of its peak after deletes.
+	peak int
 }
 
 // minSweep is the smallest table a Limiter without a bound sweeps.
@@ -86,18 +89,22 @@ const sweepEvery = 100 * time.Millisecond
 // bursts of as many, whose table has no bound: it is swept whenever it
 // has doubled since the last sweep (from minSweep keys on), so its size
 // follows the number of keys that took a token within about a second.
-// A new key is never refused.
+// A sweep that leaves a quarter of the table's peak or less rebuilds it,
+// so that its memory follows too (a burst of keys, such as every device
+// back at once after a restart, is not kept for good). A new key is
+// never refused.
 func New[K comparable](rate int) *Limiter[K] {
 	return &Limiter[K]{rate: float64(rate), buckets: make(map[K]Bucket), sweepAt: minSweep}
 }
 
 // NewBounded is a Limiter of rate (positive) events a second per key,
-// with bursts of as many, that keeps at most maxKeys keys. When the table
-// is full of keys that took a token within the last second, a new key is
-// refused for a second: state never piles up, whatever the number of
-// (spoofed) keys. A full table is swept at most once per sweepEvery.
+// with bursts of as many, that keeps at most maxKeys keys. Below the
+// bound it is swept as New's is; when the table is full of keys that
+// took a token within the last second, a new key is refused for a
+// second: state never piles up, whatever the number of (spoofed) keys. A
+// full table is swept at most once per sweepEvery.
 func NewBounded[K comparable](rate, maxKeys int) *Limiter[K] {
-	return &Limiter[K]{rate: float64(rate), max: maxKeys, buckets: make(map[K]Bucket), sweepAt: maxKeys}
+	return &Limiter[K]{rate: float64(rate), max: maxKeys, buckets: make(map[K]Bucket), sweepAt: min(minSweep, maxKeys)}
 }
 
 // Allow takes a token of key at now. When there is none it returns false
@@ -115,6 +122,7 @@ func (l *Limiter[K]) Allow(key K, at time.Time) (bool, time.Duration) {
 	}
 	allowed, wait := b.take(l.rate, now)
 	l.buckets[key] = b
+	l.peak = max(l.peak, len(l.buckets))
 	return allowed, wait
 }
 
@@ -124,9 +132,8 @@ func (l *Limiter[K]) room(now int64) bool {
 	if len(l.buckets) < l.sweepAt {
 		return true
 	}
-	if l.max == 0 {
+	if l.max == 0 || len(l.buckets) < l.max {
 		l.sweep(now)
-		l.sweepAt = max(minSweep, 2*len(l.buckets))
 		return true
 	}
 	if now-l.swept >= int64(sweepEvery) || now < l.swept {
@@ -136,12 +143,25 @@ func (l *Limiter[K]) room(now int64) bool {
 	return len(l.buckets) < l.max
 }
 
-// sweep forgets the keys whose buckets are full at now.
+// sweep forgets the keys whose buckets are full at now, rebuilds the
+// table when that left a quarter of its peak or less, and sets the size
+// of the next sweep: twice what is left, within the bound.
 func (l *Limiter[K]) sweep(now int64) {
 	for k, b := range l.buckets {
 		if b.level(l.rate, now) >= l.rate {
 			delete(l.buckets, k)
 		}
+	}
+	if n := len(l.buckets); l.peak > minSweep && n <= l.peak/4 {
+		kept := make(map[K]Bucket, n)
+		for k, b := range l.buckets {
+			kept[k] = b
+		}
+		l.buckets, l.peak = kept, n
+	}
+	l.sweepAt = max(minSweep, 2*len(l.buckets))
+	if l.max > 0 {
+		l.sweepAt = min(l.sweepAt, l.max)
 	}
 }
 

@@ -2,6 +2,7 @@ package ratelimit
 
 import (
 	"net/netip"
+	"runtime"
 	"testing"
 	"time"
 )
@@ -124,4 +125,58 @@ func TestLimiterSweptWhenDoubled(t *testing.T) {
 	if n, want := l.Len(), minSweep; n != want {
 		t.Fatalf("%d keys after the sweep, want the %d that connected in this second", n, want)
 	}
+}
+
+// A bounded table is swept as an unbounded one is, not only when full:
+// the gateway's tables are bounded far above a site's fleet, and a table
+// that waited for its bound kept a bucket for every device that ever
+// sent.
+func TestLimiterBoundedSweptBeforeFull(t *testing.T) {
+	l := NewBounded[netip.Addr](2, 1<<16)
+	now := start
+	for i := range minSweep {
+		l.Allow(addr(i), now)
+	}
+	now = now.Add(time.Second)
+	if ok, _ := l.Allow(addr(minSweep), now); !ok {
+		t.Fatal("new source refused")
+	}
+	if n := l.Len(); n != 1 {
+		t.Fatalf("%d sources kept a second after the others sent, want 1", n)
+	}
+}
+
+// A table that a burst of keys grew gives its room back once a sweep has
+// forgotten them: every device of a site back at once after a restart
+// must not leave a bucket's room per device for good.
+func TestLimiterGivesBackItsRoom(t *testing.T) {
+	const burst, wave = 100_000, 32_000
+	l := NewBounded[netip.AddrPort](1, 1<<20)
+	now := start
+	for i := range burst {
+		l.Allow(netip.AddrPortFrom(addr(i), 5683), now)
+	}
+	peak := heapBytes()
+	now = now.Add(2 * time.Second)
+	for i := range wave {
+		l.Allow(netip.AddrPortFrom(addr(burst+i), 5683), now)
+	}
+	after := heapBytes()
+	if n := l.Len(); n > wave {
+		t.Fatalf("%d keys after the sweep, want at most the %d of the second wave", n, wave)
+	}
+	// the wave's keys in a table sized for them: a map's room is a power
+	// of two, so half the burst's (without the rebuild: all of it)
+	if after > peak*6/10 {
+		t.Fatalf("heap %d B with %d keys left, %d B with the burst's %d: the table kept its peak's room", after, l.Len(), peak, burst)
+	}
+	runtime.KeepAlive(l)
+}
+
+// heapBytes is the live heap after a collection.
+func heapBytes() uint64 {
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return m.HeapAlloc
 }
