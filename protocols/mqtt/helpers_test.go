@@ -5,10 +5,12 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -119,6 +121,28 @@ type v5 struct {
 	conn         net.Conn
 	disconnected chan *paho.Disconnect
 	received     chan *paho.Publish
+	// clientErrs holds the first errors paho reported (a read that
+	// failed ends the connection), for a test's failure message.
+	clientErrs chan error
+}
+
+// why describes what ended c's connection early, as far as the client
+// saw: paho's errors and a server DISCONNECT.
+func (c *v5) why() string {
+	var b strings.Builder
+	for {
+		select {
+		case err := <-c.clientErrs:
+			fmt.Fprintf(&b, "client error: %v; ", err)
+		case d := <-c.disconnected:
+			fmt.Fprintf(&b, "server DISCONNECT %#x; ", d.ReasonCode)
+		default:
+			if b.Len() == 0 {
+				return "no client error, no DISCONNECT"
+			}
+			return b.String()
+		}
+	}
 }
 
 // connectV5 dials addr (TLS when tc is set) and sends cp; it returns the
@@ -135,11 +159,16 @@ func connectV5(t testing.TB, addr string, tc *tls.Config, cp *paho.Connect) (*v5
 	if err != nil {
 		t.Fatalf("dial: %v", err)
 	}
-	c := &v5{conn: nc, disconnected: make(chan *paho.Disconnect, 1), received: make(chan *paho.Publish, 16)}
+	c := &v5{conn: nc, disconnected: make(chan *paho.Disconnect, 1), received: make(chan *paho.Publish, 16), clientErrs: make(chan error, 4)}
 	c.Client = paho.NewClient(paho.ClientConfig{
 		Conn:               nc,
 		OnServerDisconnect: func(d *paho.Disconnect) { c.disconnected <- d },
-		OnClientError:      func(error) {},
+		OnClientError: func(err error) {
+			select {
+			case c.clientErrs <- err:
+			default:
+			}
+		},
 		OnPublishReceived: []func(paho.PublishReceived) (bool, error){func(pr paho.PublishReceived) (bool, error) {
 			c.received <- pr.Packet
 			return true, nil

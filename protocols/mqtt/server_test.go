@@ -471,7 +471,7 @@ func TestTLS(t *testing.T) {
 	}
 	session := rec.SessionOf("dev-1")
 	if err := c.Disconnect(&paho.Disconnect{}); err != nil {
-		t.Fatal(err)
+		t.Fatalf("DISCONNECT over TLS: %v (%s)", err, c.why())
 	}
 	eventually(t, 5*time.Second, "leave over TLS", func() bool { return rec.Count(session, gateway.Leave) == 1 })
 
