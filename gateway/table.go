@@ -152,7 +152,7 @@ type Table struct {
 	max    int64
 	n      atomic.Int64
 	// perDevice is MaxSessionsPerDevice; limited counts its refusals.
-	perDevice int32
+	perDevice uint16
 	limited   atomic.Uint64
 	// maxAnon is MaxAnonymousDevices, anon the anonymous devices with
 	// sessions, anonLimited the refusals.
@@ -184,15 +184,16 @@ type tableShard struct {
 	// multi holds the devices of the shard with more than one session
 	// (few: Devices looks only those up).
 	multi map[DeviceID]struct{}
-	// anon holds the devices of the shard counted as anonymous: their
-	// first session came with Evidence.Anonymous.
-	anon map[DeviceID]struct{}
 }
 
-// device is what the table keeps of a device with sessions: how many,
-// and its learned period (while learned leases are on): 8 bytes.
+// device is what the table keeps of a device with sessions: how many
+// (at most MaxSessionsPerDevice, which configs bound to 256), whether it
+// is counted as anonymous (its first session came with
+// Evidence.Anonymous), and its learned period (while learned leases are
+// on): 8 bytes, so that the flag costs no map of its own.
 type device struct {
-	sessions int32
+	sessions uint16
+	anon     bool
 	period   Period
 }
 
@@ -266,7 +267,7 @@ func NewTable(up Uplink, o TableOptions) *Table {
 		shards: make([]tableShard, o.Shards),
 		max:    int64(o.MaxSessions),
 
-		perDevice: int32(min(o.MaxSessionsPerDevice, math.MaxInt32)),
+		perDevice: uint16(min(o.MaxSessionsPerDevice, math.MaxUint16)),
 		maxAnon:   int64(o.MaxAnonymousDevices),
 
 		keepLapsed: o.KeepLapsed,
@@ -275,7 +276,6 @@ func NewTable(up Uplink, o TableOptions) *Table {
 		t.shards[i].m = make(map[string]*entry)
 		t.shards[i].devices = make(map[DeviceID]device)
 		t.shards[i].multi = make(map[DeviceID]struct{})
-		t.shards[i].anon = make(map[DeviceID]struct{})
 	}
 	t.timing.Store(newTiming(o.Lease, o.RenewEvery, o.LearnLease, o.MaxLease))
 	t.protos.names.Store(&[]string{""})
@@ -354,7 +354,8 @@ func (t *Table) Observe(ctx context.Context, ev Evidence) error {
 	dl := at + int64(ev.Lease)
 	switch {
 	case !ok:
-		have := sh.devices[ev.Device].sessions
+		d := sh.devices[ev.Device]
+		have := d.sessions
 		if have >= t.perDevice {
 			sh.mu.Unlock()
 			t.limited.Add(1)
@@ -373,11 +374,12 @@ func (t *Table) Observe(ctx context.Context, ev Evidence) error {
 				t.anonLimited.Add(1)
 				return fmt.Errorf("observe: anonymous device %s: anonymous_max_devices %d reached: %w", ev.Device, t.maxAnon, ErrAnonymousLimit)
 			}
-			sh.anon[ev.Device] = struct{}{}
+			d.anon = true
 		}
 		e = &entry{first: at, seen: at, dl: dl, proto: t.protos.index(ev.Protocol)}
 		sh.m[string(key)] = e
-		sh.devices[ev.Device] = device{sessions: have + 1, period: sh.devices[ev.Device].period}
+		d.sessions = have + 1
+		sh.devices[ev.Device] = d
 		if have == 1 {
 			sh.multi[ev.Device] = struct{}{}
 		}
@@ -565,7 +567,8 @@ func (t *Table) RunSweep(ctx context.Context, every time.Duration) error {
 // forget counts one session of device, in shard sh, less; the caller
 // holds sh.mu.
 func (t *Table) forget(sh *tableShard, device DeviceID) {
-	if d := sh.devices[device]; d.sessions > 1 {
+	d := sh.devices[device]
+	if d.sessions > 1 {
 		d.sessions--
 		sh.devices[device] = d
 		if d.sessions == 1 {
@@ -574,8 +577,7 @@ func (t *Table) forget(sh *tableShard, device DeviceID) {
 		return
 	}
 	delete(sh.devices, device)
-	if _, ok := sh.anon[device]; ok {
-		delete(sh.anon, device)
+	if d.anon {
 		t.anon.Add(-1)
 	}
 }
