@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"strings"
+	"sync"
 )
 
 // MaxDeviceIDLen is the longest device ID accepted (docs/design.md §1).
@@ -80,15 +81,29 @@ func ConnectionSessionID(gw string, epoch uint64, n uint64) SessionID {
 // InstanceSessionID names a connectionless session by protocol and a
 // device-chosen instance ("coap/<instance>"); an empty instance is
 // "default". The instance must itself be a valid device-ID-shaped token.
+// The default session of a protocol is one string for every device, not
+// one per message that the session table and the uplink would keep.
 func InstanceSessionID(protocol, instance string) (SessionID, error) {
 	if instance == "" {
-		instance = "default"
+		if id, ok := defaultSessions.Load(protocol); ok {
+			return id.(SessionID), nil
+		}
+		id, err := ParseSessionID(protocol + "/default")
+		if err == nil {
+			defaultSessions.Store(protocol, id)
+		}
+		return id, err
 	}
 	if _, err := ParseDeviceID(instance); err != nil {
 		return "", fmt.Errorf("%w: instance: %v", ErrInvalidSessionID, err)
 	}
 	return ParseSessionID(protocol + "/" + instance)
 }
+
+// defaultSessions holds, by protocol, its default session ID
+// (InstanceSessionID): the protocols are the CoAP front end's and the
+// configured adapters' names, a handful.
+var defaultSessions sync.Map
 
 // SessionProtocol names the protocol of a session by the form of its ID
 // (docs/design.md §1): "mqtt" for "<gateway>/<epoch>/<n>" and
