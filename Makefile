@@ -272,17 +272,18 @@ sboms: $(ARCHS:%=build/pkg/%)
 # The container image (container/Containerfile) for IMAGE_ARCHS, as an
 # OCI archive: dist/fleetgate_<version>_oci.tar (load or push it with
 # `skopeo copy oci-archive:...`, docs/operations.md). The build context:
-# build/pkg/<arch> and build/image (passwd, group, and this host's CA
-# certificates: Debian's ca-certificates, so the image's bytes follow that
-# package's version). Its tag is the version, with a build's "+" as "_"
-# (a container tag has no "+").
+# build/pkg/<arch> and build/image (passwd, group, and the CA
+# certificates of golang.org/x/crypto/x509roots/fallback at the version
+# go.mod pins, written by internal/cabundle: not the build host's). Its
+# tag is the version, with a build's "+" as "_" (a container tag has no
+# "+").
 IMAGE_ARCHS ?= amd64 arm64 armv7
 image: $(IMAGE_ARCHS:%=build/pkg/%)
 	rm -rf build/image && install -d -m 0755 build/image/rootfs/etc/ssl/certs build/image/state && \
 	  install -d -m 1777 build/image/rootfs/tmp && install -d -m 0755 build/image/rootfs/var/lib && \
 	  chmod 0750 build/image/state && \
 	  install -m 0644 container/passwd container/group build/image/rootfs/etc/ && \
-	  install -m 0644 /etc/ssl/certs/ca-certificates.crt build/image/rootfs/etc/ssl/certs/
+	  $(GO) run ./internal/cabundle -o build/image/rootfs/etc/ssl/certs/ca-certificates.crt
 	mkdir -p $(DIST)
 	$(GO) run ./internal/ociimage -f container/Containerfile -context . -epoch $(REL_EPOCH) -tag $(subst +,_,$(PKG_VERSION)) \
 	  -platform $(subst $(space),$(comma),$(foreach a,$(IMAGE_ARCHS),linux/$(if $(filter armv7,$a),arm/v7,$a))) \

@@ -389,6 +389,13 @@ func checkImage(t *testing.T, archive, v, commit, dist string) {
 	if raw := mustRun(t, "skopeo", "inspect", "--raw", ref); !strings.Contains(raw, `"variant":"v7"`) || strings.Count(raw, `"platform"`) != 3 {
 		t.Errorf("the image index:\n%s", raw)
 	}
+	// The CA certificates are the roots go.mod pins, not the build host's.
+	caBundle := filepath.Join(t.TempDir(), "ca-certificates.crt")
+	mustRun(t, "go", "run", "../internal/cabundle", "-o", caBundle)
+	wantCA, err := os.ReadFile(caBundle)
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, p := range []struct{ arch, variant, name string }{{"amd64", "", "amd64"}, {"arm64", "", "arm64"}, {"arm", "v7", "armv7"}} {
 		args := []string{"--override-arch", p.arch}
 		if p.variant != "" {
@@ -434,6 +441,9 @@ func checkImage(t *testing.T, archive, v, commit, dist string) {
 		files, _ := tarFiles(t, filepath.Join(dist, "fleetgate_"+v+"_linux_"+p.name+".tar.gz"))
 		if b, _ := os.ReadFile(filepath.Join(root, "usr/bin/fleetgate")); !bytes.Equal(b, files["fleetgate_"+v+"_linux_"+p.name+"/fleetgate"]) {
 			t.Errorf("%s: the image's /usr/bin/fleetgate is not the tarball's", p.name)
+		}
+		if b, _ := os.ReadFile(filepath.Join(root, "etc/ssl/certs/ca-certificates.crt")); !bytes.Equal(b, wantCA) {
+			t.Errorf("%s: the image's CA certificates are not internal/cabundle's", p.name)
 		}
 		st := mustRun(t, "stat", "-c", "%a %u:%g", filepath.Join(root, "var/lib/fleetgate"), filepath.Join(root, "tmp"))
 		if st != "750 65532:65532\n1777 0:0\n" {
