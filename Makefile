@@ -295,8 +295,8 @@ image: $(IMAGE_ARCHS:%=build/pkg/%)
 # dist/fleetgate_<version>_notes.md) and SHA256SUMS over all of them.
 # Reproducible: the same commit, Go and SOURCE_DATE_EPOCH give the same
 # bytes (TestPackageRelease in `make test-packages` builds the whole
-# release, then the armv7 tarball and packages again in another clone, and
-# compares; `make test` runs only TestReleaseRefuses and the image
+# release twice, in two clones at two paths, and compares SHA256SUMS:
+# every arch, the image and the SBOMs; `make test` runs only TestReleaseRefuses and the image
 # builder's own reproducibility test).
 release:
 	@echo '$(VERSION)' | grep -Eq '^[0-9]+\.[0-9]+\.[0-9]+(-[0-9A-Za-z.-]+)?$$' || \
@@ -314,9 +314,8 @@ release:
 # and in a minbase root made once by debootstrap and cached in
 # build/rootfs), the release test (TestPackageRelease: make release from
 # a clone of HEAD, every artifact checked, each arch's binary run under
-# qemu-user, the image's binary run in its unpacked root, the armv7
-# tarball and packages built again in another clone and compared byte
-# for byte) and the previous release's gateway next to this one on one
+# qemu-user, the image's binary run in its unpacked root, the whole
+# release built again in another clone and compared byte for byte) and the previous release's gateway next to this one on one
 # Redis (TestPackageUpgradeSideBySide): about half an hour on 2 cores,
 # so not in `make test`, which runs only the release's refusals.
 test-packages: deps
