@@ -63,7 +63,7 @@ func commands() []command {
 		{"simulate", "play a CoAP and MQTT fleet with churn against gateways and check the events they wrote", cmdSimulate},
 		{"hash-password", "print the bcrypt hash of a password (prompted on a terminal, else read on stdin), for the devices file", cmdHashPassword},
 		{"gen-cert", "write a self-signed certificate and key for the MQTT TLS listener; print its SHA-256 fingerprint", cmdGenCert},
-		{"version", "print the version, commit, Go version and build date", cmdVersion},
+		{"version", "print the version, commit, Go version, build date, store schema and state format", cmdVersion},
 		{"completion", "print the shell completion script: completion bash|zsh", cmdCompletion},
 	}
 }

@@ -7,6 +7,9 @@ import (
 	"runtime"
 	"runtime/debug"
 	"strings"
+
+	"github.com/fleetgate/fleetgate/internal/statefile"
+	"github.com/fleetgate/fleetgate/store/redisstore"
 )
 
 // version is set by the linker (-X main.version=...), and so are
@@ -29,13 +32,21 @@ type buildInfo struct {
 	// Built is the build date (RFC 3339), "" when the build did not set
 	// it.
 	Built string `json:"built"`
+	// StoreSchema is the Redis store's layout and record format
+	// (redisstore.Schema): gateways and runners of two releases may share
+	// one store when theirs are equal. StateFormat is the state file's
+	// format this binary writes and the newest it reads.
+	StoreSchema string `json:"store_schema"`
+	StateFormat uint64 `json:"state_format"`
 }
 
 // currentBuild reads the build from the linker's variables and the Go
 // toolchain's build information.
 func currentBuild() buildInfo {
 	bi, _ := debug.ReadBuildInfo()
-	return buildFrom(version, commit, buildDate, bi)
+	b := buildFrom(version, commit, buildDate, bi)
+	b.StoreSchema, b.StateFormat = redisstore.Schema, statefile.Version(stateMigrations)
+	return b
 }
 
 // buildFrom is the build that the linker's variables (version, commit,
@@ -72,7 +83,7 @@ func buildFrom(version, commit, built string, bi *debug.BuildInfo) buildInfo {
 
 func cmdVersion(_ context.Context, args []string, stdout, _ io.Writer) error {
 	fs := newBareFlags("version", "version [--json]")
-	asJSON := fs.Bool("json", false, "print version, commit, Go version and build date as JSON")
+	asJSON := fs.Bool("json", false, "print version, commit, Go version, build date, store schema and state format as JSON")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -91,5 +102,7 @@ func cmdVersion(_ context.Context, args []string, stdout, _ io.Writer) error {
 	if b.Built != "" {
 		fmt.Fprintf(stdout, "built   %s\n", b.Built)
 	}
+	fmt.Fprintf(stdout, "store   schema %s\n", b.StoreSchema)
+	fmt.Fprintf(stdout, "state   format %d\n", b.StateFormat)
 	return nil
 }

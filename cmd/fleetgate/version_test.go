@@ -1,8 +1,17 @@
 package main
 
 import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
 	"runtime/debug"
+	"strings"
 	"testing"
+
+	"github.com/fleetgate/fleetgate/internal/statefile"
+	"github.com/fleetgate/fleetgate/store/redisstore"
 )
 
 // What `fleetgate version` reports: the release's stamps, else what the Go
@@ -45,5 +54,30 @@ func TestBuildFrom(t *testing.T) {
 		if got != c.want {
 			t.Errorf("%s: %+v, want %+v", c.name, got, c.want)
 		}
+	}
+}
+
+// `fleetgate version` names the store schema and the state file format,
+// which decide whether two releases may run side by side on one store
+// (docs/operations.md, "Upgrade").
+func TestVersionFormats(t *testing.T) {
+	var out bytes.Buffer
+	if err := cmdVersion(context.Background(), []string{"--json"}, &out, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	var b buildInfo
+	if err := json.Unmarshal(out.Bytes(), &b); err != nil {
+		t.Fatal(err)
+	}
+	if b.StoreSchema != redisstore.Schema || b.StateFormat != statefile.Version(stateMigrations) || b.StateFormat < 6 {
+		t.Errorf("version --json: %s", out.Bytes())
+	}
+	out.Reset()
+	if err := cmdVersion(context.Background(), nil, &out, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	want := fmt.Sprintf("store   schema %s\nstate   format %d\n", redisstore.Schema, statefile.Version(stateMigrations))
+	if !strings.HasSuffix(out.String(), want) {
+		t.Errorf("version:\n%s\nwant it to end with\n%s", out.String(), want)
 	}
 }
