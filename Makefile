@@ -289,7 +289,8 @@ image: $(IMAGE_ARCHS:%=build/pkg/%)
 	  -platform $(subst $(space),$(comma),$(foreach a,$(IMAGE_ARCHS),linux/$(if $(filter armv7,$a),arm/v7,$a))) \
 	  -arg VERSION=$(PKG_VERSION) -arg REVISION=$(COMMIT) -arg CREATED=$(REL_DATE) -o $(DIST)/fleetgate_$(PKG_VERSION)_oci.tar
 
-# `make release VERSION=x.y.z`: into an empty dist/, the tarballs, the
+# `make release VERSION=x.y.z`, from a tree without uncommitted changes
+# (the binaries name the commit): into an empty dist/, the tarballs, the
 # packages and the SBOMs of every arch in ARCHS, the image, the release
 # notes (the section of CHANGELOG.md for that version:
 # dist/fleetgate_<version>_notes.md) and SHA256SUMS over all of them.
@@ -305,6 +306,8 @@ release:
 	awk -v v='$(VERSION)' '/^## / { p = ($$2 == v) } p' CHANGELOG.md > $(DIST)/fleetgate_$(VERSION)_notes.md
 	@test -s $(DIST)/fleetgate_$(VERSION)_notes.md || \
 	  { echo "make release: CHANGELOG.md has no section '## $(VERSION)': write the release notes first" >&2; exit 2; }
+	@test -z "$$(git status --porcelain 2>&1)" || \
+	  { echo "make release: the tree has changes that are not committed: the release would not be the commit it names" >&2; exit 2; }
 	$(MAKE) --no-print-directory PKG_VERSION=$(VERSION) DIST=$(DIST) COMMIT=$(COMMIT) SOURCE_DATE_EPOCH=$(REL_EPOCH) \
 	  tarballs packages image sboms
 	cd $(DIST) && sha256sum $$(ls | grep -v '^SHA256SUMS$$' | LC_ALL=C sort) > SHA256SUMS
