@@ -237,7 +237,8 @@ type Ledger struct {
 	// lost counts accepted connects not added (over maxLedgerAdds).
 	lost int
 	// size is the length of the last rewrite: the next one's buffer is
-	// made that large at once. The buffer itself is not kept between
+	// made an eighth larger at once (a table that grew a little does not
+	// make append copy it). The buffer itself is not kept between
 	// rewrites: at 20,000 sessions it is 1.4 MB (68 B a session) that the
 	// collector would count live, and give as much again of headroom.
 	size int
@@ -369,7 +370,7 @@ func (l *Ledger) rewrite(now time.Time, staleBy time.Duration, each func(fn func
 	l.mu.Lock()
 	l.adds, l.lost = nil, 0
 	l.held = slices.DeleteFunc(l.held, func(h heldSession) bool { return !h.keep.After(now) })
-	b := append(make([]byte, 0, l.size), ledgerMagic...)
+	b := append(make([]byte, 0, l.size+l.size/8), ledgerMagic...)
 	b = append(b, ledgerFormat)
 	for _, shard := range slices.Sorted(maps.Keys(incs)) {
 		b = appendIncarnation(b, shard, incs[shard])
