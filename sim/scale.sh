@@ -12,7 +12,8 @@
 #                        # leave churn, 10 min, the gateway restarted at AT s (the MQTT devices' reconnect storm)
 #   sim/scale.sh gwcost  [CLASS N DURATION]
 #                        # the gateway's cost per device of one class (coap, dtls, mqtt): memory,
-#                        # CPU per message, its heap profile's top; 10,000 MQTT devices, 3 min 20 s
+#                        # CPU per message, its heap profile's top; 10,000 MQTT devices, 3 min 20 s;
+#                        # GWCOST_LIMITS adds to the gateway's limits (GWCOST_LIMITS='dtls_idle_timeout: 1s')
 #   sim/scale.sh leases  [DEVICES DURATION SEED]
 #                        # devices that send every 1 s to 1 h, time scaled by 1/60: a fixed lease
 #                        # that lets the slowest through, then learned leases; the detection per period
@@ -178,7 +179,7 @@ if [ "$mode" = run ]; then
 	devices=$((coap + mqtt))
 	share=$(python3 -c "print($mqtt/$devices)")
 	devices_file=$dir/devices.yaml
-	limits='mqtt_max_clients: 200000, anonymous_max_devices: 1000000'
+	limits="mqtt_max_clients: 200000, anonymous_max_devices: 1000000${GWCOST_LIMITS:+, $GWCOST_LIMITS}"
 	gwconf scale-1 'lease: 90s' 'flush_interval: 1s' 'enabled: true'
 	dport=$(udpport)
 	sed -i "s|coap: { udp: \"127.0.0.1:$cport\" }|coap: { udp: \"127.0.0.1:$cport\", dtls: \"127.0.0.1:$dport\" }|" "$dir/scale-1.yaml"
@@ -228,7 +229,7 @@ if [ "$mode" = gwcost ]; then
 	*) echo "gwcost: class coap, dtls or mqtt, got $class" >&2; exit 2 ;;
 	esac
 	devices_file=$dir/devices.yaml
-	limits='mqtt_max_clients: 200000, anonymous_max_devices: 1000000'
+	limits="mqtt_max_clients: 200000, anonymous_max_devices: 1000000${GWCOST_LIMITS:+, $GWCOST_LIMITS}"
 	gwconf scale-1 'lease: 90s' 'flush_interval: 1s' 'enabled: true'
 	dport=$(udpport)
 	sed -i -e "s|coap: { udp: \"127.0.0.1:$cport\" }|coap: { udp: \"127.0.0.1:$cport\", dtls: \"127.0.0.1:$dport\" }|" \
