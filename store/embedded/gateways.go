@@ -12,10 +12,13 @@ import (
 )
 
 // Gateways lists the gateways of store.epochs (every gateway whose batch
-// the store accepted; bbolt's key order is ID order), with their latest contact over the shards'
-// "cover.<gateway>" records and their sessions summed over the shards'
-// "sessions.<gateway>" counts (index.go). Only its own gateway writes the file, so none
-// is ever behind (its outbox is for the Redis store) or lost.
+// the store accepted; bbolt's key order is ID order), with their latest
+// contact over the shards' "cover.<gateway>" records, their sessions
+// summed over the shards' "sessions.<gateway>" counts (index.go), and
+// lost while shard 0 keeps the "lost.<gateway>" marker of its lost event
+// (gatewayEvents), as the Redis store reports it. Only its own gateway
+// writes the file, so none is ever behind (its outbox is for the Redis
+// store).
 func (s *Store) Gateways(ctx context.Context) ([]gateway.GatewayInfo, error) {
 	const op = "embedded: gateways"
 	if err := s.ready(ctx); err != nil {
@@ -56,6 +59,9 @@ func (s *Store) Gateways(ctx context.Context) ([]gateway.GatewayInfo, error) {
 					return fmt.Errorf("shard %d: sessions of %s: %w", n, out[i].ID, err)
 				}
 				out[i].Sessions += held
+				if n == 0 {
+					out[i].Lost = sh.root.Get([]byte(keyLost+out[i].ID)) != nil
+				}
 			}
 		}
 		return nil

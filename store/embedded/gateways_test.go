@@ -39,6 +39,22 @@ func (f *fixture) reapAll() {
 	}
 }
 
+// lostGateways is the IDs that Gateways reports lost.
+func (f *fixture) lostGateways() []string {
+	f.t.Helper()
+	gws, err := f.s.Gateways(context.Background())
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	var out []string
+	for _, g := range gws {
+		if g.Lost {
+			out = append(out, g.ID)
+		}
+	}
+	return out
+}
+
 // A gateway not heard for GatewayLost gets one lost event in shard 0's
 // log (however often the reap runs), one back event when it calls again;
 // the time the store was closed counts from its opening, and Gateways
@@ -57,6 +73,9 @@ func TestGatewayEvents(t *testing.T) {
 	}
 	if got := f.gatewayLog(); !slices.Equal(got, []string{"gw-a lost"}) {
 		t.Fatalf("after gw-a's silence of 1.5 × GatewayLost: %q, want one lost", got)
+	}
+	if lost := f.lostGateways(); !slices.Equal(lost, []string{"gw-a"}) {
+		t.Fatalf("Gateways reports %q lost, want gw-a, as its lost event says", lost)
 	}
 	f.apply(0, batch("gw-a", 2))
 	f.reapAll()
@@ -84,6 +103,9 @@ func TestGatewayEvents(t *testing.T) {
 	f.reapAll()
 	if got := f.gatewayLog(); !slices.Equal(got, []string{"gw-a lost", "gw-a back", "gw-a lost", "gw-b lost"}) {
 		t.Fatalf("GatewayLost after the reopen: %q", got)
+	}
+	if lost := f.lostGateways(); !slices.Equal(lost, []string{"gw-a", "gw-b"}) {
+		t.Fatalf("Gateways reports %q lost after the reopen, want both", lost)
 	}
 }
 
