@@ -18,6 +18,7 @@ import (
 	"github.com/plgd-dev/go-coap/v3/message/codes"
 
 	"github.com/fleetgate/fleetgate/admin"
+	"github.com/fleetgate/fleetgate/internal/mosquittotest"
 	"github.com/fleetgate/fleetgate/internal/redistest"
 )
 
@@ -41,6 +42,22 @@ func fleetgateCLI(t *testing.T, stdin string, args ...string) (string, string, i
 	return out.String(), errb.String(), code
 }
 
+// retainedOf is what a fresh mosquitto_sub prints of the retained
+// messages of topic on broker: "topic payload" lines.
+func retainedOf(t *testing.T, broker, topic string) string {
+	t.Helper()
+	host, port, _ := strings.Cut(broker, ":")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	// --retained-only ends at the first live message or after -W seconds
+	// (exit 27, a timeout: not a failure)
+	out, err := exec.CommandContext(ctx, "mosquitto_sub", "-h", host, "-p", port, "-v", "--retained-only", "-W", "2", "-t", topic).CombinedOutput()
+	if ee, ok := err.(*exec.ExitError); err != nil && !(ok && ee.ExitCode() == 27) {
+		t.Fatalf("mosquitto_sub: %v: %s", err, out)
+	}
+	return string(out)
+}
+
 // Provisioning and retirement against a real `fleetgate run` on Redis,
 // with real clients: `devices add` (a generated key, used by a DTLS
 // client; a key file, used by coap-client-openssl; a password, used by
@@ -48,7 +65,9 @@ func fleetgateCLI(t *testing.T, stdin string, args ...string) (string, string, i
 // `devices rotate` ends the live MQTT connection and swaps the password;
 // `devices remove` refuses the device; the credentials API does the same
 // over HTTP with the token; `devices forget` writes the removed event,
-// and the device that sends again comes back with a higher ver.
+// which the gateway's publisher sends to a real mosquitto while it clears
+// the device's retained presence there (mosquitto_sub), and the device
+// that sends again comes back with a higher ver.
 func TestE2EProvisioning(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t)
@@ -72,6 +91,8 @@ func TestE2EProvisioning(t *testing.T) {
 	if err := os.WriteFile(gw.config, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	broker := mosquittotest.Start(t, mosquittotest.Options{}).Addr
+	appendConfig(t, gw.config, fmt.Sprintf("events:\n  mqtt: { url: \"mqtt://%s\", topic_prefix: site-p }\n", broker))
 	gw.start()
 	pid := strconv.Itoa(gw.cmd.Process.Pid)
 	reloads := func() int { return strings.Count(gw.logs(), "devices file reloaded") }
@@ -196,6 +217,10 @@ func TestE2EProvisioning(t *testing.T) {
 	// Forget: the removed event, the device gone from the store; when it
 	// sends again it is back, above every ver it had.
 	waitFor(t, 10*time.Second, "dev-mq in the event log", func() bool { return len(eventsOf(events(t, rc, 4), "dev-mq")) > 0 })
+	bus := mosquittoSub(t, broker, "site-p/events/dev-mq")
+	waitFor(t, 20*time.Second, "dev-mq's retained presence on the broker", func() bool {
+		return strings.Contains(retainedOf(t, broker, "site-p/presence/dev-mq"), "site-p/presence/dev-mq {")
+	})
 	out, errOut, exit := fleetgateCLI(t, "", "devices", "forget", "dev-mq", "-c", gw.config)
 	if exit != 0 || !strings.Contains(out, "device dev-mq forgotten") {
 		t.Fatalf("devices forget: exit %d %s %s", exit, out, errOut)
@@ -211,6 +236,10 @@ func TestE2EProvisioning(t *testing.T) {
 	if _, _, exit := fleetgateCLI(t, "", "devices", "forget", "dev-mq", "-c", gw.config); exit != 1 {
 		t.Errorf("second devices forget: exit %d, want 1 (not found)", exit)
 	}
+	waitFor(t, 20*time.Second, "the removed event on the broker and dev-mq's retained presence cleared", func() bool {
+		line, _ := bus.find(`"state":"removed"`, `"reason":"forget"`, fmt.Sprintf(`"ver":%d`, last.ver))
+		return line != "" && !strings.Contains(retainedOf(t, broker, "site-p/presence/dev-mq"), "dev-mq")
+	})
 	if err := pub("mqtt-pass-2"); err != nil {
 		t.Fatal(err)
 	}
