@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"os"
 	"os/exec"
 	"strings"
 	"sync"
@@ -180,4 +181,54 @@ func TestE2EGatewaysLostAndBack(t *testing.T) {
 		m, _ := sub.find(`site-g/gateways/gw-la {`, `"state":"back"`)
 		return w != "" && m != ""
 	})
+}
+
+// The same on the embedded store, whose file only its own gateway
+// writes: a gateway.id renamed between two runs on one state directory
+// leaves the old ID unheard, and a lease after the store's opening the
+// gateway reports it lost (`fleetgate gateways`, a `lost` gateway event
+// on /v1/watch, the retained <prefix>/gateways/<id> on a real mosquitto)
+// while it lists itself heard.
+func TestE2EGatewaysLostEmbedded(t *testing.T) {
+	t.Parallel()
+	broker := mosquittotest.Start(t, mosquittotest.Options{}).Addr
+	tm := fastTiming
+	g := newGateway(t, "gw-eo", "", tm)
+	appendConfig(t, g.config, fmt.Sprintf("events:\n  mqtt: { url: \"mqtt://%s\", topic_prefix: site-e }\n", broker))
+	g.start()
+	waitFor(t, 10*time.Second, "gw-eo heard", func() bool {
+		m := gatewayStatesOf(t, g)
+		lost, ok := m["gw-eo"]
+		return ok && !lost
+	})
+	g.stop()
+	b, err := os.ReadFile(g.config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(g.config, []byte(strings.Replace(string(b), "id: gw-eo,", "id: gw-en,", 1)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	g.start()
+	watch := watchSSE(t, g)
+	sub := mosquittoSub(t, broker, "site-e/gateways/+")
+	limit := 3*tm.lease + 10*time.Second
+	waitFor(t, limit, "gw-eo lost, gw-en heard", func() bool {
+		m := gatewayStatesOf(t, g)
+		eo, ok1 := m["gw-eo"]
+		en, ok2 := m["gw-en"]
+		return len(m) == 2 && ok1 && eo && ok2 && !en
+	})
+	code, out, errs := runCLI(t, "gateways", "--addr", g.admin)
+	if code != 0 || !regexpMatch(`(?m)^gw-eo\s+lost\s`, out) || !regexpMatch(`(?m)^gw-en\s+heard\s`, out) || !regexpMatch(`(?m)^2 gateways: 1 lost$`, out) {
+		t.Fatalf("gateways: exit %d %s\n%s", code, errs, out)
+	}
+	waitFor(t, limit, "gw-eo's lost event on /v1/watch and the broker", func() bool {
+		w, before := watch.find(`"state":"lost"`, `"gateway":"gw-eo"`)
+		m, _ := sub.find(`site-e/gateways/gw-eo {`, `"state":"lost"`)
+		return w != "" && before == "event: gateway" && m != ""
+	})
+	if line, _ := watch.find(`"gateway":"gw-en"`); line != "" {
+		t.Fatalf("a gateway event of the running gateway: %s", line)
+	}
 }
