@@ -6,9 +6,11 @@ import (
 	"flag"
 	"fmt"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -42,6 +44,9 @@ type pageBrowser struct {
 	log   []chromedp.ConsoleMessage
 	watch []int64 // the status of each /v1/watch answer
 	reqs  []pageRequest
+	// foreign holds the requests the page made outside its own assets,
+	// its login and the public API (checkClean fails on any).
+	foreign []string
 }
 
 // pageRequest is a request of the page to the API: its path and query,
@@ -99,6 +104,11 @@ func newPageBrowser(t *testing.T) *pageBrowser {
 			if _, path, ok := strings.Cut(e.Request.URL, "/v1/"); ok {
 				b.mu.Lock()
 				b.reqs = append(b.reqs, pageRequest{url: "/v1/" + path, at: time.Now()})
+				b.mu.Unlock()
+			}
+			if !pageOwnRequest(e.Request.URL) {
+				b.mu.Lock()
+				b.foreign = append(b.foreign, e.Request.Method+" "+e.Request.URL)
 				b.mu.Unlock()
 			}
 		}
@@ -206,6 +216,27 @@ func (b *pageBrowser) checkClean(allowed func(chromedp.ConsoleMessage) bool) {
 	if v := eval[[]string](b, `window.__csp`); len(v) > 0 {
 		b.t.Errorf("CSP violations: %d: %v", len(v), v)
 	}
+	b.mu.Lock()
+	foreign := slices.Clone(b.foreign)
+	b.mu.Unlock()
+	if len(foreign) > 0 {
+		b.t.Errorf("the page asked for more than its assets, its login and /v1/*: %v", foreign)
+	}
+}
+
+// pageOwnRequest says whether the page's request for raw is one of its
+// own: its document, its assets (/ui/), its login and logout, or the
+// public API (/v1/), on the loopback gateway the tests open it on.
+func pageOwnRequest(raw string) bool {
+	u, err := url.Parse(raw)
+	if err != nil || u.Scheme != "http" && u.Scheme != "https" || u.Hostname() != "127.0.0.1" {
+		return false
+	}
+	switch p := u.Path; {
+	case p == "/", p == "/login", p == "/logout", strings.HasPrefix(p, "/ui/"), strings.HasPrefix(p, "/v1/"):
+		return true
+	}
+	return false
 }
 
 // pageStatus is the part of /v1/status the page's tests read.
@@ -240,7 +271,9 @@ func readPageStatus(t *testing.T, admin string) pageStatus {
 // refused and reported).
 func TestPageInBrowser(t *testing.T) {
 	const probe = "page-probe-1"
-	g := simGateway(t, "gw-page", "")
+	// The cap on anonymous devices is raised above the fleet's 1,001 so
+	// that none is refused (a refusal would show on the device's page).
+	g := simGatewayLimits(t, "gw-page", "", simTiming, "limits: { coap_requests_per_second: 100000, mqtt_connects_per_second: 100000, anonymous_max_devices: 100000 }\n")
 	g.start()
 
 	fleet := exec.Command(binary, "simulate", "--coap", g.coapAddr, "--mqtt", g.mqttAddr, "--admin", g.admin,
@@ -355,6 +388,11 @@ func TestPageInBrowser(t *testing.T) {
 		document.querySelector('#dev-sessions tbody td').textContent === 'No live session.' &&
 		[...document.querySelectorAll('#dev-events li')].some((li) => li.textContent.includes('offline')) &&
 		[...document.querySelectorAll('#dev-events li')].some((li) => li.textContent.includes('online'))`)
+	b.do(10*time.Second, "a phone's width", chromedp.EmulateViewport(360, 780), chromedp.Sleep(200*time.Millisecond))
+	if w := eval[int](b, `document.documentElement.scrollWidth`); w > 360 {
+		t.Errorf("at 360 px the device's page is %d px wide", w)
+	}
+	b.do(10*time.Second, "a desktop's width", chromedp.EmulateViewport(1280, 900))
 	b.checkClean(nil)
 
 	// The policy is in force and the probe sees it: an inline style and an
@@ -492,4 +530,23 @@ func TestPageLoginInBrowser(t *testing.T) {
 	b.checkClean(func(m chromedp.ConsoleMessage) bool {
 		return m.Source == "network" && (strings.Contains(m.Text, "401") || strings.Contains(m.Text, "410") || strings.Contains(m.Text, "ERR_CONNECTION_REFUSED"))
 	})
+}
+
+func TestPageOwnRequest(t *testing.T) {
+	for raw, want := range map[string]bool{
+		"http://127.0.0.1:8080/":                     true,
+		"http://127.0.0.1:8080/ui/app.js":            true,
+		"http://127.0.0.1:8080/v1/devices?order=id":  true,
+		"http://127.0.0.1:8080/login":                true,
+		"http://127.0.0.1:8080/favicon.ico":          false,
+		"http://127.0.0.1:8080/debug/pprof/":         false,
+		"https://cdn.example.com/v1/lib.js":          false,
+		"data:text/plain,x":                          false,
+		"http://127.0.0.1:8080/metrics":              false,
+		"http://127.0.0.1:8080/v1ui/../ui/style.css": false,
+	} {
+		if got := pageOwnRequest(raw); got != want {
+			t.Errorf("pageOwnRequest(%q) = %v, want %v", raw, got, want)
+		}
+	}
 }
