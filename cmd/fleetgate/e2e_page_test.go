@@ -224,6 +224,37 @@ func (b *pageBrowser) checkClean(allowed func(chromedp.ConsoleMessage) bool) {
 	}
 }
 
+// lowContrast lists the page's visible text whose contrast against its
+// background is below WCAG 2's AA level: 4.5:1, 3:1 for large text
+// (24 px, or 18.66 px bold). A background is the nearest ancestor's
+// that is not transparent, translucent ones laid over the one below.
+const lowContrast = `(() => {
+	const rgba = (c) => { const m = c.match(/[\d.]+/g).map(Number); return [m[0], m[1], m[2], m.length > 3 ? m[3] : 1]; };
+	const over = (top, below) => top.slice(0, 3).map((v, i) => v * top[3] + below[i] * (1 - top[3])).concat(1);
+	const bg = (e) => {
+		const layers = [];
+		for (; e && e.nodeType === 1; e = e.parentElement) {
+			const c = rgba(getComputedStyle(e).backgroundColor);
+			if (c[3] > 0) { layers.push(c); if (c[3] === 1) break; }
+		}
+		return layers.reduceRight((below, top) => over(top, below), [255, 255, 255, 1]);
+	};
+	const lum = (c) => { const l = c.slice(0, 3).map((v) => { v /= 255; return v <= 0.03928 ? v / 12.92 : ((v + 0.055) / 1.055) ** 2.4; });
+		return 0.2126 * l[0] + 0.7152 * l[1] + 0.0722 * l[2]; };
+	const low = [];
+	for (const e of document.querySelectorAll('body *')) {
+		if (e.disabled || e.closest('[disabled]') || !e.getClientRects().length) continue;
+		if (![...e.childNodes].some((n) => n.nodeType === 3 && n.textContent.trim())) continue;
+		const st = getComputedStyle(e);
+		if (st.visibility !== 'visible' || Number(st.opacity) === 0) continue;
+		const back = bg(e), fore = over(rgba(st.color), back);
+		const [a, b] = [lum(fore), lum(back)].sort((x, y) => y - x), ratio = (a + 0.05) / (b + 0.05);
+		const size = parseFloat(st.fontSize), large = size >= 24 || (size >= 18.66 && Number(st.fontWeight) >= 700);
+		if (ratio < (large ? 3 : 4.5)) low.push(e.tagName + ' "' + e.textContent.trim().slice(0, 30) + '" ' + ratio.toFixed(2));
+	}
+	return low;
+})()`
+
 // pageOwnRequest says whether the page's request for raw is one of its
 // own: its document, its assets (/ui/), its login and logout, or the
 // public API (/v1/), on the loopback gateway the tests open it on.
@@ -325,6 +356,9 @@ func TestPageInBrowser(t *testing.T) {
 	if v := eval[[]string](b, `[...document.querySelectorAll('input, select')].filter((e) => !e.hidden && e.type !== 'hidden' && !(e.labels && e.labels.length)).map((e) => e.outerHTML)`); len(v) > 0 {
 		t.Errorf("fields without a label: %v", v)
 	}
+	if v := eval[[]string](b, lowContrast); len(v) > 0 {
+		t.Errorf("text below WCAG AA contrast on the overview: %v", v)
+	}
 	eval[bool](b, `document.activeElement.blur(), true`)
 	for i := 0; i < 40 && eval[string](b, `document.activeElement.id`) != "q"; i++ {
 		b.do(5*time.Second, "tab", chromedp.KeyEvent("\t"))
@@ -388,6 +422,9 @@ func TestPageInBrowser(t *testing.T) {
 		document.querySelector('#dev-sessions tbody td').textContent === 'No live session.' &&
 		[...document.querySelectorAll('#dev-events li')].some((li) => li.textContent.includes('offline')) &&
 		[...document.querySelectorAll('#dev-events li')].some((li) => li.textContent.includes('online'))`)
+	if v := eval[[]string](b, lowContrast); len(v) > 0 {
+		t.Errorf("text below WCAG AA contrast on the device's page: %v", v)
+	}
 	b.do(10*time.Second, "a phone's width", chromedp.EmulateViewport(360, 780), chromedp.Sleep(200*time.Millisecond))
 	if w := eval[int](b, `document.documentElement.scrollWidth`); w > 360 {
 		t.Errorf("at 360 px the device's page is %d px wide", w)
