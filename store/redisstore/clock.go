@@ -56,7 +56,8 @@ func (s *Store) localNow() time.Duration {
 //
 // Each reply that names the store time s of its run bounds the offset
 // s − local: a call sent at local time t0 and answered at t1 ran between
-// them, so the offset lies in [s − t1, s − t0]. The estimate is the
+// them, so the offset lies in [s − t1, s − t0 + 1 ms] (s is truncated to
+// the millisecond). The estimate is the
 // largest lower bound seen, so a reply that comes back late (a pipeline
 // that also waited for a dead Cluster node, a starved process) never
 // pulls it back. (Were each reply's time taken as "now", a late reply
@@ -74,10 +75,17 @@ type storeClock struct {
 }
 
 // observe records the store time store (ms) of a call sent at local time
-// sent and answered at recv.
+// sent and answered at recv. The store's times are truncated to the
+// millisecond: the call ran within the millisecond that follows store,
+// so the upper bound counts that millisecond. (Without it, a call that
+// ran within a millisecond of its send, late in the store's millisecond,
+// looked like a clock that went back; the estimate restarted from that
+// call's lower bound, seconds low when its reply had been delayed, and
+// every call after it dated its evidence that much too early: deadlines
+// short by as much, false offlines.)
 func (c *storeClock) observe(store int64, sent, recv time.Duration) {
 	at := time.Duration(store) * time.Millisecond
-	lo, hi := at-recv, at-sent
+	lo, hi := at-recv, at+time.Millisecond-sent
 	if !c.known || lo > c.offset || hi < c.offset {
 		c.known, c.offset = true, lo
 	}

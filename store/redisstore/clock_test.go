@@ -41,6 +41,35 @@ func TestStoreClockEstimate(t *testing.T) {
 	}
 }
 
+// TestTruncatedStoreTimeIsNoClockStep: a store time is truncated to the
+// millisecond, so a call that ran within a millisecond of its send, late
+// in the store's millisecond, names a time up to a millisecond before its
+// send. That is no clock that went back: a delayed reply of such a call
+// (here 1.6 s) must not pull the estimate down to its lower bound, or
+// every later call would date its evidence 1.6 s early.
+func TestTruncatedStoreTimeIsNoClockStep(t *testing.T) {
+	const s, ms = time.Second, time.Millisecond
+	us := time.Microsecond
+	// The store's clock is the local one + 90 s, exactly.
+	var c storeClock
+	// Sent at 10 s, ran 0.1 ms later (store 100.0001 s, named 100000 ms),
+	// answered 0.2 ms after the send: the estimate is 89.9998 s.
+	c.observe(100_000, 10*s, 10*s+200*us)
+	before, _ := c.notAfter(20*s, 0)
+	// Sent at 10.9995 s, ran 50 µs later at store 100.99955 s, named
+	// 100999 ms (0.5 ms before the send, on the store's clock), its reply
+	// delayed 1.6 s.
+	c.observe(100_999, 11*s-500*us, 11*s-500*us+1600*ms)
+	if got, _ := c.notAfter(20*s, 0); got != before {
+		t.Fatalf("a truncated store time moved the estimate from %d to %d ms (a clock step taken from a delayed reply)", before, got)
+	}
+	// A store clock that did go back by 2 ms is still followed.
+	c.observe(100_997, 11*s, 11*s+100*us)
+	if got, _ := c.notAfter(20*s, 0); got >= before {
+		t.Fatalf("a store clock 2 ms back was not followed: %d ms, was %d", got, before)
+	}
+}
+
 // TestLateReplyDoesNotMakeCallsStale: a reply read long after its call
 // ran (here: a store time 10 s old) does not lower the store clock's
 // estimate, so the calls after it are not refused as stale (were it set
