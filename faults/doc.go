@@ -12,7 +12,9 @@
 //
 //	go test -tags faults -count=1 -v -run TestRedisFlushAll ./faults/
 //
-// FAULTS_REPORT=file appends each scenario's table row to file, and
-// FAULTS_DUMP=dir writes a failing scenario's event log and truth there.
+// FAULTS_REPORT=file appends each scenario's table row to file,
+// FAULTS_DUMP=dir writes a failing scenario's event log and truth there,
+// and each gateway's whole log (<test>-<gateway>.log), and
+// FAULTS_LOG_LEVEL sets the gateways' log level (info unless set).
 // docs/reliability.md has the figures.
 package faults

@@ -4,9 +4,11 @@ package faults
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"net"
 	"net/http"
 	"os"
@@ -113,7 +115,7 @@ func (c gwConfig) yaml() ([]byte, error) {
 	// rates that protect a gateway from one misbehaving source.
 	set("limits.coap_requests_per_second", 100000)
 	set("limits.mqtt_connects_per_second", 100000)
-	set("log.level", "info")
+	set("log.level", cmp.Or(os.Getenv("FAULTS_LOG_LEVEL"), "info"))
 	for k, v := range c.Extra {
 		set(k, v)
 	}
@@ -184,6 +186,12 @@ func newGateway(t testing.TB, id string, addrs []string) *gatewayProc {
 		g.kill()
 		if t.Failed() {
 			t.Logf("gateway %s log (tail):\n%s", id, g.log.tail(6000))
+			if dir := os.Getenv("FAULTS_DUMP"); dir != "" {
+				path := filepath.Join(dir, t.Name()+"-"+id+".log")
+				if err := os.WriteFile(path, []byte(g.log.tail(math.MaxInt)), 0o644); err != nil {
+					t.Logf("FAULTS_DUMP: %v", err)
+				}
+			}
 		}
 	})
 	return g
