@@ -338,9 +338,7 @@ func (d *mqttDevice) packet(l *link, gen int, p mqttc.Packet, err error, now tim
 	}
 	if err != nil || p.Type == mqttc.DISCONNECT {
 		// lost under it (a gateway restart): back within a second
-		d.drop(l, now)
-		l.reconnect = true
-		l.retryAt = now.Add(time.Duration(d.rng.Int64N(int64(time.Second))))
+		d.lose(l, now, now.Add(time.Duration(d.rng.Int64N(int64(time.Second)))))
 		if l.visit || d.done {
 			d.done = true
 			return
@@ -376,8 +374,7 @@ func (d *mqttDevice) heartbeat(now time.Time) {
 		if l.inflight {
 			if now.Sub(l.sentAt) > d.f.timeout {
 				d.f.stats.sendErrors.Add(1)
-				d.drop(l, now)
-				l.retryAt = now
+				d.lose(l, now, now)
 			}
 			continue
 		}
@@ -406,8 +403,7 @@ func (d *mqttDevice) send(l *link, now time.Time) {
 	d.f.stats.sent.Add(1)
 	if err := l.c.Send(b, writeTimeout); err != nil {
 		d.f.stats.sendErrors.Add(1)
-		d.drop(l, now)
-		l.retryAt = now
+		d.lose(l, now, now)
 		return
 	}
 	l.inflight, l.sentAt = true, now
@@ -426,6 +422,14 @@ func (d *mqttDevice) drop(l *link, now time.Time) {
 		d.truth.sent(l.sess, now)
 	}
 	l.state, l.c, l.inflight = linkIdle, nil, false
+}
+
+// lose ends l, lost under the device (the connection broke, or a
+// heartbeat went unanswered): it connects again at retry, and that
+// connect counts as a reconnect, whichever way the loss was seen.
+func (d *mqttDevice) lose(l *link, now, retry time.Time) {
+	d.drop(l, now)
+	l.reconnect, l.retryAt = true, retry
 }
 
 // leave ends l with a DISCONNECT; the gateway closes the connection,
