@@ -946,6 +946,31 @@ func BenchmarkParkedState(b *testing.B) {
 	b.ReportMetric(perState/float64(b.N), "B/parked-state")
 }
 
+// BenchmarkParkedRecord: the record layer's own work for one heartbeat
+// on a parked session, without sockets or the answer's decision: open
+// (authenticate and decrypt) the device's record, decode its CoAP
+// request, and seal an answer of the same size.
+func BenchmarkParkedRecord(b *testing.B) {
+	s, server, client := testSession(b, piondtls.TLS_PSK_WITH_AES_128_CCM_8)
+	rec, err := sealRecord(&client, 1, 5, datagram(b, message.Confirmable, codes.POST, 1, "/hb"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		_, plain, err := openRecord(&server, &s, rec)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, ok := parkedRequest(context.Background(), plain, DefaultMaxMessageSize); !ok {
+			b.Fatal("a heartbeat not answered parked")
+		}
+		if _, err := sealRecord(&server, 1, 9, plain); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
 // benchDTLSClient shakes hands with the DTLS server at addr as identity
 // and returns a go-coap client on the session, closed with the benchmark.
 func benchDTLSClient(b *testing.B, addr netip.AddrPort, identity string) *udpClient.Conn {

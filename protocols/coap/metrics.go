@@ -81,7 +81,7 @@ const (
 	dropUnexpected  dropReason = "unexpected"   // an ACK, RST or NON response: the server sends no CON
 	dropWriteError  dropReason = "write_error"  // the answer could not be sent
 	dropHandshake   dropReason = "handshake"    // a DTLS handshake failed or timed out
-	dropDTLSBusy    dropReason = "dtls_busy"    // a proven DTLS ClientHello beyond its address's handshakes or the peer slots
+	dropDTLSBusy    dropReason = "dtls_busy"    // a proven DTLS ClientHello beyond its address's handshakes or the peer slots; a parked session's record beyond the record layer's queue or without a slot to resume
 )
 
 var dropReasons = []dropReason{
