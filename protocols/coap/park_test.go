@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -49,6 +50,12 @@ func (c *tapConn) lastSent() []byte {
 // with go-coap over it and no keep-alive of its own.
 func keptSession(t *testing.T, s *Server, identity string) (*client.Conn, *tapConn) {
 	t.Helper()
+	return keptSessionWith(t, s, identity, piondtls.TLS_PSK_WITH_AES_128_CCM_8)
+}
+
+// keptSessionWith is keptSession under cipher suite suite.
+func keptSessionWith(t *testing.T, s *Server, identity string, suite piondtls.CipherSuiteID) (*client.Conn, *tapConn) {
+	t.Helper()
 	c, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
 	if err != nil {
 		t.Fatal(err)
@@ -57,7 +64,7 @@ func keptSession(t *testing.T, s *Server, identity string) (*client.Conn, *tapCo
 	dc, err := piondtls.Client(tap, s.DTLSAddr(), &piondtls.Config{
 		PSK:             func([]byte) ([]byte, error) { return testDevices[identity].key, nil },
 		PSKIdentityHint: []byte(identity),
-		CipherSuites:    []piondtls.CipherSuiteID{piondtls.TLS_PSK_WITH_AES_128_CCM_8},
+		CipherSuites:    []piondtls.CipherSuiteID{suite},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -121,6 +128,82 @@ func TestDTLSParkedSessionAnswers(t *testing.T) {
 	}
 	if evs := rec.Evidence(); len(evs) != 4 || evs[3].Device != "dev-1" || evs[3].Kind != gateway.Renew {
 		t.Fatalf("evidence %+v", evs)
+	}
+}
+
+// The other suite the server allows, AES-128-GCM, is answered parked
+// too.
+func TestDTLSParkedSessionAnswersGCM(t *testing.T) {
+	rec := &recorder{}
+	s := startDTLS(t, rec, Options{DTLSIdleTimeout: 200 * time.Millisecond})
+	cc, _ := keptSessionWith(t, s, "id-1", piondtls.TLS_PSK_WITH_AES_128_GCM_SHA256)
+	if r := request(t, cc, message.Confirmable, codes.POST, "/hb"); r.code != codes.Changed {
+		t.Fatalf("first heartbeat: %v", r.code)
+	}
+	waitParked(t, s, 1)
+	for range 2 {
+		if r := request(t, cc, message.Confirmable, codes.POST, "/hb"); r.code != codes.Changed {
+			t.Fatalf("heartbeat on the parked session: %v", r.code)
+		}
+	}
+	if n, m := counterValue(s.metrics.parkedAnswered), counterValue(s.metrics.dtlsResumed); n != 2 || m != 0 {
+		t.Fatalf("%v parked answers, %v resumptions; want 2, none", n, m)
+	}
+}
+
+// armedObserver blocks the evidence of one device, once armed, until
+// released; all evidence goes to rec.
+type armedObserver struct {
+	rec     *recorder
+	device  gateway.DeviceID
+	armed   atomic.Bool
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (o *armedObserver) Observe(ctx context.Context, ev gateway.Evidence) error {
+	if o.armed.Load() && ev.Device == o.device {
+		o.entered <- struct{}{}
+		select {
+		case <-o.release:
+		case <-ctx.Done():
+		}
+	}
+	return o.rec.Observe(ctx, ev)
+}
+
+// A parked heartbeat whose Observer blocks holds one of the record
+// layer's workers, not the DTLS socket's reader: another device's parked
+// heartbeat is answered meanwhile, and the blocked one when the Observer
+// returns.
+func TestDTLSParkedAnswerDoesNotBlockTheReader(t *testing.T) {
+	obs := &armedObserver{rec: &recorder{}, device: "dev-2", entered: make(chan struct{}, 1), release: make(chan struct{})}
+	s := startDTLS(t, obs, Options{DTLSIdleTimeout: 200 * time.Millisecond})
+	slow, _ := keptSession(t, s, "id-2")
+	fast, _ := keptSession(t, s, "id-1")
+	for _, cc := range []*client.Conn{slow, fast} {
+		if r := request(t, cc, message.Confirmable, codes.POST, "/hb"); r.code != codes.Changed {
+			t.Fatalf("heartbeat: %v", r.code)
+		}
+	}
+	waitParked(t, s, 2)
+	obs.armed.Store(true)
+	slowDone := make(chan codes.Code, 1)
+	go func() {
+		code, _ := tryRequest(slow, 10*time.Second, codes.POST)
+		slowDone <- code
+	}()
+	<-obs.entered
+	begin := time.Now()
+	if r := request(t, fast, message.Confirmable, codes.POST, "/hb"); r.code != codes.Changed {
+		t.Fatalf("the other device's heartbeat: %v", r.code)
+	}
+	if took := time.Since(begin); took > observeTimeout/2 {
+		t.Fatalf("the other device answered after %v, behind the blocked Observer", took)
+	}
+	close(obs.release)
+	if code := <-slowDone; code != codes.Changed {
+		t.Fatalf("the blocked heartbeat: %v", code)
 	}
 }
 
