@@ -27,7 +27,7 @@ func (s *Server) answerParkedRecords(g *gate) {
 			for {
 				select {
 				case r := <-g.records:
-					s.parkedRecord(g, r)
+					s.serveParked(g, r)
 				case <-g.done:
 					return
 				}
@@ -36,10 +36,10 @@ func (s *Server) answerParkedRecords(g *gate) {
 	}
 }
 
-// parkedRecord answers, refuses or hands to a resumption record r of a
+// serveParked answers, refuses or hands to a resumption record r of a
 // parked session, and parks the session again unless it resumes or its
 // device was revoked.
-func (s *Server) parkedRecord(g *gate, r parkedRecord) {
+func (s *Server) serveParked(g *gate, r parkedRecord) {
 	if !s.enter() {
 		return
 	}
