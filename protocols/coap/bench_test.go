@@ -9,6 +9,7 @@ package coap
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -831,18 +832,26 @@ func BenchmarkDTLSPeers(b *testing.B) {
 // sessions are parked within parkIdle + sweepInterval.
 const parkIdle = 500 * time.Millisecond
 
+// parkedRounds is how many heartbeats each device of BenchmarkDTLSResume
+// sends on its parked session, so that the parked answers' CPU time is
+// well above the clock's resolution.
+const parkedRounds = 5
+
 // BenchmarkDTLSResume: 200 devices shake hands over DTLS-PSK one after
 // the other and send a CON heartbeat each (as BenchmarkDTLSPeers), fall
-// silent until the server has parked every session, and send a heartbeat
-// each again on their kept session: the server resumes each from its
-// parked state. It reports the server's resumptions (with their
-// heartbeat) per CPU-second against its full handshakes per CPU-second
-// in the same run, and its live heap per parked session (after the
-// silence, against before the first handshake).
+// silent until the server has parked every session, send parkedRounds
+// CON heartbeats each on their kept session, which the parked sessions
+// answer themselves (record.go), and then a request a parked session
+// leaves to pion (GET /hb, answered 4.05), which resumes each session
+// from its parked state. It reports the server's parked answers, and its
+// resumptions (with their request), per CPU-second against its full
+// handshakes (with their heartbeat) per CPU-second in the same run, and
+// its live heap per parked session (after the silence, and after the
+// parked answers, against before the first handshake).
 func BenchmarkDTLSResume(b *testing.B) {
 	srv := startChild(b, "dtls-park")
 	pinTo(b, 1)
-	var fullRate, resumeRate, perParked float64
+	var fullRate, answerRate, resumeRate, perParked, perAnswered float64
 	b.ResetTimer()
 	for i := range b.N {
 		before := srv.stat(b, true)
@@ -862,15 +871,29 @@ func BenchmarkDTLSResume(b *testing.B) {
 			time.Sleep(sweepInterval)
 		}
 		parked := srv.stat(b, true)
+		for range parkedRounds {
+			for _, cc := range clients {
+				if r := request(b, cc, message.Confirmable, codes.POST, "/hb"); r.code != codes.Changed {
+					b.Fatalf("dtls heartbeat on a parked session: %v", r.code)
+				}
+			}
+		}
+		answered := srv.stat(b, false)
+		if answered.parked != dtlsPeers {
+			b.Fatalf("%d of %d sessions parked after their heartbeats: some were resumed", answered.parked, dtlsPeers)
+		}
+		afterAnswers := srv.stat(b, true)
 		for _, cc := range clients {
-			if r := request(b, cc, message.Confirmable, codes.POST, "/hb"); r.code != codes.Changed {
-				b.Fatalf("dtls heartbeat after the silence: %v", r.code)
+			if r := request(b, cc, message.Confirmable, codes.GET, "/hb"); r.code != codes.MethodNotAllowed {
+				b.Fatalf("GET /hb on a parked session: %v", r.code)
 			}
 		}
 		resumed := srv.stat(b, false)
 		fullRate += dtlsPeers / (shook.cpu - before.cpu).Seconds()
-		resumeRate += dtlsPeers / (resumed.cpu - parked.cpu).Seconds()
+		answerRate += dtlsPeers * parkedRounds / (answered.cpu - parked.cpu).Seconds()
+		resumeRate += dtlsPeers / (resumed.cpu - afterAnswers.cpu).Seconds()
 		perParked += float64(parked.mem-before.mem) / dtlsPeers
+		perAnswered += float64(afterAnswers.mem-before.mem) / dtlsPeers
 		for _, cc := range clients {
 			_ = cc.Close()
 		}
@@ -878,8 +901,74 @@ func BenchmarkDTLSResume(b *testing.B) {
 	n := float64(b.N)
 	b.ReportMetric(fullRate/n, "handshakes/cpu-s")
 	b.ReportMetric(resumeRate/n, "resumes/cpu-s")
+	b.ReportMetric(answerRate/n, "parked-answers/cpu-s")
 	b.ReportMetric(resumeRate/fullRate, "ratio-to-handshake")
+	b.ReportMetric(answerRate/fullRate, "parked-ratio-to-handshake")
+	b.ReportMetric(answerRate/resumeRate, "parked-ratio-to-resume")
 	b.ReportMetric(perParked/n, "B/parked-session")
+	b.ReportMetric(perAnswered/n, "B/parked-after-answers")
+}
+
+// BenchmarkParkedState: the gate's memory per parked session alone (its
+// decoded state, keys, parking order and map entry), parking 10,000
+// sessions with a PSK session's secrets in a gate: the live heap after a
+// GC, against before, per session.
+func BenchmarkParkedState(b *testing.B) {
+	const n = 10_000
+	m, err := newMetrics(nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	state, keys, _ := testSession(b, piondtls.TLS_PSK_WITH_AES_128_CCM_8)
+	var perState float64
+	for range b.N {
+		g, err := newGate("127.0.0.1:0", 16, n, m, func() {}, time.Now)
+		if err != nil {
+			b.Fatal(err)
+		}
+		var ms runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&ms)
+		before := ms.HeapAlloc
+		at := time.Now()
+		for i := range n {
+			s := state
+			s.MasterSecret, s.IdentityHint = bytes.Clone(state.MasterSecret), []byte(fmt.Sprintf("device-%05d", i))
+			s.SessionID = bytes.Repeat([]byte{byte(i)}, 32)
+			g.park(netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, byte(i >> 16), byte(i >> 8), byte(i)}), 5684),
+				parkedSession{state: s, keys: keys, device: gateway.DeviceID(s.IdentityHint), rev: "r", at: at})
+		}
+		runtime.GC()
+		runtime.ReadMemStats(&ms)
+		perState += float64(ms.HeapAlloc-before) / n
+		_ = gatedListener{g}.Close()
+	}
+	b.ReportMetric(perState/float64(b.N), "B/parked-state")
+}
+
+// BenchmarkParkedRecord: the record layer's own work for one heartbeat
+// on a parked session, without sockets or the answer's decision: open
+// (authenticate and decrypt) the device's record, decode its CoAP
+// request, and seal an answer of the same size.
+func BenchmarkParkedRecord(b *testing.B) {
+	s, server, client := testSession(b, piondtls.TLS_PSK_WITH_AES_128_CCM_8)
+	rec, err := sealRecord(&client, 1, 5, datagram(b, message.Confirmable, codes.POST, 1, "/hb"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		_, plain, err := openRecord(&server, &s, rec)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, ok := parkedRequest(context.Background(), plain, DefaultMaxMessageSize); !ok {
+			b.Fatal("a heartbeat not answered parked")
+		}
+		if _, err := sealRecord(&server, 1, 9, plain); err != nil {
+			b.Fatal(err)
+		}
+	}
 }
 
 // benchDTLSClient shakes hands with the DTLS server at addr as identity

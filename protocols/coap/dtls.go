@@ -59,6 +59,7 @@ func (s *Server) newDTLS(addr string, handshakeTimeout, idleTimeout time.Duratio
 	pl := &peerListener{Listener: ln, gate: g, metrics: s.metrics, peers: make(map[*peerConn]struct{}), creds: s.credentials,
 		refusals: s.refusals, now: s.clock.Now, resumeOpts: session, accepted: make(chan accepted)}
 	go pl.pump()
+	s.answerParkedRecords(g)
 	srv := dtls.NewServer(
 		options.WithContext(s.ctx),
 		options.WithProcessReceivedMessageFunc(s.dtlsProcessor()),
@@ -201,14 +202,16 @@ func (l *peerListener) admitted(c net.Conn) (net.Conn, error) {
 // as revoked, and nil returned).
 func (l *peerListener) resume(r resumption) *peerConn {
 	s := r.session
-	cr := l.creds()
-	if cr == nil || cr.Revision(s.device) != s.rev {
-		l.refusals.Refuse(gateway.Refusal{Protocol: "coap", Device: string(s.device), Reason: gateway.RefusedRevoked,
-			Detail: "a devices file reload removed the device or changed its key", Remote: r.peer.raddr.String(), At: l.now()})
+	if refuseRevoked(l.refusals, l.creds(), s, r.peer.raddr.String(), l.now()) {
 		_ = r.peer.Close()
 		return nil
 	}
-	dc, err := piondtls.ResumeWithOptions(&s.state, r.peer, r.peer.raddr, l.resumeOpts...)
+	st, err := s.state.pion()
+	if err != nil {
+		_ = r.peer.Close()
+		return nil
+	}
+	dc, err := piondtls.ResumeWithOptions(st, r.peer, r.peer.raddr, l.resumeOpts...)
 	if err != nil {
 		_ = r.peer.Close()
 		return nil
@@ -220,6 +223,18 @@ func (l *peerListener) resume(r resumption) *peerConn {
 	l.peers[pc] = struct{}{}
 	l.mu.Unlock()
 	return pc
+}
+
+// refuseRevoked reports parked session s, of the peer at remote, to
+// refusals as revoked if its device's credentials revision under cr
+// (nil: none) is no longer the one it shook hands with, and says so.
+func refuseRevoked(refusals gateway.Refusals, cr gateway.Credentials, s parkedSession, remote string, now time.Time) bool {
+	if cr != nil && cr.Revision(s.device) == s.rev {
+		return false
+	}
+	refusals.Refuse(gateway.Refusal{Protocol: "coap", Device: string(s.device), Reason: gateway.RefusedRevoked,
+		Detail: "a devices file reload removed the device or changed its key", Remote: remote, At: now})
+	return true
 }
 
 // park is the idle timeout of peer cc: it closes the connection and,
@@ -235,7 +250,9 @@ func (l *peerListener) park(cc *udpClient.Conn) {
 		if shook {
 			pc.gated.silence()
 			if st, ok := pc.ConnectionState(); ok {
-				l.gate.park(pc.gated.remote, parkedSession{state: st, device: device, rev: rev, at: l.now()})
+				if ps, err := newParkedSession(&st, device, rev, l.now()); err == nil {
+					l.gate.park(pc.gated.remote, ps)
+				}
 			}
 		}
 	}
@@ -291,14 +308,15 @@ func (l *peerListener) handshakeRefused(dc *piondtls.Conn, err error) {
 	l.refusals.Refuse(r)
 }
 
-// identityHint is the PSK identity of DTLS peer cc, "" when unknown.
-func identityHint(cc *udpClient.Conn) string {
+// pskIdentity is the PSK identity DTLS peer cc shook hands with, nil
+// before its handshake.
+func pskIdentity(cc *udpClient.Conn) []byte {
 	if pc, ok := cc.NetConn().(*peerConn); ok {
 		if st, ok := pc.ConnectionState(); ok {
-			return string(st.IdentityHint)
+			return st.IdentityHint
 		}
 	}
-	return ""
+	return nil
 }
 
 // Close stops accepting.
@@ -396,7 +414,7 @@ func (s *Server) dtlsProcessor() config.ProcessReceivedMessageFunc[*udpClient.Co
 		}
 		defer s.work.Done()
 		cc.ProcessReceivedMessageWithHandler(req, func(w *responsewriter.ResponseWriter[*udpClient.Conn], r *pool.Message) {
-			s.respondDTLS(w, r, cc)
+			respondDTLS(s, w, r, cc.RemoteAddr(), pskIdentity(cc), cc.GetMessageID)
 		})
 	}
 }
@@ -407,13 +425,15 @@ func (s *Server) dtlsProcessor() config.ProcessReceivedMessageFunc[*udpClient.Co
 // 4.04 sent as a CON.
 func ignore(*responsewriter.ResponseWriter[*udpClient.Conn], *pool.Message) {}
 
-// respondDTLS fills in the answer to request r of DTLS peer cc:
-// piggybacked on the ACK of a CON request, a NON for a NON request. A
+// respondDTLS fills in the answer to request r of the DTLS session with
+// PSK identity psk (nil before the handshake) at peer: piggybacked on
+// the ACK of a CON request, a NON numbered by mid for a NON request. A
 // DTLS peer is proven: its answer may be larger than its request, up to
-// the largest message (a command).
-func (s *Server) respondDTLS(w *responsewriter.ResponseWriter[*udpClient.Conn], r *pool.Message, cc *udpClient.Conn) {
+// the largest message (a command). A live session's go-coap connection
+// and a parked session's record layer (parked.go) both answer here.
+func respondDTLS[C responsewriter.Client](s *Server, w *responsewriter.ResponseWriter[C], r *pool.Message, peer net.Addr, psk []byte, mid func() int32) {
 	now := s.clock.Now()
-	a := s.answerDTLS(r, cc, now)
+	a := s.answerDTLS(r, peer, psk, now)
 	s.metrics.answered(a.code)
 	resp := w.Message()
 	// SetResponse refuses codes the request's No-Response option (RFC
@@ -438,16 +458,16 @@ func (s *Server) respondDTLS(w *responsewriter.ResponseWriter[*udpClient.Conn], 
 		return
 	}
 	resp.SetType(message.NonConfirmable)
-	resp.SetMessageID(cc.GetMessageID())
+	resp.SetMessageID(mid())
 }
 
-// answerDTLS decides the answer to request r of DTLS peer cc: the rate
-// limit of proven sources (the session's keys prove r's source), the size
-// limit, then the device of the session's PSK identity (asked again, so
-// that a device removed by a reload is refused at once), then the
-// request; a data path request waits for its data worker.
-func (s *Server) answerDTLS(r *pool.Message, cc *udpClient.Conn, now time.Time) answer {
-	peer := cc.RemoteAddr()
+// answerDTLS decides the answer to request r of the DTLS session with
+// PSK identity psk at peer: the rate limit of proven sources (the
+// session's keys prove r's source), the size limit, then the device of
+// the session's PSK identity (asked again, so that a device removed by a
+// reload is refused at once), then the request; a data path request
+// waits for its data worker.
+func (s *Server) answerDTLS(r *pool.Message, peer net.Addr, psk []byte, now time.Time) answer {
 	if ok, wait := s.proven.allow(endpointOf(peer), now); !ok {
 		return answer{code: codes.TooManyRequests, diag: "too many requests, retry after Max-Age",
 			opt: uintOption{message.MaxAge, uint32((wait + time.Second - 1) / time.Second)}}
@@ -456,9 +476,9 @@ func (s *Server) answerDTLS(r *pool.Message, cc *udpClient.Conn, now time.Time) 
 		return answer{code: codes.RequestEntityTooLarge, diag: fmt.Sprintf("message larger than %d bytes", s.maxSize),
 			opt: uintOption{message.Size1, uint32(s.maxSize)}}
 	}
-	device, err := s.identity(cc)
+	device, err := s.identity(psk)
 	if err != nil {
-		s.logRefusal(codes.Unauthorized, intent{}, identityHint(cc), peer.String(), err)
+		s.logRefusal(codes.Unauthorized, intent{}, string(psk), peer.String(), err)
 		return answer{code: codes.Unauthorized, diag: "unauthorized"}
 	}
 	var path []string
@@ -521,22 +541,17 @@ func requestSize(r *pool.Message) int {
 	return n
 }
 
-// identity is the device of the PSK identity DTLS peer cc shook hands
-// with, according to the current credentials.
-func (s *Server) identity(cc *udpClient.Conn) (string, error) {
-	pc, ok := cc.NetConn().(*peerConn)
-	if !ok {
-		return "", errors.New("identity: not a DTLS peer")
-	}
-	st, ok := pc.ConnectionState()
-	if !ok {
+// identity is the device of the PSK identity psk a DTLS session shook
+// hands with (nil: none yet), according to the current credentials.
+func (s *Server) identity(psk []byte) (string, error) {
+	if psk == nil {
 		return "", errors.New("identity: handshake not done")
 	}
 	c := s.creds.Load()
 	if c == nil {
 		return "", fmt.Errorf("identity: %w", gateway.ErrUnauthorized)
 	}
-	dev, _, err := c.PSK(st.IdentityHint)
+	dev, _, err := c.PSK(psk)
 	if err != nil {
 		return "", fmt.Errorf("identity: %w", err)
 	}

@@ -126,11 +126,13 @@ type gate struct {
 
 	// maxParked bounds parked (park.go), which finds each parked
 	// session's entry in order, the parking order. resumes hands the
-	// resumed peers to the listener.
+	// resumed peers to the listener, records the parked sessions'
+	// records to the record layer (parked.go).
 	maxParked int
 	parked    map[netip.AddrPort]*list.Element // of order
 	order     *list.List                       // of *parkedEntry, oldest first
 	resumes   chan resumption
+	records   chan parkedRecord
 }
 
 // newGate binds addr and starts reading it.
@@ -163,6 +165,7 @@ func newGate(addr string, maxPeers, maxParked int, m *metrics, refused func(), n
 		parked:    make(map[netip.AddrPort]*list.Element),
 		order:     list.New(),
 		resumes:   make(chan resumption, acceptBacklog),
+		records:   make(chan parkedRecord, acceptBacklog),
 	}
 	if err := g.keys.rotate(now(), rand.Reader); err != nil {
 		_ = sock.Close()
@@ -199,13 +202,7 @@ func (g *gate) dispatch(from netip.AddrPort, b []byte) {
 		return
 	}
 	if isSessionRecord(b) {
-		g.mu.Lock()
-		if s, ok := g.unpark(from); ok && !g.closing && g.now().Sub(s.at) < parkTTL {
-			if !g.resume(from, s, b) {
-				g.refused() // no slot: parked again, for the retransmission
-			}
-		}
-		g.mu.Unlock()
+		g.sessionRecord(from, b)
 		return
 	}
 	h, err := parseClientHello(b)

@@ -25,9 +25,13 @@ type metrics struct {
 	// helloVerify counts the DTLS gate's stateless HelloVerifyRequests.
 	helloVerify prometheus.Counter
 	// dtlsParked counts the parked DTLS sessions, dtlsResumed the
-	// resumptions of parked sessions (park.go).
-	dtlsParked  prometheus.Gauge
-	dtlsResumed prometheus.Counter
+	// resumptions of parked sessions (park.go: a pion connection
+	// rebuilt), parkedAnswered the records the parked sessions answered
+	// themselves and parkedRefused those they refused (parked.go).
+	dtlsParked     prometheus.Gauge
+	dtlsResumed    prometheus.Counter
+	parkedAnswered prometheus.Counter
+	parkedRefused  map[parkedRefusal]prometheus.Counter
 
 	// The data path: messages and their payload bytes handed to the
 	// DataSink by QoS, commands by what became of them, data path
@@ -77,13 +81,24 @@ const (
 	dropUnexpected  dropReason = "unexpected"   // an ACK, RST or NON response: the server sends no CON
 	dropWriteError  dropReason = "write_error"  // the answer could not be sent
 	dropHandshake   dropReason = "handshake"    // a DTLS handshake failed or timed out
-	dropDTLSBusy    dropReason = "dtls_busy"    // a proven DTLS ClientHello beyond its address's handshakes or the peer slots
+	dropDTLSBusy    dropReason = "dtls_busy"    // a proven DTLS ClientHello beyond its address's handshakes or the peer slots; a parked session's record beyond the record layer's queue or without a slot to resume
 )
 
 var dropReasons = []dropReason{
 	dropMalformed, dropOversized, dropRateLimited, dropBadOption,
 	dropUnexpected, dropWriteError, dropHandshake, dropDTLSBusy,
 }
+
+// parkedRefusal says why a parked DTLS session refused a record.
+type parkedRefusal string
+
+// The reasons a parked session refuses a record; each is counted.
+const (
+	parkedUnauthentic parkedRefusal = "authentication" // forged, corrupted or truncated: it does not authenticate
+	parkedReplayed    parkedRefusal = "replay"         // numbered at or below a record the session accepted
+)
+
+var parkedRefusals = []parkedRefusal{parkedUnauthentic, parkedReplayed}
 
 // answeredCodes are the codes the handler answers with.
 var answeredCodes = []codes.Code{
@@ -128,6 +143,14 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		Name: "fleetgate_coap_dtls_resumed_total",
 		Help: "Parked DTLS sessions resumed by a record of the device (no handshake).",
 	})
+	parkedAnswered := prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "fleetgate_coap_dtls_parked_answered_total",
+		Help: "Requests (heartbeats) answered by parked DTLS sessions with their parked keys, without a pion connection.",
+	})
+	parkedRefused := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "fleetgate_coap_dtls_parked_refused_total",
+		Help: "Records refused by parked DTLS sessions, by reason (authentication, replay).",
+	}, []string{"reason"})
 	dataMessages := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "fleetgate_coap_data_messages_total",
 		Help: "Device messages (POST /d) the CoAP front end handed to the data path, by QoS (1: CON, acknowledged once durable; 0: NON).",
@@ -176,6 +199,12 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	if dtlsResumed, err = promshare.Register(reg, dtlsResumed); err != nil {
 		return nil, err
 	}
+	if parkedAnswered, err = promshare.Register(reg, parkedAnswered); err != nil {
+		return nil, err
+	}
+	if parkedRefused, err = promshare.Register(reg, parkedRefused); err != nil {
+		return nil, err
+	}
 	if evidence, err = promshare.Register(reg, evidence); err != nil {
 		return nil, err
 	}
@@ -200,6 +229,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		dtlsParked:  dtlsParked,
 		dtlsResumed: dtlsResumed,
 
+		parkedAnswered: parkedAnswered,
+		parkedRefused:  make(map[parkedRefusal]prometheus.Counter, len(parkedRefusals)),
+
 		commands:    make(map[commandResult]prometheus.Counter, len(commandResults)),
 		dataRefused: make(map[refusedReason]prometheus.Counter, len(refusedReasons)),
 		dataQueued:  dataQueued,
@@ -216,6 +248,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	}
 	for _, r := range dropReasons {
 		m.dropped[r] = dropped.WithLabelValues(string(r))
+	}
+	for _, r := range parkedRefusals {
+		m.parkedRefused[r] = parkedRefused.WithLabelValues(string(r))
 	}
 	for _, k := range []gateway.Kind{gateway.Renew, gateway.Leave} {
 		m.evidence[k] = evidence.WithLabelValues(k.String())

@@ -1,10 +1,12 @@
 package coap
 
 import (
+	"bytes"
 	"context"
 	"net"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -48,6 +50,12 @@ func (c *tapConn) lastSent() []byte {
 // with go-coap over it and no keep-alive of its own.
 func keptSession(t *testing.T, s *Server, identity string) (*client.Conn, *tapConn) {
 	t.Helper()
+	return keptSessionWith(t, s, identity, piondtls.TLS_PSK_WITH_AES_128_CCM_8)
+}
+
+// keptSessionWith is keptSession under cipher suite suite.
+func keptSessionWith(t *testing.T, s *Server, identity string, suite piondtls.CipherSuiteID) (*client.Conn, *tapConn) {
+	t.Helper()
 	c, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
 	if err != nil {
 		t.Fatal(err)
@@ -56,7 +64,7 @@ func keptSession(t *testing.T, s *Server, identity string) (*client.Conn, *tapCo
 	dc, err := piondtls.Client(tap, s.DTLSAddr(), &piondtls.Config{
 		PSK:             func([]byte) ([]byte, error) { return testDevices[identity].key, nil },
 		PSKIdentityHint: []byte(identity),
-		CipherSuites:    []piondtls.CipherSuiteID{piondtls.TLS_PSK_WITH_AES_128_CCM_8},
+		CipherSuites:    []piondtls.CipherSuiteID{suite},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -89,9 +97,10 @@ func waitParked(t *testing.T, s *Server, n float64) {
 
 // A device that keeps its session through a silence longer than the idle
 // timeout is answered at once when it sends again: its session was
-// parked and is resumed by its record, with no handshake (no new
-// HelloVerifyRequest), and it frees its peer slot meanwhile.
-func TestDTLSParkedSessionResumes(t *testing.T) {
+// parked (freeing its peer slot), and its heartbeats, several in a row,
+// are answered by the parked session itself with the parked keys: no
+// handshake (no new HelloVerifyRequest), no resumption, no peer slot.
+func TestDTLSParkedSessionAnswers(t *testing.T) {
 	rec := &recorder{}
 	s := startDTLS(t, rec, Options{DTLSIdleTimeout: 200 * time.Millisecond})
 	cc, _ := keptSession(t, s, "id-1")
@@ -102,29 +111,107 @@ func TestDTLSParkedSessionResumes(t *testing.T) {
 	// the session is parked before its connection's close frees the slot
 	eventually(t, 5*time.Second, "the parked session's peer slot to be freed", func() bool { return testutilGauge(s.metrics.dtlsPeers) == 0 })
 	hellos := counterValue(s.metrics.helloVerify)
-	for i := range 3 {
-		if r := request(t, cc, message.Confirmable, codes.POST, "/hb"); r.code != codes.Changed {
-			t.Fatalf("heartbeat %d after the silence: %v", i, r.code)
-		}
-		if i == 0 {
-			waitParked(t, s, 1) // silent again: parked again
+	for i, typ := range []message.Type{message.Confirmable, message.NonConfirmable, message.Confirmable} {
+		if r := request(t, cc, typ, codes.POST, "/hb"); r.code != codes.Changed || r.maxAge <= 0 {
+			t.Fatalf("heartbeat %d after the silence: %v, Max-Age %d", i, r.code, r.maxAge)
 		}
 	}
 	if got := counterValue(s.metrics.helloVerify); got != hellos {
 		t.Fatalf("%v HelloVerifyRequests after the silence, want none (no new handshake)", got-hellos)
 	}
-	if got := counterValue(s.metrics.dtlsResumed); got != 2 {
-		t.Fatalf("%v resumptions, want 2", got)
+	if got := counterValue(s.metrics.dtlsResumed); got != 0 {
+		t.Fatalf("%v resumptions, want none", got)
+	}
+	eventually(t, 5*time.Second, "three parked answers", func() bool { return counterValue(s.metrics.parkedAnswered) == 3 })
+	if n, peers := testutilGauge(s.metrics.dtlsParked), testutilGauge(s.metrics.dtlsPeers); n != 1 || peers != 0 {
+		t.Fatalf("%v parked, %v peers; want the session still parked, no peer", n, peers)
 	}
 	if evs := rec.Evidence(); len(evs) != 4 || evs[3].Device != "dev-1" || evs[3].Kind != gateway.Renew {
 		t.Fatalf("evidence %+v", evs)
 	}
 }
 
-// A record captured before the session was parked and sent again after
-// it (a replay from the device's address) is no evidence: the resumed
-// session refuses every record numbered below the highest it received.
-// The device's own next record is still answered.
+// The other suite the server allows, AES-128-GCM, is answered parked
+// too.
+func TestDTLSParkedSessionAnswersGCM(t *testing.T) {
+	rec := &recorder{}
+	s := startDTLS(t, rec, Options{DTLSIdleTimeout: 200 * time.Millisecond})
+	cc, _ := keptSessionWith(t, s, "id-1", piondtls.TLS_PSK_WITH_AES_128_GCM_SHA256)
+	if r := request(t, cc, message.Confirmable, codes.POST, "/hb"); r.code != codes.Changed {
+		t.Fatalf("first heartbeat: %v", r.code)
+	}
+	waitParked(t, s, 1)
+	for range 2 {
+		if r := request(t, cc, message.Confirmable, codes.POST, "/hb"); r.code != codes.Changed {
+			t.Fatalf("heartbeat on the parked session: %v", r.code)
+		}
+	}
+	if n, m := counterValue(s.metrics.parkedAnswered), counterValue(s.metrics.dtlsResumed); n != 2 || m != 0 {
+		t.Fatalf("%v parked answers, %v resumptions; want 2, none", n, m)
+	}
+}
+
+// armedObserver blocks the evidence of one device, once armed, until
+// released; all evidence goes to rec.
+type armedObserver struct {
+	rec     *recorder
+	device  gateway.DeviceID
+	armed   atomic.Bool
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (o *armedObserver) Observe(ctx context.Context, ev gateway.Evidence) error {
+	if o.armed.Load() && ev.Device == o.device {
+		o.entered <- struct{}{}
+		select {
+		case <-o.release:
+		case <-ctx.Done():
+		}
+	}
+	return o.rec.Observe(ctx, ev)
+}
+
+// A parked heartbeat whose Observer blocks holds one of the record
+// layer's workers, not the DTLS socket's reader: another device's parked
+// heartbeat is answered meanwhile, and the blocked one when the Observer
+// returns.
+func TestDTLSParkedAnswerDoesNotBlockTheReader(t *testing.T) {
+	obs := &armedObserver{rec: &recorder{}, device: "dev-2", entered: make(chan struct{}, 1), release: make(chan struct{})}
+	s := startDTLS(t, obs, Options{DTLSIdleTimeout: 200 * time.Millisecond})
+	slow, _ := keptSession(t, s, "id-2")
+	fast, _ := keptSession(t, s, "id-1")
+	for _, cc := range []*client.Conn{slow, fast} {
+		if r := request(t, cc, message.Confirmable, codes.POST, "/hb"); r.code != codes.Changed {
+			t.Fatalf("heartbeat: %v", r.code)
+		}
+	}
+	waitParked(t, s, 2)
+	obs.armed.Store(true)
+	slowDone := make(chan codes.Code, 1)
+	go func() {
+		code, _ := tryRequest(slow, 10*time.Second, codes.POST)
+		slowDone <- code
+	}()
+	<-obs.entered
+	begin := time.Now()
+	if r := request(t, fast, message.Confirmable, codes.POST, "/hb"); r.code != codes.Changed {
+		t.Fatalf("the other device's heartbeat: %v", r.code)
+	}
+	if took := time.Since(begin); took > observeTimeout/2 {
+		t.Fatalf("the other device answered after %v, behind the blocked Observer", took)
+	}
+	close(obs.release)
+	if code := <-slowDone; code != codes.Changed {
+		t.Fatalf("the blocked heartbeat: %v", code)
+	}
+}
+
+// A record sent again from the device's address (a replay) is no
+// evidence: neither one captured before the session was parked nor one
+// the parked session already answered. The parked session refuses both
+// (numbered below the highest it received), counts them, resumes
+// nothing, and still answers the device's own next record.
 func TestDTLSParkedSessionRefusesAReplay(t *testing.T) {
 	rec := &recorder{}
 	s := startDTLS(t, rec, Options{DTLSIdleTimeout: 200 * time.Millisecond})
@@ -132,21 +219,130 @@ func TestDTLSParkedSessionRefusesAReplay(t *testing.T) {
 	if r := request(t, cc, message.NonConfirmable, codes.POST, "/hb"); r.code != codes.Changed {
 		t.Fatalf("heartbeat: %v", r.code)
 	}
-	captured := tap.lastSent()
+	live := tap.lastSent()
 	waitParked(t, s, 1)
-	if _, err := tap.UDPConn.WriteTo(captured, s.DTLSAddr()); err != nil {
-		t.Fatal(err)
+	if r := request(t, cc, message.NonConfirmable, codes.POST, "/hb"); r.code != codes.Changed {
+		t.Fatalf("heartbeat on the parked session: %v", r.code)
 	}
-	eventually(t, 5*time.Second, "the replay to resume the session", func() bool { return counterValue(s.metrics.dtlsResumed) == 1 })
-	time.Sleep(300 * time.Millisecond)
-	if evs := rec.Evidence(); len(evs) != 1 {
-		t.Fatalf("evidence after the replay %+v, want the first heartbeat only", evs)
+	parked := tap.lastSent()
+	eventually(t, 5*time.Second, "the session to be parked again", func() bool { return testutilGauge(s.metrics.dtlsParked) == 1 })
+	for i, b := range [][]byte{live, parked, parked} {
+		if _, err := tap.UDPConn.WriteTo(b, s.DTLSAddr()); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, 5*time.Second, "the replay to be refused", func() bool {
+			return counterValue(s.metrics.parkedRefused[parkedReplayed]) == float64(i+1)
+		})
+	}
+	if evs := rec.Evidence(); len(evs) != 2 {
+		t.Fatalf("evidence after the replays %+v, want the two heartbeats only", evs)
+	}
+	if n := counterValue(s.metrics.dtlsResumed); n != 0 {
+		t.Fatalf("%v resumptions by replays, want none", n)
 	}
 	if r := request(t, cc, message.Confirmable, codes.POST, "/hb"); r.code != codes.Changed {
 		t.Fatalf("the device's next heartbeat: %v", r.code)
 	}
-	if evs := rec.Evidence(); len(evs) != 2 {
-		t.Fatalf("evidence %+v, want two heartbeats", evs)
+	if evs := rec.Evidence(); len(evs) != 3 {
+		t.Fatalf("evidence %+v, want three heartbeats", evs)
+	}
+}
+
+// A forged record from a parked session's address (its tag does not
+// authenticate) is refused and counted; the session stays parked and
+// answers the device.
+func TestDTLSParkedSessionRefusesAForgery(t *testing.T) {
+	rec := &recorder{}
+	s := startDTLS(t, rec, Options{DTLSIdleTimeout: 200 * time.Millisecond})
+	cc, tap := keptSession(t, s, "id-1")
+	if r := request(t, cc, message.Confirmable, codes.POST, "/hb"); r.code != codes.Changed {
+		t.Fatalf("heartbeat: %v", r.code)
+	}
+	waitParked(t, s, 1)
+	forged := bytes.Clone(tap.lastSent())
+	forged[10] += 10 // a later record number
+	forged[len(forged)-1] ^= 1
+	if _, err := tap.UDPConn.WriteTo(forged, s.DTLSAddr()); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 5*time.Second, "the forgery to be refused", func() bool {
+		return counterValue(s.metrics.parkedRefused[parkedUnauthentic]) == 1
+	})
+	if r := request(t, cc, message.Confirmable, codes.POST, "/hb"); r.code != codes.Changed {
+		t.Fatalf("the device's next heartbeat: %v", r.code)
+	}
+	if evs := rec.Evidence(); len(evs) != 2 || counterValue(s.metrics.dtlsResumed) != 0 {
+		t.Fatalf("evidence %+v, %v resumptions; want two heartbeats, none", evs, counterValue(s.metrics.dtlsResumed))
+	}
+}
+
+// A request a parked session does not answer itself (here GET /hb,
+// after two parked heartbeats) resumes it: pion's connection is rebuilt
+// from the parked state with the record numbers the parked answers
+// advanced, so the device's pion client, whose replay detection drops a
+// record number it has seen, takes the resumed session's answers; and the
+// session keeps working both ways, then parks again.
+func TestDTLSParkedSessionFallsBackToResumption(t *testing.T) {
+	rec := &recorder{}
+	s := startDTLS(t, rec, Options{DTLSIdleTimeout: 300 * time.Millisecond})
+	cc, _ := keptSession(t, s, "id-1")
+	if r := request(t, cc, message.Confirmable, codes.POST, "/hb"); r.code != codes.Changed {
+		t.Fatalf("heartbeat: %v", r.code)
+	}
+	waitParked(t, s, 1)
+	for range 2 {
+		if r := request(t, cc, message.Confirmable, codes.POST, "/hb"); r.code != codes.Changed {
+			t.Fatalf("parked heartbeat: %v", r.code)
+		}
+	}
+	if r := request(t, cc, message.Confirmable, codes.GET, "/hb"); r.code != codes.MethodNotAllowed {
+		t.Fatalf("GET /hb on the parked session: %v, want 4.05", r.code)
+	}
+	if n := counterValue(s.metrics.dtlsResumed); n != 1 {
+		t.Fatalf("%v resumptions, want 1", n)
+	}
+	for range 2 { // on the resumed live session
+		if r := request(t, cc, message.NonConfirmable, codes.POST, "/hb"); r.code != codes.Changed {
+			t.Fatalf("heartbeat on the resumed session: %v", r.code)
+		}
+	}
+	if n := counterValue(s.metrics.parkedAnswered); n != 2 {
+		t.Fatalf("%v parked answers, want the 2 before the resumption", n)
+	}
+	waitParked(t, s, 1)
+	if r := request(t, cc, message.Confirmable, codes.POST, "/hb"); r.code != codes.Changed {
+		t.Fatalf("heartbeat parked again: %v", r.code)
+	}
+	if n := counterValue(s.metrics.parkedAnswered); n != 3 {
+		t.Fatalf("%v parked answers, want 3", n)
+	}
+	if evs := rec.Evidence(); len(evs) != 6 {
+		t.Fatalf("evidence %+v, want six heartbeats", evs)
+	}
+}
+
+// A device whose credentials changed after its session was parked is
+// refused by the parked session even before the reload's revocation
+// reaches the parked sessions: no answer, no evidence, a refusal
+// reported, and the session is not parked again.
+func TestDTLSParkedSessionChecksRevision(t *testing.T) {
+	rec, refusals := &recorder{}, &refusalLog{}
+	s := startDTLS(t, rec, Options{DTLSIdleTimeout: 200 * time.Millisecond, Refusals: refusals})
+	cc, _ := keptSession(t, s, "id-1")
+	if r := request(t, cc, message.Confirmable, codes.POST, "/hb"); r.code != codes.Changed {
+		t.Fatalf("heartbeat: %v", r.code)
+	}
+	waitParked(t, s, 1)
+	// the new key, without the revocation SetCredentials would run
+	s.creds.Store(&credentials{pskTable{"id-1": {device: "dev-1", key: []byte("a new key, 16 b.")}}})
+	if code, err := tryRequest(cc, time.Second, codes.POST); err == nil {
+		t.Fatalf("revoked device on its parked session: %v, want no answer", code)
+	}
+	if r := refusals.wait(t, "dev-1", 5*time.Second); r.Reason != gateway.RefusedRevoked {
+		t.Fatalf("refusal %+v, want revoked", r)
+	}
+	if n, evs := testutilGauge(s.metrics.dtlsParked), rec.Evidence(); n != 0 || len(evs) != 1 {
+		t.Fatalf("%v parked, evidence %+v; want none parked, the first heartbeat only", n, evs)
 	}
 }
 
@@ -173,8 +369,8 @@ func TestDTLSParkedSessionRevoked(t *testing.T) {
 	if r := request(t, kept, message.Confirmable, codes.POST, "/hb"); r.code != codes.Changed {
 		t.Fatalf("kept device: %v", r.code)
 	}
-	if n := counterValue(s.metrics.dtlsResumed); n != 1 {
-		t.Fatalf("%v resumptions, want 1 (the kept device's)", n)
+	if n := counterValue(s.metrics.parkedAnswered); n != 1 {
+		t.Fatalf("%v parked answers, want 1 (the kept device's)", n)
 	}
 }
 
@@ -190,6 +386,9 @@ func TestDTLSParkingOff(t *testing.T) {
 	eventually(t, 10*time.Second, "the idle session to close", func() bool { return testutilGauge(s.metrics.dtlsPeers) == 0 })
 	if code, err := tryRequest(cc, 2*time.Second, codes.POST); err == nil {
 		t.Fatalf("heartbeat on a closed session: %v, want no answer", code)
+	}
+	if n, m := counterValue(s.metrics.parkedAnswered), counterValue(s.metrics.dtlsResumed); n != 0 || m != 0 {
+		t.Fatalf("%v parked answers, %v resumptions with parking off", n, m)
 	}
 }
 
