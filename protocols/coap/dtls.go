@@ -244,6 +244,9 @@ func refuseRevoked(refusals gateway.Refusals, cr gateway.Credentials, s parkedSe
 // parked state.
 func (l *peerListener) park(cc *udpClient.Conn) {
 	if pc, ok := cc.NetConn().(*peerConn); ok {
+		if pc.busy.Load() > 0 {
+			return // answering: parked at a later check, once idle
+		}
 		l.mu.Lock()
 		shook, device, rev := pc.shook, pc.device, pc.rev
 		l.mu.Unlock()
@@ -337,6 +340,11 @@ type peerConn struct {
 	shook  bool
 	device gateway.DeviceID
 	rev    string
+	// busy counts the requests being answered: the idle timeout leaves
+	// the session live until they are (a data request waits up to
+	// dataTimeout for the disk, longer than a short idle timeout), and
+	// its next check parks it.
+	busy atomic.Int32
 }
 
 // Close closes the connection (and so its gate peer).
@@ -413,6 +421,10 @@ func (s *Server) dtlsProcessor() config.ProcessReceivedMessageFunc[*udpClient.Co
 			return
 		}
 		defer s.work.Done()
+		if pc, ok := cc.NetConn().(*peerConn); ok {
+			pc.busy.Add(1)
+			defer pc.busy.Add(-1)
+		}
 		cc.ProcessReceivedMessageWithHandler(req, func(w *responsewriter.ResponseWriter[*udpClient.Conn], r *pool.Message) {
 			respondDTLS(s, w, r, cc.RemoteAddr(), pskIdentity(cc), cc.GetMessageID)
 		})

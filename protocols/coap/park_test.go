@@ -457,3 +457,26 @@ func TestParkedOrderStaysBounded(t *testing.T) {
 		t.Fatalf("%d parked, %d in the parking order; want 2 and 2", n, order)
 	}
 }
+
+// A session still answering a request when its idle timeout comes (a
+// data request waiting for the disk to commit, here 1.3 s: past a sweep
+// and the 100-ms idle timeout, inside dataTimeout) stays live until the
+// answer has left: the answer goes on it, with no resumption and the
+// message published once, and the session is parked after.
+func TestDTLSBusySessionNotParked(t *testing.T) {
+	s, k, _ := startData(t, &recorder{}, Options{DTLS: "127.0.0.1:0", Credentials: testDevices, DTLSIdleTimeout: 100 * time.Millisecond})
+	cc, _ := keptSession(t, s, "id-1")
+	release := k.Hold()
+	held := time.AfterFunc(1300*time.Millisecond, release)
+	defer held.Stop()
+	if a := post(t, cc, message.Confirmable, codes.POST, "/d/x", []byte("1"), noCF); a.code != codes.Changed {
+		t.Fatalf("data request answered %v", a.code)
+	}
+	if got := counterValue(s.metrics.dtlsResumed); got != 0 {
+		t.Fatalf("%v resumptions: the session was parked while its request was being answered", got)
+	}
+	if msgs := k.Take(); len(msgs) != 1 {
+		t.Fatalf("published %d messages, want 1", len(msgs))
+	}
+	waitParked(t, s, 1)
+}
