@@ -268,7 +268,7 @@ func Default() Config {
 			CoAPRequestsPerSecond: 20,
 			DTLSHandshakeTimeout:  Duration(10 * time.Second),
 			DTLSMaxPeers:          4096,
-			DTLSIdleTimeout:       Duration(5 * time.Second),
+			DTLSIdleTimeout:       Duration(time.Second),
 			DTLSMaxParked:         100_000,
 			MaxSessionsPerDevice:  DefaultMaxSessionsPerDevice,
 			// MQTT state held for devices (protocols/mqtt/retained.go)

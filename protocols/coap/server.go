@@ -53,7 +53,7 @@ const (
 	DefaultRequestsPerSecond = 20
 	DefaultHandshakeTimeout  = 10 * time.Second
 	DefaultMaxDTLSPeers      = 4096
-	DefaultDTLSIdleTimeout   = 5 * time.Second
+	DefaultDTLSIdleTimeout   = time.Second
 	DefaultMaxDTLSParked     = 100_000
 )
 
