@@ -273,6 +273,25 @@ func (g *gatewayProc) outboxSessions() int {
 	return findInt(st, "outbox_sessions")
 }
 
+// uplinkUp reports whether g's uplink says every shard is up
+// (/v1/status uplink.up; false on error).
+func (g *gatewayProc) uplinkUp() bool {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+g.cfg.Admin+"/v1/status", nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return false
+	}
+	defer resp.Body.Close()
+	var st struct {
+		Uplink struct {
+			Up bool `json:"up"`
+		} `json:"uplink"`
+	}
+	return json.NewDecoder(resp.Body).Decode(&st) == nil && st.Uplink.Up
+}
+
 // findInt finds key at any depth of a decoded JSON object (-1 if absent).
 func findInt(v any, key string) int {
 	switch x := v.(type) {
