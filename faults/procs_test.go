@@ -258,16 +258,8 @@ func (g *gatewayProc) kill() {
 
 // outboxSessions reads outbox_sessions from /v1/status (-1 on error).
 func (g *gatewayProc) outboxSessions() int {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-	defer cancel()
-	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+g.cfg.Admin+"/v1/status", nil)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return -1
-	}
-	defer resp.Body.Close()
 	var st map[string]any
-	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
+	if !g.status(&st) {
 		return -1
 	}
 	return findInt(st, "outbox_sessions")
@@ -276,6 +268,16 @@ func (g *gatewayProc) outboxSessions() int {
 // uplinkUp reports whether g's uplink says every shard is up
 // (/v1/status uplink.up; false on error).
 func (g *gatewayProc) uplinkUp() bool {
+	var st struct {
+		Uplink struct {
+			Up bool `json:"up"`
+		} `json:"uplink"`
+	}
+	return g.status(&st) && st.Uplink.Up
+}
+
+// status decodes g's /v1/status into v; false if it could not.
+func (g *gatewayProc) status(v any) bool {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+g.cfg.Admin+"/v1/status", nil)
@@ -284,12 +286,7 @@ func (g *gatewayProc) uplinkUp() bool {
 		return false
 	}
 	defer resp.Body.Close()
-	var st struct {
-		Uplink struct {
-			Up bool `json:"up"`
-		} `json:"uplink"`
-	}
-	return json.NewDecoder(resp.Body).Decode(&st) == nil && st.Uplink.Up
+	return json.NewDecoder(resp.Body).Decode(v) == nil
 }
 
 // findInt finds key at any depth of a decoded JSON object (-1 if absent).
