@@ -514,6 +514,15 @@ func (c Config) UplinkProbeMax() time.Duration {
 	return min(max(c.Presence.Lease.Std()/8, 100*time.Millisecond), 10*time.Second)
 }
 
+// ReapGap is the longest a store shard may go without a reap before the
+// store counts the gap as an outage (the store, every runner or the host
+// stopped; docs/design.md §6.6): a gateway's silence, or twice a runner
+// failover's wait when that is longer, so that a runner's death alone is
+// not one.
+func (c Config) ReapGap() time.Duration {
+	return max(c.GatewaySilence(), 2*(c.Runner.Interval.Std()+c.Runner.LockTTL.Std()))
+}
+
 // GatewaySilence is how long the store may not hear a gateway on a shard
 // before the runner counts it silent: three keep-alives and a flush.
 func (c Config) GatewaySilence() time.Duration {

@@ -23,6 +23,7 @@ func openStore(ctx context.Context, cfg configs.Config, db *bolt.DB, log *slog.L
 			Shards: cfg.Presence.Shards, EventsMaxLen: eventsPerShard(cfg), Logger: log,
 			GatewayGrace: cfg.Presence.GatewayGrace.Std(), GatewayRecheck: cfg.Uplink.FlushInterval.Std(),
 			GatewayHorizon: cfg.Presence.Lease.Std() + cfg.Presence.GatewayGrace.Std(), GatewayLost: cfg.Presence.Lease.Std(),
+			ReapGap: cfg.ReapGap(),
 		})
 		if err != nil {
 			return nil, err
@@ -42,7 +43,7 @@ func openStore(ctx context.Context, cfg configs.Config, db *bolt.DB, log *slog.L
 			Prefix: rc.KeyPrefix, Shards: cfg.Presence.Shards, EventsMaxLen: eventsPerShard(cfg), Logger: log,
 			GatewayGrace: cfg.Presence.GatewayGrace.Std(), GatewaySilence: cfg.GatewaySilence(), GatewayLost: cfg.Presence.Lease.Std(),
 			GatewayRecheck: cfg.Uplink.FlushInterval.Std(), GatewayHorizon: cfg.Presence.Lease.Std() + cfg.Presence.GatewayGrace.Std(),
-			WaitReplicas: rc.WaitReplicas,
+			ReapGap: cfg.ReapGap(), WaitReplicas: rc.WaitReplicas,
 		},
 		Background: background,
 		OnFatal:    func(err error) { fatal <- err },

@@ -243,8 +243,13 @@ func (w *writer) apply(b *gateway.Batch, wr *gateway.Write, leaveBridged bool) e
 	if b.Replay || wr.Coalesced {
 		grace = w.s.grace
 	}
+	// a session that ran out before a gap in the reaps ended was never
+	// judged while nothing ran: evidence of it up to the grace after the
+	// gap is late but valid (reap.go, gap)
+	gapFrom, gapped := w.s.gapFrom(w.sh.n, w.now)
+	gapLate := func(deadline int64) bool { return gapped && deadline <= gapFrom && obs <= gapFrom+w.s.grace }
 	if wr.Kind != gateway.Leave {
-		if i := r.find(wr.Session); i >= 0 && r.sessions[i].deadline <= w.now && (b.Restore || obs <= r.sessions[i].deadline+grace) {
+		if i := r.find(wr.Session); i >= 0 && r.sessions[i].deadline <= w.now && (b.Restore || obs <= r.sessions[i].deadline+grace || gapLate(r.sessions[i].deadline)) {
 			late = wr.Session
 		}
 	}
@@ -253,7 +258,9 @@ func (w *writer) apply(b *gateway.Batch, wr *gateway.Write, leaveBridged bool) e
 	// whose new gateway wrote late), no offline; a replayed or coalesced
 	// write up to the grace after it (its older evidence, the connect
 	// that came first, was merged away)
-	bridged := func(deadline int64) bool { return wr.Kind != gateway.Leave && d > w.now && obs <= deadline+grace }
+	bridged := func(deadline int64) bool {
+		return wr.Kind != gateway.Leave && d > w.now && (obs <= deadline+grace || gapLate(deadline))
+	}
 	// an expired session waits (the reap judges it) while its gateway's
 	// coverage, or that of another gateway heard within the horizon (the
 	// device may have moved there), has not reached its deadline

@@ -107,7 +107,7 @@ func (w *writer) gatewayChanges() ([]gatewayChange, error) {
 			}
 			lostAt = new(int64(at))
 		}
-		if state, ok := lostOrBack(l.contact, lostAt, w.now, w.s.openedMs, w.s.lostAfter); ok {
+		if state, ok := lostOrBack(l.contact, lostAt, w.now, max(w.s.openedMs, w.s.gapEnd[0]), w.s.lostAfter); ok {
 			out = append(out, gatewayChange{gw, state, l.contact})
 		}
 	}

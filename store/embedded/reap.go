@@ -36,7 +36,12 @@ func (s *Store) Reap(ctx context.Context, shard int, limit int) (gateway.ReapRes
 		if err != nil {
 			return err
 		}
-		if shard == 0 && s.lostAfter > 0 {
+		gap := s.gap(shard, w.now)
+		if gap {
+			s.log.Warn("the shard was not reaped for longer than the reap gap (the process or the host stopped): holding due devices until the gateway's coverage reaches them",
+				"shard", shard, "gap", time.Duration(s.reapGap)*time.Millisecond, "grace", time.Duration(s.grace)*time.Millisecond)
+		}
+		if shard == 0 && s.lostAfter > 0 && !gap {
 			if err := w.gatewayEvents(); err != nil {
 				return fmt.Errorf("gateway events: %w", err)
 			}
@@ -84,6 +89,36 @@ func (s *Store) Reap(ctx context.Context, shard int, limit int) (gateway.ReapRes
 		return gateway.ReapResult{}, fmt.Errorf("%s: %w", op, err)
 	}
 	return res, nil
+}
+
+// gap notes a reap of shard at now and reports whether it ends a gap in
+// the shard's reaps longer than Options.ReapGap: an outage of the
+// process or its host, which stopped the gateway's flushes as well, so
+// that the coverage it has not written yet says nothing of its devices.
+// Such an outage ends now (gapEnd): graces and silences count from it.
+func (s *Store) gap(shard int, now int64) bool {
+	last := s.reaped[shard]
+	if now > last {
+		s.reaped[shard] = now
+	}
+	if s.reapGap > 0 && last > 0 && now-last > s.reapGap {
+		s.gapEnd[shard] = now
+		return true
+	}
+	return false
+}
+
+// gapFrom is the end of the last gap in shard's reaps, or now while one
+// is under way (no reap for longer than Options.ReapGap); ok is false
+// while there is none to count from.
+func (s *Store) gapFrom(shard int, now int64) (from int64, ok bool) {
+	if s.reapGap <= 0 {
+		return 0, false
+	}
+	if last := s.reaped[shard]; last > 0 && now-last > s.reapGap {
+		return now, true
+	}
+	return s.gapEnd[shard], s.gapEnd[shard] > 0
 }
 
 // next is the earliest deadline left in the shard but those waiting, and
@@ -147,7 +182,9 @@ func (w *writer) reap(k []byte) (trimmed, wait bool, err error) {
 		if wait && !own && slices.ContainsFunc(e.rec.sessions, e.rec.leftAt) {
 			span = max(span, w.s.horizon)
 		}
-		if wait && w.now < ms+span {
+		// the grace counts from the deadline, or from the end of a gap
+		// in the reaps when that is later
+		if wait && w.now < max(ms, w.s.gapEnd[w.sh.n])+span {
 			return false, true, nil
 		}
 		if wait && own {

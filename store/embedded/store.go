@@ -45,6 +45,14 @@ type Options struct {
 	// (a device may have moved to it; its evidence there is late but
 	// valid up to the grace): presence.lease + presence.gateway_grace.
 	GatewayHorizon time.Duration
+	// ReapGap is the longest a shard goes without a reap while the runner
+	// runs; a longer gap (the process stopped or starved, the host or VM
+	// frozen: whatever stopped the reaps stopped the gateway's flushes
+	// too) counts as an outage that ends at the next reap: the grace of a
+	// device whose gateway's coverage has not reached its deadline counts
+	// from then, and so does a gateway's silence. Zero: gaps are not
+	// looked for.
+	ReapGap time.Duration
 	// GatewayLost is how long a gateway may go unheard before the reap
 	// of shard 0 writes its lost event (presence.lease; zero: no gateway
 	// events), counted from Open when that is later.
@@ -65,6 +73,12 @@ type Store struct {
 	grace, recheck, horizon int64 // ms, Options.GatewayGrace, GatewayRecheck and GatewayHorizon
 	lostAfter               int64 // ms, Options.GatewayLost
 	openedMs                int64 // the store time of Open
+	reapGap                 int64 // ms, Options.ReapGap
+	// reaped and gapEnd are per shard the store time of the last reap
+	// and of the end of the last gap in the reaps (reap.go), 0 for none;
+	// read and written inside the reap's bolt transaction, which bbolt
+	// runs one at a time.
+	reaped, gapEnd []int64
 }
 
 var (
@@ -97,7 +111,8 @@ func Open(db *bolt.DB, o Options) (*Store, error) {
 	}
 	s := &Store{db: db, shards: o.Shards, maxLen: uint64(o.EventsMaxLen), now: o.Now, log: o.Logger,
 		grace: o.GatewayGrace.Milliseconds(), recheck: cmp.Or(o.GatewayRecheck, time.Second).Milliseconds(),
-		horizon: o.GatewayHorizon.Milliseconds(), lostAfter: o.GatewayLost.Milliseconds()}
+		horizon: o.GatewayHorizon.Milliseconds(), lostAfter: o.GatewayLost.Milliseconds(),
+		reapGap: o.ReapGap.Milliseconds(), reaped: make([]int64, o.Shards), gapEnd: make([]int64, o.Shards)}
 	s.openedMs = s.nowMs()
 	err := db.Update(func(tx *bolt.Tx) error {
 		meta, err := tx.CreateBucketIfNotExists(bucketMeta)

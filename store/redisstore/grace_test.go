@@ -759,3 +759,103 @@ func TestLapsedRestoreOnAnOlderOfflineRecordWritesTheOffline(t *testing.T) {
 		t.Fatalf("reaps after the restore: %s, want the visitor's offline (expired)", describe(offline))
 	}
 }
+
+// A gap in a shard's reaps longer than Options.ReapGap (the store, every
+// runner or the host stopped: the gateways may have stopped with them)
+// is an outage that ends at the next reap, for every runner of the shard:
+// a device whose gateway is not heard is held for the grace counted from
+// then, not from its deadline, and no gateway is reported lost over the
+// gap. The gateway heard again with the device's evidence keeps it
+// online with no event. Reaps on time (no gap) leave a silent gateway's
+// devices to go at the end of their grace as before.
+func TestReapGap(t *testing.T) {
+	const gapMax = 2 * time.Second
+	forBackends(t, func(t *testing.T, c redis.UniversalClient) {
+		const dev = gateway.DeviceID("dev-gap")
+		open := func(prefix string, clock *clocktest.Clock) *Store {
+			s, err := Open(t.Context(), c, Options{Prefix: prefix, Shards: 1, Now: clock.Now,
+				GatewayGrace: testGrace, GatewaySilence: testSilence, GatewayLost: testLease, ReapGap: gapMax})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { s.Close() })
+			return s
+		}
+		start := func() (*env, *Store, time.Time) {
+			prefix := uniquePrefix()
+			clock := clocktest.New(time.UnixMilli(startMs))
+			e := &env{t: t, ctx: t.Context(), c: c, clock: clock, store: open(prefix, clock)}
+			t0 := clock.Now()
+			if evs := e.apply(0, leased("gw-a", false, write(dev, "coap/default", gateway.Connect, 0))); len(evs) != 1 {
+				t.Fatalf("connect: %s", describe(evs))
+			}
+			e.reap(0, 10)
+			return e, open(prefix, clock), t0
+		}
+
+		t.Run("site frozen past lease and grace", func(t *testing.T) {
+			e, other, t0 := start()
+			e.clock.Set(t0.Add(testLease + testGrace + 5*time.Second))
+			r := e.reap(0, 10)
+			if len(r.Offline) != 0 || r.Held != 1 {
+				t.Fatalf("first reap after the gap: %+v, want the device held", r)
+			}
+			// another runner's store takes the shard a moment later: the
+			// gap's end holds for it too
+			e.clock.Advance(time.Second)
+			r, err := other.Reap(t.Context(), 0, 10)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(r.Offline) != 0 {
+				t.Fatalf("another runner's reap after the gap: %+v, want the device still held", r)
+			}
+			// gw-a runs again and writes the device's evidence
+			if evs := e.apply(0, leased("gw-a", false, write(dev, "coap/default", gateway.Renew, 0))); len(evs) != 0 {
+				t.Fatalf("renewal after the gap wrote %s", describe(evs))
+			}
+			if r := e.reap(0, 10); len(r.Offline) != 0 {
+				t.Fatalf("reap after the renewal: %+v", r)
+			}
+			if d := e.device(dev); d.State != gateway.Online {
+				t.Fatalf("device %+v, want online", d)
+			}
+			if evs := e.events(0); len(evs) != 1 {
+				t.Fatalf("log %s, want the connect only", describe(evs))
+			}
+			if n, err := c.XLen(t.Context(), e.store.keys[0].data[6]).Result(); err != nil || n != 0 {
+				t.Fatalf("gateway events over the gap: %d (%v), want none", n, err)
+			}
+		})
+
+		t.Run("gateway writes before the first reap after the gap", func(t *testing.T) {
+			e, _, t0 := start()
+			e.clock.Set(t0.Add(testLease + testGrace + 5*time.Second))
+			if evs := e.apply(0, leased("gw-a", false, write(dev, "coap/default", gateway.Renew, 0))); len(evs) != 0 {
+				t.Fatalf("renewal while the gap is under way wrote %s", describe(evs))
+			}
+			if r := e.reap(0, 10); len(r.Offline) != 0 {
+				t.Fatalf("reap after the renewal: %+v", r)
+			}
+			if d := e.device(dev); d.State != gateway.Online {
+				t.Fatalf("device %+v, want online", d)
+			}
+		})
+
+		t.Run("gateway silent, reaps on time", func(t *testing.T) {
+			e, _, t0 := start()
+			end := t0.Add(testLease + testGrace)
+			for e.clock.Now().Add(time.Second).Before(end) {
+				e.clock.Advance(time.Second)
+				if r := e.reap(0, 10); len(r.Offline) != 0 {
+					t.Fatalf("reap at %v, before the grace ended: %+v", e.clock.Now().Sub(t0), r)
+				}
+			}
+			e.clock.Set(end)
+			r := e.reap(0, 10)
+			if len(r.Offline) != 1 || r.Offline[0].Reason != gateway.ReasonGatewayLost {
+				t.Fatalf("reap after the grace: %+v, want gateway_lost", r)
+			}
+		})
+	})
+}

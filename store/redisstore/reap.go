@@ -58,6 +58,7 @@ func (s *Store) Reap(ctx context.Context, shard int, limit int) (gateway.ReapRes
 		lostAfter,              // R_LOSTAFTER
 		s.recheck,              // R_RECHECK
 		s.horizon,              // R_HORIZON
+		s.reapGap,              // R_GAP
 	).Slice()
 	if err == nil && len(res) == 2 && num(res[0]) == -1 {
 		s.seen(shard, num(res[1]), sent)
@@ -83,6 +84,10 @@ func (s *Store) Reap(ctx context.Context, shard int, limit int) (gateway.ReapRes
 	s.seen(shard, now, sent)
 	held, _ := res[5].(int64)
 	inc := str(res[6])
+	if gap, _ := res[7].(int64); gap == 1 {
+		s.log.Warn("the shard was not reaped for longer than the reap gap (the store, every runner or the host stopped): holding due devices until their gateways are heard again",
+			"shard", shard, "gap", time.Duration(s.reapGap)*time.Millisecond, "grace", time.Duration(s.grace)*time.Millisecond)
+	}
 	s.rmu.Lock()
 	cur := &s.reaps[shard]
 	if cur.failed || (cur.inc != "" && cur.inc != inc) {
@@ -103,9 +108,9 @@ func (s *Store) Reap(ctx context.Context, shard int, limit int) (gateway.ReapRes
 }
 
 // The reap script's flat reply: reapHeader items (trimmed, more, next,
-// orphans, now, held, incarnation), then reapEventLen items per offline
+// orphans, now, held, incarnation, gap), then reapEventLen items per offline
 // event.
-const reapHeader, reapEventLen = 7, 7
+const reapHeader, reapEventLen = 8, 7
 
 // parseReapEvents reads the reap script's events, each
 // id, device, ver, gw, session, deadline, reason: all of them are offline

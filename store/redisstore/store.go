@@ -76,6 +76,13 @@ type Options struct {
 	// call on a shard (its keep-alive with a margin); a gateway not heard
 	// for longer is silent.
 	GatewaySilence time.Duration
+	// ReapGap is the longest a shard goes without a reap while its
+	// runners run; a longer gap (the store paused, every runner stopped,
+	// the host or VM frozen: whatever stopped the reaps may have stopped
+	// the gateways too) counts as an outage that ends at the next reap,
+	// for whichever runner reaps (reap.lua): the gateways are judged only
+	// once heard after it. Zero: gaps are not looked for.
+	ReapGap time.Duration
 	// GatewayLost is how long a gateway may go unheard before the reap of
 	// shard 0 writes one `lost` event for it to the gateways stream
 	// ({P:0}:gateways), and one `back` event when it writes again: the
@@ -119,6 +126,7 @@ type Store struct {
 	opened  time.Time // localNow's origin
 
 	grace, silence int64 // ms, Options.GatewayGrace and GatewaySilence
+	reapGap        int64 // ms, Options.ReapGap
 	recheck        int64 // ms, Options.GatewayRecheck
 	horizon        int64 // ms, Options.GatewayHorizon
 	lostAfter      int64 // ms, Options.GatewayLost
@@ -205,6 +213,7 @@ func newStore(o Options) (*Store, error) {
 	s.recheck = cmp.Or(o.GatewayRecheck, time.Second).Milliseconds()
 	s.horizon = o.GatewayHorizon.Milliseconds()
 	s.silence = o.GatewaySilence.Milliseconds()
+	s.reapGap = o.ReapGap.Milliseconds()
 	s.lostAfter = o.GatewayLost.Milliseconds()
 	s.waitReplicas, s.waitTimeout = o.WaitReplicas, o.WaitTimeout
 	s.watchWaits = max(o.WatchWaits, 0)

@@ -26,7 +26,8 @@
 --   ms (how long after its last call another gateway's coverage holds a
 --   leave back, below; 0: none), the store time the call was sent at as
 --   the caller estimates it from earlier replies, a lower bound ("" for
---   none: the writes' ages then count from now),
+--   none: the writes' ages then count from now), the longest gap in the
+--   shard's reaps that is not an outage (ms; 0: none; record.lua, "Gaps"),
 --   then from A_WRITES the other writes, W_ARGS arguments each: device,
 --   session, kind (1 connect, 2 renew, 3 leave), age ms, lease ms (the
 --   write's own: the lease in force when its evidence was observed;
@@ -39,7 +40,7 @@
 local A_GW, A_EPOCH, A_LEASE, A_REPLAY, A_NOW, A_MAXLEN = 1, 2, 3, 4, 5, 6
 local A_INC, A_NFAST, A_ORDER, A_FASTSIDS, A_FASTAGES, A_FASTDEVS = 7, 8, 9, 10, 11, 12
 local A_BEHIND, A_NOTAFTER, A_GRACE, A_BELIEFAT, A_SEEN, A_COVERED = 13, 14, 15, 16, 17, 18
-local A_GRACED, A_HORIZON, A_SENTAT, A_WRITES = 19, 20, 21, 22
+local A_GRACED, A_HORIZON, A_SENTAT, A_GAP, A_WRITES = 19, 20, 21, 22, 23
 local BELIEF_TTL = 600000
 local W_ARGS = 5
 local BELIEVED = byte('1')
@@ -58,6 +59,19 @@ local GRACED = byte('1')
 local nowstr = string.format('%d', now)
 local notafter = tonumber(ARGV[A_NOTAFTER])
 if notafter and now > notafter then return {-1, now} end
+-- gapfrom: the end of the last gap in the shard's reaps, or now while
+-- one is under way (record.lua, "Gaps"); nil when the caller looks for
+-- none. gaplate says whether evidence observed at obs of a session that
+-- ran out at dl is late but valid by it.
+local gapfrom
+if (tonumber(ARGV[A_GAP]) or 0) > 0 then
+  local p = redis.call('HMGET', KEYS[4], REAPED, GAPEND)
+  local lastreap = tonumber(p[1])
+  if lastreap and now - lastreap > tonumber(ARGV[A_GAP]) then gapfrom = now else gapfrom = tonumber(p[2]) end
+end
+local function gaplate(dl, obs)
+  return gapfrom ~= nil and dl <= gapfrom and obs <= gapfrom + replaygrace
+end
 -- evnow is the time the writes' ages count from: when the call was sent,
 -- as the caller estimates the store's clock (a lower bound), when that is
 -- earlier than now. A call its gateway sent late in a starved process, or
@@ -425,8 +439,9 @@ local function general(dev, sid, kind, d, k, zk, wlease, wgrace, isbridged)
   -- A_GRACE and the writes it applies to in A_GRACED), may be up to the
   -- gateway grace late (wgrace): the outbox and the queue keep only a
   -- session's newest evidence, so the evidence that bridged the outage
-  -- may be gone (as for a held device, above). A restore may be any
-  -- late: the renewals that bridged the gap were acknowledged by the
+  -- may be gone (as for a held device, above); so may any write of a
+  -- session that ran out before a gap in the reaps ended (gaplate). A
+  -- restore may be any late: the renewals that bridged the gap were acknowledged by the
   -- state that was lost (a failover to a replica that lacked them).
   local late
   -- sh is how far a hold moved the device's index entry, so its
@@ -434,7 +449,7 @@ local function general(dev, sid, kind, d, k, zk, wlease, wgrace, isbridged)
   local sh = shift[k] or 0
   if r and kind ~= KIND_LEAVE then
     for _, x in ipairs(r.sess) do
-      if x.sid == sid and x.dl - sh <= now and (restore or obs <= x.dl - sh + wgrace) then late = x break end
+      if x.sid == sid and x.dl - sh <= now and (restore or obs <= x.dl - sh + wgrace or gaplate(x.dl - sh, obs)) then late = x break end
     end
   end
   if r and r.on then
@@ -453,7 +468,7 @@ local function general(dev, sid, kind, d, k, zk, wlease, wgrace, isbridged)
       -- evidence of a device whose session ran out before this
       -- incarnation began (a replaced state: it says nothing of the
       -- device since)
-      if not z[k] and not (kind ~= KIND_LEAVE and d > now and (obs <= gone.dl + wgrace or gone.dl - sh < incsince)) then
+      if not z[k] and not (kind ~= KIND_LEAVE and d > now and (obs <= gone.dl + wgrace or gone.dl - sh < incsince or gaplate(gone.dl - sh, obs))) then
         r.on, r.ver, r.since = false, nextver(r, now), now
         local reason = leftat(r, gone) and 'leave' or 'expired'
         event(dev, 'offline', r.ver, nowstr, reason, gwname(gone.gw), gone.sid, zk and zk - sh)

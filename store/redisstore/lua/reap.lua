@@ -15,10 +15,12 @@
 -- the time that gateway's coverage takes to move on), and how long after
 -- its last call a gateway's coverage still holds every due device back
 -- (ms: lease + gateway grace; evidence it holds can be late but valid
--- until then).
+-- until then), and the longest gap in the shard's reaps that is not an
+-- outage (ms; 0: none, below).
 -- Returns one flat array:
 --   {trimmed, more (1|0), next deadline or -1, orphans, now, held,
---    incarnation, then per offline event: id, device, ver, gw, session,
+--    incarnation, gap (1|0: this call found a gap in the reaps, below),
+--    then per offline event: id, device, ver, gw, session,
 --    deadline, reason}
 -- Every reap event is state offline at now, so those are not repeated per
 -- event (the Go side fills them in); deadline is the device's true lease
@@ -26,7 +28,7 @@
 -- gateway's coverage still has not reached it. orphans counts due entries without an
 -- online record (removed, no event); held the devices held this call
 -- (record.lua, "Held devices").
-local R_LIMIT, R_NOW, R_MAXLEN, R_GRACE, R_SILENCE, R_SINCE, R_NOTAFTER, R_LOSTAFTER, R_RECHECK, R_HORIZON = 1, 2, 3, 4, 5, 6, 7, 8, 9, 10
+local R_LIMIT, R_NOW, R_MAXLEN, R_GRACE, R_SILENCE, R_SINCE, R_NOTAFTER, R_LOSTAFTER, R_RECHECK, R_HORIZON, R_GAP = 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11
 local limit, now, maxlen = tonumber(ARGV[R_LIMIT]), clock(ARGV[R_NOW]), ARGV[R_MAXLEN]
 local grace, silence = tonumber(ARGV[R_GRACE]) or 0, tonumber(ARGV[R_SILENCE]) or 0
 local since, nosince = tonumber(ARGV[R_SINCE]) or 0, ARGV[R_SINCE] == 'now'
@@ -38,6 +40,22 @@ local recheck = tonumber(ARGV[R_RECHECK]) or 1000
 local horizon = tonumber(ARGV[R_HORIZON]) or 0
 local nowstr, nowpacked = string.format('%d', now), struct.pack('>I6', now)
 local rcall, evkey = redis.call, KEYS[3]
+
+-- A gap in the reaps (record.lua, "Gaps"): this call cannot tell whether
+-- the gateways run again, so it judges none (every due device their
+-- coverage has not reached is held, its grace counted from now); later
+-- calls count a gateway as live once heard after the gap.
+local pulse = rcall('HMGET', KEYS[4], REAPED, GAPEND)
+local lastreap, gapend = tonumber(pulse[1]), tonumber(pulse[2]) or 0
+local maxgap = tonumber(ARGV[R_GAP]) or 0
+local gap = maxgap > 0 and lastreap ~= nil and now - lastreap > maxgap
+if gap then
+  rcall('HSET', KEYS[4], REAPED, nowstr, GAPEND, nowstr)
+  nosince, since = true, now + 1
+else
+  if maxgap > 0 and (not lastreap or now > lastreap) then rcall('HSET', KEYS[4], REAPED, nowstr) end
+  since = math.max(since, gapend)
+end
 local incs = rcall('HMGET', KEYS[4], INC, REPL, LOSS)
 local inc = incarnation(incs[1], rcall('HGET', KEYS[2], INC), incs[2], now, ARGV[R_NOW] ~= '')
 -- fresh: this incarnation began with a loss (record.lua, LOSS) less than
@@ -185,9 +203,9 @@ local function waitfor(p, truedl)
   return nil, false
 end
 
--- out[1..7] are filled in at the end; n is the last index used.
-local header = 7
-local out, n = {0, 0, -1, 0, now, 0, ''}, header
+-- out[1..8] are filled in at the end; n is the last index used.
+local header = 8
+local out, n = {0, 0, -1, 0, now, 0, '', 0}, header
 local trimmed, orphans, nheld = 0, 0, 0
 local hset, zadd, zrem, hold, unhold = {}, {}, {}, {}, {}
 for k, dev in ipairs(devs) do
@@ -347,4 +365,5 @@ end
 out[1], out[2], out[3], out[4], out[6] = trimmed, more, nextdl, orphans, nheld
 -- the shard's incarnation, as apply.lua reports it
 out[7] = inc
+if gap then out[8] = 1 end
 return out

@@ -111,6 +111,19 @@ local function incarnation(tok, devtok, repl, now, givenclock)
   return tok .. '/' .. replid
 end
 
+-- Gaps: REAPED in the epochs hash is the store time of the shard's last
+-- reap (written only while the caller passes a maximum gap), GAPEND the
+-- end of the last gap in the reaps: a reap that finds the last one more
+-- than that maximum ago. Whatever stopped the reaps (the store paused,
+-- every runner stopped or starved, the host or VM frozen) may have
+-- stopped the gateways as well, so their silence over it is no evidence:
+-- the gap counts as an outage that ends at that reap (GAPEND), for every
+-- runner of the shard (reap.lua), and a session that ran out before its
+-- end was never judged: evidence of it observed up to the grace after
+-- the gap's end is late but valid (apply.lua), as is any while a gap is
+-- under way (no reap for longer than the maximum).
+local REAPED, GAPEND = '~p', '~g'
+
 -- Versions never repeat (invariant 10, docs/design.md §7): a new record's first ver is the store
 -- time in ms (a record lost with the shard's data, or with its hash,
 -- restarts above every ver it handed out), and a record last changed
