@@ -256,6 +256,15 @@ func (g *gatewayProc) kill() {
 	g.cmd = nil
 }
 
+// signal sends sig to the gateway (SIGSTOP / SIGCONT to hang it, SIGHUP
+// to reload it).
+func (g *gatewayProc) signal(sig syscall.Signal) {
+	g.t.Helper()
+	if err := g.cmd.Process.Signal(sig); err != nil {
+		g.t.Errorf("signal %v to gateway %s: %v\n%s", sig, g.cfg.ID, err, g.log.tail(3000))
+	}
+}
+
 // outboxSessions reads outbox_sessions from /v1/status (-1 on error).
 func (g *gatewayProc) outboxSessions() int {
 	var st map[string]any

@@ -202,6 +202,38 @@ func TestRedisPauseShorterThanLease(t *testing.T) { pauseScenario(t, fast.lease/
 // devices sending throughout: no device event at all (invariant 9).
 func TestRedisPauseLongerThanLease(t *testing.T) { pauseScenario(t, fast.lease+time.Second) }
 
+// The whole site frozen at once (a host or VM paused: Redis and both
+// gateways, runners included, SIGSTOP together) for longer than lease +
+// grace, devices sending throughout, then resumed together. Nothing ran,
+// so nothing can be concluded of the silence: the store's clock jumps,
+// and the first reap after it must not judge the gateways before they
+// are heard again (the reap's gap, docs/design.md §6.6). No device that
+// kept sending goes offline; none is reported gateway_lost.
+func TestSiteFrozen(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	gws := startGateways(t, []string{srv.Addr}, []string{srv.Addr})
+	r := newRig(t, newCollector(t, srv.Addr), gws...)
+	freeze := fast.lease + fast.grace + 2*time.Second
+	r.addFleet("d", 40, stdRoles(freeze))
+	r.fleet.start()
+	r.at(warm)
+	r.faultFrom()
+	srv.Signal(syscall.SIGSTOP)
+	for _, g := range gws {
+		g.signal(syscall.SIGSTOP)
+	}
+	r.at(warm + freeze)
+	srv.Signal(syscall.SIGCONT)
+	for _, g := range gws {
+		g.signal(syscall.SIGCONT)
+	}
+	r.faultTo()
+	if res := r.finish(); res.GatewayLost > 0 {
+		t.Errorf("%d offlines with reason gateway_lost after a freeze of every part: no gateway was lost", res.GatewayLost)
+	}
+}
+
 // Redis restarted without persistence: every key is gone, the scripts
 // too. Devices that keep sending stay online; those that stopped still
 // go offline (invariant 7); versions never repeat (invariant 10).

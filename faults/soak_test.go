@@ -407,8 +407,8 @@ func (r *soakRig) inject(f *faultRun) func() {
 		return g.start
 	case gwStop:
 		g := r.gws[f.target]
-		r.signal(g, syscall.SIGSTOP)
-		return func() { r.signal(g, syscall.SIGCONT) }
+		g.signal(syscall.SIGSTOP)
+		return func() { g.signal(syscall.SIGCONT) }
 	case gwSlow:
 		return starve(t, r.gws[f.target].cmd.Process.Pid, gatewayQuota, gatewayPeriod)
 	case gwReload:
@@ -417,17 +417,11 @@ func (r *soakRig) inject(f *faultRun) func() {
 		g.cfg.Extra["uplink.max_batch"] = f.reload.maxBatch
 		g.cfg.Extra["log.level"] = cmp.Or(soakLogLevel, f.reload.level)
 		g.writeConfig()
-		r.signal(g, syscall.SIGHUP)
+		g.signal(syscall.SIGHUP)
 	case mqttStorm:
 		r.fleet.storm(f.target)
 	}
 	return nil
-}
-
-func (r *soakRig) signal(g *gatewayProc, sig syscall.Signal) {
-	if err := g.cmd.Process.Signal(sig); err != nil {
-		r.t.Errorf("signal %v to gateway %s: %v\n%s", sig, g.cfg.ID, err, g.log.tail(3000))
-	}
 }
 
 // failover kills the primary (a Cluster master) and promotes its replica,
