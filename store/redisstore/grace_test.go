@@ -772,7 +772,7 @@ func TestReapGap(t *testing.T) {
 	const gapMax = 2 * time.Second
 	forBackends(t, func(t *testing.T, c redis.UniversalClient) {
 		const dev = gateway.DeviceID("dev-gap")
-		open := func(prefix string, clock *clocktest.Clock) *Store {
+		open := func(t *testing.T, prefix string, clock *clocktest.Clock) *Store {
 			s, err := Open(t.Context(), c, Options{Prefix: prefix, Shards: 1, Now: clock.Now,
 				GatewayGrace: testGrace, GatewaySilence: testSilence, GatewayLost: testLease, ReapGap: gapMax})
 			if err != nil {
@@ -781,20 +781,35 @@ func TestReapGap(t *testing.T) {
 			t.Cleanup(func() { s.Close() })
 			return s
 		}
-		start := func() (*env, *Store, time.Time) {
+		start := func(t *testing.T) (*env, *Store, time.Time) {
 			prefix := uniquePrefix()
 			clock := clocktest.New(time.UnixMilli(startMs))
-			e := &env{t: t, ctx: t.Context(), c: c, clock: clock, store: open(prefix, clock)}
+			e := &env{t: t, ctx: t.Context(), c: c, clock: clock, store: open(t, prefix, clock)}
 			t0 := clock.Now()
 			if evs := e.apply(0, leased("gw-a", false, write(dev, "coap/default", gateway.Connect, 0))); len(evs) != 1 {
 				t.Fatalf("connect: %s", describe(evs))
 			}
 			e.reap(0, 10)
-			return e, open(prefix, clock), t0
+			return e, open(t, prefix, clock), t0
+		}
+
+		// renewedOnline: gw-a's renewal of the device, written after the
+		// gap, and the reap after it change nothing: it stays online.
+		renewedOnline := func(e *env) {
+			e.t.Helper()
+			if evs := e.apply(0, leased("gw-a", false, write(dev, "coap/default", gateway.Renew, 0))); len(evs) != 0 {
+				e.t.Fatalf("renewal after the gap wrote %s", describe(evs))
+			}
+			if r := e.reap(0, 10); len(r.Offline) != 0 {
+				e.t.Fatalf("reap after the renewal: %+v", r)
+			}
+			if d := e.device(dev); d.State != gateway.Online {
+				e.t.Fatalf("device %+v, want online", d)
+			}
 		}
 
 		t.Run("site frozen past lease and grace", func(t *testing.T) {
-			e, other, t0 := start()
+			e, other, t0 := start(t)
 			e.clock.Set(t0.Add(testLease + testGrace + 5*time.Second))
 			r := e.reap(0, 10)
 			if len(r.Offline) != 0 || r.Held != 1 {
@@ -811,15 +826,7 @@ func TestReapGap(t *testing.T) {
 				t.Fatalf("another runner's reap after the gap: %+v, want the device still held", r)
 			}
 			// gw-a runs again and writes the device's evidence
-			if evs := e.apply(0, leased("gw-a", false, write(dev, "coap/default", gateway.Renew, 0))); len(evs) != 0 {
-				t.Fatalf("renewal after the gap wrote %s", describe(evs))
-			}
-			if r := e.reap(0, 10); len(r.Offline) != 0 {
-				t.Fatalf("reap after the renewal: %+v", r)
-			}
-			if d := e.device(dev); d.State != gateway.Online {
-				t.Fatalf("device %+v, want online", d)
-			}
+			renewedOnline(e)
 			if evs := e.events(0); len(evs) != 1 {
 				t.Fatalf("log %s, want the connect only", describe(evs))
 			}
@@ -829,21 +836,13 @@ func TestReapGap(t *testing.T) {
 		})
 
 		t.Run("gateway writes before the first reap after the gap", func(t *testing.T) {
-			e, _, t0 := start()
+			e, _, t0 := start(t)
 			e.clock.Set(t0.Add(testLease + testGrace + 5*time.Second))
-			if evs := e.apply(0, leased("gw-a", false, write(dev, "coap/default", gateway.Renew, 0))); len(evs) != 0 {
-				t.Fatalf("renewal while the gap is under way wrote %s", describe(evs))
-			}
-			if r := e.reap(0, 10); len(r.Offline) != 0 {
-				t.Fatalf("reap after the renewal: %+v", r)
-			}
-			if d := e.device(dev); d.State != gateway.Online {
-				t.Fatalf("device %+v, want online", d)
-			}
+			renewedOnline(e)
 		})
 
 		t.Run("gateway silent, reaps on time", func(t *testing.T) {
-			e, _, t0 := start()
+			e, _, t0 := start(t)
 			end := t0.Add(testLease + testGrace)
 			for e.clock.Now().Add(time.Second).Before(end) {
 				e.clock.Advance(time.Second)
