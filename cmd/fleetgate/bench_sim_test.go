@@ -17,23 +17,27 @@ import (
 	"github.com/fleetgate/fleetgate/sim/naive"
 )
 
-// BenchmarkSimulateSideBySide plays the same CoAP fleet (sim: 2,000
-// devices, NON and CON, a heartbeat every 3 s, 5 % frozen, 5 % leaving,
-// 20 % in a storm) for 30 s against fleetgate (one `fleetgate run` on
-// Redis, the shipped timings divided by 10: lease 9 s, heartbeat 3 s,
-// renew_every 2 s, flush and runner 100 ms) and against the naive design
-// (sim/naive: one SET EX 9 per message, offline from keyspace
-// notifications) on the same redis-server, then the naive design once
-// more with its notification subscriber cut for 4 s while the frozen
-// devices expire. The checker judges all three with the same bound.
-// With BENCH_DOC set (`make bench`: docs/benchmarks.md) it writes
-// the table, with the date, commit, load and command, between the
-// side-by-side markers of that file.
+// BenchmarkSimulateSideBySide plays the same CoAP fleet (sim: NON and
+// CON, 5 % frozen, 5 % leaving, 20 % in a storm) against fleetgate (one
+// `fleetgate run` on Redis) and against the naive design (sim/naive: one
+// SET EX lease per message, offline from keyspace notifications) on the
+// same redis-server, then the naive design once more with its
+// notification subscriber cut while the frozen devices expire. The
+// checker judges all three with the same bound. The fleet is chosen by
+// SIDE_FLEET (sideFleets): by default 2,000 devices for 30 s on the
+// shipped timings divided by 10; SIDE_FLEET=site is 100,000 devices for
+// 5 minutes on the shipped timings. With BENCH_DOC set (`make bench`:
+// docs/benchmarks.md) it writes the table, with the date, commit, load
+// and command, between that fleet's markers of that file.
 func BenchmarkSimulateSideBySide(b *testing.B) {
-	const devices, every, run, cut = 2000, 3 * time.Second, 30 * time.Second, 4 * time.Second
-	tm := e2eTiming{lease: 9 * time.Second, heartbeat: 3 * time.Second, renewEvery: 2 * time.Second, flush: 100 * time.Millisecond, runnerInterval: 100 * time.Millisecond}
+	name := os.Getenv(sideFleetEnv)
+	f, ok := sideFleets[name]
+	if !ok {
+		b.Fatalf("%s=%q: not a fleet (\"\" or \"site\")", sideFleetEnv, name)
+	}
+	devices, every, run, cut, tm := f.devices, f.tm.heartbeat, f.run, f.cut, f.tm
 	ctx := context.Background()
-	doc, docPath := sideBySideDoc(b)
+	doc, docPath := sideBySideDoc(b, f.marker)
 	started, loadStart := time.Now(), loadAverage()
 	var table string
 	for range b.N {
@@ -48,7 +52,7 @@ func BenchmarkSimulateSideBySide(b *testing.B) {
 		var reps []sim.Report
 		names := []string{"fleetgate", "naive", fmt.Sprintf("naive, subscriber cut %s", cut)}
 
-		g := simGatewayWith(b, "gw-side", srv.Addr, tm)
+		g := simGatewayLimits(b, "gw-side", srv.Addr, tm, f.limits)
 		g.start()
 		src, err := sim.DialRedis(ctx, []string{srv.Addr}, "fleetgate")
 		if err != nil {
@@ -104,7 +108,36 @@ func BenchmarkSimulateSideBySide(b *testing.B) {
 		b.ReportMetric(float64(fg.MissedOffline), "fg-missed")
 		b.ReportMetric(float64(nc.MissedOffline), "naive-cut-missed")
 	}
-	writeSideBySide(b, doc, docPath, started, loadStart, table)
+	writeSideBySide(b, doc, docPath, f.marker, started, loadStart, table)
+}
+
+// sideFleetEnv names the side-by-side fleet (sideFleets).
+const sideFleetEnv = "SIDE_FLEET"
+
+// sideFleet is one fleet of BenchmarkSimulateSideBySide: its size, the
+// gateway's timings (the device heartbeat is tm.heartbeat), how long it
+// plays, how long the naive design's subscriber is cut at half-time, the
+// gateway's limits line, and the marker of docs/benchmarks.md its table
+// goes between.
+type sideFleet struct {
+	devices  int
+	tm       e2eTiming
+	run, cut time.Duration
+	limits   string
+	marker   string
+}
+
+var sideFleets = map[string]sideFleet{
+	"": {devices: 2000, run: 30 * time.Second, cut: 4 * time.Second, limits: simLimits, marker: "side-by-side",
+		tm: e2eTiming{lease: 9 * time.Second, heartbeat: 3 * time.Second, renewEvery: 2 * time.Second,
+			flush: 100 * time.Millisecond, runnerInterval: 100 * time.Millisecond}},
+	// A site: the shipped timings; the fleet-wide bounds raised (not the
+	// per-source ones: every device sends from an address of its own);
+	// frozen devices (at 15–45 % of the run) expire 90 s later, inside it.
+	"site": {devices: 100000, run: 5 * time.Minute, cut: 40 * time.Second, marker: "side-by-side-site",
+		limits: "limits: { anonymous_max_devices: 1000000 }\n",
+		tm: e2eTiming{lease: 90 * time.Second, heartbeat: 30 * time.Second, renewEvery: 20 * time.Second,
+			flush: time.Second, runnerInterval: time.Second}},
 }
 
 // BenchmarkSimulatorCost measures what `fleetgate simulate` itself

@@ -22,7 +22,11 @@ const benchDocEnv = "BENCH_DOC"
 
 // The marker lines around BenchmarkSimulateSideBySide's block in
 // docs/benchmarks.md.
-const sideBySideBegin, sideBySideEnd = "<!-- side-by-side:begin -->", "<!-- side-by-side:end -->"
+// sideBySideMarkers are the marker lines a side-by-side fleet's table
+// goes between (sideFleet.marker: "side-by-side", ...).
+func sideBySideMarkers(marker string) (begin, end string) {
+	return "<!-- " + marker + ":begin -->", "<!-- " + marker + ":end -->"
+}
 
 // replaceMarked returns doc with what lies between the line begin and the
 // line end replaced by block. The marker lines and everything outside them
@@ -89,6 +93,9 @@ func benchCommand(doc string) string {
 	if c := get("test.count"); c != "" && c != "1" {
 		cmd += " -count " + c
 	}
+	if f := os.Getenv(sideFleetEnv); f != "" {
+		cmd = sideFleetEnv + "=" + shellWord(f) + " " + cmd
+	}
 	return cmd + " ./cmd/fleetgate"
 }
 
@@ -129,7 +136,7 @@ func loadAverage() string {
 // variable), as given and as a path from the package directory. It fails
 // the benchmark at once, not after the run, when the file cannot take the
 // block.
-func sideBySideDoc(b *testing.B) (doc, path string) {
+func sideBySideDoc(b *testing.B, marker string) (doc, path string) {
 	b.Helper()
 	doc = os.Getenv(benchDocEnv)
 	if doc == "" {
@@ -143,7 +150,8 @@ func sideBySideDoc(b *testing.B) (doc, path string) {
 	if err != nil {
 		b.Fatalf("%s: %v", benchDocEnv, err)
 	}
-	if _, err := replaceMarked(string(old), sideBySideBegin, sideBySideEnd, ""); err != nil {
+	begin, end := sideBySideMarkers(marker)
+	if _, err := replaceMarked(string(old), begin, end, ""); err != nil {
 		b.Fatalf("%s=%s: %v", benchDocEnv, doc, err)
 	}
 	return doc, path
@@ -152,7 +160,7 @@ func sideBySideDoc(b *testing.B) (doc, path string) {
 // writeSideBySide replaces the side-by-side block of the file from
 // sideBySideDoc with table (nothing when doc is ""). loadStart is the load
 // average when the run began.
-func writeSideBySide(b *testing.B, doc, path string, started time.Time, loadStart, table string) {
+func writeSideBySide(b *testing.B, doc, path, marker string, started time.Time, loadStart, table string) {
 	b.Helper()
 	if doc == "" {
 		return
@@ -162,7 +170,8 @@ func writeSideBySide(b *testing.B, doc, path string, started time.Time, loadStar
 		b.Fatalf("%s: %v", benchDocEnv, err)
 	}
 	load := fmt.Sprintf("%s at the start, %s at the end", loadStart, loadAverage())
-	out, err := replaceMarked(string(old), sideBySideBegin, sideBySideEnd, sideBySideBlock(started, gitCommit(), load, benchCommand(doc), table))
+	begin, end := sideBySideMarkers(marker)
+	out, err := replaceMarked(string(old), begin, end, sideBySideBlock(started, gitCommit(), load, benchCommand(doc), table))
 	if err != nil {
 		b.Fatalf("%s=%s: %v", benchDocEnv, doc, err)
 	}
@@ -173,14 +182,18 @@ func writeSideBySide(b *testing.B, doc, path string, started time.Time, loadStar
 }
 
 // TestBenchmarksDocTakesSideBySide: docs/benchmarks.md holds the markers
-// BenchmarkSimulateSideBySide writes between, once each and in order.
+// BenchmarkSimulateSideBySide writes between, once each and in order, for
+// every fleet.
 func TestBenchmarksDocTakesSideBySide(t *testing.T) {
 	doc, err := os.ReadFile(filepath.Join("..", "..", "docs", "benchmarks.md"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := replaceMarked(string(doc), sideBySideBegin, sideBySideEnd, "| table |\n"); err != nil {
-		t.Fatalf("docs/benchmarks.md: %v", err)
+	for name, f := range sideFleets {
+		begin, end := sideBySideMarkers(f.marker)
+		if _, err := replaceMarked(string(doc), begin, end, "| table |\n"); err != nil {
+			t.Fatalf("docs/benchmarks.md, fleet %q: %v", name, err)
+		}
 	}
 }
 
