@@ -3,6 +3,7 @@ package redisstore
 import (
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -622,6 +623,96 @@ func TestReplacedStateLeaveWaitsForTheOtherRestores(t *testing.T) {
 	if info := runner.device("mover"); info.State != gateway.Online {
 		t.Fatalf("mover: %+v, want online", info)
 	}
+}
+
+// A restart without persistence, then a replica attaching to the empty
+// master: Redis gives a master a new replication ID when it creates the
+// backlog for its first replica, so the state that began with the loss
+// is a second incarnation a moment later, with no new loss. mover had
+// moved from gw-a to gw-b; gw-a restores its session that ran out before
+// gw-b, whose calls are slow, has restored the live one. The hold of the
+// grace after the loss must still cover the second incarnation: before,
+// the loss was recorded for the first one only, and the reap ended mover
+// (expired) while gw-b's restore was on its way.
+func TestLossHoldOutlastsTheReplicaAttaching(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client(t)
+	gwa, gwb, runner := horizonEnvs(t, c)
+	clock := runner.clock
+	gwa.apply(0, covered(leased("gw-a", false, write("mover", "coap/a", gateway.Connect, 0))))
+	gwb.apply(0, covered(leased("gw-b", false)))
+	clock.Advance(time.Second)
+	gwb.apply(0, covered(leased("gw-b", false, write("mover", "coap/b", gateway.Connect, 0))))
+	gwa.apply(0, covered(leased("gw-a", false)))
+	srv.Restart()
+	clock.Advance(time.Second)
+	if res, err := gwa.store.Apply(t.Context(), 0, covered(leased("gw-a", false))); err != nil || !res.Reset {
+		t.Fatalf("gw-a's first call after the restart: %+v, %v; want a reset", res, err)
+	}
+	before := replID(t, c)
+	// (the replica's full sync starts at once, not after Redis's 5 s wait
+	// for more replicas)
+	if err := c.ConfigSet(t.Context(), "repl-diskless-sync-delay", "0").Err(); err != nil {
+		t.Fatal(err)
+	}
+	redistest.StartReplica(t, srv.Addr)
+	if after := replID(t, c); after == before {
+		t.Fatalf("the master's replication ID stayed %s when its first replica attached; the test needs it to change", before)
+	}
+	// gw-a's restore: mover's session on it ran out half a second ago
+	restore := covered(leased("gw-a", false, write("mover", "coap/a", gateway.Renew, testLease+500*time.Millisecond)))
+	restore.Restore = true
+	if evs := gwa.apply(0, restore); len(evs) != 0 {
+		t.Fatalf("gw-a's restore: %s, want none", describe(evs))
+	}
+	if info := runner.device("mover"); info.State != gateway.Online {
+		t.Fatalf("mover after gw-a's restore: %+v, want online (recreated)", info)
+	}
+	// gw-a's next flush covers what it observed, the restore included
+	clock.Advance(100 * time.Millisecond)
+	gwa.apply(0, covered(leased("gw-a", false)))
+	clock.Advance(100 * time.Millisecond)
+	if r := runner.reap(0, 10); len(r.Offline) != 0 {
+		t.Fatalf("reap before gw-b's restore: %s, want none (the grace after the loss)", describe(r.Offline))
+	}
+	clock.Advance(time.Second)
+	if res, err := gwb.store.Apply(t.Context(), 0, covered(leased("gw-b", false))); err != nil || !res.Reset {
+		t.Fatalf("gw-b's first call after the restart: %+v, %v; want a reset", res, err)
+	}
+	restore = covered(leased("gw-b", false, write("mover", "coap/b", gateway.Renew, 0)))
+	restore.Restore = true
+	if evs := gwb.apply(0, restore); len(evs) != 0 {
+		t.Fatalf("gw-b's restore: %s, want none (mover was online)", describe(evs))
+	}
+	var offline []gateway.Event
+	for range 8 {
+		clock.Advance(testGrace / 4)
+		gwa.apply(0, covered(leased("gw-a", false)))
+		gwb.apply(0, covered(leased("gw-b", false, write("mover", "coap/b", gateway.Renew, 0))))
+		offline = append(offline, runner.reap(0, 10).Offline...)
+	}
+	if len(offline) != 0 {
+		t.Fatalf("reaps over twice the grace: %s, want none", describe(offline))
+	}
+	if info := runner.device("mover"); info.State != gateway.Online {
+		t.Fatalf("mover: %+v, want online", info)
+	}
+}
+
+// replID is the master_replid the server of c reports.
+func replID(t *testing.T, c *redis.Client) string {
+	t.Helper()
+	info, err := c.Info(t.Context(), "replication").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for line := range strings.Lines(info) {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "master_replid:"); ok {
+			return v
+		}
+	}
+	t.Fatalf("no master_replid in %q", info)
+	return ""
 }
 
 // The hold of the grace after a loss counts from the loss, not from the

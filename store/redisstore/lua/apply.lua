@@ -109,8 +109,9 @@ if unrestored then
   -- FLUSHALL), the gateways' liveness records with it (record.lua, LOSS);
   -- a new replication ID alone (a failover, a slot migration, a restart
   -- from a snapshot) keeps them
-  if string.match(ARGV[A_SEEN], '^[^/]*') ~= string.match(inc, '^[^/]*') then
-    redis.call('HSET', KEYS[4], LOSS, inc)
+  local tok = string.match(inc, '^[^/]*')
+  if string.match(ARGV[A_SEEN], '^[^/]*') ~= tok then
+    redis.call('HSET', KEYS[4], LOSS, tok .. ' ' .. string.format('%d', incsince))
   end
 end
 -- The gateway's liveness on this shard (record.lua, "Gateway liveness"):
@@ -390,7 +391,8 @@ local lagging
 local fresh
 local function awaited(obs)
   if fresh == nil then
-    fresh = now < incsince + replaygrace and redis.call('HGET', KEYS[4], LOSS) == inc
+    local at = lossat(redis.call('HGET', KEYS[4], LOSS), inc)
+    fresh = at ~= nil and now < at + replaygrace
   end
   if fresh then return true end
   if horizon <= 0 then return false end
@@ -498,7 +500,7 @@ local function general(dev, sid, kind, d, k, zk, wlease, wgrace, isbridged)
       -- back an earlier visit's offline record, while consumers last saw
       -- the device online). Otherwise evidence that ran out changes
       -- nothing.
-      recreated = (not r and (restore or (obs < incsince and redis.call('HGET', KEYS[4], LOSS) == inc)))
+      recreated = (not r and (restore or (obs < (lossat(redis.call('HGET', KEYS[4], LOSS), inc) or -1))))
         or (restore and r and not r.on and r.since < incsince)
       if not recreated then
         -- Lapsed but late and valid evidence of a session the online

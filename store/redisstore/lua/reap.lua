@@ -58,9 +58,10 @@ else
 end
 local incs = rcall('HMGET', KEYS[4], INC, REPL, LOSS)
 local inc = incarnation(incs[1], rcall('HGET', KEYS[2], INC), incs[2], now, ARGV[R_NOW] ~= '')
--- fresh: this incarnation began with a loss (record.lua, LOSS) less than
--- the grace ago, and the gateways may not have restored what they hold
-local fresh = incs[3] == inc and now < incsince + grace
+-- fresh: the state began with a loss (record.lua, LOSS) less than the
+-- grace ago, and the gateways may not have restored what they hold
+local lostat = lossat(incs[3], inc)
+local fresh = lostat ~= nil and now < lostat + grace
 
 -- offline turns the record of a device whose only session ran out (the
 -- common due entry) into its offline record straight from the packed
@@ -255,13 +256,13 @@ for k, dev in ipairs(devs) do
       -- (or of another gateway's horizon) while it is not. In an
       -- incarnation that began with a loss less than the grace ago
       -- (fresh), every due device is held to the end of the grace counted
-      -- from the incarnation's start, then judged as usual: the gateways
+      -- from the loss (record.lua, LOSS), then judged as usual: the gateways
       -- may not have restored what they hold yet (a device that moved may
       -- come back through another's restore of a session that ran out
       -- there), and the loss took their liveness records
       local untildl = from + span
       if fresh then
-        untildl = incsince + grace
+        untildl = lostat + grace
       elseif g then
         local gg = gateway(g)
         if gg.heard then

@@ -74,15 +74,21 @@ local byte, char, sub, find = string.byte, string.char, string.sub, string.find
 -- (the "~" field, in both the epochs hash and the device hash, so that
 -- the loss of either starts a new one) and its server's replication ID
 -- stay the same. The replication ID changes when the server restarts
--- (its data may be an older snapshot) and when a replica takes over (it
--- may lack the last writes). incarnation() returns "<token>/<replid>" and
+-- (its data may be an older snapshot), when a replica takes over (it
+-- may lack the last writes), and when a master without a replication
+-- backlog (after a restart) gets its first replica. incarnation() returns "<token>/<replid>" and
 -- sets incsince, the store time since which it holds.
 local INC, REPL = '~', '^'
--- LOSS names the incarnation in which a caller reported having written
--- to one with another token (apply's A_SEEN): this incarnation began
--- with a loss of the state (a restart without persistence, FLUSHALL),
--- not with a new store, and the gateways are restoring what they hold
--- (reap.lua holds every due device for the grace then).
+-- LOSS is "<token> <ms>": the token in which a caller reported having
+-- written to one with another token (apply's A_SEEN), and the start of
+-- the incarnation at that report. The state began with a loss (a restart
+-- without persistence, FLUSHALL), not with a new store, and the gateways
+-- are restoring what they hold (reap.lua holds every due device for the
+-- grace from then). It names the token, not the whole incarnation: a
+-- master's replication ID changes again when its first replica attaches
+-- after the restart (Redis makes a new one with the backlog), and that
+-- second incarnation is the same lost state, not a new loss; a later
+-- failover, long after the report, is not one either (lossat).
 local LOSS = '~l'
 local incsince = 0
 --
@@ -109,6 +115,15 @@ local function incarnation(tok, devtok, repl, now, givenclock)
     incsince = now
   end
   return tok .. '/' .. replid
+end
+
+-- lossat is the start of the incarnation at the report of a loss of the
+-- state whose token inc has (LOSS, as read), or nil when none was
+-- reported in it.
+local function lossat(loss, inc)
+  local tok, at = string.match(loss or '', '^(%S+) (%d+)$')
+  if tok and tok == string.match(inc, '^[^/]*') then return tonumber(at) end
+  return nil
 end
 
 -- Gaps: REAPED in the epochs hash is the store time of the shard's last
