@@ -9,7 +9,7 @@ import (
 // this gateway has sent everything it observed for the call's shard, so
 // that the store expires a session only once this gateway could have
 // renewed it and did not (invariant 11). Evidence not yet written is in
-// one of four places, and the coverage of a call stops before the oldest
+// one of these places, and the coverage of a call stops before the oldest
 // of them. A queue slot or an outbox entry keeps a session's newest
 // evidence only; the older evidence merged into it is unwritten too, and
 // it may be what renewed the session before a deadline the newest one is
@@ -34,6 +34,16 @@ import (
 //     the backlog to be read, which takes longer the longer the stall
 //     (a 3.6 s stop read back within a flush interval of 100 ms is not
 //     what a gateway sharing its CPU does).
+//   - in an adapter's stream, unread (Options.Unread): an adapter sends
+//     a frame at least every half flush interval, and the host knows the
+//     time its last frame read was made; evidence observed after that may
+//     be on its way. The CPU quota of a starved gateway may leave frames
+//     unread for longer than the margin while its flush timer still fires
+//     on time (no stall is seen). The coverage stops before it, but at
+//     most two flush intervals before the margin: an adapter whose stream
+//     stopped (stuck, or blocked on its settlements) costs its gateway's
+//     other devices that much detection at most, the backlog processing
+//     the detection bound allows for.
 //   - not heard at all, while this gateway was down: a process that
 //     follows a killed or crashed one holds the coverage where its
 //     predecessor last ran (its session ledger's newest record) for a
@@ -166,7 +176,15 @@ func (u *Uplink) coverage(shard int, now time.Time, margin time.Duration) time.T
 	if u.ob.holds(shard) {
 		buffered = u.ob.unwritten()
 	}
-	for _, o := range [...]time.Time{buffered, u.blocked.oldest(), u.queues[shard].oldest(), u.stall.held(now)} {
+	var unread time.Time
+	if u.unread != nil {
+		if unread = u.unread(); !unread.IsZero() {
+			if floor := now.Add(-2 * margin); unread.Before(floor) {
+				unread = floor
+			}
+		}
+	}
+	for _, o := range [...]time.Time{buffered, u.blocked.oldest(), u.queues[shard].oldest(), u.stall.held(now), unread} {
 		if !o.IsZero() && o.Before(c) {
 			c = o
 		}

@@ -301,3 +301,26 @@ func TestFlushLoopHoldsCoverageAfterAStall(t *testing.T) {
 		}
 	}
 }
+
+// Evidence an adapter observed after the last frame the host read may be
+// in its stream: the coverage stops before that frame's made time (and
+// the margin), but at most two flush intervals before the margin, so an
+// adapter whose stream stopped delays the gateway's other devices by
+// that much at most. An adapter that says nothing (zero) holds nothing.
+func TestCoverageStopsBeforeUnreadFrames(t *testing.T) {
+	const interval = time.Second
+	var read time.Time
+	_, e := newEmbeddedUplink(t, Options{FlushInterval: interval, Unread: func() time.Time { return read }})
+	read = e.clock.Now().Add(-300 * time.Millisecond)
+	flushCovers(t, e, "a frame read 300 ms after it was made", read.Add(-interval))
+	e.clock.Advance(1500 * time.Millisecond)
+	flushCovers(t, e, "no frame read for 1.8 s", read.Add(-interval))
+	e.clock.Advance(time.Second)
+	flushCovers(t, e, "no frame read for 2.8 s (two intervals at most)", e.clock.Now().Add(-3*interval))
+	e.clock.Advance(interval)
+	read = e.clock.Now()
+	flushCovers(t, e, "a frame read as it was made", e.clock.Now().Add(-interval))
+	e.clock.Advance(interval)
+	read = time.Time{}
+	flushCovers(t, e, "no adapter ticks", e.clock.Now().Add(-interval))
+}

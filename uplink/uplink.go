@@ -92,6 +92,11 @@ type Options struct {
 	// previous process of this gateway recorded there and the outbox's
 	// replayed ones. Nil keeps none.
 	Ledger *Ledger
+	// Unread returns the time before which everything observed outside
+	// this process (the adapters' streams: adapter.Host.Unread) has been
+	// read and handed to the uplink; zero when nothing says. The coverage
+	// stops before it, up to two flush intervals (cover.go). Nil: none.
+	Unread func() time.Time
 
 	Clock      gateway.Clock
 	Logger     *slog.Logger
@@ -145,6 +150,7 @@ type Uplink struct {
 	// loops are inside a step (see Stalled).
 	flushBusy, outboxBusy, probeBusy busy
 	sessions                         func(fn func(gateway.SessionView) bool)
+	unread                           func() time.Time
 	ledger                           *Ledger
 	// incMu guards incs (the incarnation each shard's calls met in this
 	// process; "" before the first) and restoredIncs (the one this
@@ -224,6 +230,7 @@ func New(store gateway.Writer, ob *Outbox, o Options) *Uplink {
 		keepAlive:     o.KeepAlive,
 		grace:         max(o.GatewayGrace, 0),
 		sessions:      o.Sessions,
+		unread:        o.Unread,
 		ledger:        o.Ledger,
 		kick:          make(chan struct{}, 1),
 		wake:          make(chan struct{}, 1),

@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"reflect"
+	"time"
 
 	plugin "github.com/hashicorp/go-plugin"
 	"github.com/prometheus/client_golang/prometheus"
@@ -49,10 +50,12 @@ func (g *gatewayProcess) openAdapters(ctx context.Context, cfg configs.Config, l
 	h, err := adapter.New(g.table, adapter.Options{
 		Lease: cfg.Presence.Lease.Std(), MaxLease: cfg.Presence.MaxLease.Std(), Data: g.data.bridge, Commands: g.data.bridge,
 		Clock: gateway.SystemClock{}, Logger: log, Registerer: reg, Refusals: g.refusals,
+		Tick: max(cfg.Uplink.FlushInterval.Std()/2, time.Millisecond),
 	})
 	if err != nil {
 		return err
 	}
+	g.unread.Store(h)
 	if g.creds != nil {
 		h.SetCredentials(g.creds)
 	}

@@ -98,6 +98,9 @@ type gatewayProcess struct {
 	refusals  *refusal.Reporter
 
 	refused atomic.Pointer[string] // why the last reload was refused; nil after one that was not
+	// unread is adapters for the uplink's coverage, which runs (a full
+	// queue flushes from Enqueue) before openAdapters sets it
+	unread atomic.Pointer[adapter.Host]
 }
 
 func (g *gatewayProcess) config() configs.Config {
@@ -168,7 +171,13 @@ func (g *gatewayProcess) run(ctx context.Context) (err error) {
 		KeepAlive: cfg.GatewayKeepAlive(), ProbeMax: cfg.UplinkProbeMax(), GatewayGrace: cfg.Presence.GatewayGrace.Std(),
 		Sessions: func(fn func(gateway.SessionView) bool) { g.table.Restorable(fn) },
 		Ledger:   ledger,
-		Clock:    gateway.SystemClock{}, Logger: log, Registerer: reg,
+		Unread: func() time.Time {
+			if h := g.unread.Load(); h != nil {
+				return h.Unread()
+			}
+			return time.Time{}
+		},
+		Clock: gateway.SystemClock{}, Logger: log, Registerer: reg,
 	})
 	g.table = gateway.NewTable(g.up, gateway.TableOptions{
 		Lease: cfg.Presence.Lease.Std(), RenewEvery: cfg.Presence.RenewEvery.Std(),

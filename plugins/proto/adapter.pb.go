@@ -353,7 +353,14 @@ func (*ConfigureResponse) Descriptor() ([]byte, []int) {
 }
 
 type EvidenceRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// tick_ms, when not 0, asks the adapter for a frame at least this often
+	// (milliseconds), an empty one when it has no evidence to send: a frame
+	// made at T tells the host that the adapter has sent everything it
+	// observed before T, so that the host does not report evidence covered
+	// while the adapter's frames wait unread (the gateway starved of CPU).
+	// An adapter that ticks says so on its ready frame (EvidenceFrame).
+	TickMs        uint32 `protobuf:"varint,1,opt,name=tick_ms,json=tickMs,proto3" json:"tick_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -386,6 +393,13 @@ func (x *EvidenceRequest) ProtoReflect() protoreflect.Message {
 // Deprecated: Use EvidenceRequest.ProtoReflect.Descriptor instead.
 func (*EvidenceRequest) Descriptor() ([]byte, []int) {
 	return file_adapter_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *EvidenceRequest) GetTickMs() uint32 {
+	if x != nil {
+		return x.TickMs
+	}
+	return 0
 }
 
 // Evidence is one thing a device did.
@@ -653,7 +667,12 @@ type EvidenceFrame struct {
 	// that is between 0 and the lease) to every age: a frame that waited
 	// while the gateway was stopped or starved of CPU keeps its evidence's
 	// observation times.
-	SentUnixUs    int64 `protobuf:"varint,3,opt,name=sent_unix_us,json=sentUnixUs,proto3" json:"sent_unix_us,omitempty"`
+	SentUnixUs int64 `protobuf:"varint,3,opt,name=sent_unix_us,json=sentUnixUs,proto3" json:"sent_unix_us,omitempty"`
+	// tick_ms, on the ready frame only, is the adapter's promise to send a
+	// frame at least this often from then on (the request's tick_ms), each
+	// with sent_unix_us; 0: it does not tick, and the host counts its
+	// frames as read when they arrive.
+	TickMs        uint32 `protobuf:"varint,4,opt,name=tick_ms,json=tickMs,proto3" json:"tick_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -705,6 +724,13 @@ func (x *EvidenceFrame) GetEvidence() []*Evidence {
 func (x *EvidenceFrame) GetSentUnixUs() int64 {
 	if x != nil {
 		return x.SentUnixUs
+	}
+	return 0
+}
+
+func (x *EvidenceFrame) GetTickMs() uint32 {
+	if x != nil {
+		return x.TickMs
 	}
 	return 0
 }
@@ -1173,8 +1199,9 @@ const file_adapter_proto_rawDesc = "" +
 	"\x10ConfigureRequest\x12\x16\n" +
 	"\x06config\x18\x01 \x01(\fR\x06config\x12\x12\n" +
 	"\x04data\x18\x02 \x01(\bR\x04data\"\x13\n" +
-	"\x11ConfigureResponse\"\x11\n" +
-	"\x0fEvidenceRequest\"\xd7\x02\n" +
+	"\x11ConfigureResponse\"*\n" +
+	"\x0fEvidenceRequest\x12\x17\n" +
+	"\atick_ms\x18\x01 \x01(\rR\x06tickMs\"\xd7\x02\n" +
 	"\bEvidence\x12.\n" +
 	"\x04kind\x18\x01 \x01(\x0e2\x1a.fleetgate.adapter.v1.KindR\x04kind\x12\x16\n" +
 	"\x06device\x18\x02 \x01(\tR\x06device\x12\x1a\n" +
@@ -1197,12 +1224,13 @@ const file_adapter_proto_rawDesc = "" +
 	"properties\"2\n" +
 	"\bProperty\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value\"\x83\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value\"\x9c\x01\n" +
 	"\rEvidenceFrame\x12\x14\n" +
 	"\x05ready\x18\x01 \x01(\bR\x05ready\x12:\n" +
 	"\bevidence\x18\x02 \x03(\v2\x1e.fleetgate.adapter.v1.EvidenceR\bevidence\x12 \n" +
 	"\fsent_unix_us\x18\x03 \x01(\x03R\n" +
-	"sentUnixUs\"\x0f\n" +
+	"sentUnixUs\x12\x17\n" +
+	"\atick_ms\x18\x04 \x01(\rR\x06tickMs\"\x0f\n" +
 	"\rHealthRequest\"(\n" +
 	"\x0eHealthResponse\x12\x16\n" +
 	"\x06status\x18\x01 \x01(\tR\x06status\"\x11\n" +

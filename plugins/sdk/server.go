@@ -336,7 +336,7 @@ func (k *sink) len() int {
 }
 
 // Evidence implements the contract's Evidence stream.
-func (s *Server) Evidence(_ *pb.EvidenceRequest, stream pb.Adapter_EvidenceServer) error {
+func (s *Server) Evidence(req *pb.EvidenceRequest, stream pb.Adapter_EvidenceServer) error {
 	s.mu.Lock()
 	switch {
 	case !s.configured:
@@ -375,14 +375,28 @@ func (s *Server) Evidence(_ *pb.EvidenceRequest, stream pb.Adapter_EvidenceServe
 	go func() { runDone <- s.a.Run(WithLogger(ctx, s.log), k) }()
 
 	var (
-		batch   []item
-		scratch []int64
-		frame   *pb.EvidenceFrame
+		batch    []item
+		scratch  []int64
+		frame    *pb.EvidenceFrame
+		lastSent time.Time
 	)
+	// The host's tick (EvidenceRequest.tick_ms): a frame at least that
+	// often, an empty one when nothing waits, promised on the ready frame.
+	tick := time.Duration(req.GetTickMs()) * time.Millisecond
+	var ticks <-chan time.Time
+	if tick > 0 {
+		t := time.NewTicker(tick / 2)
+		defer t.Stop()
+		ticks = t.C
+	}
 	send := func(ready bool) error {
 		s.settle.room(ctx, s.shutdown)
 		batch = k.take(batch)
-		frame, scratch = encodeFrame(ready, batch, time.Now(), scratch)
+		lastSent = time.Now()
+		frame, scratch = encodeFrame(ready, batch, lastSent, scratch)
+		if ready {
+			frame.TickMs = req.GetTickMs()
+		}
 		if settles(batch) {
 			s.settle.sent()
 		}
@@ -449,6 +463,15 @@ func (s *Server) Evidence(_ *pb.EvidenceRequest, stream pb.Adapter_EvidenceServe
 		select {
 		case <-k.wake:
 			if k.len() == 0 {
+				continue
+			}
+			if err := send(false); err != nil {
+				cancel()
+				<-runDone
+				return err
+			}
+		case now := <-ticks:
+			if now.Sub(lastSent) < tick/2 {
 				continue
 			}
 			if err := send(false); err != nil {

@@ -135,6 +135,37 @@ type Options struct {
 	// Commands holds the commands the host delivers to the adapters that
 	// take them; nil delivers none.
 	Commands gateway.Commands
+	// Tick, when not 0, is how often the host asks each adapter for a
+	// frame (EvidenceRequest.tick_ms; an empty one when it has nothing to
+	// send), so that Unread knows what it has not read; the gateway asks
+	// for half a flush interval. 0 asks for none.
+	Tick time.Duration
+}
+
+// Unread returns the time before which every adapter that ticks
+// (Options.Tick, EvidenceFrame.tick_ms) has had what it observed read and
+// handed on: the made time of its last frame read, the oldest over them;
+// zero when none ticks. Evidence an adapter observed later may be in its
+// stream, unread: the gateway starved of CPU reads its frames late, and
+// its coverage (gateway.Batch.Covers) must not pass it. An adapter whose
+// stream has stopped (it no longer ticks: stuck, or blocked on its own
+// settlements) holds it back as well; the caller bounds how far.
+func (h *Host) Unread() time.Time {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var oldest int64
+	for _, p := range h.procs {
+		if !p.ticking.Load() {
+			continue
+		}
+		if at := p.read.Load(); at > 0 && (oldest == 0 || at < oldest) {
+			oldest = at
+		}
+	}
+	if oldest == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, oldest)
 }
 
 // Host runs the configured adapters. Create it with New, give it the

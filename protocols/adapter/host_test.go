@@ -299,3 +299,55 @@ func TestKill9OfHostLeavesNoAdapter(t *testing.T) {
 	_ = cmd.Wait()
 	waitFor(t, 5*time.Second, "the adapter gone with its host", func() bool { return !alive(pid) })
 }
+
+// Unread follows the made time of the last frame the host read from an
+// adapter that ticks: it keeps up while the adapter runs idle (empty
+// frames, not counted as evidence frames), stops while the adapter is
+// stopped (SIGSTOP: what it observed meanwhile would be in its stream),
+// catches up after, and is zero for a host that asks for no ticks and
+// once the adapter is gone.
+func TestUnreadFollowsTheTicks(t *testing.T) {
+	e := newHost(t, func(o *adapter.Options) { o.Clock, o.Tick = gateway.SystemClock{}, 50*time.Millisecond })
+	if got := e.host.Unread(); !got.IsZero() {
+		t.Fatalf("Unread with no adapter = %v, want zero", got)
+	}
+	addr := freeUDP(t)
+	if err := e.host.Apply(ctx(t), []adapter.Spec{udpSpec("legacy", addr)}); err != nil {
+		t.Fatal(err)
+	}
+	keepsUp := func() bool { u := e.host.Unread(); return !u.IsZero() && time.Since(u) < 300*time.Millisecond }
+	waitFor(t, 5*time.Second, "Unread within 300 ms of now", keepsUp)
+	st := e.status(t, "legacy")
+	if st.Frames != 1 {
+		t.Errorf("evidence frames of an idle adapter = %d, want 1 (the ready frame; ticks are not counted)", st.Frames)
+	}
+	if err := syscall.Kill(st.PID, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	stopped := time.Now()
+	time.Sleep(600 * time.Millisecond)
+	if u := e.host.Unread(); u.After(stopped) {
+		t.Errorf("Unread %v after the adapter stopped at %v", u, stopped)
+	}
+	if err := syscall.Kill(st.PID, syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "Unread within 300 ms of now after SIGCONT", keepsUp)
+	if err := e.host.Apply(ctx(t), nil); err != nil {
+		t.Fatal(err)
+	}
+	if got := e.host.Unread(); !got.IsZero() {
+		t.Errorf("Unread once the adapter is gone = %v, want zero", got)
+	}
+
+	quiet := newHost(t, func(o *adapter.Options) { o.Clock = gateway.SystemClock{} })
+	addr = freeUDP(t)
+	if err := quiet.host.Apply(ctx(t), []adapter.Spec{udpSpec("legacy", addr)}); err != nil {
+		t.Fatal(err)
+	}
+	sendLine(t, addr, "hb dev-1\n")
+	waitFor(t, 5*time.Second, "evidence", func() bool { return len(quiet.rec.Evidence()) == 1 })
+	if got := quiet.host.Unread(); !got.IsZero() {
+		t.Errorf("Unread of a host that asks for no ticks = %v, want zero", got)
+	}
+}

@@ -50,8 +50,13 @@ type proc struct {
 	rejected atomic.Uint64
 	refused  atomic.Uint64
 	dropped  atomic.Uint64
-	data     dataCounts
-	cmds     commandCounts
+	// read is the gateway-clock time (Unix ns) the adapter made its last
+	// frame the host has read and handed on, while its stream is open and
+	// the adapter ticks (EvidenceFrame.tick_ms); 0 otherwise (Host.Unread).
+	read    atomic.Int64
+	ticking atomic.Bool
+	data    dataCounts
+	cmds    commandCounts
 
 	// reach is the devices commands go to; nil when the host delivers
 	// none (Options.Commands nil).
@@ -169,6 +174,10 @@ func (p *proc) attempt() error {
 	defer proc.release()
 	ctx, cancel := context.WithCancel(p.ctx)
 	defer cancel()
+	defer func() {
+		p.ticking.Store(false)
+		p.read.Store(0)
+	}()
 	stream, commands, err := p.handshake(ctx, proc, begin)
 	if err != nil {
 		p.log.Error("adapter did not start", "pid", proc.pid, "err", err)
@@ -249,7 +258,7 @@ func (p *proc) handshake(ctx context.Context, proc *process, begin time.Time) (s
 	if _, err := proc.adapter.Configure(start, &pb.ConfigureRequest{Config: cfg, Data: true}); err != nil {
 		return nil, false, fmt.Errorf("configure: %w", err)
 	}
-	stream, err = proc.adapter.Evidence(ctx, &pb.EvidenceRequest{})
+	stream, err = proc.adapter.Evidence(ctx, &pb.EvidenceRequest{TickMs: uint32(p.h.o.Tick.Milliseconds())})
 	if err != nil {
 		return nil, false, fmt.Errorf("evidence stream: %w", err)
 	}
@@ -270,6 +279,7 @@ func (p *proc) handshake(ctx context.Context, proc *process, begin time.Time) (s
 		if !r.f.GetReady() {
 			return nil, false, errors.New("the first evidence frame is not marked ready")
 		}
+		p.ticking.Store(p.h.o.Tick > 0 && r.f.GetTickMs() > 0)
 		p.accept(ctx, proc.adapter, r.f)
 		return stream, info.GetCommands(), nil
 	case <-start.Done():
@@ -348,7 +358,9 @@ const refusalWarnEvery = time.Minute
 // the accepted items is then published, and the QoS 1 items settled in
 // one call to client.
 func (p *proc) accept(ctx context.Context, client pb.AdapterClient, f *pb.EvidenceFrame) {
-	p.frames.Add(1)
+	if f.GetReady() || len(f.GetEvidence()) > 0 {
+		p.frames.Add(1) // (not a tick's empty frame)
+	}
 	l := p.limits()
 	creds := p.h.credentials()
 	now := p.h.o.Clock.Now()
@@ -434,6 +446,11 @@ func (p *proc) accept(ctx context.Context, client pb.AdapterClient, f *pb.Eviden
 	p.data.add(&out.counts, m)
 	p.sessions.Store(int64(l.sessions.len()))
 	p.devices.Store(int64(l.sessions.devices()))
+	// Every item of the frame is handed on: what the adapter observed
+	// before it made the frame has been read (Host.Unread).
+	if p.ticking.Load() {
+		p.read.Store(sent.UnixNano())
+	}
 	// Last: what the adapter answers its sources once settled is counted
 	// by then.
 	if len(out.settled) > 0 {

@@ -123,6 +123,37 @@ func Conformance(t *testing.T, s Suite) {
 		}
 		wantCode(t, err, codes.FailedPrecondition, "Evidence before Configure")
 	})
+	t.Run("TicksWhenAsked", func(t *testing.T) {
+		// A host that asks for a frame every 50 ms gets the promise on the
+		// ready frame and then frames, empty ones while the adapter has
+		// nothing to send, each made after the one before. (How often is
+		// not timed here: only that they keep coming, within a bound far
+		// above the tick.)
+		const tick = 50 * time.Millisecond
+		h := Start(t, s.Info, s.New(t))
+		cfg, _ := s.Setup(t)
+		c := ctx(t)
+		st, promised, err := h.OpenTicking(c, cfg, tick)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if promised != tick {
+			t.Fatalf("the ready frame promises a tick of %v, want %v", promised, tick)
+		}
+		var last time.Time
+		for i := range 10 {
+			fc, cancel := context.WithTimeout(c, 5*time.Second)
+			made, err := recvFrame(fc, st)
+			cancel()
+			if err != nil {
+				t.Fatalf("frame %d: %v", i, err)
+			}
+			if made.IsZero() || made.Before(last) {
+				t.Fatalf("frame %d made at %v, after one made at %v", i, made, last)
+			}
+			last = made
+		}
+	})
 	t.Run("ReadyThenEvidence", func(t *testing.T) {
 		h := Start(t, s.Info, s.New(t))
 		cfg, trigger := s.Setup(t)
@@ -363,4 +394,23 @@ func Conformance(t *testing.T, s Suite) {
 			t.Fatalf("Deliver(%v) = %v, %v; want refused with a reason", cc.Refuse, res, err)
 		}
 	})
+}
+
+// recvFrame waits for st's next frame until ctx ends.
+func recvFrame(ctx context.Context, st *Stream) (time.Time, error) {
+	type got struct {
+		at  time.Time
+		err error
+	}
+	ch := make(chan got, 1)
+	go func() {
+		at, err := st.Frame()
+		ch <- got{at, err}
+	}()
+	select {
+	case g := <-ch:
+		return g.at, g.err
+	case <-ctx.Done():
+		return time.Time{}, ctx.Err()
+	}
 }

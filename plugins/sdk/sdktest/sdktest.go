@@ -78,21 +78,53 @@ func (h *Harness) Open(ctx context.Context, config []byte) (*Stream, error) {
 // OpenWith is Open with the whole Configure request (Data false: a host
 // that takes no data).
 func (h *Harness) OpenWith(ctx context.Context, req *pb.ConfigureRequest) (*Stream, error) {
-	if _, err := h.Client.Configure(ctx, req); err != nil {
-		return nil, err
-	}
-	s, err := h.Client.Evidence(ctx, &pb.EvidenceRequest{})
+	st, _, err := h.open(ctx, req, &pb.EvidenceRequest{})
+	return st, err
+}
+
+// OpenTicking is Open for a host that asks for a frame at least every
+// tick (EvidenceRequest.tick_ms); it also returns the tick the ready frame
+// promised (EvidenceFrame.tick_ms; 0: none).
+func (h *Harness) OpenTicking(ctx context.Context, config []byte, tick time.Duration) (*Stream, time.Duration, error) {
+	st, f, err := h.open(ctx, &pb.ConfigureRequest{Config: config, Data: true}, &pb.EvidenceRequest{TickMs: uint32(tick.Milliseconds())})
 	if err != nil {
-		return nil, err
+		return nil, 0, err
+	}
+	return st, time.Duration(f.GetTickMs()) * time.Millisecond, nil
+}
+
+func (h *Harness) open(ctx context.Context, req *pb.ConfigureRequest, evreq *pb.EvidenceRequest) (*Stream, *pb.EvidenceFrame, error) {
+	if _, err := h.Client.Configure(ctx, req); err != nil {
+		return nil, nil, err
+	}
+	s, err := h.Client.Evidence(ctx, evreq)
+	if err != nil {
+		return nil, nil, err
 	}
 	f, err := s.Recv()
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if !f.GetReady() {
-		return nil, errors.New("first frame is not ready")
+		return nil, nil, errors.New("first frame is not ready")
 	}
-	return &Stream{s: s, pending: f.GetEvidence(), frames: 1}, nil
+	return &Stream{s: s, pending: f.GetEvidence(), frames: 1}, f, nil
+}
+
+// Frame waits for the next frame, empty or not (a tick), keeps its
+// evidence for Next, and returns when the adapter made it
+// (sent_unix_us).
+func (st *Stream) Frame() (time.Time, error) {
+	f, err := st.s.Recv()
+	if err != nil {
+		return time.Time{}, err
+	}
+	st.frames++
+	if f.GetReady() {
+		return time.Time{}, errors.New("a frame after the first says ready")
+	}
+	st.pending = append(st.pending, f.GetEvidence()...)
+	return time.UnixMicro(f.GetSentUnixUs()), nil
 }
 
 // Next returns the next piece of evidence, waiting for a frame if none
