@@ -209,7 +209,7 @@ type faultKind int
 const (
 	redisStop     faultKind = iota // SIGSTOP, SIGCONT after the duration
 	redisSlow                      // CPU-starved (cgroup quota) for the duration
-	redisRestart                   // kill -9 and restart without persistence
+	redisRestart                   // kill -9 and restart without persistence (after a failover: into the promoted replica's last full sync)
 	redisFailover                  // the primary (a Cluster master) killed -9, its replica promoted
 	redisFlush                     // FLUSHALL
 	gwPartition                    // the gateway's link to Redis cut (proxy)

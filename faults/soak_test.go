@@ -385,7 +385,9 @@ func (r *soakRig) inject(f *faultRun) func() {
 		r.lost(f)
 		if r.cl == nil {
 			// A promoted replica restarts with its --replicaof: it is the
-			// primary, empty.
+			// primary again. It is not empty: it loads the dump.rdb of its
+			// last full sync as a replica (Redis writes one even with
+			// save ""), a state minutes old (docs/reliability.md, item 21).
 			redisCLI(t, n.Addr, "REPLICAOF", "NO", "ONE")
 		}
 		r.fastSync(n)

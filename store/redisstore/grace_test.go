@@ -545,9 +545,11 @@ func TestReplacedStateWaitsForEveryGatewayItKnew(t *testing.T) {
 		t.Fatalf("gw-c's restore: %s, want none", describe(evs))
 	}
 	gwc.apply(0, covered(leased("gw-c", false)))
-	// (a device waiting for a gateway not heard since before the
-	// incarnation is looked at again a silence later)
-	clock.Advance(testSilence + time.Second)
+	// (every due device is held for the grace from the incarnation's
+	// start: a replaced state may not know every gateway that holds one)
+	clock.Advance(testGrace)
+	gwa.apply(0, covered(leased("gw-a", false)))
+	gwc.apply(0, covered(leased("gw-c", false, write("mover", "coap/default", gateway.Renew, 0))))
 	var offs []gateway.Event
 	for range 3 {
 		offs = append(offs, runner.reap(0, 10).Offline...)
@@ -696,6 +698,129 @@ func TestLossHoldOutlastsTheReplicaAttaching(t *testing.T) {
 	}
 	if info := runner.device("mover"); info.State != gateway.Online {
 		t.Fatalf("mover: %+v, want online", info)
+	}
+}
+
+// A restart into a snapshot older than a gateway's first call (a
+// promoted replica that loads the dump.rdb of its last full sync): the
+// state does not know gw-a at all. mover had moved from gw-b to gw-a;
+// gw-b restores first, with mover's goodbye. The goodbye must wait, as
+// after a loss (gw-a may hold the device), and gw-a's restore then keeps
+// mover online with no event. Before, a replaced state waited only for
+// the gateways it knew, and gw-b's goodbye wrote mover's offline at once.
+func TestSnapshotThatDoesNotKnowAGatewayWaitsForIt(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client(t)
+	gwa, gwb, runner := horizonEnvs(t, c)
+	clock := runner.clock
+	gwb.apply(0, covered(leased("gw-b", false)))
+	if err := c.Save(t.Context()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	gwb.apply(0, covered(leased("gw-b", false, write("mover", "mqtt/b", gateway.Connect, 0))))
+	gwa.apply(0, covered(leased("gw-a", false)))
+	clock.Advance(time.Second)
+	gwb.apply(0, covered(leased("gw-b", false, write("mover", "mqtt/b", gateway.Leave, 0))))
+	gwa.apply(0, covered(leased("gw-a", false, write("mover", "mqtt/a", gateway.Connect, 0))))
+	srv.Restart()
+	clock.Advance(500 * time.Millisecond)
+	if res, err := gwb.store.Apply(t.Context(), 0, covered(leased("gw-b", false))); err != nil || !res.Reset {
+		t.Fatalf("gw-b's first call after the restart: %+v, %v; want a reset", res, err)
+	}
+	restore := leased("gw-b", false, write("mover", "mqtt/b", gateway.Leave, 500*time.Millisecond))
+	restore.Restore = true
+	if evs := gwb.apply(0, restore); len(evs) != 0 {
+		t.Fatalf("gw-b's restore of mover's goodbye: %s, want none while gw-a may hold mover", describe(evs))
+	}
+	if r := runner.reap(0, 10); len(r.Offline) != 0 {
+		t.Fatalf("reap before gw-a called: %s, want none", describe(r.Offline))
+	}
+	clock.Advance(time.Second)
+	if res, err := gwa.store.Apply(t.Context(), 0, covered(leased("gw-a", false))); err != nil || !res.Reset {
+		t.Fatalf("gw-a's first call after the restart: %+v, %v; want a reset", res, err)
+	}
+	restore = leased("gw-a", false, write("mover", "mqtt/a", gateway.Renew, 0))
+	restore.Restore = true
+	if evs := gwa.apply(0, restore); len(evs) != 0 {
+		t.Fatalf("gw-a's restore: %s, want none (mover stayed online)", describe(evs))
+	}
+	var offline []gateway.Event
+	for range 8 {
+		clock.Advance(testGrace / 4)
+		gwa.apply(0, covered(leased("gw-a", false, write("mover", "mqtt/a", gateway.Renew, 0))))
+		gwb.apply(0, covered(leased("gw-b", false)))
+		offline = append(offline, runner.reap(0, 10).Offline...)
+	}
+	if len(offline) != 0 {
+		t.Fatalf("reaps over twice the grace: %s, want none", describe(offline))
+	}
+	if info := runner.device("mover"); info.State != gateway.Online {
+		t.Fatalf("mover: %+v, want online", info)
+	}
+}
+
+// A gateway that stops as the store restarts into a snapshot is waited
+// for as one heard at the incarnation's start: its devices are held up
+// to its horizon (lease + grace) from then, not only the grace, so a stop
+// shorter than that loses none; one that does not come back has them
+// reported gateway_lost at the horizon's end.
+func TestGatewayStoppedAtARestartIsWaitedForItsHorizon(t *testing.T) {
+	for _, back := range []bool{true, false} {
+		t.Run(map[bool]string{true: "back before its horizon", false: "never back"}[back], func(t *testing.T) {
+			srv := redistest.Start(t)
+			c := srv.Client(t)
+			gwa, gwb, runner := horizonEnvs(t, c)
+			clock := runner.clock
+			gwa.apply(0, covered(leased("gw-a", false, write("dev", "coap/default", gateway.Connect, 0))))
+			gwb.apply(0, covered(leased("gw-b", false)))
+			if err := c.Save(t.Context()).Err(); err != nil {
+				t.Fatal(err)
+			}
+			clock.Advance(time.Second)
+			gwa.apply(0, covered(leased("gw-a", false, write("dev", "coap/default", gateway.Renew, 0))))
+			srv.Restart()
+			start := clock.Now()
+			// gw-b calls and restores; gw-a is stopped
+			if res, err := gwb.store.Apply(t.Context(), 0, covered(leased("gw-b", false))); err != nil || !res.Reset {
+				t.Fatalf("gw-b's first call after the restart: %+v, %v; want a reset", res, err)
+			}
+			restore := leased("gw-b", false)
+			restore.Restore = true
+			gwb.apply(0, restore)
+			var offline []gateway.Event
+			for clock.Now().Before(start.Add(testGrace + testLease - time.Second)) {
+				clock.Advance(time.Second)
+				gwb.apply(0, covered(leased("gw-b", false)))
+				offline = append(offline, runner.reap(0, 10).Offline...)
+			}
+			if len(offline) != 0 {
+				t.Fatalf("reaps while gw-a is stopped, inside its horizon: %s, want none", describe(offline))
+			}
+			if back {
+				if res, err := gwa.store.Apply(t.Context(), 0, covered(leased("gw-a", false))); err != nil || !res.Reset {
+					t.Fatalf("gw-a's first call: %+v, %v; want a reset", res, err)
+				}
+				restore = leased("gw-a", false, write("dev", "coap/default", gateway.Renew, 0))
+				restore.Restore = true
+				if evs := gwa.apply(0, restore); len(evs) != 0 {
+					t.Fatalf("gw-a's restore: %s, want none", describe(evs))
+				}
+			}
+			for range 2 * testSilence / time.Second {
+				clock.Advance(time.Second)
+				gwb.apply(0, covered(leased("gw-b", false)))
+				if back {
+					gwa.apply(0, covered(leased("gw-a", false, write("dev", "coap/default", gateway.Renew, 0))))
+				}
+				offline = append(offline, runner.reap(0, 10).Offline...)
+			}
+			switch {
+			case back && len(offline) != 0:
+				t.Fatalf("after gw-a's return: %s, want none", describe(offline))
+			case !back && (len(offline) != 1 || offline[0].Reason != gateway.ReasonGatewayLost):
+				t.Fatalf("gw-a never back: %s, want dev's offline (gateway_lost)", describe(offline))
+			}
+		})
 	}
 }
 

@@ -13,7 +13,7 @@
 --   caller gave up on may still run when a paused server resumes, with
 --   ages that are no longer true; it then does nothing), the gateway
 --   grace ms (late evidence of the writes below may be that late; and the
---   grace after a loss, LOSS), the store time the oldest belief the
+--   grace after a new incarnation), the store time the oldest belief the
 --   believed renewals stand on was learned at ("" when F is 0; beliefs
 --   older than BELIEF_TTL on the store clock are not used: the reap keeps
 --   invalidations for an hour on the same clock), the incarnation of the
@@ -105,6 +105,7 @@ local inc = incarnation(seen[3], redis.call('HGET', KEYS[2], INC), seen[4], now,
 local unrestored = ARGV[A_SEEN] ~= '' and ARGV[A_SEEN] ~= inc
 if unrestored then
   restore = true
+  redis.call('HSET', KEYS[4], CHANGED, nowstr)
   -- a new token: the state was lost (a restart without persistence,
   -- FLUSHALL), the gateways' liveness records with it (record.lua, LOSS);
   -- a new replication ID alone (a failover, a slot migration, a restart
@@ -383,16 +384,15 @@ end
 -- session leaves at obs may have moved to it, its connect still on the
 -- way (record.lua, "Gateway liveness"). Read once per call.
 local lagging
--- fresh: the incarnation began with a loss less than the grace ago
--- (record.lua, LOSS): the gateways that lost their liveness records with
--- it may not have called yet, so any of them may lag (as the reap holds
--- every due device then). Read at the first awaited of the call, off the
--- renewals' path.
+-- fresh: the incarnation began less than the grace ago (a loss, a
+-- restart, a failover): the gateways the state does not know (a loss took
+-- their liveness records; a snapshot minutes old knows those of its time)
+-- may not have called yet, so any of them may lag (as the reap holds
+-- every due device then).
 local fresh
 local function awaited(obs)
   if fresh == nil then
-    local at = lossat(redis.call('HGET', KEYS[4], LOSS), inc)
-    fresh = at ~= nil and now < at + replaygrace
+    fresh = now < incsince + replaygrace and redis.call('HEXISTS', KEYS[4], CHANGED) == 1
   end
   if fresh then return true end
   if horizon <= 0 then return false end
@@ -500,8 +500,15 @@ local function general(dev, sid, kind, d, k, zk, wlease, wgrace, isbridged)
       -- back an earlier visit's offline record, while consumers last saw
       -- the device online). Otherwise evidence that ran out changes
       -- nothing.
-      recreated = (not r and (restore or (obs < (lossat(redis.call('HGET', KEYS[4], LOSS), inc) or -1))))
-        or (restore and r and not r.on and r.since < incsince)
+      if r then
+        recreated = restore and not r.on and r.since < incsince
+      elseif restore then
+        recreated = true
+      else
+        -- LOSS: the lost state's token and the incarnation's start then
+        local tok, at = string.match(redis.call('HGET', KEYS[4], LOSS) or '', '^(%S+) (%d+)$')
+        recreated = tok == string.match(inc, '^[^/]*') and obs < tonumber(at)
+      end
       if not recreated then
         -- Lapsed but late and valid evidence of a session the online
         -- record still holds (a replay after an outage longer than the

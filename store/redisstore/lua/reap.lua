@@ -56,12 +56,14 @@ else
   if maxgap > 0 and (not lastreap or now > lastreap) then rcall('HSET', KEYS[4], REAPED, nowstr) end
   since = math.max(since, gapend)
 end
-local incs = rcall('HMGET', KEYS[4], INC, REPL, LOSS)
+local incs = rcall('HMGET', KEYS[4], INC, REPL, CHANGED)
 local inc = incarnation(incs[1], rcall('HGET', KEYS[2], INC), incs[2], now, ARGV[R_NOW] ~= '')
--- fresh: the state began with a loss (record.lua, LOSS) less than the
--- grace ago, and the gateways may not have restored what they hold
-local lostat = lossat(incs[3], inc)
-local fresh = lostat ~= nil and now < lostat + grace
+-- fresh: the incarnation began less than the grace ago, and it is not a
+-- new store's first (record.lua, CHANGED): a loss, a restart, a failover.
+-- The gateways may not have restored what they hold: a lost state knows
+-- none of them, and a replaced one only those of its time (a restart into
+-- a snapshot minutes old)
+local fresh = incs[3] ~= false and now < incsince + grace
 
 -- offline turns the record of a device whose only session ran out (the
 -- common due entry) into its offline record straight from the packed
@@ -245,7 +247,13 @@ for k, dev in ipairs(devs) do
         if leftat(r, x) then span = math.max(grace, horizon) break end
       end
     end
-    local ending = washeld and tonumber(old) >= from + span
+    local endat = from + span
+    -- a gateway not heard since the incarnation began is waited for as
+    -- one heard at its start: to its horizon (lease + grace) from then at
+    -- least, looked at again each silence (a gateway stopped as the store
+    -- came back)
+    if g and gateway(g).before then endat = math.max(endat, incsince + horizon) end
+    local ending = washeld and tonumber(old) >= endat
     if (g or fresh) and ending then
       -- the grace is over: the device goes, lost with its gateway when
       -- one of its own did not cover it
@@ -254,15 +262,16 @@ for k, dev in ipairs(devs) do
       -- hold: the index entry moves, the record stays; to a recheck
       -- while the gateway waited for is heard, to the end of the grace
       -- (or of another gateway's horizon) while it is not. In an
-      -- incarnation that began with a loss less than the grace ago
-      -- (fresh), every due device is held to the end of the grace counted
-      -- from the loss (record.lua, LOSS), then judged as usual: the gateways
-      -- may not have restored what they hold yet (a device that moved may
-      -- come back through another's restore of a session that ran out
-      -- there), and the loss took their liveness records
-      local untildl = from + span
+      -- incarnation younger than the grace (fresh), every due device is
+      -- held to the end of the grace counted from its start, then judged
+      -- as usual: the gateways may not have restored what they hold yet
+      -- (a device that moved may come back through another's restore of
+      -- a session that ran out there), and the state may not know them
+      -- (a loss took their liveness records; a snapshot minutes old holds
+      -- those of its time)
+      local untildl = endat
       if fresh then
-        untildl = lostat + grace
+        untildl = incsince + grace
       elseif g then
         local gg = gateway(g)
         if gg.heard then

@@ -81,15 +81,21 @@ local byte, char, sub, find = string.byte, string.char, string.sub, string.find
 local INC, REPL = '~', '^'
 -- LOSS is "<token> <ms>": the token in which a caller reported having
 -- written to one with another token (apply's A_SEEN), and the start of
--- the incarnation at that report. The state began with a loss (a restart
--- without persistence, FLUSHALL), not with a new store, and the gateways
--- are restoring what they hold (reap.lua holds every due device for the
--- grace from then). It names the token, not the whole incarnation: a
--- master's replication ID changes again when its first replica attaches
--- after the restart (Redis makes a new one with the backlog), and that
--- second incarnation is the same lost state, not a new loss; a later
--- failover, long after the report, is not one either (lossat).
+-- the incarnation at that report: the state began with a loss (a restart
+-- without persistence, FLUSHALL), and evidence observed before it that
+-- ran out on its way recreates a record the state lost (apply.lua). It
+-- names the token, not the whole incarnation: a master's replication ID
+-- changes again when its first replica attaches after the restart
+-- (Redis makes a new one with the backlog), and that second incarnation
+-- is the same lost state, not a new one.
 local LOSS = '~l'
+-- CHANGED is the store time of the last call that reported having
+-- written to another incarnation (apply's A_SEEN): once set, the shard's
+-- state is not a new store's, and each new incarnation (a loss, a restart
+-- into a snapshot, a failover) holds every due device for the grace from
+-- its start (reap.lua, apply.lua: fresh). A new store's first incarnation
+-- has none: nothing was held before it.
+local CHANGED = '~n'
 local incsince = 0
 --
 -- givenclock says that now is the caller's clock (Store Options.Now)
@@ -115,15 +121,6 @@ local function incarnation(tok, devtok, repl, now, givenclock)
     incsince = now
   end
   return tok .. '/' .. replid
-end
-
--- lossat is the start of the incarnation at the report of a loss of the
--- state whose token inc has (LOSS, as read), or nil when none was
--- reported in it.
-local function lossat(loss, inc)
-  local tok, at = string.match(loss or '', '^(%S+) (%d+)$')
-  if tok and tok == string.match(inc, '^[^/]*') then return tonumber(at) end
-  return nil
 end
 
 -- Gaps: REAPED in the epochs hash is the store time of the shard's last
