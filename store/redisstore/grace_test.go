@@ -332,8 +332,7 @@ func TestNothingReapedInTheGraceAfterALoss(t *testing.T) {
 	if err := srv.Client(t).FlushAll(t.Context()).Err(); err != nil {
 		t.Fatal(err)
 	}
-	lapsed := leased("gw-b", false, write("mover", "coap/main", gateway.Renew, testLease+time.Second))
-	lapsed.Restore = true
+	lapsed := restored(leased("gw-b", false, write("mover", "coap/main", gateway.Renew, testLease+time.Second)))
 	if evs := e.apply(0, lapsed); len(evs) != 0 {
 		t.Fatalf("gw-b's restore of the session that ran out: %s, want none", describe(evs))
 	}
@@ -341,8 +340,7 @@ func TestNothingReapedInTheGraceAfterALoss(t *testing.T) {
 		t.Fatalf("reap before gw-a's restore: %s, want none", describe(r.Offline))
 	}
 	e.clock.Advance(testGrace / 2)
-	live := leased("gw-a", false, write("mover", "coap/main", gateway.Renew, 0))
-	live.Restore = true
+	live := restored(leased("gw-a", false, write("mover", "coap/main", gateway.Renew, 0)))
 	e.apply(0, live)
 	// past the grace after the loss, gw-a's renewals go on
 	e.clock.Advance(testLease - time.Second)
@@ -369,8 +367,7 @@ func TestLeaveHeldInTheGraceAfterALoss(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.clock.Advance(time.Second)
-	restore := leased("gw-a", false, write("mover", "mqtt/a", gateway.Renew, 0))
-	restore.Restore = true
+	restore := restored(leased("gw-a", false, write("mover", "mqtt/a", gateway.Renew, 0)))
 	e.apply(0, restore)
 	// it moved to gw-b (whose connect is on its way) and said goodbye here
 	if evs := e.apply(0, leased("gw-a", false, write("mover", "mqtt/a", gateway.Leave, 0))); len(evs) != 0 {
@@ -449,8 +446,7 @@ func TestReplacedStateWaitsForTheRestore(t *testing.T) {
 			t.Fatalf("reap %d before gw-a's restore: %s, want none", i, describe(r.Offline))
 		}
 	}
-	restore := leased("gw-a", false, write("keeper", "coap/default", gateway.Renew, 0))
-	restore.Restore = true
+	restore := restored(leased("gw-a", false, write("keeper", "coap/default", gateway.Renew, 0)))
 	if evs := gwa.apply(0, restore); len(evs) != 0 {
 		t.Fatalf("gw-a's restore: %s, want none", describe(evs))
 	}
@@ -523,11 +519,8 @@ func TestReplacedStateWaitsForEveryGatewayItKnew(t *testing.T) {
 	srv.Restart()
 	clock.Advance(time.Second)
 	// gw-a calls, restores nothing of mover or quitter, covers again
-	if res, err := gwa.store.Apply(t.Context(), 0, covered(leased("gw-a", false))); err != nil || !res.Reset {
-		t.Fatalf("gw-a's first call after the restart: %+v, %v; want a reset", res, err)
-	}
-	restore := leased("gw-a", false)
-	restore.Restore = true
+	gwa.mustReset("gw-a")
+	restore := restored(leased("gw-a", false))
 	gwa.apply(0, restore)
 	gwa.apply(0, covered(leased("gw-a", false)))
 	clock.Advance(2 * time.Second)
@@ -536,11 +529,8 @@ func TestReplacedStateWaitsForEveryGatewayItKnew(t *testing.T) {
 			t.Fatalf("reap %d before gw-c called: %s, want none", i, describe(r.Offline))
 		}
 	}
-	if res, err := gwc.store.Apply(t.Context(), 0, covered(leased("gw-c", false))); err != nil || !res.Reset {
-		t.Fatalf("gw-c's first call after the restart: %+v, %v; want a reset", res, err)
-	}
-	restore = leased("gw-c", false, write("mover", "coap/default", gateway.Renew, 0))
-	restore.Restore = true
+	gwc.mustReset("gw-c")
+	restore = restored(leased("gw-c", false, write("mover", "coap/default", gateway.Renew, 0)))
 	if evs := gwc.apply(0, restore); len(evs) != 0 {
 		t.Fatalf("gw-c's restore: %s, want none", describe(evs))
 	}
@@ -592,11 +582,8 @@ func TestReplacedStateLeaveWaitsForTheOtherRestores(t *testing.T) {
 	}
 	srv.Restart()
 	clock.Advance(time.Second)
-	if res, err := gwa.store.Apply(t.Context(), 0, covered(leased("gw-a", false))); err != nil || !res.Reset {
-		t.Fatalf("gw-a's first call after the restart: %+v, %v; want a reset", res, err)
-	}
-	restore := covered(leased("gw-a", false, write("mover", "mqtt#1", gateway.Leave, 0), write("leaver", "mqtt#1", gateway.Leave, 0)))
-	restore.Restore = true
+	gwa.mustReset("gw-a")
+	restore := restored(covered(leased("gw-a", false, write("mover", "mqtt#1", gateway.Leave, 0), write("leaver", "mqtt#1", gateway.Leave, 0))))
 	if evs := gwa.apply(0, restore); len(evs) != 0 {
 		t.Fatalf("gw-a's restore of two leaves: %s, want none while gw-b may hold them", describe(evs))
 	}
@@ -604,11 +591,8 @@ func TestReplacedStateLeaveWaitsForTheOtherRestores(t *testing.T) {
 		t.Fatalf("reap before gw-b's restore: %s, want none", describe(r.Offline))
 	}
 	clock.Advance(time.Second)
-	if res, err := gwb.store.Apply(t.Context(), 0, covered(leased("gw-b", false))); err != nil || !res.Reset {
-		t.Fatalf("gw-b's first call after the restart: %+v, %v; want a reset", res, err)
-	}
-	restore = covered(leased("gw-b", false, write("mover", "mqtt#2", gateway.Renew, 0)))
-	restore.Restore = true
+	gwb.mustReset("gw-b")
+	restore = restored(covered(leased("gw-b", false, write("mover", "mqtt#2", gateway.Renew, 0))))
 	if evs := gwb.apply(0, restore); len(evs) != 0 {
 		t.Fatalf("gw-b's restore: %s, want none (mover was online)", describe(evs))
 	}
@@ -648,9 +632,7 @@ func TestLossHoldOutlastsTheReplicaAttaching(t *testing.T) {
 	gwa.apply(0, covered(leased("gw-a", false)))
 	srv.Restart()
 	clock.Advance(time.Second)
-	if res, err := gwa.store.Apply(t.Context(), 0, covered(leased("gw-a", false))); err != nil || !res.Reset {
-		t.Fatalf("gw-a's first call after the restart: %+v, %v; want a reset", res, err)
-	}
+	gwa.mustReset("gw-a")
 	before := replID(t, c)
 	// (the replica's full sync starts at once, not after Redis's 5 s wait
 	// for more replicas)
@@ -662,8 +644,7 @@ func TestLossHoldOutlastsTheReplicaAttaching(t *testing.T) {
 		t.Fatalf("the master's replication ID stayed %s when its first replica attached; the test needs it to change", before)
 	}
 	// gw-a's restore: mover's session on it ran out half a second ago
-	restore := covered(leased("gw-a", false, write("mover", "coap/a", gateway.Renew, testLease+500*time.Millisecond)))
-	restore.Restore = true
+	restore := restored(covered(leased("gw-a", false, write("mover", "coap/a", gateway.Renew, testLease+500*time.Millisecond))))
 	if evs := gwa.apply(0, restore); len(evs) != 0 {
 		t.Fatalf("gw-a's restore: %s, want none", describe(evs))
 	}
@@ -678,11 +659,8 @@ func TestLossHoldOutlastsTheReplicaAttaching(t *testing.T) {
 		t.Fatalf("reap before gw-b's restore: %s, want none (the grace after the loss)", describe(r.Offline))
 	}
 	clock.Advance(time.Second)
-	if res, err := gwb.store.Apply(t.Context(), 0, covered(leased("gw-b", false))); err != nil || !res.Reset {
-		t.Fatalf("gw-b's first call after the restart: %+v, %v; want a reset", res, err)
-	}
-	restore = covered(leased("gw-b", false, write("mover", "coap/b", gateway.Renew, 0)))
-	restore.Restore = true
+	gwb.mustReset("gw-b")
+	restore = restored(covered(leased("gw-b", false, write("mover", "coap/b", gateway.Renew, 0))))
 	if evs := gwb.apply(0, restore); len(evs) != 0 {
 		t.Fatalf("gw-b's restore: %s, want none (mover was online)", describe(evs))
 	}
@@ -724,11 +702,8 @@ func TestSnapshotThatDoesNotKnowAGatewayWaitsForIt(t *testing.T) {
 	gwa.apply(0, covered(leased("gw-a", false, write("mover", "mqtt/a", gateway.Connect, 0))))
 	srv.Restart()
 	clock.Advance(500 * time.Millisecond)
-	if res, err := gwb.store.Apply(t.Context(), 0, covered(leased("gw-b", false))); err != nil || !res.Reset {
-		t.Fatalf("gw-b's first call after the restart: %+v, %v; want a reset", res, err)
-	}
-	restore := leased("gw-b", false, write("mover", "mqtt/b", gateway.Leave, 500*time.Millisecond))
-	restore.Restore = true
+	gwb.mustReset("gw-b")
+	restore := restored(leased("gw-b", false, write("mover", "mqtt/b", gateway.Leave, 500*time.Millisecond)))
 	if evs := gwb.apply(0, restore); len(evs) != 0 {
 		t.Fatalf("gw-b's restore of mover's goodbye: %s, want none while gw-a may hold mover", describe(evs))
 	}
@@ -736,11 +711,8 @@ func TestSnapshotThatDoesNotKnowAGatewayWaitsForIt(t *testing.T) {
 		t.Fatalf("reap before gw-a called: %s, want none", describe(r.Offline))
 	}
 	clock.Advance(time.Second)
-	if res, err := gwa.store.Apply(t.Context(), 0, covered(leased("gw-a", false))); err != nil || !res.Reset {
-		t.Fatalf("gw-a's first call after the restart: %+v, %v; want a reset", res, err)
-	}
-	restore = leased("gw-a", false, write("mover", "mqtt/a", gateway.Renew, 0))
-	restore.Restore = true
+	gwa.mustReset("gw-a")
+	restore = restored(leased("gw-a", false, write("mover", "mqtt/a", gateway.Renew, 0)))
 	if evs := gwa.apply(0, restore); len(evs) != 0 {
 		t.Fatalf("gw-a's restore: %s, want none (mover stayed online)", describe(evs))
 	}
@@ -781,11 +753,8 @@ func TestGatewayStoppedAtARestartIsWaitedForItsHorizon(t *testing.T) {
 			srv.Restart()
 			start := clock.Now()
 			// gw-b calls and restores; gw-a is stopped
-			if res, err := gwb.store.Apply(t.Context(), 0, covered(leased("gw-b", false))); err != nil || !res.Reset {
-				t.Fatalf("gw-b's first call after the restart: %+v, %v; want a reset", res, err)
-			}
-			restore := leased("gw-b", false)
-			restore.Restore = true
+			gwb.mustReset("gw-b")
+			restore := restored(leased("gw-b", false))
 			gwb.apply(0, restore)
 			var offline []gateway.Event
 			for clock.Now().Before(start.Add(testGrace + testLease - time.Second)) {
@@ -797,11 +766,8 @@ func TestGatewayStoppedAtARestartIsWaitedForItsHorizon(t *testing.T) {
 				t.Fatalf("reaps while gw-a is stopped, inside its horizon: %s, want none", describe(offline))
 			}
 			if back {
-				if res, err := gwa.store.Apply(t.Context(), 0, covered(leased("gw-a", false))); err != nil || !res.Reset {
-					t.Fatalf("gw-a's first call: %+v, %v; want a reset", res, err)
-				}
-				restore = leased("gw-a", false, write("dev", "coap/default", gateway.Renew, 0))
-				restore.Restore = true
+				gwa.mustReset("gw-a")
+				restore = restored(leased("gw-a", false, write("dev", "coap/default", gateway.Renew, 0)))
 				if evs := gwa.apply(0, restore); len(evs) != 0 {
 					t.Fatalf("gw-a's restore: %s, want none", describe(evs))
 				}
@@ -822,6 +788,21 @@ func TestGatewayStoppedAtARestartIsWaitedForItsHorizon(t *testing.T) {
 			}
 		})
 	}
+}
+
+// mustReset applies gw's first call after a restart, an empty batch
+// covering everything, and fails unless it reports a reset.
+func (e *env) mustReset(gw string) {
+	e.t.Helper()
+	if res, err := e.store.Apply(e.ctx, 0, covered(leased(gw, false))); err != nil || !res.Reset {
+		e.t.Fatalf("%s's first call after the restart: %+v, %v; want a reset", gw, res, err)
+	}
+}
+
+// restored is b as a restore batch (gateway.Batch.Restore).
+func restored(b gateway.Batch) gateway.Batch {
+	b.Restore = true
+	return b
 }
 
 // replID is the master_replid the server of c reports.
@@ -853,8 +834,7 @@ func TestLeaveInTheGraceAfterALossEndsWithThatGrace(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.clock.Advance(time.Second)
-	restore := covered(leased("gw-a", false, write("quitter", "mqtt/a", gateway.Renew, 0)))
-	restore.Restore = true
+	restore := restored(covered(leased("gw-a", false, write("quitter", "mqtt/a", gateway.Renew, 0))))
 	e.apply(0, restore)
 	e.apply(0, covered(leased("gw-b", false)))
 	e.clock.Advance(testGrace / 2)
@@ -897,8 +877,7 @@ func TestLapsedConnectAfterALossRecreatesTheRecord(t *testing.T) {
 	}
 	e.clock.Advance(500 * time.Millisecond)
 	for _, gw := range []string{"gw-a", "gw-b"} {
-		r := covered(leased(gw, false))
-		r.Restore = true
+		r := restored(covered(leased(gw, false)))
 		e.apply(0, r)
 	}
 	// gw-a's connect, observed 1.5 s before the loss, written a lease later
@@ -960,8 +939,7 @@ func TestLapsedRestoreOnAnOlderOfflineRecordWritesTheOffline(t *testing.T) {
 	if err != nil || !res.Reset {
 		t.Fatalf("gw-a's first call after the restart: %+v, %v; want a reset", res, err)
 	}
-	restore := leased("gw-a", false, write("visitor", "coap/default", gateway.Renew, testLease+time.Second))
-	restore.Restore = true
+	restore := restored(leased("gw-a", false, write("visitor", "coap/default", gateway.Renew, testLease+time.Second)))
 	if evs := gwa.apply(0, restore); len(evs) != 0 {
 		t.Fatalf("gw-a's restore of the session that ran out: %s, want none", describe(evs))
 	}
