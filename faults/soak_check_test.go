@@ -741,6 +741,11 @@ func (c *soakChecker) bound(lf *lifeRecord) (time.Time, bool) {
 		}
 	}
 	if base.IsZero() {
+		if last.IsZero() {
+			// no attempt reached a gateway (every gateway it tried was
+			// down throughout): the device was never seen in this life
+			return time.Time{}, true
+		}
 		base = last.Add(c.tm.lease)
 	}
 	b := base.Add(c.after())
@@ -778,6 +783,9 @@ func (c *soakChecker) judgeLives(d *devRecord, cutoff time.Time) {
 			return
 		}
 		lf.judged = true
+		if b.IsZero() {
+			continue // never seen: it owes no offline (bound)
+		}
 		c.res.Judged++
 		if i+1 < len(d.lives) && !d.lives[i+1].start.After(b) {
 			continue

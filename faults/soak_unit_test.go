@@ -160,7 +160,7 @@ func spanOf(f plannedFault) [2]time.Duration {
 func TestSoakChecker(t *testing.T) {
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	at := func(d time.Duration) time.Time { return t0.Add(d) }
-	ids := []string{"clean", "false", "late", "acklate", "dangling", "held", "back", "missed", "repeat", "revived", "unseen", "across", "resynced", "back2", "prompt"}
+	ids := []string{"clean", "false", "late", "acklate", "dangling", "held", "back", "missed", "repeat", "revived", "unseen", "across", "resynced", "back2", "prompt", "never"}
 	var plans []devicePlan
 	for _, id := range ids {
 		kind := kindCoAP
@@ -260,6 +260,12 @@ func TestSoakChecker(t *testing.T) {
 	send("prompt", 10*time.Second+10400*time.Microsecond, 20*time.Second, 0)
 	live("prompt", 10*time.Second+10400*time.Microsecond, 0, false)
 
+	// never: a second life none of whose attempts reached a gateway (every
+	// gateway it tried was down throughout): it owes no offline
+	send("never", 0, time.Second, 0)
+	live("never", 0, time.Second, false)
+	tr.devs["never"].lives = append(tr.devs["never"].lives, &lifeRecord{start: at(6 * time.Second), end: at(8 * time.Second), lastTry: make([]time.Time, 2)})
+
 	fl := &faultLog{t0: t0}
 	fl.runs = []*faultRun{{plannedFault: plannedFault{n: 1, kind: gwPartition, target: 1}, info: faultKinds[gwPartition], targetName: "gw-b", gw: 1,
 		start: at(10 * time.Second), end: at(16 * time.Second)}}
@@ -305,6 +311,8 @@ func TestSoakChecker(t *testing.T) {
 		ev("revived", "online", 1, 100*time.Millisecond, "connect", "gw-a"),
 		ev("revived", "offline", 2, 3600*time.Millisecond, "leave", "gw-a"),
 		ev("revived", "online", 3, 5*time.Second, "replay", "gw-a"),
+		ev("never", "online", 1, 100*time.Millisecond, "connect", "gw-a"),
+		ev("never", "offline", 2, 5*time.Second, "expired", "gw-a"),
 		ev("unseen", "online", 1, 100*time.Millisecond, "connect", "gw-a"),
 		ev("unseen", "offline", 2, 5*time.Second, "expired", "gw-a"),
 		{shard: 2, device: "across", state: "online", ver: 1, at: at(100 * time.Millisecond), reason: "connect", gw: "gw-b"},
