@@ -790,6 +790,51 @@ func TestGatewayStoppedAtARestartIsWaitedForItsHorizon(t *testing.T) {
 	}
 }
 
+// A loss that the runner sees first: gw-b's new process (no incarnation
+// to compare: its first call reports nothing) restores mover's session
+// that ran out (from its ledger), and the reap runs before gw-a, whose
+// calls still fail, has called: mover had moved to gw-a. The runner's
+// reaps saw the shard's previous incarnation, so this one is no new
+// store's first, and the reap holds mover for the grace; gw-a's restore
+// then keeps it online with no event.
+func TestLossSeenFirstByTheRunnerHoldsDevices(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client(t)
+	gwa, gwb, runner := horizonEnvs(t, c)
+	clock := runner.clock
+	gwb.apply(0, covered(leased("gw-b", false, write("mover", "coap/default", gateway.Connect, 0))))
+	gwa.apply(0, covered(leased("gw-a", false)))
+	runner.reap(0, 10)
+	if err := c.FlushAll(t.Context()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	clock.Advance(testLease + time.Second)
+	// gw-b's new process: the runner's Store has no beliefs of gw-b
+	if evs := runner.apply(0, restored(leased("gw-b", false, write("mover", "coap/default", gateway.Renew, testLease+time.Second)))); len(evs) != 0 {
+		t.Fatalf("gw-b's new process restores mover: %s, want none", describe(evs))
+	}
+	runner.apply(0, covered(leased("gw-b", false)))
+	clock.Advance(100 * time.Millisecond)
+	if r := runner.reap(0, 10); len(r.Offline) != 0 {
+		t.Fatalf("reap before gw-a called: %s, want none (the grace after the loss)", describe(r.Offline))
+	}
+	clock.Advance(time.Second)
+	gwa.mustReset("gw-a")
+	if evs := gwa.apply(0, restored(leased("gw-a", false, write("mover", "coap/default", gateway.Renew, 0)))); len(evs) != 0 {
+		t.Fatalf("gw-a's restore: %s, want none", describe(evs))
+	}
+	var offline []gateway.Event
+	for range 8 {
+		clock.Advance(testGrace / 4)
+		gwa.apply(0, covered(leased("gw-a", false, write("mover", "coap/default", gateway.Renew, 0))))
+		runner.apply(0, covered(leased("gw-b", false)))
+		offline = append(offline, runner.reap(0, 10).Offline...)
+	}
+	if len(offline) != 0 {
+		t.Fatalf("reaps over twice the grace: %s, want none", describe(offline))
+	}
+}
+
 // mustReset applies gw's first call after a restart, an empty batch
 // covering everything, and fails unless it reports a reset.
 func (e *env) mustReset(gw string) {

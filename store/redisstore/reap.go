@@ -59,6 +59,7 @@ func (s *Store) Reap(ctx context.Context, shard int, limit int) (gateway.ReapRes
 		s.recheck,              // R_RECHECK
 		s.horizon,              // R_HORIZON
 		s.reapGap,              // R_GAP
+		st.inc,                 // R_SEEN
 	).Slice()
 	if err == nil && len(res) == 2 && num(res[0]) == -1 {
 		s.seen(shard, num(res[1]), sent)

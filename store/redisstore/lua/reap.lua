@@ -15,8 +15,9 @@
 -- the time that gateway's coverage takes to move on), and how long after
 -- its last call a gateway's coverage still holds every due device back
 -- (ms: lease + gateway grace; evidence it holds can be late but valid
--- until then), and the longest gap in the shard's reaps that is not an
--- outage (ms; 0: none, below).
+-- until then), the longest gap in the shard's reaps that is not an
+-- outage (ms; 0: none, below), and the incarnation the caller's last reap
+-- of the shard saw ("" for none).
 -- Returns one flat array:
 --   {trimmed, more (1|0), next deadline or -1, orphans, now, held,
 --    incarnation, gap (1|0: this call found a gap in the reaps, below),
@@ -28,7 +29,7 @@
 -- gateway's coverage still has not reached it. orphans counts due entries without an
 -- online record (removed, no event); held the devices held this call
 -- (record.lua, "Held devices").
-local R_LIMIT, R_NOW, R_MAXLEN, R_GRACE, R_SILENCE, R_SINCE, R_NOTAFTER, R_LOSTAFTER, R_RECHECK, R_HORIZON, R_GAP = 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11
+local R_LIMIT, R_NOW, R_MAXLEN, R_GRACE, R_SILENCE, R_SINCE, R_NOTAFTER, R_LOSTAFTER, R_RECHECK, R_HORIZON, R_GAP, R_SEEN = 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12
 local limit, now, maxlen = tonumber(ARGV[R_LIMIT]), clock(ARGV[R_NOW]), ARGV[R_MAXLEN]
 local grace, silence = tonumber(ARGV[R_GRACE]) or 0, tonumber(ARGV[R_SILENCE]) or 0
 local since, nosince = tonumber(ARGV[R_SINCE]) or 0, ARGV[R_SINCE] == 'now'
@@ -63,6 +64,14 @@ local inc = incarnation(incs[1], rcall('HGET', KEYS[2], INC), incs[2], now, ARGV
 -- The gateways may not have restored what they hold: a lost state knows
 -- none of them, and a replaced one only those of its time (a restart into
 -- a snapshot minutes old)
+-- The caller's reaps saw another incarnation of the shard before this one
+-- (R_SEEN): it is no new store's first, as when a gateway reports it
+-- (apply.lua), which a reap may run before (the gateways' calls still
+-- fail, or a restarted gateway process has no incarnation to compare).
+if ARGV[R_SEEN] ~= '' and ARGV[R_SEEN] ~= inc and incs[3] == false then
+  rcall('HSET', KEYS[4], CHANGED, nowstr)
+  incs[3] = nowstr
+end
 local fresh = incs[3] ~= false and now < incsince + grace
 
 -- offline turns the record of a device whose only session ran out (the

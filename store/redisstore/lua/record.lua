@@ -89,8 +89,9 @@ local INC, REPL = '~', '^'
 -- (Redis makes a new one with the backlog), and that second incarnation
 -- is the same lost state, not a new one.
 local LOSS = '~l'
--- CHANGED is the store time of the last call that reported having
--- written to another incarnation (apply's A_SEEN): once set, the shard's
+-- CHANGED is the store time of a call that reported having written to
+-- another incarnation (apply's A_SEEN), or a reap by a runner that had
+-- reaped another (reap's R_SEEN): once set, the shard's
 -- state is not a new store's, and each new incarnation (a loss, a restart
 -- into a snapshot, a failover) holds every due device for the grace from
 -- its start (reap.lua, apply.lua: fresh). A new store's first incarnation
