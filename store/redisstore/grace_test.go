@@ -596,13 +596,10 @@ func TestReplacedStateLeaveWaitsForTheOtherRestores(t *testing.T) {
 	if evs := gwb.apply(0, restore); len(evs) != 0 {
 		t.Fatalf("gw-b's restore: %s, want none (mover was online)", describe(evs))
 	}
-	var offline []gateway.Event
-	for range 8 {
-		clock.Advance(testGrace / 4)
+	offline := runner.reapsOverTwoGraces(func() {
 		gwa.apply(0, covered(leased("gw-a", false)))
 		gwb.apply(0, covered(leased("gw-b", false, write("mover", "mqtt#2", gateway.Renew, 0))))
-		offline = append(offline, runner.reap(0, 10).Offline...)
-	}
+	})
 	if len(offline) != 1 || offline[0].Device != "leaver" || offline[0].Reason != gateway.ReasonLeave {
 		t.Fatalf("reaps over twice the grace: %s, want leaver's offline (leave) alone", describe(offline))
 	}
@@ -664,13 +661,10 @@ func TestLossHoldOutlastsTheReplicaAttaching(t *testing.T) {
 	if evs := gwb.apply(0, restore); len(evs) != 0 {
 		t.Fatalf("gw-b's restore: %s, want none (mover was online)", describe(evs))
 	}
-	var offline []gateway.Event
-	for range 8 {
-		clock.Advance(testGrace / 4)
+	offline := runner.reapsOverTwoGraces(func() {
 		gwa.apply(0, covered(leased("gw-a", false)))
 		gwb.apply(0, covered(leased("gw-b", false, write("mover", "coap/b", gateway.Renew, 0))))
-		offline = append(offline, runner.reap(0, 10).Offline...)
-	}
+	})
 	if len(offline) != 0 {
 		t.Fatalf("reaps over twice the grace: %s, want none", describe(offline))
 	}
@@ -716,13 +710,10 @@ func TestSnapshotThatDoesNotKnowAGatewayWaitsForIt(t *testing.T) {
 	if evs := gwa.apply(0, restore); len(evs) != 0 {
 		t.Fatalf("gw-a's restore: %s, want none (mover stayed online)", describe(evs))
 	}
-	var offline []gateway.Event
-	for range 8 {
-		clock.Advance(testGrace / 4)
+	offline := runner.reapsOverTwoGraces(func() {
 		gwa.apply(0, covered(leased("gw-a", false, write("mover", "mqtt/a", gateway.Renew, 0))))
 		gwb.apply(0, covered(leased("gw-b", false)))
-		offline = append(offline, runner.reap(0, 10).Offline...)
-	}
+	})
 	if len(offline) != 0 {
 		t.Fatalf("reaps over twice the grace: %s, want none", describe(offline))
 	}
@@ -823,16 +814,27 @@ func TestLossSeenFirstByTheRunnerHoldsDevices(t *testing.T) {
 	if evs := gwa.apply(0, restored(leased("gw-a", false, write("mover", "coap/default", gateway.Renew, 0)))); len(evs) != 0 {
 		t.Fatalf("gw-a's restore: %s, want none", describe(evs))
 	}
-	var offline []gateway.Event
-	for range 8 {
-		clock.Advance(testGrace / 4)
+	offline := runner.reapsOverTwoGraces(func() {
 		gwa.apply(0, covered(leased("gw-a", false, write("mover", "coap/default", gateway.Renew, 0))))
 		runner.apply(0, covered(leased("gw-b", false)))
-		offline = append(offline, runner.reap(0, 10).Offline...)
-	}
+	})
 	if len(offline) != 0 {
 		t.Fatalf("reaps over twice the grace: %s, want none", describe(offline))
 	}
+}
+
+// reapsOverTwoGraces advances the clock by a quarter grace eight times,
+// each time making the gateways' calls and a reap, and returns the
+// offline events of those reaps.
+func (e *env) reapsOverTwoGraces(calls func()) []gateway.Event {
+	e.t.Helper()
+	var offline []gateway.Event
+	for range 8 {
+		e.clock.Advance(testGrace / 4)
+		calls()
+		offline = append(offline, e.reap(0, 10).Offline...)
+	}
+	return offline
 }
 
 // mustReset applies gw's first call after a restart, an empty batch

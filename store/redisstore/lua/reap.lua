@@ -59,20 +59,22 @@ else
 end
 local incs = rcall('HMGET', KEYS[4], INC, REPL, CHANGED)
 local inc = incarnation(incs[1], rcall('HGET', KEYS[2], INC), incs[2], now, ARGV[R_NOW] ~= '')
--- fresh: the incarnation began less than the grace ago, and it is not a
--- new store's first (record.lua, CHANGED): a loss, a restart, a failover.
--- The gateways may not have restored what they hold: a lost state knows
--- none of them, and a replaced one only those of its time (a restart into
--- a snapshot minutes old)
--- The caller's reaps saw another incarnation of the shard before this one
--- (R_SEEN): it is no new store's first, as when a gateway reports it
--- (apply.lua), which a reap may run before (the gateways' calls still
--- fail, or a restarted gateway process has no incarnation to compare).
-if ARGV[R_SEEN] ~= '' and ARGV[R_SEEN] ~= inc and incs[3] == false then
+-- changed: the shard had another incarnation before this one (record.lua,
+-- CHANGED), as a gateway reports it (apply.lua) or the caller's reaps saw
+-- (R_SEEN): a reap may run before any gateway reports it (their calls
+-- still fail, or a restarted gateway process has no incarnation to
+-- compare)
+local changed = incs[3] ~= false
+if not changed and ARGV[R_SEEN] ~= '' and ARGV[R_SEEN] ~= inc then
   rcall('HSET', KEYS[4], CHANGED, nowstr)
-  incs[3] = nowstr
+  changed = true
 end
-local fresh = incs[3] ~= false and now < incsince + grace
+-- fresh: the incarnation began less than the grace ago, and it is not a
+-- new store's first: a loss, a restart, a failover. The gateways may not
+-- have restored what they hold: a lost state knows none of them, and a
+-- replaced one only those of its time (a restart into a snapshot minutes
+-- old)
+local fresh = changed and now < incsince + grace
 
 -- offline turns the record of a device whose only session ran out (the
 -- common due entry) into its offline record straight from the packed
