@@ -282,6 +282,12 @@ type ReapResult struct {
 	Held int
 	// More is true when due entries remain (the call hit its limit).
 	More bool
+	// Gap is true when the call found that the shard had gone unreaped
+	// for longer than the store's reap gap (the store, every runner or
+	// the host stopped) and ended that gap: it judged no gateway and held
+	// due devices whose gateway's coverage had not reached them (see
+	// the stores' ReapGap option).
+	Gap bool
 	// Next is the earliest deadline still in the shard (zero if empty).
 	Next time.Time
 	// Now is the store time the call ran at, so that the caller can

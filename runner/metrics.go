@@ -11,6 +11,7 @@ type metrics struct {
 	reaped       prometheus.Counter
 	trimmed      prometheus.Counter
 	held         prometheus.Counter
+	gaps         prometheus.Counter
 	reapCalls    prometheus.Counter
 	reapErrors   prometheus.Counter
 	lag          prometheus.Histogram
@@ -34,6 +35,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		held: f.NewCounter(prometheus.CounterOpts{
 			Name: "fleetgate_runner_held_total",
 			Help: "Due devices held for the gateway grace instead of reaped, because the gateway that wrote them last was not heard.",
+		}),
+		gaps: f.NewCounter(prometheus.CounterOpts{
+			Name: "fleetgate_runner_reap_gaps_total",
+			Help: "Reaps that found their shard unreaped for longer than the reap gap (the store, every runner or the host stopped): they judged no gateway and held due devices for the grace.",
 		}),
 		reapCalls: f.NewCounter(prometheus.CounterOpts{
 			Name: "fleetgate_runner_reap_calls_total",

@@ -87,11 +87,14 @@ type Runner struct {
 type Status struct {
 	Owner string `json:"owner"`
 	// Shards are the shards this runner holds a lease on, ascending.
-	Shards     []int  `json:"shards"`
-	Cycles     uint64 `json:"cycles"`
-	Reaped     uint64 `json:"reaped"`
-	Trimmed    uint64 `json:"trimmed"`
-	Held       uint64 `json:"held"`
+	Shards  []int  `json:"shards"`
+	Cycles  uint64 `json:"cycles"`
+	Reaped  uint64 `json:"reaped"`
+	Trimmed uint64 `json:"trimmed"`
+	Held    uint64 `json:"held"`
+	// ReapGaps counts reaps that ended a gap in their shard's reaps
+	// (gateway.ReapResult.Gap).
+	ReapGaps   uint64 `json:"reap_gaps"`
 	ReapCalls  uint64 `json:"reap_calls"`
 	ReapErrors uint64 `json:"reap_errors"`
 	// LastLag is at − deadline of the last offline event reaped.
@@ -253,6 +256,9 @@ func (r *Runner) record(shard int, res gateway.ReapResult) {
 	r.m.reaped.Add(float64(len(res.Offline)))
 	r.m.trimmed.Add(float64(res.Trimmed))
 	r.m.held.Add(float64(res.Held))
+	if res.Gap {
+		r.m.gaps.Inc() // the store logs it
+	}
 	for _, ev := range res.Offline {
 		r.m.lag.Observe(ev.At.Sub(ev.Deadline).Seconds())
 		r.log.Debug("device offline", "device", ev.Device, "shard", shard, "ver", ev.Ver, "lag", ev.At.Sub(ev.Deadline))
@@ -266,6 +272,9 @@ func (r *Runner) record(shard int, res gateway.ReapResult) {
 	r.status.Reaped += uint64(len(res.Offline))
 	r.status.Trimmed += uint64(res.Trimmed)
 	r.status.Held += uint64(res.Held)
+	if res.Gap {
+		r.status.ReapGaps++
+	}
 	if n := len(res.Offline); n > 0 {
 		last := res.Offline[n-1]
 		r.status.LastLag = last.At.Sub(last.Deadline)

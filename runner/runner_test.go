@@ -11,6 +11,7 @@ import (
 
 	"github.com/fleetgate/fleetgate/gateway"
 	"github.com/fleetgate/fleetgate/gateway/clocktest"
+	"github.com/fleetgate/fleetgate/store/embedded"
 )
 
 // metric returns a counter's or gauge's value, or a histogram's sample
@@ -110,6 +111,45 @@ func TestReapsExpiredDevicesWithEventsAndLag(t *testing.T) {
 	if v, _ := metric(t, reg, "fleetgate_runner_reap_errors_total"); v != 0 {
 		t.Errorf("reap_errors_total %v, want 0", v)
 	}
+}
+
+func TestCountsGapsInTheReaps(t *testing.T) {
+	const shards = 4
+	clk := clocktest.New(t0)
+	s, err := embedded.Open(openBolt(t), embedded.Options{Shards: shards, Now: clk.Now, GatewayGrace: 20 * time.Second, ReapGap: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	reg := prometheus.NewRegistry()
+	r := New(s, Options{Owner: "runner-a", Clock: clk, Registerer: reg})
+	start(t, r)
+	asleep(t, clk, 1)
+	gaps := func(want uint64, when string) {
+		t.Helper()
+		if v, _ := metric(t, reg, "fleetgate_runner_reap_gaps_total"); v != float64(want) {
+			t.Fatalf("%s: reap_gaps_total %v, want %d", when, v, want)
+		}
+		if got := r.Status().ReapGaps; got != want {
+			t.Fatalf("%s: status reap_gaps %d, want %d", when, got, want)
+		}
+	}
+	// the runner takes the shards over its first rounds, reaping each a
+	// second apart
+	for i := 0; i < 10 && len(r.Status().Shards) < shards; i++ {
+		step(t, clk, time.Second, 1)
+	}
+	step(t, clk, time.Second, 1)
+	if n := len(r.Status().Shards); n != shards {
+		t.Fatalf("runner holds %d shards, want all %d", n, shards)
+	}
+	gaps(0, "reaps a second apart")
+	// the process (or its host) stopped for 10 s: each shard's next reap
+	// ends a gap, once
+	step(t, clk, 10*time.Second, 1)
+	gaps(shards, "the first reaps after 10 s")
+	step(t, clk, time.Second, 1)
+	gaps(shards, "a second later")
 }
 
 func TestDrainsABacklogInBoundedCalls(t *testing.T) {

@@ -61,12 +61,12 @@ func TestReapGap(t *testing.T) {
 	t.Run("frozen past lease and grace", func(t *testing.T) {
 		f, d := start(t)
 		f.clk.Set(t0.Add(lease + grace + 5*time.Second))
-		if r := reap(t, f); len(r.Offline) != 0 || r.Held != 1 {
-			t.Fatalf("first reap after the gap: %+v, want the device waiting", r)
+		if r := reap(t, f); len(r.Offline) != 0 || r.Held != 1 || !r.Gap {
+			t.Fatalf("first reap after the gap: %+v, want the device waiting and the gap reported", r)
 		}
 		f.clk.Advance(time.Second)
-		if r := reap(t, f); len(r.Offline) != 0 {
-			t.Fatalf("reap a second after the gap: %+v, want the device still waiting", r)
+		if r := reap(t, f); len(r.Offline) != 0 || r.Gap {
+			t.Fatalf("reap a second after the gap: %+v, want the device still waiting and no new gap", r)
 		}
 		renewedOnline(t, f, d)
 	})
@@ -82,8 +82,8 @@ func TestReapGap(t *testing.T) {
 		end := t0.Add(lease + grace)
 		for f.clk.Now().Add(time.Second).Before(end) {
 			f.clk.Advance(time.Second)
-			if r := reap(t, f); len(r.Offline) != 0 {
-				t.Fatalf("reap at %v, before the grace ended: %+v", f.clk.Now().Sub(t0), r)
+			if r := reap(t, f); len(r.Offline) != 0 || r.Gap {
+				t.Fatalf("reap at %v, before the grace ended: %+v, want nothing (and no gap)", f.clk.Now().Sub(t0), r)
 			}
 		}
 		f.clk.Set(end)

@@ -81,6 +81,7 @@ func (s *Store) Reap(ctx context.Context, shard int, limit int) (gateway.ReapRes
 			return err
 		}
 		res.Offline = w.events
+		res.Gap = gap
 		res.Now = msTime(w.now)
 		res.Next, res.More = w.next(waiting, limit > 0 && handled == limit)
 		return nil

@@ -1053,8 +1053,8 @@ func TestReapGap(t *testing.T) {
 			e, other, t0 := start(t)
 			e.clock.Set(t0.Add(testLease + testGrace + 5*time.Second))
 			r := e.reap(0, 10)
-			if len(r.Offline) != 0 || r.Held != 1 {
-				t.Fatalf("first reap after the gap: %+v, want the device held", r)
+			if len(r.Offline) != 0 || r.Held != 1 || !r.Gap {
+				t.Fatalf("first reap after the gap: %+v, want the device held and the gap reported", r)
 			}
 			// another runner's store takes the shard a moment later: the
 			// gap's end holds for it too
@@ -1063,8 +1063,8 @@ func TestReapGap(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if len(r.Offline) != 0 {
-				t.Fatalf("another runner's reap after the gap: %+v, want the device still held", r)
+			if len(r.Offline) != 0 || r.Gap {
+				t.Fatalf("another runner's reap after the gap: %+v, want the device still held and the gap ended", r)
 			}
 			// gw-a runs again and writes the device's evidence
 			renewedOnline(e)
@@ -1087,8 +1087,8 @@ func TestReapGap(t *testing.T) {
 			end := t0.Add(testLease + testGrace)
 			for e.clock.Now().Add(time.Second).Before(end) {
 				e.clock.Advance(time.Second)
-				if r := e.reap(0, 10); len(r.Offline) != 0 {
-					t.Fatalf("reap at %v, before the grace ended: %+v", e.clock.Now().Sub(t0), r)
+				if r := e.reap(0, 10); len(r.Offline) != 0 || r.Gap {
+					t.Fatalf("reap at %v, before the grace ended: %+v, want nothing (and no gap)", e.clock.Now().Sub(t0), r)
 				}
 			}
 			e.clock.Set(end)

@@ -85,7 +85,8 @@ func (s *Store) Reap(ctx context.Context, shard int, limit int) (gateway.ReapRes
 	s.seen(shard, now, sent)
 	held, _ := res[5].(int64)
 	inc := str(res[6])
-	if gap, _ := res[7].(int64); gap == 1 {
+	gap, _ := res[7].(int64)
+	if gap == 1 {
 		s.log.Warn("the shard was not reaped for longer than the reap gap (the store, every runner or the host stopped): holding due devices until their gateways are heard again",
 			"shard", shard, "gap", time.Duration(s.reapGap)*time.Millisecond, "grace", time.Duration(s.grace)*time.Millisecond)
 	}
@@ -101,7 +102,7 @@ func (s *Store) Reap(ctx context.Context, shard int, limit int) (gateway.ReapRes
 	}
 	cur.failed, cur.inc = false, inc
 	s.rmu.Unlock()
-	r := gateway.ReapResult{Offline: parseReapEvents(shard, now, res[reapHeader:]), Trimmed: int(trimmed), Held: int(held), More: more == 1, Now: time.UnixMilli(now)}
+	r := gateway.ReapResult{Offline: parseReapEvents(shard, now, res[reapHeader:]), Trimmed: int(trimmed), Held: int(held), More: more == 1, Gap: gap == 1, Now: time.UnixMilli(now)}
 	if next >= 0 {
 		r.Next = time.UnixMilli(next)
 	}
