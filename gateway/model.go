@@ -188,7 +188,9 @@ type Batch struct {
 	// a shard after the store lost or replaced its state there
 	// (ApplyResult.Reset): a renewal that finds no record creates it
 	// online without an event (consumers saw the device online before the
-	// loss; its next event has a ver above every lost one); one that finds
+	// loss; its next event has a ver above every lost one), and so does
+	// one that finds the record offline since before the store's state
+	// began (an older state's record of an earlier visit); one that finds
 	// its session expired extends it without an event, however late (the
 	// renewals that bridged the gap were acknowledged by the lost state);
 	// otherwise it is a renewal. A renewal whose deadline has already
@@ -196,8 +198,9 @@ type Batch struct {
 	// offline may never have been written: where it finds no record it
 	// creates it online without an event, its session ending at the
 	// call, so that the reap writes the offline (reason expired) once the
-	// gateway's coverage reaches it; where the record exists it changes
-	// nothing. A leave re-sends a leave the store accepted before the
+	// gateway's coverage reaches it, and so where it finds the record
+	// offline since before the state began; where the record is online,
+	// or offline since, it changes nothing. A leave re-sends a leave the store accepted before the
 	// loss: where it finds no record, or one offline since before the
 	// leave was observed (an older state's record of an earlier visit),
 	// it writes the leave's offline (or, while another gateway's coverage

@@ -949,55 +949,71 @@ func TestLapsedConnectAfterALossRecreatesTheRecord(t *testing.T) {
 
 // A restart into an older snapshot in which a device is offline (an
 // earlier visit), while the device had come back since and stopped just
-// before the restart: its gateway's restore carries the session that ran
-// out. Consumers last saw the device online, so the record comes back
-// online with no event, its session ending at once, and the reap writes
-// its offline; before, the lapsed restore changed nothing and the device
-// never got its offline.
-func TestLapsedRestoreOnAnOlderOfflineRecordWritesTheOffline(t *testing.T) {
-	srv := redistest.Start(t)
-	c := srv.Client(t)
-	clock := clocktest.New(time.UnixMilli(startMs))
-	prefix := uniquePrefix()
-	open := func() *env {
-		s, err := Open(t.Context(), c, Options{Prefix: prefix, Shards: 1, Now: clock.Now,
-			GatewayGrace: testGrace, GatewaySilence: testSilence, GatewayLost: testLease})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { s.Close() })
-		return &env{t: t, ctx: t.Context(), c: c, clock: clock, store: s}
-	}
-	gwa, runner := open(), open()
-	gwa.apply(0, covered(leased("gw-a", false, write("visitor", "coap/default", gateway.Connect, 0))))
-	gwa.apply(0, covered(leased("gw-a", false, write("visitor", "coap/default", gateway.Leave, 0))))
-	if err := c.Save(t.Context()).Err(); err != nil {
-		t.Fatal(err)
-	}
-	clock.Advance(time.Second)
-	if evs := gwa.apply(0, covered(leased("gw-a", false, write("visitor", "coap/default", gateway.Connect, 0)))); len(evs) != 1 {
-		t.Fatalf("the visitor back: %s", describe(evs))
-	}
-	// it stops; the restart brings back the snapshot, the visitor offline
-	clock.Advance(testLease - time.Second)
-	srv.Restart()
-	clock.Advance(2 * time.Second)
-	res, err := gwa.store.Apply(t.Context(), 0, covered(leased("gw-a", false)))
-	if err != nil || !res.Reset {
-		t.Fatalf("gw-a's first call after the restart: %+v, %v; want a reset", res, err)
-	}
-	restore := restored(leased("gw-a", false, write("visitor", "coap/default", gateway.Renew, testLease+time.Second)))
-	if evs := gwa.apply(0, restore); len(evs) != 0 {
-		t.Fatalf("gw-a's restore of the session that ran out: %s, want none", describe(evs))
-	}
-	var offline []gateway.Event
-	for i := 0; i < 40 && len(offline) == 0; i++ {
-		clock.Advance(time.Second)
-		gwa.apply(0, covered(leased("gw-a", false)))
-		offline = runner.reap(0, 10).Offline
-	}
-	if len(offline) != 1 || offline[0].Device != "visitor" || offline[0].Reason != gateway.ReasonExpired {
-		t.Fatalf("reaps after the restore: %s, want the visitor's offline (expired)", describe(offline))
+// before the restart: its gateway's restore carries the session, either
+// as it ran out, or (a killed process's ledger) with the latest deadline
+// it can have had, still ahead. Consumers last saw the device online, so
+// the record comes back online with no event either way, and the reap
+// writes its offline; before, the lapsed restore changed nothing and the
+// device never got its offline, and the other wrote an online event
+// after the device had stopped.
+func TestRestoreOnAnOlderOfflineRecordWritesTheOffline(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		lease time.Duration // the restored session's, from its evidence
+	}{
+		{"ran out", testLease},
+		{"latest possible deadline ahead", 2 * testLease},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := redistest.Start(t)
+			c := srv.Client(t)
+			clock := clocktest.New(time.UnixMilli(startMs))
+			prefix := uniquePrefix()
+			open := func() *env {
+				s, err := Open(t.Context(), c, Options{Prefix: prefix, Shards: 1, Now: clock.Now,
+					GatewayGrace: testGrace, GatewaySilence: testSilence, GatewayLost: testLease})
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { s.Close() })
+				return &env{t: t, ctx: t.Context(), c: c, clock: clock, store: s}
+			}
+			gwa, runner := open(), open()
+			gwa.apply(0, covered(leased("gw-a", false, write("visitor", "coap/default", gateway.Connect, 0))))
+			gwa.apply(0, covered(leased("gw-a", false, write("visitor", "coap/default", gateway.Leave, 0))))
+			if err := c.Save(t.Context()).Err(); err != nil {
+				t.Fatal(err)
+			}
+			clock.Advance(time.Second)
+			if evs := gwa.apply(0, covered(leased("gw-a", false, write("visitor", "coap/default", gateway.Connect, 0)))); len(evs) != 1 {
+				t.Fatalf("the visitor back: %s", describe(evs))
+			}
+			// it stops; the restart brings back the snapshot, the visitor offline
+			clock.Advance(testLease - time.Second)
+			srv.Restart()
+			clock.Advance(2 * time.Second)
+			res, err := gwa.store.Apply(t.Context(), 0, covered(leased("gw-a", false)))
+			if err != nil || !res.Reset {
+				t.Fatalf("gw-a's first call after the restart: %+v, %v; want a reset", res, err)
+			}
+			w := write("visitor", "coap/default", gateway.Renew, testLease+time.Second)
+			w.Lease = tc.lease
+			if evs := gwa.apply(0, restored(leased("gw-a", false, w))); len(evs) != 0 {
+				t.Fatalf("gw-a's restore of the session: %s, want none", describe(evs))
+			}
+			if d := gwa.device("visitor"); d.State != gateway.Online {
+				t.Fatalf("the visitor after the restore: %+v, want online", d)
+			}
+			var offline []gateway.Event
+			for i := 0; i < 40 && len(offline) == 0; i++ {
+				clock.Advance(time.Second)
+				gwa.apply(0, covered(leased("gw-a", false)))
+				offline = runner.reap(0, 10).Offline
+			}
+			if len(offline) != 1 || offline[0].Device != "visitor" || offline[0].Reason != gateway.ReasonExpired {
+				t.Fatalf("reaps after the restore: %s, want the visitor's offline (expired)", describe(offline))
+			}
+		})
 	}
 }
 

@@ -552,9 +552,16 @@ local function general(dev, sid, kind, d, k, zk, wlease, wgrace, isbridged)
       r.lastgw, r.lastsid, dirty[k] = gwref, sid, true
     end
     setz(k, maxdl(r))
-    if not r.on and ((restore and created and kind == KIND_RENEW) or recreated) then
+    if not r.on and (recreated or (kind == KIND_RENEW and ((restore and created) or (ARGV[A_REPLAY] == '2' and r.since < incsince)))) then
       -- a restore of a record the store lost: online, no event, a ver
-      -- above the lost ones for the next (gateway.Batch.Restore)
+      -- above the lost ones for the next (gateway.Batch.Restore); so is
+      -- a restore batch's session, live or not, for a record offline
+      -- since before this incarnation began (an older state's:
+      -- consumers last saw the device as the gateway holds it, and a
+      -- dead process's session comes with the latest deadline it can
+      -- have had, which may be ahead of its last evidence's). Live
+      -- evidence in a call that meets a new incarnation is not a
+      -- restore's re-statement: it writes its online as any renewal.
       r.on, r.ver, r.since, dirty[k] = true, created and r.ver + 1 or nextver(r, now), now, true
     elseif not r.on then
       r.on, r.ver, r.since, dirty[k] = true, nextver(r, now), now, true
