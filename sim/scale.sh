@@ -9,7 +9,9 @@
 #                        # the simulator's own cost: 100,000 CoAP (10 % DTLS) + 10,000 MQTT, 3 min 20 s
 #   sim/scale.sh run     [COAP MQTT DURATION AT DTLS_SHARE]
 #                        # the scale run (`make scale`): 100,000 CoAP (10 % DTLS) + 10,000 MQTT, freeze and
-#                        # leave churn, 10 min, the gateway restarted at AT s (the MQTT devices' reconnect storm)
+#                        # leave churn, 10 min, the gateway restarted at AT s (the MQTT devices' reconnect storm);
+#                        # the CPU also per part: each process's start and its steady part, which begins
+#                        # SCALE_STEADY s (90) after the start; Redis's time by script over the first steady part
 #   sim/scale.sh gwcost  [CLASS N DURATION]
 #                        # the gateway's cost per device of one class (coap, dtls, mqtt): memory,
 #                        # CPU per message, its heap profile's top; 10,000 MQTT devices, 3 min 20 s;
@@ -23,6 +25,7 @@
 # every device has its own source address in 127.0.0.0/8) on free loopback ports under a temporary directory;
 # everything is stopped at the end. It prints the gateway's CPU per 1,000
 # devices and RSS per device (from /proc), and simulate's report;
+# `run` and `gwcost` print where Redis's time goes (rtime_end, below).
 # `simcost` prints the simulator's CPU over the steady part of the run
 # (from 40 s, after every device's first heartbeat, to 10 s before the
 # end) and its peak RSS (at the end of that part, and of the whole
@@ -127,6 +130,42 @@ EOP
 fi
 ticks() { awk '{print $14+$15}' "/proc/$1/stat"; }
 hz=$(getconf CLK_TCK)
+# Where Redis's time goes: rtime_start logs every command in the slow log
+# (threshold 0) from now on and zeroes the command statistics; rtime_end
+# prints the time of each script and command over the window (from the
+# slow log: execution only) against Redis's CPU (which also counts
+# reading and parsing the calls, replies and its timers).
+rtime_start() {
+	redis-cli -p "$rport" CONFIG SET slowlog-log-slower-than 0 >/dev/null
+	redis-cli -p "$rport" CONFIG SET slowlog-max-len 1000000 >/dev/null
+	redis-cli -p "$rport" SLOWLOG RESET >/dev/null
+	redis-cli -p "$rport" CONFIG RESETSTAT >/dev/null
+}
+rtime_end() { # RCPU_SECONDS WALL_SECONDS
+	redis-cli -p "$rport" --json SLOWLOG GET -1 >"$dir/slowlog.json"
+	redis-cli -p "$rport" CONFIG SET slowlog-log-slower-than 10000 >/dev/null
+	python3 - "$dir/slowlog.json" "$root/store/redisstore/lua" "$1" "$2" <<'EOP'
+import hashlib, json, re, sys
+log = json.load(open(sys.argv[1])); lua = sys.argv[2]; rcpu, wall = float(sys.argv[3]), float(sys.argv[4])
+src = lambda *names: "".join(open(f"{lua}/{n}.lua").read() for n in names)
+names = {hashlib.sha1(s.encode()).hexdigest(): n for n, s in {
+	"apply.lua": src("record", "apply"), "reap.lua": src("record", "reap"), "view.lua": src("record", "view"),
+	"forget.lua": src("record", "forget"), "lease.lua": src("lease"), "position.lua": src("position"),
+	"publisher.lua": src("publisher")}.items()}
+rows = {}
+for _, _, us, args, *_ in log:
+	cmd = args[0].lower()
+	name = names.get(args[1], "script " + args[1][:8]) if cmd in ("evalsha", "evalsha_ro") else cmd
+	more = re.match(r"\.\.\. \((\d+) more arguments\)", args[-1])
+	r = rows.setdefault(name, [0, 0, 0])
+	r[0] += 1; r[1] += us; r[2] += len(args) + (int(more.group(1)) - 1 if more else 0)
+total = sum(r[1] for r in rows.values())
+print(f"Redis over {wall:.0f} s: CPU {rcpu:.2f} s; commands' execution {total/1e6:.2f} s ({100*total/1e6/rcpu:.0f} % of it), the rest is reading, parsing and replying, and timers")
+print(f"{'command':<16}{'calls/s':>10}{'args/call':>11}{'us/call':>10}{'share of CPU':>14}")
+for name, (n, us, a) in sorted(rows.items(), key=lambda kv: -kv[1][1])[:12]:
+	print(f"{name:<16}{n/wall:>10.1f}{a/n:>11.0f}{us/n:>10.1f}{100*us/1e6/rcpu:>13.1f}%")
+EOP
+}
 if [ "$mode" = simcost ]; then
 	coap=${2:-100000}; mqtt=${3:-10000}; duration=${4:-200s}; dtls=${5:-0.1}
 	devices=$((coap + mqtt))
@@ -176,6 +215,7 @@ EOP
 fi
 if [ "$mode" = run ]; then
 	coap=${2:-100000}; mqtt=${3:-10000}; duration=${4:-600s}; at=${5:-300}; dtls=${6:-0.1}
+	steady=${SCALE_STEADY:-90}
 	devices=$((coap + mqtt))
 	share=$(python3 -c "print($mqtt/$devices)")
 	devices_file=$dir/devices.yaml
@@ -192,30 +232,45 @@ if [ "$mode" = run ]; then
 		--scenario freeze,leave --report "$dir/report.json" --progress 2>"$dir/progress.log" >"$dir/simulate.out" &
 	spid=$!
 	t0=$(ticks "$g1"); r0=$(ticks "$rpid"); s0=$(date +%s.%N)
-	sleep "$at"
-	ta=$(ticks "$g1"); hwm1=$(awk '/VmHWM/{print $2}' "/proc/$g1/status")
+	# the steady part before the restart starts once every device has
+	# sent (the first heartbeats, DTLS handshakes and MQTT connects are
+	# spread over the first heartbeat interval)
+	sleep "$steady"
+	tS=$(ticks "$g1"); rS=$(ticks "$rpid"); sS=$(date +%s.%N)
+	rtime_start
+	sleep $((at - steady))
+	ta=$(ticks "$g1"); ra=$(ticks "$rpid"); sa=$(date +%s.%N); hwm1=$(awk '/VmHWM/{print $2}' "/proc/$g1/status")
+	rtime_end "$(python3 -c "print(($ra - $rS) / $hz)")" "$(python3 -c "print($sa - $sS)")" >"$dir/rtime.txt"
 	echo "restart at $(date -u +%T.%N | cut -c1-12)"
 	kill -TERM "$g1"; wait "$g1" || true
 	startgw scale-1 "$aport"
 	g2=$gpid
 	echo "ready at $(date -u +%T.%N | cut -c1-12)"
-	tb=$(ticks "$g2")
-	# the second process's peak, sampled each second until the fleet stops
+	tb=$(ticks "$g2"); sb=$(date +%s.%N); tC=""
+	# the second process's peak, sampled each second until the fleet stops;
+	# its steady part starts $steady s after it is ready (the reconnect
+	# storm and the DTLS devices' new handshakes are over)
 	while kill -0 "$spid" 2>/dev/null; do
 		t2=$(ticks "$g2"); r1=$(ticks "$rpid"); s1=$(date +%s.%N); hwm2=$(awk '/VmHWM/{print $2}' "/proc/$g2/status")
+		if [ -z "$tC" ] && python3 -c "import sys; sys.exit(0 if $s1 - $sb >= $steady else 1)"; then tC=$t2; sC=$s1; fi
 		sleep 1
 	done
 	wait "$spid" || true
-	python3 - "$dir/report.json" "$t0" "$ta" "$tb" "$t2" "$r0" "$r1" "$s0" "$s1" "$hz" "$devices" "$hwm1" "$hwm2" <<'EOP'
+	python3 - "$dir/report.json" "$t0" "$ta" "$tb" "$t2" "$r0" "$r1" "$s0" "$s1" "$hz" "$devices" "$hwm1" "$hwm2" "$tS" "$sS" "$sa" "$sb" "${tC:-$t2}" "${sC:-$s1}" <<'EOP'
 import json, sys
-r = json.load(open(sys.argv[1])); t0, ta, tb, t2, r0, r1, s0, s1, hz, n, hwm1, hwm2 = (float(x) for x in sys.argv[2:])
+r = json.load(open(sys.argv[1]))
+t0, ta, tb, t2, r0, r1, s0, s1, hz, n, hwm1, hwm2, tS, sS, sa, sb, tC, sC = (float(x) for x in sys.argv[2:])
 wall = s1 - s0; cpu = ((ta - t0) + (t2 - tb)) / hz; rcpu = (r1 - r0) / hz
 print(f"gateway CPU {cpu:.1f} s over {wall:.0f} s = {100*cpu/wall:.1f} % of a core (both processes); Redis {100*rcpu/wall:.1f} %")
+pct = lambda c, w: f"{100*c/hz/w:.1f} % of a core over {w:.0f} s" if w > 0 else "-"
+print(f"  first process: start and first heartbeats {pct(tS - t0, sS - s0)}; steady {pct(ta - tS, sa - sS)}")
+print(f"  second process: start, reconnects and handshakes {pct(tC - tb, sC - sb)}; steady {pct(t2 - tC, s1 - sC)}")
 print(f"gateway peak RSS: first process {hwm1/1024:.0f} MiB, second {hwm2/1024:.0f} MiB ({max(hwm1, hwm2)*1024/n:.0f} B per device)")
 f = r['fleet']
 print(f"heartbeats on schedule: {100*f['heartbeats_on_time']:.2f} %; dtls handshakes {f['dtls_handshakes']}, resumes {f.get('dtls_resumes')} ({f.get('dtls_resume_failures')} not answered); mqtt connects {f['mqtt_connects']} ({f['mqtt_connect_errors']} failed), reconnects {f.get('reconnects')}; coap unanswered {f['coap_unanswered']}")
 print({k: r[k] for k in ('devices','heartbeats_sent','false_offline','missed_offline','log_violations','missed_online','late_offline','pending','detection_ms','bound_ms')})
 EOP
+	cat "$dir/rtime.txt"
 	tail -n 40 "$dir/simulate.out"
 	exit 0
 fi
@@ -244,11 +299,13 @@ if [ "$mode" = gwcost ]; then
 	spid=$!
 	sleep 40
 	t0=$(ticks "$gpid"); r0=$(ticks "$rpid"); s0=$(date +%s.%N)
+	rtime_start
 	# a CPU profile of 20 s in the middle of the steady part
 	sleep $(((secs - 50) / 2 - 10))
 	curl -sf "127.0.0.1:$aport/debug/pprof/profile?seconds=20" -o "$dir/cpu.pb.gz"
 	sleep $(((secs - 50) - (secs - 50) / 2 - 10))
 	t1=$(ticks "$gpid"); r1=$(ticks "$rpid"); s1=$(date +%s.%N)
+	rtime_end "$(python3 -c "print(($r1 - $r0) / $hz)")" "$(python3 -c "print($s1 - $s0)")" >"$dir/rtime.txt"
 	hwm1=$(awk '/VmHWM/{print $2}' "/proc/$gpid/status"); rss1=$(awk '/VmRSS/{print $2}' "/proc/$gpid/status")
 	curl -sf "127.0.0.1:$aport/debug/pprof/heap" -o "$dir/heap.pb.gz"
 	curl -sf "127.0.0.1:$aport/debug/pprof/goroutine?debug=1" -o "$dir/goroutines.txt"
@@ -266,6 +323,7 @@ f = r['fleet']
 print(f"heartbeats on schedule: {100*f['heartbeats_on_time']:.2f} %; dtls handshakes {f['dtls_handshakes']} ({f['dtls_handshake_failures']} failed); mqtt connects {f['mqtt_connects']} ({f['mqtt_connect_errors']} failed); coap unanswered {f['coap_unanswered']}")
 print({k: r[k] for k in ('devices','heartbeats_sent','false_offline','missed_offline','log_violations')})
 EOP
+	cat "$dir/rtime.txt"
 	go tool pprof -top -sample_index=inuse_space -nodecount=25 "$bin" "$dir/heap.pb.gz" 2>/dev/null | sed -n '1,32p'
 	go tool pprof -top -cum -nodecount=40 "$bin" "$dir/cpu.pb.gz" 2>/dev/null | sed -n '1,48p'
 	echo "profiles: $dir/heap.pb.gz $dir/cpu.pb.gz"
