@@ -436,7 +436,7 @@ func (c *soakChecker) offline(d *devRecord, e event) {
 	// (a device that comes back at once, on either instance) is not
 	// evidence against it.
 	if e.reason == "leave" {
-		if end, ok := c.leftLife(d, e.at); ok && end.Before(at) {
+		if end, ok := c.leftLife(d, e.shard, e.at); ok && end.Before(at) {
 			at = end
 		}
 	}
@@ -450,11 +450,11 @@ func (c *soakChecker) offline(d *devRecord, e event) {
 		// A goodbye after the evidence, up to the event, ended the
 		// instance (an expiry then names a session it had left behind).
 		bye := lastBefore(s.leaves, e.at)
-		if bye.After(last) || (!bye.IsZero() && e.reason == "leave" && !e.at.After(c.goodbyeBy(bye))) {
+		if bye.After(last) || (!bye.IsZero() && e.reason == "leave" && !e.at.After(c.goodbyeBy(e.shard, bye))) {
 			continue
 		}
 		// the leave of a goodbye that got no answer, read late
-		if u := lastBefore(s.unsure, e.at); !u.IsZero() && e.reason == "leave" && !e.at.After(c.goodbyeBy(u)) {
+		if u := lastBefore(s.unsure, e.at); !u.IsZero() && e.reason == "leave" && !e.at.After(c.goodbyeBy(e.shard, u)) {
 			continue
 		}
 		recent = later(recent, last)
@@ -487,7 +487,7 @@ func (c *soakChecker) offline(d *devRecord, e event) {
 // leftLife is the end of the device's last life ended by t when one of
 // the sessions it left behind ended with a goodbye whose bound t is
 // within, and no offline came since that end: a leave at t may be its.
-func (c *soakChecker) leftLife(d *devRecord, t time.Time) (time.Time, bool) {
+func (c *soakChecker) leftLife(d *devRecord, shard int, t time.Time) (time.Time, bool) {
 	for i := len(d.lives) - 1; i >= 0; i-- {
 		lf := d.lives[i]
 		if lf.end.IsZero() || lf.end.After(t) {
@@ -500,7 +500,7 @@ func (c *soakChecker) leftLife(d *devRecord, t time.Time) (time.Time, bool) {
 			}
 		}
 		prev := d.chk.last
-		if bye.IsZero() || t.After(c.goodbyeBy(bye)) || (prev.state == "offline" && !prev.at.Before(lf.end)) {
+		if bye.IsZero() || t.After(c.goodbyeBy(shard, bye)) || (prev.state == "offline" && !prev.at.Before(lf.end)) {
 			return time.Time{}, false
 		}
 		return lf.end, true
@@ -521,15 +521,22 @@ func (c *soakChecker) lastHeard(s slotRecord, at time.Time) (time.Time, bool) {
 	return time.Time{}, false
 }
 
-// goodbyeBy is when the offline of a goodbye said at bye must have come:
-// the leave grace, a flush and processing, or a settle after the faults
-// it met.
-func (c *soakChecker) goodbyeBy(bye time.Time) time.Time {
+// goodbyeBy is when the offline of a goodbye said at bye to a session of
+// shard must have come: the leave grace, a flush and processing, or a
+// settle after the faults it met; and a goodbye said within the grace
+// after a new incarnation of the shard began is held to that grace's end
+// (docs/design.md §3.6: a gateway may not have restored the device yet).
+func (c *soakChecker) goodbyeBy(shard int, bye time.Time) time.Time {
 	by := bye.Add(c.onlineWait())
 	if end, ok := c.chainEnd(-1, bye, by); !ok {
 		return bye.Add(time.Hour)
 	} else if !end.IsZero() {
 		by = later(by, end.Add(soakSettle+c.onlineWait()))
+	}
+	for _, b := range c.faults.boundaries { // (window holds c.faults.mu)
+		if slices.Contains(b.shards, shard) && !bye.Before(b.from) && !bye.After(b.to.Add(c.tm.grace)) {
+			by = later(by, b.to.Add(c.tm.grace+c.onlineWait()))
+		}
 	}
 	return by
 }

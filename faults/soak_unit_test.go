@@ -160,7 +160,7 @@ func spanOf(f plannedFault) [2]time.Duration {
 func TestSoakChecker(t *testing.T) {
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	at := func(d time.Duration) time.Time { return t0.Add(d) }
-	ids := []string{"clean", "false", "late", "acklate", "dangling", "held", "back", "missed", "repeat", "revived", "unseen", "across", "resynced", "back2", "prompt", "never"}
+	ids := []string{"clean", "false", "late", "acklate", "dangling", "held", "back", "missed", "repeat", "revived", "unseen", "across", "resynced", "back2", "prompt", "never", "heldbye"}
 	var plans []devicePlan
 	for _, id := range ids {
 		kind := kindCoAP
@@ -266,6 +266,14 @@ func TestSoakChecker(t *testing.T) {
 	live("never", 0, time.Second, false)
 	tr.devs["never"].lives = append(tr.devs["never"].lives, &lifeRecord{start: at(6 * time.Second), end: at(8 * time.Second), lastTry: make([]time.Time, 2)})
 
+	// heldbye: on shard 2, says goodbye at 5.6 s, within the grace after
+	// the new incarnation that begins at 5 s, and comes back at 8.4 s:
+	// the goodbye's offline, held through the grace, comes at 8.5 s
+	send("heldbye", 0, 5500*time.Millisecond, 1)
+	live("heldbye", 0, 5600*time.Millisecond, true)
+	send("heldbye", 8400*time.Millisecond, 30*time.Second, 0)
+	live("heldbye", 8400*time.Millisecond, 0, false)
+
 	fl := &faultLog{t0: t0}
 	fl.runs = []*faultRun{{plannedFault: plannedFault{n: 1, kind: gwPartition, target: 1}, info: faultKinds[gwPartition], targetName: "gw-b", gw: 1,
 		start: at(10 * time.Second), end: at(16 * time.Second)}}
@@ -317,6 +325,9 @@ func TestSoakChecker(t *testing.T) {
 		ev("unseen", "offline", 2, 5*time.Second, "expired", "gw-a"),
 		{shard: 2, device: "across", state: "online", ver: 1, at: at(100 * time.Millisecond), reason: "connect", gw: "gw-b"},
 		{shard: 2, device: "across", state: "online", ver: 7000, at: at(7 * time.Second), reason: "renew", gw: "gw-b"},
+		{shard: 2, device: "heldbye", state: "online", ver: 1, at: at(100 * time.Millisecond), reason: "connect", gw: "gw-b"},
+		{shard: 2, device: "heldbye", state: "offline", ver: 6000, at: at(8500 * time.Millisecond), deadline: at(5600 * time.Millisecond), reason: "leave", gw: "gw-b"},
+		{shard: 2, device: "heldbye", state: "online", ver: 6001, at: at(8600 * time.Millisecond), reason: "connect", gw: "gw-a"},
 		{shard: 2, device: "resynced", state: "online", ver: 1, at: at(100 * time.Millisecond), reason: "connect", gw: "gw-b"},
 		{shard: 2, device: "resynced", state: "offline", ver: 2, at: at(4 * time.Second), deadline: at(4 * time.Second), reason: "expired", gw: "gw-b"},
 	})
