@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -48,10 +49,15 @@ func Binary(t testing.TB) string {
 // a port the kernel handed out for :0 is soon handed to some outgoing
 // connection of another test too, which then holds it when the port's
 // server binds it ("address already in use").
+// A port is handed out once per process: two tests running in parallel
+// that drew the same free port would both bind it.
 func FreePort(t testing.TB) int {
 	t.Helper()
 	for range 200 {
 		port := freeLow + rand.N(freeHigh-freeLow)
+		if _, taken := handedOut.LoadOrStore(port, true); taken {
+			continue
+		}
 		if portFree(port) {
 			return port
 		}
@@ -62,6 +68,10 @@ func FreePort(t testing.TB) int {
 
 // The range FreePort picks from.
 const freeLow, freeHigh = 20000, 32700
+
+// handedOut holds the ports FreePort returned (or found taken) in this
+// process.
+var handedOut sync.Map
 
 // portFree reports whether port can be bound on loopback, for TCP and UDP
 // alike (a gateway listens on both).
