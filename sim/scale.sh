@@ -142,18 +142,32 @@ rtime_start() {
 	redis-cli -p "$rport" CONFIG RESETSTAT >/dev/null
 }
 rtime_end() { # RCPU_SECONDS WALL_SECONDS
-	redis-cli -p "$rport" --json SLOWLOG GET -1 >"$dir/slowlog.json"
-	redis-cli -p "$rport" CONFIG SET slowlog-log-slower-than 10000 >/dev/null
-	python3 - "$dir/slowlog.json" "$root/store/redisstore/lua" "$1" "$2" <<'EOP'
-import hashlib, json, re, sys
-log = json.load(open(sys.argv[1])); lua = sys.argv[2]; rcpu, wall = float(sys.argv[3]), float(sys.argv[4])
+	python3 - "$rport" "$root/store/redisstore/lua" "$1" "$2" <<'EOP'
+import hashlib, re, socket, sys
+port, lua = int(sys.argv[1]), sys.argv[2]; rcpu, wall = float(sys.argv[3]), float(sys.argv[4])
+# the slow log over RESP (its arguments are binary: no redis-cli output
+# format carries them whole)
+sock = socket.create_connection(("127.0.0.1", port)); f = sock.makefile("rb")
+def call(*args):
+	sock.sendall(b"*%d\r\n" % len(args) + b"".join(b"$%d\r\n%s\r\n" % (len(a), a) for a in args))
+	return reply()
+def reply():
+	line = f.readline()[:-2]; t, rest = line[:1], line[1:]
+	if t in (b"+", b"-"): return rest
+	if t == b":": return int(rest)
+	if t == b"$": n = int(rest); return None if n < 0 else f.read(n + 2)[:-2]
+	if t == b"*": n = int(rest); return None if n < 0 else [reply() for _ in range(n)]
+	raise ValueError(line)
+log = call(b"SLOWLOG", b"GET", b"-1")
+call(b"CONFIG", b"SET", b"slowlog-log-slower-than", b"10000")
 src = lambda *names: "".join(open(f"{lua}/{n}.lua").read() for n in names)
 names = {hashlib.sha1(s.encode()).hexdigest(): n for n, s in {
 	"apply.lua": src("record", "apply"), "reap.lua": src("record", "reap"), "view.lua": src("record", "view"),
 	"forget.lua": src("record", "forget"), "lease.lua": src("lease"), "position.lua": src("position"),
 	"publisher.lua": src("publisher")}.items()}
 rows = {}
-for _, _, us, args, *_ in log:
+for entry in log:
+	us, args = entry[2], [a.decode("latin-1") for a in entry[3]]
 	cmd = args[0].lower()
 	name = names.get(args[1], "script " + args[1][:8]) if cmd in ("evalsha", "evalsha_ro") else cmd
 	more = re.match(r"\.\.\. \((\d+) more arguments\)", args[-1])
