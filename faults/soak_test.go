@@ -334,14 +334,18 @@ func (r *soakRig) nemesis() {
 	// fault waits for the pending ends of its own target, a gateway's for
 	// those of every gateway.
 	var running sync.WaitGroup
-	pending := map[string]chan struct{}{}
+	type pendingEnd struct {
+		done    chan struct{}
+		onRedis bool
+	}
+	pending := map[string]pendingEnd{}
 	runEnds := func(until time.Time) {
 		for len(ends) > 0 && !ends[0].at.After(until) {
 			e := ends[0]
 			ends = ends[1:]
 			time.Sleep(time.Until(e.at))
 			done := make(chan struct{})
-			pending[e.f.targetName] = done
+			pending[e.f.targetName] = pendingEnd{done, e.f.info.onRedis}
 			running.Go(func() {
 				defer close(done)
 				e.end()
@@ -351,9 +355,9 @@ func (r *soakRig) nemesis() {
 		}
 	}
 	waitEnds := func(f *faultRun) {
-		for name, done := range pending {
-			if name == f.targetName || (!f.info.onRedis && !strings.HasPrefix(name, "master-") && name != "primary" && name != "replica") {
-				<-done
+		for name, p := range pending {
+			if name == f.targetName || (!f.info.onRedis && !p.onRedis) {
+				<-p.done
 				delete(pending, name)
 			}
 		}
