@@ -307,6 +307,7 @@ func (s *Store) applyArgs(ctx context.Context, shard int, b gateway.Batch, bel *
 		s.horizon,                       // A_HORIZON
 		s.sentAt(shard),                 // A_SENTAT
 		s.reapGap,                       // A_GAP
+		s.skew(shard),                   // A_SKEW
 	)
 	// From A_WRITES on: the other writes, writeArgs arguments each.
 	for i, w := range b.Writes {

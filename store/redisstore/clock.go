@@ -72,6 +72,11 @@ func (s *Store) localNow() time.Duration {
 type storeClock struct {
 	known  bool
 	offset time.Duration // store ms minus local time: a lower bound
+	// upper is the least upper bound of the offset seen since the
+	// estimate last restarted (or since a lower bound passed the one
+	// before): the store's clock is at most upper - offset ahead of the
+	// estimate (width).
+	upper time.Duration
 }
 
 // observe records the store time store (ms) of a call sent at local time
@@ -86,10 +91,27 @@ type storeClock struct {
 func (c *storeClock) observe(store int64, sent, recv time.Duration) {
 	at := time.Duration(store) * time.Millisecond
 	lo, hi := at-recv, at+time.Millisecond-sent
-	if !c.known || lo > c.offset || hi < c.offset {
-		c.known, c.offset = true, lo
+	switch {
+	case !c.known || hi < c.offset:
+		c.known, c.offset, c.upper = true, lo, hi
+	case lo > c.offset:
+		// an upper bound below the new lower one is out of date (the
+		// two clocks drift apart)
+		if c.offset = lo; c.upper < lo {
+			c.upper = hi
+		} else {
+			c.upper = min(c.upper, hi)
+		}
+	default:
+		c.upper = min(c.upper, hi)
 	}
 }
+
+// width is how far the store's clock may be ahead of the estimate: the
+// distance between the tightest bounds seen (a round trip and the
+// store's millisecond when the replies come back at once, more while
+// every reply comes back late).
+func (c *storeClock) width() time.Duration { return c.upper - c.offset }
 
 // notAfter is the store time (ms) after which a call sent at local time
 // now, which its caller waits on for wait, is stale; ok is false while no
@@ -144,6 +166,29 @@ func (s *Store) sentAt(shard int) string {
 		return ""
 	}
 	return strconv.FormatInt(ms, 10)
+}
+
+// skew is apply.lua's A_SKEW for a call to shard: how much later on the
+// store's clock than the call dates it (A_SENTAT less its age, both
+// truncated to the millisecond) its evidence may have been observed, in
+// whole milliseconds: the width of the clock's estimate and a millisecond
+// for each truncation ("" with a test clock, which dates evidence
+// exactly, or while the shard's clock has not been seen yet). Another
+// gateway's evidence is dated on its own estimate, so the two dates of a
+// move made before-break may come in either order by that much
+// (apply.lua's leave).
+func (s *Store) skew(shard int) string {
+	if s.now != nil {
+		return ""
+	}
+	s.rmu.Lock()
+	defer s.rmu.Unlock()
+	c := s.clocks[shard]
+	if !c.known {
+		return ""
+	}
+	w := c.width() + 2*time.Millisecond
+	return strconv.FormatInt(int64((w+time.Millisecond-1)/time.Millisecond), 10)
 }
 
 // covered is the store time (ms) of the coverage of a batch (Batch.Covers,

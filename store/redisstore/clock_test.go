@@ -22,22 +22,38 @@ func TestStoreClockEstimate(t *testing.T) {
 	if got, _ := c.notAfter(20*s, 2*s); got != ms(111*s+900*time.Millisecond) {
 		t.Fatalf("after one reply: %d", got)
 	}
+	// The store's clock may be ahead of the estimate by the round trip
+	// and the store's millisecond.
+	if w := c.width(); w != 101*time.Millisecond {
+		t.Fatalf("width after one reply: %v", w)
+	}
 	// A reply that comes back 5 s late (it ran at local 11 s) does not
 	// pull the estimate back.
 	c.observe(ms(101*s), 11*s, 16*s)
 	if got, _ := c.notAfter(20*s, 2*s); got != ms(111*s+900*time.Millisecond) {
 		t.Fatalf("after a late reply: %d", got)
 	}
+	if w := c.width(); w != 101*time.Millisecond {
+		t.Fatalf("width after a late reply: %v", w)
+	}
 	// A tighter reply raises it.
 	c.observe(ms(110*s+50*time.Millisecond), 20*s, 20*s)
 	if got, _ := c.notAfter(20*s, 2*s); got != ms(112*s+50*time.Millisecond) {
 		t.Fatalf("after a tighter reply: %d", got)
+	}
+	// Its upper bound is below the earlier ones (they are out of date:
+	// the clocks drift): the width is its own.
+	if w := c.width(); w != time.Millisecond {
+		t.Fatalf("width after a tighter reply: %v", w)
 	}
 	// The store's clock went back 30 s (a failover to a node behind):
 	// the estimate follows it.
 	c.observe(ms(81*s), 21*s, 21*s+10*time.Millisecond)
 	if got, _ := c.notAfter(21*s+10*time.Millisecond, 0); got != ms(81*s) {
 		t.Fatalf("after the store's clock went back: %d", got)
+	}
+	if w := c.width(); w != 11*time.Millisecond {
+		t.Fatalf("width after the store's clock went back: %v", w)
 	}
 }
 

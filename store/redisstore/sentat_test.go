@@ -76,3 +76,79 @@ func TestStarvedCallDatesItsEvidenceWhenSent(t *testing.T) {
 		t.Fatalf("mover: %+v, want online", info)
 	}
 }
+
+// lateReplies delays every reply by d once it has arrived: the store's
+// estimate of the server's clock, a lower bound, is then about d low.
+type lateReplies struct{ d time.Duration }
+
+var _ redis.Hook = (*lateReplies)(nil)
+
+func (h *lateReplies) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *lateReplies) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		err := next(ctx, cmds)
+		time.Sleep(h.d)
+		return err
+	}
+}
+func (h *lateReplies) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		time.Sleep(h.d)
+		return err
+	}
+}
+
+// A device moves make-before-break from gw-b to gw-a: gw-a observes its
+// connect, then gw-b its goodbye 5 ms later. Each gateway dates its
+// evidence on its own estimate of the store's clock, a lower bound, and
+// every reply gw-b gets comes back 40 ms late: its estimate is about
+// 40 ms low, and its goodbye is dated before gw-a's connect. The move
+// must still bridge the goodbye: no offline, whether the store judges it
+// at the goodbye, at gw-a's connect, or at a reap once both gateways
+// have covered it.
+func TestMoveDatedOutOfOrderByTheGatewaysClocks(t *testing.T) {
+	srv := redistest.Start(t)
+	prefix := uniquePrefix()
+	open := func(c *redis.Client) *env {
+		s, err := Open(t.Context(), c, Options{Prefix: prefix, Shards: 1,
+			GatewayGrace: testGrace, GatewaySilence: testSilence, GatewayLost: testLease,
+			GatewayHorizon: testLease + testGrace})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		return &env{t: t, ctx: t.Context(), c: c, store: s}
+	}
+	cb := srv.Client(t)
+	cb.AddHook(&lateReplies{40 * time.Millisecond})
+	gwa, gwb := open(srv.Client(t)), open(cb)
+	if evs := gwb.apply(0, covered(leased("gw-b", false, write("mover", "mqtt/b", gateway.Connect, 0)))); len(evs) != 1 {
+		t.Fatalf("connect at gw-b: %s", describe(evs))
+	}
+	// (a store dates evidence and coverage once it has seen the store's clock)
+	for range 3 {
+		gwa.apply(0, covered(leased("gw-a", false)))
+		gwb.apply(0, covered(leased("gw-b", false)))
+	}
+	connected := time.Now()
+	time.Sleep(5 * time.Millisecond)
+	left := time.Now()
+	if evs := gwb.apply(0, covered(leased("gw-b", false, write("mover", "mqtt/b", gateway.Leave, time.Since(left))))); len(evs) != 0 {
+		t.Fatalf("goodbye at gw-b while gw-a's coverage lags: %s, want it held", describe(evs))
+	}
+	time.Sleep(60 * time.Millisecond)
+	if evs := gwa.apply(0, covered(leased("gw-a", false, write("mover", "mqtt/a", gateway.Connect, time.Since(connected))))); len(evs) != 0 {
+		t.Fatalf("gw-a's connect, observed before the goodbye: %s, want none", describe(evs))
+	}
+	time.Sleep(60 * time.Millisecond)
+	gwb.apply(0, covered(leased("gw-b", false)))
+	gwa.apply(0, covered(leased("gw-a", false)))
+	gwa.reap(0, 100)
+	if evs := gwa.events(0); len(evs) != 1 {
+		t.Fatalf("events: %s, want only gw-b's connect", describe(evs))
+	}
+	if info := gwa.device("mover"); info.State != gateway.Online {
+		t.Fatalf("mover: %+v, want online", info)
+	}
+}

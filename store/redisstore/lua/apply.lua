@@ -28,7 +28,10 @@
 --   the caller estimates it from earlier replies, a lower bound ("" for
 --   none: the writes' ages then count from now), the longest gap in the
 --   shard's reaps that is not an outage (ms; 0: none; record.lua, "Gaps"),
---   then from A_WRITES the other writes, W_ARGS arguments each: device,
+--   how much later than the call dates it (A_SENTAT less the age) the
+--   caller's evidence may have been observed on the store's clock (ms;
+--   "" for 0: the width of the caller's estimate, Store.skew; below, a
+--   leave), then from A_WRITES the other writes, W_ARGS arguments each: device,
 --   session, kind (1 connect, 2 renew, 3 leave), age ms, lease ms (the
 --   write's own: the lease in force when its evidence was observed;
 --   believed renewals use the batch's lease).
@@ -40,7 +43,7 @@
 local A_GW, A_EPOCH, A_LEASE, A_REPLAY, A_NOW, A_MAXLEN = 1, 2, 3, 4, 5, 6
 local A_INC, A_NFAST, A_ORDER, A_FASTSIDS, A_FASTAGES, A_FASTDEVS = 7, 8, 9, 10, 11, 12
 local A_BEHIND, A_NOTAFTER, A_GRACE, A_BELIEFAT, A_SEEN, A_COVERED = 13, 14, 15, 16, 17, 18
-local A_GRACED, A_HORIZON, A_SENTAT, A_GAP, A_WRITES = 19, 20, 21, 22, 23
+local A_GRACED, A_HORIZON, A_SENTAT, A_GAP, A_SKEW, A_WRITES = 19, 20, 21, 22, 23, 24
 local BELIEF_TTL = 600000
 local W_ARGS = 5
 local BELIEVED = byte('1')
@@ -57,8 +60,7 @@ local replaygrace, graced = tonumber(ARGV[A_GRACE]) or 0, ARGV[A_GRACED]
 local horizon = tonumber(ARGV[A_HORIZON]) or 0
 local GRACED = byte('1')
 local nowstr = string.format('%d', now)
-local notafter = tonumber(ARGV[A_NOTAFTER])
-if notafter and now > notafter then return {-1, now} end
+if tonumber(ARGV[A_NOTAFTER]) and now > tonumber(ARGV[A_NOTAFTER]) then return {-1, now} end
 -- gapfrom: the end of the last gap in the shard's reaps, or now while
 -- one is under way (record.lua, "Gaps"); nil when the caller looks for
 -- none. gaplate says whether evidence observed at obs of a session that
@@ -80,6 +82,13 @@ end
 -- device's connect to that gateway after its goodbye to another, where
 -- the device connected first. Coverage (A_COVERED) is on the same clock.
 local evnow = math.min(now, tonumber(ARGV[A_SENTAT]) or now)
+-- skew: how much later than that (less its age) the caller's evidence
+-- may have been observed (A_SKEW). Another gateway dates its evidence on
+-- its own estimate, so a move made before break (a connect there, then
+-- the goodbye here) may be dated in either order by up to that much: a
+-- leave counts as observed as late as it may have been (general's lobs)
+-- wherever another gateway's coverage or evidence is held against it.
+local skew = tonumber(ARGV[A_SKEW]) or 0
 
 local seen = redis.call('HMGET', KEYS[4], gw, '@' .. gw, INC, REPL)
 if seen[1] and tonumber(seen[1]) > epoch then return {0, seen[1]} end
@@ -121,11 +130,10 @@ end
 -- incarnation covers nothing in this one: what it wrote there is not
 -- here until its restore is (the gateway reports no coverage until then).
 local _, _, covered = liveness(gwref)
-local cov = tonumber(ARGV[A_COVERED])
 if unrestored then
   covered = 0
-elseif cov and (not covered or cov > covered) then
-  covered = cov
+elseif tonumber(ARGV[A_COVERED]) and (not covered or tonumber(ARGV[A_COVERED]) > covered) then
+  covered = tonumber(ARGV[A_COVERED])
 end
 if covered then
   redis.call('HSET', KEYS[4], LIVE .. gwref, nowstr .. ' ' .. ARGV[A_BEHIND] .. ' ' .. string.format('%d', covered))
@@ -144,8 +152,7 @@ if ARGV[A_NFAST] == '0' and #ARGV < A_WRITES then return {1, inc, status, now} e
 -- due, or all of them when the beliefs predate this incarnation or too
 -- many devices are due to tell) join the general writes below.
 local nfast, order = tonumber(ARGV[A_NFAST]), ARGV[A_ORDER]
-local first = A_WRITES
-local slow, nslow, fastdev = {}, (#ARGV - first + 1) / W_ARGS, {}
+local slow, nslow, fastdev = {}, (#ARGV - A_WRITES + 1) / W_ARGS, {}
 local function fastage(f)
   local b1, b2, b3, b4 = byte(ARGV[A_FASTAGES], 4 * f - 3, 4 * f)
   return ((b1 * 256 + b2) * 256 + b3) * 256 + b4
@@ -237,7 +244,7 @@ local function gracefor(p)
   return 0
 end
 local fastsids
-local f, oi, j = 1, first, 0
+local f, oi, j = 1, A_WRITES, 0
 for p = 1, nfast > 0 and #order or nslow do
   if nfast > 0 and byte(order, p) == BELIEVED then
     if slow[f] then
@@ -421,6 +428,10 @@ local function general(dev, sid, kind, d, k, zk, wlease, wgrace, isbridged)
     oldgws[k] = sessgws(r)
   end
   local obs = d - wlease
+  -- lobs: the latest the store's clock may have read when a leave was
+  -- observed (skew); its tombstone stands at obs, so that no evidence
+  -- after the goodbye is taken for evidence before it
+  local lobs = math.min(now, obs + skew)
   -- A leave re-sent by a restore (gateway.Batch.Restore) ends a session
   -- the store accepted the leave of before it lost or replaced its
   -- state. Where the record is online (the state kept the session, or
@@ -589,10 +600,10 @@ local function general(dev, sid, kind, d, k, zk, wlease, wgrace, isbridged)
     if isbridged then
       r.on, r.since = true, now
       leave(k, sid)
-    elseif awaited(obs) then
+    elseif awaited(lobs) then
       r.on, r.since = true, now
-      r.sess[1] = {gw = gwref, ep = epoch, dl = obs, sid = sid}
-      setz(k, obs)
+      r.sess[1] = {gw = gwref, ep = epoch, dl = lobs, sid = sid}
+      setz(k, lobs)
     else
       event(dev, 'offline', r.ver, nowstr, 'leave', gw, sid)
     end
@@ -608,14 +619,15 @@ local function general(dev, sid, kind, d, k, zk, wlease, wgrace, isbridged)
       if not z[k] and r.on then
         if isbridged then
           leave(k, sid)
-        elseif awaited(obs) then
+        elseif awaited(lobs) then
           -- the device's last session leaves while another gateway's
           -- coverage lags: it ends at the leave, as a session that ran
           -- out there, for the reap to judge behind that gateway (its
-          -- tombstone names the offline a leave, reap.lua)
-          ss.dl, ss.gw, ss.ep = obs, gwref, epoch
+          -- tombstone names the offline a leave, reap.lua); the other
+          -- gateway's evidence dated up to lobs bridges it (above)
+          ss.dl, ss.gw, ss.ep = lobs, gwref, epoch
           r.sess[1] = ss
-          setz(k, obs)
+          setz(k, lobs)
         else
           r.on, r.ver, r.since = false, nextver(r, now), now
           event(dev, 'offline', r.ver, nowstr, 'leave', gw, sid)
