@@ -31,16 +31,13 @@ func (h *beforeSend) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	}
 }
 
-// A device moves make-before-break from gw-b to gw-a: gw-a observes its
-// connect, then gw-b its goodbye. gw-a's call carrying the connect leaves
-// late (its process starved after the call was built), after gw-b's
-// goodbye and a keep-alive that covers it are applied. The connect's age
-// counts from when gw-a sent the call, not from when the store ran it: it
-// was observed before the goodbye, so the move bridges it, with no event.
-func TestStarvedCallDatesItsEvidenceWhenSent(t *testing.T) {
-	srv := redistest.Start(t)
+// movers returns a function that opens, on the real clock, a store of
+// one shard for a gateway with its own client, every one under the same
+// prefix, with the gateway grace, silence and horizon: two gateways a
+// device moves between.
+func movers(t *testing.T) func(c *redis.Client) *env {
 	prefix := uniquePrefix()
-	open := func(c *redis.Client) *env {
+	return func(c *redis.Client) *env {
 		s, err := Open(t.Context(), c, Options{Prefix: prefix, Shards: 1,
 			GatewayGrace: testGrace, GatewaySilence: testSilence, GatewayLost: testLease,
 			GatewayHorizon: testLease + testGrace})
@@ -50,6 +47,17 @@ func TestStarvedCallDatesItsEvidenceWhenSent(t *testing.T) {
 		t.Cleanup(func() { s.Close() })
 		return &env{t: t, ctx: t.Context(), c: c, store: s}
 	}
+}
+
+// A device moves make-before-break from gw-b to gw-a: gw-a observes its
+// connect, then gw-b its goodbye. gw-a's call carrying the connect leaves
+// late (its process starved after the call was built), after gw-b's
+// goodbye and a keep-alive that covers it are applied. The connect's age
+// counts from when gw-a sent the call, not from when the store ran it: it
+// was observed before the goodbye, so the move bridges it, with no event.
+func TestStarvedCallDatesItsEvidenceWhenSent(t *testing.T) {
+	srv := redistest.Start(t)
+	open := movers(t)
 	ca := srv.Client(t)
 	hook := &beforeSend{}
 	ca.AddHook(hook)
@@ -109,17 +117,7 @@ func (h *lateReplies) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 // have covered it.
 func TestMoveDatedOutOfOrderByTheGatewaysClocks(t *testing.T) {
 	srv := redistest.Start(t)
-	prefix := uniquePrefix()
-	open := func(c *redis.Client) *env {
-		s, err := Open(t.Context(), c, Options{Prefix: prefix, Shards: 1,
-			GatewayGrace: testGrace, GatewaySilence: testSilence, GatewayLost: testLease,
-			GatewayHorizon: testLease + testGrace})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { s.Close() })
-		return &env{t: t, ctx: t.Context(), c: c, store: s}
-	}
+	open := movers(t)
 	cb := srv.Client(t)
 	cb.AddHook(&lateReplies{40 * time.Millisecond})
 	gwa, gwb := open(srv.Client(t)), open(cb)
