@@ -552,6 +552,58 @@ func TestReplacedStateWaitsForEveryGatewayItKnew(t *testing.T) {
 	}
 }
 
+// A gateway that called the new incarnation of a replaced state but has
+// not restored yet (its first call there covers nothing) holds what the
+// state lacks, as one that has not called: mover moved to gw-a after the
+// snapshot, and gw-a stopped just after its first call. The snapshot's
+// record of mover, on gw-b, ran out long ago; the reap waits for gw-a
+// until the incarnation is a horizon old, not only the grace, and gw-a's
+// restore then keeps mover online with no event.
+func TestReplacedStateWaitsForAGatewayNotRestoredYet(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client(t)
+	gwa, gwb, runner := horizonEnvs(t, c)
+	clock := runner.clock
+	gwb.apply(0, covered(leased("gw-b", false, write("mover", "coap/default", gateway.Connect, 0))))
+	gwa.apply(0, covered(leased("gw-a", false)))
+	if err := c.Save(t.Context()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	// after the snapshot: mover moves to gw-a; lost with the restart
+	for range 4 {
+		clock.Advance(testLease / 2)
+		gwa.apply(0, covered(leased("gw-a", false, write("mover", "coap/default", gateway.Renew, 0))))
+		gwb.apply(0, covered(leased("gw-b", false)))
+	}
+	srv.Restart()
+	clock.Advance(time.Second)
+	// gw-a calls once and stops; gw-b restores (nothing of mover) and
+	// covers on
+	gwa.mustReset("gw-a")
+	gwb.mustReset("gw-b")
+	gwb.apply(0, restored(leased("gw-b", false)))
+	var offs []gateway.Event
+	for range (testLease+testGrace)/time.Second - 2 {
+		clock.Advance(time.Second)
+		gwb.apply(0, covered(leased("gw-b", false)))
+		offs = append(offs, runner.reap(0, 10).Offline...)
+	}
+	if len(offs) != 0 {
+		t.Fatalf("reaps while gw-a has not restored, within a horizon of the incarnation's start: %s, want none", describe(offs))
+	}
+	restore := restored(leased("gw-a", false, write("mover", "coap/default", gateway.Renew, 0)))
+	if evs := gwa.apply(0, restore); len(evs) != 0 {
+		t.Fatalf("gw-a's restore: %s, want none", describe(evs))
+	}
+	gwa.apply(0, covered(leased("gw-a", false)))
+	if r := runner.reap(0, 10); len(r.Offline) != 0 {
+		t.Fatalf("reap after gw-a restored: %s, want none", describe(r.Offline))
+	}
+	if info := runner.device("mover"); info.State != gateway.Online {
+		t.Fatalf("mover: %+v, want online", info)
+	}
+}
+
 // A restore's leave in a replaced state: mover moved from gw-a to gw-b,
 // and the restart lost both writes. gw-a restores first, with mover's
 // leave; gw-b's restore, with mover's live session, comes after. The

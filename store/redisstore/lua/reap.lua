@@ -157,7 +157,11 @@ end
 -- gateway is what the reap needs of gateway ref's liveness record:
 -- heard, whether it was heard on this shard within the silence and since
 -- the last outage; recent, whether within the horizon; behind; cov, its
--- coverage (nil when it reports none).
+-- coverage (nil when it reports none); before, whether it has not
+-- restored in this incarnation: not heard since it began, or heard only
+-- in calls that cover nothing here (coverage 0: apply.lua's unrestored,
+-- until its restore reports coverage again), so that it may hold what
+-- the state lacks.
 -- covers says whether it has covered a session deadline dl: its coverage
 -- has reached dl, or, for a gateway that reports no coverage (an older
 -- release), it is heard and not behind (record.lua, "Gateway liveness").
@@ -167,7 +171,7 @@ local function gateway(ref)
   if not g then
     local at, behind, cov = liveness(ref)
     g = {at = at, heard = at ~= nil and at >= since and now - at <= silence, recent = withinhorizon(ref, at, now, horizon),
-      behind = behind, cov = cov, before = at ~= nil and at < incsince}
+      behind = behind, cov = cov, before = at ~= nil and (at < incsince or cov == 0)}
     gws[ref] = g
   end
   return g
