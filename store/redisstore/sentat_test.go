@@ -150,3 +150,29 @@ func TestMoveDatedOutOfOrderByTheGatewaysClocks(t *testing.T) {
 		t.Fatalf("mover: %+v, want online", info)
 	}
 }
+
+// A goodbye held while another gateway's coverage lags, on the real
+// clock: its session ends as late as the leave may have been (A_SKEW),
+// and the reap that ends it once gw-a covers it still names it a leave.
+func TestHeldGoodbyeDatedLateIsStillALeave(t *testing.T) {
+	srv := redistest.Start(t)
+	open := movers(t)
+	gwa, gwb := open(srv.Client(t)), open(srv.Client(t))
+	gwb.apply(0, covered(leased("gw-b", false, write("quitter", "mqtt/b", gateway.Connect, 0))))
+	for range 3 {
+		gwa.apply(0, covered(leased("gw-a", false)))
+		gwb.apply(0, covered(leased("gw-b", false)))
+	}
+	left := time.Now()
+	time.Sleep(20 * time.Millisecond)
+	if evs := gwb.apply(0, covered(leased("gw-b", false, write("quitter", "mqtt/b", gateway.Leave, time.Since(left))))); len(evs) != 0 {
+		t.Fatalf("goodbye at gw-b while gw-a's coverage lags: %s, want it held", describe(evs))
+	}
+	time.Sleep(20 * time.Millisecond)
+	gwa.apply(0, covered(leased("gw-a", false)))
+	gwb.apply(0, covered(leased("gw-b", false)))
+	offs := gwa.reap(0, 10).Offline
+	if len(offs) != 1 || offs[0].Reason != gateway.ReasonLeave {
+		t.Fatalf("reap once gw-a covers the goodbye: %s, want quitter's offline (leave)", describe(offs))
+	}
+}

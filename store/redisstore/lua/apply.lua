@@ -430,7 +430,8 @@ local function general(dev, sid, kind, d, k, zk, wlease, wgrace, isbridged)
   local obs = d - wlease
   -- lobs: the latest the store's clock may have read when a leave was
   -- observed (skew); its tombstone stands at obs, so that no evidence
-  -- after the goodbye is taken for evidence before it
+  -- after the goodbye is taken for evidence before it, but for a last
+  -- session held to lobs, whose tombstone moves there (leftat)
   local lobs = math.min(now, obs + skew)
   -- A leave re-sent by a restore (gateway.Batch.Restore) ends a session
   -- the store accepted the leave of before it lost or replaced its
@@ -602,6 +603,7 @@ local function general(dev, sid, kind, d, k, zk, wlease, wgrace, isbridged)
       leave(k, sid)
     elseif awaited(lobs) then
       r.on, r.since = true, now
+      entomb(r, sid, lobs)
       r.sess[1] = {gw = gwref, ep = epoch, dl = lobs, sid = sid}
       setz(k, lobs)
     else
@@ -624,7 +626,10 @@ local function general(dev, sid, kind, d, k, zk, wlease, wgrace, isbridged)
           -- coverage lags: it ends at the leave, as a session that ran
           -- out there, for the reap to judge behind that gateway (its
           -- tombstone names the offline a leave, reap.lua); the other
-          -- gateway's evidence dated up to lobs bridges it (above)
+          -- gateway's evidence dated up to lobs bridges it (above), and
+          -- its tombstone moves there too, so that the reap still names
+          -- it a leave (leftat)
+          entomb(r, sid, lobs)
           ss.dl, ss.gw, ss.ep = lobs, gwref, epoch
           r.sess[1] = ss
           setz(k, lobs)
