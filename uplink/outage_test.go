@@ -306,10 +306,15 @@ func TestReplayKeepsLapsedEvidenceForTheGrace(t *testing.T) {
 	if st := u.Status(); st.Dropped.Lapsed != testShards+1 {
 		t.Fatalf("after replay: %+v; want beyond's write and the others' dropped as lapsed", st)
 	}
+	// The test clock steps while the replay runs: between the uplink
+	// reading a write's age and the store reading its time it may have
+	// stepped, which dates the replayed renewal that much later (never
+	// earlier). beyond's deadline is its connect's, untouched.
+	const slack = 100 * time.Millisecond
 	for d, want := range map[gateway.DeviceID]time.Time{"within": t0.Add(16 * time.Second), "beyond": t0.Add(10 * time.Second)} {
 		info, err := e.store.Device(ctx, d)
-		if err != nil || !info.Deadline.Equal(want) {
-			t.Errorf("%s after the replay: %+v, %v; want deadline %v", d, info, err, want)
+		if err != nil || info.Deadline.Before(want) || info.Deadline.After(want.Add(slack)) {
+			t.Errorf("%s after the replay: %+v, %v; want deadline %v (up to %v later)", d, info, err, want, slack)
 		}
 	}
 }
