@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	pahopackets "github.com/eclipse/paho.golang/packets"
 	"github.com/eclipse/paho.golang/paho"
 	paho3 "github.com/eclipse/paho.mqtt.golang"
 	"github.com/mochi-mqtt/server/v2/packets"
@@ -159,6 +160,13 @@ func connectV5(t testing.TB, addr string, tc *tls.Config, cp *paho.Connect) (*v5
 	if err != nil {
 		t.Fatalf("dial: %v", err)
 	}
+	// paho writes a packet in parts, and its pinger (whose first PINGREQ
+	// goes at once) writes beside the caller: over TLS, whose Write is
+	// not one system call for all the parts, two packets interleave
+	// unless the connection is a sync.Locker (paho's
+	// packets.NewThreadSafeConn). A DISCONNECT with a PINGREQ inside it
+	// reads as reason code 0xC0.
+	nc = pahopackets.NewThreadSafeConn(nc)
 	c := &v5{conn: nc, disconnected: make(chan *paho.Disconnect, 1), received: make(chan *paho.Publish, 16), clientErrs: make(chan error, 4)}
 	c.Client = paho.NewClient(paho.ClientConfig{
 		Conn:               nc,
