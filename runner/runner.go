@@ -78,6 +78,10 @@ type Runner struct {
 	outage bool
 	// cycleBusy: Run is inside a cycle (see Stalled).
 	cycleBusy busy
+	// due is when each held shard is to be reaped next, on the runner's
+	// clock (nextReap); a shard without an entry is due at once (Run's
+	// goroutine only).
+	due map[int]time.Time
 
 	mu     sync.Mutex
 	status Status
@@ -130,6 +134,7 @@ func New(s gateway.Reaper, o Options) *Runner {
 		log:    o.Logger.With("runner", o.Owner),
 		m:      newMetrics(o.Registerer),
 		leases: newLeases(s.Shards(), o.Owner, o.LockTTL/3),
+		due:    map[int]time.Time{},
 		status: Status{Owner: o.Owner, Shards: []int{}},
 	}
 }
@@ -173,9 +178,10 @@ func (r *Runner) Status() Status {
 	return s
 }
 
-// cycle renews the leases when due, reaps every held shard and returns
-// how long to sleep: 0 when a shard still has due entries, else until the
-// earliest deadline left, the next lease renewal or Interval, whichever
+// cycle renews the leases when due, reaps the held shards that are due
+// and returns how long to sleep: 0 when a shard still has due entries,
+// else until the next shard is due (its earliest deadline left, at most
+// Interval after its last reap) or the next lease renewal, whichever
 // comes first.
 func (r *Runner) cycle(ctx context.Context) time.Duration {
 	if r.leases.roundDue(r.o.Clock.Now()) {
@@ -186,40 +192,58 @@ func (r *Runner) cycle(ctx context.Context) time.Duration {
 	}
 	held := r.leases.held()
 	r.m.shardsOwned.Set(float64(len(held)))
-	// next is when the earliest deadline left falls due, on the runner's
-	// clock: each reap reports the store time it ran at, so no call is
-	// needed to read the store's clock.
-	var next time.Time
-	more := false
+	// Each shard is reaped when it is due (its own schedule, nextReap),
+	// not whenever another shard is: a cycle woken by one shard's
+	// deadline calls only that shard.
+	var wake time.Time
 	for _, shard := range held {
 		if ctx.Err() != nil {
 			return 0
 		}
-		res, ok := r.reapShard(ctx, shard)
-		if !ok {
-			continue
+		if at, ok := r.due[shard]; !ok || !at.After(r.o.Clock.Now()) {
+			res, ok := r.reapShard(ctx, shard)
+			r.due[shard] = nextReap(r.o.Clock.Now(), res, ok, r.o.Interval)
 		}
-		more = more || res.More
-		if !res.Next.IsZero() {
-			due := r.o.Clock.Now().Add(res.Next.Sub(res.Now))
-			if next.IsZero() || due.Before(next) {
-				next = due
-			}
+		if at := r.due[shard]; wake.IsZero() || at.Before(wake) {
+			wake = at
+		}
+	}
+	for shard := range r.due {
+		if !r.leases.holds(shard) {
+			delete(r.due, shard) // reaped at once when held again
 		}
 	}
 	r.mu.Lock()
 	r.status.Cycles++
 	r.status.Shards = held
 	r.mu.Unlock()
-	if more {
-		return 0
-	}
 	now := r.o.Clock.Now()
 	wait := min(r.o.Interval, r.leases.untilRound(now))
-	if !next.IsZero() {
-		wait = min(wait, next.Sub(now))
+	if !wake.IsZero() {
+		if !wake.After(now) {
+			return 0 // a shard still has due entries
+		}
+		wait = min(wait, wake.Sub(now))
 	}
 	return max(wait, minSleep)
+}
+
+// nextReap is when a shard whose reap (res; ok false: the call failed)
+// ended at now, on the runner's clock, is due again: at once while due
+// entries remain, else when its earliest deadline left falls due (res
+// reports the store time it ran at, so no call reads the store's clock)
+// and at most interval later, which is also when a failed call is tried
+// again.
+func nextReap(now time.Time, res gateway.ReapResult, ok bool, interval time.Duration) time.Time {
+	at := now.Add(interval)
+	switch {
+	case !ok:
+	case res.More:
+		at = now
+	case !res.Next.IsZero() && res.Next.Sub(res.Now) < interval:
+		at = now.Add(res.Next.Sub(res.Now))
+	}
+	return at
 }
 
 // reapShard calls Reap on shard while it reports more due entries, at

@@ -217,15 +217,48 @@ func TestSleepsUntilEarliestDeadlineLeaseRoundOrInterval(t *testing.T) {
 		t.Fatalf("events at t0+30s: %+v, want later's", evs)
 	}
 	sleeps(t, clk, r, time.Minute)    // t0+90s: nothing due, Interval
-	sleeps(t, clk, r, 10*time.Second) // t0+100s: the lease round
-	sleeps(t, clk, r, time.Minute)    // t0+160s
-	sleeps(t, clk, r, 40*time.Second) // t0+200s
-	if st := r.Status(); st.Reaped != 2 || len(st.Shards) != 1 {
-		t.Fatalf("status %+v", st)
+	sleeps(t, clk, r, 10*time.Second) // t0+100s: the lease round, no reap
+	sleeps(t, clk, r, 50*time.Second) // t0+150s: Interval after the last reap
+	sleeps(t, clk, r, 50*time.Second) // t0+200s: the lease round
+	// reaps at t0, +10 s, +30 s, +90 s and +150 s: a lease round reaps
+	// no shard that is not due
+	if st := r.Status(); st.Reaped != 2 || len(st.Shards) != 1 || st.ReapCalls != 5 {
+		t.Fatalf("status %+v, want 2 reaped in 5 calls", st)
 	}
 	// the sleeps are timed with the store time each reap returned
 	if n := s.nows.Load(); n != 0 {
 		t.Fatalf("the runner read the store's clock %d times, want 0 (ReapResult.Now)", n)
+	}
+}
+
+// A shard is reaped when it is due, not whenever another shard is: with
+// many devices some shard's deadline is always near, and reaping every
+// shard at each of them multiplied the store's reaps by the shards.
+func TestReapsOnlyTheShardThatIsDue(t *testing.T) {
+	clk := clocktest.New(t0)
+	s := openEmbedded(t, openBolt(t), 4, clk)
+	var dev gateway.DeviceID
+	for _, d := range deviceIDs("dev", 100) {
+		if gateway.ShardOf(d, 4) == 2 {
+			dev = d
+			break
+		}
+	}
+	connect(t, s, []gateway.DeviceID{dev}, 10*time.Second)
+	var got events
+	// lease rounds every second: two shards at t0, all four at t0+1s
+	r := New(s, Options{Owner: "runner-a", Clock: clk, Interval: time.Minute, LockTTL: 3 * time.Second, OnEvent: got.add})
+	start(t, r)
+	asleep(t, clk, 1)
+	for range 9 {
+		step(t, clk, time.Second, 1)
+	}
+	if st := r.Status(); len(st.Shards) != 4 || st.ReapCalls != 4 {
+		t.Fatalf("at t0+9s: %+v, want 4 shards held, each reaped once", st)
+	}
+	step(t, clk, time.Second, 1)
+	if st := r.Status(); st.ReapCalls != 5 || got.len() != 1 {
+		t.Fatalf("after shard 2's deadline: %+v and %d events, want shard 2 alone reaped (5 calls) and 1 event", st, got.len())
 	}
 }
 
