@@ -16,6 +16,9 @@
 #                        # the gateway's cost per device of one class (coap, dtls, mqtt): memory,
 #                        # CPU per message, its heap profile's top; 10,000 MQTT devices, 3 min 20 s;
 #                        # GWCOST_LIMITS adds to the gateway's limits (GWCOST_LIMITS='dtls_idle_timeout: 1s')
+#   sim/scale.sh rawcost [N DURATION]
+#                        # gwcost coap's ceiling: the same fleet answered by a raw UDP loop (a 2.04
+#                        # per datagram, nothing else), its CPU per message
 #   sim/scale.sh leases  [DEVICES DURATION SEED]
 #                        # devices that send every 1 s to 1 h, time scaled by 1/60: a fixed lease
 #                        # that lets the slowest through, then learned leases; the detection per period
@@ -288,6 +291,40 @@ EOP
 	tail -n 40 "$dir/simulate.out"
 	exit 0
 fi
+if [ "$mode" = rawcost ]; then
+	# the ceiling of gwcost coap: the same fleet answered by the CoAP
+	# front end benchmark's raw UDP loop (a 2.04 per datagram, nothing
+	# else), its CPU over the same steady part
+	n=${2:-100000}; duration=${3:-200s}; secs=${duration%s}
+	(cd "$root" && go test -c -o "$dir/coap.test" ./protocols/coap)
+	# a gateway on the store, so that simulate finds its shards; no
+	# device sends to it
+	gwconf scale-1 'lease: 90s' 'flush_interval: 1s' 'enabled: true'
+	startgw scale-1 "$aport"
+	coproc RAW { FLEETGATE_COAP_BENCH_CHILD=raw exec "$dir/coap.test"; }
+	rawpid=$RAW_PID; gpids+=("$rawpid")
+	read -r raddr <&"${RAW[0]}"
+	"$bin" simulate --coap "$raddr" --devices "$n" --mqtt-share 0 --dtls-share 0 --prefix gwcost- --seed 1 \
+		--redis "127.0.0.1:$rport" --duration "$duration" --scenario none --report "$dir/report.json" \
+		2>"$dir/progress.log" >"$dir/simulate.out" &
+	spid=$!
+	sleep 40
+	t0=$(ticks "$rawpid"); s0=$(date +%s.%N)
+	sleep $((secs - 50))
+	t1=$(ticks "$rawpid"); s1=$(date +%s.%N)
+	wait "$spid" || true
+	python3 - "$dir/report.json" "$t0" "$t1" "$s0" "$s1" "$hz" "$n" <<'EOP'
+import json, sys
+r = json.load(open(sys.argv[1])); t0, t1, s0, s1, hz, n = (float(x) for x in sys.argv[2:8])
+cpu = (t1 - t0) / hz; wall = s1 - s0; msgs = n * wall / 30
+print(f"raw UDP loop, {n:.0f} CoAP devices, heartbeat 30 s: ~{msgs/wall:.0f} messages/s over the {wall:.0f} s steady part")
+print(f"raw loop CPU {100*cpu/wall:.1f} % of a core = {1e6*cpu/msgs:.1f} us per message")
+f = r['fleet']
+print(f"heartbeats on schedule: {100*f['heartbeats_on_time']:.2f} %; coap unanswered {f['coap_unanswered']}")
+EOP
+	exit 0
+fi
+
 if [ "$mode" = gwcost ]; then
 	class=${2:-mqtt}; n=${3:-10000}; duration=${4:-200s}
 	secs=${duration%s}

@@ -211,8 +211,10 @@ func metricSum(g prometheus.Gatherer, name string) float64 {
 	return sum
 }
 
-// rawLoop is the ceiling: read a datagram, answer with its first 12
-// bytes (about the size of a 2.04 answer), and nothing else.
+// rawLoop is the ceiling: read a datagram and answer it with its own
+// header and token as a 2.04 (an ACK to a CON, piggybacked), the least a
+// CoAP server's answer to a heartbeat is, and nothing else. The
+// simulator takes its answers (sim/scale.sh rawcost).
 func rawLoop(c *net.UDPConn) {
 	buf := make([]byte, 2048)
 	for {
@@ -220,9 +222,15 @@ func rawLoop(c *net.UDPConn) {
 		if errors.Is(err, net.ErrClosed) {
 			return
 		}
-		if err == nil {
-			_, _ = c.WriteToUDPAddrPort(buf[:min(n, 12)], from)
+		if err != nil || n < 4 {
+			continue
 		}
+		end := min(n, 4+int(buf[0]&0x0f)) // the header and the token
+		if buf[0]&0x30 == 0 {
+			buf[0] |= 0x20 // CON (type 0): its ACK (type 2)
+		}
+		buf[1] = 0x44 // 2.04 Changed
+		_, _ = c.WriteToUDPAddrPort(buf[:end], from)
 	}
 }
 
