@@ -168,10 +168,16 @@ func TestHeldGoodbyeDatedLateIsStillALeave(t *testing.T) {
 	if evs := gwb.apply(0, covered(leased("gw-b", false, write("quitter", "mqtt/b", gateway.Leave, time.Since(left))))); len(evs) != 0 {
 		t.Fatalf("goodbye at gw-b while gw-a's coverage lags: %s, want it held", describe(evs))
 	}
-	time.Sleep(20 * time.Millisecond)
-	gwa.apply(0, covered(leased("gw-a", false)))
-	gwb.apply(0, covered(leased("gw-b", false)))
-	offs := gwa.reap(0, 10).Offline
+	// the goodbye is held until gw-a's coverage passes the latest it
+	// may have been observed (A_SKEW after its date, the width of gw-b's
+	// clock estimate: a few ms on a loopback, more on a loaded machine)
+	var offs []gateway.Event
+	for deadline := time.Now().Add(5 * time.Second); len(offs) == 0 && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond)
+		gwa.apply(0, covered(leased("gw-a", false)))
+		gwb.apply(0, covered(leased("gw-b", false)))
+		offs = gwa.reap(0, 10).Offline
+	}
 	if len(offs) != 1 || offs[0].Reason != gateway.ReasonLeave {
 		t.Fatalf("reap once gw-a covers the goodbye: %s, want quitter's offline (leave)", describe(offs))
 	}
